@@ -1,0 +1,82 @@
+"""Typed configs shared by every command.
+
+Each command has one pydantic config class (in its stage package) deriving from
+`CommandConfig`. Field descriptions become the CLI help. A config is resolved with the
+precedence flag > YAML (`--config run.yaml`) > default, and written next to the stage's output
+as `run.yaml`, together with the exact command line, so that every output says how it was made.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import typing
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from draftsmith.errors import UserError
+from draftsmith.fsutil import atomic_write_text
+
+DEFAULT_TARGET = "smollm2-135m"
+
+
+class CommandConfig(BaseModel):
+    """Base for command configs. `positional` names the field given as the positional
+    argument on the command line (or None)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    positional: ClassVar[str | None] = None
+
+
+def _is_list(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin in (list, tuple):
+        return True
+    return any(_is_list(a) for a in typing.get_args(annotation) if a is not type(None))
+
+
+def _coerce(cls: type[CommandConfig], values: dict[str, Any]) -> dict[str, Any]:
+    """Turn comma-separated CLI strings into lists for list-typed fields (`--layers 2,15,27`)."""
+    out = dict(values)
+    for name, value in values.items():
+        field = cls.model_fields.get(name)
+        if field is not None and isinstance(value, str) and _is_list(field.annotation):
+            out[name] = [v.strip() for v in value.split(",") if v.strip()]
+    return out
+
+
+def resolve_config(cls: type[CommandConfig], yaml_path: Path | None, flags: dict[str, Any]) -> CommandConfig:
+    """Build a config from defaults, then the YAML file, then the flags actually given."""
+    values: dict[str, Any] = {}
+    if yaml_path is not None:
+        yaml_path = Path(yaml_path)
+        if not yaml_path.exists():
+            raise UserError(f"--config {yaml_path}: no such file")
+        try:
+            loaded = yaml.safe_load(yaml_path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise UserError(f"--config {yaml_path}: not valid YAML ({e})") from None
+        if not isinstance(loaded, dict):
+            raise UserError(f"--config {yaml_path}: expected a mapping of option names to values")
+        values.update({k.replace("-", "_"): v for k, v in loaded.items()})
+    values.update(flags)
+    try:
+        return cls(**_coerce(cls, values))
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "config"
+            lines.append(f"  --{loc.replace('_', '-')}: {err['msg']}")
+        raise UserError("invalid options:\n" + "\n".join(lines)) from None
+
+
+def write_run_record(out_dir: Path, cfg: CommandConfig, name: str = "run.yaml") -> None:
+    """Write the resolved config and the exact command next to a stage's output."""
+    record = {
+        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "config": cfg.model_dump(mode="json"),
+    }
+    atomic_write_text(Path(out_dir) / name, yaml.safe_dump(record, sort_keys=False))

@@ -1,0 +1,31 @@
+"""Configs of `draftsmith prepare` and `draftsmith vocab`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from draftsmith.config import DEFAULT_TARGET, CommandConfig
+
+Format = Literal["auto", "sharegpt", "messages", "pairs", "turns", "prompts", "hf"]
+
+
+class PrepareConfig(CommandConfig):
+    positional = "data"
+    data: Path = Field(description="Conversations: a JSONL file or a local HF dataset folder.")
+    target: str = Field(DEFAULT_TARGET, description="Target whose tokenizer and chat template are used.")
+    out: Path = Field(description="Output folder for the tokenized dataset.")
+    format: Format = Field("auto", description="Input format; 'auto' detects it from the first record.")
+    max_len: int = Field(2048, gt=0, description="Maximum tokens per sample.")
+    length_policy: Literal["truncate", "drop"] = Field("truncate", description="What to do with samples longer than --max-len.")
+    chat_template: Path | None = Field(None, description="Jinja chat template file to use instead of the tokenizer's own.")
+    overwrite: bool = Field(False, description="Replace an existing output folder.")
+
+
+class VocabConfig(CommandConfig):
+    positional = "dataset_dir"
+    dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
+    size: int | None = Field(None, gt=0, description="Draft vocab size k; default min(32000, target vocab).")
+    out: Path = Field(description="Output file for the vocab mapping (safetensors with d2t and t2d).")

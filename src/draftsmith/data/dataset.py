@@ -1,0 +1,88 @@
+"""The tokenized dataset that `prepare` writes and every later stage reads.
+
+Folder layout:
+    data.parquet   one row per sample: sample_id int64 (0..N-1, stable), input_ids list<int32>,
+                   loss_mask list<uint8> (1 = assistant token), length int32
+    dataset.json   {"format": "draftsmith-dataset", "version": 1, "target": {...}, "max_len": ..}
+    stats.json     what `prepare` kept, dropped and why; token counts; length histogram
+    run.yaml       the resolved config and command
+
+    ds = load_dataset(path)
+    ds[i] -> {"sample_id": int, "input_ids": LongTensor [T], "loss_mask": LongTensor [T]}
+    ds.lengths -> np.ndarray [N]
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from draftsmith.errors import UserError
+
+DATA_FILE, META_FILE, STATS_FILE = "data.parquet", "dataset.json", "stats.json"
+FORMAT = "draftsmith-dataset"
+
+SCHEMA = pa.schema([
+    ("sample_id", pa.int64()),
+    ("input_ids", pa.list_(pa.int32())),
+    ("loss_mask", pa.list_(pa.uint8())),
+    ("length", pa.int32()),
+])
+
+
+class TokenizedDataset:
+    """Random access over a prepared dataset. Columns are held as flat numpy arrays plus
+    offsets, so indexing is O(1) and costs no Python object per token."""
+
+    def __init__(self, path: Path, table: pa.Table, meta: dict[str, Any]) -> None:
+        self.path, self.meta = path, meta
+        ids_col = table.column("input_ids").combine_chunks()
+        mask_col = table.column("loss_mask").combine_chunks()
+        self.offsets = ids_col.offsets.to_numpy()  # [N+1]
+        self.ids = ids_col.values.to_numpy()  # [total] int32
+        self.mask = mask_col.values.to_numpy()  # [total] uint8
+        self.sample_ids = table.column("sample_id").to_numpy()
+        self.lengths = table.column("length").to_numpy().astype(np.int64)
+        assert (np.diff(self.offsets) == self.lengths).all(), f"{path}: lengths disagree with input_ids"
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        a, b = self.offsets[i], self.offsets[i + 1]
+        return {
+            "sample_id": int(self.sample_ids[i]),
+            "input_ids": torch.from_numpy(self.ids[a:b].astype(np.int64)),  # [T]
+            "loss_mask": torch.from_numpy(self.mask[a:b].astype(np.int64)),  # [T]
+        }
+
+    @property
+    def target(self) -> dict[str, Any]:
+        return self.meta.get("target", {})
+
+
+def load_dataset(path: Path) -> TokenizedDataset:
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such dataset folder")
+    if not (path / DATA_FILE).exists() or not (path / META_FILE).exists():
+        raise UserError(
+            f"{path} is not a prepared dataset (no {DATA_FILE}/{META_FILE}); "
+            f"run `draftsmith prepare DATA --out {path}` first"
+        )
+    meta = json.loads((path / META_FILE).read_text())
+    if meta.get("format") != FORMAT:
+        raise UserError(f"{path / META_FILE}: not a draftsmith dataset (format {meta.get('format')!r})")
+    return TokenizedDataset(path, pq.read_table(path / DATA_FILE), meta)
+
+
+def write_table(path: Path, rows: dict[str, list]) -> None:
+    """Write the parquet file from column lists (sample_id, input_ids, loss_mask, length)."""
+    table = pa.table(rows, schema=SCHEMA)
+    pq.write_table(table, path / DATA_FILE)

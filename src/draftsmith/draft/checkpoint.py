@@ -1,0 +1,66 @@
+"""The drafter folder that `train` writes and `eval` / `export` read.
+
+    drafter.json        {"format": "draftsmith-drafter", "version": 1, "config": DrafterConfig,
+                         "target": TargetInfo dict, "meta": {...}}
+    model.safetensors   draftsmith key names: embed_tokens.weight, fc.weight, midlayer.*,
+                         norm.weight, lm_head.weight, d2t, t2d
+
+`load_drafter` also accepts exported or third-party EAGLE-3 folders (a `config.json`), which
+`draftsmith.export.importer` converts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.errors import UserError
+from draftsmith.fsutil import atomic_write_json
+
+MANIFEST, WEIGHTS, FORMAT = "drafter.json", "model.safetensors", "draftsmith-drafter"
+
+
+def save_drafter(model: Eagle3Drafter, folder: Path, target: dict[str, Any] | None = None, meta: dict[str, Any] | None = None) -> Path:
+    """Write weights first, then the manifest (a folder with a manifest is complete)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    tmp = folder / (WEIGHTS + ".tmp")
+    save_file(state, str(tmp))
+    tmp.replace(folder / WEIGHTS)
+    atomic_write_json(folder / MANIFEST, {
+        "format": FORMAT, "version": 1, "config": model.config.to_dict(),
+        "target": target or {}, "meta": meta or {},
+    })
+    return folder
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    return json.loads((Path(folder) / MANIFEST).read_text())
+
+
+def load_drafter(path: Path, device: str | torch.device = "cpu") -> tuple[Eagle3Drafter, dict[str, Any]]:
+    """Load a drafter folder (native, exported, or third-party EAGLE-3). Returns the model and
+    its manifest (`config`, `target`, `meta`)."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"drafter {path}: no such folder")
+    if (path / MANIFEST).exists():
+        manifest = read_manifest(path)
+        model = Eagle3Drafter(DrafterConfig.from_dict(manifest["config"]))
+        state = load_file(str(path / WEIGHTS))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise UserError(f"drafter {path}: weights do not match its config (missing {missing}, unexpected {unexpected})")
+        return model.to(device).eval(), manifest
+    if (path / "config.json").exists():
+        from draftsmith.export.importer import import_drafter
+
+        model, manifest = import_drafter(path)
+        return model.to(device).eval(), manifest
+    raise UserError(f"{path} is not a drafter folder (no {MANIFEST} or config.json)")

@@ -1,0 +1,199 @@
+"""The EAGLE-3 drafter, as vLLM (`llama_eagle3`) and SGLang (`LlamaForCausalLMEagle3`) serve it.
+
+    aux [.., n_aux*H_t] --fc--> h [.., H]                     (only for the target's states)
+    x = cat(input_layernorm(embed(tok)), hidden_norm(h))      [.., 2H]
+    h1 = h + o_proj(attn(x))                                  residual is the un-normalised h
+    out = h1 + mlp(post_attention_layernorm(h1))              fed back as h for the next draft step
+    logits = lm_head(norm(out))                               [.., draft_vocab]
+
+At position t the drafter sees the target's hidden state at t and the embedding of token t+1,
+and predicts token t+2. Draft id i maps to target id i + d2t[i]; t2d marks the target ids that
+the draft vocab covers. Attention is a callback (`attend`), so training (TTT masks), eval (KV
+cache) and the plain causal default share one module. No I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# attend(q [B, nh, T, hd], k [B, nkv, T, hd], v [B, nkv, T, hd]) -> o [B, nh, T, hd]
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # the target's vocab
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: list[int] = field(default_factory=list)  # draftsmith convention
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    norm_before_residual: bool = False  # True: the residual is hidden_norm(h), not h
+    hidden_act: str = "silu"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DrafterConfig:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+    @classmethod
+    def from_target(cls, target_config: Any, draft_vocab_size: int, aux_layer_ids: list[int]) -> DrafterConfig:
+        """A drafter shaped like one decoder layer of the target (a text config)."""
+        from draftsmith.target import rope_theta
+
+        tc = target_config
+        heads = int(tc.num_attention_heads)
+        return cls(
+            hidden_size=int(tc.hidden_size),
+            intermediate_size=int(tc.intermediate_size),
+            num_attention_heads=heads,
+            num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or heads),
+            head_dim=int(getattr(tc, "head_dim", None) or tc.hidden_size // heads),
+            vocab_size=int(tc.vocab_size),
+            draft_vocab_size=int(draft_vocab_size),
+            target_hidden_size=int(tc.hidden_size),
+            aux_layer_ids=list(aux_layer_ids),
+            rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta(tc),
+            max_position_embeddings=int(getattr(tc, "max_position_embeddings", 4096)),
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope(x: torch.Tensor, position_ids: torch.Tensor, theta: float) -> torch.Tensor:
+    """Llama rotary embedding. x: [B, n, T, hd], position_ids: [B, T]."""
+    hd = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))  # [hd/2]
+    freqs = position_ids.float()[..., None] * inv_freq  # [B, T, hd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, T, hd]
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Plain causal self-attention (GQA)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        h, hd = cfg.hidden_size, cfg.head_dim
+        self.nh, self.nkv, self.hd, self.theta = cfg.num_attention_heads, cfg.num_key_value_heads, hd, cfg.rope_theta
+        self.q_proj = nn.Linear(2 * h, self.nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.nkv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.nkv * hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * hd, h, bias=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, attend: Attend) -> torch.Tensor:
+        b, t, _ = x.shape  # x: [B, T, 2H]
+        q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)  # [B, nh, T, hd]
+        k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)  # [B, nkv, T, hd]
+        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)  # [B, nkv, T, hd]
+        q, k = rope(q, position_ids, self.theta), rope(k, position_ids, self.theta)
+        o = attend(q, k, v)  # [B, nh, T, hd]
+        return self.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # [B, T, H]
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle3Layer(nn.Module):
+    """The drafter's single decoder layer (`midlayer`)."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.norm_before_residual = cfg.norm_before_residual
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, attend: Attend) -> torch.Tensor:
+        normed = self.hidden_norm(hidden)  # [B, T, H]
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
+        h = residual + self.self_attn(x, position_ids, attend)
+        return h + self.mlp(self.post_attention_layernorm(h))  # [B, T, H]
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        n_aux = max(len(cfg.aux_layer_ids), 1)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)  # copied from the target, frozen
+        self.fc = nn.Linear(n_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        """Target aux states [.., n_aux*H_t] -> drafter hidden [.., H]."""
+        return self.fc(aux)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attend: Attend = causal_attend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [B, T, H] (projected target states, or the previous step's output),
+        input_ids [B, T] (token t+1 for hidden at t), position_ids [B, T].
+        Returns logits [B, T, draft_vocab] and the pre-norm output [B, T, H]."""
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
+        out = self.midlayer(embeds, hidden, position_ids, attend)  # [B, T, H]
+        return self.lm_head(self.norm(out)), out
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft vocab ids -> target vocab ids (target = draft + d2t[draft])."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def load_target_embeddings(self, weight: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(weight)
+
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        assert d2t.shape == self.d2t.shape and t2d.shape == self.t2d.shape, (d2t.shape, t2d.shape)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)

@@ -1,0 +1,1 @@
+"""Eval stage: lossless speculative decoding (chain and EAGLE-2 tree), tau and speed-up."""

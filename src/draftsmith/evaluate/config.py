@@ -1,0 +1,30 @@
+"""Config of `draftsmith eval`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from draftsmith.config import DEFAULT_TARGET, CommandConfig
+
+
+class EvalConfig(CommandConfig):
+    target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
+    drafter: Path = Field(description="Drafter: a train output folder, checkpoint, or exported folder.")
+    out: Path = Field(description="Output folder for report.json, report.md, plots and answers.jsonl.")
+    bench: str = Field("mt_bench", description="Question set: 'mt_bench' (bundled) or a JSONL file of prompts or multi-turn 'turns'.")
+    mode: Literal["chain", "tree"] = Field("chain", description="Drafting mode.")
+    k: int = Field(7, ge=1, description="Chain length (chain mode) or tree depth (tree mode).")
+    top_k: int = Field(10, ge=1, description="Tree mode: children expanded per node.")
+    total_tokens: int = Field(60, ge=1, description="Tree mode: draft tokens verified per step.")
+    temperature: float = Field(0.0, ge=0, description="0 for greedy; >0 for lossless speculative sampling.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for temperature > 0.")
+    num_questions: int | None = Field(None, gt=0, description="Use the first N questions; default all on GPU, 4 on CPU.")
+    max_new_tokens: int | None = Field(None, gt=0, description="Tokens per turn; default 256 on GPU, 48 on CPU.")
+    speed: bool = Field(True, description="Also time plain decoding with the same engine for the speed-up.")
+    seed: int = Field(0, description="Random seed.")
+    device: str | None = Field(None, description="Device; default cuda when available.")
+    dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp32.")
+    compile: bool | None = Field(None, description="CUDA graphs / torch.compile for both engines; default on for GPU.")

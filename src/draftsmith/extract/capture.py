@@ -1,0 +1,63 @@
+"""Hidden-state capture with forward hooks: the one implementation used by `extract`,
+online training, and eval.
+
+Layer id `k` (draftsmith convention, see `draftsmith.layers`) is the residual stream entering
+decoder layer `k`, captured by a forward pre-hook on that layer; `k == L` is the input of the
+final norm. The final hidden state is the final norm's output, which is what the language
+model's base module returns. The LM head never runs, so no vocab-sized tensor is made, and
+`output_hidden_states=True` is never used (it would keep all L+1 layers alive).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from draftsmith.target import base_model, decoder_layers, final_norm
+
+
+@contextlib.contextmanager
+def hooked(model: nn.Module, layer_ids: list[int]) -> Iterator[dict[int, torch.Tensor]]:
+    """Register pre-hooks that store the hidden state entering each layer in `layer_ids`.
+    Yields the dict they fill (`{k: [B, T, H]}`); hooks are removed on exit."""
+    layers = decoder_layers(model)
+    captured: dict[int, torch.Tensor] = {}
+    handles = []
+
+    def make_hook(k: int):
+        def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+            captured[k] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    for k in layer_ids:
+        module = layers[k] if k < len(layers) else final_norm(model)
+        handles.append(module.register_forward_pre_hook(make_hook(k), with_kwargs=True))
+    try:
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.no_grad()
+def capture(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    layer_ids: list[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward of the target without KV cache.
+
+    input_ids, attention_mask: [B, T] (right-padded; padding rows are garbage to be sliced off)
+    returns aux [B, T, n_aux*H] (layers concatenated in `layer_ids` order), final [B, T, H]
+    """
+    with hooked(model, layer_ids) as captured:
+        out = base_model(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    final = out.last_hidden_state  # [B, T, H], after the final norm
+    aux = torch.cat([captured[k] for k in layer_ids], dim=-1)  # [B, T, n_aux*H]
+    assert aux.shape[:2] == input_ids.shape and final.shape[:2] == input_ids.shape, (aux.shape, input_ids.shape)
+    return aux, final

@@ -1,0 +1,35 @@
+"""Configs of `draftsmith extract` and `draftsmith plan`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from draftsmith.config import DEFAULT_TARGET, CommandConfig
+
+
+class ExtractConfig(CommandConfig):
+    positional = "dataset_dir"
+    dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
+    target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
+    out: Path = Field(description="Output folder of the hidden-state store.")
+    layers: list[int] | None = Field(None, description="Aux layer ids in draftsmith's convention (id k = hidden state entering layer k); default [2, L//2, L-3].")
+    force: bool = Field(False, description="Start even when the disk cannot hold the projected store.")
+    device: str | None = Field(None, description="Device (cuda, cuda:1, cpu); default cuda when available.")
+    dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32.")
+    token_budget: int = Field(65536, gt=0, description="Tokens per forward batch (length-bucketed, padding counted).")
+    writers: int = Field(4, gt=0, description="Writer threads.")
+    check_every: int = Field(200, ge=0, description="Re-check one sample against a plain reference forward every N samples (0: never).")
+    max_errors: int = Field(10, ge=0, description="Stop after this many validation failures.")
+    staging_dir: Path | None = Field(None, description="Write files here first (e.g. /dev/shm), then move them into the store.")
+
+
+class PlanConfig(CommandConfig):
+    positional = "dataset_dir"
+    dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
+    target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
+    hidden_dir: Path | None = Field(None, description="Where the hidden-state store would go (checked for free space).")
+    layers: list[int] | None = Field(None, description="Aux layer ids in draftsmith's convention; default [2, L//2, L-3].")
+    device: str | None = Field(None, description="Device for the calibration run.")
+    calibrate: bool = Field(True, description="Time a short forward on a few samples to estimate durations.")

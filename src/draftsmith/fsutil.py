@@ -1,0 +1,126 @@
+"""Small filesystem helpers: atomic files and folders, JSONL reading with line numbers.
+
+Every file a stage publishes goes through these, so that a crash at any instant leaves either
+the old content or the complete new content, never a partial file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from draftsmith.errors import UserError
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory entry (after a rename) to disk, where the OS allows it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes, fsync: bool = True) -> None:
+    """Write `data` to `path` via a temporary file in the same folder, fsync and rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str, fsync: bool = True) -> None:
+    atomic_write_bytes(path, text.encode(), fsync=fsync)
+
+
+def atomic_write_json(path: Path, obj: Any, fsync: bool = True) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n", fsync=fsync)
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line with a single write() and fsync, so a line is either whole or absent
+    after a crash. Readers must still ignore a trailing line without a newline."""
+    data = (line.rstrip("\n") + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out: Path, overwrite: bool = False) -> Iterator[Path]:
+    """Build a whole output folder under a temporary name, then rename it into place.
+
+    Refuses an existing `out` unless `overwrite`. On any error the temporary folder is removed
+    and nothing is left at `out`.
+    """
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise UserError(f"output folder {out} already exists; pass --overwrite to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """Yield `(line_number, object)` for each non-blank line. Malformed JSON raises a
+    UserError naming the file and line. A final line without a newline (a write cut short by a
+    crash) is skipped only when it does not parse."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
+    with path.open("rb") as f:
+        lines = f.read().split(b"\n")
+    last = len(lines)
+    for i, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            yield i, json.loads(raw)
+        except json.JSONDecodeError as e:
+            if i == last:  # torn trailing line from an interrupted append
+                return
+            raise UserError(f"{path}:{i}: malformed JSON ({e.msg}); fix or remove that line") from None
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the filesystem holding `path` (or its nearest existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"

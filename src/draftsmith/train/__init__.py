@@ -1,0 +1,1 @@
+"""Train stage: TTT unrolling, the loss, metrics, and the training loop."""

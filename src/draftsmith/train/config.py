@@ -1,0 +1,41 @@
+"""Config of `draftsmith train`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from draftsmith.config import DEFAULT_TARGET, CommandConfig
+
+
+class TrainConfig(CommandConfig):
+    positional = "dataset_dir"
+    dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
+    target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
+    out: Path = Field(description="Output folder for checkpoints, metrics and plots.")
+    hidden: Path | None = Field(None, description="Hidden-state store from `extract` (offline mode); omit to train online.")
+    vocab: Path | None = Field(None, description="Draft vocab file from `draftsmith vocab`; default: built from the dataset.")
+    draft_vocab_size: int | None = Field(None, gt=0, description="Draft vocab size when --vocab is not given; default min(32000, vocab).")
+    layers: list[int] | None = Field(None, description="Aux layer ids (online mode); default [2, L//2, L-3].")
+    ttt: int = Field(7, ge=1, description="Training-time-test unroll steps K.")
+    steps: int | None = Field(None, gt=0, description="Optimizer steps (overrides --epochs).")
+    epochs: float = Field(1.0, gt=0, description="Epochs over the training split.")
+    lr: float = Field(1e-4, gt=0, description="Peak learning rate (AdamW).")
+    warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps for linear warm-up before cosine decay.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(0.5, gt=0, description="Gradient-norm clip.")
+    batch_tokens: int = Field(8192, gt=0, description="Tokens per micro-batch (sequences are packed).")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
+    max_len: int = Field(2048, gt=0, description="Longest sample kept (tokens).")
+    val_fraction: float = Field(0.05, ge=0, lt=1, description="Fraction of samples held out for validation.")
+    log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
+    save_every: int = Field(200, ge=1, description="Checkpoint every N steps.")
+    seed: int = Field(0, description="Random seed.")
+    resume: bool = Field(False, description="Continue the run in --out from its last checkpoint.")
+    device: str | None = Field(None, description="Device; default cuda when available.")
+    dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp32.")
+    autocast: bool | None = Field(None, description="bf16 autocast for the drafter; default on for GPU.")
+    distributed: Literal["ddp", "fsdp"] = Field("ddp", description="Strategy under torchrun.")
+    overwrite: bool = Field(False, description="Replace an existing output folder (without --resume).")

@@ -1,0 +1,68 @@
+"""Shared fixtures.
+
+- `tokenizer`: the real SmolLM2 tokenizer, vendored in tests/assets (no hub access).
+- `tiny_model` / `tiny_target`: a 2-layer random-weight Llama with that tokenizer's vocab.
+- `smollm2`: the embedded default target (session-scoped, loaded once), for e2e tests.
+
+GPU tests (`-m gpu`) and benchmarks (`-m bench`) are skipped unless --run-gpu / --run-bench.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+ASSETS = Path(__file__).parent / "assets"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-gpu", action="store_true", help="run tests marked gpu")
+    parser.addoption("--run-bench", action="store_true", help="run benchmarks marked bench")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "gpu" in item.keywords and not config.getoption("--run-gpu"):
+            item.add_marker(pytest.mark.skip(reason="GPU test: pass --run-gpu"))
+        if "bench" in item.keywords and not config.getoption("--run-bench"):
+            item.add_marker(pytest.mark.skip(reason="benchmark: pass --run-bench"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(ASSETS / "smollm2_tokenizer")
+
+
+def make_tiny_llama(vocab_size: int, num_layers: int = 2, hidden: int = 64, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+        pad_token_id=2, bos_token_id=1, eos_token_id=2,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tokenizer):
+    return make_tiny_llama(len(tokenizer))
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_model, tokenizer):
+    from draftsmith.target import target_from_model
+
+    return target_from_model(tiny_model, tokenizer, name="tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    from draftsmith.target import load_target
+
+    return load_target("smollm2-135m", device="cpu")
