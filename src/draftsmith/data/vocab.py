@@ -1,8 +1,58 @@
-"""`draftsmith vocab` (placeholder until issue #2 lands)."""
+"""`draftsmith vocab`: the draft vocabulary, the top-k most frequent assistant tokens.
+
+Semantics (the same as EAGLE-3, SpecForge and speculators):
+    d2t [k] int64: target id = draft id + d2t[draft id]   (draft ids sorted by target id)
+    t2d [V] bool:  True where a target id is in the draft vocab; t2d.sum() == k
+
+Stored as safetensors (`d2t`, `t2d`) with metadata.
+"""
+
+from __future__ import annotations
 
 from pathlib import Path
 
-from draftsmith.errors import NotImplementedYet
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from draftsmith.errors import NotImplementedYet, UserError
+
+
+def build_vocab(counts: np.ndarray | torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """counts [V]: loss-masked token frequencies. Returns (d2t [k] int64, t2d [V] bool).
+
+    Ties and unseen tokens: ordered by count descending, then by target id ascending, so when
+    fewer than k distinct tokens occur the vocab is padded with the lowest unseen ids.
+    """
+    counts = torch.as_tensor(np.asarray(counts), dtype=torch.int64)
+    vocab = counts.numel()
+    if not 0 < k <= vocab:
+        raise UserError(f"draft vocab size {k} must be in 1..{vocab} (the target vocab)")
+    ids = torch.arange(vocab)
+    order = torch.from_numpy(np.lexsort((ids.numpy(), -counts.numpy())))  # count desc, id asc
+    chosen = order[:k].sort().values  # [k] target ids, ascending
+    d2t = chosen - torch.arange(k)  # [k] offsets
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[chosen] = True
+    return d2t, t2d
+
+
+def save_vocab(path: Path, d2t: torch.Tensor, t2d: torch.Tensor, meta: dict[str, str] | None = None) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({"d2t": d2t.contiguous(), "t2d": t2d.contiguous()}, str(tmp), metadata=meta or {})
+    tmp.replace(path)
+
+
+def load_vocab(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"vocab file {path}: no such file; make one with `draftsmith vocab`")
+    t = load_file(str(path))
+    if "d2t" not in t or "t2d" not in t:
+        raise UserError(f"{path}: not a draft vocab file (needs d2t and t2d tensors)")
+    return t["d2t"], t["t2d"]
 
 
 def run(cfg) -> Path:  # noqa: ANN001
