@@ -1,0 +1,226 @@
+"""The hidden-state store on disk (DESIGN §3): its layout, its manifest, and `StoreReader`.
+
+Layout of a store folder:
+
+    store.json                     format, version, target {name, fingerprint, ...}, layers, dtype,
+                                   hidden_size, n_aux, folder_size, checksum, dataset, totals, complete
+    manifest.jsonl                 one JSON line per finished file:
+                                   {"sample_id", "path", "tokens", "bytes", "crc32"}
+    manifest.rank{r}.jsonl         per-rank manifests while a torchrun extraction runs (merged at the end)
+    rows_{a}-{b}/{sample_id}.safetensors
+                                   one file per sample; folder `rows_{a}-{b}` holds sample ids a..b,
+                                   2000 to a folder (`rows_0-1999/17.safetensors`, no zero padding)
+
+Each sample file holds
+    input_ids            [T] int32
+    loss_mask            [T] uint8
+    aux_hidden_states    [T, n_aux*H]  target dtype (layers concatenated in store.json's `layers` order)
+    final_hidden_states  [T, H]        target dtype, after the final norm
+and safetensors metadata {format, sample_id, target, fingerprint, layers, dtype}.
+
+The checksum is zlib's CRC-32 of the whole file's bytes (cheap, in the standard library).
+A file is only listed in a manifest after it was fsynced and renamed into place, so a listed
+file is always complete. Readers take manifest lines, never a directory listing.
+
+    reader = StoreReader(Path("hidden"))
+    reader[0]            # {"sample_id", "input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states"}
+    for batch in length_batches(reader.lengths, token_budget=16384, seed=epoch):
+        samples = [reader[i] for i in batch]
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from draftsmith.errors import UserError
+from draftsmith.fsutil import read_jsonl
+
+FORMAT = "draftsmith-hidden-store"
+VERSION = 1
+STORE_FILE = "store.json"
+MANIFEST = "manifest.jsonl"
+FOLDER_SIZE = 2000  # samples per rows_{a}-{b} folder
+TENSOR_KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")
+
+
+def sample_relpath(sample_id: int, folder_size: int = FOLDER_SIZE) -> str:
+    """`rows_{a}-{b}/{sample_id}.safetensors`, with a..b the folder's inclusive id range."""
+    a = (sample_id // folder_size) * folder_size
+    return f"rows_{a}-{a + folder_size - 1}/{sample_id}.safetensors"
+
+
+def rank_manifest_name(rank: int) -> str:
+    return f"manifest.rank{rank}.jsonl"
+
+
+def crc32(data: bytes | memoryview) -> str:
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+
+def new_store_meta(target: dict[str, Any], layers: list[int], dtype: str, dataset: dict[str, Any]) -> dict[str, Any]:
+    """store.json for a new store; `totals` and `complete` are filled in when extraction ends."""
+    return {
+        "format": FORMAT, "version": VERSION, "target": target, "layers": list(layers), "dtype": dtype,
+        "hidden_size": int(target["hidden_size"]), "n_aux": len(layers), "folder_size": FOLDER_SIZE,
+        "checksum": "crc32", "dataset": dataset, "totals": None, "complete": False,
+    }
+
+
+def read_store_meta(path: Path) -> dict[str, Any]:
+    """store.json of a store folder, or a UserError saying why `path` is not a store."""
+    path = Path(path)
+    meta_file = path / STORE_FILE
+    if not meta_file.exists():
+        raise UserError(f"{path} is not a hidden-state store (no {STORE_FILE}); make one with `draftsmith extract`")
+    try:
+        meta = json.loads(meta_file.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{meta_file}: not valid JSON ({e.msg})") from None
+    if meta.get("format") != FORMAT:
+        raise UserError(f"{meta_file}: not a draftsmith hidden-state store (format {meta.get('format')!r})")
+    if meta.get("version") != VERSION:
+        raise UserError(f"{meta_file}: store format version {meta.get('version')} is not supported (expected {VERSION})")
+    return meta
+
+
+def manifest_files(path: Path) -> list[Path]:
+    """manifest.jsonl plus any per-rank manifests not merged yet."""
+    path = Path(path)
+    files = [path / MANIFEST] if (path / MANIFEST).exists() else []
+    return files + sorted(path.glob("manifest.rank*.jsonl"))
+
+
+def read_manifest(path: Path) -> dict[int, dict[str, Any]]:
+    """sample_id -> manifest entry over all manifest files of a store (first entry wins, so a
+    sample listed twice, e.g. by a merge cut short, counts once). No sample file is opened."""
+    entries: dict[int, dict[str, Any]] = {}
+    for f in manifest_files(path):
+        for lineno, entry in read_jsonl(f):
+            if not isinstance(entry, dict) or "sample_id" not in entry or "tokens" not in entry:
+                raise UserError(f"{f}:{lineno}: not a manifest entry; remove that line and rerun extract")
+            entries.setdefault(int(entry["sample_id"]), entry)
+    return entries
+
+
+def check_sample(tensors: dict[str, torch.Tensor], n_aux: int, hidden_size: int, where: str) -> None:
+    """Shape checks at the stage boundary: rows == tokens for every tensor."""
+    missing = [k for k in TENSOR_KEYS if k not in tensors]
+    if missing:
+        raise UserError(f"{where}: missing tensors {missing}")
+    T = tensors["input_ids"].shape[0]
+    expected = {
+        "input_ids": (T,), "loss_mask": (T,), "aux_hidden_states": (T, n_aux * hidden_size),
+        "final_hidden_states": (T, hidden_size),
+    }
+    for key, shape in expected.items():
+        if tuple(tensors[key].shape) != shape:
+            raise UserError(f"{where}: {key} has shape {tuple(tensors[key].shape)}, expected {shape}")
+
+
+def length_batches(
+    lengths: np.ndarray | list[int],
+    token_budget: int,
+    shuffle: bool = False,
+    seed: int = 0,
+    max_batch: int | None = None,
+) -> list[list[int]]:
+    """Group indices into length-bucketed batches whose padded size (count × longest) fits
+    `token_budget`; a sample longer than the budget gets a batch of its own.
+
+    Indices are sorted by length (stable), so each batch holds similar lengths and padding is
+    small. With `shuffle`, the order of batches (not their content) is permuted with `seed`.
+    Returns a list of index lists into `lengths`.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(lengths, kind="stable")
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order.tolist():
+        n = int(lengths[i])
+        grown = max(longest, n) * (len(current) + 1)
+        if current and (grown > token_budget or (max_batch is not None and len(current) >= max_batch)):
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        batches.append(current)
+    if shuffle:
+        perm = np.random.default_rng(seed).permutation(len(batches))
+        batches = [batches[j] for j in perm]
+    return batches
+
+
+class StoreReader:
+    """Random access over a finished (or partly finished) store.
+
+    meta: store.json; sample_ids: list[int] (ascending); lengths: np.ndarray [N] tokens per
+    sample, both from the manifest without opening any sample file.
+    `reader[i]` loads the i-th listed sample; `reader.get(sample_id)` by id.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.meta = read_store_meta(self.path)
+        entries = read_manifest(self.path)
+        self.sample_ids: list[int] = sorted(entries)
+        self._entries = [entries[s] for s in self.sample_ids]
+        self._index = {s: i for i, s in enumerate(self.sample_ids)}
+        self.lengths = np.array([int(e["tokens"]) for e in self._entries], dtype=np.int64)  # [N]
+        self.n_aux = int(self.meta["n_aux"])
+        self.hidden_size = int(self.meta["hidden_size"])
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+    def file(self, i: int) -> Path:
+        return self.path / self._entries[i]["path"]
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        entry = self._entries[i]
+        f = self.path / entry["path"]
+        try:
+            t = load_file(str(f))
+        except (OSError, Exception) as e:  # safetensors raises its own error type on a bad header
+            raise UserError(f"{f}: cannot read sample {entry['sample_id']} ({e}); rerun extract to rewrite it") from None
+        check_sample(t, self.n_aux, self.hidden_size, str(f))
+        if t["input_ids"].shape[0] != int(entry["tokens"]):
+            raise UserError(f"{f}: {t['input_ids'].shape[0]} rows but the manifest says {entry['tokens']} tokens")
+        return {
+            "sample_id": int(entry["sample_id"]),
+            "input_ids": t["input_ids"].long(),  # [T]
+            "loss_mask": t["loss_mask"].long(),  # [T]
+            "aux_hidden_states": t["aux_hidden_states"],  # [T, n_aux*H]
+            "final_hidden_states": t["final_hidden_states"],  # [T, H]
+        }
+
+    def get(self, sample_id: int) -> dict[str, Any]:
+        if sample_id not in self._index:
+            raise KeyError(f"sample {sample_id} is not in the store {self.path}")
+        return self[self._index[sample_id]]
+
+    def verify(self, i: int) -> None:
+        """Full check of one file: checksum against the manifest, shapes, metadata, finite values."""
+        entry, f = self._entries[i], self.file(i)
+        data = f.read_bytes()
+        if crc32(data) != entry["crc32"]:
+            raise UserError(f"{f}: checksum {crc32(data)} != manifest {entry['crc32']}; the file is corrupt")
+        with safe_open(str(f), framework="pt") as sf:
+            file_meta = sf.metadata() or {}
+        if file_meta.get("fingerprint") != self.meta["target"]["fingerprint"] or int(file_meta.get("sample_id", -1)) != entry["sample_id"]:
+            raise UserError(f"{f}: metadata {file_meta} does not match the store")
+        s = self[i]
+        for key in ("aux_hidden_states", "final_hidden_states"):
+            if not torch.isfinite(s[key]).all():
+                raise UserError(f"{f}: {key} holds NaN or Inf")
