@@ -56,21 +56,29 @@ def run(cfg: StatusConfig) -> Path:
     files = find_progress(root)
     if not files:
         raise UserError(f"{root}: no {PROGRESS_FILE} here or in its subfolders; is it a draftsmith stage's output?")
-    table = Table(title=f"draftsmith status {root}")
-    for col in ("folder", "stage", "state", "done/total", "skipped", "rate", "tok/s", "ETA", "errors", "disk", "updated"):
-        table.add_column(col)
+    console = Console()
     for f in files:
         s = json.loads(f.read_text())
         disk = human_bytes(s["bytes_written"]) if s.get("bytes_written") else "-"
         if s.get("bytes_projected"):
-            disk += f" / ~{human_bytes(s['bytes_projected'])}"
+            disk += f" of ~{human_bytes(s['bytes_projected'])} projected"
         state = process_state(s) + (f": {s['message']}" if s.get("message") and s.get("status") != "running" else "")
-        table.add_row(
-            str(f.parent.relative_to(root)) if f.parent != root else ".",
-            s["stage"], state, f"{s['done'] + s['skipped']}/{s['total']}", str(s["skipped"]),
-            f"{s['rate']:.2f} {s.get('unit', '')}/s", f"{s.get('tok_per_s', 0):.0f}",
-            fmt_duration(s.get("eta_s")) if s.get("status") == "running" else "-", str(s["errors"]), disk,
-            f"{fmt_duration(time.time() - s['updated_at'])} ago",
-        )
-    Console().print(table)
+        rows = {
+            "state": state,
+            "done": f"{s['done'] + s['skipped']}/{s['total']} {s.get('unit', '')} ({s['skipped']} skipped by resume)",
+            "rate (this run)": f"{s['rate']:.2f} {s.get('unit', '')}/s, {s.get('tok_per_s', 0):.0f} tok/s",
+            "ETA": fmt_duration(s.get("eta_s")) if s.get("status") == "running" else "-",
+            "errors": str(s["errors"]),
+            "disk": disk,
+            "elapsed": fmt_duration(s.get("elapsed_s")),
+            "updated": f"{fmt_duration(time.time() - s['updated_at'])} ago",
+            **{k: (f"{v:.4g}" if isinstance(v, float) else str(v)) for k, v in s.get("counters", {}).items()},
+        }
+        where = str(f.parent.relative_to(root)) if f.parent != root else str(root)
+        table = Table(title=f"[bold]{s['stage']}[/bold]  {where}", show_header=False, title_justify="left")
+        table.add_column("field", style="bold")
+        table.add_column("value", overflow="fold")
+        for k, v in rows.items():
+            table.add_row(k, v)
+        console.print(table)
     return root

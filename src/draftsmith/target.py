@@ -161,13 +161,26 @@ def load_target(
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        model = _auto_class(folder, gguf_file).from_pretrained(folder, **kwargs)
     except (OSError, ValueError) as e:
         raise UserError(f"could not load target {spec!r}: {e}") from None
     model.to(dev).eval()
     model.requires_grad_(False)
     tokenizer = load_tokenizer(spec, chat_template)
     return Target(model=model, tokenizer=tokenizer, info=describe(model, spec, folder, gguf_file), device=dev)
+
+
+def _auto_class(folder: Path, gguf_file: str | None) -> Any:
+    """AutoModelForCausalLM, or the image-text-to-text class for VLM-style checkpoints whose
+    config nests the language model under `text_config` and has no causal-LM mapping."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    if gguf_file:
+        return AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(folder)
+    if type(config) in AutoModelForCausalLM._model_mapping or not hasattr(config, "text_config"):
+        return AutoModelForCausalLM
+    return AutoModelForImageTextToText
 
 
 def describe(model: nn.Module, name: str, folder: Path | None = None, gguf_file: str | None = None) -> TargetInfo:
@@ -198,10 +211,16 @@ def target_from_model(model: nn.Module, tokenizer: Any, name: str = "in-memory")
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The language model's decoder layers: the ModuleList with `num_hidden_layers` entries."""
     n = int(text_config(model.config).num_hidden_layers)
-    for _, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) == n and "vision" not in type(module[0]).__name__.lower():
-            return module
-    raise UserError(f"cannot find {n} decoder layers in {type(model).__name__}")
+    candidates = [
+        (name, module) for name, module in model.named_modules()
+        if isinstance(module, nn.ModuleList) and len(module) == n
+        and not any(w in (name + type(module[0]).__name__).lower() for w in ("vision", "visual", "image", "audio"))
+    ]
+    if not candidates:
+        raise UserError(f"cannot find {n} decoder layers in {type(model).__name__}")
+    # prefer "...DecoderLayer" modules (a projector or encoder could also have n blocks)
+    candidates.sort(key=lambda c: "decoderlayer" not in type(c[1][0]).__name__.lower())
+    return candidates[0][1]
 
 
 def base_model(model: nn.Module) -> nn.Module:

