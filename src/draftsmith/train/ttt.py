@@ -1,0 +1,158 @@
+"""Training-time test (TTT): the K-step unroll of the drafter and its attention (DESIGN §4).
+
+A batch is one or more *packed rows*: several samples laid end to end, each with its own
+document id (`doc [B, T]`, -1 for padding) and its own positions (`pos [B, T]`, restarting at 0
+for every sample). Step k (0-based) of the unroll, at row position t:
+
+    input hidden   step 0: fc(aux[t]);  step k>0: step k-1's output at t
+    input token    ids[t+1+k]                        (the embedding of the next known token)
+    position       pos[t] + k                        (positions advance by one per step)
+    predicts       token t+2+k, against the target's distribution from final[t+1+k]
+    attends to     step-0 keys at s <= t of the same sample, and the step-1..k keys at t only
+
+`TTTAttention` is the stateful `attend` callback given to the drafter's single layer: it keeps
+the keys/values of earlier steps and combines them with the current step's. Two backends give
+the same result:
+
+  - "eager": step-0 scores `q·K0ᵀ` under the causal, same-sample mask, concatenated with the
+    k per-step diagonal scores `q·Kj` (one number per query), then one softmax over both
+    ([B, nh, T, T+k]; no [T, kT] mask). Exact and portable; memory O(T²) per step.
+  - "flex": `flex_attention` over the keys of all steps concatenated ([B, nkv, (k+1)T, hd])
+    with a block-sparse mask (causal + same sample for step 0, the diagonal for the others),
+    compiled on GPU. Memory O(T), so 32k-token rows fit.
+
+Packing needs no padding between samples: the same-sample mask isolates them (block diagonal),
+positions restart per sample, and a step's target/loss mask is only valid when t+2+k lies in
+the same sample as t (`valid_steps`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+
+def shift_left(x: torch.Tensor, n: int, fill: int | float = 0) -> torch.Tensor:
+    """x [B, T, ...] -> x[:, n:] padded at the end with `fill` to length T."""
+    if n == 0:
+        return x
+    pad = torch.full_like(x[:, :n], fill)
+    return torch.cat([x[:, n:], pad], dim=1)  # [B, T, ...]
+
+
+def step_inputs(ids: torch.Tensor, pos: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input token ids and position ids of TTT step k (both [B, T])."""
+    return shift_left(ids, 1 + k), pos + k
+
+
+def valid_steps(doc: torch.Tensor, loss_mask: torch.Tensor, teacher_ok: torch.Tensor, K: int) -> torch.Tensor:
+    """[K, B, T] bool: step k at position t has a target token (t+2+k) in the same sample, that
+    token is trained on (loss_mask), and the target's argmax there is in the draft vocab
+    (teacher_ok[t+1+k], from the target state at t+1+k)."""
+    out = []
+    for k in range(K):
+        same = (shift_left(doc, 2 + k, fill=-2) == doc) & (doc >= 0)
+        out.append(same & shift_left(loss_mask, 2 + k).bool() & shift_left(teacher_ok, 1 + k).bool())
+    return torch.stack(out)  # [K, B, T]
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """[B, nkv, T, hd] -> [B, nkv*n_rep, T, hd] (grouped-query attention)."""
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def eager_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], doc: torch.Tensor) -> torch.Tensor:
+    """q [B, nh, T, hd]; keys/values: one [B, nkv, T, hd] per step so far (step 0 first)."""
+    b, nh, t, hd = q.shape
+    rep = nh // keys[0].shape[1]
+    scale = 1.0 / math.sqrt(hd)
+    acc = torch.promote_types(q.dtype, torch.float32)  # softmax in fp32 (or fp64 for fp64 inputs)
+    k0, v0 = repeat_kv(keys[0], rep), repeat_kv(values[0], rep)  # [B, nh, T, hd]
+    s0 = (q @ k0.transpose(-1, -2)).to(acc) * scale  # [B, nh, T, T]
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    allowed = causal & (doc[:, :, None] == doc[:, None, :])  # [B, T, T]
+    s0 = s0.masked_fill(~allowed[:, None], float("-inf"))
+    diag = [(q * repeat_kv(kj, rep)).sum(-1, keepdim=True).to(acc) * scale for kj in keys[1:]]  # k x [B, nh, T, 1]
+    p = torch.softmax(torch.cat([s0, *diag], dim=-1), dim=-1).to(q.dtype)  # [B, nh, T, T+k]
+    out = p[..., :t] @ v0  # [B, nh, T, hd]
+    for j, vj in enumerate(values[1:]):
+        out = out + p[..., t + j : t + j + 1] * repeat_kv(vj, rep)
+    return out
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], doc: torch.Tensor,
+                       compiled: bool) -> torch.Tensor:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    b, nh, t, hd = q.shape
+    n_steps = len(keys)
+
+    def mask_mod(bi, _h, qi, kv):  # noqa: ANN001, ANN202
+        j, p = kv // t, kv % t
+        step0 = (j == 0) & (p <= qi) & (doc[bi, p] == doc[bi, qi])
+        return step0 | ((j > 0) & (p == qi))
+
+    block = create_block_mask(mask_mod, b, None, t, n_steps * t, device=q.device, _compile=compiled)
+    kcat = torch.cat(keys, dim=2)  # [B, nkv, (k+1)T, hd]
+    vcat = torch.cat(values, dim=2)  # [B, nkv, (k+1)T, hd]
+    attn = _compiled_flex() if compiled else flex_attention
+    return attn(q, kcat, vcat, block_mask=block, enable_gqa=nh != keys[0].shape[1])
+
+
+class TTTAttention:
+    """The `attend` callback for one unroll: call it once per step, in order (step 0 first)."""
+
+    def __init__(self, doc: torch.Tensor, backend: str = "eager") -> None:
+        assert backend in ("eager", "flex", "flex-eager"), backend
+        self.doc, self.backend = doc, backend  # doc [B, T]
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.keys.append(k)
+        self.values.append(v)
+        if self.backend == "eager":
+            return eager_ttt_attention(q, self.keys, self.values, self.doc)
+        return flex_ttt_attention(q, self.keys, self.values, self.doc, compiled=self.backend == "flex")
+
+
+def unroll(drafter: torch.nn.Module, hidden0: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, doc: torch.Tensor,
+           K: int, backend: str = "eager"):
+    """Yield (k, out_k [B, T, H]) for k = 0..K-1: the drafter layer's pre-norm outputs.
+    hidden0 [B, T, H] is fc(aux); logits are `lm_head(norm(out_k))` (left to the caller, so the
+    loss can compute them in chunks)."""
+    attend = TTTAttention(doc, backend)
+    hidden = hidden0
+    for k in range(K):
+        ids_k, pos_k = step_inputs(ids, pos, k)
+        embeds = drafter.embed_tokens(ids_k).to(hidden.dtype)  # [B, T, H]
+        hidden = drafter.midlayer(embeds, hidden, pos_k, attend)  # [B, T, H]
+        yield k, hidden
+
+
+def default_backend(device: torch.device) -> str:
+    return "flex" if device.type == "cuda" else "eager"
+
+
+def doc_and_positions(lengths: list[int], total: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Document ids and per-sample positions [total] for samples of `lengths` packed end to end
+    and padded to `total` (padding: doc -1, position 0.. continuing)."""
+    doc = torch.full((total,), -1, dtype=torch.long)
+    pos = torch.zeros(total, dtype=torch.long)
+    start = 0
+    for i, n in enumerate(lengths):
+        doc[start : start + n] = i
+        pos[start : start + n] = torch.arange(n)
+        start += n
+    pos[start:] = torch.arange(total - start)
+    return doc.to(device), pos.to(device)
+
