@@ -14,8 +14,10 @@ so capture code never hard-codes attribute paths.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -135,6 +137,9 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
     from transformers import AutoTokenizer
 
     folder, gguf_file = resolve_spec(spec)
+    key = ("tokenizer", str(folder / (gguf_file or "")), str(chat_template))
+    if _SHARED is not None and key in _SHARED:
+        return _SHARED[key]
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     tok = AutoTokenizer.from_pretrained(folder, **kwargs)
     if chat_template is not None:
@@ -142,7 +147,25 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
         tok.chat_template = p.read_text() if p.exists() else str(chat_template)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    if _SHARED is not None:
+        _SHARED[key] = tok
     return tok
+
+
+# While `shared_targets()` is active (the `pipeline` and `quickstart` commands), load_target
+# returns the already loaded model for the same (spec, device, dtype, template): each stage
+# still calls load_target as when run alone, but the target is loaded once per process.
+_SHARED: dict[tuple, Any] | None = None
+
+
+@contextlib.contextmanager
+def shared_targets() -> Iterator[None]:
+    global _SHARED
+    previous, _SHARED = _SHARED, {}
+    try:
+        yield
+    finally:
+        _SHARED = previous
 
 
 def load_target(
@@ -152,11 +175,19 @@ def load_target(
     chat_template: str | Path | None = None,
 ) -> Target:
     """Load a target model and tokenizer for inference (eval mode, no grad needed)."""
-    from transformers import AutoModelForCausalLM
-
     folder, gguf_file = resolve_spec(spec)
     dev = torch.device(device) if device is not None else default_device()
     dt = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype, dev)
+    key = (str(folder / (gguf_file or "")), str(dev), str(dt), str(chat_template))
+    if _SHARED is not None and key in _SHARED:
+        return _SHARED[key]
+    target = _load(spec, folder, gguf_file, dev, dt, chat_template)
+    if _SHARED is not None:
+        _SHARED[key] = target
+    return target
+
+
+def _load(spec: str, folder: Path, gguf_file: str | None, dev: torch.device, dt: torch.dtype, chat_template: str | Path | None) -> Target:
     kwargs: dict[str, Any] = {"dtype": dt}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
