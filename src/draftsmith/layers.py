@@ -13,13 +13,15 @@ from typing import Literal
 
 from draftsmith.errors import UserError
 
-Engine = Literal["draftsmith", "vllm", "sglang", "eagle"]
+Engine = Literal["draftsmith", "vllm", "sglang", "eagle", "modelopt"]
 
 # Offset added to a draftsmith id to get the id an engine's config expects.
 #   vllm:   reads the layer-input convention (hidden state entering layer k)       -> same ids
 #   sglang: config ids mean "output of layer i" and SGLang adds 1 internally        -> one lower
 #   eagle:  the EAGLE reference code's eagle_aux_hidden_state_layer_ids, as vLLM     -> same ids
-_OFFSETS: dict[str, int] = {"draftsmith": 0, "vllm": 0, "eagle": 0, "sglang": -1}
+#   modelopt: forward hooks on the outputs of layers i (NVIDIA Model-Optimizer,
+#           modelopt/torch/speculative/plugins/hf_eagle.py, HFEagleModel.modify)    -> one lower
+_OFFSETS: dict[str, int] = {"draftsmith": 0, "vllm": 0, "eagle": 0, "sglang": -1, "modelopt": -1}
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
