@@ -12,7 +12,8 @@ from draftsmith.config import CommandConfig
 
 class QuickstartConfig(CommandConfig):
     out: Path = Field(Path("draftsmith-quickstart"), description="Output folder (reruns resume).")
-    budget: Literal["small", "full"] = Field("small", description="small: minutes on a CPU; full: a real run on a GPU.")
+    budget: Literal["small", "full"] | None = Field(
+        None, description="small: minutes on a CPU; full: a real run on a GPU. Default: full with a GPU, else small.")
 
 
 class PipelineConfig(CommandConfig):

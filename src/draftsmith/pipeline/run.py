@@ -1,9 +1,136 @@
-"""`draftsmith pipeline` (placeholder until issue #8 lands)."""
+"""`draftsmith pipeline CONFIG.yaml`: several stages in one process, the target loaded once.
 
+    out: runs/h200              # stage outputs default to OUT/<stage name>
+    target: smollm2-135m        # given to every stage that takes a target (unless it sets one)
+    device: cuda                # likewise for device / dtype (optional)
+    stages:
+      - synth: {prompts: gsm8k, limit: 5000, max_new_tokens: 256}
+      - synth: {name: magpie, magpie: 1000}          # same output file: appended, ids distinct
+      - prepare: {max_len: 2048}
+      - train: {steps: 2000}                          # online: no disk
+      - export: {format: eagle, engine: vllm}
+      - eval: {mode: chain, k: 7}
+
+Each stage keeps its own folder, progress.json and resume, exactly as when run alone. Inputs
+not given are wired from the latest earlier stage that produces them (synth -> prepare ->
+vocab/extract/train -> export/eval); `@NAME` in any option is the output of stage NAME. A
+stage that finished writes `OUT/.pipeline/NAME.done` and is skipped on a rerun; a stage that
+was cut short is rerun with its own resume (`resume: true` for train, a rewrite for atomic
+stages).
+"""
+
+from __future__ import annotations
+
+import time
 from pathlib import Path
+from typing import Any
 
-from draftsmith.errors import NotImplementedYet
+import yaml
+
+from draftsmith.assets import GSM8K_TRAIN
+from draftsmith.config import CommandConfig, resolve_config
+from draftsmith.errors import UserError
+from draftsmith.fsutil import atomic_write_json
+from draftsmith.pipeline.config import PipelineConfig
+from draftsmith.target import shared_targets
+
+# where each command's main input comes from, and what it produces
+INPUTS = {"prepare": ("data", "synth"), "vocab": ("dataset_dir", "prepare"), "extract": ("dataset_dir", "prepare"),
+          "train": ("dataset_dir", "prepare"), "export": ("ckpt", "train"), "eval": ("drafter", "train")}
+SHORTCUTS = {"gsm8k": str(GSM8K_TRAIN), "mt_bench": "mt_bench"}
 
 
-def run(cfg) -> Path:  # noqa: ANN001
-    raise NotImplementedYet("draftsmith pipeline is not implemented yet (issue #8); nothing was done")
+def default_out(command: str, root: Path, name: str) -> Path:
+    if command == "synth":
+        return root / "synth" / "conversations.jsonl"  # every synth stage appends to one file
+    if command == "vocab":
+        return root / name / "vocab.safetensors"
+    return root / name
+
+
+def product(command: str, out: Path) -> Path:
+    """The path a later stage reads from a stage's output."""
+    return out / "drafter" if command == "train" else out
+
+
+def parse_stages(raw: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    """`[{command: {options}}]` -> [(name, command, options)], names unique."""
+    from draftsmith.cli import COMMANDS
+
+    if not isinstance(raw, list) or not raw:
+        raise UserError("pipeline config: 'stages' must be a non-empty list like [{synth: {...}}, {prepare: {...}}]")
+    stages, seen = [], set()
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict) or len(entry) != 1:
+            raise UserError(f"pipeline config: stage {i + 1} must be a one-key mapping {{command: {{options}}}}")
+        command, options = next(iter(entry.items()))
+        if command not in COMMANDS or command in ("pipeline", "quickstart", "status"):
+            raise UserError(f"pipeline config: stage {i + 1}: unknown stage {command!r}")
+        options = dict(options or {})
+        name = str(options.pop("name", command))
+        if name in seen:
+            raise UserError(f"pipeline config: two stages are named {name!r}; give one a 'name:'")
+        seen.add(name)
+        stages.append((name, command, options))
+    return stages
+
+
+def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common: dict[str, Any]) -> dict[str, Path]:
+    """Run the stages in order inside one process; returns each stage's product path."""
+    from draftsmith.cli import COMMANDS, _load
+
+    marks = root / ".pipeline"
+    marks.mkdir(parents=True, exist_ok=True)
+    products: dict[str, Path] = {}
+    latest: dict[str, Path] = {}
+    with shared_targets():
+        for name, command, options in stages:
+            config_path, run_path, _ = COMMANDS[command]
+            cls: type[CommandConfig] = _load(config_path)
+            values = {k: v for k, v in common.items() if k in cls.model_fields}
+            values["out"] = default_out(command, root, name)
+            if command in INPUTS and INPUTS[command][1] in latest:
+                values[INPUTS[command][0]] = latest[INPUTS[command][1]]
+            if command == "train" and "vocab" in latest:
+                values["vocab"] = latest["vocab"]
+            for k, v in options.items():
+                if isinstance(v, str) and v.startswith("@"):
+                    if v[1:] not in products:
+                        raise UserError(f"pipeline stage {name}: {k}: {v} names no earlier stage")
+                    v = products[v[1:]]
+                values[k] = SHORTCUTS.get(v, v) if isinstance(v, str) else v
+            done = marks / f"{name}.done"
+            out = Path(values["out"])
+            if not done.exists():
+                if "resume" in cls.model_fields and out.exists():
+                    values.setdefault("resume", True)
+                if "overwrite" in cls.model_fields and out.exists() and "resume" not in cls.model_fields:
+                    values["overwrite"] = True  # an atomic stage that was cut short: redo it
+            cfg = resolve_config(cls, None, values)
+            if done.exists():
+                print(f"[pipeline] {name}: done earlier, skipped ({out})", flush=True)
+            else:
+                print(f"[pipeline] {name}: draftsmith {command} -> {out}", flush=True)
+                t0 = time.time()
+                _load(run_path)(cfg)
+                atomic_write_json(done, {"command": command, "seconds": round(time.time() - t0, 1),
+                                         "config": cfg.model_dump(mode="json")})
+            products[name] = latest[command] = product(command, out)
+    return products
+
+
+def run(cfg: PipelineConfig) -> Path:
+    path = Path(cfg.pipeline_config)
+    if not path.exists():
+        raise UserError(f"{path}: no such pipeline config")
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(spec, dict) or "out" not in spec:
+        raise UserError(f"{path}: needs 'out:' (the root folder) and 'stages:'")
+    root = Path(spec.pop("out"))
+    stages = parse_stages(spec.pop("stages", None))
+    run_stages(root, stages, common=spec)
+    return root
+
