@@ -14,13 +14,17 @@ Format = Literal["auto", "sharegpt", "messages", "pairs", "turns", "prompts", "h
 
 class PrepareConfig(CommandConfig):
     positional = "data"
-    data: Path = Field(description="Conversations: a JSONL file or a local HF dataset folder.")
-    target: str = Field(DEFAULT_TARGET, description="Target whose tokenizer and chat template are used.")
+    data: Path = Field(description="Conversations: a JSONL/JSON/parquet file or a local HF dataset folder.")
+    target: str = Field(DEFAULT_TARGET, description="Target whose tokenizer and chat template are used (weights are not loaded).")
     out: Path = Field(description="Output folder for the tokenized dataset.")
-    format: Format = Field("auto", description="Input format; 'auto' detects it from the first record.")
+    format: Format = Field(
+        "auto", description="Record format: sharegpt (conversations/from/value), messages (OpenAI), pairs "
+        "(prompt/response, question/answer, instruction/output), turns (MT-bench), prompts, or hf "
+        "(a saved HF dataset folder, records auto-detected); 'auto' detects it from the first record.")
     max_len: int = Field(2048, gt=0, description="Maximum tokens per sample.")
     length_policy: Literal["truncate", "drop"] = Field("truncate", description="What to do with samples longer than --max-len.")
     chat_template: Path | None = Field(None, description="Jinja chat template file to use instead of the tokenizer's own.")
+    batch_size: int = Field(1024, gt=0, description="Conversations tokenized per batched tokenizer call.")
     overwrite: bool = Field(False, description="Replace an existing output folder.")
 
 
@@ -29,3 +33,4 @@ class VocabConfig(CommandConfig):
     dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
     size: int | None = Field(None, gt=0, description="Draft vocab size k; default min(32000, target vocab).")
     out: Path = Field(description="Output file for the vocab mapping (safetensors with d2t and t2d).")
+    overwrite: bool = Field(False, description="Replace an existing output file.")

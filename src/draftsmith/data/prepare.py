@@ -1,9 +1,154 @@
-"""`draftsmith prepare` (placeholder until issue #2 lands)."""
+"""`draftsmith prepare`: conversations in, tokenized dataset (see `dataset.py`) out.
 
+Reads the conversations (`formats.py`), renders each through the target's own chat template
+and tokenizes it with an assistant-only loss mask (`chat.py`), applies the length policy at
+--max-len, and writes `data.parquet`, `dataset.json`, `stats.json` and `run.yaml` into a
+temporary folder that is renamed into place at the end. Only the tokenizer is loaded, never the
+weights.
+
+Samples whose assistant tokens all fall beyond --max-len are dropped in either policy (nothing
+to train on); every drop is counted by reason in the stats.
+"""
+
+from __future__ import annotations
+
+import time
 from pathlib import Path
+from typing import Any
 
-from draftsmith.errors import NotImplementedYet
+import numpy as np
+import pyarrow as pa
+
+from draftsmith.config import write_run_record
+from draftsmith.data.chat import tokenize_conversations
+from draftsmith.data.config import PrepareConfig
+from draftsmith.data.dataset import FORMAT, META_FILE, STATS_FILE, write_table
+from draftsmith.data.formats import read_conversations
+from draftsmith.errors import UserError
+from draftsmith.fsutil import atomic_output_dir, atomic_write_json
+from draftsmith.progress import Progress
+from draftsmith.target import fingerprint, load_tokenizer, resolve_spec, text_config
+
+DATASET_VERSION = 1
 
 
-def run(cfg) -> Path:  # noqa: ANN001
-    raise NotImplementedYet("draftsmith prepare is not implemented yet (issue #2); nothing was done")
+def target_record(spec: str, tokenizer: Any) -> dict[str, Any]:
+    """Name, fingerprint and vocab size of a target, without loading its weights. The vocab is
+    the model's (config.json, nested text config resolved) where there is one, else the
+    tokenizer's (a GGUF's vocab is its tokenizer's)."""
+    folder, gguf_file = resolve_spec(spec)
+    vocab = len(tokenizer)
+    if gguf_file is None:
+        from transformers import AutoConfig
+
+        vocab = max(vocab, int(text_config(AutoConfig.from_pretrained(folder)).vocab_size))
+    return {"name": spec, "fingerprint": fingerprint(folder, gguf_file), "vocab_size": vocab}
+
+
+def length_edges(max_len: int) -> list[int]:
+    """Histogram bin edges: 0, 32, 64, 128, ... doubling up to max_len."""
+    edges, e = [0], 32
+    while e < max_len:
+        edges.append(e)
+        e *= 2
+    return [*edges, max_len]
+
+
+def print_stats(stats: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"prepare: {stats['input']} -> {stats['output']}")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    rows = [
+        ("conversations read", stats["samples_in"]), ("samples kept", stats["samples_kept"]),
+        *((f"dropped: {k}", v) for k, v in stats["dropped"].items()),
+        (f"truncated at {stats['max_len']}", stats["truncated"]), ("tokens", stats["tokens"]),
+        ("assistant tokens", f"{stats['assistant_tokens']} ({stats['assistant_fraction']:.1%})"),
+        ("mean / max length", f"{stats['mean_length']:.1f} / {stats['max_length']}"),
+        ("samples/s (tokenizing)", f"{stats['throughput']['samples_per_s']:.0f}"),
+    ]
+    for k, v in rows:
+        table.add_row(k, str(v))
+    hist = stats["length_histogram"]
+    for lo, hi, n in zip(hist["edges"], hist["edges"][1:], hist["counts"]):
+        table.add_row(f"  length {lo + 1}-{hi}", str(n))
+    Console().print(table)
+
+
+def run(cfg: PrepareConfig) -> Path:
+    started = time.perf_counter()
+    if cfg.chat_template is not None and not cfg.chat_template.is_file():
+        raise UserError(f"--chat-template {cfg.chat_template}: no such file")
+    with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as tmp:
+        convs = read_conversations(cfg.data, cfg.format)
+        tokenizer = load_tokenizer(cfg.target, cfg.chat_template)
+        target = target_record(cfg.target, tokenizer)
+
+        ids_parts, mask_parts, lengths = [], [], []
+        truncated, dropped = 0, {"longer than max_len": 0, "no assistant tokens within max_len": 0}
+        tok_started = time.perf_counter()
+        with Progress("prepare", tmp, total=len(convs)) as progress:
+            for a in range(0, len(convs), cfg.batch_size):
+                batch = convs[a:a + cfg.batch_size]
+                encoded = tokenize_conversations(tokenizer, [c["messages"] for c in batch],
+                                                 names=[f"{cfg.data} sample {c['id']}" for c in batch])
+                n_tokens = 0
+                for ids, mask in encoded:
+                    if len(ids) > cfg.max_len:
+                        if cfg.length_policy == "drop":
+                            dropped["longer than max_len"] += 1
+                            continue
+                        ids, mask = ids[:cfg.max_len], mask[:cfg.max_len]
+                        truncated += 1
+                    if not mask.any():
+                        dropped["no assistant tokens within max_len"] += 1
+                        continue
+                    ids_parts.append(ids)
+                    mask_parts.append(mask)
+                    lengths.append(len(ids))
+                    n_tokens += len(ids)
+                progress.advance(len(batch), tokens=n_tokens)
+        tok_seconds = time.perf_counter() - tok_started
+        if not lengths:
+            raise UserError(f"{cfg.data}: every sample was dropped ({dropped}); raise --max-len or use --length-policy truncate")
+
+        lens = np.asarray(lengths, dtype=np.int64)  # [N]
+        offsets = np.zeros(len(lens) + 1, dtype=np.int32)
+        np.cumsum(lens, out=offsets[1:])
+        flat_ids = np.fromiter((t for ids in ids_parts for t in ids), dtype=np.int32, count=int(offsets[-1]))  # [sum T]
+        flat_mask = np.concatenate(mask_parts)  # [sum T] uint8
+        if flat_ids.max() >= target["vocab_size"]:
+            raise UserError(f"token id {flat_ids.max()} >= target vocab {target['vocab_size']}: tokenizer and model disagree")
+        pa_offsets = pa.array(offsets)
+        write_table(tmp, {
+            "sample_id": pa.array(np.arange(len(lens), dtype=np.int64)),
+            "input_ids": pa.ListArray.from_arrays(pa_offsets, pa.array(flat_ids)),
+            "loss_mask": pa.ListArray.from_arrays(pa_offsets, pa.array(flat_mask)),
+            "length": pa.array(lens.astype(np.int32)),
+        })
+
+        edges = length_edges(cfg.max_len)
+        assistant = int(flat_mask.sum())
+        stats = {
+            "input": str(cfg.data), "output": str(cfg.out), "format": cfg.format, "max_len": cfg.max_len,
+            "length_policy": cfg.length_policy, "samples_in": len(convs), "samples_kept": len(lens),
+            "dropped": dropped, "truncated": truncated, "tokens": int(lens.sum()), "assistant_tokens": assistant,
+            "assistant_fraction": assistant / int(lens.sum()), "mean_length": float(lens.mean()),
+            "max_length": int(lens.max()),
+            "length_histogram": {"edges": edges, "counts": np.histogram(lens, bins=edges)[0].tolist()},
+            "throughput": {
+                "samples_per_s": len(convs) / tok_seconds, "tokens_per_s": int(lens.sum()) / tok_seconds,
+                "tokenize_seconds": round(tok_seconds, 3), "wall_seconds": round(time.perf_counter() - started, 3),
+            },
+        }
+        atomic_write_json(tmp / META_FILE, {
+            "format": FORMAT, "version": DATASET_VERSION, "target": target, "max_len": cfg.max_len,
+            "length_policy": cfg.length_policy, "chat_template": tokenizer.chat_template,
+            "num_samples": len(lens), "source": str(cfg.data),
+        })
+        atomic_write_json(tmp / STATS_FILE, stats)
+        write_run_record(tmp, cfg)
+    print_stats(stats)
+    return cfg.out

@@ -1,0 +1,190 @@
+"""Chat-template tokenization with assistant-only loss masks, derived from the template itself.
+
+    ids, mask = tokenize_conversation(tokenizer, messages)
+    pairs = tokenize_conversations(tokenizer, conversations)   # batched, what `prepare` uses
+
+The loss mask is 1 on exactly the tokens the model would generate in each assistant turn: from
+the end of the assistant header (the template's generation prompt) through the end-of-turn
+token, when the template has one. Thinking blocks the template renders in a turn are part of
+that turn; text the template drops (e.g. Qwen3 strips <think> from earlier turns) is not there to
+mask.
+
+How the template is read (no per-model patterns):
+  1. Probes, once per template: render [user] with and without `add_generation_prompt`; the
+     difference is the assistant `header`. Render [user, assistant "<probe>"]; the first special
+     token after the probe text is the end-of-turn token (`eot`), if any.
+  2. Per conversation, one render of the whole conversation. Each assistant turn's span starts
+     after the next `header` occurrence and ends after the `eot` that follows the message's
+     answer text (its content after any </think>). The answer must lie inside; otherwise, or if
+     the header occurs more often than there are assistant turns (a user quoting the header), or
+     the template has no header, the spans come from prefix renders instead:
+     render(messages[:i], add_generation_prompt=True) against render(messages[:i+1]).
+  3. One fast-tokenizer call over the full texts; `Encoding.char_to_token` turns the few char
+     spans into token ranges, so no per-token Python work is done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from draftsmith.errors import UserError
+
+PROBE_USER, PROBE_REPLY = "Probe question 1234?", "Probe reply 5678."
+
+
+@dataclass(frozen=True)
+class TurnMarkers:
+    """What a template puts around an assistant reply."""
+
+    header: str  # generation prompt, e.g. "<|im_start|>assistant\n"; "" when the template has none
+    eot: str  # end-of-turn special token text, e.g. "<|im_end|>"; "" when the template has none
+
+
+def render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+    """The conversation as text, through the tokenizer's own chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(
+            "the target's tokenizer has no chat template; pass one with --chat-template FILE "
+            "(a Jinja file, e.g. the chat_template.jinja of the instruct version of this model)"
+        )
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    except Exception as e:  # a template error (raise_exception, bad role order) is a data problem
+        raise UserError(f"the chat template failed on this conversation: {type(e).__name__}: {e}") from None
+
+
+def _special_texts(tokenizer: Any) -> set[str]:
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return set(tokenizer.all_special_tokens) | {t.content for t in added.values() if getattr(t, "special", False)}
+
+
+def turn_markers(tokenizer: Any) -> TurnMarkers:
+    """Derive the assistant header and end-of-turn token from the template (see module doc)."""
+    user = [{"role": "user", "content": PROBE_USER}]
+    plain, prompted = render(tokenizer, user), render(tokenizer, user, add_generation_prompt=True)
+    header = prompted[len(plain):] if prompted.startswith(plain) else ""
+    full = render(tokenizer, [*user, {"role": "assistant", "content": PROBE_REPLY}])
+    after = full[full.find(PROBE_REPLY) + len(PROBE_REPLY):].lstrip() if PROBE_REPLY in full else ""
+    specials = sorted(_special_texts(tokenizer), key=len, reverse=True)
+    eot = next((t for t in specials if t and after.startswith(t)), "")
+    return TurnMarkers(header=header, eot=eot)
+
+
+def _answer(content: str) -> str:
+    """The part of a reply every template renders verbatim: the text after any </think>."""
+    return content.rsplit("</think>", 1)[-1].strip()
+
+
+def _spans_by_header(text: str, replies: list[str], m: TurnMarkers) -> list[tuple[int, int]] | None:
+    """Char spans of the assistant turns in one full render, or None when this way fails."""
+    if not m.header or text.count(m.header) != len(replies):
+        return None
+    spans, pos = [], 0
+    for reply in replies:
+        start = text.find(m.header, pos) + len(m.header)
+        nxt = text.find(m.header, start)
+        limit = len(text) if nxt < 0 else nxt
+        answer = _answer(reply)
+        a = text.find(answer, start, limit)
+        if a < 0:
+            return None
+        end = a + len(answer)
+        if m.eot:
+            e = text.find(m.eot, end, limit)
+            if e < 0 or text[end:e].strip():
+                return None
+            end = e + len(m.eot)
+        spans.append((start, end))
+        pos = end
+    return spans
+
+
+def _spans_by_prefix(tokenizer: Any, text: str, messages: list[dict[str, str]], m: TurnMarkers) -> list[tuple[int, int]]:
+    """Char spans from prefix renders: what assistant message i adds to the prompt before it."""
+    spans = []
+    for i, msg in enumerate(messages):
+        if msg["role"] != "assistant":
+            continue
+        before = render(tokenizer, messages[:i], add_generation_prompt=True)
+        upto = render(tokenizer, messages[: i + 1])
+        if not (upto.startswith(before) and text.startswith(upto)):
+            raise UserError(
+                f"cannot locate assistant turn {i} in the chat template's output: the template renders "
+                "earlier turns differently once later turns follow; use --chat-template with a template "
+                "that renders each turn the same way"
+            )
+        end = len(upto)
+        if m.eot and m.eot in upto[len(before):]:
+            end = upto.rindex(m.eot) + len(m.eot)
+        else:
+            end = len(upto.rstrip())
+        spans.append((len(before), end))
+    return spans
+
+
+def assistant_spans(tokenizer: Any, text: str, messages: list[dict[str, str]], m: TurnMarkers) -> list[tuple[int, int]]:
+    """Char spans `[start, end)` of every assistant turn in `text` (the render of `messages`)."""
+    replies = [msg["content"] for msg in messages if msg["role"] == "assistant"]
+    if not replies:
+        raise UserError("conversation has no assistant turn, so there is nothing to train on "
+                        "(for prompts, run `draftsmith synth` first to get the target's answers)")
+    spans = _spans_by_header(text, replies, m)
+    return spans if spans is not None else _spans_by_prefix(tokenizer, text, messages, m)
+
+
+def _token_range(enc: Any, start: int, end: int) -> tuple[int, int]:
+    """Tokens whose first char lies in `[start, end)`, as a half-open token index range."""
+    a = start
+    while a < end and enc.char_to_token(a) is None:
+        a += 1
+    if a == end:
+        return 0, 0
+    ta = enc.char_to_token(a)
+    if enc.token_to_chars(ta)[0] < start:  # a token straddling the span start belongs before it
+        ta += 1
+    b = end - 1
+    while enc.char_to_token(b) is None:
+        b -= 1
+    return ta, enc.char_to_token(b) + 1
+
+
+def encode(tokenizer: Any, texts: list[str]) -> list[Any]:
+    """One batched fast-tokenizer call (no special tokens added: templates write their own)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise UserError("prepare needs a fast (Rust) tokenizer; this target only has a slow one")
+    return backend.encode_batch(texts, add_special_tokens=False)
+
+
+def mask_from_spans(enc: Any, spans: list[tuple[int, int]]) -> np.ndarray:
+    """[T] uint8 loss mask from char spans."""
+    mask = np.zeros(len(enc), dtype=np.uint8)
+    for start, end in spans:
+        ta, tb = _token_range(enc, start, end)
+        mask[ta:tb] = 1
+    return mask
+
+
+def tokenize_conversations(
+    tokenizer: Any, conversations: list[list[dict[str, str]]], names: list[str] | None = None,
+) -> list[tuple[list[int], np.ndarray]]:
+    """Batched `tokenize_conversation`: [(input_ids, loss_mask [T] uint8), ...]. `names` label
+    the conversations in error messages."""
+    markers = turn_markers(tokenizer)
+    texts, spans = [], []
+    for i, msgs in enumerate(conversations):
+        try:
+            texts.append(render(tokenizer, msgs))
+            spans.append(assistant_spans(tokenizer, texts[-1], msgs, markers))
+        except UserError as e:
+            raise UserError(f"{names[i] if names else f'conversation {i}'}: {e}") from None
+    return [(enc.ids, mask_from_spans(enc, s)) for enc, s in zip(encode(tokenizer, texts), spans)]
+
+
+def tokenize_conversation(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+    """(input_ids, loss_mask) of one conversation; loss_mask is 1 on assistant tokens."""
+    ((ids, mask),) = tokenize_conversations(tokenizer, [messages])
+    return list(ids), mask.tolist()
