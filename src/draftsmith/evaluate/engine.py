@@ -1,0 +1,187 @@
+"""A gpt-fast-style forward of a Llama-family HF target with a static KV cache.
+
+The forward runs the HF model's own modules (norms, q/k/v/o projections, optional q/k norms,
+MLP, rotary embedding), but owns the attention: keys and values go into a preallocated cache
+at given slots, and every query attends under an explicit boolean mask over the whole cache.
+That gives, with one code path:
+
+  - plain decoding (one token, causal mask),
+  - chain and tree verification (one forward, tree mask from the draft's parent links),
+  - KV compaction of the accepted path (an index copy, `compact`),
+  - the drafter's auxiliary hidden states, captured in the same pass (draftsmith layer ids:
+    id k = residual entering decoder layer k; k == L is the last layer's output).
+
+`graph(t)` captures the forward of `t` tokens in a CUDA graph (static input buffers; the cache
+is written in place), used by plain decoding (t=1) and verification (t = draft size + 1) alike.
+On CPU the same forward runs eagerly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsmith.errors import UserError
+from draftsmith.target import base_model, decoder_layers, final_norm, text_config
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def check_supported(model: nn.Module) -> None:
+    """The forward below covers Llama, Mistral, Qwen2/3-style decoders (pre-norm, rotary,
+    GQA). Refuse anything else with a clear message rather than compute wrong logits."""
+    layer = decoder_layers(model)[0]
+    attn = getattr(layer, "self_attn", None)
+    needed = [getattr(layer, n, None) for n in ("input_layernorm", "post_attention_layernorm", "mlp")]
+    if attn is None or any(m is None for m in needed) or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        raise UserError(f"draftsmith eval supports Llama-family targets (pre-norm decoder layers with q/k/v/o projections); "
+                        f"{type(layer).__name__} is not one")
+    extra = [n for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm") if hasattr(layer, n)]
+    if extra:
+        raise UserError(f"draftsmith eval: {type(layer).__name__} has {extra}, which this engine does not implement")
+    if getattr(base_model(model), "rotary_emb", None) is None:
+        raise UserError(f"draftsmith eval: {type(base_model(model)).__name__} has no rotary_emb module")
+
+
+class TargetEngine:
+    """The target with a static KV cache of `max_len` slots (batch size 1)."""
+
+    def __init__(self, model: nn.Module, aux_layer_ids: list[int], max_len: int) -> None:
+        check_supported(model)
+        tc = text_config(model.config)
+        self.model, self.base = model, base_model(model)
+        self.layers, self.norm = decoder_layers(model), final_norm(model)
+        self.embed, self.lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+        self.aux_layer_ids = list(aux_layer_ids)
+        self.max_len = max_len
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.nh = int(tc.num_attention_heads)
+        self.nkv = int(getattr(tc, "num_key_value_heads", None) or self.nh)
+        self.hd = int(getattr(tc, "head_dim", None) or tc.hidden_size // self.nh)
+        self.vocab_size = int(tc.vocab_size)
+        shape = (1, self.nkv, max_len, self.hd)
+        self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.graphs: dict[int, dict[str, Any]] = {}
+        self.capture_seconds = 0.0
+
+    # -- the forward -----------------------------------------------------------------------
+    def _attention(self, i: int, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        attn = layer.self_attn
+        b, t, _ = x.shape
+        q = attn.q_proj(x).view(b, t, -1, self.hd)  # [1, T, nh, hd]
+        k = attn.k_proj(x).view(b, t, -1, self.hd)  # [1, T, nkv, hd]
+        v = attn.v_proj(x).view(b, t, -1, self.hd).transpose(1, 2)  # [1, nkv, T, hd]
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3-style per-head norms
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [1, n, T, hd]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        self.k_cache[i].index_copy_(2, slots, k)
+        self.v_cache[i].index_copy_(2, slots, v)
+        o = F.scaled_dot_product_attention(q, self.k_cache[i], self.v_cache[i], attn_mask=mask,
+                                           scale=getattr(attn, "scaling", None), enable_gqa=True)  # [1, nh, T, hd]
+        return attn.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # [1, T, H]
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids, pos [1, T]; slots [T] cache slots to write; mask [1, 1, T, max_len] bool.
+        Returns logits [T, V] (float32) and aux [T, n_aux*H]."""
+        h = self.embed(ids)  # [1, T, H]
+        cos, sin = self.base.rotary_emb(h, pos)  # [1, T, hd]
+        cos, sin = cos[:, None], sin[:, None]  # [1, 1, T, hd]
+        aux: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_layer_ids:
+                aux[i] = h
+            h = h + self._attention(i, layer, layer.input_layernorm(h), cos, sin, slots, mask)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        aux[len(self.layers)] = h
+        logits = self.lm_head(self.norm(h))[0].float()  # [T, V]
+        return logits, torch.cat([aux[k] for k in self.aux_layer_ids], dim=-1)[0]  # [T, n_aux*H]
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run `ids [T]` at positions `pos [T]`, writing their K/V at cache `slots [T]`;
+        `mask [T, max_len]` says which cache slots each token sees (its own slot included).
+        Uses the CUDA graph captured for T tokens when there is one."""
+        t = ids.shape[0]
+        g = self.graphs.get(t)
+        if g is None:
+            return self._forward(ids[None], pos[None], slots, mask[None, None])
+        g["ids"].copy_(ids[None])
+        g["pos"].copy_(pos[None])
+        g["slots"].copy_(slots)
+        g["mask"].copy_(mask[None, None])
+        g["graph"].replay()
+        return g["logits"], g["aux"]
+
+    # -- helpers ---------------------------------------------------------------------------
+    def causal_mask(self, start: int, t: int) -> torch.Tensor:
+        """[t, max_len]: token j (at slot start+j) sees slots 0..start+j."""
+        cols = torch.arange(self.max_len, device=self.device)
+        rows = torch.arange(start, start + t, device=self.device)
+        return cols[None, :] <= rows[:, None]
+
+    def tree_mask(self, start: int, ancestors: torch.Tensor) -> torch.Tensor:
+        """[T, max_len] for a draft tree at slots start..start+T-1: every token sees the
+        context slots < start and its ancestors-or-self (`ancestors [T, T]` bool)."""
+        t = ancestors.shape[0]
+        mask = torch.zeros(t, self.max_len, dtype=torch.bool, device=self.device)
+        mask[:, :start] = True
+        mask[:, start:start + t] = ancestors
+        return mask
+
+    def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fill the cache with a prompt `ids [P]` at slots/positions 0..P-1 (always eager)."""
+        p = ids.shape[0]
+        if p >= self.max_len:
+            raise UserError(f"prompt of {p} tokens does not fit the KV cache of {self.max_len}; raise --max-len")
+        pos = torch.arange(p, device=self.device)
+        return self._forward_eager(ids, pos, pos, self.causal_mask(0, p))
+
+    def _forward_eager(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return self._forward(ids[None], pos[None], slots, mask[None, None])
+
+    def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Move the accepted path's K/V from slots `src` to slots `dst` (both [n])."""
+        if torch.equal(src, dst):
+            return
+        for kc, vc in zip(self.k_cache, self.v_cache, strict=True):
+            kc.index_copy_(2, dst, kc.index_select(2, src))
+            vc.index_copy_(2, dst, vc.index_select(2, src))
+
+    def graph(self, t: int) -> None:
+        """Capture the forward of `t` tokens in a CUDA graph (no-op on CPU). Warm-up writes
+        garbage K/V at slots 0..t-1, which are always rewritten before they are read."""
+        if self.device.type != "cuda" or t in self.graphs:
+            return
+        t0 = time.perf_counter()
+        g: dict[str, Any] = {
+            "ids": torch.zeros(1, t, dtype=torch.long, device=self.device),
+            "pos": torch.arange(t, device=self.device)[None],
+            "slots": torch.arange(t, device=self.device),
+            "mask": self.causal_mask(0, t)[None, None].clone(),
+        }
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.no_grad():
+            for _ in range(3):
+                self._forward(g["ids"], g["pos"], g["slots"], g["mask"])
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), torch.no_grad():
+            g["logits"], g["aux"] = self._forward(g["ids"], g["pos"], g["slots"], g["mask"])
+        g["graph"] = graph
+        self.graphs[t] = g
+        torch.cuda.synchronize()
+        self.capture_seconds += time.perf_counter() - t0

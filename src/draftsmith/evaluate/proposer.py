@@ -1,0 +1,201 @@
+"""Draft proposals: the EAGLE-3 drafter with its own KV cache (chain or EAGLE-2 tree), and an
+oracle behind the same interface.
+
+A proposer follows the accepted sequence through `observe(aux, next_tokens)`: the target's aux
+hidden states of the newly accepted positions (from the verification pass, as at serving time)
+and the token after each of them. `propose()` returns a `Draft`: nodes with target token ids,
+parent links (row 0 is the root = the last accepted token, node i is row i+1), depths, and, in
+chain sampling mode, the distribution each token was drawn from.
+
+Drafter KV layout: slot s < max_len holds the step-0 entry at position s (target hidden state
+at s, token s+1); slots max_len.. hold the current draft's own entries. A draft node at depth d
+sits at position n-1+d and sees the step-0 slots < n, its ancestors' slots and its own slot.
+
+EAGLE-2 tree: level 1 is the top-k of the last step-0 output; each later step feeds the k best
+frontier nodes (by cumulative log-prob) and keeps their top-k children; finally the
+`total_tokens` best nodes of everything drafted are kept (a set closed under parents).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from draftsmith.draft.model import Eagle3Drafter
+from draftsmith.evaluate.sampling import Sampling
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # [N] target ids
+    parents: list[int]  # [N] rows (0 = root)
+    depths: torch.Tensor  # [N] 1..depth
+    q: torch.Tensor | None = None  # [N, V]: the distribution node i was sampled from
+
+
+def ancestors(parents: list[int]) -> torch.Tensor:
+    """[N+1, N+1] bool: row r sees row c iff c is r or an ancestor of r (row 0 = root)."""
+    n = len(parents) + 1
+    anc = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        anc[i + 1] |= anc[p]
+    return anc
+
+
+def chain_draft(tokens: torch.Tensor, q: torch.Tensor | None = None) -> Draft:
+    k = tokens.shape[0]
+    return Draft(tokens, list(range(k)), torch.arange(1, k + 1, device=tokens.device), q)
+
+
+class DrafterProposer:
+    def __init__(self, drafter: Eagle3Drafter, sampling: Sampling, max_len: int, mode: str = "chain",
+                 k: int = 7, top_k: int = 10, total_tokens: int = 60) -> None:
+        cfg = drafter.config
+        self.drafter, self.sampling, self.max_len = drafter, sampling, max_len
+        self.mode, self.k, self.top_k, self.total_tokens = mode, k, top_k, total_tokens
+        p = next(drafter.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.draft_slots = k if mode == "chain" else (k - 1) * top_k
+        shape = (1, cfg.num_key_value_heads, max_len + self.draft_slots, cfg.head_dim)
+        self.k_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        self.v_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        self.vocab_map = drafter.to_target_ids(torch.arange(cfg.draft_vocab_size, device=self.device))  # [Vd]
+        self.vocab_size = cfg.vocab_size
+        self.n = 0
+        self.cols = torch.arange(shape[2], device=self.device)
+
+    @property
+    def size(self) -> int:
+        """Draft nodes per proposal (fixed, so that verification has one shape)."""
+        if self.mode == "chain":
+            return self.k
+        pool = self.top_k + (self.k - 1) * self.top_k * self.top_k
+        return min(self.total_tokens, pool)
+
+    def reset(self) -> None:
+        self.n = 0
+
+    @torch.no_grad()
+    def _step(self, hidden: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+              mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [T, H], ids/pos/slots [T], mask [T, S]. Returns logits [T, Vd], out [T, H]."""
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.k_cache.index_copy_(2, slots, k)
+            self.v_cache.index_copy_(2, slots, v)
+            return F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask[None, None], enable_gqa=True)
+
+        logits, out = self.drafter(hidden[None], ids[None], pos[None], attend)
+        return logits[0].float(), out[0]
+
+    @torch.no_grad()
+    def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """aux [m, n_aux*H_t]: target states at positions n..n+m-1; next_tokens [m]: the token
+        after each."""
+        m = aux.shape[0]
+        pos = torch.arange(self.n, self.n + m, device=self.device)
+        mask = self.cols[None, :] <= pos[:, None]  # [m, S]: causal over the step-0 slots
+        hidden = self.drafter.project(aux.to(self.dtype))  # [m, H]
+        logits, out = self._step(hidden, next_tokens.to(self.device), pos, pos, mask)
+        self.n += m
+        self.logits, self.hidden = logits[-1], out[-1]  # [Vd], [H]: the draft for position n+1
+
+    def propose(self) -> Draft:
+        return self._chain() if self.mode == "chain" else self._tree()
+
+    def _context_mask(self, rows: int) -> torch.Tensor:
+        mask = torch.zeros(rows, self.cols.shape[0], dtype=torch.bool, device=self.device)
+        mask[:, : self.n] = True
+        return mask
+
+    @torch.no_grad()
+    def _chain(self) -> Draft:
+        logits, hidden = self.logits, self.hidden
+        tokens, qs = [], []
+        mask = self._context_mask(1)
+        for i in range(self.k):
+            if self.sampling.greedy:
+                d = logits.argmax()
+            else:
+                q_d = self.sampling.probs(logits)  # [Vd]
+                d = torch.tensor(self.sampling.sample(q_d), device=self.device)
+                qs.append(torch.zeros(self.vocab_size, device=self.device).index_copy_(0, self.vocab_map, q_d))
+            tok = self.vocab_map[d].reshape(1)  # [1] target id
+            tokens.append(tok)
+            if i == self.k - 1:
+                break
+            slot = torch.tensor([self.max_len + i], device=self.device)
+            mask[0, self.max_len + i] = True
+            logits, out = self._step(hidden[None], tok, torch.tensor([self.n + i], device=self.device), slot, mask)
+            logits, hidden = logits[0], out[0]
+        q = torch.stack(qs) if qs else None  # [K, V]
+        return chain_draft(torch.cat(tokens), q)
+
+    @torch.no_grad()
+    def _tree(self) -> Draft:
+        k, dev = self.top_k, self.device
+        scores, d_ids = torch.log_softmax(self.logits, -1).topk(k)  # [k]
+        pool_scores, pool_tokens = [scores], [self.vocab_map[d_ids]]
+        pool_parents, pool_depths = [torch.full((k,), -1, device=dev)], [torch.ones(k, dtype=torch.long, device=dev)]
+        frontier, f_tokens = torch.arange(k, device=dev), pool_tokens[0]  # pool indices, target ids
+        f_hidden = self.hidden.expand(k, -1)  # [k, H]
+        f_anc = torch.zeros(k, self.draft_slots, dtype=torch.bool, device=dev)  # expanded ancestors' slots
+        base = k
+        for d in range(1, self.k):
+            own = (d - 1) * k + torch.arange(k, device=dev)  # [k] draft slots of the frontier
+            anc = f_anc.clone()
+            anc[torch.arange(k, device=dev), own] = True
+            mask = self._context_mask(k)
+            mask[:, self.max_len:] = anc
+            pos = torch.full((k,), self.n - 1 + d, device=dev)
+            logits, out = self._step(f_hidden, f_tokens, pos, self.max_len + own, mask)
+            s, t = torch.log_softmax(logits, -1).topk(k, dim=-1)  # [k, k]
+            cand = (scores[:, None] + s).flatten()  # [k*k] cumulative log-probs
+            pool_scores.append(cand)
+            pool_tokens.append(self.vocab_map[t.flatten()])
+            pool_parents.append(frontier.repeat_interleave(k))
+            pool_depths.append(torch.full((k * k,), d + 1, device=dev))
+            scores, best = cand.topk(k)  # next frontier
+            rows = best // k
+            frontier, f_tokens, f_hidden, f_anc = base + best, pool_tokens[-1][best], out[rows], anc[rows]
+            base += k * k
+        all_scores = torch.cat(pool_scores)  # [P], in depth order
+        keep = torch.sort(-all_scores, stable=True).indices[: self.size].sort().values  # parents before children
+        parents_pool = torch.cat(pool_parents)[keep].tolist()
+        row_of = {int(p): i + 1 for i, p in enumerate(keep.tolist())}
+        parents = [0 if p < 0 else row_of[p] for p in parents_pool]
+        return Draft(torch.cat(pool_tokens)[keep], parents, torch.cat(pool_depths)[keep])
+
+
+class OracleProposer:
+    """Proposes the target's own continuation (known in advance): a chain of the next `k`
+    reference tokens, or in tree mode that chain with a wrong sibling before each node, so that
+    verification has to search the tree. For tau sanity checks: tau should be about k+1."""
+
+    def __init__(self, reference: list[int], mode: str = "chain", k: int = 7, vocab_size: int = 2) -> None:
+        self.reference, self.mode, self.k, self.vocab_size = reference, mode, k, vocab_size
+        self.n = 0
+
+    @property
+    def size(self) -> int:
+        return self.k if self.mode == "chain" else 2 * self.k
+
+    def reset(self) -> None:
+        self.n = 0
+
+    def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        self.n += aux.shape[0]
+
+    def propose(self) -> Draft:
+        ahead = [self.reference[i] if i < len(self.reference) else 0 for i in range(self.n + 1, self.n + 1 + self.k)]
+        if self.mode == "chain":
+            return chain_draft(torch.tensor(ahead))
+        tokens, parents = [], []
+        for d, tok in enumerate(ahead):
+            parent = 0 if d == 0 else 2 * d  # the previous true node (rows: wrong 2d+1, true 2d+2)
+            tokens += [(tok + 1) % self.vocab_size, tok]
+            parents += [parent, parent]
+        depths = torch.arange(1, self.k + 1).repeat_interleave(2)
+        return Draft(torch.tensor(tokens), parents, depths)

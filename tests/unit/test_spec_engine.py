@@ -1,0 +1,112 @@
+"""The static-KV-cache engine against HF, and greedy speculative decoding against plain decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.evaluate.decode import plain_generate, spec_generate
+from draftsmith.evaluate.engine import TargetEngine
+from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, ancestors
+from draftsmith.evaluate.sampling import Sampling
+from draftsmith.layers import default_aux_layers
+from draftsmith.target import decoder_layers, embed_weight, text_config
+
+
+def random_drafter(model, draft_vocab: int | None = None, seed: int = 0) -> Eagle3Drafter:
+    tc = text_config(model.config)
+    torch.manual_seed(seed)
+    cfg = DrafterConfig.from_target(tc, draft_vocab_size=draft_vocab or tc.vocab_size,
+                                    aux_layer_ids=default_aux_layers(len(decoder_layers(model))))
+    drafter = Eagle3Drafter(cfg)
+    drafter.load_target_embeddings(embed_weight(model))
+    if draft_vocab is not None:  # draft ids map to every other target id
+        d2t = torch.arange(draft_vocab) * 1  # target = 2*draft
+        drafter.set_vocab(d2t, torch.zeros(tc.vocab_size, dtype=torch.bool).index_fill_(0, torch.arange(draft_vocab) * 2, True))
+    return drafter.eval()
+
+
+def engine_for(model, max_len: int = 256) -> TargetEngine:
+    return TargetEngine(model, default_aux_layers(len(decoder_layers(model))), max_len)
+
+
+def test_prefill_and_decode_logits_equal_hf(tiny_model):
+    ids = torch.randint(0, 1000, (20,))
+    ref = tiny_model(ids[None]).logits[0]
+    eng = engine_for(tiny_model)
+    logits, aux = eng.prefill(ids[:12])
+    assert torch.allclose(logits, ref[:12], atol=1e-4)
+    assert aux.shape == (12, 3 * 64)
+    for i in range(12, 20):  # one token at a time from the cache
+        pos = torch.tensor([i])
+        step, _ = eng.forward(ids[i : i + 1], pos, pos, eng.causal_mask(i, 1))
+        assert torch.allclose(step[0], ref[i], atol=1e-4)
+
+
+def test_tree_mask_forward_equals_each_path(tiny_model):
+    """Two branches verified in one forward give each branch's own causal logits."""
+    prefix = torch.randint(0, 1000, (10,))
+    a, b = torch.tensor([5, 6, 7]), torch.tensor([8, 9])
+    eng = engine_for(tiny_model)
+    eng.prefill(prefix)
+    parents = [0, 1, 2, 0, 4]  # rows 1-3: branch a; rows 4-5: branch b
+    rows = torch.cat([a, b])
+    depths = torch.tensor([1, 2, 3, 1, 2])
+    root = torch.tensor([3])
+    ids = torch.cat([root, rows])
+    slots = torch.arange(10, 16)
+    logits, _ = eng.forward(ids, 10 + torch.cat([torch.zeros(1, dtype=torch.long), depths]), slots, eng.tree_mask(10, ancestors(parents)))
+    ref_a = tiny_model(torch.cat([prefix, root, a])[None]).logits[0, 10:]
+    ref_b = tiny_model(torch.cat([prefix, root, b])[None]).logits[0, 11:]
+    assert torch.allclose(logits[:4], ref_a, atol=1e-4)
+    assert torch.allclose(logits[4:], ref_b, atol=1e-4)
+    # compaction of branch b, then one more token continues it exactly
+    eng.compact(torch.tensor([10, 14, 15]), torch.tensor([10, 11, 12]))
+    pos = torch.tensor([13])
+    nxt, _ = eng.forward(torch.tensor([11]), pos, pos, eng.causal_mask(13, 1))
+    ref = tiny_model(torch.cat([prefix, root, b, torch.tensor([11])])[None]).logits[0, -1]
+    assert torch.allclose(nxt[0], ref, atol=1e-4)
+
+
+def test_plain_greedy_equals_hf_generate(tiny_model):
+    prompt = [1, 50, 60, 70, 80]
+    ref = tiny_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=16, eos_token_id=None,
+                              pad_token_id=0, min_new_tokens=16)[0, len(prompt):].tolist()
+    out = plain_generate(engine_for(tiny_model), prompt, 16, set(), Sampling())
+    assert out.tokens == ref
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_greedy_spec_equals_plain_random_drafter(tiny_model, mode):
+    eng = engine_for(tiny_model)
+    prop = DrafterProposer(random_drafter(tiny_model, draft_vocab=4000), Sampling(), eng.max_len, mode=mode, k=3, top_k=3, total_tokens=8)
+    for seed in range(3):
+        prompt = torch.randint(0, 1000, (8,), generator=torch.Generator().manual_seed(seed)).tolist()
+        plain = plain_generate(eng, prompt, 20, set(), Sampling())
+        spec = spec_generate(eng, prop, prompt, 20, set(), Sampling())
+        assert spec.tokens == plain.tokens
+        assert len(spec.accepts) >= 1
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_oracle_gives_tau_k_plus_1(tiny_model, mode):
+    eng = engine_for(tiny_model)
+    prompt = [1, 50, 60, 70, 80]
+    plain = plain_generate(eng, prompt, 40, set(), Sampling())
+    oracle = OracleProposer(prompt + plain.tokens, mode=mode, k=4, vocab_size=eng.vocab_size)
+    spec = spec_generate(eng, oracle, prompt, 40, set(), Sampling())
+    assert spec.tokens == plain.tokens
+    tau = sum(a + 1 for a in spec.accepts) / len(spec.accepts)
+    assert tau >= 4.5, spec.accepts  # K+1 = 5, less only at the end
+
+
+def test_stop_token_cuts_both_the_same(tiny_model):
+    eng = engine_for(tiny_model)
+    prompt = [1, 50, 60, 70, 80]
+    free = plain_generate(eng, prompt, 20, set(), Sampling()).tokens
+    stop = {free[6]}
+    plain = plain_generate(eng, prompt, 20, stop, Sampling())
+    prop = DrafterProposer(random_drafter(tiny_model), Sampling(), eng.max_len, mode="chain", k=3)
+    spec = spec_generate(eng, prop, prompt, 20, stop, Sampling())
+    assert plain.tokens == spec.tokens == free[: free.index(free[6]) + 1]
