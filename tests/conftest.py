@@ -66,3 +66,31 @@ def smollm2():
     from draftsmith.target import load_target
 
     return load_target("smollm2-135m", device="cpu")
+
+
+def write_tokenized_dataset(path: Path, samples: list[list[int]], sample_ids: list[int] | None = None) -> Path:
+    """A prepared-dataset folder (data.parquet + dataset.json) from token id lists, as `prepare`
+    writes it; the loss mask marks the second half of each sample as assistant tokens."""
+    import json
+
+    from draftsmith.data.dataset import FORMAT, META_FILE, write_table
+
+    path.mkdir(parents=True, exist_ok=True)
+    write_table(path, {
+        "sample_id": sample_ids if sample_ids is not None else list(range(len(samples))),
+        "input_ids": samples,
+        "loss_mask": [[int(i >= len(s) // 2) for i in range(len(s))] for s in samples],
+        "length": [len(s) for s in samples],
+    })
+    (path / META_FILE).write_text(json.dumps({"format": FORMAT, "version": 1, "target": {}, "max_len": 2048}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory, tiny_model, tokenizer) -> Path:
+    """The tiny Llama saved as a local HF folder (with the vendored tokenizer): a --target that
+    loads in about a second, for CLI and subprocess tests."""
+    path = tmp_path_factory.mktemp("tiny-target")
+    tiny_model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
