@@ -21,6 +21,7 @@ class ExtractConfig(CommandConfig):
     token_budget: int = Field(65536, gt=0, description="Tokens per forward batch (length-bucketed, padding counted).")
     writers: int = Field(4, gt=0, description="Writer threads.")
     check_every: int = Field(200, ge=0, description="Re-check one sample against a plain reference forward every N samples (0: never).")
+    check_tol: float | None = Field(None, gt=0, description="Relative-error tolerance of the re-check; default 1e-3 for fp32, 5e-2 for bf16/fp16.")
     max_errors: int = Field(10, ge=0, description="Stop after this many validation failures.")
     staging_dir: Path | None = Field(None, description="Write files here first (e.g. /dev/shm), then move them into the store.")
 

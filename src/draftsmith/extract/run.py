@@ -1,9 +1,286 @@
-"""`draftsmith extract` (placeholder until issue #4 lands)."""
+"""`draftsmith extract`: capture the target's hidden states for a tokenized dataset into a store.
 
+Reads top to bottom: load the dataset and target, open (or resume) the store, preflight the
+disk, then loop over length-bucketed batches: forward with hook capture (no KV cache), gather
+the real rows, copy to host without blocking, and hand the batch to the async writer. Every
+`--check-every` samples one sample is re-run alone, unpadded, and compared. Validation failures
+count against `--max-errors`; a full disk or a spent error budget stops the run with everything
+valid kept, and a rerun of the same command resumes.
+
+Under `torchrun --nproc-per-node N`, rank r takes the samples with `sample_id % N == r`, lists
+them in `manifest.rank{r}.jsonl`, and rank 0 merges the manifests into one store at the end.
+torch.distributed is used for barriers only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
 from pathlib import Path
 
-from draftsmith.errors import NotImplementedYet
+import numpy as np
+import torch
+
+from draftsmith.config import write_run_record
+from draftsmith.data.dataset import TokenizedDataset, load_dataset
+from draftsmith.errors import StageFailed, UserError
+from draftsmith.extract.capture import capture
+from draftsmith.extract.config import ExtractConfig
+from draftsmith.extract.store import (
+    MANIFEST, STORE_FILE, length_batches, manifest_files, new_store_meta, projected_bytes, rank_manifest_name,
+    read_manifest, read_store_meta, sample_relpath,
+)
+from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
+from draftsmith.fsutil import atomic_write_json, atomic_write_text, free_bytes, human_bytes
+from draftsmith.layers import validate_layers
+from draftsmith.progress import Progress
+from draftsmith.target import Target, default_device, load_target
+
+MARGIN_FRACTION, MARGIN_BYTES = 0.05, 64 << 20  # free space must exceed the projection by this much
 
 
-def run(cfg) -> Path:  # noqa: ANN001
-    raise NotImplementedYet("draftsmith extract is not implemented yet (issue #4); nothing was done")
+def dist_env() -> tuple[int, int, int]:
+    """(world_size, rank, local_rank) from the environment torchrun sets."""
+    return int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def barrier(world: int) -> None:
+    if world > 1:
+        torch.distributed.barrier()
+
+
+def check_writable(out: Path) -> None:
+    """Create `out` and prove a file can be written there, before any model is loaded."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"output folder {out} is not writable ({e.strerror}); choose another --out or fix its permissions") from None
+
+
+def check_token_ids(ds: TokenizedDataset, vocab_size: int) -> None:
+    if len(ds) and int(ds.ids.max()) >= vocab_size:
+        row = int(np.searchsorted(ds.offsets, int(np.argmax(ds.ids >= vocab_size)), side="right") - 1)
+        raise UserError(
+            f"{ds.path}: sample {int(ds.sample_ids[row])} holds token ids >= the target's vocab size {vocab_size}; "
+            f"was the dataset prepared with another tokenizer? Re-run `draftsmith prepare` with this --target"
+        )
+
+
+def open_store(out: Path, meta: dict, create: bool) -> None:
+    """Write store.json for a new store, or refuse to mix with a store of another target, layer
+    set, dtype or dataset."""
+    if (out / STORE_FILE).exists():
+        old = read_store_meta(out)
+        mismatches = [
+            f"{what}: store has {a!r}, this run {b!r}"
+            for what, a, b in (
+                ("target fingerprint", old["target"]["fingerprint"], meta["target"]["fingerprint"]),
+                ("layers", old["layers"], meta["layers"]),
+                ("dtype", old["dtype"], meta["dtype"]),
+                ("dataset samples/tokens", [old["dataset"]["samples"], old["dataset"]["tokens"]],
+                 [meta["dataset"]["samples"], meta["dataset"]["tokens"]]),
+            ) if a != b
+        ]
+        if mismatches:
+            raise UserError(
+                f"{out} holds a store made by another run ({'; '.join(mismatches)}); refusing to mix. "
+                f"Use a new --out, or the original --target/--layers/--dtype"
+            )
+    elif create:
+        atomic_write_json(out / STORE_FILE, meta)
+
+
+def preflight(out: Path, need: int, force: bool, world: int) -> None:
+    free = free_bytes(out)
+    margin = int(need * MARGIN_FRACTION) + MARGIN_BYTES
+    print(f"[extract] preflight: ~{human_bytes(need)} still to write (+{human_bytes(margin)} margin), "
+          f"{human_bytes(free)} free on {out}" + (f" (all {world} ranks)" if world > 1 else ""), flush=True)
+    if need + margin > free and not force:
+        raise UserError(
+            f"not enough disk for the store: ~{human_bytes(need + margin)} needed, {human_bytes(free)} free on {out}. "
+            f"Free space, choose another --out, use fewer --layers, or pass --force to start anyway "
+            f"(the run stops cleanly when the disk fills and resumes after space is freed)"
+        )
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in fp32."""
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+def recheck(model: torch.nn.Module, ids: torch.Tensor, layers: list[int], aux: torch.Tensor, final: torch.Tensor, tol: float) -> str | None:
+    """Re-run one sample alone, unpadded, and compare with its rows from the batch.
+    ids [T]; aux [T, n_aux*H]; final [T, H]. Returns a reason on failure."""
+    ref_aux, ref_final = capture(model, ids[None], None, layers)  # [1, T, n_aux*H], [1, T, H]
+    errs = relative_error(aux, ref_aux[0]), relative_error(final, ref_final[0])
+    if max(errs) > tol:
+        return f"re-check against a single-sample forward failed: relative error aux {errs[0]:.2e}, final {errs[1]:.2e} > {tol:g}"
+    return None
+
+
+def pad_batch(ds: TokenizedDataset, rows: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Right-padded ids and attention mask [B, T_max] on `device`, and the per-row lengths."""
+    lengths = [int(ds.lengths[r]) for r in rows]
+    ids = np.zeros((len(rows), max(lengths)), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for j, r in enumerate(rows):
+        a, b = ds.offsets[r], ds.offsets[r + 1]
+        ids[j, : b - a] = ds.ids[a:b]
+        mask[j, : b - a] = 1
+    pin = device.type == "cuda"
+    t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
+    if pin:
+        t_ids, t_mask = t_ids.pin_memory(), t_mask.pin_memory()
+    return t_ids.to(device, non_blocking=pin), t_mask.to(device, non_blocking=pin), lengths
+
+
+def gather_rows(x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """x [B, T_max, D] right-padded -> [sum(lengths), D], the real rows in sample order."""
+    B, T, D = x.shape
+    idx = torch.cat([torch.arange(n) + j * T for j, n in enumerate(lengths)])  # [N]
+    return x.reshape(B * T, D).index_select(0, idx.to(x.device, non_blocking=True))
+
+
+def merge_manifests(out: Path) -> dict[int, dict]:
+    """Fold per-rank manifests into manifest.jsonl (atomic rewrite), then drop them."""
+    files = manifest_files(out)
+    entries = read_manifest(out)
+    if any(f.name != MANIFEST for f in files):
+        lines = [json.dumps(entries[s], separators=(",", ":")) for s in sorted(entries)]
+        atomic_write_text(out / MANIFEST, "".join(line + "\n" for line in lines))
+        for f in files:
+            if f.name != MANIFEST:
+                f.unlink()
+    return entries
+
+
+def resolve_device(cfg: ExtractConfig, world: int, local_rank: int) -> torch.device:
+    if world > 1 and torch.cuda.is_available():
+        return torch.device("cuda", local_rank)
+    return torch.device(cfg.device) if cfg.device else default_device()
+
+
+def run(cfg: ExtractConfig) -> Path:
+    world, rank, local_rank = dist_env()
+    ds = load_dataset(cfg.dataset_dir)
+    out = Path(cfg.out)
+    check_writable(out)
+    device = resolve_device(cfg, world, local_rank)
+    if world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    target = load_target(cfg.target, device, cfg.dtype)
+    layers = validate_layers(cfg.layers or target.info.default_aux_layers, target.info.num_layers)
+    check_token_ids(ds, target.info.vocab_size)
+    dtype_name = str(target.dtype).removeprefix("torch.")
+    dataset_id = {"path": str(Path(cfg.dataset_dir).resolve()), "samples": len(ds), "tokens": int(ds.lengths.sum())}
+    meta = new_store_meta(target.info.to_dict(), layers, dtype_name, dataset_id)
+
+    if rank == 0:  # rank 0 creates or checks the store and clears leftovers before anyone writes
+        open_store(out, meta, create=True)
+        clean_orphans(out, {e["path"] for e in read_manifest(out).values()})
+        write_run_record(out, cfg)
+    barrier(world)
+    open_store(out, meta, create=False)
+    done = read_manifest(out)  # no sample file is opened
+    shard = [i for i in range(len(ds)) if int(ds.sample_ids[i]) % world == rank]
+    todo = [i for i in shard if int(ds.sample_ids[i]) not in done]
+    dsize = torch.empty((), dtype=target.dtype).element_size()
+    n_aux, H = len(layers), target.info.hidden_size
+    whole = projected_bytes(int(ds.lengths.sum()), len(ds), n_aux, H, dsize)
+    all_todo = [i for i in range(len(ds)) if int(ds.sample_ids[i]) not in done]
+    preflight(out, projected_bytes(int(ds.lengths[all_todo].sum()), len(all_todo), n_aux, H, dsize), cfg.force, world)
+
+    manifest = out / (MANIFEST if world == 1 else rank_manifest_name(rank))
+    stage = "extract" if world == 1 else f"extract rank {rank}"
+    with Progress(stage, out if rank == 0 else None, total=len(shard), bytes_projected=whole) as progress:
+        progress.skip(len(shard) - len(todo))
+        extract_samples(cfg, target, ds, todo, layers, out, manifest, progress)
+    barrier(world)
+    if rank == 0:
+        finish_store(out, meta, len(ds))
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    return out
+
+
+def extract_samples(cfg: ExtractConfig, target: Target, ds: TokenizedDataset, todo: list[int], layers: list[int],
+                    out: Path, manifest: Path, progress: Progress) -> None:
+    """The loop: batches -> capture -> validation -> async writer. Raises StageFailed when the
+    error budget is spent or the disk is full, after every queued valid sample is written."""
+    model, device = target.model, target.device
+    tol = cfg.check_tol if cfg.check_tol is not None else (1e-3 if target.dtype == torch.float32 else 5e-2)
+    buffers = HostBuffers(cfg.writers + 2, device)
+    file_meta = {"format": "draftsmith-hidden-sample", "target": target.info.name, "fingerprint": target.info.fingerprint,
+                 "layers": ",".join(map(str, layers)), "dtype": str(target.dtype).removeprefix("torch.")}
+    writer = StoreWriter(out, manifest, file_meta, len(layers), target.info.hidden_size, buffers, cfg.writers, cfg.staging_dir)
+    if cfg.staging_dir is not None:
+        Path(cfg.staging_dir).mkdir(parents=True, exist_ok=True)
+    errors: list[str] = []
+    since_check = cfg.check_every  # the first batch is re-checked
+
+    def collect(results) -> None:  # noqa: ANN001
+        for r in results:
+            errors.extend(r.errors)
+            progress.advance(r.samples, tokens=r.tokens, bytes_written=r.bytes, errors=len(r.errors))
+
+    try:
+        batches = length_batches(ds.lengths[todo], cfg.token_budget, shuffle=True, seed=0)
+        for batch in batches:
+            rows = [todo[j] for j in batch]
+            ids, mask, lengths = pad_batch(ds, rows, device)  # [B, T_max] each
+            aux, final = capture(model, ids, mask, layers)  # [B, T_max, n_aux*H], [B, T_max, H]
+            keep = list(range(len(rows)))
+            if cfg.check_every and since_check >= cfg.check_every:
+                since_check = 0
+                j = len(rows) // 2
+                reason = recheck(model, ids[j, : lengths[j]], layers, aux[j, : lengths[j]], final[j, : lengths[j]], tol)
+                if reason:
+                    errors.append(f"sample {int(ds.sample_ids[rows[j]])}: {reason}")
+                    progress.advance(0, errors=1)
+                    keep.remove(j)
+            since_check += len(rows)
+            kept_lengths = [lengths[j] for j in keep]
+            if keep:
+                sel = torch.tensor(keep, device=device)
+                aux_rows = gather_rows(aux.index_select(0, sel), kept_lengths)  # [N, n_aux*H]
+                final_rows = gather_rows(final.index_select(0, sel), kept_lengths)  # [N, H]
+                finite = torch.isfinite(aux_rows).all(-1) & torch.isfinite(final_rows).all(-1)  # [N]
+                slot = buffers.acquire()  # blocks only when every host buffer is still being written
+                host, event = buffers.to_host(slot, aux=aux_rows, final=final_rows, finite=finite)
+                samples = []
+                for j in keep:
+                    r = rows[j]
+                    a, b = ds.offsets[r], ds.offsets[r + 1]
+                    samples.append((int(ds.sample_ids[r]), ds.ids[a:b], ds.mask[a:b]))
+                writer.submit(samples, host, event, slot)
+            collect(writer.poll())
+            if writer.stop_reason or len(errors) > cfg.max_errors:
+                break
+        collect(writer.drain())
+    finally:
+        writer.close()
+    if writer.stop_reason:
+        raise StageFailed(f"{writer.stop_reason} ({progress.done} samples written in this run were kept)")
+    if len(errors) > cfg.max_errors:
+        shown = "\n  ".join(errors[:5])
+        raise StageFailed(
+            f"{len(errors)} validation failures exceed --max-errors {cfg.max_errors}; stopped, valid samples kept. "
+            f"First failures:\n  {shown}"
+        )
+    if errors:
+        print(f"[extract] {len(errors)} samples failed validation and were not written; rerun to retry them:\n  "
+              + "\n  ".join(errors[:5]), flush=True)
+
+
+def finish_store(out: Path, meta: dict, n_samples: int) -> None:
+    """Merge manifests and record totals in store.json."""
+    entries = merge_manifests(out)
+    assert all(e["path"] == sample_relpath(s) for s, e in entries.items())
+    meta = {**meta, "totals": {"samples": len(entries), "tokens": sum(e["tokens"] for e in entries.values()),
+                               "bytes": sum(e["bytes"] for e in entries.values())},
+            "complete": len(entries) == n_samples}
+    atomic_write_json(out / STORE_FILE, meta)

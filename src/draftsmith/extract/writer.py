@@ -48,8 +48,8 @@ def encode_sample(
     """One sample as safetensors bytes: input_ids [T] int32, loss_mask [T] uint8,
     aux_hidden_states [T, n_aux*H], final_hidden_states [T, H]."""
     tensors = {
-        "input_ids": torch.from_numpy(np.ascontiguousarray(input_ids, dtype=np.int32)),
-        "loss_mask": torch.from_numpy(np.ascontiguousarray(loss_mask, dtype=np.uint8)),
+        "input_ids": torch.from_numpy(np.array(input_ids, dtype=np.int32)),
+        "loss_mask": torch.from_numpy(np.array(loss_mask, dtype=np.uint8)),
         "aux_hidden_states": aux.contiguous(),
         "final_hidden_states": final.contiguous(),
     }

@@ -1,0 +1,127 @@
+"""`extract` on a tiny local target: stored tensors equal a plain HF forward, validation and its
+error budget, preflight, disk full and resume, the 2000-sample folder boundary."""
+
+import errno
+
+import numpy as np
+import pytest
+import torch
+
+import draftsmith.extract.run as extract_run
+import draftsmith.extract.writer as writer_mod
+from draftsmith.errors import StageFailed, UserError
+from draftsmith.extract.config import ExtractConfig
+from draftsmith.extract.run import run
+from draftsmith.extract.store import StoreReader, read_manifest
+from tests.conftest import write_tokenized_dataset
+
+
+def random_samples(n, lo=3, hi=40, seed=0, vocab=49152):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, size=int(rng.integers(lo, hi))).tolist() for _ in range(n)]
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    return write_tokenized_dataset(tmp_path / "ds", random_samples(12))
+
+
+def cfg(dataset, target, out, **kw):
+    return ExtractConfig(dataset_dir=dataset, target=str(target), out=out, device="cpu", token_budget=128, writers=2, **kw)
+
+
+def test_store_equals_hf_forward(dataset, tiny_target_dir, tiny_model, tmp_path):
+    out = run(cfg(dataset, tiny_target_dir, tmp_path / "store", check_every=5))
+    reader = StoreReader(out)
+    assert reader.meta["layers"] == [0, 1, 2] and reader.meta["complete"] and len(reader) == 12
+    assert reader.meta["totals"]["tokens"] == int(reader.lengths.sum())
+    H = tiny_model.config.hidden_size
+    for i in range(len(reader)):
+        reader.verify(i)
+        s = reader[i]
+        ref = tiny_model(s["input_ids"][None], output_hidden_states=True).hidden_states  # L+1 x [1, T, H]
+        torch.testing.assert_close(s["aux_hidden_states"][:, :H], ref[0][0])
+        torch.testing.assert_close(s["aux_hidden_states"][:, H:2 * H], ref[1][0])
+        torch.testing.assert_close(s["final_hidden_states"], ref[-1][0])  # after the final norm
+    # a rerun has nothing to do and rewrites nothing
+    mtimes = {p: p.stat().st_mtime_ns for p in out.glob("rows_*/*.safetensors")}
+    run(cfg(dataset, tiny_target_dir, out))
+    assert {p: p.stat().st_mtime_ns for p in out.glob("rows_*/*.safetensors")} == mtimes
+
+
+def test_refuses_to_mix_layers(dataset, tiny_target_dir, tmp_path):
+    out = tmp_path / "store"
+    run(cfg(dataset, tiny_target_dir, out, layers=[1]))
+    with pytest.raises(UserError, match="refusing to mix"):
+        run(cfg(dataset, tiny_target_dir, out, layers=[0, 1]))
+    with pytest.raises(UserError, match="out of range"):
+        run(cfg(dataset, tiny_target_dir, tmp_path / "other", layers=[0, 7]))
+
+
+def test_error_budget_stops_and_keeps_valid(dataset, tiny_target_dir, tmp_path, monkeypatch):
+    real_capture = extract_run.capture
+    calls = {"n": 0}
+
+    def flaky_capture(model, ids, mask, layers):
+        aux, final = real_capture(model, ids, mask, layers)
+        calls["n"] += 1
+        if calls["n"] >= 3:  # from the third batch on, one NaN per batch
+            aux = aux.clone()
+            aux[0, 0, 0] = float("nan")
+        return aux, final
+
+    monkeypatch.setattr(extract_run, "capture", flaky_capture)
+    out = tmp_path / "store"
+    with pytest.raises(StageFailed, match="exceed --max-errors 1"):
+        run(cfg(dataset, tiny_target_dir, out, max_errors=1, check_every=0).model_copy(update={"token_budget": 48}))
+    kept = StoreReader(out)
+    assert 0 < len(kept) < 12
+    for i in range(len(kept)):
+        kept.verify(i)
+    monkeypatch.setattr(extract_run, "capture", real_capture)
+    assert len(StoreReader(run(cfg(dataset, tiny_target_dir, out)))) == 12
+
+
+def test_recheck_catches_batched_mismatch(dataset, tiny_target_dir, tmp_path, monkeypatch):
+    real_capture = extract_run.capture
+
+    def wrong_when_batched(model, ids, mask, layers):
+        aux, final = real_capture(model, ids, mask, layers)
+        return (aux * 1.1, final) if mask is not None else (aux, final)
+
+    monkeypatch.setattr(extract_run, "capture", wrong_when_batched)
+    with pytest.raises(StageFailed, match="re-check"):
+        run(cfg(dataset, tiny_target_dir, tmp_path / "store", check_every=1, max_errors=0))
+
+
+def test_preflight_refuses_then_force_and_disk_full_resume(dataset, tiny_target_dir, tmp_path, monkeypatch):
+    out = tmp_path / "store"
+    monkeypatch.setattr(extract_run, "free_bytes", lambda p: 1000)
+    with pytest.raises(UserError, match="not enough disk"):
+        run(cfg(dataset, tiny_target_dir, out))
+    real_place = writer_mod.place_file
+    written = {"n": 0}
+
+    def place_until_full(dest, data, staging):
+        if written["n"] >= 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written["n"] += 1
+        real_place(dest, data, staging)
+
+    monkeypatch.setattr(writer_mod, "place_file", place_until_full)
+    with pytest.raises(StageFailed, match="disk full"):
+        run(cfg(dataset, tiny_target_dir, out, force=True))
+    assert len(read_manifest(out)) == 5
+    monkeypatch.setattr(writer_mod, "place_file", real_place)  # space freed
+    reader = StoreReader(run(cfg(dataset, tiny_target_dir, out, force=True)))
+    assert len(reader) == 12 and reader.meta["complete"]
+
+
+def test_folder_boundary_crossing(tiny_target_dir, tmp_path):
+    ds = write_tokenized_dataset(tmp_path / "ds", random_samples(2003, lo=2, hi=4, seed=1))
+    out = run(cfg(ds, tiny_target_dir, tmp_path / "store", check_every=0).model_copy(update={"token_budget": 4096, "writers": 4}))
+    reader = StoreReader(out)
+    assert len(reader) == 2003
+    assert len(list((out / "rows_0-1999").iterdir())) == 2000
+    assert sorted(p.name for p in (out / "rows_2000-3999").iterdir()) == ["2000.safetensors", "2001.safetensors", "2002.safetensors"]
+    assert reader.get(2002)["input_ids"].shape[0] == reader.lengths[2002]
