@@ -12,6 +12,7 @@ them are reported, never counted in samples/s or tok/s.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -166,7 +167,8 @@ class Progress:
         self._last_emit = now
         snap = self.snapshot()
         if self.path is not None and self.path.parent.exists():
-            atomic_write_json(self.path, snap, fsync=False)
+            with contextlib.suppress(OSError):  # best effort: a full disk must not crash the stage
+                atomic_write_json(self.path, snap, fsync=False)
         if self._bar is not None:
             info = f"{snap['tok_per_s']:.0f} tok/s" if snap["tokens"] else f"{snap['rate']:.2f} {self.unit}/s"
             extra = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.counters.items())
