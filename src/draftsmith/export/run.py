@@ -1,9 +1,105 @@
-"""`draftsmith export` (placeholder until issue #7 lands)."""
+"""`draftsmith export`: a drafter folder -> a serving-ready folder for vLLM or SGLang.
 
+    load the drafter (native, exported or third-party EAGLE-3)
+    check it can be served without being misread (engine, 3 capturable layers, norm, vocab)
+    build config.json + model.safetensors (eagle.py or speculators.py) and the model card
+    write them into a temporary folder, reload that folder with the importer, compare logits
+    rename the folder into place (nothing is left at --out on any error)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
 from pathlib import Path
+from typing import Any
 
-from draftsmith.errors import NotImplementedYet
+import torch
+from safetensors.torch import save_file
+
+from draftsmith.config import write_run_record
+from draftsmith.draft.checkpoint import MANIFEST, load_drafter
+from draftsmith.draft.model import Eagle3Drafter
+from draftsmith.errors import UserError
+from draftsmith.export import eagle, speculators
+from draftsmith.export.card import model_card
+from draftsmith.export.config import ExportConfig
+from draftsmith.export.importer import import_drafter
+from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
 
 
-def run(cfg) -> Path:  # noqa: ANN001
-    raise NotImplementedYet("draftsmith export is not implemented yet (issue #7); nothing was done")
+def load_source(cfg: ExportConfig) -> tuple[Eagle3Drafter, dict[str, Any]]:
+    ckpt = Path(cfg.ckpt)
+    if cfg.source_convention and (ckpt / "config.json").exists() and not (ckpt / MANIFEST).exists():
+        return import_drafter(ckpt, convention=cfg.source_convention)
+    return load_drafter(ckpt)
+
+
+def read_report(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"--eval-report {path}: cannot be read as JSON ({e})") from None
+    if not isinstance(report, dict) or "tau" not in report:
+        raise UserError(f"--eval-report {path}: not an eval report.json (it has no 'tau'); pass the one `draftsmith eval` wrote")
+    return report
+
+
+def weight_dtype(model: Eagle3Drafter, name: str) -> torch.dtype:
+    return model.fc.weight.dtype if name == "auto" else eagle.DTYPES[name]
+
+
+@torch.no_grad()
+def reload_check(model: Eagle3Drafter, folder: Path, dtype: torch.dtype) -> None:
+    """The written folder must import back to the same layer ids and the same logits."""
+    reloaded, manifest = import_drafter(folder)
+    expected = copy.deepcopy(model).to(dtype).float().eval()
+    if manifest["meta"]["needs_target_embeddings"]:  # exported without embeddings: the engines share the target's
+        reloaded.load_target_embeddings(expected.embed_tokens.weight)
+    cfg = model.config
+    if reloaded.config.aux_layer_ids != cfg.aux_layer_ids or reloaded.config.norm_before_residual != cfg.norm_before_residual:
+        raise RuntimeError(f"export reload changed the config: {reloaded.config} != {cfg}")
+    g = torch.Generator().manual_seed(0)
+    aux = torch.randn(1, 8, len(cfg.aux_layer_ids) * cfg.target_hidden_size, generator=g)  # [1, 8, n_aux*H_t]
+    ids = torch.randint(0, cfg.vocab_size, (1, 8), generator=g)
+    pos = torch.arange(8)[None]
+    got, want = reloaded(reloaded.project(aux), ids, pos)[0], expected(expected.project(aux), ids, pos)[0]
+    if not torch.equal(got, want) or not torch.equal(reloaded.d2t, model.d2t) or not torch.equal(reloaded.t2d, model.t2d):
+        raise RuntimeError(f"export reload gives different logits or vocab maps (max diff {(got - want).abs().max():.3g})")
+
+
+def run(cfg: ExportConfig) -> Path:
+    engine = eagle.check_engine(cfg.engine)
+    if cfg.format == "speculators":
+        speculators.check_engine_for_speculators(engine)
+    model, manifest = load_source(cfg)
+    dcfg, target, meta = model.config, manifest.get("target") or {}, manifest.get("meta") or {}
+    eagle.check_exportable(dcfg, engine, target.get("num_layers"))
+    eagle.check_vocab(dcfg, model.d2t, model.t2d, str(cfg.ckpt))
+    if cfg.include_embeddings and meta.get("needs_target_embeddings"):
+        raise UserError(f"{cfg.ckpt} has no embed_tokens of its own, so --include-embeddings has nothing to write")
+    dtype = weight_dtype(model, cfg.dtype)
+    dtype_name = str(dtype).removeprefix("torch.")
+    k = cfg.speculative_tokens or int(meta.get("ttt") or 3)
+    verifier = cfg.verifier or str(target.get("name") or "TARGET")
+    tensors = eagle.export_tensors(model, cfg.include_embeddings, dtype)
+    if cfg.format == "eagle":
+        config = eagle.eagle_config(dcfg, engine, dtype_name, target)
+    else:
+        arch = cfg.verifier_architectures or speculators.verifier_architectures(str(target.get("model_type", "llama")))
+        config = speculators.speculators_config(dcfg, dtype_name, target, verifier, arch, k)
+        tensors = speculators.to_speculators_keys(tensors)
+    card = model_card(dcfg, {**manifest, "target": {**target, "name": verifier}}, cfg.format, engine,
+                      str(Path(cfg.out).absolute()), k, read_report(cfg.eval_report))
+
+    with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as tmp:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        atomic_write_json(tmp / "config.json", config)
+        atomic_write_text(tmp / "README.md", card)
+        write_run_record(tmp, cfg)
+        reload_check(model, tmp, dtype)
+    print(f"[export] {cfg.format} for {engine}: {cfg.out} (layers {dcfg.aux_layer_ids} draftsmith = "
+          f"{config.get(eagle.TOP_LEVEL_IDS)} vllm; checked: reload gives identical logits)")
+    return Path(cfg.out)

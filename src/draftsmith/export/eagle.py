@@ -1,0 +1,142 @@
+"""The EAGLE-3 layout (`--format eagle`) that vLLM and SGLang load, and the checks every export passes.
+
+    config.json        a Llama config: architectures ["LlamaForCausalLMEagle3"], num_hidden_layers 1,
+                       draft_vocab_size, target_hidden_size (when it differs), norm_before_residual,
+                       eagle_config.eagle_aux_hidden_state_layer_ids   in the chosen engine's convention
+                       eagle_aux_hidden_state_layer_ids (top level)    always in vLLM's convention
+                       draftsmith: {...}                               which convention each field uses
+    model.safetensors  midlayer.*, fc.weight, norm.weight, lm_head.weight, d2t, t2d (+ embed_tokens.weight)
+
+Who reads what (see docs/engine-fields.md for the sources):
+- vLLM reads the top-level ids first, then eagle_config's (`_get_eagle3_aux_layers_from_config`);
+  its ids are layer inputs, the same as draftsmith's.
+- SGLang and SpecForge read only eagle_config's ids (`ModelRunner.__init__`), as layer outputs
+  (`set_eagle3_layers_to_capture` adds 1), so SGLang's ids are one lower.
+Writing the top level in vLLM's convention makes an `--engine sglang` export load correctly in
+vLLM too. The draftsmith key names are already the EAGLE reference names, so weights are not
+renamed here. No file I/O in this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.errors import UserError
+from draftsmith.layers import to_engine
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+RECORD_KEY = "draftsmith"  # the config.json entry that records conventions for the reload
+ENGINES = ("vllm", "sglang")
+N_AUX = 3  # vLLM's and SGLang's llama_eagle3 size fc as 3 * target_hidden_size
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TOP_LEVEL_IDS, NESTED_IDS = "eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"
+
+
+def check_engine(engine: str) -> str:
+    if engine not in ENGINES:
+        raise UserError(
+            f"--engine {engine!r}: draftsmith exports for {', '.join(ENGINES)} only, whose layer-id "
+            "conventions are known and tested; pick one of them"
+        )
+    return engine
+
+
+def check_exportable(cfg: DrafterConfig, engine: str, num_target_layers: int | None) -> None:
+    """Refuse drafters that an engine would load without error but serve wrongly."""
+    ids = list(cfg.aux_layer_ids)
+    if len(ids) != N_AUX:
+        raise UserError(
+            f"the drafter uses {len(ids)} auxiliary layers {ids}; vLLM's and SGLang's EAGLE-3 "
+            f"models take exactly {N_AUX} (fc is 3 x target_hidden_size): retrain with 3 layers"
+        )
+    top = (num_target_layers - 1) if num_target_layers else None
+    bad = [k for k in ids if k < 1 or (top is not None and k > top)]
+    if bad:
+        raise UserError(
+            f"auxiliary layer ids {bad} (draftsmith convention) cannot be captured by the engines: they "
+            f"record the residual stream entering decoder layers 1..{top if top is not None else 'L-1'}, "
+            "so ids 0 (embeddings) and L (last layer's output) are never captured; retrain with "
+            "ids inside that range (the default [2, L//2, L-3] is)"
+        )
+    if engine == "sglang" and cfg.norm_before_residual:
+        raise UserError(
+            "this drafter was trained with norm_before_residual=true, but SGLang's LlamaForCausalLMEagle3 "
+            "always uses the un-normalised hidden state as the residual (it has no such option): it would "
+            "serve this drafter wrongly. Export with --engine vllm"
+        )
+
+
+def check_vocab(cfg: DrafterConfig, d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:
+    """d2t [draft_vocab] int offsets and t2d [vocab] bool must describe the same draft vocab."""
+    if tuple(d2t.shape) != (cfg.draft_vocab_size,) or tuple(t2d.shape) != (cfg.vocab_size,):
+        raise UserError(
+            f"{where}: vocab size mismatch: d2t has {tuple(d2t.shape)} entries and t2d {tuple(t2d.shape)}, "
+            f"but the config says draft_vocab_size={cfg.draft_vocab_size}, vocab_size={cfg.vocab_size}; "
+            "the checkpoint and its config.json come from different runs"
+        )
+    target_ids = torch.arange(cfg.draft_vocab_size) + d2t.long()  # [draft_vocab]
+    if target_ids.min() < 0 or target_ids.max() >= cfg.vocab_size:
+        raise UserError(f"{where}: d2t maps draft ids outside the target vocab 0..{cfg.vocab_size - 1}")
+    if not torch.equal(t2d.bool().nonzero().flatten(), target_ids.sort().values):
+        raise UserError(f"{where}: d2t and t2d disagree on which target ids the draft vocab holds")
+
+
+def llama_fields(cfg: DrafterConfig, dtype: str) -> dict[str, Any]:
+    """The Llama decoder-layer fields both layouts carry (a config `AutoConfig` can read)."""
+    return {
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,  # SGLang would use embed_tokens as lm_head if true
+        "torch_dtype": dtype,
+    }
+
+
+def record(cfg: DrafterConfig, engine: str, conventions: dict[str, str], target: dict[str, Any]) -> dict[str, Any]:
+    """What draftsmith needs to reload the export exactly: conventions and draftsmith's own ids."""
+    return {
+        "format_version": 1,
+        "engine": engine,
+        "layer_id_conventions": conventions,
+        "aux_layer_ids": list(cfg.aux_layer_ids),
+        "norm_before_residual": cfg.norm_before_residual,
+        "target": target,
+    }
+
+
+def eagle_config(cfg: DrafterConfig, engine: str, dtype: str, target: dict[str, Any]) -> dict[str, Any]:
+    config: dict[str, Any] = {"architectures": [ARCHITECTURE], **llama_fields(cfg, dtype)}
+    config["draft_vocab_size"] = cfg.draft_vocab_size
+    if cfg.target_hidden_size != cfg.hidden_size:
+        config["target_hidden_size"] = cfg.target_hidden_size
+    config["norm_before_residual"] = cfg.norm_before_residual
+    config[TOP_LEVEL_IDS] = to_engine(cfg.aux_layer_ids, "vllm")
+    config["eagle_config"] = {"use_aux_hidden_state": True, TOP_LEVEL_IDS: to_engine(cfg.aux_layer_ids, engine)}
+    config[RECORD_KEY] = record(cfg, engine, {TOP_LEVEL_IDS: "vllm", NESTED_IDS: engine}, target)
+    return config
+
+
+def export_tensors(model: Eagle3Drafter, include_embeddings: bool, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """draftsmith's state dict in the EAGLE key names (they are the same), floats cast to `dtype`."""
+    out = {}
+    for key, value in model.state_dict().items():
+        if key == "embed_tokens.weight" and not include_embeddings:
+            continue
+        value = value.detach().cpu()
+        out[key] = (value.to(dtype) if value.is_floating_point() else value).contiguous()
+    return out

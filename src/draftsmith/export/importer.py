@@ -1,0 +1,192 @@
+"""Load an EAGLE-3 folder with a `config.json` as a draftsmith drafter.
+
+Accepted layouts (weights in model.safetensors, sharded safetensors with an index, or
+pytorch_model.bin read with `weights_only=True`):
+- EAGLE reference / SpecForge / draftsmith `--format eagle`: a Llama config with
+  `draft_vocab_size`; weights `midlayer.*`, `fc.weight`, `norm.weight`, `lm_head.weight`, `d2t`,
+  `t2d`, maybe `embed_tokens.weight`. ModelOpt's export is this layout with `layers.0.*` names.
+- speculators / draftsmith `--format speculators`: `speculators_model_type: eagle3` with a
+  `transformer_layer_config`; weights `layers.0.*`.
+
+Layer ids come back in draftsmith's convention. A draftsmith export records which convention
+each id field uses (`config["draftsmith"]`). For other folders the convention is the one of
+the engine that reads the field: speculators' top-level ids are read by vLLM (layer inputs);
+`eagle_config` ids are read by SGLang, SpecForge and ModelOpt (layer outputs, one lower).
+`convention=` overrides that guess. Folders without an embed_tokens tensor come back with zero
+embeddings and `meta.needs_target_embeddings`: copy the target's in with
+`model.load_target_embeddings(...)`, as the engines do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.errors import UserError
+from draftsmith.export.eagle import NESTED_IDS, RECORD_KEY, TOP_LEVEL_IDS, check_vocab
+from draftsmith.export.speculators import DRAFTSMITH_PREFIX, LAYER_PREFIX
+from draftsmith.layers import from_engine
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+IGNORED_PREFIXES = ("verifier_",)  # speculators' frozen copies of the verifier's norm / lm_head
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint folder, whatever the file layout."""
+    single, index, pickled = folder / "model.safetensors", folder / "model.safetensors.index.json", folder / "pytorch_model.bin"
+    if single.exists():
+        return load_file(str(single))
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return {k: v for shard in shards for k, v in load_file(str(folder / shard)).items()}
+    if pickled.exists():
+        try:
+            return torch.load(pickled, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unpickling failure is the same user-facing problem
+            raise UserError(f"{pickled}: cannot be read safely with weights_only=True ({e}); convert it to safetensors") from None
+    raise UserError(f"{folder}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+
+
+def to_draftsmith_keys(tensors: dict[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
+    """EAGLE / SpecForge / speculators / ModelOpt names -> draftsmith names."""
+    out = {}
+    for key, value in tensors.items():
+        if key.endswith(IGNORED_SUFFIXES) or key.startswith(IGNORED_PREFIXES):
+            continue
+        name = key.removeprefix("model.")
+        if name.startswith(LAYER_PREFIX):
+            name = DRAFTSMITH_PREFIX + name[len(LAYER_PREFIX):]
+        elif name.startswith(("layers.", "midlayers.")):
+            raise UserError(f"{where}: tensor {key!r} belongs to a second decoder layer; draftsmith drafters have one")
+        out[name] = value
+    return out
+
+
+def layer_ids(config: dict[str, Any], speculators: bool, convention: str | None, where: Path) -> tuple[list[int], str]:
+    """The auxiliary layer ids in draftsmith's convention, and a note on where they came from."""
+    fields = {TOP_LEVEL_IDS: config.get(TOP_LEVEL_IDS), NESTED_IDS: (config.get("eagle_config") or {}).get(TOP_LEVEL_IDS)}
+    present = {f: [int(k) for k in ids] for f, ids in fields.items() if ids}
+    if not present:
+        raise UserError(
+            f"{where}: config.json names no auxiliary layers (eagle_config.eagle_aux_hidden_state_layer_ids); "
+            "add them in SGLang's convention (the EAGLE reference used [1, L//2-1, L-4] there)"
+        )
+    record = config.get(RECORD_KEY)
+    if record:
+        conventions = record["layer_id_conventions"]
+        mapped = {f: from_engine(ids, conventions[f]) for f, ids in present.items() if f in conventions}
+        if not mapped or any(ids != record["aux_layer_ids"] for ids in mapped.values()):
+            raise UserError(f"{where}: the layer ids in config.json {present} disagree with draftsmith's record {record}")
+        return list(record["aux_layer_ids"]), f"draftsmith record ({conventions})"
+    field = TOP_LEVEL_IDS if speculators or NESTED_IDS not in present else NESTED_IDS
+    guess = convention or ("vllm" if field == TOP_LEVEL_IDS else "sglang")
+    return from_engine(present[field], guess), f"{field} read in the {guess} convention"
+
+
+def rope_theta(llama: dict[str, Any], where: Path) -> float:
+    scaling = llama.get("rope_scaling") or llama.get("rope_parameters") or {}
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind != "default":
+        raise UserError(f"{where}: rope scaling {kind!r} is not supported by draftsmith's drafter (plain RoPE only)")
+    return float(llama.get("rope_theta") or scaling.get("rope_theta") or 10000.0)
+
+
+def drafter_config(config: dict[str, Any], speculators: bool, ids: list[int], where: Path) -> DrafterConfig:
+    llama = config["transformer_layer_config"] if speculators else config
+    heads = int(llama["num_attention_heads"])
+    hidden = int(llama["hidden_size"])
+    record = config.get(RECORD_KEY) or {}
+    # vLLM's update_eagle3 assumes true for speculators configs; its llama_eagle3 false otherwise
+    nbr = record.get("norm_before_residual", config.get("norm_before_residual", speculators))
+    return DrafterConfig(
+        hidden_size=hidden,
+        intermediate_size=int(llama["intermediate_size"]),
+        num_attention_heads=heads,
+        num_key_value_heads=int(llama.get("num_key_value_heads") or heads),
+        head_dim=int(llama.get("head_dim") or hidden // heads),
+        vocab_size=int(llama["vocab_size"]),
+        draft_vocab_size=int(config.get("draft_vocab_size") or llama["vocab_size"]),
+        target_hidden_size=int(config.get("target_hidden_size") or llama.get("target_hidden_size") or hidden),
+        aux_layer_ids=ids,
+        rms_norm_eps=float(llama.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta(llama, where),
+        max_position_embeddings=int(llama.get("max_position_embeddings", 4096)),
+        norm_before_residual=bool(nbr),
+        hidden_act=str(llama.get("hidden_act", "silu")),
+    )
+
+
+def vocab_maps(state: dict[str, torch.Tensor], cfg: DrafterConfig, where: Path) -> None:
+    """Make sure `state` holds d2t and t2d: identity maps for a full draft vocab, t2d rebuilt
+    from d2t when only t2d is missing; anything else is an error."""
+    if "d2t" not in state:
+        if cfg.draft_vocab_size != cfg.vocab_size:
+            raise UserError(
+                f"{where}: the checkpoint has no d2t/t2d, but its draft vocab ({cfg.draft_vocab_size}) is smaller "
+                f"than the target vocab ({cfg.vocab_size}): without d2t the draft ids cannot be mapped to target ids. "
+                "Add the d2t and t2d tensors the drafter was trained with (`draftsmith vocab` writes them)"
+            )
+        state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
+        state["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
+    if "t2d" not in state:
+        d2t = state["d2t"].long()
+        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        t2d[(torch.arange(d2t.numel()) + d2t).clamp(0, cfg.vocab_size - 1)] = True
+        state["t2d"] = t2d
+    check_vocab(cfg, state["d2t"], state["t2d"], str(where))
+
+
+def load_weights(model: Eagle3Drafter, state: dict[str, torch.Tensor], where: Path) -> bool:
+    """Copy `state` into `model` after checking names and shapes. Returns whether embeddings were present."""
+    expected = model.state_dict()
+    unexpected = sorted(set(state) - set(expected))
+    missing = sorted(set(expected) - set(state) - {"embed_tokens.weight"})
+    if unexpected or missing:
+        raise UserError(f"{where}: weights do not match an EAGLE-3 drafter (missing {missing}, unexpected {unexpected})")
+    wrong = {k: (tuple(v.shape), tuple(expected[k].shape)) for k, v in state.items() if v.shape != expected[k].shape}
+    if wrong:
+        raise UserError(
+            f"{where}: tensor shapes disagree with config.json (got, expected): {wrong}; a vocab size or hidden "
+            "size in config.json does not match the weights"
+        )
+    model.load_state_dict(state, strict=False)
+    return "embed_tokens.weight" in state
+
+
+def import_drafter(path: Path, convention: str | None = None) -> tuple[Eagle3Drafter, dict[str, Any]]:
+    """An EAGLE-3 folder -> (drafter on CPU in eval mode, manifest {config, target, meta})."""
+    path = Path(path)
+    config_path = path / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{config_path}: cannot be read as JSON ({e})") from None
+    speculators = "speculators_model_type" in config
+    if speculators and config["speculators_model_type"] != "eagle3":
+        raise UserError(f"{config_path}: speculators_model_type {config['speculators_model_type']!r} is not eagle3")
+    if not speculators and not any("eagle3" in a.lower() for a in config.get("architectures", [])):
+        raise UserError(f"{config_path}: architectures {config.get('architectures')} are not an EAGLE-3 drafter")
+    state = to_draftsmith_keys(read_weights(path), path)
+    ids, ids_source = layer_ids(config, speculators, convention, path)
+    cfg = drafter_config(config, speculators, ids, path)
+    if "fc.weight" in state and state["fc.weight"].shape[1] != len(ids) * cfg.target_hidden_size:
+        raise UserError(
+            f"{path}: fc.weight takes {state['fc.weight'].shape[1]} inputs but {len(ids)} layers x "
+            f"target_hidden_size {cfg.target_hidden_size} = {len(ids) * cfg.target_hidden_size}"
+        )
+    vocab_maps(state, cfg, path)
+    model = Eagle3Drafter(cfg)
+    has_embeddings = load_weights(model, state, path)
+    meta = {
+        "imported_from": str(path),
+        "layout": "speculators" if speculators else "eagle",
+        "layer_ids_from": ids_source,
+        "needs_target_embeddings": not has_embeddings,
+    }
+    target = (config.get(RECORD_KEY) or {}).get("target") or {}
+    return model.eval(), {"config": cfg.to_dict(), "target": target, "meta": meta}

@@ -1,0 +1,88 @@
+"""The speculators layout (`--format speculators`), which vLLM reads through its speculators config.
+
+    config.json        speculators_model_type "eagle3", architectures ["Eagle3Speculator"],
+                       transformer_layer_config (a Llama config), draft_vocab_size, target_hidden_size,
+                       norm_before_residual (always written: vLLM's `update_eagle3` assumes true when
+                       it is missing), eagle_aux_hidden_state_layer_ids (vLLM's convention),
+                       speculators_config {algorithm, proposal_methods [greedy, speculative_tokens],
+                       default_proposal_method, verifier {name_or_path, architectures}},
+                       draftsmith: {...} (conventions, for the reload)
+    model.safetensors  layers.0.* (draftsmith's midlayer.*), fc, norm, lm_head, d2t, t2d (+ embed_tokens)
+
+vLLM is the only engine that reads this layout: SGLang's LlamaForCausalLMEagle3 looks weights up
+as `midlayer.*` and silently skips `layers.0.*`, so an SGLang export of this layout is refused.
+No file I/O in this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from draftsmith.draft.model import DrafterConfig
+from draftsmith.errors import UserError
+from draftsmith.export.eagle import RECORD_KEY, TOP_LEVEL_IDS, llama_fields, record
+from draftsmith.layers import to_engine
+
+MODEL_TYPE = "eagle3"
+ARCHITECTURE = "Eagle3Speculator"
+LAYER_PREFIX, DRAFTSMITH_PREFIX = "layers.0.", "midlayer."
+
+
+def check_engine_for_speculators(engine: str) -> None:
+    if engine != "vllm":
+        raise UserError(
+            f"--format speculators --engine {engine}: only vLLM reads the speculators layout. SGLang's "
+            "LlamaForCausalLMEagle3 loads weights named midlayer.* and silently skips layers.0.*, so the "
+            "drafter would serve with random weights. Use --format eagle --engine sglang"
+        )
+
+
+def verifier_architectures(model_type: str) -> list[str]:
+    """The target's HF architecture from its model_type (transformers' causal-LM mapping)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if arch is None:
+        raise UserError(
+            f"cannot tell the verifier's architecture from model_type {model_type!r}; "
+            "pass --verifier-architectures (e.g. LlamaForCausalLM)"
+        )
+    return [arch]
+
+
+def speculators_config(
+    cfg: DrafterConfig,
+    dtype: str,
+    target: dict[str, Any],
+    verifier: str,
+    architectures: list[str],
+    speculative_tokens: int,
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "architectures": [ARCHITECTURE],
+        "speculators_model_type": MODEL_TYPE,
+        "transformer_layer_config": llama_fields(cfg, dtype),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "norm_before_residual": cfg.norm_before_residual,
+        TOP_LEVEL_IDS: to_engine(cfg.aux_layer_ids, "vllm"),
+        "speculators_config": {
+            "algorithm": MODEL_TYPE,
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
+                                  "verifier_accept_k": 1}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": architectures},
+        },
+        "torch_dtype": dtype,
+    }
+    if cfg.target_hidden_size != cfg.hidden_size:
+        config["target_hidden_size"] = cfg.target_hidden_size
+    config[RECORD_KEY] = record(cfg, "vllm", {TOP_LEVEL_IDS: "vllm"}, target)
+    return config
+
+
+def to_speculators_keys(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """midlayer.* -> layers.0.*; every other key keeps its name."""
+    return {LAYER_PREFIX + k[len(DRAFTSMITH_PREFIX):] if k.startswith(DRAFTSMITH_PREFIX) else k: v
+            for k, v in tensors.items()}
