@@ -117,7 +117,7 @@ def run(cfg: PrepareConfig) -> Path:
         lens = np.asarray(lengths, dtype=np.int64)  # [N]
         offsets = np.zeros(len(lens) + 1, dtype=np.int32)
         np.cumsum(lens, out=offsets[1:])
-        flat_ids = np.fromiter((t for ids in ids_parts for t in ids), dtype=np.int32, count=int(offsets[-1]))  # [sum T]
+        flat_ids = np.concatenate(ids_parts)  # [sum T] int32
         flat_mask = np.concatenate(mask_parts)  # [sum T] uint8
         if flat_ids.max() >= target["vocab_size"]:
             raise UserError(f"token id {flat_ids.max()} >= target vocab {target['vocab_size']}: tokenizer and model disagree")

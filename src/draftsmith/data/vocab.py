@@ -9,13 +9,19 @@ Stored as safetensors (`d2t`, `t2d`) with metadata.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftsmith.errors import NotImplementedYet, UserError
+from draftsmith.config import write_run_record
+from draftsmith.data.config import VocabConfig
+from draftsmith.data.dataset import TokenizedDataset, load_dataset
+from draftsmith.errors import UserError
+
+DEFAULT_SIZE = 32000
 
 
 def build_vocab(counts: np.ndarray | torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,5 +61,34 @@ def load_vocab(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     return t["d2t"], t["t2d"]
 
 
-def run(cfg) -> Path:  # noqa: ANN001
-    raise NotImplementedYet("draftsmith vocab is not implemented yet (issue #2); nothing was done")
+def token_counts(ds: TokenizedDataset, vocab: int) -> np.ndarray:
+    """[vocab] int64 counts of the loss-masked (assistant) tokens of a prepared dataset."""
+    ids = ds.ids[ds.mask.astype(bool)]  # [n_assistant]
+    if ids.size and int(ids.max()) >= vocab:
+        raise UserError(f"{ds.path}: token id {int(ids.max())} is outside the target vocab ({vocab}); re-run prepare")
+    return np.bincount(ids, minlength=vocab).astype(np.int64)
+
+
+def run(cfg: VocabConfig) -> Path:
+    if cfg.out.exists() and not cfg.overwrite:
+        raise UserError(f"{cfg.out} already exists; pass --overwrite to replace it")
+    ds = load_dataset(cfg.dataset_dir)
+    vocab = int(ds.target.get("vocab_size") or 0)
+    if vocab <= 0:
+        raise UserError(f"{cfg.dataset_dir}: dataset.json has no target vocab_size; re-run `draftsmith prepare`")
+    k = cfg.size if cfg.size is not None else min(DEFAULT_SIZE, vocab)
+    counts = token_counts(ds, vocab)
+    d2t, t2d = build_vocab(counts, k)
+    total, distinct = int(counts.sum()), int((counts > 0).sum())
+    covered = int(counts[t2d.numpy()].sum())
+    coverage = covered / total if total else 0.0
+    save_vocab(cfg.out, d2t, t2d, meta={
+        "k": str(k), "target_vocab": str(vocab), "dataset": str(cfg.dataset_dir),
+        "target": json.dumps(ds.target), "assistant_tokens": str(total), "coverage": f"{coverage:.6f}",
+    })
+    write_run_record(cfg.out.parent, cfg, name=f"{cfg.out.name}.run.yaml")
+    padded = max(k - distinct, 0)
+    print(f"[vocab] {cfg.out}: k={k} of target vocab {vocab}; {distinct} distinct assistant tokens in "
+          f"{total} ({len(ds)} samples); the draft vocab covers {coverage:.2%} of assistant tokens"
+          + (f"; padded with {padded} unseen ids (lowest ids first)" if padded else ""))
+    return cfg.out
