@@ -50,6 +50,8 @@ def load_drafter(path: Path, device: str | torch.device = "cpu") -> tuple[Eagle3
     path = Path(path)
     if not path.exists():
         raise UserError(f"drafter {path}: no such folder")
+    if (path / "drafter" / MANIFEST).exists():  # a `draftsmith train` output folder: its best drafter
+        path = path / "drafter"
     if (path / MANIFEST).exists():
         manifest = read_manifest(path)
         model = Eagle3Drafter(DrafterConfig.from_dict(manifest["config"]))
