@@ -94,3 +94,24 @@ def tiny_target_dir(tmp_path_factory, tiny_model, tokenizer) -> Path:
     tiny_model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def make_tiny_drafter(aux_layer_ids=(2, 15, 27), norm_before_residual: bool = False, seed: int = 0):
+    """A random-weight EAGLE-3 drafter (H=64, vocab 300, draft vocab 100) with a valid d2t/t2d."""
+    import numpy as np
+
+    from draftsmith.data.vocab import build_vocab
+    from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+
+    torch.manual_seed(seed)
+    model = Eagle3Drafter(DrafterConfig(
+        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        vocab_size=300, draft_vocab_size=100, target_hidden_size=64, aux_layer_ids=list(aux_layer_ids),
+        norm_before_residual=norm_before_residual,
+    ))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    d2t, t2d = build_vocab(np.random.RandomState(seed).randint(0, 1000, 300), 100)
+    model.set_vocab(d2t, t2d)
+    return model.eval()

@@ -1,0 +1,152 @@
+"""Independent readers of an exported drafter folder, written from vLLM's and SGLang's loaders.
+
+They re-state what each engine does with a draft folder, so a test can check an export the way
+the engine will load it. They must not reuse `draftsmith.export` (that is what they check).
+Sources (read 2026-11-29; see docs/engine-fields.md):
+
+vLLM
+- vllm/transformers_utils/configs/speculators/base.py  SpeculatorsConfig.extract_transformers_pre_trained_config:
+  a speculators config becomes `transformer_layer_config` updated by
+- vllm/transformers_utils/configs/speculators/algos.py  update_eagle3: draft_vocab_size, target_hidden_size,
+  norm_before_residual (default **True** when missing), top-level eagle_aux_hidden_state_layer_ids.
+- vllm/v1/worker/gpu_model_runner.py  _get_eagle3_aux_layers_from_config: top-level
+  `eagle_aux_hidden_state_layer_ids`, else `eagle_config["eagle_aux_hidden_state_layer_ids"]`, else the
+  model default (2, L//2, L-3).
+- vllm/model_executor/models/llama.py  LlamaModel.forward: `if idx in aux_hidden_state_layers:
+  aux.append(hidden_states + residual)` *before* layer idx runs -> the input of layer idx (idx 0 has
+  residual None, idx >= L is never reached).
+- vllm/model_executor/models/llama_eagle3.py  LlamaDecoderLayer.__init__: getattr(config,
+  "norm_before_residual", False); LlamaModel.__init__: fc input = target_hidden_size (or hidden_size) * 3;
+  Eagle3LlamaForCausalLM.load_weights: t2d skipped, d2t -> draft_id_to_target_id, "model." prefixed
+  unless lm_head; LlamaModel.load_weights: midlayer. -> layers.0., q/k/v -> qkv_proj, gate/up -> gate_up_proj,
+  an unknown name is a KeyError.
+
+SGLang
+- python/sglang/srt/model_executor/model_runner.py  ModelRunner.__init__: ids only from the draft's
+  `eagle_config["eagle_aux_hidden_state_layer_ids"]` (None on any error).
+- python/sglang/srt/models/llama.py  LlamaForCausalLM.set_eagle3_layers_to_capture: None -> [2, L//2, L-3],
+  else [v + 1 for v in ids]; LlamaModel.forward captures `hidden_states + residual` before layer i.
+- python/sglang/srt/models/llama_eagle3.py  LlamaDecoderLayer.forward: residual = un-normalised hidden
+  (no norm_before_residual); LlamaForCausalLMEagle3.__init__: tie_word_embeddings -> lm_head is
+  embed_tokens; load_weights: d2t -> hot_token_id = d2t + arange, t2d skipped, names not found are
+  skipped silently. SGLang has no reader for the speculators layout.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+STACKED = ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
+           (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj"))
+LAYER_PARAMS = ("self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight",
+                "mlp.down_proj.weight", "input_layernorm.weight", "hidden_norm.weight",
+                "post_attention_layernorm.weight")
+
+
+@dataclass
+class EngineView:
+    captured_layers: list[int]  # i: the engine feeds the residual stream entering target layer i
+    norm_before_residual: bool
+    draft_vocab_size: int
+    fc_in_features: int
+    draft_to_target: torch.Tensor  # [draft_vocab] target id of each draft id
+    loaded: dict[str, list[str]] = field(default_factory=dict)  # engine param -> checkpoint names
+    skipped: list[str] = field(default_factory=list)  # checkpoint names the loader drops silently
+    lm_head_is_embedding: bool = False
+
+
+def never_captured(view: EngineView, num_layers: int) -> list[int]:
+    """Layers the loop `if i in layers: aux.append(hidden_states + residual)` before layer i never
+    yields: 0 (residual is still None) and anything >= L (the loop has ended)."""
+    return [i for i in view.captured_layers if not 1 <= i < num_layers]
+
+
+def _stacked(name: str) -> str:
+    for shard, param in STACKED:
+        if shard in name:
+            return name.replace(shard, param)
+    return name
+
+
+def vllm_view(folder: Path, num_target_layers: int) -> EngineView:
+    raw = json.loads((Path(folder) / "config.json").read_text())
+    if "speculators_model_type" in raw:
+        hf = dict(raw.get("transformer_layer_config", {}))
+        hf["draft_vocab_size"] = raw.get("draft_vocab_size")
+        if raw.get("target_hidden_size") is not None:
+            hf["target_hidden_size"] = raw["target_hidden_size"]
+        hf["norm_before_residual"] = raw.get("norm_before_residual", True)
+        if raw.get("eagle_aux_hidden_state_layer_ids"):
+            hf["eagle_aux_hidden_state_layer_ids"] = raw["eagle_aux_hidden_state_layer_ids"]
+    else:
+        hf = raw
+    ids = hf.get("eagle_aux_hidden_state_layer_ids") or (hf.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if not ids:
+        ids = [2, num_target_layers // 2, num_target_layers - 3]
+    draft_vocab = hf.get("draft_vocab_size") or hf["vocab_size"]
+    params = {f"model.layers.0.{p}" for p in LAYER_PARAMS} | {"model.fc.weight", "model.norm.weight",
+                                                             "model.embed_tokens.weight", "lm_head.weight",
+                                                             "draft_id_to_target_id"}
+    weights = load_file(str(Path(folder) / "model.safetensors"))
+    loaded: dict[str, list[str]] = {}
+    for name in weights:
+        if "t2d" in name:
+            continue
+        if "d2t" in name:
+            target = name.replace("d2t", "draft_id_to_target_id")
+        else:
+            target = name if "lm_head" in name else "model." + name
+        target = _stacked(target.replace("midlayer.", "layers.0."))
+        if target not in params:
+            raise KeyError(f"vLLM has no parameter {target} (from {name})")
+        loaded.setdefault(target, []).append(name)
+    return EngineView(
+        captured_layers=[int(i) for i in ids],
+        norm_before_residual=bool(hf.get("norm_before_residual", False)),
+        draft_vocab_size=int(draft_vocab),
+        fc_in_features=int(hf.get("target_hidden_size") or hf["hidden_size"]) * 3,
+        draft_to_target=torch.arange(int(draft_vocab)) + weights["d2t"],
+        loaded=loaded,
+    )
+
+
+def sglang_view(folder: Path, num_target_layers: int) -> EngineView:
+    raw = json.loads((Path(folder) / "config.json").read_text())
+    assert "speculators_model_type" not in raw, "SGLang has no reader for the speculators layout"
+    try:
+        ids = raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    except (KeyError, TypeError):
+        ids = None
+    capture = [2, num_target_layers // 2, num_target_layers - 3] if ids is None else [int(v) + 1 for v in ids]
+    params = {f"model.midlayer.{p}" for p in LAYER_PARAMS} | {"model.fc.weight", "model.norm.weight",
+                                                              "model.embed_tokens.weight", "lm_head.weight"}
+    weights = load_file(str(Path(folder) / "model.safetensors"))
+    loaded: dict[str, list[str]] = {}
+    skipped, hot = [], None
+    for name, value in weights.items():
+        if "d2t" in name:
+            hot = value + torch.arange(value.shape[0])
+            continue
+        if "t2d" in name:
+            continue
+        mapped = _stacked(name)
+        target = mapped if mapped in params else f"model.{mapped}"
+        if target in params:
+            loaded.setdefault(target, []).append(name)
+        else:
+            skipped.append(name)
+    return EngineView(
+        captured_layers=capture,
+        norm_before_residual=False,
+        draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
+        fc_in_features=int(raw.get("target_hidden_size") or raw["hidden_size"]) * 3,
+        draft_to_target=hot,
+        loaded=loaded,
+        skipped=skipped,
+        lm_head_is_embedding=bool(raw.get("tie_word_embeddings", False)),
+    )

@@ -1,0 +1,124 @@
+"""Export -> reload with `load_drafter` -> identical logits and draftsmith layer ids, for every
+format and engine convention; the CLI contract, the model card and atomic output."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from draftsmith.cli import app
+from draftsmith.draft.checkpoint import load_drafter, save_drafter
+from draftsmith.errors import UserError
+from draftsmith.export.config import ExportConfig
+from draftsmith.export.run import run
+from tests.conftest import make_tiny_drafter
+
+TARGET = {"name": "tiny-target", "num_layers": 30, "model_type": "llama", "hidden_size": 64, "vocab_size": 300}
+COMBOS = [("eagle", "vllm"), ("eagle", "sglang"), ("speculators", "vllm")]
+
+
+def logits(model, seed=1):
+    cfg = model.config
+    g = torch.Generator().manual_seed(seed)
+    aux = torch.randn(2, 12, len(cfg.aux_layer_ids) * cfg.target_hidden_size, generator=g)  # [2, 12, 3*64]
+    ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=g)
+    pos = torch.arange(12).expand(2, 12)
+    with torch.no_grad():
+        return model(model.project(aux), ids, pos)[0]
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    model = make_tiny_drafter()
+    save_drafter(model, tmp_path / "ckpt", target=TARGET, meta={"ttt": 5, "dataset": "gsm8k (40 conversations)"})
+    return model, tmp_path / "ckpt"
+
+
+@pytest.mark.parametrize("fmt,engine", COMBOS)
+@pytest.mark.parametrize("embeddings", [True, False])
+def test_round_trip_identical_logits_and_layer_ids(ckpt, tmp_path, fmt, engine, embeddings):
+    model, path = ckpt
+    out = run(ExportConfig(ckpt=path, format=fmt, engine=engine, out=tmp_path / "out", include_embeddings=embeddings))
+    reloaded, manifest = load_drafter(out)
+    assert manifest["meta"]["needs_target_embeddings"] is (not embeddings)
+    if not embeddings:  # the engines share the target's embeddings; so does an evaluator
+        reloaded.load_target_embeddings(model.embed_tokens.weight)
+    assert reloaded.config.aux_layer_ids == [2, 15, 27]
+    assert reloaded.config.to_dict() == model.config.to_dict()
+    assert torch.equal(logits(reloaded), logits(model))
+    assert torch.equal(reloaded.d2t, model.d2t) and torch.equal(reloaded.t2d, model.t2d)
+    assert manifest["target"]["num_layers"] == 30
+
+
+@pytest.mark.parametrize("fmt", ["eagle", "speculators"])
+def test_norm_before_residual_round_trips(tmp_path, fmt):
+    model = make_tiny_drafter(norm_before_residual=True)
+    save_drafter(model, tmp_path / "ckpt", target=TARGET)
+    out = run(ExportConfig(ckpt=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True))
+    assert json.loads((out / "config.json").read_text())["norm_before_residual"] is True
+    reloaded, _ = load_drafter(out)
+    assert reloaded.config.norm_before_residual is True
+    assert torch.equal(logits(reloaded), logits(model))
+
+
+def test_bf16_export_matches_bf16_weights(ckpt, tmp_path):
+    model, path = ckpt
+    out = run(ExportConfig(ckpt=path, out=tmp_path / "out", dtype="bfloat16", include_embeddings=True))
+    reloaded, _ = load_drafter(out)
+    assert torch.equal(logits(reloaded), logits(model.to(torch.bfloat16).float()))
+    assert not torch.equal(logits(reloaded), logits(make_tiny_drafter()))  # bf16 rounding is visible
+
+
+def test_exported_ids_are_in_the_chosen_engines_convention(ckpt, tmp_path):
+    _, path = ckpt
+    for engine, nested in (("vllm", [2, 15, 27]), ("sglang", [1, 14, 26])):
+        out = run(ExportConfig(ckpt=path, engine=engine, out=tmp_path / engine))
+        config = json.loads((out / "config.json").read_text())
+        assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
+        assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == nested
+        assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]  # vLLM reads this one first
+        assert config["draft_vocab_size"] == 100 and "target_hidden_size" not in config  # equal to hidden_size
+
+
+def test_model_card(ckpt, tmp_path):
+    _, path = ckpt
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"tau": 2.345, "accept_per_position": [0.7, 0.5, 0.3], "speedup": 1.8}))
+    out = run(ExportConfig(ckpt=path, engine="sglang", out=tmp_path / "out", eval_report=report))
+    card = (out / "README.md").read_text()
+    assert "| draftsmith | [2, 15, 27] |" in card and "| sglang | [1, 14, 26] |" in card
+    assert "**2.345**" in card and "1.80x" in card and "0.700, 0.500, 0.300" in card
+    assert "gsm8k (40 conversations)" in card and "tiny-target" in card
+    assert "--speculative-algorithm EAGLE3" in card and "vllm serve tiny-target" in card
+
+
+def test_speculators_config_fields(ckpt, tmp_path):
+    _, path = ckpt
+    out = run(ExportConfig(ckpt=path, format="speculators", out=tmp_path / "out"))
+    config = json.loads((out / "config.json").read_text())
+    spec = config["speculators_config"]
+    assert config["speculators_model_type"] == "eagle3" and config["norm_before_residual"] is False
+    assert spec["proposal_methods"][0] == {"proposal_type": "greedy", "speculative_tokens": 5, "verifier_accept_k": 1}
+    assert spec["verifier"] == {"name_or_path": "tiny-target", "architectures": ["LlamaForCausalLM"]}
+    assert config["transformer_layer_config"]["model_type"] == "llama"
+
+
+def test_existing_out_needs_overwrite(ckpt, tmp_path):
+    _, path = ckpt
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("x")
+    with pytest.raises(UserError, match="already exists"):
+        run(ExportConfig(ckpt=path, out=tmp_path / "out"))
+    assert (tmp_path / "out" / "keep.txt").exists()
+    run(ExportConfig(ckpt=path, out=tmp_path / "out", overwrite=True))
+    assert (tmp_path / "out" / "config.json").exists() and not (tmp_path / "out" / "keep.txt").exists()
+
+
+def test_cli(ckpt, tmp_path):
+    _, path = ckpt
+    result = CliRunner().invoke(app, ["export", str(path), "--format", "eagle", "--engine", "sglang", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["README.md", "config.json", "model.safetensors", "run.yaml"]
+    bad = CliRunner().invoke(app, ["export", str(path), "--engine", "tensorrt", "--out", str(tmp_path / "b")])
+    assert bad.exit_code == 2 and "tensorrt" in bad.output and not (tmp_path / "b").exists()
