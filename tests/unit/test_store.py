@@ -122,3 +122,15 @@ def test_length_batches_respects_budget():
         assert len(b) * lengths[b].max() <= 1024
     assert length_batches([5000, 3], token_budget=100) == [[1], [0]]  # a long sample gets its own batch
     assert length_batches(lengths, 1024, shuffle=True, seed=1) == batches  # deterministic
+
+
+def test_repair_manifest_cuts_torn_line(tmp_path):
+    from draftsmith.extract.store import repair_manifest
+
+    m = tmp_path / MANIFEST
+    m.write_text('{"sample_id": 0, "tokens": 3}\n{"sample_id": 1, "tok')
+    repair_manifest(m)
+    assert m.read_text() == '{"sample_id": 0, "tokens": 3}\n'
+    m.write_text('{"sample_id": 1, "tok')
+    repair_manifest(m)
+    assert m.read_text() == ""

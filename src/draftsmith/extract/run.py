@@ -28,7 +28,7 @@ from draftsmith.extract.capture import capture
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.store import (
     MANIFEST, STORE_FILE, length_batches, manifest_files, new_store_meta, projected_bytes, rank_manifest_name,
-    read_manifest, read_store_meta, sample_relpath,
+    read_manifest, read_store_meta, repair_manifest, sample_relpath,
 )
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
 from draftsmith.fsutil import atomic_write_json, atomic_write_text, free_bytes, human_bytes
@@ -181,6 +181,8 @@ def run(cfg: ExtractConfig) -> Path:
 
     if rank == 0:  # rank 0 creates or checks the store and clears leftovers before anyone writes
         open_store(out, meta, create=True)
+        for f in manifest_files(out):
+            repair_manifest(f)
         clean_orphans(out, {e["path"] for e in read_manifest(out).values()})
         write_run_record(out, cfg)
     barrier(world)

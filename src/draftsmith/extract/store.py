@@ -51,6 +51,14 @@ FOLDER_SIZE = 2000  # samples per rows_{a}-{b} folder
 TENSOR_KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")
 
 
+FILE_OVERHEAD = 4096  # bytes per sample file beyond its tensors: header, manifest line, block rounding
+
+
+def projected_bytes(tokens: int, n_files: int, n_aux: int, hidden_size: int, dtype_size: int) -> int:
+    """Disk bytes of a store: tokens × ((n_aux+1) × H × dtype_size + 5 for ids and mask) + per-file overhead."""
+    return tokens * ((n_aux + 1) * hidden_size * dtype_size + 5) + n_files * FILE_OVERHEAD
+
+
 def sample_relpath(sample_id: int, folder_size: int = FOLDER_SIZE) -> str:
     """`rows_{a}-{b}/{sample_id}.safetensors`, with a..b the folder's inclusive id range."""
     a = (sample_id // folder_size) * folder_size
@@ -96,6 +104,22 @@ def manifest_files(path: Path) -> list[Path]:
     path = Path(path)
     files = [path / MANIFEST] if (path / MANIFEST).exists() else []
     return files + sorted(path.glob("manifest.rank*.jsonl"))
+
+
+def repair_manifest(path: Path) -> None:
+    """Cut a torn trailing line (an append cut short by a crash) so later appends start on a
+    fresh line. Reads only the file's tail."""
+    with open(path, "rb+") as f:
+        size = f.seek(0, 2)
+        if size == 0:
+            return
+        tail_start = max(0, size - 65536)
+        f.seek(tail_start)
+        tail = f.read()
+        if tail.endswith(b"\n"):
+            return
+        cut = tail.rfind(b"\n")
+        f.truncate(tail_start + cut + 1 if cut >= 0 else 0)
 
 
 def read_manifest(path: Path) -> dict[int, dict[str, Any]]:
