@@ -53,7 +53,7 @@ def soft_ce(student: torch.Tensor, teacher: torch.Tensor, norm: nn.Module, lm_he
     """Chunked soft CE over n rows: student/teacher [n, H] -> (Σ ce, correct [n] bool)."""
     total = student.new_zeros((), dtype=torch.float32)
     correct = []
-    for a in range(0, student.shape[0], chunk):
+    for a in range(0, max(student.shape[0], 1), chunk):  # an empty step still runs once: DDP needs every param used
         args = (student[a : a + chunk], teacher[a : a + chunk], norm, lm_head, w_draft)
         if torch.is_grad_enabled():
             ce, ok = checkpoint(_chunk_ce, *args, use_reentrant=False)
@@ -61,7 +61,7 @@ def soft_ce(student: torch.Tensor, teacher: torch.Tensor, norm: nn.Module, lm_he
             ce, ok = _chunk_ce(*args)
         total = total + ce
         correct.append(ok)
-    return total, (torch.cat(correct) if correct else student.new_zeros(0, dtype=torch.bool))
+    return total, torch.cat(correct)
 
 
 class TTTObjective(nn.Module):

@@ -1,9 +1,187 @@
-"""`draftsmith train` (placeholder until issue #5 lands)."""
+"""`draftsmith train`: train an EAGLE-3 drafter, offline from a hidden-state store (`--hidden`)
+or online with the target running inside the step.
 
+    OUT/drafter/            the best drafter by validation τ (what `eval` and `export` take;
+                            they also accept OUT itself)
+    OUT/metrics.jsonl       one record per logged step (train) and per validation (val)
+    OUT/metrics.png         loss and accuracy per TTT step, and τ, over training
+    OUT/tensorboard/        the same metrics for TensorBoard
+    OUT/checkpoints/        resumable checkpoints (`--resume`)
+    OUT/vocab.safetensors   the draft vocab used; OUT/run.yaml, OUT/progress.json
+
+Under `torchrun` (WORLD_SIZE > 1) each rank trains on its share of the packed rows with DDP
+(default) or FSDP2; in online mode every rank runs its own target replica.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
 from pathlib import Path
+from typing import Any
 
-from draftsmith.errors import NotImplementedYet
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from draftsmith.config import write_run_record
+from draftsmith.data.dataset import load_dataset
+from draftsmith.data.vocab import build_vocab, load_vocab, save_vocab
+from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.errors import UserError
+from draftsmith.layers import validate_layers
+from draftsmith.progress import Progress
+from draftsmith.target import default_device, embed_weight, lm_head_weight, load_target, text_config
+from draftsmith.train.batching import OfflineSource, OnlineSource, split_indices
+from draftsmith.train.checkpointing import latest_checkpoint
+from draftsmith.train.loop import Env, Trainer
+from draftsmith.train.loss import TTTObjective
+from draftsmith.train.metrics import MetricsLog, plot_metrics, truncate_metrics
+from draftsmith.train.ttt import default_backend
+
+DEFAULT_DRAFT_VOCAB = 32000
 
 
-def run(cfg) -> Path:  # noqa: ANN001
-    raise NotImplementedYet("draftsmith train is not implemented yet (issue #5); nothing was done")
+def setup_env(cfg: Any) -> Env:
+    """One process, or one rank of a torchrun job (nccl on GPU, gloo on CPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Env(device=torch.device(cfg.device) if cfg.device else default_device())
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() and (cfg.device or "cuda").startswith("cuda")
+    device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return Env(rank=dist.get_rank(), world=world, device=device, fsdp=cfg.distributed == "fsdp")
+
+
+def prepare_out(cfg: Any, env: Env) -> Path | None:
+    """Check the output folder; returns the checkpoint to resume from, if any."""
+    out = Path(cfg.out)
+    has_run = (out / "checkpoints").exists() or (out / "metrics.jsonl").exists()
+    if cfg.resume:
+        return latest_checkpoint(out)
+    if has_run and not cfg.overwrite:
+        raise UserError(f"{out} already holds a training run; pass --resume to continue it or --overwrite to start over")
+    if env.main and cfg.overwrite and out.exists():
+        shutil.rmtree(out)
+    if env.world > 1:
+        dist.barrier()
+    return None
+
+
+def count_tokens(dataset: Any, rows: list[int]) -> np.ndarray:
+    """Loss-masked token counts [V-ish] over the given dataset rows."""
+    member = np.zeros(len(dataset), dtype=bool)
+    member[rows] = True
+    keep = np.repeat(member, dataset.lengths) & (dataset.mask == 1)  # [total tokens]
+    return np.bincount(dataset.ids[keep].astype(np.int64))
+
+
+def resolve_vocab(cfg: Any, dataset: Any, dataset_rows: list[int], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if cfg.vocab is not None:
+        d2t, t2d = load_vocab(cfg.vocab)
+        if t2d.numel() != vocab_size:
+            raise UserError(f"--vocab {cfg.vocab}: made for a vocab of {t2d.numel()} tokens, but the target has {vocab_size}")
+        return d2t, t2d
+    counts = count_tokens(dataset, dataset_rows)
+    counts = np.pad(counts[:vocab_size], (0, max(vocab_size - len(counts), 0)))  # [V]
+    return build_vocab(counts, min(cfg.draft_vocab_size or DEFAULT_DRAFT_VOCAB, vocab_size))
+
+
+def build_source(cfg: Any, target: Any, dataset: Any) -> tuple[Any, list[int], list[int]]:
+    """The sample source, the aux layer ids, and the dataset rows of the source's samples."""
+    max_len = min(cfg.max_len, cfg.batch_tokens)
+    n_layers = target.info.num_layers
+    if cfg.hidden is None:
+        layers = validate_layers(cfg.layers or target.info.default_aux_layers, n_layers)
+        source = OnlineSource(dataset, target.model, layers, max_len, token_budget=max(cfg.batch_tokens, max_len))
+        return source, layers, list(range(len(dataset)))
+    from draftsmith.extract.store import StoreReader
+
+    reader = StoreReader(cfg.hidden)
+    layers = [int(k) for k in reader.meta["layers"]]
+    if cfg.layers is not None and validate_layers(cfg.layers, n_layers) != layers:
+        raise UserError(f"--layers {cfg.layers} disagrees with the store {cfg.hidden}, captured at layers {layers}")
+    if reader.hidden_size != target.info.hidden_size:
+        raise UserError(f"store {cfg.hidden} has hidden size {reader.hidden_size}, target {cfg.target!r} has {target.info.hidden_size}: wrong target?")
+    if len(reader) == 0:
+        raise UserError(f"store {cfg.hidden} holds no samples yet; run `draftsmith extract` first")
+    row_of = {int(s): i for i, s in enumerate(dataset.sample_ids)}
+    return OfflineSource(reader, max_len), layers, [row_of[s] for s in reader.sample_ids if s in row_of]
+
+
+def build_drafter(target: Any, layers: list[int], d2t: torch.Tensor, t2d: torch.Tensor, embed: torch.Tensor) -> Eagle3Drafter:
+    dcfg = DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), layers)
+    drafter = Eagle3Drafter(dcfg)
+    drafter.load_target_embeddings(embed.float())
+    drafter.set_vocab(d2t, t2d)
+    return drafter
+
+
+def wrap(objective: torch.nn.Module, env: Env) -> torch.nn.Module:
+    if env.world == 1:
+        return objective
+    if env.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(objective.drafter.midlayer)
+        return fully_shard(objective)
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [env.device.index] if env.device.type == "cuda" else None
+    return DistributedDataParallel(objective, device_ids=ids, broadcast_buffers=False)
+
+
+def run(cfg: Any) -> Path:
+    env = setup_env(cfg)
+    out = Path(cfg.out)
+    resume_from = prepare_out(cfg, env)
+    out.mkdir(parents=True, exist_ok=True)
+    if env.main:
+        write_run_record(out, cfg)
+    if cfg.autocast is None:
+        cfg = cfg.model_copy(update={"autocast": env.device.type == "cuda"})
+    torch.manual_seed(cfg.seed)
+
+    target = load_target(cfg.target, env.device, cfg.dtype)
+    dataset = load_dataset(cfg.dataset_dir)
+    source, layers, dataset_rows = build_source(cfg, target, dataset)
+    train_idx, val_idx = split_indices(len(source), cfg.val_fraction, cfg.seed)
+    d2t, t2d = resolve_vocab(cfg, dataset, [dataset_rows[i] for i in train_idx], target.info.vocab_size)
+    if env.main:
+        save_vocab(out / "vocab.safetensors", d2t, t2d)
+    w_full = lm_head_weight(target.model).detach().clone()  # [V, H] the teacher's head
+    drafter = build_drafter(target, layers, d2t, t2d, embed_weight(target.model).detach())
+    if cfg.hidden is not None:
+        target.model = None  # offline: only the head and embeddings were needed
+
+    backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
+    objective = TTTObjective(drafter.to(env.device), w_full.to(env.device), cfg.ttt, backend, cfg.loss_chunk)
+    wrapped = wrap(objective, env)
+    meta = {"target": target.info.to_dict(), "mode": "online" if cfg.hidden is None else "offline",
+            "data": str(cfg.dataset_dir), "hidden": str(cfg.hidden) if cfg.hidden else None, "ttt": cfg.ttt,
+            "train_samples": len(train_idx), "val_samples": len(val_idx)}
+    log = MetricsLog(out, enabled=env.main)
+    trainer = Trainer(cfg, env, objective, wrapped, source, train_idx, val_idx, log, out, meta)
+    if resume_from is not None:
+        trainer.resume(resume_from)
+    if cfg.resume and env.main:
+        truncate_metrics(out, trainer.pos.step)  # records after the checkpoint are logged again
+    progress = Progress("train", out, total=trainer.total, unit="steps") if env.main else None
+    try:
+        if progress is not None:
+            with progress:
+                progress.skip(trainer.pos.step)
+                trainer.run(progress)
+        else:
+            trainer.run(None)
+    finally:
+        log.close()
+    if env.main:
+        plot_metrics(out)
+    if env.world > 1:
+        dist.barrier()
+    return out

@@ -1,0 +1,136 @@
+"""Training data: the train/validation split, sequence packing, and the two sample sources.
+
+Both sources return the same per-sample tensors, so everything after them is shared code:
+
+    {"input_ids" [T] long, "loss_mask" [T] long, "aux" [T, n_aux*H_t], "final" [T, H_t]}
+
+  - `OfflineSource`: reads them from a hidden-state store (`extract`).
+  - `OnlineSource`: runs the target's hook capture (`extract.capture`) on the tokenized samples,
+    under no_grad, in length-bucketed padded sub-batches, and slices the padding off.
+
+Packing (`pack_rows`): each epoch shuffles the training samples with `seed + epoch` and fills
+rows of at most `capacity` tokens (next-fit over a few open rows). A row's samples are laid end
+to end (`collate`); `ttt.doc_and_positions` gives each its own document id and positions, so
+attention never crosses samples and no padding is spent between them. The packing is a pure
+function of (lengths, seed, epoch), which is what makes the data position resumable.
+Under torchrun, rank r takes rows r, r+W, r+2W, ... (cut to a multiple of W).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from draftsmith.extract.capture import capture
+from draftsmith.extract.store import length_batches
+from draftsmith.train.ttt import doc_and_positions
+
+OPEN_ROWS = 8
+
+
+def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Deterministic split: a seeded permutation, the last round(n*f) samples (at least one
+    when f > 0 and n > 1) held out for validation."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_val = min(max(round(n * val_fraction), 1 if val_fraction > 0 and n > 1 else 0), n - 1)
+    return sorted(perm[: n - n_val]), sorted(perm[n - n_val :])
+
+
+def pack_rows(lengths: np.ndarray, indices: list[int], capacity: int, seed: int | None) -> list[list[int]]:
+    """Group sample indices into rows of <= capacity tokens (lengths already truncated to
+    capacity). seed None: keep the given order (validation)."""
+    order = list(indices)
+    if seed is not None:
+        perm = torch.randperm(len(order), generator=torch.Generator().manual_seed(seed)).tolist()
+        order = [order[i] for i in perm]
+    rows: list[list[int]] = []
+    open_rows: list[tuple[int, list[int]]] = []  # (tokens used, row)
+    for i in order:
+        n = int(lengths[i])
+        slot = next((j for j, (used, _) in enumerate(open_rows) if used + n <= capacity), None)
+        if slot is None:
+            if len(open_rows) == OPEN_ROWS:
+                rows.append(open_rows.pop(0)[1])
+            open_rows.append((0, []))
+            slot = len(open_rows) - 1
+        used, row = open_rows[slot]
+        row.append(i)
+        open_rows[slot] = (used + n, row)
+    rows += [row for _, row in open_rows]
+    return rows
+
+
+def shard_rows(rows: list[list[int]], rank: int, world: int) -> list[list[int]]:
+    """This rank's rows; every rank gets the same number."""
+    n = len(rows) // world * world
+    return rows[rank:n:world]
+
+
+def collate(samples: list[dict[str, torch.Tensor]], pad_to: int | None, device: torch.device) -> dict[str, torch.Tensor]:
+    """Lay samples end to end in one row: {ids, loss_mask, doc, pos [1, L]; aux [1, L, n*H]; final [1, L, H]}."""
+    lengths = [s["input_ids"].shape[0] for s in samples]
+    total = max(sum(lengths), pad_to or 0)
+    pad = total - sum(lengths)
+
+    def cat(key: str) -> torch.Tensor:
+        x = torch.cat([s[key] for s in samples])  # [sum T, ...]
+        if pad:
+            x = torch.cat([x, x.new_zeros((pad, *x.shape[1:]))])  # [L, ...]
+        return x[None].to(device, non_blocking=True)  # [1, L, ...]
+
+    doc, pos = doc_and_positions(lengths, total, device)
+    return {"ids": cat("input_ids"), "loss_mask": cat("loss_mask"), "doc": doc[None], "pos": pos[None],
+            "aux": cat("aux"), "final": cat("final")}
+
+
+class OfflineSource:
+    """Samples from a hidden-state store; index i is the store's i-th sample."""
+
+    def __init__(self, reader: Any, max_len: int) -> None:
+        self.reader, self.max_len = reader, max_len
+        self.lengths = np.minimum(reader.lengths, max_len)
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def samples(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        out = []
+        for i in indices:
+            s = self.reader[i]
+            n = self.max_len
+            out.append({"input_ids": s["input_ids"][:n], "loss_mask": s["loss_mask"][:n],
+                        "aux": s["aux_hidden_states"][:n], "final": s["final_hidden_states"][:n]})
+        return out
+
+
+class OnlineSource:
+    """Samples from a tokenized dataset, with hidden states captured from the target now."""
+
+    def __init__(self, dataset: Any, model: torch.nn.Module, layers: list[int], max_len: int, token_budget: int) -> None:
+        self.dataset, self.model, self.layers, self.max_len = dataset, model, layers, max_len
+        self.token_budget = token_budget
+        self.device = next(model.parameters()).device
+        self.lengths = np.minimum(dataset.lengths, max_len)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def samples(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        items = {i: self.dataset[i] for i in indices}
+        out: dict[int, dict[str, torch.Tensor]] = {}
+        for group in length_batches([int(self.lengths[i]) for i in indices], self.token_budget):
+            chosen = [indices[g] for g in group]
+            width = max(int(self.lengths[i]) for i in chosen)
+            ids = torch.zeros(len(chosen), width, dtype=torch.long)  # [b, W], right-padded
+            mask = torch.zeros(len(chosen), width, dtype=torch.long)
+            for r, i in enumerate(chosen):
+                n = int(self.lengths[i])
+                ids[r, :n], mask[r, :n] = items[i]["input_ids"][:n], 1
+            aux, final = capture(self.model, ids.to(self.device), mask.to(self.device), self.layers)  # [b, W, n*H], [b, W, H]
+            for r, i in enumerate(chosen):
+                n = int(self.lengths[i])
+                out[i] = {"input_ids": ids[r, :n], "loss_mask": items[i]["loss_mask"][:n],
+                          "aux": aux[r, :n], "final": final[r, :n]}
+        return [out[i] for i in indices]

@@ -1,0 +1,102 @@
+"""Training checkpoints: everything a resumed run needs to continue the same curve.
+
+    OUT/checkpoints/step_{N:08d}/
+        model.safetensors   the drafter's trainable weights and buffers (not the frozen
+                            embeddings, which come from the target again)
+        state.pt            {"optimizer", "scheduler", "rng", "train"} as plain tensors, numbers,
+                            lists and dicts: read back with torch.load(weights_only=True)
+
+A checkpoint folder is written under a temporary name and renamed into place, so a kill at any
+instant leaves only complete checkpoints; the newest `keep` are kept. Under FSDP2 the full
+(unsharded) model and optimizer states are gathered with torch.distributed.checkpoint's
+state-dict helpers; under DDP or on one device, rank 0's plain state dicts are used.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from draftsmith.fsutil import fsync_dir
+
+CKPT_DIR, WEIGHTS, STATE = "checkpoints", "model.safetensors", "state.pt"
+FROZEN = ("embed_tokens.weight",)
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), None))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def drafter_state(objective: nn.Module, fsdp: bool) -> dict[str, torch.Tensor]:
+    """The drafter's full state dict on CPU (draftsmith key names), from any wrapping."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(objective, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        full = objective.state_dict()
+    return {k.split("drafter.", 1)[1]: v.detach().cpu() for k, v in full.items() if "drafter." in k}
+
+
+def optimizer_state(objective: nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> dict[str, Any]:
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(objective, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return optimizer.state_dict()
+
+
+def load_optimizer_state(objective: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], fsdp: bool) -> None:
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(objective, optimizer, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
+    else:
+        optimizer.load_state_dict(state)
+
+
+def save_checkpoint(out: Path, step: int, weights: dict[str, torch.Tensor], state: dict[str, Any], keep: int) -> Path:
+    """Write one checkpoint atomically and prune older ones beyond `keep`."""
+    root = Path(out) / CKPT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:08d}"
+    tmp = root / f".step_{step:08d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file({k: v.contiguous() for k, v in weights.items() if k not in FROZEN}, str(tmp / WEIGHTS))
+    torch.save(state, tmp / STATE)
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    fsync_dir(root)
+    for old in sorted(root.glob("step_*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    done = [p for p in sorted((Path(out) / CKPT_DIR).glob("step_*")) if (p / STATE).exists() and (p / WEIGHTS).exists()]
+    return done[-1] if done else None
+
+
+def load_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    return load_file(str(Path(folder) / WEIGHTS)), torch.load(Path(folder) / STATE, weights_only=True)

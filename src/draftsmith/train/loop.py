@@ -1,0 +1,226 @@
+"""The training loop: micro-batches of packed rows, gradient accumulation, AdamW with cosine
+warm-up, gradient clipping, bf16 autocast, metrics, validation each epoch, the best drafter by
+validation τ, and resumable checkpoints.
+
+The data position is (epoch, next row of that epoch's packing); the packing of an epoch is a
+pure function of the seed, so a resumed run reads exactly the rows an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from draftsmith.draft.checkpoint import save_drafter
+from draftsmith.draft.model import Eagle3Drafter
+from draftsmith.train import checkpointing as ckpt
+from draftsmith.train.batching import collate, pack_rows, shard_rows
+from draftsmith.train.metrics import add_stats, summarise, zero_stats
+
+
+def cosine_schedule(optimizer: torch.optim.Optimizer, total: int, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(total - warmup, 1)
+        return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def all_reduce_stats(stats: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """Sum metric counts over ranks (no-op on one process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return stats
+    keys = sorted(stats)
+    flat = torch.stack([stats[k] for k in keys]).to(device)  # [n_keys, K]
+    dist.all_reduce(flat)
+    return {k: flat[i].cpu().double() for i, k in enumerate(keys)}
+
+
+@dataclass
+class Position:
+    """What a checkpoint must remember besides weights and optimizer."""
+
+    step: int = 0
+    epoch: int = 0
+    row: int = 0  # next row of this epoch (per rank)
+    tokens: int = 0
+    best_tau: float = -1.0
+    pending: dict[str, list[float]] = field(default_factory=dict)  # metric counts since the last log
+
+
+@dataclass
+class Env:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+    fsdp: bool = False
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+class Trainer:
+    def __init__(self, cfg: Any, env: Env, objective: torch.nn.Module, wrapped: torch.nn.Module, source: Any,
+                 train_idx: list[int], val_idx: list[int], log: Any, out: Path, drafter_meta: dict[str, Any]) -> None:
+        self.cfg, self.env, self.objective, self.wrapped, self.source = cfg, env, objective, wrapped, source
+        self.train_idx, self.val_idx, self.log, self.out, self.meta = train_idx, val_idx, log, Path(out), drafter_meta
+        self.pad_to = cfg.batch_tokens if objective.backend == "flex" else None  # static shapes for compiled flex
+        params = [p for p in wrapped.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        rows0 = len(self.epoch_rows(0))
+        self.steps_per_epoch = max(rows0 // cfg.grad_accum, 1)
+        self.total = cfg.steps or max(math.ceil(cfg.epochs * rows0 / cfg.grad_accum), 1)
+        self.scheduler = cosine_schedule(self.optimizer, self.total, int(cfg.warmup_ratio * self.total))
+        self.pos = Position()
+        self.autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=bool(cfg.autocast))
+
+    # -- data ------------------------------------------------------------------------------
+    def epoch_rows(self, epoch: int) -> list[list[int]]:
+        rows = pack_rows(self.source.lengths, self.train_idx, self.cfg.batch_tokens, seed=self.cfg.seed + epoch)
+        return shard_rows(rows, self.env.rank, self.env.world)
+
+    def batch(self, row: list[int]) -> dict[str, torch.Tensor]:
+        return collate(self.source.samples(row), self.pad_to, self.env.device)
+
+    # -- steps -----------------------------------------------------------------------------
+    def optimizer_step(self, rows: list[list[int]]) -> tuple[dict[str, torch.Tensor], int]:
+        """One optimizer step over `rows` (the accumulation group). Returns counts and tokens."""
+        self.wrapped.train()
+        stats, tokens = zero_stats(self.cfg.ttt), 0
+        for i, row in enumerate(rows):
+            batch = self.batch(row)
+            tokens += int((batch["doc"] >= 0).sum())
+            last = i == len(rows) - 1
+            sync = contextlib.nullcontext() if last or not hasattr(self.wrapped, "no_sync") else self.wrapped.no_sync()
+            with sync, self.autocast:
+                loss, st = self.wrapped(**batch)
+                (loss / len(rows)).backward()
+            add_stats(stats, st)
+        torch.nn.utils.clip_grad_norm_([p for p in self.wrapped.parameters() if p.requires_grad], self.cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return stats, tokens
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, Any]:
+        """Metrics over the validation split (the training samples when none is held out)."""
+        self.wrapped.eval()
+        indices = self.val_idx or self.train_idx
+        rows = shard_rows(pack_rows(self.source.lengths, indices, self.cfg.batch_tokens, seed=None), self.env.rank, self.env.world)
+        stats = zero_stats(self.cfg.ttt)
+        for row in rows:
+            with self.autocast:
+                _, st = self.wrapped(**self.batch(row))
+            add_stats(stats, st)
+        record = {"split": "val", "step": self.pos.step, "epoch": self.pos.epoch,
+                  **summarise(all_reduce_stats(stats, self.env.device))}
+        self.log.write(record)
+        if record["tau"] > self.pos.best_tau:
+            self.pos.best_tau = record["tau"]
+            self.save_best(record)
+        return record
+
+    # -- saving ----------------------------------------------------------------------------
+    def save_best(self, record: dict[str, Any]) -> None:
+        state = ckpt.drafter_state(self.objective, self.env.fsdp)
+        if not self.env.main:
+            return
+        model = Eagle3Drafter(self.objective.drafter.config)
+        model.load_state_dict(state)
+        meta = {**self.meta, "simulated_tau": record["tau"], "step": record["step"], "epoch": record["epoch"],
+                "val": {k: record[k] for k in ("loss", "acc_k", "cond_acc_k", "tau")}}
+        tmp, final = self.out / ".drafter.tmp", self.out / "drafter"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_drafter(model, tmp, target=self.meta.get("target"), meta=meta)
+        old = self.out / ".drafter.old"
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def save_checkpoint(self) -> None:
+        weights = ckpt.drafter_state(self.objective, self.env.fsdp)
+        optim = ckpt.optimizer_state(self.objective, self.optimizer, self.env.fsdp)
+        if self.env.main:
+            state = {"optimizer": optim, "scheduler": self.scheduler.state_dict(), "rng": ckpt.rng_state(),
+                     "train": asdict(self.pos)}
+            ckpt.save_checkpoint(self.out, self.pos.step, weights, state, keep=self.cfg.keep_checkpoints)
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+
+    def resume(self, folder: Path) -> None:
+        weights, state = ckpt.load_checkpoint(folder)
+        drafter = self.objective.drafter
+        if self.env.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            full = {f"drafter.{k}": v for k, v in weights.items()}
+            set_model_state_dict(self.objective, full, options=StateDictOptions(full_state_dict=True, strict=False))
+        else:
+            missing, unexpected = drafter.load_state_dict(weights, strict=False)
+            assert not unexpected and set(missing) <= set(ckpt.FROZEN), (missing, unexpected)
+        ckpt.load_optimizer_state(self.objective, self.optimizer, state["optimizer"], self.env.fsdp)
+        self.scheduler.load_state_dict(state["scheduler"])
+        ckpt.set_rng_state(state["rng"])
+        self.pos = Position(**state["train"])
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self, progress: Any) -> dict[str, Any] | None:
+        cfg = self.cfg
+        pending = zero_stats(cfg.ttt)
+        if self.pos.pending:
+            pending = {k: torch.tensor(v, dtype=torch.float64) for k, v in self.pos.pending.items()}
+        last_val = None
+        t0, tokens0 = time.time(), self.pos.tokens
+        rows = self.epoch_rows(self.pos.epoch)
+        while self.pos.step < self.total:
+            group = rows[self.pos.row : self.pos.row + cfg.grad_accum]
+            stats, tokens = self.optimizer_step(group)
+            self.pos.row += len(group)
+            self.pos.step += 1
+            self.pos.tokens += tokens * self.env.world
+            add_stats(pending, stats)
+            if self.pos.step % cfg.log_every == 0 or self.pos.step == self.total:
+                now = time.time()
+                rec = {"split": "train", "step": self.pos.step, "epoch": self.pos.epoch, "tokens": self.pos.tokens,
+                       "lr": self.scheduler.get_last_lr()[0],
+                       "tok_per_s": (self.pos.tokens - tokens0) / max(now - t0, 1e-9),
+                       **summarise(all_reduce_stats(pending, self.env.device))}
+                self.log.write(rec)
+                pending = zero_stats(cfg.ttt)
+                if progress is not None:
+                    progress.set(loss=round(rec["loss"], 4), acc_0=round(rec["acc_0"], 4), tau=round(rec["tau"], 3),
+                                 **self.memory())
+            if progress is not None:
+                progress.advance(1, tokens=tokens * self.env.world)
+            if self.pos.row + cfg.grad_accum > len(rows):  # epoch done (a short tail group is dropped)
+                self.pos.epoch += 1
+                self.pos.row = 0
+                rows = self.epoch_rows(self.pos.epoch)
+                last_val = self.validate()
+            if self.pos.step % cfg.save_every == 0 and self.pos.step < self.total:
+                self.pos.pending = {k: v.tolist() for k, v in pending.items()}
+                self.save_checkpoint()
+        if last_val is None or last_val["step"] != self.pos.step:
+            last_val = self.validate()
+        self.pos.pending = {}
+        self.save_checkpoint()
+        return last_val
+
+    def memory(self) -> dict[str, float]:
+        if self.env.device.type != "cuda":
+            return {}
+        return {"gpu_mem_gb": round(torch.cuda.max_memory_allocated(self.env.device) / 1e9, 2)}

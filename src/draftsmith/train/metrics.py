@@ -1,0 +1,131 @@
+"""Training metrics: per-step counts -> loss_k, acc_k, cond_acc_k and the simulated τ, written to
+`metrics.jsonl` (one JSON object per logged step) and TensorBoard, and plotted at the end.
+
+    acc_k       student argmax == teacher argmax at step k, over step k's valid positions
+    cond_acc_k  the same, over positions whose steps 0..k-1 were all valid and correct
+    tau         1 + Σ_k Π_{j<=k} cond_acc_j   (the acceptance length a chain of K drafts would get)
+
+A record: {"split": "train"|"val", "step", "epoch", "tokens", "lr", "loss", "loss_k": [..],
+"acc_k": [..], "cond_acc_k": [..], "tau", "acc_0", ...}.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.fsutil import append_line, atomic_write_text
+from draftsmith.train.loss import STAT_KEYS, STEP_WEIGHT
+
+METRICS_FILE, PLOT_FILE = "metrics.jsonl", "metrics.png"
+
+
+def zero_stats(K: int) -> dict[str, torch.Tensor]:
+    return {key: torch.zeros(K, dtype=torch.float64) for key in STAT_KEYS}
+
+
+def add_stats(total: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:
+    for key in STAT_KEYS:
+        total[key] += stats[key].detach().double().cpu()
+
+
+def simulated_tau(cond_acc: list[float]) -> float:
+    tau, run = 1.0, 1.0
+    for c in cond_acc:
+        run *= c
+        tau += run
+    return tau
+
+
+def summarise(stats: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Counts summed over some batches -> the metric record (without step/split fields)."""
+    n = stats["n_valid"].clamp(min=1)
+    loss_k = (stats["ce_sum"] / n).tolist()
+    acc_k = (stats["n_correct"] / n).tolist()
+    cond_k = (stats["n_chain_correct"] / stats["n_chain"].clamp(min=1)).tolist()
+    return {
+        "loss": sum(STEP_WEIGHT**k * v for k, v in enumerate(loss_k)),
+        "loss_k": loss_k, "acc_k": acc_k, "cond_acc_k": cond_k,
+        "tau": simulated_tau(cond_k), "acc_0": acc_k[0], "valid_tokens": int(stats["n_valid"][0]),
+    }
+
+
+class MetricsLog:
+    """Appends records to metrics.jsonl and TensorBoard (only on the writing rank)."""
+
+    def __init__(self, out: Path, enabled: bool = True) -> None:
+        self.path = Path(out) / METRICS_FILE
+        self.enabled = enabled
+        self.tb = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(Path(out) / "tensorboard"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        append_line(self.path, json.dumps(record))
+        split, step = record["split"], record["step"]
+        for key in ("loss", "tau", "lr", "tok_per_s"):
+            if key in record:
+                self.tb.add_scalar(f"{split}/{key}", record[key], step)
+        for key in ("loss_k", "acc_k", "cond_acc_k"):
+            for k, v in enumerate(record[key]):
+                self.tb.add_scalar(f"{split}/{key.removesuffix('_k')}_{k}", v, step)
+        self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read_metrics(out: Path) -> list[dict[str, Any]]:
+    path = Path(out) / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
+
+
+def truncate_metrics(out: Path, step: int) -> None:
+    """Drop records logged after `step` (a resumed run re-logs them from its checkpoint)."""
+    path = Path(out) / METRICS_FILE
+    if path.exists():
+        keep = [json.dumps(r) for r in read_metrics(out) if r["step"] <= step]
+        atomic_write_text(path, "".join(line + "\n" for line in keep))
+
+
+def plot_metrics(out: Path) -> Path | None:
+    """metrics.png: loss per TTT step, acc per step, and τ over training steps (train and val)."""
+    records = read_metrics(out)
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for split, style in (("train", "-"), ("val", "o--")):
+        rows = [r for r in records if r["split"] == split]
+        if not rows:
+            continue
+        steps = [r["step"] for r in rows]
+        for k in range(len(rows[0]["loss_k"])):
+            axes[0].plot(steps, [r["loss_k"][k] for r in rows], style, label=f"{split} step {k}", color=f"C{k}")
+            axes[1].plot(steps, [r["acc_k"][k] for r in rows], style, label=f"{split} step {k}", color=f"C{k}")
+        axes[2].plot(steps, [r["tau"] for r in rows], style, label=split)
+    for ax, title in zip(axes, ("soft-CE loss per TTT step", "accuracy per TTT step", "simulated τ")):
+        ax.set_title(title)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=6, ncol=2)
+    axes[2].legend()
+    fig.tight_layout()
+    path = Path(out) / PLOT_FILE
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,114 @@
+"""`draftsmith train` on the tiny Llama: offline and online give the same loss on the same batch,
+the command writes a loadable drafter, metrics and a plot, and packing/splitting behave."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from draftsmith.cli import app
+from draftsmith.data.dataset import load_dataset
+from draftsmith.draft.checkpoint import load_drafter
+from draftsmith.extract.store import StoreReader
+from draftsmith.target import load_target
+from draftsmith.train.batching import OfflineSource, OnlineSource, collate, pack_rows, shard_rows, split_indices
+from draftsmith.train.loss import TTTObjective
+from draftsmith.train.metrics import read_metrics, simulated_tau
+from draftsmith.train.run import build_drafter, resolve_vocab
+from tests.conftest import write_tokenized_dataset
+
+
+def _samples(n: int, seed: int = 0) -> list[list[int]]:
+    g = np.random.default_rng(seed)
+    return [g.integers(3, 400, size=int(g.integers(12, 40))).tolist() for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def data_and_store(tmp_path_factory, tiny_target_dir):
+    root = tmp_path_factory.mktemp("train")
+    ds = write_tokenized_dataset(root / "ds", _samples(10))
+    res = CliRunner().invoke(app, ["extract", str(ds), "--target", str(tiny_target_dir), "--out", str(root / "store"),
+                                   "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    return root, ds, root / "store"
+
+
+def test_offline_and_online_give_the_same_loss(data_and_store, tiny_target_dir):
+    _, ds_path, store = data_and_store
+    target = load_target(str(tiny_target_dir), "cpu", "fp32")
+    ds, reader = load_dataset(ds_path), StoreReader(store)
+    layers = [int(k) for k in reader.meta["layers"]]
+    online = OnlineSource(ds, target.model, layers, max_len=2048, token_budget=64)  # several capture sub-batches
+    offline = OfflineSource(reader, max_len=2048)
+    d2t, t2d = resolve_vocab(type("C", (), {"vocab": None, "draft_vocab_size": 300})(), ds, list(range(len(ds))), target.info.vocab_size)
+    torch.manual_seed(0)
+    drafter = build_drafter(target, layers, d2t, t2d, target.model.get_input_embeddings().weight)
+    objective = TTTObjective(drafter, target.model.get_output_embeddings().weight, K=3, backend="eager", chunk=16)
+    row = [0, 3, 5, 7]
+    a, b = collate(online.samples(row), None, "cpu"), collate(offline.samples(row), None, "cpu")
+    assert torch.equal(a["ids"], b["ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
+    loss_on, st_on = objective(**a)
+    loss_off, st_off = objective(**b)
+    assert st_on["n_valid"][0] > 10
+    torch.testing.assert_close(loss_on, loss_off, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(st_on["n_correct"], st_off["n_correct"])
+    loss_on.backward()  # the chunked, checkpointed loss has a gradient
+    assert drafter.fc.weight.grad is not None and drafter.fc.weight.grad.abs().sum() > 0
+
+
+def test_chunking_does_not_change_the_loss(data_and_store, tiny_target_dir):
+    _, ds_path, store = data_and_store
+    target = load_target(str(tiny_target_dir), "cpu", "fp32")
+    reader = StoreReader(store)
+    layers = [int(k) for k in reader.meta["layers"]]
+    d2t, t2d = resolve_vocab(type("C", (), {"vocab": None, "draft_vocab_size": 300})(), load_dataset(ds_path), [0, 1, 2], target.info.vocab_size)
+    drafter = build_drafter(target, layers, d2t, t2d, target.model.get_input_embeddings().weight)
+    batch = collate(OfflineSource(reader, 2048).samples([1, 2]), None, "cpu")
+    w = target.model.get_output_embeddings().weight
+    big, _ = TTTObjective(drafter, w, K=2, backend="eager", chunk=4096)(**batch)
+    small, _ = TTTObjective(drafter, w, K=2, backend="eager", chunk=5)(**batch)
+    torch.testing.assert_close(big, small)
+
+
+def test_train_command_online_and_offline(data_and_store, tiny_target_dir):
+    root, ds, store = data_and_store
+    runner = CliRunner()
+    for mode, extra in (("online", []), ("offline", ["--hidden", str(store)])):
+        out = root / f"run-{mode}"
+        res = runner.invoke(app, ["train", str(ds), "--target", str(tiny_target_dir), "--out", str(out), "--steps", "6",
+                                  "--ttt", "2", "--batch-tokens", "96", "--draft-vocab-size", "300", "--log-every", "2",
+                                  "--val-fraction", "0.2", "--save-every", "3", "--lr", "1e-3", *extra])
+        assert res.exit_code == 0, res.output
+        records = read_metrics(out)
+        train = [r for r in records if r["split"] == "train"]
+        assert [r["step"] for r in train] == [2, 4, 6]
+        assert any(r["split"] == "val" for r in records)
+        assert all(len(r["acc_k"]) == 2 for r in records)
+        assert (out / "metrics.png").stat().st_size > 1000 and (out / "tensorboard").exists()
+        model, manifest = load_drafter(out)  # the OUT folder itself is accepted
+        assert manifest["meta"]["mode"] == mode and manifest["meta"]["simulated_tau"] >= 1.0
+        assert model.config.draft_vocab_size == 300
+        assert json.loads((out / "progress.json").read_text())["status"] == "done"
+    again = runner.invoke(app, ["train", str(ds), "--target", str(tiny_target_dir), "--out", str(root / "run-online")])
+    assert again.exit_code != 0 and "--resume" in again.output
+
+
+def test_packing_split_and_sharding():
+    lengths = np.array([5, 9, 3, 7, 2, 8, 4, 6])
+    rows = pack_rows(lengths, list(range(8)), capacity=12, seed=1)
+    assert sorted(i for r in rows for i in r) == list(range(8))
+    assert all(sum(lengths[i] for i in r) <= 12 for r in rows)
+    assert rows == pack_rows(lengths, list(range(8)), capacity=12, seed=1)
+    train, val = split_indices(20, 0.1, seed=0)
+    assert len(val) == 2 and not set(train) & set(val) and len(train) + len(val) == 20
+    shards = [shard_rows(rows, r, 2) for r in range(2)]
+    assert len(shards[0]) == len(shards[1]) and not {id(x) for x in shards[0]} & {id(x) for x in shards[1]}
+
+
+def test_simulated_tau():
+    assert simulated_tau([1.0, 1.0, 1.0]) == 4.0
+    assert simulated_tau([0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25)
