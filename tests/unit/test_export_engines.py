@@ -1,0 +1,91 @@
+"""Read each export the way vLLM and SGLang do (tests/unit/engine_readers.py, written from the
+engines' sources, not from draftsmith.export) and check that the engine captures exactly the
+target layers the drafter was trained on, with the same tensors draftsmith trained on."""
+
+import json
+
+import pytest
+import torch
+
+from draftsmith.draft.checkpoint import save_drafter
+from draftsmith.export.config import ExportConfig
+from draftsmith.export.run import run
+from draftsmith.extract.capture import capture
+from tests.conftest import make_tiny_drafter, make_tiny_llama
+from tests.unit.engine_readers import never_captured, sglang_view, vllm_view
+
+L = 6
+TRAINED = [1, 3, 5]  # draftsmith convention: residual stream entering layers 1, 3, 5
+READERS = {"vllm": vllm_view, "sglang": sglang_view}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_llama(300, num_layers=L, hidden=64)
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    return make_tiny_drafter(aux_layer_ids=TRAINED)
+
+
+def export(drafter, folder, fmt, engine, **kw):
+    save_drafter(drafter, folder / "ckpt", target={"name": "tiny", "num_layers": L, "model_type": "llama"})
+    return run(ExportConfig(ckpt=folder / "ckpt", format=fmt, engine=engine, out=folder / "out", **kw))
+
+
+def engine_aux(target, input_ids, layers):
+    """What the engine feeds fc: the hidden states entering the captured layers, concatenated.
+    Computed with HF's own output_hidden_states, independently of draftsmith's hooks."""
+    with torch.no_grad():
+        hs = target.model(input_ids=input_ids, output_hidden_states=True).hidden_states  # L+1 x [B, T, H]
+    return torch.cat([hs[i] for i in layers], dim=-1)  # [B, T, 3H]
+
+
+@pytest.mark.parametrize("fmt,engine", [("eagle", "vllm"), ("eagle", "sglang"), ("speculators", "vllm")])
+def test_engine_captures_the_trained_layers(tmp_path, target, drafter, fmt, engine):
+    out = export(drafter, tmp_path, fmt, engine, include_embeddings=True)
+    view = READERS[engine](out, L)
+    assert view.captured_layers == TRAINED and never_captured(view, L) == []
+    ids = torch.randint(0, 300, (2, 10), generator=torch.Generator().manual_seed(0))
+    trained_aux, _ = capture(target, ids, None, TRAINED)
+    assert torch.equal(engine_aux(target, ids, view.captured_layers), trained_aux)
+    assert view.norm_before_residual is False and not view.lm_head_is_embedding
+    assert view.fc_in_features == drafter.fc.weight.shape[1] and view.draft_vocab_size == 100
+    assert torch.equal(view.draft_to_target, drafter.to_target_ids(torch.arange(100)))
+    assert view.skipped == []
+
+
+def test_every_engine_parameter_is_loaded(tmp_path, drafter):
+    for fmt, engine, layer in (("eagle", "vllm", "model.layers.0"), ("speculators", "vllm", "model.layers.0"),
+                               ("eagle", "sglang", "model.midlayer")):
+        view = READERS[engine](export(drafter, tmp_path / f"{fmt}-{engine}", fmt, engine), L)
+        assert len(view.loaded[f"{layer}.self_attn.qkv_proj.weight"]) == 3  # q, k and v shards
+        assert len(view.loaded[f"{layer}.mlp.gate_up_proj.weight"]) == 2
+        want = {f"{layer}.{p}" for p in ("self_attn.o_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
+                                          "hidden_norm.weight", "post_attention_layernorm.weight")}
+        want |= {"model.fc.weight", "model.norm.weight", "lm_head.weight"}
+        assert want <= set(view.loaded), want - set(view.loaded)
+        assert "model.embed_tokens.weight" not in view.loaded  # shared from the target by default
+
+
+def test_sglang_export_is_read_right_by_vllm_too(tmp_path, target, drafter):
+    out = export(drafter, tmp_path, "eagle", "sglang")
+    assert vllm_view(out, L).captured_layers == TRAINED  # vLLM reads the top-level ids first
+
+
+def test_the_trap_a_vllm_export_read_by_sglang_is_one_layer_off(tmp_path, drafter):
+    """Why --engine matters: SGLang adds 1 to eagle_config's ids."""
+    view = sglang_view(export(drafter, tmp_path, "eagle", "vllm"), L)
+    assert view.captured_layers == [t + 1 for t in TRAINED] != TRAINED
+    assert never_captured(view, L) == [L]
+
+
+def test_norm_before_residual_missing_means_true_in_vllm(tmp_path):
+    """Why norm_before_residual is always written: vLLM's update_eagle3 defaults it to true."""
+    out = export(make_tiny_drafter(aux_layer_ids=TRAINED), tmp_path, "speculators", "vllm")
+    assert vllm_view(out, L).norm_before_residual is False
+    config = json.loads((out / "config.json").read_text())
+    del config["norm_before_residual"]
+    (out / "config.json").write_text(json.dumps(config))
+    assert vllm_view(out, L).norm_before_residual is True
