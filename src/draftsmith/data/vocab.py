@@ -4,7 +4,12 @@ Semantics (the same as EAGLE-3, SpecForge and speculators):
     d2t [k] int64: target id = draft id + d2t[draft id]   (draft ids sorted by target id)
     t2d [V] bool:  True where a target id is in the draft vocab; t2d.sum() == k
 
-Stored as safetensors (`d2t`, `t2d`) with metadata.
+Ranking: count of loss-masked (assistant) tokens descending, then target id ascending. Padding
+rule: when the data has fewer than k distinct assistant tokens, the remaining slots go to the
+lowest unseen target ids, so the vocab always has exactly k entries.
+
+Stored as safetensors (`d2t`, `t2d`) with metadata (k, dataset, target, coverage), plus
+`<out>.run.yaml` next to it.
 """
 
 from __future__ import annotations

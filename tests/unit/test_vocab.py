@@ -1,0 +1,120 @@
+"""Draft vocab semantics (issue 2, must-show item 4) and `draftsmith vocab` on a small dataset.
+
+Padding rule (vocab.build_vocab): tokens are ranked by count descending, then by target id
+ascending, so with fewer than k distinct assistant tokens the vocab is filled with the lowest
+unseen target ids.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from typer.testing import CliRunner
+
+from draftsmith.cli import app
+from draftsmith.data.dataset import FORMAT, META_FILE, write_table
+from draftsmith.data.vocab import build_vocab, load_vocab
+from draftsmith.errors import UserError
+
+
+def check_semantics(d2t: torch.Tensor, t2d: torch.Tensor, k: int) -> torch.Tensor:
+    """Assert the EAGLE-3 invariants; return the target ids in draft order."""
+    assert d2t.dtype == torch.int64 and d2t.shape == (k,)
+    assert t2d.dtype == torch.bool and int(t2d.sum()) == k
+    target_ids = torch.arange(k) + d2t  # target id = draft id + d2t[draft id]
+    assert bool(t2d[target_ids].all())
+    assert torch.equal(target_ids, torch.nonzero(t2d).flatten())  # draft ids follow target ids, one to one
+    return target_ids
+
+
+def test_top_k_by_frequency_on_a_constructed_example():
+    counts = np.zeros(50, dtype=np.int64)
+    counts[[40, 7, 13, 2, 31, 9]] = [100, 90, 80, 70, 5, 1]
+    d2t, t2d = build_vocab(counts, k=4)
+    assert check_semantics(d2t, t2d, 4).tolist() == [2, 7, 13, 40]  # the 4 most frequent, in id order
+    d2t, t2d = build_vocab(counts, k=5)
+    assert check_semantics(d2t, t2d, 5).tolist() == [2, 7, 13, 31, 40]
+
+
+def test_ties_break_to_the_lower_id():
+    counts = np.zeros(10, dtype=np.int64)
+    counts[[8, 3, 5]] = 4
+    _, t2d = build_vocab(counts, k=2)
+    assert torch.nonzero(t2d).flatten().tolist() == [3, 5]
+
+
+def test_fewer_distinct_tokens_than_k_pads_with_lowest_unseen_ids():
+    counts = np.zeros(30, dtype=np.int64)
+    counts[[25, 12]] = [3, 9]
+    d2t, t2d = build_vocab(counts, k=5)
+    assert check_semantics(d2t, t2d, 5).tolist() == [0, 1, 2, 12, 25]
+
+
+def test_k_out_of_range():
+    with pytest.raises(UserError, match="must be in 1..10"):
+        build_vocab(np.ones(10), k=11)
+
+
+def write_dataset(path: Path, samples: list[tuple[list[int], list[int]]], vocab: int) -> Path:
+    path.mkdir(parents=True)
+    write_table(path, {
+        "sample_id": list(range(len(samples))), "input_ids": [s[0] for s in samples],
+        "loss_mask": [s[1] for s in samples], "length": [len(s[0]) for s in samples],
+    })
+    meta = {"format": FORMAT, "version": 1, "target": {"name": "t", "fingerprint": "f", "vocab_size": vocab}, "max_len": 64}
+    (path / META_FILE).write_text(json.dumps(meta))
+    return path
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    # token 1 is the most frequent overall but only in prompts (mask 0): it must not count
+    samples = [
+        ([1, 1, 1, 1, 5, 5, 9], [0, 0, 0, 0, 1, 1, 1]),
+        ([1, 1, 1, 7, 5, 9, 9], [0, 0, 0, 1, 1, 1, 1]),
+        ([1, 1, 3, 5], [0, 0, 1, 1]),
+    ]  # assistant counts: 5 -> 4, 9 -> 3, 7 -> 1, 3 -> 1
+    return write_dataset(tmp_path / "ds", samples, vocab=12)
+
+
+def test_vocab_command_counts_only_assistant_tokens(dataset, tmp_path):
+    out = tmp_path / "v" / "vocab.safetensors"
+    r = CliRunner().invoke(app, ["vocab", str(dataset), "--size", "3", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    d2t, t2d = load_vocab(out)
+    assert check_semantics(d2t, t2d, 3).tolist() == [3, 5, 9]  # 5 and 9, then the 3/7 tie to the lower id
+    assert "covers 88.89% of assistant tokens" in r.output  # (4 + 3 + 1) / 9
+    with safe_open(str(out), "pt") as f:
+        meta = f.metadata()
+    assert meta["k"] == "3" and json.loads(meta["target"])["fingerprint"] == "f"
+    assert (out.parent / "vocab.safetensors.run.yaml").exists()
+
+
+def test_vocab_default_size_is_capped_at_the_target_vocab(dataset, tmp_path):
+    out = tmp_path / "vocab.safetensors"
+    r = CliRunner().invoke(app, ["vocab", str(dataset), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    d2t, t2d = load_vocab(out)
+    assert check_semantics(d2t, t2d, 12).tolist() == list(range(12))  # min(32000, 12): everything
+    assert "padded with 8 unseen ids" in r.output
+
+
+def test_vocab_refuses_existing_output(dataset, tmp_path):
+    out = tmp_path / "vocab.safetensors"
+    out.write_bytes(b"keep me")
+    r = CliRunner().invoke(app, ["vocab", str(dataset), "--out", str(out)])
+    assert r.exit_code != 0 and "--overwrite" in r.output
+    assert out.read_bytes() == b"keep me"
+    assert CliRunner().invoke(app, ["vocab", str(dataset), "--out", str(out), "--overwrite"]).exit_code == 0
+    assert load_vocab(out)[1].sum() == 12
+
+
+def test_vocab_on_a_folder_that_is_not_a_dataset(tmp_path):
+    r = CliRunner().invoke(app, ["vocab", str(tmp_path), "--out", str(tmp_path / "v.safetensors")])
+    assert r.exit_code != 0 and "not a prepared dataset" in r.output
+    assert not (tmp_path / "v.safetensors").exists()
