@@ -16,7 +16,9 @@ def rel_err(a, b):
 
 
 @pytest.mark.parametrize("layers", [None, [1, 14, 29, 30]])
-def test_store_matches_hf_hidden_states(tmp_path, smollm2, layers):
+def test_store_matches_hf_hidden_states(tmp_path, smollm2, layers, monkeypatch):
+    if layers:  # the default-layers case loads the GGUF through the CLI; this one reuses the loaded target
+        monkeypatch.setattr("draftsmith.extract.run.load_target", lambda *a, **k: smollm2)
     rng = np.random.default_rng(0)
     samples = [rng.integers(0, 49152, size=n).tolist() for n in (23, 9, 31)]  # unequal: padding is exercised
     ds = write_tokenized_dataset(tmp_path / "ds", samples)
