@@ -1,9 +1,152 @@
-"""`draftsmith synth` (placeholder until issue #3 lands)."""
+"""`draftsmith synth`: conversations answered by the target itself (on-policy training data).
 
+    load the prompts (any format `prepare` reads) or plan N Magpie self-prompts
+    -> de-duplicate -> skip the ids already in the output -> take this rank's shard
+    -> generate chunk by chunk, turn by turn (local HF batches or a remote server)
+    -> append each finished conversation as one JSONL line; rank 0 merges torchrun parts.
+
+Output lines are OpenAI `messages` records that `prepare` reads unchanged, with extra fields:
+`id` (stable: source file stem and id, or Magpie index, plus the seed), `source_id`, `model`,
+`generation` (backend and sampling parameters), `generated_tokens` and `ended` (why a
+conversation stopped before its last user turn, or null). See `synth/output.py` for the files
+and the resume rules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections import Counter
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-from draftsmith.errors import NotImplementedYet
+import torch
+
+from draftsmith.config import write_run_record
+from draftsmith.data.formats import read_conversations
+from draftsmith.errors import UserError
+from draftsmith.progress import Progress
+from draftsmith.synth import output
+from draftsmith.synth.config import SynthConfig
+from draftsmith.synth.filters import dedupe, normalize
+from draftsmith.synth.remote import ServerUnreachable
+from draftsmith.synth.turns import Backend, Sampling, Work, synthesize
 
 
-def run(cfg) -> Path:  # noqa: ANN001
-    raise NotImplementedYet("draftsmith synth is not implemented yet (issue #3); nothing was done")
+def dist_env() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) otherwise."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def shard_of(conv_id: str, world: int) -> int:
+    """The rank that owns a conversation: a hash of its id, so that every rank decides alone
+    and the same way, whatever the other ranks have already written."""
+    return int.from_bytes(hashlib.sha256(conv_id.encode()).digest()[:8], "little") % world
+
+
+def load_work(cfg: SynthConfig) -> tuple[list[Work], int]:
+    """The conversations to produce, and how many duplicate prompts were dropped."""
+    system = [{"role": "system", "content": cfg.system}] if cfg.system else []
+    if cfg.magpie is not None:
+        if cfg.prompts is not None:
+            raise UserError("give either a prompt file or --magpie N, not both")
+        return [Work(f"magpie:{i}:s{cfg.seed}", f"magpie:{i}", system, [None] * cfg.turns) for i in range(cfg.magpie)], 0
+    if cfg.prompts is None:
+        raise UserError("give a prompt file (any format `prepare` reads), or --magpie N to let the target write the prompts")
+    convs, n_dup = dedupe(read_conversations(cfg.prompts, cfg.format))
+    works = []
+    for conv in convs:
+        msgs = conv["messages"]
+        head = [m for m in msgs[:1] if m["role"] == "system"] or system
+        users = [m["content"] for m in msgs if m["role"] == "user"]
+        if users:
+            works.append(Work(f"{Path(cfg.prompts).stem}:{conv['id']}:s{cfg.seed}", conv["id"], head, users))
+    if not works:
+        raise UserError(f"{cfg.prompts}: no user turns to answer; synth needs prompts or conversations with user messages")
+    return works[: cfg.limit] if cfg.limit else works, n_dup
+
+
+def build_backend(cfg: SynthConfig, world: int, local_rank: int) -> tuple[Backend, Any]:
+    """The backend, and the tokenizer whose chat template Magpie uses (None when not needed)."""
+    if cfg.endpoint:
+        from draftsmith.synth.remote import RemoteBackend
+        from draftsmith.target import load_tokenizer
+
+        backend = RemoteBackend(cfg.endpoint, cfg.model, cfg.concurrency, cfg.timeout, cfg.retries, cfg.backoff)
+        return backend, load_tokenizer(cfg.target) if cfg.magpie else None
+    from draftsmith.synth.local import LocalBackend
+    from draftsmith.target import load_target
+
+    device = cfg.device
+    if device is None and world > 1 and torch.cuda.is_available():
+        device = f"cuda:{local_rank}"
+    target = load_target(cfg.target, device=device, dtype=cfg.dtype)
+    return LocalBackend(target, cfg.batch_size, cfg.cache), target.tokenizer
+
+
+def record(work: Work, model: str, generation: dict[str, Any]) -> dict[str, Any]:
+    return {"id": work.id, "messages": work.messages, "source_id": work.source_id, "model": model,
+            "generation": generation, "generated_tokens": work.tokens, "ended": work.ended}
+
+
+def run(cfg: SynthConfig) -> Path:
+    out = Path(cfg.out)
+    rank, world, local_rank = dist_env()
+    works, n_dup = load_work(cfg)
+    if world > 1 and not torch.distributed.is_initialized():
+        # only for the final barrier: generation itself never communicates
+        torch.distributed.init_process_group("gloo", timeout=timedelta(days=7))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kept_file, drop_file = out, output.dropped_path(out)
+    if world > 1:
+        kept_file, drop_file = output.part_path(kept_file, rank), output.part_path(drop_file, rank)
+    for path in (kept_file, drop_file):
+        output.repair_tail(path)
+    done, kept = output.done_ids(out)
+    seen_users = {normalize(m["content"]) for r in kept for m in r["messages"] if m["role"] == "user"}
+    mine = [w for w in works if shard_of(w.id, world) == rank]
+    pending = sorted((w for w in mine if w.id not in done), key=lambda w: len(w.users[0] or ""))
+    if rank == 0:
+        write_run_record(out.parent, cfg, name=f"{out.stem}.run.yaml")
+
+    backend, tokenizer = build_backend(cfg, world, local_rank)
+    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
+    user_sampling = Sampling(cfg.magpie_temperature, cfg.magpie_top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
+    generation = {"backend": "remote" if cfg.endpoint else "local", **sampling.to_dict(),
+                  "magpie": {"temperature": user_sampling.temperature, "top_p": user_sampling.top_p} if cfg.magpie else None}
+    chunk = cfg.concurrency * 4 if cfg.endpoint else cfg.batch_size * 4
+    totals: Counter[str] = Counter()
+    with Progress("synth", out.parent if rank == 0 else None, total=len(mine), unit="conversations") as progress:
+        progress.skip(len(mine) - len(pending))
+        progress.set(duplicate_prompts=n_dup)
+        for start in range(0, len(pending), chunk):
+            try:
+                batch = synthesize(backend, pending[start:start + chunk], sampling, user_sampling, tokenizer,
+                                   cfg.keep_thinking, cfg.keep_unfinished, seen_users)
+            except ServerUnreachable as e:
+                raise ServerUnreachable(
+                    f"{e}\n{totals['kept']} conversations written by this run (and {len(mine) - len(pending)} "
+                    f"before) are kept in {out}; rerun the same command to resume") from None
+            counts: Counter[str] = Counter()
+            written = 0
+            for w in batch:
+                if w.answered:
+                    written += output.write(kept_file, record(w, backend.name, generation))
+                    counts["kept"] += 1
+                    counts["truncated"] += w.ended is not None
+                else:
+                    output.write(drop_file, {"id": w.id, "source_id": w.source_id, "reason": w.ended})
+                    counts[f"dropped_{w.ended}"] += 1
+            totals.update(counts)
+            progress.advance(len(batch), tokens=sum(w.tokens for w in batch), bytes_written=written, **counts)
+
+    if world > 1:
+        torch.distributed.barrier()  # every rank's part files are complete
+    if rank == 0:
+        for path in (out, output.dropped_path(out)):
+            output.merge_parts(path)
+        details = [f"{k} {v}" for k, v in sorted(totals.items()) if k != "kept"] + [f"duplicate prompts {n_dup}"]
+        print(f"[synth] {out}: {totals['kept']} conversations written by this run ({', '.join(details)})", file=sys.stderr)
+    return out

@@ -1,0 +1,100 @@
+"""The synth output files: append-only JSONL, resume, and data-parallel part files.
+
+Layout next to the output `OUT.jsonl`:
+  OUT.jsonl              kept conversations, one JSON object a line (what `prepare` reads)
+  OUT.dropped.jsonl      dropped conversations: id, reason (for inspection and resume)
+  OUT.part{r}.jsonl      rank r's kept conversations while a torchrun job runs
+  OUT.dropped.part{r}.jsonl  rank r's dropped ones
+
+Every line goes out in one `append_line` (single write + fsync), so a crash leaves at most one
+torn last line, which `repair_tail` cuts off before anything is appended again. An id is done
+when it appears in any of these files; rank 0 merges the part files into the two main files
+at the end, skipping ids already there, and only then deletes them. A crash at any instant
+therefore loses no finished line and never duplicates an id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from draftsmith.fsutil import append_line, read_jsonl
+
+
+def dropped_path(out: Path) -> Path:
+    return out.with_name(f"{out.stem}.dropped.jsonl")
+
+
+def part_path(path: Path, rank: int) -> Path:
+    return path.with_name(f"{path.stem}.part{rank}.jsonl")
+
+
+def parts(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(f"{path.stem}.part*.jsonl"))
+
+
+def repair_tail(path: Path) -> None:
+    """Cut a torn last line (no trailing newline: an append interrupted by a crash)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as f:
+        data = f.read()
+        if data.endswith(b"\n"):
+            return
+        f.truncate(data.rfind(b"\n") + 1)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Records of one output file (a torn last line is ignored); [] when it does not exist."""
+    if not path.exists():
+        return []
+    return [rec for _, rec in read_jsonl(path) if isinstance(rec, dict) and "id" in rec]
+
+
+def all_files(out: Path) -> list[Path]:
+    """The main output, the dropped file and every rank's part files."""
+    drop = dropped_path(out)
+    return [out, *parts(out), drop, *parts(drop)]
+
+
+def done_ids(out: Path) -> tuple[set[str], list[dict[str, Any]]]:
+    """(ids already kept or dropped, the kept records) across the main and part files."""
+    ids: set[str] = set()
+    kept: list[dict[str, Any]] = []
+    for path in all_files(out):
+        records = read_records(path)
+        ids.update(str(r["id"]) for r in records)
+        if "dropped" not in path.name:
+            kept += records
+    return ids, kept
+
+
+def write(path: Path, record: dict[str, Any]) -> int:
+    """Append one record as one line; returns the bytes written."""
+    line = json.dumps(record, ensure_ascii=False)
+    append_line(path, line)
+    return len(line.encode()) + 1
+
+
+def merge_parts(path: Path) -> int:
+    """Append every part file's records whose id is not yet in `path`, then delete the parts.
+    Returns the number of lines appended."""
+    repair_tail(path)
+    have = {str(r["id"]) for r in read_records(path)}
+    lines = []
+    found = parts(path)
+    for part in found:
+        for rec in read_records(part):
+            if str(rec["id"]) not in have:
+                have.add(str(rec["id"]))
+                lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
+    if lines:
+        with path.open("ab") as f:
+            f.write("".join(lines).encode())
+            f.flush()
+            os.fsync(f.fileno())
+    for part in found:
+        part.unlink()
+    return len(lines)
