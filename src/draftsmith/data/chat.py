@@ -129,11 +129,8 @@ def _spans_by_prefix(render: Callable[..., str], text: str, messages: list[dict[
                 "earlier turns differently once later turns follow; use --chat-template with a template "
                 "that renders each turn the same way"
             )
-        end = len(upto)
-        if m.eot and m.eot in upto[len(before):]:
-            end = upto.rindex(m.eot) + len(m.eot)
-        else:
-            end = len(upto.rstrip())
+        reply = upto[len(before):]  # the reply and what the template writes after it
+        end = upto.rindex(m.eot) + len(m.eot) if m.eot and m.eot in reply else len(upto.rstrip())
         spans.append((len(before), end))
     return spans
 
@@ -195,7 +192,8 @@ def tokenize_conversations(
             spans.append(assistant_spans(render, texts[-1], msgs, markers))
         except UserError as e:
             raise UserError(f"{names[i] if names else f'conversation {i}'}: {e}") from None
-    return [(np.array(enc.ids, dtype=np.int32), mask_from_spans(enc, s)) for enc, s in zip(encode(tokenizer, texts), spans)]
+    encodings = encode(tokenizer, texts)
+    return [(np.array(enc.ids, dtype=np.int32), mask_from_spans(enc, s)) for enc, s in zip(encodings, spans)]
 
 
 def tokenize_conversation(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
