@@ -51,6 +51,14 @@ QWEN3 = """{%- set ns = namespace(multi_step_tool=true, last_query_index=message
 INST = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}<<SYS>>{{ m['content'] }}<</SYS>>"
         "{% elif m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]{% else %} {{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}")
 
+# DeepSeek-R1-style: the generation prompt opens a <think> block that rendered turns do not
+# have, and every turn's reasoning is stripped.
+R1 = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}"
+      "{% elif m['role'] == 'user' %}{{ '<｜User｜>' + m['content'] }}{% else %}{% set c = m['content'] %}"
+      "{% if '</think>' in c %}{% set c = c.split('</think>')[-1] %}{% endif %}"
+      "{{ '<｜Assistant｜>' + c + '<｜end▁of▁sentence｜>' }}{% endif %}{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<｜Assistant｜><think>\\n' }}{% endif %}")
+
 SYSTEM, U1, A1, U2 = "You are a terse math tutor.", "What is 2+3?", "2+3 = 5.", "And times 4?"
 A2 = "<think>\nMultiply the sum by four.\n</think>\n\n(2+3)*4 = 20."
 CONV = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": U1}, {"role": "assistant", "content": A1},
@@ -59,6 +67,8 @@ CONV = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": U1}, 
 
 def make_tokenizer(template: str | None = None):
     tok = AutoTokenizer.from_pretrained(ASSETS / "smollm2_tokenizer")
+    if template is R1:
+        tok.add_tokens(["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"], special_tokens=True)
     if template is LLAMA3:
         tok.add_tokens(["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], special_tokens=True)
         tok.bos_token = "<|begin_of_text|>"
@@ -89,6 +99,8 @@ def unmasked_text(tok, ids: list[int], mask: list[int]) -> str:
     ("smollm2 (embedded default)", None, [A1 + "<|im_end|>", A2 + "<|im_end|>"]),
     ("llama3 headers, trims content", LLAMA3, [A1 + "<|eot_id|>", A2 + "<|eot_id|>"]),
     ("qwen3 thinking", QWEN3, [A1 + "<|im_end|>", A2 + "<|im_end|>"]),
+    ("deepseek-r1: prompt opens <think>", R1,
+     [A1 + "<｜end▁of▁sentence｜>", "\n\n(2+3)*4 = 20.<｜end▁of▁sentence｜>"]),
     ("no header (prefix-render path)", INST, [" " + A1 + "<|im_end|>", " " + A2 + "<|im_end|>"]),
 ])
 def test_mask_decodes_to_exactly_the_assistant_turns(name, template, expected):
@@ -134,9 +146,12 @@ def test_markers_are_read_from_the_template():
     llama = make_tokenizer(LLAMA3)
     m = turn_markers(llama, renderer(llama))
     assert (m.header, m.eot) == ("<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>")
+    r1 = make_tokenizer(R1)
+    m = turn_markers(r1, renderer(r1))
+    assert (m.header, m.eot) == ("<｜Assistant｜>", "<｜end▁of▁sentence｜>")  # not the prompt's "<think>\n"
 
 
-@pytest.mark.parametrize("template", [None, LLAMA3, QWEN3])
+@pytest.mark.parametrize("template", [None, LLAMA3, QWEN3, R1])
 def test_renderer_matches_apply_chat_template(template):
     tok = make_tokenizer(template)
     render = renderer(tok)

@@ -10,9 +10,10 @@ that turn; text the template drops (e.g. Qwen3 strips <think> from earlier turns
 mask.
 
 How the template is read (no per-model patterns):
-  1. Probes, once per template: render [user] with and without `add_generation_prompt`; the
-     difference is the assistant `header`. Render [user, assistant "<probe>"]; the first special
-     token after the probe text is the end-of-turn token (`eot`), if any.
+  1. Probes, once per template: render [user] with and without `add_generation_prompt`, and
+     [user, assistant "<probe>"]. The assistant `header` is what the generation prompt and the
+     rendered reply have in common after the user turn; the first special token after the probe
+     text is the end-of-turn token (`eot`), if any.
   2. Per conversation, one render of the whole conversation. Each assistant turn's span starts
      after the next `header` occurrence and ends after the `eot` that follows the message's
      answer text (its content after any </think>). The answer must lie inside; otherwise, or if
@@ -25,6 +26,7 @@ How the template is read (no per-model patterns):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,8 +80,12 @@ def turn_markers(tokenizer: Any, render: Callable[..., str]) -> TurnMarkers:
     """Derive the assistant header and end-of-turn token from the template (see module doc)."""
     user = [{"role": "user", "content": PROBE_USER}]
     plain, prompted = render(user), render(user, add_generation_prompt=True)
-    header = prompted[len(plain):] if prompted.startswith(plain) else ""
     full = render([*user, {"role": "assistant", "content": PROBE_REPLY}])
+    header = ""
+    if prompted.startswith(plain) and full.startswith(plain):
+        # what the generation prompt and a rendered reply agree on: a prompt that opens a
+        # <think> block (DeepSeek-R1) is longer than the header of a rendered turn
+        header = os.path.commonprefix([prompted[len(plain):], full[len(plain):]])
     after = full[full.find(PROBE_REPLY) + len(PROBE_REPLY):].lstrip() if PROBE_REPLY in full else ""
     specials = sorted(_special_texts(tokenizer), key=len, reverse=True)
     eot = next((t for t in specials if t and after.startswith(t)), "")
