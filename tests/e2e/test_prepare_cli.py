@@ -80,6 +80,20 @@ def test_prepare_and_vocab_on_the_embedded_default(tmp_path):
     assert int(t2d.sum()) == 64 and bool(t2d[ds.ids[ds.mask == 1]].all())  # every assistant token is in it
 
 
+def test_prepare_full_gsm8k_prints_and_writes_the_stats(tmp_path):
+    """Issue 2, must-show item 3: all 7,473 GSM8K question/answer pairs on the embedded default."""
+    out = tmp_path / "gsm8k"
+    r = invoke("prepare", GSM8K, "--target", "smollm2-135m", "--out", out, "--format", "pairs")
+    assert r.exit_code == 0, r.output
+    stats = json.loads((out / "stats.json").read_text())
+    assert (stats["samples_in"], stats["samples_kept"], stats["truncated"]) == (7473, 7473, 0)
+    assert stats["tokens"] == 1620444 and stats["assistant_tokens"] == 938363
+    assert stats["throughput"]["samples_per_s"] > 0 and stats["throughput"]["tokenize_cpu_seconds"] > 0
+    for row in ("conversations read", "7473", "1620444", "938363 (57.9%)", "length 129-256"):
+        assert row in r.output
+    assert len(load_dataset(out)) == 7473
+
+
 def test_prepare_pairs_with_length_policies(tmp_path, tiny_target_dir):
     rows = GSM8K.read_text().splitlines()[:40]
     data = tmp_path / "gsm8k.jsonl"
