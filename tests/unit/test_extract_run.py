@@ -116,3 +116,12 @@ def test_preflight_refuses_then_force_and_disk_full_resume(dataset, tiny_target_
     reader = StoreReader(run(cfg(dataset, tiny_target_dir, out, force=True)))
     assert len(reader) == 12 and reader.meta["complete"]
 
+
+
+def test_staging_dir(dataset, tiny_target_dir, tmp_path):
+    staging = tmp_path / "shm"
+    reader = StoreReader(run(cfg(dataset, tiny_target_dir, tmp_path / "store", staging_dir=staging)))
+    assert len(reader) == 12
+    for i in range(len(reader)):
+        reader.verify(i)
+    assert list(staging.iterdir()) == []  # everything was moved into the store

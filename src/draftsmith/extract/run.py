@@ -36,6 +36,7 @@ from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
 from draftsmith.target import Target, default_device, load_target
 
+HOST_SLOTS = 3  # batches in flight between the GPU and the writer threads (pinned buffers on GPU)
 MARGIN_FRACTION, MARGIN_BYTES = 0.05, 64 << 20  # free space must exceed the projection by this much
 
 
@@ -142,6 +143,8 @@ def gather_rows(x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     """x [B, T_max, D] right-padded -> [sum(lengths), D], the real rows in sample order."""
     B, T, D = x.shape
     idx = torch.cat([torch.arange(n) + j * T for j, n in enumerate(lengths)])  # [N]
+    if x.device.type == "cuda":
+        idx = idx.pin_memory()  # a non-blocking copy: the host never waits for the GPU here
     return x.reshape(B * T, D).index_select(0, idx.to(x.device, non_blocking=True))
 
 
@@ -215,10 +218,12 @@ def extract_samples(cfg: ExtractConfig, target: Target, ds: TokenizedDataset, to
     error budget is spent or the disk is full, after every queued valid sample is written."""
     model, device = target.model, target.device
     tol = cfg.check_tol if cfg.check_tol is not None else (1e-3 if target.dtype == torch.float32 else 5e-2)
-    buffers = HostBuffers(cfg.writers + 2, device)
+    n_aux, H = len(layers), target.info.hidden_size
+    widths = {"aux": (n_aux * H, target.dtype), "final": (H, target.dtype), "finite": (1, torch.bool)}
+    buffers = HostBuffers(HOST_SLOTS, device, rows=cfg.token_budget, widths=widths)
     file_meta = {"format": "draftsmith-hidden-sample", "target": target.info.name, "fingerprint": target.info.fingerprint,
                  "layers": ",".join(map(str, layers)), "dtype": str(target.dtype).removeprefix("torch.")}
-    writer = StoreWriter(out, manifest, file_meta, len(layers), target.info.hidden_size, buffers, cfg.writers, cfg.staging_dir)
+    writer = StoreWriter(out, manifest, file_meta, n_aux, H, buffers, cfg.writers, cfg.staging_dir)
     if cfg.staging_dir is not None:
         Path(cfg.staging_dir).mkdir(parents=True, exist_ok=True)
     errors: list[str] = []
@@ -246,10 +251,12 @@ def extract_samples(cfg: ExtractConfig, target: Target, ds: TokenizedDataset, to
                     keep.remove(j)
             since_check += len(rows)
             kept_lengths = [lengths[j] for j in keep]
-            if keep:
+            if len(keep) < len(rows):  # rare: a sample failed its re-check
                 sel = torch.tensor(keep, device=device)
-                aux_rows = gather_rows(aux.index_select(0, sel), kept_lengths)  # [N, n_aux*H]
-                final_rows = gather_rows(final.index_select(0, sel), kept_lengths)  # [N, H]
+                aux, final = aux.index_select(0, sel), final.index_select(0, sel)
+            if keep:
+                aux_rows = gather_rows(aux, kept_lengths)  # [N, n_aux*H]
+                final_rows = gather_rows(final, kept_lengths)  # [N, H]
                 finite = torch.isfinite(aux_rows).all(-1) & torch.isfinite(final_rows).all(-1)  # [N]
                 slot = buffers.acquire()  # blocks only when every host buffer is still being written
                 host, event = buffers.to_host(slot, aux=aux_rows, final=final_rows, finite=finite)

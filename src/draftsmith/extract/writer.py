@@ -2,13 +2,18 @@
 
 The extraction loop hands over one forward batch at a time, already gathered to the valid rows
 (`[N, ...]`, N = the batch's real tokens) and copied to host memory with non-blocking
-transfers. A thread pool turns each batch into per-sample safetensors files; a bounded pool of
-reusable (pinned, on GPU) host buffers is the bounded queue: when every buffer is in flight,
-the loop waits for the disk, never the other way round.
+transfers. A thread pool writes the batch's samples in parallel, one safetensors file each. A
+small pool of reusable (pinned, on GPU) host buffers is the bounded queue: when every buffer is
+still being written, the loop waits for the disk, never the other way round.
+
+Files are encoded without copies: the safetensors header is built here and the tensor bytes
+are written straight from the host buffer, so the writer threads spend their time in
+`write`/`fsync`/CRC, which release the GIL, and the loop keeps the GPU fed.
 
 Each sample is validated before it is written (rows == tokens, no NaN/Inf), written to a
-temporary name, fsynced and renamed into place, and only then appended to the manifest with one
-`write()`. A full disk (ENOSPC) stops the writer cleanly; already listed samples stay valid.
+temporary name, fsynced and renamed into place. When all of a batch's files are in place their
+manifest lines are appended with one `write()` + fsync. A full disk (ENOSPC) stops the writer
+cleanly; samples already listed stay valid.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import json
 import os
 import queue
 import shutil
+import struct
 import threading
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +33,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save
 
-from draftsmith.extract.store import check_sample, crc32, sample_relpath
-from draftsmith.fsutil import append_line, atomic_write_bytes, fsync_dir
+from draftsmith.extract.store import check_sample, sample_relpath
+from draftsmith.fsutil import append_line, fsync_dir
+
+ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int32: "I32", torch.uint8: "U8"}
+NP_DTYPES = {np.dtype(np.int32): "I32", np.dtype(np.uint8): "U8"}
 
 
 @dataclass
@@ -42,50 +51,86 @@ class BatchResult:
     errors: list[str] = field(default_factory=list)
 
 
+def _raw(x: np.ndarray | torch.Tensor) -> tuple[str, list[int], memoryview]:
+    """(safetensors dtype, shape, bytes view) of a contiguous array or tensor, without a copy."""
+    if isinstance(x, np.ndarray):
+        x = np.ascontiguousarray(x)
+        return NP_DTYPES[x.dtype], list(x.shape), memoryview(x).cast("B")
+    x = x.contiguous()
+    return ST_DTYPES[x.dtype], list(x.shape), memoryview(x.reshape(-1).view(torch.uint8).numpy())
+
+
 def encode_sample(
     input_ids: np.ndarray, loss_mask: np.ndarray, aux: torch.Tensor, final: torch.Tensor, file_meta: dict[str, str]
-) -> bytes:
-    """One sample as safetensors bytes: input_ids [T] int32, loss_mask [T] uint8,
-    aux_hidden_states [T, n_aux*H], final_hidden_states [T, H]."""
+) -> list[memoryview | bytes]:
+    """One sample in the safetensors format, as buffers to write in order (no tensor copies):
+    8-byte header length, JSON header (space-padded to 8 bytes), then the raw tensors
+    input_ids [T] int32, loss_mask [T] uint8, aux_hidden_states [T, n_aux*H], final_hidden_states [T, H]."""
     tensors = {
-        "input_ids": torch.from_numpy(np.array(input_ids, dtype=np.int32)),
-        "loss_mask": torch.from_numpy(np.array(loss_mask, dtype=np.uint8)),
-        "aux_hidden_states": aux.contiguous(),
-        "final_hidden_states": final.contiguous(),
+        "input_ids": np.asarray(input_ids, dtype=np.int32),
+        "loss_mask": np.asarray(loss_mask, dtype=np.uint8),
+        "aux_hidden_states": aux,
+        "final_hidden_states": final,
     }
-    return save(tensors, metadata=file_meta)
+    header: dict[str, Any] = {"__metadata__": file_meta}
+    parts: list[memoryview | bytes] = []
+    offset = 0
+    for name, t in tensors.items():
+        dtype, shape, view = _raw(t)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + view.nbytes]}
+        parts.append(view)
+        offset += view.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return [struct.pack("<Q", len(raw)) + raw, *parts]
 
 
-def place_file(dest: Path, data: bytes, staging_dir: Path | None) -> None:
-    """Atomically publish `data` at `dest` (tmp name, fsync, rename). With a staging folder the
-    bytes land there first and are then copied in, so slow storage never holds host memory."""
-    if staging_dir is None:
-        atomic_write_bytes(dest, data)
-        return
-    staged = staging_dir / f"{os.getpid()}-{threading.get_ident()}-{dest.name}"
-    staged.write_bytes(data)
-    tmp = dest.with_name(f".{dest.name}.staged.tmp")
+def place_file(dest: Path, parts: list[memoryview | bytes], staging_dir: Path | None) -> None:
+    """Atomically publish the concatenated `parts` at `dest`: temporary name, fsync, rename.
+    With a staging folder the file is written there first and then copied in."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    staged = staging_dir / tmp.name if staging_dir is not None else None
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(staged, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        with open(staged or tmp, "wb", buffering=0) as f:
+            for part in parts:
+                view = memoryview(part)
+                while view.nbytes:
+                    view = view[f.write(view):]
+            if staged is None:
+                os.fsync(f.fileno())
+        if staged is not None:
+            shutil.copyfile(staged, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, dest)
     finally:
-        staged.unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)
+        if staged is not None:
+            staged.unlink(missing_ok=True)
+
+
+def crc32_parts(parts: list[memoryview | bytes]) -> str:
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return f"{crc & 0xFFFFFFFF:08x}"
 
 
 class HostBuffers:
     """A bounded pool of reusable host buffers for device -> host copies. `acquire` blocks while
-    all `n` are in flight. On CUDA the buffers are pinned and the copies non-blocking; on CPU the
-    captured tensors are used as they are."""
+    all `n` are in flight. On CUDA the buffers are pinned (allocated up front for `rows` rows of
+    each width, grown if a batch needs more) and the copies non-blocking; on CPU the captured
+    tensors are used as they are."""
 
-    def __init__(self, n: int, device: torch.device) -> None:
+    def __init__(self, n: int, device: torch.device, rows: int = 0, widths: dict[str, tuple[int, torch.dtype]] | None = None) -> None:
         self.device = device
         self._free: queue.Queue[dict[str, torch.Tensor]] = queue.Queue()
         for _ in range(n):
-            self._free.put({})
+            slot = {}
+            if device.type == "cuda" and widths:
+                slot = {k: torch.empty(rows * w, dtype=dt, pin_memory=True) for k, (w, dt) in widths.items()}
+            self._free.put(slot)
 
     def acquire(self) -> dict[str, torch.Tensor]:
         return self._free.get()
@@ -94,22 +139,35 @@ class HostBuffers:
         self._free.put(slot)
 
     def to_host(self, slot: dict[str, torch.Tensor], **tensors: torch.Tensor) -> tuple[dict[str, torch.Tensor], Any]:
-        """Copy each device tensor into the slot (growing its buffers when needed). Returns the
-        host views and a CUDA event that completes when the copies have landed (None on CPU)."""
+        """Copy each device tensor into the slot. Returns the host views and a CUDA event that
+        completes when the copies have landed (None on CPU)."""
         if self.device.type != "cuda":
             return tensors, None
         out = {}
         for name, t in tensors.items():
             buf = slot.get(name)
             if buf is None or buf.dtype != t.dtype or buf.numel() < t.numel():
-                buf = torch.empty(int(t.numel() * 1.25) + 1, dtype=t.dtype, pin_memory=True)
-                slot[name] = buf
+                buf = slot[name] = torch.empty(t.numel(), dtype=t.dtype, pin_memory=True)
             view = buf[: t.numel()].view(t.shape)
             view.copy_(t, non_blocking=True)
             out[name] = view
         event = torch.cuda.Event()
         event.record()
         return out, event
+
+
+@dataclass
+class _Batch:
+    """A batch in flight: its host slot, its manifest lines so far, and a countdown."""
+
+    slot: dict
+    event: Any
+    remaining: int
+    result: BatchResult = field(default_factory=BatchResult)
+    lines: list[str] = field(default_factory=list)
+    folders: set[Path] = field(default_factory=set)
+    future: Future = field(default_factory=Future)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class StoreWriter:
@@ -129,10 +187,18 @@ class StoreWriter:
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="store-writer")
         self.pending: list[Future[BatchResult]] = []
         self.stop_reason: str | None = None  # set when the disk is full or a write fails
-        self._lock = threading.Lock()
+        self._manifest_lock = threading.Lock()
 
     def submit(self, samples: list[tuple[int, np.ndarray, np.ndarray]], host: dict[str, torch.Tensor], event: Any, slot: dict) -> None:
-        self.pending.append(self.pool.submit(self._write_batch, samples, host, event, slot))
+        total = sum(len(ids) for _, ids, _ in samples)
+        assert total == host["aux"].shape[0] == host["final"].shape[0], f"batch rows {host['aux'].shape[0]} != tokens {total}"
+        batch = _Batch(slot=slot, event=event, remaining=len(samples))
+        self.pending.append(batch.future)
+        offset = 0
+        for sample_id, ids, mask in samples:
+            rows = slice(offset, offset + len(ids))
+            offset += len(ids)
+            self.pool.submit(self._write_sample, batch, sample_id, ids, mask, host["aux"][rows], host["final"][rows], host["finite"][rows])
 
     def poll(self) -> list[BatchResult]:
         """Results of the batches finished so far (without waiting)."""
@@ -148,51 +214,72 @@ class StoreWriter:
     def close(self) -> None:
         self.pool.shutdown(wait=True)
 
-    def _write_batch(self, samples, host, event, slot) -> BatchResult:  # noqa: ANN001
-        result = BatchResult()
+    def _write_sample(self, batch: _Batch, sample_id: int, ids, mask, aux, final, finite) -> None:  # noqa: ANN001
         try:
-            if event is not None:
-                event.synchronize()
-            offset = 0
-            for sample_id, ids, mask in samples:
-                T = len(ids)
-                rows = slice(offset, offset + T)
-                offset += T
-                if self.stop_reason is not None:
-                    continue
-                self._write_one(result, sample_id, ids, mask, host["aux"][rows], host["final"][rows], host["finite"][rows])
-            assert offset == host["aux"].shape[0], f"batch rows {host['aux'].shape[0]} != tokens {offset}"
+            if batch.event is not None:
+                batch.event.synchronize()
+            if self.stop_reason is None:
+                self._write_one(batch, sample_id, ids, mask, aux, final, finite)
+        except BaseException as e:  # an unexpected bug: surface it through the batch's future
+            if not batch.future.done():
+                batch.future.set_exception(e)
         finally:
-            self.buffers.release(slot)
-        return result
+            with batch.lock:
+                batch.remaining -= 1
+                last = batch.remaining == 0
+            if last:
+                self._finish(batch)
 
-    def _write_one(self, result: BatchResult, sample_id: int, ids, mask, aux, final, finite) -> None:  # noqa: ANN001
+    def _write_one(self, batch: _Batch, sample_id: int, ids, mask, aux, final, finite) -> None:  # noqa: ANN001
         T = len(ids)
         if aux.shape[0] != T or final.shape[0] != T or len(mask) != T:  # rows == tokens, always
-            result.errors.append(f"sample {sample_id}: {aux.shape[0]} captured rows for {T} tokens")
+            with batch.lock:
+                batch.result.errors.append(f"sample {sample_id}: {aux.shape[0]} captured rows for {T} tokens")
             return
         if not bool(finite.all()):
             bad = int((~finite).nonzero()[0, 0])
-            result.errors.append(f"sample {sample_id}: NaN or Inf in the hidden states at token {bad}")
+            with batch.lock:
+                batch.result.errors.append(f"sample {sample_id}: NaN or Inf in the hidden states at token {bad}")
             return
-        data = encode_sample(ids, mask, aux, final, {**self.file_meta, "sample_id": str(sample_id)})
         check_sample({"input_ids": ids, "loss_mask": mask, "aux_hidden_states": aux, "final_hidden_states": final},
                      self.n_aux, self.hidden_size, f"sample {sample_id}")
+        parts = encode_sample(ids, mask, aux, final, {**self.file_meta, "sample_id": str(sample_id)})
         rel = sample_relpath(sample_id)
         try:
-            place_file(self.out / rel, data, self.staging_dir)
-            entry = {"sample_id": sample_id, "path": rel, "tokens": T, "bytes": len(data), "crc32": crc32(data)}
-            with self._lock:
-                append_line(self.manifest, json.dumps(entry, separators=(",", ":")))
+            place_file(self.out / rel, parts, self.staging_dir)
         except OSError as e:
-            if e.errno == errno.ENOSPC:
-                self.stop_reason = f"disk full while writing sample {sample_id} to {self.out}: free space and rerun the same command to resume"
-            else:
-                self.stop_reason = f"cannot write sample {sample_id} to {self.out / rel}: {e}"
+            self._stop(e, f"sample {sample_id} to {self.out / rel}")
             return
-        result.samples += 1
-        result.tokens += T
-        result.bytes += len(data)
+        nbytes = sum(memoryview(p).nbytes for p in parts)
+        entry = {"sample_id": sample_id, "path": rel, "tokens": T, "bytes": nbytes, "crc32": crc32_parts(parts)}
+        with batch.lock:
+            batch.lines.append(json.dumps(entry, separators=(",", ":")))
+            batch.folders.add((self.out / rel).parent)
+            batch.result.samples += 1
+            batch.result.tokens += T
+            batch.result.bytes += nbytes
+
+    def _finish(self, batch: _Batch) -> None:
+        """All of a batch's files are in place: make the renames durable, list them, free the slot."""
+        try:
+            if batch.lines:
+                for folder in batch.folders:
+                    fsync_dir(folder)
+                with self._manifest_lock:
+                    append_line(self.manifest, "\n".join(batch.lines))
+        except OSError as e:
+            self._stop(e, f"the manifest {self.manifest}")
+            batch.result = BatchResult(errors=batch.result.errors)  # not listed: rewritten on resume
+        finally:
+            self.buffers.release(batch.slot)
+            if not batch.future.done():
+                batch.future.set_result(batch.result)
+
+    def _stop(self, e: OSError, what: str) -> None:
+        if e.errno == errno.ENOSPC:
+            self.stop_reason = f"disk full while writing {what}: free space and rerun the same command to resume"
+        else:
+            self.stop_reason = f"cannot write {what}: {e}"
 
 
 def clean_orphans(out: Path, listed: set[str]) -> int:
@@ -210,4 +297,3 @@ def clean_orphans(out: Path, listed: set[str]) -> int:
                     removed += 1
         fsync_dir(folder)
     return removed
-
