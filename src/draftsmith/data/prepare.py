@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from draftsmith.config import write_run_record
 from draftsmith.data.chat import tokenize_conversations
@@ -77,8 +78,35 @@ def print_stats(stats: dict[str, Any]) -> None:
     Console().print(table)
 
 
+def columns(ids_parts: list[np.ndarray], mask_parts: list[np.ndarray]) -> dict[str, pa.Array]:
+    """The dataset columns from per-sample arrays, built from flat buffers (no per-token objects)."""
+    lens = np.array([len(ids) for ids in ids_parts], dtype=np.int32)  # [N]
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lens, dtype=np.int64)]).astype(np.int32))  # [N+1]
+    return {
+        "sample_id": pa.array(np.arange(len(lens), dtype=np.int64)),
+        "input_ids": pa.ListArray.from_arrays(offsets, pa.array(np.concatenate(ids_parts))),  # flat [sum T] int32
+        "loss_mask": pa.ListArray.from_arrays(offsets, pa.array(np.concatenate(mask_parts))),  # flat [sum T] uint8
+        "length": pa.array(lens),
+    }
+
+
+def summarize(cfg: PrepareConfig, n_in: int, lens: np.ndarray, assistant: int, dropped: dict[str, int],
+              truncated: int, seconds: float, cpu_seconds: float) -> dict[str, Any]:
+    tokens, edges = int(lens.sum()), length_edges(cfg.max_len)
+    return {
+        "input": str(cfg.data), "output": str(cfg.out), "format": cfg.format, "max_len": cfg.max_len,
+        "length_policy": cfg.length_policy, "samples_in": n_in, "samples_kept": len(lens),
+        "dropped": dropped, "truncated": truncated, "tokens": tokens, "assistant_tokens": assistant,
+        "assistant_fraction": assistant / tokens, "mean_length": float(lens.mean()), "max_length": int(lens.max()),
+        "length_histogram": {"edges": edges, "counts": np.histogram(lens, bins=edges)[0].tolist()},
+        "throughput": {  # the tokenizing phase: read, render, tokenize, mask (not the tokenizer load)
+            "samples_per_s": n_in / seconds, "tokens_per_s": tokens / seconds,
+            "tokenize_seconds": round(seconds, 3), "tokenize_cpu_seconds": round(cpu_seconds, 3),
+        },
+    }
+
+
 def run(cfg: PrepareConfig) -> Path:
-    started = time.perf_counter()
     if cfg.chat_template is not None and not cfg.chat_template.is_file():
         raise UserError(f"--chat-template {cfg.chat_template}: no such file")
     with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as tmp:
@@ -86,9 +114,9 @@ def run(cfg: PrepareConfig) -> Path:
         tokenizer = load_tokenizer(cfg.target, cfg.chat_template)
         target = target_record(cfg.target, tokenizer)
 
-        ids_parts, mask_parts, lengths = [], [], []
+        ids_parts, mask_parts = [], []
         truncated, dropped = 0, {"longer than max_len": 0, "no assistant tokens within max_len": 0}
-        tok_started, cpu_started = time.perf_counter(), time.process_time()
+        started, cpu_started = time.perf_counter(), time.process_time()
         with Progress("prepare", tmp, total=len(convs)) as progress:
             for a in range(0, len(convs), cfg.batch_size):
                 batch = convs[a:a + cfg.batch_size]
@@ -107,47 +135,23 @@ def run(cfg: PrepareConfig) -> Path:
                         continue
                     ids_parts.append(ids)
                     mask_parts.append(mask)
-                    lengths.append(len(ids))
                     n_tokens += len(ids)
                 progress.advance(len(batch), tokens=n_tokens)
-        tok_seconds, cpu_seconds = time.perf_counter() - tok_started, time.process_time() - cpu_started
-        if not lengths:
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+        if not ids_parts:
             raise UserError(f"{cfg.data}: every sample was dropped ({dropped}); raise --max-len or use --length-policy truncate")
 
-        lens = np.asarray(lengths, dtype=np.int64)  # [N]
-        offsets = np.zeros(len(lens) + 1, dtype=np.int32)
-        np.cumsum(lens, out=offsets[1:])
-        flat_ids = np.concatenate(ids_parts)  # [sum T] int32
-        flat_mask = np.concatenate(mask_parts)  # [sum T] uint8
-        if flat_ids.max() >= target["vocab_size"]:
-            raise UserError(f"token id {flat_ids.max()} >= target vocab {target['vocab_size']}: tokenizer and model disagree")
-        pa_offsets = pa.array(offsets)
-        write_table(tmp, {
-            "sample_id": pa.array(np.arange(len(lens), dtype=np.int64)),
-            "input_ids": pa.ListArray.from_arrays(pa_offsets, pa.array(flat_ids)),
-            "loss_mask": pa.ListArray.from_arrays(pa_offsets, pa.array(flat_mask)),
-            "length": pa.array(lens.astype(np.int32)),
-        })
-
-        edges = length_edges(cfg.max_len)
-        assistant = int(flat_mask.sum())
-        stats = {
-            "input": str(cfg.data), "output": str(cfg.out), "format": cfg.format, "max_len": cfg.max_len,
-            "length_policy": cfg.length_policy, "samples_in": len(convs), "samples_kept": len(lens),
-            "dropped": dropped, "truncated": truncated, "tokens": int(lens.sum()), "assistant_tokens": assistant,
-            "assistant_fraction": assistant / int(lens.sum()), "mean_length": float(lens.mean()),
-            "max_length": int(lens.max()),
-            "length_histogram": {"edges": edges, "counts": np.histogram(lens, bins=edges)[0].tolist()},
-            "throughput": {
-                "samples_per_s": len(convs) / tok_seconds, "tokens_per_s": int(lens.sum()) / tok_seconds,
-                "tokenize_seconds": round(tok_seconds, 3), "tokenize_cpu_seconds": round(cpu_seconds, 3),
-                "wall_seconds": round(time.perf_counter() - started, 3),
-            },
-        }
+        cols = columns(ids_parts, mask_parts)
+        top = pc.max(cols["input_ids"].values).as_py()
+        if top >= target["vocab_size"]:
+            raise UserError(f"token id {top} >= target vocab {target['vocab_size']}: the tokenizer and the model disagree")
+        write_table(tmp, cols)
+        assistant = int(pc.sum(cols["loss_mask"].values).as_py())
+        stats = summarize(cfg, len(convs), cols["length"].to_numpy(), assistant, dropped, truncated, seconds, cpu_seconds)
         atomic_write_json(tmp / META_FILE, {
             "format": FORMAT, "version": DATASET_VERSION, "target": target, "max_len": cfg.max_len,
             "length_policy": cfg.length_policy, "chat_template": tokenizer.chat_template,
-            "num_samples": len(lens), "source": str(cfg.data),
+            "num_samples": len(ids_parts), "source": str(cfg.data),
         })
         atomic_write_json(tmp / STATS_FILE, stats)
         write_run_record(tmp, cfg)
