@@ -1,0 +1,143 @@
+"""Speculative sampling is lossless: on a tiny Llama with a 12-token vocab, the tokens emitted
+by one verification step (chain and tree, random drafter) follow the target's own sampling
+distribution; without the rejection-sampling correction they do not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.evaluate.engine import TargetEngine
+from draftsmith.evaluate.proposer import DrafterProposer, ancestors
+from draftsmith.evaluate.sampling import Sampling, target_probs, verify
+
+V = 12
+CHI2_CRIT_DF11 = 31.26  # p = 0.001
+
+
+def tiny_vocab_llama(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(5)  # peaked distributions, so that a wrong rule shows
+    return model
+
+
+def tiny_drafter(model, seed: int = 1) -> Eagle3Drafter:
+    torch.manual_seed(seed)
+    cfg = DrafterConfig.from_target(model.config, draft_vocab_size=8, aux_layer_ids=[0, 1, 2])
+    drafter = Eagle3Drafter(cfg)
+    drafter.load_target_embeddings(model.get_input_embeddings().weight)
+    with torch.no_grad():
+        drafter.lm_head.weight.mul_(3)
+    d2t = torch.tensor([0, 0, 1, 1, 2, 2, 3, 4])  # draft vocab covers 8 of the 12 target ids
+    t2d = torch.zeros(V, dtype=torch.bool).index_fill_(0, torch.arange(8) + d2t, True)
+    drafter.set_vocab(d2t, t2d)
+    return drafter.eval()
+
+
+def first_emitted(mode: str, residual: bool, n: int, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Counts of the first token emitted after the root by n independent verification steps
+    (real engine, real drafter), the target's distribution there, and the mean accepted length.
+    The target's logits depend only on the draft's tokens, so they are cached per draft."""
+    model = tiny_vocab_llama()
+    eng = TargetEngine(model, [0, 1, 2], max_len=64)
+    sampling = Sampling(temperature=temperature, top_p=top_p, seed=0, residual=residual)
+    prop = DrafterProposer(tiny_drafter(model), sampling, 64, mode=mode, k=1 if mode == "chain" else 2, top_k=3, total_tokens=6)
+    prompt, root = torch.tensor([1, 5, 7, 3, 9]), 4
+    _, aux = eng.prefill(prompt)
+    prop.observe(aux, torch.cat([prompt[1:], torch.tensor([root])]))
+    ref = target_probs(model(torch.cat([prompt, torch.tensor([root])])[None]).logits[0, -1], temperature, top_p)
+    counts, accepted, cache = torch.zeros(V), 0, {}
+    tree = prop.propose() if mode == "tree" else None  # EAGLE-2 trees are deterministic
+    for _ in range(n):
+        draft = tree or prop.propose()
+        ids = torch.cat([torch.tensor([root]), draft.tokens])
+        key = tuple(ids.tolist())
+        if key not in cache:
+            pos = 5 + torch.cat([torch.zeros(1, dtype=torch.long), draft.depths])
+            cache[key] = eng.forward(ids, pos, torch.arange(5, 5 + ids.shape[0]), eng.tree_mask(5, ancestors(draft.parents)))[0].clone()
+        path, nxt = verify(draft.tokens.tolist(), draft.parents, cache[key], sampling, draft.q)
+        counts[int(ids[path[1]]) if len(path) > 1 else nxt] += 1
+        accepted += len(path) - 1
+    return counts, ref.detach(), accepted / n
+
+
+def markov_pairs(mode: str, residual: bool, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fake target whose next-token distribution depends on the last token only (P [V, V])
+    and a fake drafter (Q [V, V]): speculative decoding, step after step, until two tokens
+    are out. Returns counts of the first two tokens [V, V] and their exact probabilities."""
+    g = torch.Generator().manual_seed(0)
+    v = 6
+    P = torch.distributions.Dirichlet(torch.full((v,), 0.7)).sample((v,))
+    Q = torch.distributions.Dirichlet(torch.full((v,), 0.7)).sample((v,))
+    sampling = Sampling(temperature=1.0, seed=1, residual=residual)
+    counts = torch.zeros(v, v)
+    for _ in range(n):
+        out, last = [], 0
+        while len(out) < 2:
+            if mode == "chain":  # K=3 drafts sampled from Q
+                tokens, qs, prev = [], [], last
+                for _ in range(3):
+                    prev = int(torch.multinomial(Q[prev], 1, generator=g))
+                    tokens.append(prev)
+                qs = torch.stack([Q[t] for t in [last] + tokens[:-1]])  # [3, v]
+                parents = [0, 1, 2]
+            else:  # top-2 children of the root and of each child: 6 nodes
+                c1 = Q[last].topk(2).indices.tolist()
+                tokens = c1 + [t for c in c1 for t in Q[c].topk(2).indices.tolist()]
+                parents, qs = [0, 0, 1, 1, 2, 2], None
+            rows = [last] + tokens
+            logits = P[rows].log()  # [N+1, v]
+            path, nxt = verify(tokens, parents, logits, sampling, qs)
+            out += [rows[r] for r in path[1:]] + [nxt]
+            last = out[-1]
+        counts[out[0], out[1]] += 1
+    return counts, P[0][:, None] * P
+
+
+def chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's statistic; cells expected below 5 are pooled into one."""
+    counts, expected = counts.flatten(), counts.sum() * probs.flatten()
+    assert torch.all((expected > 0) | (counts == 0)), "a token the target never samples was emitted"
+    small = expected < 5
+    obs = torch.cat([counts[~small], counts[small].sum()[None]])
+    exp = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = exp > 0
+    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+
+
+@pytest.mark.parametrize("mode,temperature,top_p", [("chain", 1.0, 1.0), ("tree", 1.0, 1.0), ("chain", 0.7, 0.9), ("tree", 0.7, 0.9)])
+def test_speculative_sampling_matches_target(mode, temperature, top_p):
+    counts, ref, mean_accept = first_emitted(mode, residual=True, n=2000, temperature=temperature, top_p=top_p)
+    assert mean_accept > 0.2  # the drafts are accepted often enough for the test to mean something
+    assert chi2(counts, ref) < CHI2_CRIT_DF11
+    assert 0.5 * (counts / counts.sum() - ref).abs().sum() < 0.05
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_without_correction_the_distribution_is_wrong(mode):
+    counts, ref, _ = first_emitted(mode, residual=False, n=2000, temperature=1.0, top_p=1.0)
+    assert chi2(counts, ref) > 3 * CHI2_CRIT_DF11
+    assert 0.5 * (counts / counts.sum() - ref).abs().sum() > 0.05
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_two_token_joint_distribution_over_several_steps(mode):
+    """Deeper positions and consecutive steps: the first two tokens are jointly exact."""
+    counts, ref = markov_pairs(mode, residual=True, n=2500)
+    assert chi2(counts, ref) < 66.6  # df <= 35, p <= 0.001
+    wrong, _ = markov_pairs(mode, residual=False, n=2500)
+    assert chi2(wrong, ref) > 2 * 66.6
+
+
+def test_verify_greedy_follows_argmax_through_tree():
+    logits = torch.full((5, V), -10.0)
+    logits[0, 3] = logits[2, 7] = logits[3, 1] = logits[4, 2] = 0.0  # argmax per row
+    tokens, parents = [5, 3, 7, 9], [0, 0, 2, 3]  # rows 1,2 under root; 3 under 2; 4 under 3
+    path, bonus = verify(tokens, parents, logits, Sampling())
+    assert path == [0, 2, 3] and bonus == 1
