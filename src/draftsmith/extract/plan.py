@@ -1,9 +1,128 @@
-"""`draftsmith plan` (placeholder until issue #4 lands)."""
+"""`draftsmith plan`: disk, memory and time estimates for extract and train, before running them.
 
+Disk comes from the store format (`projected_bytes`) and the dataset's token count, checked
+against the free space where the store would go. Memory comes from the target's and the
+drafter's parameter counts and the batch sizes. Time comes from a short measured calibration:
+a capture forward of the target and a TTT-unrolled forward+backward of a fresh drafter, on a few
+of the dataset's own samples (`--no-calibrate` skips it and leaves times out).
+"""
+
+from __future__ import annotations
+
+import time
 from pathlib import Path
 
-from draftsmith.errors import NotImplementedYet
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from draftsmith.data.dataset import load_dataset
+from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.extract.capture import capture
+from draftsmith.extract.config import PlanConfig
+from draftsmith.extract.run import HOST_SLOTS, MARGIN_BYTES, MARGIN_FRACTION, pad_batch
+from draftsmith.extract.store import length_batches, projected_bytes
+from draftsmith.fsutil import free_bytes, human_bytes
+from draftsmith.layers import validate_layers
+from draftsmith.progress import fmt_duration
+from draftsmith.target import load_target, text_config
+
+ADAM_BYTES_PER_PARAM = 16  # fp32 weight + grad + two AdamW moments
 
 
-def run(cfg) -> Path:  # noqa: ANN001
-    raise NotImplementedYet("draftsmith plan is not implemented yet (issue #4); nothing was done")
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device, repeats: int = 2) -> float:  # noqa: ANN001
+    """Seconds per call of `fn` after one warm-up call."""
+    fn()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - t0) / repeats
+
+
+def calibration_rows(lengths: np.ndarray, max_tokens: int) -> list[int]:
+    """A few samples of typical length whose padded batch fits `max_tokens`."""
+    order = np.argsort(np.abs(lengths - np.median(lengths)), kind="stable")[:64]  # the most typical lengths
+    return [int(order[i]) for i in length_batches(lengths[order], max_tokens)[0]]
+
+
+def calibrate_drafter(drafter: Eagle3Drafter, tokens: int, ttt: int, n_aux_width: int, device: torch.device) -> float:
+    """Seconds for one TTT-unrolled forward+backward over a [1, tokens] sequence."""
+    aux = torch.randn(1, tokens, n_aux_width, device=device)  # [1, T, n_aux*H]
+    ids = torch.randint(0, drafter.config.vocab_size, (1, tokens), device=device)
+    pos = torch.arange(tokens, device=device)[None]  # [1, T]
+
+    def step() -> None:
+        hidden, loss = drafter.project(aux), 0.0
+        for k in range(ttt):
+            logits, hidden = drafter(hidden, ids, pos + k)  # [1, T, V_d], [1, T, H]
+            loss = loss + logits.float().logsumexp(-1).mean() * 0.8**k
+        loss.backward()
+        drafter.zero_grad(set_to_none=True)
+
+    return timed(step, device, repeats=1)
+
+
+def run(cfg: PlanConfig) -> Path:
+    ds = load_dataset(cfg.dataset_dir)
+    target = load_target(cfg.target, cfg.device, cfg.dtype)
+    info, device = target.info, target.device
+    layers = validate_layers(cfg.layers or info.default_aux_layers, info.num_layers)
+    n_aux, H, dsize = len(layers), info.hidden_size, target.dtype.itemsize
+    tokens, n = int(ds.lengths.sum()), len(ds)
+    weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
+
+    draft_cfg = DrafterConfig.from_target(text_config(target.model.config), min(32000, info.vocab_size), layers)
+    drafter = Eagle3Drafter(draft_cfg).to(device)
+    trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+    drafter_bytes = trainable * ADAM_BYTES_PER_PARAM + sum(p.numel() * 4 for p in drafter.parameters() if not p.requires_grad)
+
+    fwd_tps = drafter_tps = None
+    if cfg.calibrate and n:
+        rows = calibration_rows(ds.lengths, cfg.calibrate_tokens)
+        ids, mask, lengths = pad_batch(ds, rows, device)  # [B, T_max]
+        seconds = timed(lambda: capture(target.model, ids, mask, layers), device)
+        fwd_tps = sum(lengths) / seconds
+        T = min(int(max(lengths)), cfg.calibrate_tokens)
+        drafter_tps = T / calibrate_drafter(drafter, T, cfg.ttt, n_aux * H, device)
+
+    store = projected_bytes(tokens, n, n_aux, H, dsize)
+    hidden_dir = Path(cfg.hidden_dir) if cfg.hidden_dir else Path(cfg.dataset_dir).absolute().parent
+    free = free_bytes(hidden_dir)
+    need = store + int(store * MARGIN_FRACTION) + MARGIN_BYTES
+    act_bytes = cfg.token_budget * ((n_aux + 2) * H + 3 * int(getattr(text_config(target.model.config), "intermediate_size", 4 * H))) * dsize
+    host_bytes = HOST_SLOTS * cfg.token_budget * (n_aux + 1) * H * dsize
+    ckpt_bytes = trainable * ADAM_BYTES_PER_PARAM * 2  # the last two checkpoints are kept
+
+    def eta(rate: float | None, work: float) -> str:
+        return fmt_duration(work / rate) if rate else "-"
+
+    rows_out = [
+        ("extract", human_bytes(store), human_bytes(host_bytes), human_bytes(weight_bytes + act_bytes), eta(fwd_tps, tokens)),
+        ("train (offline)", human_bytes(ckpt_bytes), "-", human_bytes(drafter_bytes), eta(drafter_tps, tokens * cfg.epochs)),
+        ("train (online)", human_bytes(ckpt_bytes), "-", human_bytes(weight_bytes + drafter_bytes),
+         eta(1 / (1 / fwd_tps + 1 / drafter_tps) if fwd_tps and drafter_tps else None, tokens * cfg.epochs)),
+    ]
+    table = Table(title=f"draftsmith plan: {n} samples, {tokens} tokens, target {info.name} "
+                        f"({info.num_layers} layers, H={H}, {str(target.dtype).removeprefix('torch.')}) on {device}")
+    for col in ("stage", "disk", "host memory", "device memory", "time"):
+        table.add_column(col)
+    for row in rows_out:
+        table.add_row(*row)
+    console = Console()
+    console.print(table)
+    console.print(f"aux layers {layers}; store ~{human_bytes(store / max(tokens, 1))}/token "
+                  f"(ideal {(n_aux + 1) * H * dsize} B); drafter {trainable / 1e6:.1f}M trainable params")
+    if fwd_tps:
+        console.print(f"calibration on {device}: target capture forward {fwd_tps:,.0f} tok/s, "
+                      f"drafter TTT-{cfg.ttt} step {drafter_tps:,.0f} tok/s (per epoch; train time uses --epochs {cfg.epochs:g})")
+    verdict = "fits" if need <= free else "DOES NOT FIT"
+    console.print(f"disk at {hidden_dir}: store needs ~{human_bytes(need)} with margin, {human_bytes(free)} free: {verdict}")
+    return Path(cfg.dataset_dir)

@@ -1,0 +1,24 @@
+"""`draftsmith plan` on a tiny target: a table with disk, memory and calibrated time per stage."""
+
+import numpy as np
+from typer.testing import CliRunner
+
+from draftsmith.cli import app
+from draftsmith.extract.store import projected_bytes
+from draftsmith.fsutil import human_bytes
+from tests.conftest import write_tokenized_dataset
+
+
+def test_plan_table(tmp_path, tiny_target_dir):
+    rng = np.random.default_rng(0)
+    samples = [rng.integers(0, 49152, size=30).tolist() for _ in range(10)]
+    ds = write_tokenized_dataset(tmp_path / "ds", samples)
+    r = CliRunner().invoke(app, ["plan", str(ds), "--target", str(tiny_target_dir), "--device", "cpu",
+                                 "--hidden-dir", str(tmp_path), "--calibrate-tokens", "64", "--ttt", "2"])
+    assert r.exit_code == 0, r.output
+    for stage in ("extract", "train (offline)", "train (online)"):
+        assert stage in r.output
+    assert human_bytes(projected_bytes(300, 10, 3, 64, 4)) in r.output  # fp32 on CPU, layers [0, 1, 2]
+    assert "tok/s" in r.output and ": fits" in r.output
+    r = CliRunner().invoke(app, ["plan", str(ds), "--target", str(tiny_target_dir), "--device", "cpu", "--no-calibrate"])
+    assert r.exit_code == 0 and "calibration" not in r.output
