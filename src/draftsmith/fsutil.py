@@ -28,11 +28,18 @@ def fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: Path, data: bytes, fsync: bool = True) -> None:
     """Write `data` to `path` via a temporary file in the same folder, fsync and rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; published files get normal modes
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -78,6 +85,7 @@ def atomic_output_dir(out: Path, overwrite: bool = False) -> Iterator[Path]:
         raise UserError(f"output folder {out} already exists; pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
     try:
         yield tmp
         if out.exists():
