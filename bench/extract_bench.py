@@ -12,6 +12,7 @@ The bar is a ratio >= 0.8.
 
     python bench/extract_bench.py --target /root/m/SmolLM2-135M-Instruct.Q4_1.gguf --out-json bench_extract.json
     python bench/extract_bench.py --smoke      # CPU, seconds: checks the script works
+    python bench/extract_bench.py --compare STORE_A STORE_B   # e.g. a 1-GPU and a 2-GPU store: same content?
 
 Prints one JSON object and writes it to --out-json.
 """
@@ -90,6 +91,28 @@ def dd_bandwidth(folder: Path, megabytes: int) -> dict:
             "dd": proc.stderr.strip().splitlines()[-1]}
 
 
+def compare_stores(a: Path, b: Path) -> dict:
+    """Sample by sample: same ids, same tokens and masks, and how close the hidden states are."""
+    ra, rb = StoreReader(a), StoreReader(b)
+    out = {"bench": "extract-compare", "a": str(a), "b": str(b), "samples_a": len(ra), "samples_b": len(rb),
+           "same_sample_ids": ra.sample_ids == rb.sample_ids, "same_layers_dtype_target":
+           [ra.meta[k] for k in ("layers", "dtype")] + [ra.meta["target"]["fingerprint"]]
+           == [rb.meta[k] for k in ("layers", "dtype")] + [rb.meta["target"]["fingerprint"]]}
+    bitwise, worst, tokens_equal = 0, 0.0, True
+    for sid in sorted(set(ra.sample_ids) & set(rb.sample_ids)):
+        x, y = ra.get(sid), rb.get(sid)
+        tokens_equal &= torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["loss_mask"], y["loss_mask"])
+        same = True
+        for key in ("aux_hidden_states", "final_hidden_states"):
+            same &= torch.equal(x[key], y[key])
+            diff = (x[key].float() - y[key].float()).norm() / y[key].float().norm().clamp_min(1e-12)
+            worst = max(worst, float(diff))
+        bitwise += int(same)
+    out.update({"tokens_and_masks_equal": tokens_equal, "bitwise_identical_samples": bitwise,
+                "max_relative_error": worst, "identical_content": out["same_sample_ids"] and tokens_equal and worst < 5e-2})
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="smollm2-135m")
@@ -104,7 +127,13 @@ def main() -> None:
     p.add_argument("--keep", action="store_true", help="keep the store after the run")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU, to check the script")
     p.add_argument("--out-json", type=Path, default=Path("bench_extract.json"))
+    p.add_argument("--compare", nargs=2, type=Path, metavar=("STORE_A", "STORE_B"), help="only compare two stores")
     args = p.parse_args()
+    if args.compare:
+        result = compare_stores(*args.compare)
+        args.out_json.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+        return
     if args.smoke:
         args.samples, args.length, args.token_budget, args.dd_mb = 24, 48, 512, 16
         args.device = args.device or "cpu"
