@@ -199,3 +199,20 @@ class OracleProposer:
             parents += [parent, parent]
         depths = torch.arange(1, self.k + 1).repeat_interleave(2)
         return Draft(torch.tensor(tokens), parents, depths)
+
+
+def random_drafter(model: torch.nn.Module, draft_vocab_size: int | None = None, seed: int = 0) -> Eagle3Drafter:
+    """An untrained drafter for `model` (default aux layers, target embeddings, identity
+    vocab map over the first `draft_vocab_size` ids): tau ~ 1, for tests and smoke benchmarks."""
+    from draftsmith.draft.model import DrafterConfig
+    from draftsmith.layers import default_aux_layers
+    from draftsmith.target import decoder_layers, embed_weight, text_config
+
+    tc = text_config(model.config)
+    torch.manual_seed(seed)
+    cfg = DrafterConfig.from_target(tc, draft_vocab_size=min(draft_vocab_size or tc.vocab_size, tc.vocab_size),
+                                    aux_layer_ids=default_aux_layers(len(decoder_layers(model))))
+    drafter = Eagle3Drafter(cfg)
+    drafter.load_target_embeddings(embed_weight(model))
+    drafter.t2d[: cfg.draft_vocab_size] = True
+    return drafter.to(embed_weight(model).device).eval()

@@ -1,9 +1,152 @@
-"""`draftsmith eval` (placeholder until issue #6 lands)."""
+"""`draftsmith eval`: answer a question set with lossless speculative decoding (chain or
+EAGLE-2 tree) and with plain decoding, on the same static-KV-cache engine, and report tau,
+acceptance per position and the decode speed-up.
 
+    load target + drafter -> engine, proposer (+ CUDA graphs on GPU) -> warm-up
+    -> for each question, turn by turn: speculative answer, then plain answer (timed)
+    -> report.json, report.md, acceptance.png, tau.png, answers.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
 from pathlib import Path
+from typing import Any
 
-from draftsmith.errors import NotImplementedYet
+import torch
+
+from draftsmith.config import write_run_record
+from draftsmith.draft.checkpoint import load_drafter
+from draftsmith.draft.model import Eagle3Drafter
+from draftsmith.errors import UserError
+from draftsmith.evaluate.config import EvalConfig
+from draftsmith.evaluate.decode import Proposer, Turn, plain_generate, spec_generate
+from draftsmith.evaluate.engine import TargetEngine
+from draftsmith.evaluate.proposer import DrafterProposer
+from draftsmith.evaluate.questions import Question, load_questions, token_bound, turn_prompt
+from draftsmith.evaluate.report import build_report, summary_line, write_report
+from draftsmith.evaluate.sampling import Sampling
+from draftsmith.fsutil import atomic_output_dir, atomic_write_text
+from draftsmith.layers import validate_layers
+from draftsmith.progress import Progress
+from draftsmith.target import Target, default_device, load_target
 
 
-def run(cfg) -> Path:  # noqa: ANN001
-    raise NotImplementedYet("draftsmith eval is not implemented yet (issue #6); nothing was done")
+def stop_ids(target: Target) -> set[int]:
+    ids = {target.tokenizer.eos_token_id}
+    gen = getattr(target.model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None)
+    ids.update(eos if isinstance(eos, list) else [eos])
+    return {int(i) for i in ids if i is not None}
+
+
+def check_compatible(drafter: Eagle3Drafter, target: Target, path: Path) -> None:
+    cfg, info = drafter.config, target.info
+    if cfg.vocab_size != info.vocab_size or cfg.target_hidden_size != info.hidden_size:
+        raise UserError(f"drafter {path} was made for a target with vocab {cfg.vocab_size} and hidden size "
+                        f"{cfg.target_hidden_size}, but {info.name} has vocab {info.vocab_size} and hidden size {info.hidden_size}")
+    validate_layers(cfg.aux_layer_ids, info.num_layers)
+
+
+def build_engine(target: Target, drafter: Eagle3Drafter, cfg: EvalConfig, sampling: Sampling,
+                 max_len: int, graphs: bool) -> tuple[TargetEngine, DrafterProposer]:
+    """The target engine and the drafter proposer; with `graphs`, CUDA graphs for plain
+    decoding (1 token) and verification (draft size + 1 tokens)."""
+    engine = TargetEngine(target.model, drafter.config.aux_layer_ids, max_len)
+    proposer = DrafterProposer(drafter, sampling, max_len, mode=cfg.mode, k=cfg.k, top_k=cfg.top_k, total_tokens=cfg.total_tokens)
+    if graphs:
+        for t in (1, proposer.size + 1):
+            engine.graph(t)
+    return engine, proposer
+
+
+def answer(engine: TargetEngine, tokenizer: Any, question: Question, max_new: int, stops: set[int],
+           generate: Any) -> list[tuple[list[int], Turn]]:
+    """Answer every turn of a question with `generate(prompt) -> Turn`, the model's own answers
+    in the history. Returns (prompt ids, turn) per turn."""
+    out, answers = [], []
+    for i in range(len(question.turns)):
+        prompt = turn_prompt(tokenizer, question.turns[: i + 1], answers)
+        turn = generate(prompt)
+        out.append((prompt, turn))
+        answers.append(tokenizer.decode(turn.tokens, skip_special_tokens=True))
+    return out
+
+
+def run(cfg: EvalConfig) -> Path:
+    t_start = time.perf_counter()
+    device = torch.device(cfg.device) if cfg.device else default_device()
+    on_gpu = device.type == "cuda"
+    max_new = cfg.max_new_tokens or (256 if on_gpu else 48)
+    questions = load_questions(cfg.bench, cfg.num_questions or (None if on_gpu else 4))
+    graphs = on_gpu if cfg.compile is None else cfg.compile
+    if graphs and not on_gpu:
+        raise UserError("--compile needs a CUDA device (CUDA graphs); drop it on CPU")
+    torch.manual_seed(cfg.seed)
+    drafter, manifest = load_drafter(cfg.drafter, device)
+    with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as out:
+        write_run_record(out, cfg)
+        target = load_target(cfg.target, device, cfg.dtype)
+        check_compatible(drafter, target, cfg.drafter)
+        drafter.to(dtype=target.dtype)
+        tok, stops = target.tokenizer, stop_ids(target)
+        depth = cfg.k
+        bound = max(token_bound(tok, q, max_new) for q in questions)
+        size_bound = cfg.k if cfg.mode == "chain" else cfg.total_tokens
+        max_len = 64 * math.ceil((bound + size_bound + 8) / 64)
+        spec_sampling = Sampling(cfg.temperature, cfg.top_p, cfg.seed)
+        plain_sampling = Sampling(cfg.temperature, cfg.top_p, cfg.seed)
+        engine, proposer = build_engine(target, drafter, cfg, spec_sampling, max_len, graphs)
+
+        def spec(prompt: list[int]) -> Turn:
+            return spec_generate(engine, proposer, prompt, max_new, stops, spec_sampling)
+
+        def plain(prompt: list[int]) -> Turn:
+            return plain_generate(engine, prompt, max_new, stops, plain_sampling)
+
+        t0 = time.perf_counter()  # warm-up: first-call allocations, kernel selection
+        warm = turn_prompt(tok, questions[0].turns[:1], [])
+        spec_generate(engine, proposer, warm, 8, stops, Sampling(cfg.temperature, cfg.top_p, cfg.seed))
+        plain_generate(engine, warm, 8, stops, Sampling(cfg.temperature, cfg.top_p, cfg.seed))
+        warmup_s = time.perf_counter() - t0
+
+        turns: list[dict[str, Any]] = []
+        lines: list[str] = []
+        with Progress("eval", out, total=len(questions), unit="questions") as progress:
+            for q in questions:
+                spec_turns = answer(engine, tok, q, max_new, stops, spec)
+                plain_turns = answer(engine, tok, q, max_new, stops, plain) if cfg.speed else [None] * len(spec_turns)
+                record = {"question_id": q.question_id, "category": q.category, "turns": [], "token_ids": [], "accepts": []}
+                for (_, s), p in zip(spec_turns, plain_turns, strict=True):
+                    row = {"category": q.category, "accepts": s.accepts, "spec_tokens": len(s.tokens), "spec_seconds": s.seconds}
+                    if p is not None:
+                        _, pt = p
+                        row.update(plain_tokens=len(pt.tokens), plain_seconds=pt.seconds,
+                                   matches_plain=(s.tokens == pt.tokens) if spec_sampling.greedy else None)
+                    turns.append(row)
+                    record["turns"].append(tok.decode(s.tokens, skip_special_tokens=True))
+                    record["token_ids"].append(s.tokens)
+                    record["accepts"].append(s.accepts)
+                lines.append(json.dumps(record))
+                steps = sum(len(t["accepts"]) for t in turns)
+                progress.set(tau=round(sum(a + 1 for t in turns for a in t["accepts"]) / max(steps, 1), 3))
+                progress.advance(1, tokens=sum(len(s.tokens) for _, s in spec_turns))
+        atomic_write_text(out / "answers.jsonl", "\n".join(lines) + "\n")
+        meta = {
+            "mode": cfg.mode, "k": cfg.k, "top_k": cfg.top_k if cfg.mode == "tree" else None,
+            "total_tokens": proposer.size if cfg.mode == "tree" else None, "depth": depth,
+            "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
+            "bench": cfg.bench, "questions": len(questions), "max_new_tokens": max_new,
+            "target": target.info.name, "target_info": target.info.to_dict(), "drafter": str(cfg.drafter),
+            "drafter_meta": manifest.get("meta", {}), "aux_layer_ids": drafter.config.aux_layer_ids,
+            "device": torch.cuda.get_device_name(device) if on_gpu else "cpu", "dtype": str(target.dtype).removeprefix("torch."),
+            "cuda_graphs": bool(graphs), "kv_cache_len": max_len,
+            "capture_seconds": round(engine.capture_seconds, 3), "warmup_seconds": round(warmup_s, 3),
+        }
+        meta["wall_seconds"] = round(time.perf_counter() - t_start, 3)
+        report = build_report(turns, depth, meta)
+        write_report(report, out)
+    print(summary_line(report, Path(cfg.out)), flush=True)
+    return Path(cfg.out)

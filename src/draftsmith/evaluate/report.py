@@ -1,0 +1,138 @@
+"""The eval report: numbers from the per-turn results, report.json, report.md, PNG plots.
+
+    tau                     tokens per target verification call over the whole run
+                            (accepted drafts + 1, averaged over every verification step)
+    accept_per_position     P(draft position j accepted), j = 1..max depth, over all steps
+    accept_conditional      P(position j accepted | position j-1 accepted)
+    tau_distribution        {tokens per step: number of steps}
+    speedup                 spec decode tok/s / plain decode tok/s (same engine, prompts, run);
+                            null when no plain run was made
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from draftsmith.fsutil import atomic_write_json, atomic_write_text
+
+
+def _rate(tokens: int, seconds: float) -> float | None:
+    return round(tokens / seconds, 3) if seconds > 0 else None
+
+
+def acceptance(accepts: list[int], depth: int) -> dict[str, Any]:
+    steps = max(len(accepts), 1)
+    reached = [sum(a >= j for a in accepts) for j in range(depth + 1)]  # reached[0] = steps
+    return {
+        "tau": round(sum(a + 1 for a in accepts) / steps, 4),
+        "steps": len(accepts),
+        "accept_per_position": [round(reached[j] / steps, 4) for j in range(1, depth + 1)],
+        "accept_conditional": [round(reached[j] / reached[j - 1], 4) if reached[j - 1] else None for j in range(1, depth + 1)],
+        "tau_distribution": {str(k): v for k, v in sorted(Counter(a + 1 for a in accepts).items())},
+    }
+
+
+def build_report(turns: list[dict[str, Any]], depth: int, meta: dict[str, Any]) -> dict[str, Any]:
+    """turns: one dict per answered turn with category, accepts, spec_tokens, spec_seconds,
+    and (when timed) plain_tokens, plain_seconds, matches_plain."""
+    all_accepts = [a for t in turns for a in t["accepts"]]
+    timed = [t for t in turns if t.get("plain_seconds") is not None]
+
+    def speed(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        spec_tok, spec_s = sum(t["spec_tokens"] for t in rows), sum(t["spec_seconds"] for t in rows)
+        out = {"tokens": spec_tok, "spec_seconds": round(spec_s, 3), "spec_tok_per_s": _rate(spec_tok, spec_s),
+               "plain_seconds": None, "plain_tok_per_s": None, "speedup": None}
+        rows_t = [t for t in rows if t.get("plain_seconds") is not None]
+        if rows_t:
+            plain_tok, plain_s = sum(t["plain_tokens"] for t in rows_t), sum(t["plain_seconds"] for t in rows_t)
+            out.update(plain_seconds=round(plain_s, 3), plain_tok_per_s=_rate(plain_tok, plain_s))
+            if out["spec_tok_per_s"] and out["plain_tok_per_s"]:
+                out["speedup"] = round(out["spec_tok_per_s"] / out["plain_tok_per_s"], 4)
+        return out
+
+    by_cat: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for t in turns:
+        by_cat[t["category"]].append(t)
+    categories = {
+        cat: {"turns": len(rows), **speed(rows), "tau": acceptance([a for t in rows for a in t["accepts"]], depth)["tau"]}
+        for cat, rows in sorted(by_cat.items())
+    }
+    greedy_checked = [t["matches_plain"] for t in timed if t.get("matches_plain") is not None]
+    return {
+        **acceptance(all_accepts, depth),
+        **speed(turns),
+        "turns": len(turns),
+        "greedy_turns_checked": len(greedy_checked),
+        "greedy_turns_matching_plain": sum(greedy_checked),
+        "categories": categories,
+        **meta,
+    }
+
+
+def markdown(r: dict[str, Any]) -> str:
+    fmt = lambda v, spec="{:.2f}": "n/a" if v is None else spec.format(v)  # noqa: E731
+    lines = [
+        f"# draftsmith eval: {r['mode']} on {r['bench']}",
+        "",
+        f"- target `{r['target']}`, drafter `{r['drafter']}`, device {r['device']} ({r['dtype']}), CUDA graphs {r['cuda_graphs']}",
+        f"- {r['questions']} questions, {r['turns']} turns, {r['tokens']} tokens, temperature {r['temperature']}, "
+        f"max {r['max_new_tokens']} new tokens per turn",
+        f"- **tau {r['tau']:.3f}** tokens per verification ({r['steps']} steps)",
+        f"- decode: speculative {fmt(r['spec_tok_per_s'], '{:.1f}')} tok/s, plain {fmt(r['plain_tok_per_s'], '{:.1f}')} tok/s, "
+        f"**speed-up {fmt(r['speedup'], '{:.2f}x')}**",
+        f"- capture {r['capture_seconds']:.1f} s and warm-up {r['warmup_seconds']:.1f} s (not in decode time); wall {r['wall_seconds']:.1f} s",
+    ]
+    if r["greedy_turns_checked"]:
+        lines.append(f"- greedy check: {r['greedy_turns_matching_plain']}/{r['greedy_turns_checked']} turns identical to plain decoding")
+    lines += ["", "| position | accepted | conditional |", "|---|---|---|"]
+    for j, (a, c) in enumerate(zip(r["accept_per_position"], r["accept_conditional"], strict=True), start=1):
+        lines.append(f"| {j} | {a:.3f} | {fmt(c, '{:.3f}')} |")
+    lines += ["", "| category | turns | tokens | tau | spec tok/s | plain tok/s | speed-up |", "|---|---|---|---|---|---|---|"]
+    for cat, c in r["categories"].items():
+        lines.append(f"| {cat} | {c['turns']} | {c['tokens']} | {c['tau']:.2f} | {fmt(c['spec_tok_per_s'], '{:.1f}')} | "
+                     f"{fmt(c['plain_tok_per_s'], '{:.1f}')} | {fmt(c['speedup'], '{:.2f}x')} |")
+    lines += ["", "![acceptance per position](acceptance.png)", "", "![tau](tau.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(r: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pos = list(range(1, len(r["accept_per_position"]) + 1))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar(pos, r["accept_per_position"], label="accepted")
+    ax.plot(pos, [c if c is not None else float("nan") for c in r["accept_conditional"]], "o-", color="C1", label="conditional")
+    ax.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1.05), title=f"acceptance per position (tau {r['tau']:.2f})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "acceptance.png", dpi=100)
+    plt.close(fig)
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    cats = list(r["categories"])
+    a1.bar(cats, [r["categories"][c]["tau"] for c in cats])
+    a1.set(ylabel="tau", title="tau by category")
+    a1.tick_params(axis="x", rotation=45)
+    dist = r["tau_distribution"]
+    a2.bar([int(k) for k in dist], list(dist.values()))
+    a2.set(xlabel="tokens per verification step", ylabel="steps", title="tau distribution")
+    fig.tight_layout()
+    fig.savefig(out / "tau.png", dpi=100)
+    plt.close(fig)
+
+
+def write_report(r: dict[str, Any], out: Path) -> None:
+    atomic_write_json(out / "report.json", r)
+    atomic_write_text(out / "report.md", markdown(r))
+    plot(r, out)
+
+
+def summary_line(r: dict[str, Any], out: Path) -> str:
+    speed = (f"speed-up {r['speedup']:.2f}x (spec {r['spec_tok_per_s']:.1f} tok/s, plain {r['plain_tok_per_s']:.1f} tok/s)"
+             if r["speedup"] is not None else "no speed run")
+    return f"eval: tau {r['tau']:.2f} ({r['mode']}), {speed}, {r['questions']} questions, {r['tokens']} tokens -> {out / 'report.json'}"
