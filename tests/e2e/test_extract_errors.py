@@ -42,7 +42,7 @@ def test_disk_full_on_tmpfs(tmp_path, dataset, tiny_target_dir):
         out = disk / "store"
         refused = extract(dataset, tiny_target_dir, out)
         assert refused.exit_code == 2 and "not enough disk" in refused.output
-        assert not list(out.glob("rows_*"))
+        assert not out.exists()  # nothing left behind
 
         forced = extract(dataset, tiny_target_dir, out, "--force")
         assert forced.exit_code == 4 and "disk full" in forced.output, forced.output
@@ -72,6 +72,7 @@ def test_unprepared_dataset(tmp_path, tiny_target_dir):
 def test_layer_ids_out_of_range(tmp_path, dataset, tiny_target_dir):
     r = extract(dataset, tiny_target_dir, tmp_path / "store", "--layers", "0,3")
     assert r.exit_code == 2 and "out of range" in r.output and "0..2" in r.output
+    assert not (tmp_path / "store").exists()
 
 
 def test_store_of_another_target_or_layers(tmp_path, dataset, tiny_target_dir, tokenizer):

@@ -51,12 +51,16 @@ def barrier(world: int) -> None:
 
 
 def check_writable(out: Path) -> None:
-    """Create `out` and prove a file can be written there, before any model is loaded."""
+    """Prove a file can be written in `out` (created for the probe and removed again when it did
+    not exist), before any model is loaded."""
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
+        if created:
+            out.rmdir()
     except OSError as e:
         raise UserError(f"output folder {out} is not writable ({e.strerror}); choose another --out or fix its permissions") from None
 
@@ -171,7 +175,8 @@ def run(cfg: ExtractConfig) -> Path:
     world, rank, local_rank = dist_env()
     ds = load_dataset(cfg.dataset_dir)
     out = Path(cfg.out)
-    check_writable(out)
+    if rank == 0:
+        check_writable(out)
     device = resolve_device(cfg, world, local_rank)
     if world > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
@@ -182,14 +187,8 @@ def run(cfg: ExtractConfig) -> Path:
     dataset_id = {"path": str(Path(cfg.dataset_dir).resolve()), "samples": len(ds), "tokens": int(ds.lengths.sum())}
     meta = new_store_meta(target.info.to_dict(), layers, dtype_name, dataset_id)
 
-    if rank == 0:  # rank 0 creates or checks the store and clears leftovers before anyone writes
-        open_store(out, meta, create=True)
-        for f in manifest_files(out):
-            repair_manifest(f)
-        clean_orphans(out, {e["path"] for e in read_manifest(out).values()})
-        write_run_record(out, cfg)
-    barrier(world)
-    open_store(out, meta, create=False)
+    if rank == 0:
+        open_store(out, meta, create=False)  # refuse to mix with another run's store, before anything is written
     done = read_manifest(out)  # no sample file is opened
     shard = [i for i in range(len(ds)) if int(ds.sample_ids[i]) % world == rank]
     todo = [i for i in shard if int(ds.sample_ids[i]) not in done]
@@ -198,6 +197,14 @@ def run(cfg: ExtractConfig) -> Path:
     whole = projected_bytes(int(ds.lengths.sum()), len(ds), n_aux, H, dsize)
     all_todo = [i for i in range(len(ds)) if int(ds.sample_ids[i]) not in done]
     preflight(out, projected_bytes(int(ds.lengths[all_todo].sum()), len(all_todo), n_aux, H, dsize), cfg.force, world)
+    if rank == 0:  # rank 0 creates the store and clears leftovers of a killed run before anyone writes
+        out.mkdir(parents=True, exist_ok=True)
+        open_store(out, meta, create=True)
+        for f in manifest_files(out):
+            repair_manifest(f)
+        clean_orphans(out, {e["path"] for e in done.values()})
+        write_run_record(out, cfg)
+    barrier(world)
 
     manifest = out / (MANIFEST if world == 1 else rank_manifest_name(rank))
     stage = "extract" if world == 1 else f"extract rank {rank}"
