@@ -50,6 +50,31 @@ def check_supported(model: nn.Module) -> None:
         raise UserError(f"draftsmith eval: {type(base_model(model)).__name__} has no rotary_emb module")
 
 
+class Graphed:
+    """A function of fixed-shape tensors captured in a CUDA graph. Calling it copies the
+    arguments into the static input buffers and replays; the outputs are static buffers too,
+    overwritten by the next call."""
+
+    def __init__(self, fn: Any, *example: torch.Tensor) -> None:
+        self.inputs = [x.clone() for x in example]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.no_grad():
+            for _ in range(3):  # warm-up off the capture: allocator, kernel selection
+                fn(*self.inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.no_grad():
+            self.outputs = fn(*self.inputs)
+        torch.cuda.synchronize()
+
+    def __call__(self, *args: torch.Tensor) -> Any:
+        for buf, a in zip(self.inputs, args, strict=True):
+            buf.copy_(a)
+        self.graph.replay()
+        return self.outputs
+
+
 class TargetEngine:
     """The target with a static KV cache of `max_len` slots (batch size 1)."""
 
@@ -70,7 +95,7 @@ class TargetEngine:
         shape = (1, self.nkv, max_len, self.hd)
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
-        self.graphs: dict[int, dict[str, Any]] = {}
+        self.graphs: dict[int, Graphed] = {}
         self.capture_seconds = 0.0
 
     # -- the forward -----------------------------------------------------------------------
@@ -114,15 +139,8 @@ class TargetEngine:
         `mask [T, max_len]` says which cache slots each token sees (its own slot included).
         Uses the CUDA graph captured for T tokens when there is one."""
         t = ids.shape[0]
-        g = self.graphs.get(t)
-        if g is None:
-            return self._forward(ids[None], pos[None], slots, mask[None, None])
-        g["ids"].copy_(ids[None])
-        g["pos"].copy_(pos[None])
-        g["slots"].copy_(slots)
-        g["mask"].copy_(mask[None, None])
-        g["graph"].replay()
-        return g["logits"], g["aux"]
+        fn = self.graphs.get(t, self._forward)
+        return fn(ids[None], pos[None], slots, mask[None, None])
 
     # -- helpers ---------------------------------------------------------------------------
     def causal_mask(self, start: int, t: int) -> torch.Tensor:
@@ -166,22 +184,7 @@ class TargetEngine:
         if self.device.type != "cuda" or t in self.graphs:
             return
         t0 = time.perf_counter()
-        g: dict[str, Any] = {
-            "ids": torch.zeros(1, t, dtype=torch.long, device=self.device),
-            "pos": torch.arange(t, device=self.device)[None],
-            "slots": torch.arange(t, device=self.device),
-            "mask": self.causal_mask(0, t)[None, None].clone(),
-        }
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.no_grad():
-            for _ in range(3):
-                self._forward(g["ids"], g["pos"], g["slots"], g["mask"])
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), torch.no_grad():
-            g["logits"], g["aux"] = self._forward(g["ids"], g["pos"], g["slots"], g["mask"])
-        g["graph"] = graph
-        self.graphs[t] = g
-        torch.cuda.synchronize()
+        example = (torch.zeros(1, t, dtype=torch.long, device=self.device), torch.arange(t, device=self.device)[None],
+                   torch.arange(t, device=self.device), self.causal_mask(0, t)[None, None])
+        self.graphs[t] = Graphed(self._forward, *example)
         self.capture_seconds += time.perf_counter() - t0

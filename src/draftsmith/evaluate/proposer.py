@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.draft.model import Eagle3Drafter
+from draftsmith.evaluate.engine import Graphed
 from draftsmith.evaluate.sampling import Sampling
 
 
@@ -65,6 +66,21 @@ class DrafterProposer:
         self.vocab_size = cfg.vocab_size
         self.n = 0
         self.cols = torch.arange(shape[2], device=self.device)
+        self.graphs: dict[int, Graphed] = {}
+
+    def graph(self) -> None:
+        """Capture the draft steps (1 token in chain mode, top_k in tree mode) in a CUDA graph
+        (no-op on CPU); the context step after each verification stays eager."""
+        t = 1 if self.mode == "chain" else self.top_k
+        if self.device.type != "cuda" or t in self.graphs:
+            return
+        slots = self.max_len + torch.arange(t, device=self.device)
+        mask = torch.zeros(t, self.cols.shape[0], dtype=torch.bool, device=self.device)
+        mask[torch.arange(t), slots] = True
+        example = (torch.zeros(t, self.drafter.config.hidden_size, device=self.device, dtype=self.dtype),
+                   torch.zeros(t, dtype=torch.long, device=self.device), torch.zeros(t, dtype=torch.long, device=self.device),
+                   slots, mask)
+        self.graphs[t] = Graphed(self._step_eager, *example)
 
     @property
     def size(self) -> int:
@@ -77,10 +93,14 @@ class DrafterProposer:
     def reset(self) -> None:
         self.n = 0
 
-    @torch.no_grad()
     def _step(self, hidden: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
               mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [T, H], ids/pos/slots [T], mask [T, S]. Returns logits [T, Vd], out [T, H]."""
+        return self.graphs.get(ids.shape[0], self._step_eager)(hidden, ids, pos, slots, mask)
+
+    @torch.no_grad()
+    def _step_eager(self, hidden: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                    mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.k_cache.index_copy_(2, slots, k)
@@ -100,7 +120,7 @@ class DrafterProposer:
         hidden = self.drafter.project(aux.to(self.dtype))  # [m, H]
         logits, out = self._step(hidden, next_tokens.to(self.device), pos, pos, mask)
         self.n += m
-        self.logits, self.hidden = logits[-1], out[-1]  # [Vd], [H]: the draft for position n+1
+        self.logits, self.hidden = logits[-1].clone(), out[-1].clone()  # [Vd], [H]: drafts position n+1 (graph outputs get overwritten)
 
     def propose(self) -> Draft:
         return self._chain() if self.mode == "chain" else self._tree()
