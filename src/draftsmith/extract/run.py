@@ -178,6 +178,8 @@ def run(cfg: ExtractConfig) -> Path:
     if rank == 0:
         check_writable(out)
     device = resolve_device(cfg, world, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # streams, events and NCCL barriers on this rank's GPU
     if world > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     target = load_target(cfg.target, device, cfg.dtype)

@@ -152,7 +152,7 @@ class HostBuffers:
             view.copy_(t, non_blocking=True)
             out[name] = view
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))
         return out, event
 
 
