@@ -30,6 +30,7 @@ class TrainConfig(CommandConfig):
     grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
     max_len: int = Field(2048, gt=0, description="Samples longer than this (or than --batch-tokens) are truncated to it.")
     val_fraction: float = Field(0.05, ge=0, lt=1, description="Fraction of samples held out for validation (0: validate on the training samples).")
+    val_every: int | None = Field(None, ge=1, description="Validate every N steps instead of at the end of every epoch (and always at the end).")
     log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
     save_every: int = Field(200, ge=1, description="Checkpoint every N steps.")
     keep_checkpoints: int = Field(2, ge=1, description="How many of the newest checkpoints to keep.")

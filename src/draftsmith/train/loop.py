@@ -210,6 +210,9 @@ class Trainer:
                 self.pos.epoch += 1
                 self.pos.row = 0
                 rows = self.epoch_rows(self.pos.epoch)
+                if cfg.val_every is None:
+                    last_val = self.validate()
+            if cfg.val_every is not None and self.pos.step % cfg.val_every == 0:
                 last_val = self.validate()
             if self.pos.step % cfg.save_every == 0 and self.pos.step < self.total:
                 self.pos.pending = {k: v.tolist() for k, v in pending.items()}

@@ -22,20 +22,24 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from draftsmith.train.ttt import unroll, valid_steps
+from draftsmith.train.ttt import shift_left, unroll, valid_steps
 
 STEP_WEIGHT = 0.8
 STAT_KEYS = ("ce_sum", "n_valid", "n_correct", "n_chain", "n_chain_correct")
 
 
 @torch.no_grad()
-def teacher_in_draft_vocab(final: torch.Tensor, w_full: torch.Tensor, t2d: torch.Tensor, chunk: int) -> torch.Tensor:
-    """[B, T] bool: the target's argmax (over its full vocab) at each position is a draft token."""
-    flat = final.reshape(-1, final.shape[-1])  # [B*T, H]
-    out = torch.empty(flat.shape[0], dtype=torch.bool, device=final.device)
-    for a in range(0, flat.shape[0], chunk):
-        out[a : a + chunk] = t2d[(flat[a : a + chunk].to(w_full.dtype) @ w_full.T).argmax(-1)]
-    return out.view(final.shape[:2])
+def teacher_in_draft_vocab(final: torch.Tensor, w_full: torch.Tensor, t2d: torch.Tensor, where: torch.Tensor,
+                           chunk: int) -> torch.Tensor:
+    """[B, T] bool: the target's argmax (over its full vocab) at each position is a draft token.
+    Computed only `where` [B, T] is set (positions followed by a trained token); False elsewhere."""
+    rows = final[where]  # [n, H]
+    ok = torch.zeros(rows.shape[0], dtype=torch.bool, device=final.device)
+    for a in range(0, rows.shape[0], chunk):
+        ok[a : a + chunk] = t2d[(rows[a : a + chunk].to(w_full.dtype) @ w_full.T).argmax(-1)]
+    out = torch.zeros(where.shape, dtype=torch.bool, device=final.device)
+    out[where] = ok
+    return out
 
 
 def _chunk_ce(student: torch.Tensor, teacher: torch.Tensor, norm: nn.Module, lm_head: nn.Module,
@@ -83,7 +87,8 @@ class TTTObjective(nn.Module):
         """ids, loss_mask, doc, pos [B, T]; aux [B, T, n_aux*H_t]; final [B, T, H_t].
         Returns the weighted loss and per-step counts {key: [K] float}."""
         d = self.drafter
-        ok = teacher_in_draft_vocab(final, self.w_full, d.t2d, self.chunk)  # [B, T]
+        needed = shift_left(loss_mask, 1).bool() & (doc >= 0)  # the next token is trained on
+        ok = teacher_in_draft_vocab(final, self.w_full, d.t2d, needed, self.chunk)  # [B, T]
         valid = valid_steps(doc, loss_mask, ok, self.K)  # [K, B, T]
         hidden0 = d.project(aux.to(d.fc.weight.dtype))  # [B, T, H]
         chain = torch.ones_like(valid[0])  # [B, T]: steps so far all valid and correct

@@ -31,7 +31,7 @@ from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
-from draftsmith.target import default_device, embed_weight, lm_head_weight, load_target, text_config
+from draftsmith.target import Target, default_device, embed_weight, lm_head_weight, load_target, text_config
 from draftsmith.train.batching import OfflineSource, OnlineSource, split_indices
 from draftsmith.train.checkpointing import latest_checkpoint
 from draftsmith.train.loop import Env, Trainer
@@ -135,7 +135,8 @@ def wrap(objective: torch.nn.Module, env: Env) -> torch.nn.Module:
     return DistributedDataParallel(objective, device_ids=ids, broadcast_buffers=False)
 
 
-def run(cfg: Any) -> Path:
+def run(cfg: Any, target: Target | None = None) -> Path:
+    """Train; `target` may be given already loaded (pipelines, tests), else it is loaded here."""
     env = setup_env(cfg)
     out = Path(cfg.out)
     resume_from = prepare_out(cfg, env)
@@ -146,17 +147,15 @@ def run(cfg: Any) -> Path:
         cfg = cfg.model_copy(update={"autocast": env.device.type == "cuda"})
     torch.manual_seed(cfg.seed)
 
-    target = load_target(cfg.target, env.device, cfg.dtype)
+    target = target or load_target(cfg.target, env.device, cfg.dtype)
     dataset = load_dataset(cfg.dataset_dir)
     source, layers, dataset_rows = build_source(cfg, target, dataset)
     train_idx, val_idx = split_indices(len(source), cfg.val_fraction, cfg.seed)
     d2t, t2d = resolve_vocab(cfg, dataset, [dataset_rows[i] for i in train_idx], target.info.vocab_size)
     if env.main:
         save_vocab(out / "vocab.safetensors", d2t, t2d)
-    w_full = lm_head_weight(target.model).detach().clone()  # [V, H] the teacher's head
+    w_full = lm_head_weight(target.model).detach()  # [V, H] the teacher's head
     drafter = build_drafter(target, layers, d2t, t2d, embed_weight(target.model).detach())
-    if cfg.hidden is not None:
-        target.model = None  # offline: only the head and embeddings were needed
 
     backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
     objective = TTTObjective(drafter.to(env.device), w_full.to(env.device), cfg.ttt, backend, cfg.loss_chunk)
