@@ -1,0 +1,173 @@
+"""Benchmark of `draftsmith eval`'s engine, at batch size 1, all parts in the same run.
+
+  plain   plain greedy decode tok/s: HF `generate` against the static-KV-cache engine with CUDA
+          graphs (and eager, no graphs), same prompts (MT-bench first turns), same token count
+          (no early stop), prefill included on both sides; plus how many outputs equal HF's.
+  verify  verification cost: one target forward of 1, 8, 32, 64 tokens after a 512-token
+          context, graphed and eager (median ms).
+  chain   `draftsmith eval` on MT-bench, chain K=7: tau, acceptance per position, speed-up
+  tree    `draftsmith eval` on MT-bench, EAGLE-2 tree (60 tokens, depth 7, top-k 10): the same
+
+    python bench/eval_bench.py --target /root/m/SmolLM2-135M-Instruct.Q4_1.gguf --drafter DRAFTER --out-json bench_eval.json
+    python bench/eval_bench.py --smoke      # CPU, small sizes, random drafter: checks the script works
+
+Without --drafter a random drafter is used (tau ~ 1: a speed-up floor, not a drafter's worth).
+Prints one JSON object and writes it to --out-json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from draftsmith.draft.checkpoint import save_drafter
+from draftsmith.evaluate.config import EvalConfig
+from draftsmith.evaluate.decode import plain_generate
+from draftsmith.evaluate.engine import TargetEngine
+from draftsmith.evaluate.proposer import random_drafter
+from draftsmith.evaluate.questions import load_questions, turn_prompt
+from draftsmith.evaluate.run import run as evaluate
+from draftsmith.evaluate.sampling import Sampling
+from draftsmith.layers import default_aux_layers
+from draftsmith.target import load_target
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def plain_decode(target, prompts: list[list[int]], new_tokens: int) -> dict:  # noqa: ANN001
+    """tok/s of HF generate, our engine eager, our engine with CUDA graphs (prefill included)."""
+    dev, model = target.device, target.model
+    out: dict = {"prompts": len(prompts), "new_tokens": new_tokens}
+
+    def timed(fn) -> tuple[float, list[list[int]]]:  # noqa: ANN001
+        fn(prompts[0])  # warm-up
+        sync(dev)
+        t0, outs = time.perf_counter(), []
+        for p in prompts:
+            outs.append(fn(p))
+        sync(dev)
+        return len(prompts) * new_tokens / (time.perf_counter() - t0), outs
+
+    def hf(p: list[int]) -> list[int]:
+        ids = torch.tensor([p], device=dev)
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0)
+        return gen[0, len(p):].tolist()
+
+    aux = default_aux_layers(target.info.num_layers)
+    max_len = max(map(len, prompts)) + new_tokens + 8
+    out["hf_generate_tok_per_s"], ref = timed(hf)
+    eager = TargetEngine(model, aux, max_len)
+    out["engine_eager_tok_per_s"], _ = timed(lambda p: plain_generate(eager, p, new_tokens, set(), Sampling()).tokens)
+    del eager
+    if dev.type == "cuda":
+        graphed = TargetEngine(model, aux, max_len)
+        graphed.graph(1)
+        out["capture_seconds"] = round(graphed.capture_seconds, 3)
+        out["engine_graphs_tok_per_s"], ours = timed(lambda p: plain_generate(graphed, p, new_tokens, set(), Sampling()).tokens)
+        out["speedup_graphs_vs_hf"] = round(out["engine_graphs_tok_per_s"] / out["hf_generate_tok_per_s"], 3)
+        del graphed
+    else:
+        ours = [plain_generate(TargetEngine(model, aux, max_len), p, new_tokens, set(), Sampling()).tokens for p in prompts]
+    out["outputs_equal_hf"] = f"{sum(a == b for a, b in zip(ours, ref, strict=True))}/{len(prompts)}"
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def verification_cost(target, sizes: list[int], context: int, reps: int) -> dict:  # noqa: ANN001
+    """Median ms of one target forward of t tokens after `context` cached tokens."""
+    dev = target.device
+    engine = TargetEngine(target.model, default_aux_layers(target.info.num_layers), context + max(sizes) + 8)
+    ctx = torch.randint(0, target.info.vocab_size, (context,), device=dev)
+    out: dict = {"context": context}
+    for graphs in ([False, True] if dev.type == "cuda" else [False]):
+        for t in sizes:
+            if graphs:
+                engine.graph(t)
+            engine.prefill(ctx)
+            ids = torch.randint(0, target.info.vocab_size, (t,), device=dev)
+            slots = torch.arange(context, context + t, device=dev)
+            mask = engine.causal_mask(context, t)
+            times = []
+            for _ in range(reps):
+                sync(dev)
+                t0 = time.perf_counter()
+                engine.forward(ids, slots, slots, mask)
+                sync(dev)
+                times.append(time.perf_counter() - t0)
+            out[f"{'graphs' if graphs else 'eager'}_ms_{t}"] = round(1000 * statistics.median(times[1:]), 3)
+    return out
+
+
+def spec_run(args: argparse.Namespace, drafter: Path, out: Path, **mode: object) -> dict:
+    cfg = EvalConfig(target=args.target, drafter=drafter, out=out, num_questions=args.num_questions,
+                     max_new_tokens=args.max_new_tokens, device=args.device, overwrite=True, **mode)
+    evaluate(cfg)
+    r = json.loads((out / "report.json").read_text())
+    keys = ("tau", "accept_per_position", "spec_tok_per_s", "plain_tok_per_s", "speedup", "steps", "tokens",
+            "greedy_turns_matching_plain", "greedy_turns_checked", "capture_seconds", "warmup_seconds", "wall_seconds", "kv_cache_len")
+    return {k: r[k] for k in keys} | {"report": str(out / "report.json")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--drafter", type=Path, help="drafter folder (train output or export); default: random drafter")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--num-questions", type=int, default=80)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--plain-prompts", type=int, default=5)
+    ap.add_argument("--plain-tokens", type=int, default=256)
+    ap.add_argument("--parts", default="plain,verify,chain,tree")
+    ap.add_argument("--out-dir", type=Path, default=None, help="where the eval reports go (default: a temp folder)")
+    ap.add_argument("--out-json", type=Path, default=None)
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: checks that the script runs")
+    args = ap.parse_args()
+    if args.smoke:
+        args.device, args.num_questions, args.max_new_tokens, args.plain_prompts, args.plain_tokens = "cpu", 1, 8, 1, 8
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    args.device = str(device)
+    out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="eval_bench_"))
+    parts = set(args.parts.split(","))
+
+    t0 = time.perf_counter()
+    target = load_target(args.target, device)
+    result: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "target": args.target, "dtype": str(target.dtype).removeprefix("torch."),
+        "load_seconds": round(time.perf_counter() - t0, 2),
+    }
+    if "plain" in parts:
+        prompts = [turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", args.plain_prompts)]
+        result["plain_decode"] = plain_decode(target, prompts, args.plain_tokens)
+    if "verify" in parts:
+        sizes, context, reps = ([1, 8], 64, 3) if args.smoke else ([1, 8, 32, 64], 512, 50)
+        result["verification_cost"] = verification_cost(target, sizes, context, reps)
+    drafter = args.drafter
+    if drafter is None and parts & {"chain", "tree"}:
+        drafter = save_drafter(random_drafter(target.model, 32000).cpu(), out_dir / "random_drafter", target=target.info.to_dict())
+        result["drafter_note"] = "random drafter (tau ~ 1)"
+    result["drafter"] = str(drafter)
+    del target
+    if "chain" in parts:
+        result["chain"] = spec_run(args, drafter, out_dir / "chain", mode="chain", k=2 if args.smoke else 7)
+    if "tree" in parts:
+        tree = dict(k=3, top_k=3, total_tokens=8) if args.smoke else dict(k=7, top_k=10, total_tokens=60)
+        result["tree"] = spec_run(args, drafter, out_dir / "tree", mode="tree", **tree)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out_json:
+        args.out_json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
