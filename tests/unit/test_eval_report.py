@@ -1,0 +1,65 @@
+"""Question loading and the report's numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from draftsmith.errors import UserError
+from draftsmith.evaluate.questions import load_questions, turn_prompt
+from draftsmith.evaluate.report import acceptance, build_report, markdown, plot
+
+
+def test_mt_bench_and_jsonl_formats(tmp_path, tokenizer):
+    mt = load_questions("mt_bench")
+    assert len(mt) == 80 and all(len(q.turns) == 2 for q in mt)
+    f = tmp_path / "q.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in [
+        {"turns": ["a", "b"], "category": "x"},
+        {"prompt": "p"},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]},
+    ]) + "\n")
+    qs = load_questions(str(f))
+    assert [q.turns for q in qs] == [["a", "b"], ["p"], ["u"]]
+    assert [q.question_id for q in qs] == [1, 2, 3] and qs[1].category == "all"
+    assert len(load_questions(str(f), limit=2)) == 2
+    ids = turn_prompt(tokenizer, ["hi", "more"], ["hello"])
+    text = tokenizer.decode(ids)
+    assert text.index("hi") < text.index("hello") < text.index("more") and text.rstrip().endswith("assistant")
+
+
+def test_bad_question_names_line(tmp_path):
+    f = tmp_path / "q.jsonl"
+    f.write_text('{"prompt": "ok"}\n{"turns": []}\n')
+    with pytest.raises(UserError, match="q.jsonl:2"):
+        load_questions(str(f))
+    with pytest.raises(UserError, match="no such file"):
+        load_questions(str(tmp_path / "missing.jsonl"))
+
+
+def test_acceptance_numbers():
+    a = acceptance([0, 2, 3, 1], depth=3)
+    assert a["tau"] == pytest.approx((1 + 3 + 4 + 2) / 4)
+    assert a["accept_per_position"] == [0.75, 0.5, 0.25]
+    assert a["accept_conditional"] == [0.75, pytest.approx(0.6667, abs=1e-4), 0.5]
+    assert a["tau_distribution"] == {"1": 1, "2": 1, "3": 1, "4": 1}
+
+
+def test_report_speedup_and_categories(tmp_path):
+    turns = [
+        {"category": "a", "accepts": [1, 1], "spec_tokens": 4, "spec_seconds": 1.0, "plain_tokens": 4, "plain_seconds": 2.0, "matches_plain": True},
+        {"category": "b", "accepts": [0], "spec_tokens": 1, "spec_seconds": 1.0, "plain_tokens": 1, "plain_seconds": 0.5, "matches_plain": False},
+    ]
+    meta = {"mode": "chain", "bench": "x", "target": "t", "drafter": "d", "device": "cpu", "dtype": "float32", "cuda_graphs": False,
+            "questions": 2, "temperature": 0.0, "max_new_tokens": 4, "capture_seconds": 0.0, "warmup_seconds": 0.0, "wall_seconds": 1.0}
+    r = build_report(turns, depth=2, meta=meta)
+    assert r["tau"] == pytest.approx(5 / 3, abs=1e-4) and r["tokens"] == 5
+    assert r["spec_tok_per_s"] == 2.5 and r["plain_tok_per_s"] == pytest.approx(2.0) and r["speedup"] == pytest.approx(1.25)
+    assert r["categories"]["a"]["speedup"] == 2.0 and r["categories"]["b"]["tau"] == 1.0
+    assert r["greedy_turns_checked"] == 2 and r["greedy_turns_matching_plain"] == 1
+    no_speed = build_report([{**turns[0], "plain_seconds": None}], depth=2, meta=meta)
+    assert no_speed["speedup"] is None
+    assert "speed-up 1.25x" in markdown(r)
+    plot(r, tmp_path)
+    assert (tmp_path / "acceptance.png").stat().st_size > 0 and (tmp_path / "tau.png").stat().st_size > 0
