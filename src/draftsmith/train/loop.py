@@ -119,12 +119,15 @@ class Trainer:
         """Metrics over the validation split (the training samples when none is held out)."""
         self.wrapped.eval()
         indices = self.val_idx or self.train_idx
-        rows = shard_rows(pack_rows(self.source.lengths, indices, self.cfg.batch_tokens, seed=None), self.env.rank, self.env.world)
+        rows = pack_rows(self.source.lengths, indices, self.cfg.batch_tokens, seed=None)
+        mine = rows[self.env.rank :: self.env.world]
+        per_rank = -(-len(rows) // self.env.world)  # every rank runs as many forwards (FSDP gathers in each)
         stats = zero_stats(self.cfg.ttt)
-        for row in rows:
+        for i in range(per_rank):
             with self.autocast:
-                _, st = self.wrapped(**self.batch(row))
-            add_stats(stats, st)
+                _, st = self.wrapped(**self.batch(mine[i] if i < len(mine) else rows[0]))
+            if i < len(mine):  # a padding forward's counts are not kept
+                add_stats(stats, st)
         record = {"split": "val", "step": self.pos.step, "epoch": self.pos.epoch,
                   **summarise(all_reduce_stats(stats, self.env.device))}
         self.log.write(record)
