@@ -76,7 +76,7 @@ class DrafterProposer:
             return
         slots = self.max_len + torch.arange(t, device=self.device)
         mask = torch.zeros(t, self.cols.shape[0], dtype=torch.bool, device=self.device)
-        mask[torch.arange(t), slots] = True
+        mask[torch.arange(t, device=self.device), slots] = True
         example = (torch.zeros(t, self.drafter.config.hidden_size, device=self.device, dtype=self.dtype),
                    torch.zeros(t, dtype=torch.long, device=self.device), torch.zeros(t, dtype=torch.long, device=self.device),
                    slots, mask)

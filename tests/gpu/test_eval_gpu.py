@@ -1,0 +1,46 @@
+"""GPU checks of the eval engine (run with --run-gpu on a CUDA machine): CUDA-graphed
+forwards give the eager logits, and graphed speculative decoding equals graphed plain
+decoding on the embedded default (fp32, so that batching cannot flip a near-tie)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftsmith.evaluate.decode import plain_generate, spec_generate
+from draftsmith.evaluate.engine import TargetEngine
+from draftsmith.evaluate.proposer import DrafterProposer, random_drafter
+from draftsmith.evaluate.questions import load_questions, turn_prompt
+from draftsmith.evaluate.sampling import Sampling
+from draftsmith.target import load_target
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target("smollm2-135m", device="cuda", dtype="fp32")
+
+
+def test_graphed_forward_equals_eager(target):
+    eng = TargetEngine(target.model, [2, 15, 27], 128)
+    eng.graph(8)
+    ids = torch.randint(0, 1000, (40,), device="cuda")
+    eng.prefill(ids[:32])
+    slots = torch.arange(32, 40, device="cuda")
+    graphed, aux_g = (x.clone() for x in eng.forward(ids[32:], slots, slots, eng.causal_mask(32, 8)))
+    eager, aux_e = eng._forward(ids[None, 32:], slots[None], slots, eng.causal_mask(32, 8)[None, None])
+    assert torch.allclose(graphed, eager, atol=1e-4) and torch.allclose(aux_g, aux_e, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_graphed_spec_equals_plain(target, mode):
+    drafter = random_drafter(target.model, 32000)
+    eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512)
+    prop = DrafterProposer(drafter, Sampling(), 512, mode=mode, k=7, top_k=10, total_tokens=60)
+    eng.graph(1)
+    eng.graph(prop.size + 1)
+    prop.graph()
+    for q in load_questions("mt_bench", 4):
+        p = turn_prompt(target.tokenizer, q.turns[:1], [])
+        assert spec_generate(eng, prop, p, 64, set(), Sampling()).tokens == plain_generate(eng, p, 64, set(), Sampling()).tokens
