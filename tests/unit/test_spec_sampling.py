@@ -141,3 +141,17 @@ def test_verify_greedy_follows_argmax_through_tree():
     tokens, parents = [5, 3, 7, 9], [0, 0, 2, 3]  # rows 1,2 under root; 3 under 2; 4 under 3
     path, bonus = verify(tokens, parents, logits, Sampling())
     assert path == [0, 2, 3] and bonus == 1
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_sampled_generation_runs_to_length(mode):
+    """The full loop with sampling: drafts are accepted, KV compaction keeps going, stop at length."""
+    from draftsmith.evaluate.decode import spec_generate
+
+    model = tiny_vocab_llama()
+    eng = TargetEngine(model, [0, 1, 2], max_len=64)
+    sampling = Sampling(temperature=1.0, seed=3)
+    prop = DrafterProposer(tiny_drafter(model), sampling, 64, mode=mode, k=3, top_k=3, total_tokens=6)
+    out = spec_generate(eng, prop, [1, 5, 7, 3, 9], 30, set(), sampling)
+    assert len(out.tokens) == 30 and all(0 <= t < V for t in out.tokens)
+    assert sum(out.accepts) > 0 and len(out.accepts) < 30
