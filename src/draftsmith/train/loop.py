@@ -183,8 +183,10 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------
     def run(self, progress: Any) -> dict[str, Any] | None:
         cfg = self.cfg
+        if self.pos.step >= self.total:  # resuming a finished run
+            return None
         pending = zero_stats(cfg.ttt)
-        if self.pos.pending:
+        if self.pos.pending and self.env.main:  # saved summed over ranks: rank 0 carries them
             pending = {k: torch.tensor(v, dtype=torch.float64) for k, v in self.pos.pending.items()}
         last_val = None
         t0, tokens0 = time.time(), self.pos.tokens
@@ -218,7 +220,7 @@ class Trainer:
             if cfg.val_every is not None and self.pos.step % cfg.val_every == 0:
                 last_val = self.validate()
             if self.pos.step % cfg.save_every == 0 and self.pos.step < self.total:
-                self.pos.pending = {k: v.tolist() for k, v in pending.items()}
+                self.pos.pending = {k: v.tolist() for k, v in all_reduce_stats(dict(pending), self.env.device).items()}
                 self.save_checkpoint()
         if last_val is None or last_val["step"] != self.pos.step:
             last_val = self.validate()

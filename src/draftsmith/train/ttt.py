@@ -86,6 +86,10 @@ def eager_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
 
+    # one compiled variant per key length ((k+1)·T for k < K): raise dynamo's default limit of 8
+    for name in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
     return torch.compile(flex_attention, dynamic=False)
 
 
