@@ -72,7 +72,7 @@ class DrafterProposer:
         """Capture the draft steps (1 token in chain mode, top_k in tree mode) in a CUDA graph
         (no-op on CPU); the context step after each verification stays eager."""
         t = 1 if self.mode == "chain" else self.top_k
-        if self.device.type != "cuda" or t in self.graphs:
+        if self.device.type != "cuda" or t in self.graphs or self.draft_slots < t:
             return
         slots = self.max_len + torch.arange(t, device=self.device)
         mask = torch.zeros(t, self.cols.shape[0], dtype=torch.bool, device=self.device)
