@@ -147,6 +147,8 @@ def run(cfg: SynthConfig) -> Path:
     if rank == 0:
         for path in (out, output.dropped_path(out)):
             output.merge_parts(path)
-        details = [f"{k} {v}" for k, v in sorted(totals.items()) if k != "kept"] + [f"duplicate prompts {n_dup}"]
-        print(f"[synth] {out}: {totals['kept']} conversations written by this run ({', '.join(details)})", file=sys.stderr)
+        details = ", ".join(f"{k} {v}" for k, v in sorted(totals.items()))
+        who = "this run" if world == 1 else "rank 0"
+        print(f"[synth] {out}: {len(output.read_records(out))} conversations in the file; {who}: {details or 'nothing to do'}, "
+              f"duplicate prompts skipped {n_dup}", file=sys.stderr)
     return out

@@ -1,0 +1,115 @@
+"""Benchmark of `draftsmith synth` (local backend): generated tokens/s for N GSM8K prompts
+through the real synth code path (`draftsmith.synth.run.run`: batching, filters, JSONL output),
+next to plain single-stream HF `generate` on the same target, same prompts, same cache, in the
+same process. The bar (issue #3) is 20x the single-stream rate.
+
+    python bench/synth_bench.py --target /root/m/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --num-prompts 1000 --max-new-tokens 256 --batch-size 256 --out-json bench_synth.json
+    python bench/synth_bench.py --smoke        # CPU check, a minute
+
+Prints one JSON object and writes it to --out-json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from draftsmith.assets import GSM8K_TRAIN
+from draftsmith.data.formats import read_conversations
+from draftsmith.synth.config import SynthConfig
+from draftsmith.synth.local import stop_token_ids
+from draftsmith.synth.run import run
+from draftsmith.target import load_target
+
+
+def single_stream(target, questions: list[str], max_new_tokens: int) -> dict:
+    """Plain HF `generate`, one prompt at a time, greedy, stopping at the same end-of-turn ids."""
+    tok, model = target.tokenizer, target.model
+    eos = sorted(stop_token_ids(target))
+    tokens, seconds = 0, 0.0
+    for q in questions:
+        text = tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"].to(target.device)
+        if target.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                 do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
+        if target.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - t0
+        tokens += out.shape[1] - ids.shape[1]
+    return {"prompts": len(questions), "generated_tokens": tokens, "seconds": round(seconds, 3),
+            "tok_per_s": round(tokens / seconds, 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="smollm2-135m", help="target spec (alias, .gguf file or HF folder)")
+    ap.add_argument("--prompts", type=Path, default=GSM8K_TRAIN, help="prompt file (default: bundled GSM8K train)")
+    ap.add_argument("--num-prompts", type=int, default=1000)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--cache", choices=["dynamic", "static"], default="dynamic")
+    ap.add_argument("--baseline-prompts", type=int, default=3, help="prompts for the single-stream baseline")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--bar", type=float, default=20.0, help="required speed-up over single-stream generate")
+    ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 8 prompts, 16 new tokens, batch 4")
+    ap.add_argument("--out-json", type=Path, default=Path("bench_synth.json"))
+    args = ap.parse_args()
+    if args.smoke:
+        args.num_prompts, args.max_new_tokens, args.batch_size, args.baseline_prompts = 8, 16, 4, 2
+        args.device = args.device or "cpu"
+
+    convs = read_conversations(args.prompts)[: args.num_prompts]
+    with tempfile.TemporaryDirectory() as tmp:
+        prompt_file = Path(tmp) / "prompts.jsonl"
+        prompt_file.write_text("".join(json.dumps({"id": c["id"], "prompt": c["messages"][0]["content"]}) + "\n" for c in convs))
+        out = Path(tmp) / "synth" / "conversations.jsonl"
+        cfg = SynthConfig(prompts=prompt_file, target=args.target, out=out, max_new_tokens=args.max_new_tokens,
+                          temperature=0.0, batch_size=args.batch_size, cache=args.cache, device=args.device, dtype=args.dtype)
+        t0 = time.perf_counter()
+        run(cfg)
+        wall = time.perf_counter() - t0
+        progress = json.loads((out.parent / "progress.json").read_text())
+        kept = [json.loads(line) for line in out.read_text().splitlines()]
+
+    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    base = single_stream(target, [c["messages"][0]["content"] for c in convs[: args.baseline_prompts]], args.max_new_tokens)
+    synth_rate = progress["tok_per_s"]
+    result = {
+        "bench": "synth",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "hardware": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "target": args.target, "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."),
+        "prompts": len(convs), "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size, "cache": args.cache,
+        "synth": {"generated_tokens": progress["tokens"], "seconds": progress["elapsed_s"], "tok_per_s": synth_rate,
+                  "conversations_per_s": progress["rate"], "wall_s_with_load": round(wall, 1),
+                  "kept": len(kept), "counters": progress["counters"]},
+        "single_stream_generate": base,
+        "speedup": round(synth_rate / base["tok_per_s"], 2),
+        "bar": args.bar,
+    }
+    result["passes_bar"] = result["speedup"] >= args.bar
+    text = json.dumps(result, indent=2)
+    print(text)
+    args.out_json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
