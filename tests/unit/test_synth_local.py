@@ -1,0 +1,79 @@
+"""Local backend on the tiny in-process Llama: batched greedy equals per-prompt `generate`,
+stop tokens from the template, prompts too long for the context, static-cache padding."""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.synth.local import LocalBackend, stop_token_ids
+from draftsmith.synth.magpie import end_of_turn, user_turn_prefix
+from draftsmith.synth.turns import Request, Sampling
+
+GREEDY = Sampling(0.0, 1.0, 0, 8, 0)
+QUESTIONS = ["hi", "What is two plus two? Please explain in detail.", "x", "Tell me a story about owls and the moon."]
+
+
+def _chat(q):
+    return Request(f"{q}/a0", messages=[{"role": "user", "content": q}])
+
+
+def _reference(target, request, max_new_tokens):
+    tok = target.tokenizer
+    ids = tok(tok.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True),
+              add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                                    eos_token_id=sorted(stop_token_ids(target)), pad_token_id=tok.pad_token_id)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_template_markers(tokenizer):
+    assert end_of_turn(tokenizer, "user") == end_of_turn(tokenizer, "assistant") == "<|im_end|>"
+    prefix = user_turn_prefix(tokenizer, [{"role": "system", "content": "Be brief."}])
+    assert prefix == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+    assert user_turn_prefix(tokenizer, []).startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+
+
+def test_batched_greedy_equals_single_generate(tiny_target):
+    backend = LocalBackend(tiny_target, batch_size=3)  # length-sorted batches of 3 and 1, left-padded
+    assert backend.stop == {tiny_target.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    requests = [_chat(q) for q in QUESTIONS]
+    gens = backend.generate(requests, GREEDY)
+    for req, gen in zip(requests, gens):
+        ref = _reference(tiny_target, req, 8)
+        assert gen.text == tiny_target.tokenizer.decode(ref, skip_special_tokens=True)
+        assert gen.tokens == len(ref) and not gen.too_long
+
+
+def test_static_cache_matches_dynamic(tiny_target):
+    requests = [_chat(q) for q in QUESTIONS[:2]]
+    dynamic = LocalBackend(tiny_target, batch_size=2).generate(requests, GREEDY)
+    static = LocalBackend(tiny_target, batch_size=2, cache="static").generate(requests, GREEDY)
+    assert [g.text for g in static] == [g.text for g in dynamic]
+
+
+def test_too_long_prompt_is_skipped(tiny_target):
+    backend = LocalBackend(tiny_target, batch_size=4)
+    assert backend.context == 512
+    long_q = "word " * 600
+    gens = backend.generate([_chat("short"), _chat(long_q)], GREEDY)
+    assert not gens[0].too_long and gens[0].tokens > 0
+    assert gens[1].too_long and gens[1].tokens == 0 and gens[1].text == ""
+
+
+def test_stop_at_end_of_turn_marks_finished(tiny_target, monkeypatch):
+    backend = LocalBackend(tiny_target, batch_size=2)
+    # make the stop set include whatever the model emits first, so that it must stop right there
+    first = _reference(tiny_target, _chat("hi"), 1)[0]
+    backend.stop = backend.stop | {first}
+    (gen,) = backend.generate([_chat("hi")], GREEDY)
+    assert gen.finished and gen.tokens == 1 and gen.text == ""
+
+
+def test_sampling_is_seeded(tiny_target):
+    backend = LocalBackend(tiny_target, batch_size=2)
+    hot = Sampling(1.0, 1.0, 0, 8, 5)
+    a = backend.generate([_chat("hi"), _chat("x")], hot)
+    b = backend.generate([_chat("hi"), _chat("x")], hot)
+    c = backend.generate([_chat("hi"), _chat("x")], Sampling(1.0, 1.0, 0, 8, 6))
+    assert [g.text for g in a] == [g.text for g in b] != [g.text for g in c]

@@ -1,0 +1,54 @@
+"""`draftsmith synth` input handling: empty or missing prompts, conflicting options,
+de-duplication, system prompts, ids. None of these load a model."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from draftsmith.cli import app
+from draftsmith.synth.config import SynthConfig
+from draftsmith.synth.run import load_work
+
+
+def _invoke(*args):
+    return CliRunner().invoke(app, ["synth", *args])
+
+
+def test_empty_prompt_file_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    res = _invoke(str(empty), "--out", str(tmp_path / "o" / "c.jsonl"))
+    assert res.exit_code == 2 and "empty.jsonl" in res.output and "empty" in res.output
+    assert not (tmp_path / "o" / "c.jsonl").exists()
+
+
+def test_no_prompts_or_both(tmp_path):
+    res = _invoke("--out", str(tmp_path / "c.jsonl"))
+    assert res.exit_code == 2 and "--magpie" in res.output
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"prompt": "hi"}\n')
+    res = _invoke(str(p), "--magpie", "3", "--out", str(tmp_path / "c.jsonl"))
+    assert res.exit_code == 2 and "not both" in res.output
+
+
+def test_load_work_dedupes_keeps_user_turns_and_adds_system(tmp_path):
+    p = tmp_path / "src.jsonl"
+    rows = [
+        {"id": "a", "messages": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "old"},
+                                 {"role": "user", "content": "Q2"}, {"role": "assistant", "content": "old2"}]},
+        {"id": "b", "messages": [{"role": "user", "content": " q1 "}, {"role": "assistant", "content": "x"},
+                                 {"role": "user", "content": "Q2"}]},
+        {"id": "c", "messages": [{"role": "system", "content": "Own system."}, {"role": "user", "content": "Q3"}]},
+        {"id": "d", "messages": [{"role": "user", "content": "Q4"}]},
+    ]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    works, n_dup = load_work(SynthConfig(prompts=p, out=tmp_path / "o.jsonl", system="Default system.", seed=7))
+    assert n_dup == 1 and [w.id for w in works] == ["src:a:s7", "src:c:s7", "src:d:s7"]
+    assert works[0].users == ["Q1", "Q2"] and works[0].messages == [{"role": "system", "content": "Default system."}]
+    assert works[1].messages == [{"role": "system", "content": "Own system."}]
+    limited, _ = load_work(SynthConfig(prompts=p, out=tmp_path / "o.jsonl", limit=2))
+    assert len(limited) == 2
+    magpie, _ = load_work(SynthConfig(magpie=3, turns=2, out=tmp_path / "o.jsonl"))
+    assert [w.id for w in magpie] == ["magpie:0:s0", "magpie:1:s0", "magpie:2:s0"] and magpie[0].users == [None, None]
