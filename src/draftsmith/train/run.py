@@ -110,7 +110,11 @@ def build_source(cfg: Any, target: Any, dataset: Any) -> tuple[Any, list[int], l
     if len(reader) == 0:
         raise UserError(f"store {cfg.hidden} holds no samples yet; run `draftsmith extract` first")
     row_of = {int(s): i for i, s in enumerate(dataset.sample_ids)}
-    return OfflineSource(reader, max_len), layers, [row_of[s] for s in reader.sample_ids if s in row_of]
+    missing = [s for s in reader.sample_ids if s not in row_of]
+    if missing:
+        raise UserError(f"store {cfg.hidden} holds samples {missing[:5]} that the dataset {cfg.dataset_dir} lacks: "
+                        "give the dataset the store was extracted from")
+    return OfflineSource(reader, max_len), layers, [row_of[s] for s in reader.sample_ids]
 
 
 def build_drafter(target: Any, layers: list[int], d2t: torch.Tensor, t2d: torch.Tensor, embed: torch.Tensor) -> Eagle3Drafter:
