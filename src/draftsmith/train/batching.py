@@ -88,6 +88,8 @@ def collate(samples: list[dict[str, torch.Tensor]], pad_to: int | None, device: 
 class OfflineSource:
     """Samples from a hidden-state store; index i is the store's i-th sample."""
 
+    prefetch = True  # plain file reads: worth overlapping with the step
+
     def __init__(self, reader: Any, max_len: int) -> None:
         self.reader, self.max_len = reader, max_len
         self.lengths = np.minimum(reader.lengths, max_len)

@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,8 @@ class Trainer:
         self.total = cfg.steps or max(math.ceil(cfg.epochs * rows0 / cfg.grad_accum), 1)
         self.scheduler = cosine_schedule(self.optimizer, self.total, int(cfg.warmup_ratio * self.total))
         self.pos = Position()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
+        self._ahead: dict[tuple[int, ...], Future] = {}
         self.autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=bool(cfg.autocast))
 
     # -- data ------------------------------------------------------------------------------
@@ -91,8 +94,18 @@ class Trainer:
         rows = pack_rows(self.source.lengths, self.train_idx, self.cfg.batch_tokens, seed=self.cfg.seed + epoch)
         return shard_rows(rows, self.env.rank, self.env.world)
 
+    def prefetch(self, rows: list[list[int]]) -> None:
+        """Start reading the next rows in a background thread (offline sources only: online
+        capture shares the GPU with training, so overlapping it gains nothing)."""
+        if getattr(self.source, "prefetch", False):
+            for row in rows:
+                if tuple(row) not in self._ahead:
+                    self._ahead[tuple(row)] = self._pool.submit(self.source.samples, row)
+
     def batch(self, row: list[int]) -> dict[str, torch.Tensor]:
-        return collate(self.source.samples(row), self.pad_to, self.env.device)
+        ahead = self._ahead.pop(tuple(row), None)
+        samples = ahead.result() if ahead is not None else self.source.samples(row)
+        return collate(samples, self.pad_to, self.env.device)
 
     # -- steps -----------------------------------------------------------------------------
     def optimizer_step(self, rows: list[list[int]]) -> tuple[dict[str, torch.Tensor], int]:
@@ -193,6 +206,7 @@ class Trainer:
         rows = self.epoch_rows(self.pos.epoch)
         while self.pos.step < self.total:
             group = rows[self.pos.row : self.pos.row + cfg.grad_accum]
+            self.prefetch(rows[self.pos.row + cfg.grad_accum : self.pos.row + 2 * cfg.grad_accum])
             stats, tokens = self.optimizer_step(group)
             self.pos.row += len(group)
             self.pos.step += 1
