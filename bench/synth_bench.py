@@ -29,6 +29,7 @@ from draftsmith.assets import GSM8K_TRAIN
 from draftsmith.data.formats import read_conversations
 from draftsmith.synth.config import SynthConfig
 from draftsmith.synth.local import stop_token_ids
+from draftsmith.synth.output import read_records
 from draftsmith.synth.run import run
 from draftsmith.target import load_target
 
@@ -85,7 +86,7 @@ def main() -> None:
         run(cfg)
         wall = time.perf_counter() - t0
         progress = json.loads((out.parent / "progress.json").read_text())
-        kept = [json.loads(line) for line in out.read_text().splitlines()]
+        kept = read_records(out)
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     base = single_stream(target, [c["messages"][0]["content"] for c in convs[: args.baseline_prompts]], args.max_new_tokens)
