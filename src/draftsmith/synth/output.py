@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.fsutil import append_line, read_jsonl
+from draftsmith.synth.filters import normalize
 
 
 def dropped_path(out: Path) -> Path:
@@ -59,16 +60,16 @@ def all_files(out: Path) -> list[Path]:
     return [out, *parts(out), drop, *parts(drop)]
 
 
-def done_ids(out: Path) -> tuple[set[str], list[dict[str, Any]]]:
-    """(ids already kept or dropped, the kept records) across the main and part files."""
+def done_ids(out: Path) -> tuple[set[str], set[str]]:
+    """(ids already kept or dropped, the normalized user turns of the kept conversations)
+    across the main and part files. The user turns let Magpie refuse repeats of earlier runs."""
     ids: set[str] = set()
-    kept: list[dict[str, Any]] = []
+    users: set[str] = set()
     for path in all_files(out):
         records = read_records(path)
         ids.update(str(r["id"]) for r in records)
-        if "dropped" not in path.name:
-            kept += records
-    return ids, kept
+        users.update(normalize(m["content"]) for r in records for m in r.get("messages", []) if m.get("role") == "user")
+    return ids, users
 
 
 def write(path: Path, record: dict[str, Any]) -> int:

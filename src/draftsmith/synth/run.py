@@ -30,7 +30,7 @@ from draftsmith.errors import UserError
 from draftsmith.progress import Progress
 from draftsmith.synth import output
 from draftsmith.synth.config import SynthConfig
-from draftsmith.synth.filters import dedupe, normalize
+from draftsmith.synth.filters import dedupe
 from draftsmith.synth.remote import ServerUnreachable
 from draftsmith.synth.turns import Backend, Sampling, Work, synthesize
 
@@ -104,8 +104,7 @@ def run(cfg: SynthConfig) -> Path:
         kept_file, drop_file = output.part_path(kept_file, rank), output.part_path(drop_file, rank)
     for path in (kept_file, drop_file):
         output.repair_tail(path)
-    done, kept = output.done_ids(out)
-    seen_users = {normalize(m["content"]) for r in kept for m in r["messages"] if m["role"] == "user"}
+    done, seen_users = output.done_ids(out)
     mine = [w for w in works if shard_of(w.id, world) == rank]
     pending = sorted((w for w in mine if w.id not in done), key=lambda w: len(w.users[0] or ""))
     if rank == 0:
