@@ -1,6 +1,6 @@
 """Remote backend contract: the requests sent to an OpenAI-compatible server and the parsing of
 its answers, retries with backoff, context and usage errors, and an unreachable server, all
-against an in-process stub server (the real llama.cpp server test is tests/e2e/test_synth_remote.py)."""
+against an in-process stub server (the real llama.cpp server test is tests/e2e/test_synth_llama_server.py)."""
 
 from __future__ import annotations
 
