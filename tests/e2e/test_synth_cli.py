@@ -52,7 +52,7 @@ def test_magpie_self_prompts(tmp_path, smollm2, monkeypatch):
     # the CLI would load the same target again; reuse the session's copy to keep the test short
     monkeypatch.setattr("draftsmith.target.load_target", lambda *a, **k: smollm2)
     out = tmp_path / "magpie" / "conversations.jsonl"
-    res = CliRunner().invoke(app, ["synth", "--magpie", "4", "--out", str(out), "--max-new-tokens", "48",
+    res = CliRunner().invoke(app, ["synth", "--magpie", "4", "--out", str(out), "--max-new-tokens", "32",
                                    "--keep-unfinished", "--seed", "1", "--batch-size", "4"])
     assert res.exit_code == 0, res.output
     records = _lines(out)
