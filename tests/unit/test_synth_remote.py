@@ -154,6 +154,9 @@ def test_cli_run_unreachable_keeps_output_and_resumes(stub, tmp_path):
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert sorted(ids) == [f"p:line-{i}:s0" for i in range(1, 6)]  # each exactly once
     assert len(stub.posts("/v1/chat/completions")) == 5
+    # a rerun of a finished job has nothing to do: it does not even contact the server
+    res = CliRunner().invoke(app, [*args, str(tmp_path / "p.jsonl"), "--endpoint", dead])
+    assert res.exit_code == 0 and "5 conversations in the file" in res.output, res.output
 
 
 def test_cli_magpie_uses_completions(stub, tmp_path, tokenizer, monkeypatch):

@@ -105,8 +105,8 @@ class LocalBackend:
     @torch.inference_mode()
     def _batch(self, prompts: list[list[int]], sampling: Sampling, stop: set[int], seed: int) -> list[Generation]:
         width = max(len(p) for p in prompts)
-        if self.cache == "static":
-            width = -(-width // STATIC_MULTIPLE) * STATIC_MULTIPLE
+        if self.cache == "static":  # round up, within what the context leaves after the new tokens
+            width = max(width, min(-(-width // STATIC_MULTIPLE) * STATIC_MULTIPLE, self.context - sampling.max_new_tokens))
         device = self.target.device
         input_ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)  # [b, s], left-padded
         mask = torch.zeros((len(prompts), width), dtype=torch.long)

@@ -12,6 +12,7 @@ Only the standard library is used (urllib + concurrent.futures): no extra depend
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import time
@@ -69,7 +70,7 @@ class RemoteBackend:
             if e.code == 400 and any(h in detail.lower() for h in CONTEXT_HINTS):
                 raise ContextError(detail) from None
             raise UserError(f"the server at {self.base} rejected {method} {path} (HTTP {e.code}): {detail}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
             raise _Retryable(f"{self.base + path}: {getattr(e, 'reason', e)}") from None
         except json.JSONDecodeError as e:
             raise _Retryable(f"{self.base + path}: the answer is not JSON ({e.msg})") from None

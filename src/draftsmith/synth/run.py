@@ -110,7 +110,7 @@ def run(cfg: SynthConfig) -> Path:
     if rank == 0:
         write_run_record(out.parent, cfg, name=f"{out.stem}.run.yaml")
 
-    backend, tokenizer = build_backend(cfg, world, local_rank)
+    backend, tokenizer = build_backend(cfg, world, local_rank) if pending else (None, None)
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
     user_sampling = Sampling(cfg.magpie_temperature, cfg.magpie_top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
     generation = {"backend": "remote" if cfg.endpoint else "local", **sampling.to_dict(),
