@@ -96,7 +96,8 @@ class LocalBackend:
             batch = fits[start:start + self.batch_size]
             stop = set(self.stop)
             for i in batch:
-                stop |= {t for t in self.tokenizer.convert_tokens_to_ids(list(requests[i].stop)) if t not in (None, self.tokenizer.unk_token_id)}
+                ids = self.tokenizer.convert_tokens_to_ids(list(requests[i].stop))
+                stop |= {t for t in ids if t not in (None, self.tokenizer.unk_token_id)}
             seed = stable_seed(sampling.seed, requests[batch[0]].key)
             for i, gen in zip(batch, self._batch([prompts[i] for i in batch], sampling, stop, seed)):
                 results[i] = gen

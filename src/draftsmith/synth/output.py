@@ -2,7 +2,7 @@
 
 Layout next to the output `OUT.jsonl`:
   OUT.jsonl              kept conversations, one JSON object a line (what `prepare` reads)
-  OUT.dropped.jsonl      dropped conversations: id, reason (for inspection and resume)
+  OUT.dropped.jsonl      dropped conversations: id, reason, the rejected text (for inspection and resume)
   OUT.part{r}.jsonl      rank r's kept conversations while a torchrun job runs
   OUT.dropped.part{r}.jsonl  rank r's dropped ones
 

@@ -136,7 +136,7 @@ def run(cfg: SynthConfig) -> Path:
                     counts["kept"] += 1
                     counts["truncated"] += w.ended is not None
                 else:
-                    output.write(drop_file, {"id": w.id, "source_id": w.source_id, "reason": w.ended})
+                    output.write(drop_file, {"id": w.id, "source_id": w.source_id, "reason": w.ended, "rejected": w.rejected[:2000]})
                     counts[f"dropped_{w.ended}"] += 1
             totals.update(counts)
             progress.advance(len(batch), tokens=sum(w.tokens for w in batch), bytes_written=written, **counts)

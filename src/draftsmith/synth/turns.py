@@ -70,6 +70,7 @@ class Work:
     tokens: int = 0
     alive: bool = True
     ended: str | None = None  # why the conversation stopped early (a drop reason), if it did
+    rejected: str = ""  # the generated text that made it stop, for inspection
 
     def __post_init__(self) -> None:
         self.messages = list(self.system)
@@ -78,11 +79,11 @@ class Work:
     def answered(self) -> int:
         return sum(m["role"] == "assistant" for m in self.messages)
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str, rejected: str = "") -> None:
         """End the conversation at its last answered turn."""
         while self.messages and self.messages[-1]["role"] == "user":
             self.messages.pop()
-        self.alive, self.ended = False, reason
+        self.alive, self.ended, self.rejected = False, reason, rejected
 
 
 def stable_seed(seed: int, key: str) -> int:
@@ -121,7 +122,7 @@ def synthesize(
                 if reason is None and normalize(text) in seen:
                     reason = "duplicate"
                 if reason:
-                    w.stop(reason)
+                    w.stop(reason, f"[user] {text}")
                     continue
                 seen.add(normalize(text))
                 w.messages.append({"role": "user", "content": text})
@@ -135,7 +136,7 @@ def synthesize(
             text = gen.text if keep_thinking else strip_thinking(gen.text)
             reason = _verdict(gen, text, keep_unfinished)
             if reason:
-                w.stop(reason)
+                w.stop(reason, f"[assistant] {text}")
                 continue
             w.messages.append({"role": "assistant", "content": text})
     return works
