@@ -101,6 +101,8 @@ class TargetEngine:
     # -- the forward -----------------------------------------------------------------------
     def _attention(self, i: int, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """mask [1, 1, T, S]: attends over the first S cache slots (S = max_len when graphed;
+        eager calls pass only the slots in use, which keeps CPU decoding cheap)."""
         attn = layer.self_attn
         b, t, _ = x.shape
         q = attn.q_proj(x).view(b, t, -1, self.hd)  # [1, T, nh, hd]
@@ -113,7 +115,8 @@ class TargetEngine:
         k = k * cos + rotate_half(k) * sin
         self.k_cache[i].index_copy_(2, slots, k)
         self.v_cache[i].index_copy_(2, slots, v)
-        o = F.scaled_dot_product_attention(q, self.k_cache[i], self.v_cache[i], attn_mask=mask,
+        s = mask.shape[-1]
+        o = F.scaled_dot_product_attention(q, self.k_cache[i][:, :, :s], self.v_cache[i][:, :, :s], attn_mask=mask,
                                            scale=getattr(attn, "scaling", None), enable_gqa=True)  # [1, nh, T, hd]
         return attn.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # [1, T, H]
 
@@ -139,8 +142,9 @@ class TargetEngine:
         `mask [T, max_len]` says which cache slots each token sees (its own slot included).
         Uses the CUDA graph captured for T tokens when there is one."""
         t = ids.shape[0]
-        fn = self.graphs.get(t, self._forward)
-        return fn(ids[None], pos[None], slots, mask[None, None])
+        if t in self.graphs:
+            return self.graphs[t](ids[None], pos[None], slots, mask[None, None])
+        return self._forward_eager(ids, pos, slots, mask)
 
     # -- helpers ---------------------------------------------------------------------------
     def causal_mask(self, start: int, t: int) -> torch.Tensor:
@@ -167,8 +171,9 @@ class TargetEngine:
         return self._forward_eager(ids, pos, pos, self.causal_mask(0, p))
 
     def _forward_eager(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        used = int(torch.nonzero(mask.any(0)).max()) + 1  # cache slots any token can see
         with torch.no_grad():
-            return self._forward(ids[None], pos[None], slots, mask[None, None])
+            return self._forward(ids[None], pos[None], slots, mask[None, None, :, :used])
 
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move the accepted path's K/V from slots `src` to slots `dst` (both [n])."""
