@@ -178,7 +178,7 @@ def run(cfg: ExtractConfig) -> Path:
     if rank == 0:
         check_writable(out)
     device = resolve_device(cfg, world, local_rank)
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)  # streams, events and NCCL barriers on this rank's GPU
     if world > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
