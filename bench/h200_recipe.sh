@@ -11,6 +11,7 @@ mkdir -p "$R"
 export PYTHONUNBUFFERED=1
 step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $R/NAME.log, record rc and duration
   local name=$1 limit=$2; shift 2
+  [ -f "$R/$name.json" ] && { echo "=== $name skipped: $R/$name.json exists" >> "$R/steps.log"; return; }
   echo "=== $name start $(date -u +%FT%TZ)" >> "$R/steps.log"
   timeout "$limit" "$@" > "$R/$name.log" 2>&1
   echo "=== $name rc=$? end $(date -u +%FT%TZ)" >> "$R/steps.log"
