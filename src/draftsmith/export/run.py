@@ -26,6 +26,7 @@ from draftsmith.export.card import model_card
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.importer import import_drafter
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
+from draftsmith.layers import to_engine
 
 
 def load_source(cfg: ExportConfig) -> tuple[Eagle3Drafter, dict[str, Any]]:
@@ -101,5 +102,5 @@ def run(cfg: ExportConfig) -> Path:
         write_run_record(tmp, cfg)
         reload_check(model, tmp, dtype)
     print(f"[export] {cfg.format} for {engine}: {cfg.out} (layers {dcfg.aux_layer_ids} draftsmith = "
-          f"{config.get(eagle.TOP_LEVEL_IDS)} vllm; checked: reload gives identical logits)")
+          f"{to_engine(dcfg.aux_layer_ids, engine)} {engine}; checked: reload gives identical logits)")
     return Path(cfg.out)
