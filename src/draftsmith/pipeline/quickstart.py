@@ -23,16 +23,19 @@ from draftsmith.pipeline.run import run_stages
 
 BUDGETS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
     "small": [
-        ("synth", "synth", {"prompts": "gsm8k", "limit": 48, "max_new_tokens": 96, "batch_size": 16}),
+        ("synth", "synth", {"prompts": "gsm8k", "limit": 48, "max_new_tokens": 96, "batch_size": 16,
+                            "keep_unfinished": True}),
         ("prepare", "prepare", {"max_len": 512}),
-        ("train", "train", {"epochs": 6, "ttt": 3, "batch_tokens": 2048, "lr": 3e-4, "draft_vocab_size": 4096,
-                            "val_fraction": 0.1, "log_every": 5}),
+        ("train", "train", {"epochs": 5, "ttt": 3, "batch_tokens": 2048, "lr": 2e-3, "draft_vocab_size": 4096,
+                            "val_fraction": 0.1, "log_every": 2}),
         ("eval", "eval", {"bench": "mt_bench", "mode": "chain", "k": 3, "num_questions": 3, "max_new_tokens": 48}),
     ],
     "full": [
-        ("synth", "synth", {"prompts": "gsm8k", "limit": 2000, "max_new_tokens": 256}),
+        ("synth", "synth", {"prompts": "gsm8k", "limit": 4500, "max_new_tokens": 256, "batch_size": 256,
+                            "keep_unfinished": True}),
+        ("magpie", "synth", {"magpie": 1000, "max_new_tokens": 256, "batch_size": 256, "keep_unfinished": True}),
         ("prepare", "prepare", {"max_len": 2048}),
-        ("train", "train", {"epochs": 4}),
+        ("train", "train", {"epochs": 8, "batch_tokens": 32768, "lr": 3e-4}),
         ("eval", "eval", {"bench": "mt_bench", "mode": "chain", "k": 7, "num_questions": 80, "max_new_tokens": 256}),
     ],
 }
