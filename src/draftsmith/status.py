@@ -44,16 +44,19 @@ def process_state(snap: dict) -> str:
 
 
 def find_progress(root: Path) -> list[Path]:
+    """progress.json in `root` and its subfolders. Stages that publish their folder atomically
+    (prepare, eval) work in a hidden `.NAME.*.tmp` sibling until they finish: look there too."""
     found = [root / PROGRESS_FILE] if (root / PROGRESS_FILE).exists() else []
-    found += sorted(p for p in root.glob(f"*/{PROGRESS_FILE}"))
+    found += sorted(root.glob(f"*/{PROGRESS_FILE}")) + sorted(root.glob(f".*.tmp/{PROGRESS_FILE}"))
+    found += sorted(root.parent.glob(f".{root.name}.*.tmp/{PROGRESS_FILE}"))
     return found
 
 
 def run(cfg: StatusConfig) -> Path:
     root = Path(cfg.dir)
-    if not root.exists():
-        raise UserError(f"{root}: no such folder")
     files = find_progress(root)
+    if not root.exists() and not files:
+        raise UserError(f"{root}: no such folder")
     if not files:
         raise UserError(f"{root}: no {PROGRESS_FILE} here or in its subfolders; is it a draftsmith stage's output?")
     console = Console()
@@ -74,7 +77,9 @@ def run(cfg: StatusConfig) -> Path:
             "updated": f"{fmt_duration(time.time() - s['updated_at'])} ago",
             **{k: (f"{v:.4g}" if isinstance(v, float) else str(v)) for k, v in s.get("counters", {}).items()},
         }
-        where = str(f.parent.relative_to(root)) if f.parent != root else str(root)
+        where = str(f.parent) if f.parent == root or not f.parent.is_relative_to(root) else str(f.parent.relative_to(root))
+        if f.parent.name.endswith(".tmp"):
+            where += " (in progress, published when done)"
         table = Table(title=f"[bold]{s['stage']}[/bold]  {where}", show_header=False, title_justify="left")
         table.add_column("field", style="bold")
         table.add_column("value", overflow="fold")

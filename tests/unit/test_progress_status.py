@@ -46,3 +46,14 @@ def test_status_reports_dead_process_and_fields(tmp_path):
 def test_status_on_a_folder_without_progress(tmp_path):
     r = CliRunner().invoke(app, ["status", str(tmp_path)])
     assert r.exit_code == 2 and "no progress.json" in r.output
+
+
+def test_status_finds_a_stage_still_working_in_its_temporary_folder(tmp_path):
+    """eval and prepare build their folder under a hidden temporary name until they finish."""
+    work = tmp_path / ".eval.abc123.tmp"
+    work.mkdir()
+    with Progress("eval", work, total=4, unit="questions", live=False) as p:
+        p.advance(1)
+    r = CliRunner().invoke(app, ["status", str(tmp_path / "eval")])
+    assert r.exit_code == 0, r.output
+    assert "1/4 questions" in r.output and "in progress" in r.output
