@@ -115,3 +115,17 @@ def make_tiny_drafter(aux_layer_ids=(2, 15, 27), norm_before_residual: bool = Fa
     d2t, t2d = build_vocab(np.random.RandomState(seed).randint(0, 1000, 300), 100)
     model.set_vocab(d2t, t2d)
     return model.eval()
+
+
+def masked_runs(tok, ids: list[int], mask: list[int]) -> list[str]:
+    """Decoded text of each contiguous run of masked tokens."""
+    runs, cur = [], []
+    for i, m in zip(ids, mask):
+        if m:
+            cur.append(i)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    return [tok.decode(r) for r in runs]

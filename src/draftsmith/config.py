@@ -48,19 +48,25 @@ def _coerce(cls: type[CommandConfig], values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """A YAML file that must hold a mapping; UserErrors name the file and say what is wrong."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{what} {path}: no such file")
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"{what} {path}: not valid YAML ({e})") from None
+    if not isinstance(loaded, dict):
+        raise UserError(f"{what} {path}: expected a mapping of names to values")
+    return loaded
+
+
 def resolve_config(cls: type[CommandConfig], yaml_path: Path | None, flags: dict[str, Any]) -> CommandConfig:
     """Build a config from defaults, then the YAML file, then the flags actually given."""
     values: dict[str, Any] = {}
     if yaml_path is not None:
-        yaml_path = Path(yaml_path)
-        if not yaml_path.exists():
-            raise UserError(f"--config {yaml_path}: no such file")
-        try:
-            loaded = yaml.safe_load(yaml_path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise UserError(f"--config {yaml_path}: not valid YAML ({e})") from None
-        if not isinstance(loaded, dict):
-            raise UserError(f"--config {yaml_path}: expected a mapping of option names to values")
+        loaded = load_yaml_mapping(yaml_path, "--config")
         values.update({k.replace("-", "_"): v for k, v in loaded.items()})
     values.update(flags)
     try:

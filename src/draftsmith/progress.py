@@ -5,7 +5,7 @@ Rates count only the work done by this run: samples skipped because an earlier r
 them are reported, never counted in samples/s or tok/s.
 
     with Progress("extract", out_dir, total=10000, unit="samples") as p:
-        p.skip(143, tokens=...)          # already done by an earlier run
+        p.skip(143, tokens=...)          # already done by an earlier run (not in the rates)
         for batch in ...:
             p.advance(len(batch), tokens=n_tokens, bytes_written=nbytes)
 """
@@ -51,6 +51,7 @@ class Progress:
         self.path = Path(out_dir) / PROGRESS_FILE if out_dir is not None else None
         self.bytes_projected = bytes_projected
         self.done = self.skipped = self.errors = 0
+        self.skipped_tokens = 0
         self.tokens = 0
         self.bytes_written = 0
         self.counters: dict[str, float] = {}
@@ -92,6 +93,7 @@ class Progress:
     def skip(self, n: int, tokens: int = 0) -> None:
         """Count work an earlier run already finished (not part of this run's rates)."""
         self.skipped += n
+        self.skipped_tokens += tokens
         self._emit()
 
     def advance(self, n: int = 1, tokens: int = 0, bytes_written: int = 0, errors: int = 0, **counters: float) -> None:
@@ -127,6 +129,7 @@ class Progress:
             "total": self.total,
             "done": self.done,
             "skipped": self.skipped,
+            "skipped_tokens": self.skipped_tokens,
             "errors": self.errors,
             "elapsed_s": round(elapsed, 2),
             "rate": round(rate, 4),

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from draftsmith.cli import app
 from draftsmith.data.dataset import load_dataset
 from draftsmith.data.vocab import load_vocab
+from tests.conftest import masked_runs
 
 REPO = Path(__file__).parents[2]
 GSM8K = REPO / "src/draftsmith/assets/gsm8k_train.jsonl"
@@ -40,16 +41,6 @@ def write_jsonl(path: Path, records: list) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
 
-
-def masked_runs(tok, ids: list[int], mask: list[int]) -> list[str]:
-    runs, cur = [], []
-    for i, m in zip(ids, mask):
-        if m:
-            cur.append(i)
-        elif cur:
-            runs.append(cur)
-            cur = []
-    return [tok.decode(r) for r in [*runs, cur] if r]
 
 
 def test_prepare_and_vocab_on_the_embedded_default(tmp_path):

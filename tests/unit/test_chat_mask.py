@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 
 from draftsmith.data.chat import renderer, tokenize_conversation, tokenize_conversations, turn_markers
 from draftsmith.errors import UserError
+from tests.conftest import masked_runs
 
 ASSETS = Path(__file__).parents[1] / "assets"
 
@@ -76,19 +77,6 @@ def make_tokenizer(template: str | None = None):
         tok.chat_template = template
     return tok
 
-
-def masked_runs(tok, ids: list[int], mask: list[int]) -> list[str]:
-    """Decoded text of each contiguous run of masked tokens."""
-    runs, cur = [], []
-    for i, m in zip(ids, mask):
-        if m:
-            cur.append(i)
-        elif cur:
-            runs.append(cur)
-            cur = []
-    if cur:
-        runs.append(cur)
-    return [tok.decode(r) for r in runs]
 
 
 def unmasked_text(tok, ids: list[int], mask: list[int]) -> str:

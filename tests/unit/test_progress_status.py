@@ -20,6 +20,7 @@ def test_rates_exclude_skipped_work(tmp_path, capsys):
     snap = json.loads((tmp_path / "progress.json").read_text())
     assert snap["done"] == 5 and snap["skipped"] == 90 and snap["status"] == "done"
     assert snap["tokens"] == 500  # skipped tokens never inflate tok/s
+    assert snap["skipped_tokens"] == 90_000  # but they are reported
     assert snap["rate"] < 5 / 0.05 + 1
     err = capsys.readouterr().err
     assert "[extract] 95/100 done (90 skipped)" in err  # flushed log line, not a bar

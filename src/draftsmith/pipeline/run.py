@@ -25,10 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from draftsmith.assets import GSM8K_TRAIN
-from draftsmith.config import CommandConfig, resolve_config
+from draftsmith.config import CommandConfig, load_yaml_mapping, resolve_config
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_json
 from draftsmith.pipeline.config import PipelineConfig
@@ -121,13 +119,8 @@ def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common
 
 def run(cfg: PipelineConfig) -> Path:
     path = Path(cfg.pipeline_config)
-    if not path.exists():
-        raise UserError(f"{path}: no such pipeline config")
-    try:
-        spec = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: not valid YAML ({e})") from None
-    if not isinstance(spec, dict) or "out" not in spec:
+    spec = load_yaml_mapping(path, "pipeline config")
+    if "out" not in spec:
         raise UserError(f"{path}: needs 'out:' (the root folder) and 'stages:'")
     root = Path(spec.pop("out"))
     stages = parse_stages(spec.pop("stages", None))
