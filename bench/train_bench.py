@@ -49,7 +49,7 @@ def make_row(seq_len: int, sample_len: int, vocab: int, device: torch.device) ->
 
 
 def bench_one(target, objective, optimizer, mode: str, seq_len: int, sample_len: int, steps: int, warmup: int,
-              autocast: bool) -> dict:
+              autocast: bool, profile: bool = False) -> dict:
     device = target.device
     layers = objective.drafter.config.aux_layer_ids
     row = make_row(seq_len, sample_len, target.info.vocab_size, device)
@@ -62,7 +62,11 @@ def bench_one(target, objective, optimizer, mode: str, seq_len: int, sample_len:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
     times = []
+    prof = None
     for i in range(warmup + steps):
+        if profile and i == warmup:  # profile the first timed step
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
         t0 = time.perf_counter()
         if host is None:
             aux, final = capture(target.model, row["ids"], None, layers)  # [1, T, n*H], [1, T, H]
@@ -78,6 +82,12 @@ def bench_one(target, objective, optimizer, mode: str, seq_len: int, sample_len:
             torch.cuda.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+        if prof is not None and i == warmup:
+            prof.__exit__(None, None, None)
+            for key in ("self_cuda_time_total", "self_cpu_time_total"):
+                print(f"--- {mode} {seq_len}: top ops by {key}", file=sys.stderr)
+                print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60), file=sys.stderr, flush=True)
+            prof = None
     step_s = sum(times) / len(times)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return {"mode": mode, "seq_len": seq_len, "sample_len": sample_len, "step_ms": round(step_s * 1000, 1),
@@ -97,6 +107,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps (flex_attention compiles here)")
     ap.add_argument("--attention", default="auto", choices=["auto", "eager", "flex"])
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny random target, short rows")
+    ap.add_argument("--profile", action="store_true", help="print torch.profiler tables of the first timed step")
     ap.add_argument("--out-json", type=Path, default=None)
     args = ap.parse_args()
 
@@ -122,7 +133,7 @@ def main() -> None:
             optimizer = torch.optim.AdamW([p for p in objective.parameters() if p.requires_grad], lr=1e-4)
             try:
                 r = bench_one(target, objective, optimizer, mode, seq_len, args.sample_len or seq_len, args.steps,
-                              args.warmup, autocast)
+                              args.warmup, autocast, args.profile)
             except torch.OutOfMemoryError as e:
                 r = {"mode": mode, "seq_len": seq_len, "error": f"OOM: {str(e)[:200]}"}
             results.append(r)
