@@ -19,3 +19,5 @@ class QuickstartConfig(CommandConfig):
 class PipelineConfig(CommandConfig):
     positional = "pipeline_config"
     pipeline_config: Path = Field(description="YAML listing the stages to run and their options.")
+    only: list[str] | None = Field(
+        None, description="Run only these stages (by name); the others are not run, but their outputs still feed later stages.")

@@ -16,7 +16,8 @@ not given are wired from the latest earlier stage that produces them (synth -> p
 vocab/extract/train -> export/eval); `@NAME` in any option is the output of stage NAME. A
 stage that finished writes `OUT/.pipeline/NAME.done` and is skipped on a rerun; a stage that
 was cut short is rerun with its own resume (`resume: true` for train, a rewrite for atomic
-stages).
+stages). `--only NAME,NAME` runs just those stages (say, the evals on a second GPU while the
+first trains); the others still give their output paths to the stages that read them.
 """
 
 from __future__ import annotations
@@ -73,8 +74,10 @@ def parse_stages(raw: Any) -> list[tuple[str, str, dict[str, Any]]]:
     return stages
 
 
-def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common: dict[str, Any]) -> dict[str, Path]:
-    """Run the stages in order inside one process; returns each stage's product path."""
+def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common: dict[str, Any],
+               only: list[str] | None = None) -> dict[str, Path]:
+    """Run the stages in order inside one process (only the `only` ones, when given); returns
+    each stage's product path."""
     from draftsmith.cli import COMMANDS, _load
 
     marks = root / ".pipeline"
@@ -105,7 +108,9 @@ def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common
                 if "overwrite" in cls.model_fields and out.exists() and "resume" not in cls.model_fields:
                     values["overwrite"] = True  # an atomic stage that was cut short: redo it
             cfg = resolve_config(cls, None, values)
-            if done.exists():
+            if only is not None and name not in only:
+                print(f"[pipeline] {name}: not selected ({out})", flush=True)
+            elif done.exists():
                 print(f"[pipeline] {name}: done earlier, skipped ({out})", flush=True)
             else:
                 print(f"[pipeline] {name}: draftsmith {command} -> {out}", flush=True)
@@ -124,6 +129,9 @@ def run(cfg: PipelineConfig) -> Path:
         raise UserError(f"{path}: needs 'out:' (the root folder) and 'stages:'")
     root = Path(spec.pop("out"))
     stages = parse_stages(spec.pop("stages", None))
-    run_stages(root, stages, common=spec)
+    unknown = sorted(set(cfg.only or []) - {name for name, _, _ in stages})
+    if unknown:
+        raise UserError(f"--only {','.join(unknown)}: {path} has no such stage; its stages: {', '.join(n for n, _, _ in stages)}")
+    run_stages(root, stages, common=spec, only=cfg.only)
     return root
 
