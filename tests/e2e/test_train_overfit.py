@@ -35,9 +35,10 @@ PAIRS = [
 ]
 
 
-def write_dataset_and_store(tmp_path, target):
-    convs = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": p}, {"role": "assistant", "content": r}]
-             for p, r in PAIRS]  # a short system prompt: fewer untrained tokens per step
+def write_dataset_and_store(tmp_path, target, convs=None):
+    """A prepared dataset and a hidden-state store of `convs` (default: PAIRS)."""
+    convs = convs or [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": p},
+                       {"role": "assistant", "content": r}] for p, r in PAIRS]  # a short system prompt: fewer untrained tokens
     samples = tokenize_conversations(target.tokenizer, convs)
     ds = tmp_path / "ds"
     ds.mkdir()
