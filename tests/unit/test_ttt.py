@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter, causal_attend
-from draftsmith.train.ttt import doc_and_positions, unroll
+from draftsmith.train.ttt import crop_keys, doc_and_positions, ttt_mask_mod, unroll
 
 K = 3
 
@@ -112,3 +112,51 @@ def test_later_steps_differ_from_step0():
     doc, pos = doc_and_positions([T], T)
     outs = [o for _, o in unroll(model, model.project(aux), ids, pos[None], doc[None], 2)]
     assert not torch.allclose(outs[0], outs[1])
+
+
+def _listed(num: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """A BlockMask's ordered block lists -> dense [B, H, rows, cols] bool."""
+    cols = idx.shape[-1]
+    listed = torch.arange(cols) < num[..., None]
+    dense = torch.zeros(*idx.shape[:-1], cols + 1, dtype=torch.bool)
+    dense.scatter_(-1, torch.where(listed, idx, cols).long(), listed)
+    return dense[..., :cols]
+
+
+@pytest.mark.parametrize("lengths,T", [([7, 5, 9], 24), ([16], 16), ([11, 20, 6], 40), ([3, 4], 8)])
+def test_cropped_block_mask_equals_a_fresh_one(lengths, T):
+    """The flex mask of all K steps, cropped to the keys of the first n steps, has the same
+    partial and full blocks (both ways: kv lists and q lists) as a mask made for n steps. Small
+    blocks, so that rows span several blocks."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    doc = torch.stack([doc_and_positions(lengths, T)[0], doc_and_positions([T], T)[0]])  # [2, T]
+    steps = 4
+    whole = create_block_mask(ttt_mask_mod(doc), 2, None, T, steps * T, device="cpu", BLOCK_SIZE=8)
+    for n in range(1, steps + 1):
+        fresh = create_block_mask(ttt_mask_mod(doc), 2, None, T, n * T, device="cpu", BLOCK_SIZE=8)
+        cropped = crop_keys(whole, n * T)
+        assert cropped.seq_lengths == fresh.seq_lengths == (T, n * T)
+        assert cropped.kv_indices.shape == fresh.kv_indices.shape
+        for num, idx in (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices"),
+                         ("q_num_blocks", "q_indices"), ("full_q_num_blocks", "full_q_indices")):
+            assert torch.equal(getattr(cropped, num), getattr(fresh, num)), (n, num)
+            dense = _listed(getattr(cropped, num), getattr(cropped, idx))
+            assert torch.equal(dense, _listed(getattr(fresh, num), getattr(fresh, idx))), (n, idx)
+        assert int(cropped.kv_indices.max()) < cropped.kv_indices.shape[-1]  # unlisted entries stay in range
+
+
+def test_flex_with_one_mask_for_all_steps_matches_eager():
+    """A row of 128 tokens (one flex block) takes the cropped-mask path; eager is the reference."""
+    model = tiny_drafter()
+    T = 128
+    torch.manual_seed(2)
+    aux = torch.randn(1, T, 72, dtype=torch.float64)
+    ids = torch.randint(0, 50, (1, T))
+    doc, pos = doc_and_positions([40, 50, 30], T)
+    with torch.no_grad():
+        hidden0 = model.project(aux)
+        eager = [out for _, out in unroll(model, hidden0, ids, pos[None], doc[None], K, "eager")]
+        flex = [out for _, out in unroll(model, hidden0, ids, pos[None], doc[None], K, "flex-eager")]
+    for a, b in zip(eager, flex):
+        torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-9)

@@ -3,13 +3,19 @@
 Per step k (see `ttt.py` for the alignment), over the valid positions only:
 
     teacher  p = softmax(final[t+1+k] @ lm_head[draft ids]ᵀ)       the target, on the draft vocab
-    student  q = softmax(lm_head_draft(norm(out_k[t])))
-    ce_k     = Σ_t -Σ_v p log q  / n_valid_k                        soft CE (forward KL + const)
+    student  z = lm_head_draft(norm(out_k[t]))
+    ce_k     = Σ_t (logsumexp(z) - Σ_v p z) / n_valid_k            = -Σ_v p log softmax(z), as Σ_v p = 1
     loss     = Σ_k 0.8**k ce_k
 
 Valid = same sample × loss_mask[t+2+k] × t2d[argmax of the target's full-vocab logits at t+1+k].
-Vocab-sized tensors exist only for `chunk` tokens at a time: each chunk is recomputed in the
-backward pass (activation checkpointing), so peak memory does not grow with T × V.
+
+Cost. The teacher at position s is the same for every step that reads final[s], so its logits
+are computed once per batch, for the positions some step uses, and kept in the matmul's dtype
+(bf16 under autocast) with their logsumexp (`Teacher`). The student's vocab-sized part is
+`SoftCE`, an autograd Function that walks `chunk` rows at a time and, in the same pass, makes
+the gradient `softmax(z) - p`: its output is a sum, so backward only scales the saved dx [n, H]
+and dW [Vd, H]. No [n, Vd] fp32 tensor outlives a chunk and no logits are recomputed. On CUDA
+the per-chunk elementwise work is compiled into a few fused kernels.
 
 Counts per step (for metrics): n_valid, n_correct (student argmax == teacher argmax), and the
 chained counts for cond_acc: positions whose steps 0..k-1 were all valid and correct.
@@ -17,15 +23,21 @@ chained counts for cond_acc: positions whose steps 0..k-1 were all valid and cor
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from draftsmith.train.ttt import shift_left, unroll, valid_steps
 
 STEP_WEIGHT = 0.8
 STAT_KEYS = ("ce_sum", "n_valid", "n_correct", "n_chain", "n_chain_correct")
+
+
+def matmul_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype that matmuls of `dtype` tensors run in here: autocast's when it is on."""
+    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else dtype
 
 
 @torch.no_grad()
@@ -42,30 +54,94 @@ def teacher_in_draft_vocab(final: torch.Tensor, w_full: torch.Tensor, t2d: torch
     return out
 
 
-def _chunk_ce(student: torch.Tensor, teacher: torch.Tensor, norm: nn.Module, lm_head: nn.Module,
-              w_draft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """student [c, H] pre-norm drafter outputs, teacher [c, H] target final states.
-    Returns (Σ soft-CE, correct [c] bool)."""
-    logits = lm_head(norm(student)).float()  # [c, Vd]
-    target = (teacher.to(w_draft.dtype) @ w_draft.T).float()  # [c, Vd]
-    ce = -(F.softmax(target, dim=-1) * F.log_softmax(logits, dim=-1)).sum(-1)  # [c]
-    return ce.sum(), logits.argmax(-1) == target.argmax(-1)
+class Teacher(NamedTuple):
+    """The target's distribution on the draft vocab at m positions."""
+
+    logits: torch.Tensor  # [m, Vd], in the matmul dtype
+    lse: torch.Tensor  # [m] fp32: logsumexp of the logits
+    top: torch.Tensor  # [m]: argmax of the logits
 
 
-def soft_ce(student: torch.Tensor, teacher: torch.Tensor, norm: nn.Module, lm_head: nn.Module, w_draft: torch.Tensor,
+@torch.no_grad()
+def teacher_table(rows: torch.Tensor, w_draft: torch.Tensor, chunk: int) -> Teacher:
+    """rows [m, H_t] target final states -> their `Teacher`, `chunk` rows at a time."""
+    m = rows.shape[0]
+    logits = rows.new_empty((m, w_draft.shape[0]), dtype=matmul_dtype(rows.device, w_draft.dtype))
+    lse = rows.new_empty(m, dtype=torch.float32)
+    top = rows.new_empty(m, dtype=torch.long)
+    for a in range(0, m, chunk):
+        z = rows[a : a + chunk].to(w_draft.dtype) @ w_draft.T  # [c, Vd]
+        logits[a : a + chunk] = z
+        lse[a : a + chunk] = torch.logsumexp(z.float(), dim=-1)
+        top[a : a + chunk] = z.argmax(-1)
+    return Teacher(logits, lse, top)
+
+
+def _chunk_ce(x: torch.Tensor, w: torch.Tensor, t_logits: torch.Tensor, t_lse: torch.Tensor, rows: torch.Tensor,
+              with_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One chunk of c student rows x [c, H] against the teacher rows `rows` [c] of t_logits [m, Vd]
+    and t_lse [m]; x and the lm_head weight w [Vd, H] come in the matmul dtype.
+    Returns ce [c] fp32, the student's argmax [c], and dce/dz [c, Vd] in the matmul dtype (or None)."""
+    z = (x @ w.T).float()  # [c, Vd] student logits
+    p = torch.exp(t_logits[rows].float() - t_lse[rows, None])  # [c, Vd] teacher probabilities
+    lse = torch.logsumexp(z, dim=-1)  # [c]
+    ce = lse - (p * z).sum(-1)  # [c]
+    dz = (torch.exp(z - lse[:, None]) - p).to(x.dtype) if with_grad else None  # softmax(z) - p
+    return ce, z.argmax(-1), dz
+
+
+@functools.cache
+def _compiled_chunk_ce():
+    # row counts vary (the last chunk of a step, the teacher table of each batch): symbolic shapes
+    return torch.compile(_chunk_ce, dynamic=True)
+
+
+class SoftCE(torch.autograd.Function):
+    """Σ soft-CE of the student rows x [n, H] (normed drafter outputs) through the lm_head
+    `weight` [Vd, H], against the teacher rows `rows` [n] of (t_logits [m, Vd], t_lse [m]),
+    `chunk` rows at a time -> (Σ ce fp32, student argmax [n]).
+
+    Matmuls run in the autocast dtype when autocast is on (as `lm_head` would under autocast:
+    bf16 products, then fp32 logits; dW summed over chunks in fp32), in the weight's dtype
+    otherwise. With `with_grad`, forward also makes dx and dW; backward scales them by the
+    incoming gradient (the output is a sum)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, t_logits: torch.Tensor, t_lse: torch.Tensor,
+                rows: torch.Tensor, chunk: int, with_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype = matmul_dtype(x.device, weight.dtype)
+        w = weight.to(dtype)
+        step = _compiled_chunk_ce() if x.is_cuda else _chunk_ce
+        n = x.shape[0]
+        total = x.new_zeros((), dtype=torch.float32)
+        pred = torch.empty(n, dtype=torch.long, device=x.device)
+        dx = torch.zeros_like(x) if with_grad else None  # [n, H]
+        dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if with_grad else None  # [Vd, H]
+        for a in range(0, n, chunk):
+            xc = x[a : a + chunk].to(dtype)  # [c, H]
+            ce, top, dz = step(xc, w, t_logits, t_lse, rows[a : a + chunk], with_grad)
+            total += ce.sum()
+            pred[a : a + chunk] = top
+            if with_grad:
+                dx[a : a + chunk] = dz @ w  # [c, H]
+                dw += dz.T @ xc  # [Vd, H]
+        if with_grad:
+            ctx.save_for_backward(dx, dw.to(weight.dtype))
+        ctx.mark_non_differentiable(pred)
+        return total, pred
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _pred_grad: torch.Tensor) -> tuple:
+        dx, dw = ctx.saved_tensors
+        return grad * dx, grad * dw, None, None, None, None, None
+
+
+def soft_ce(x: torch.Tensor, weight: torch.Tensor, teacher: Teacher, rows: torch.Tensor,
             chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked soft CE over n rows: student/teacher [n, H] -> (Σ ce, correct [n] bool)."""
-    total = student.new_zeros((), dtype=torch.float32)
-    correct = []
-    for a in range(0, max(student.shape[0], 1), chunk):  # an empty step still runs once: DDP needs every param used
-        args = (student[a : a + chunk], teacher[a : a + chunk], norm, lm_head, w_draft)
-        if torch.is_grad_enabled():
-            ce, ok = checkpoint(_chunk_ce, *args, use_reentrant=False)
-        else:
-            ce, ok = _chunk_ce(*args)
-        total = total + ce
-        correct.append(ok)
-    return total, torch.cat(correct)
+    """Chunked soft CE of student rows x [n, H] against teacher rows `rows` [n] -> (Σ ce, student
+    argmax [n]). An empty step still goes through `SoftCE` (zero gradients): DDP needs every
+    parameter used."""
+    return SoftCE.apply(x, weight, teacher.logits, teacher.lse, rows, chunk, torch.is_grad_enabled())
 
 
 class TTTObjective(nn.Module):
@@ -90,18 +166,22 @@ class TTTObjective(nn.Module):
         needed = shift_left(loss_mask, 1).bool() & (doc >= 0)  # the next token is trained on
         ok = teacher_in_draft_vocab(final, self.w_full, d.t2d, needed, self.chunk)  # [B, T]
         valid = valid_steps(doc, loss_mask, ok, self.K)  # [K, B, T]
+        # step k at t reads final[t+1+k] (valid[k] is False at the last 1+k positions: nothing wraps)
+        used = torch.stack([torch.roll(valid[k], 1 + k, dims=1) for k in range(self.K)]).any(0)  # [B, T]
+        slot = used.flatten().cumsum(0).view(used.shape) - 1  # [B, T]: row of final[b, s] in the table
+        teacher = teacher_table(final[used], self.w_draft, self.chunk)  # [m, Vd]
         hidden0 = d.project(aux.to(d.fc.weight.dtype))  # [B, T, H]
         chain = torch.ones_like(valid[0])  # [B, T]: steps so far all valid and correct
         loss = hidden0.new_zeros((), dtype=torch.float32)
         stats = {key: [] for key in STAT_KEYS}
         for k, out in unroll(d, hidden0, ids, pos, doc, self.K, self.backend):
             v = valid[k]
-            teacher = torch.roll(final, -(1 + k), dims=1)[v]  # [n, H_t]: final[t+1+k] (wrapped rows are invalid)
-            ce_sum, correct = soft_ce(out[v], teacher, d.norm, d.lm_head, self.w_draft, self.chunk)
+            rows = torch.roll(slot, -(1 + k), dims=1)[v]  # [n]: the table rows of final[t+1+k]
+            ce_sum, pred = soft_ce(d.norm(out[v]), d.lm_head.weight, teacher, rows, self.chunk)
             n = v.sum()
             loss = loss + STEP_WEIGHT**k * ce_sum / n.clamp(min=1)
             hit = torch.zeros_like(v)
-            hit[v] = correct
+            hit[v] = pred == teacher.top[rows]
             stats["ce_sum"].append(ce_sum.detach())
             stats["n_valid"].append(n)
             stats["n_correct"].append(hit.sum())

@@ -19,7 +19,9 @@ the same result:
     ([B, nh, T, T+k]; no [T, kT] mask). Exact and portable; memory O(T²) per step.
   - "flex": `flex_attention` over the keys of all steps concatenated ([B, nkv, (k+1)T, hd])
     with a block-sparse mask (causal + same sample for step 0, the diagonal for the others),
-    compiled on GPU. Memory O(T), so 32k-token rows fit.
+    compiled on GPU. Memory O(T), so 32k-token rows fit. The mask does not depend on the step,
+    so when T is a whole number of blocks one block mask, made for all K steps, is cropped to
+    each step's keys (`crop_keys`).
 
 Packing needs no padding between samples: the same-sample mask isolates them (block diagonal),
 positions restart per sample, and a step's target/loss mask is only valid when t+2+k lies in
@@ -30,8 +32,12 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask, _mask_mod_signature
 
 
 def shift_left(x: torch.Tensor, n: int, fill: int | float = 0) -> torch.Tensor:
@@ -82,6 +88,9 @@ def eager_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[
     return out
 
 
+FLEX_BLOCK = 128  # flex_attention's sparse block size (its default), for both sides
+
+
 @functools.cache
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
@@ -93,40 +102,83 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def flex_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], doc: torch.Tensor,
-                       compiled: bool) -> torch.Tensor:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    b, nh, t, hd = q.shape
-    n_steps = len(keys)
+def ttt_mask_mod(doc: torch.Tensor) -> _mask_mod_signature:
+    """The flex mask_mod of TTT attention over the keys of steps 0, 1, .. concatenated, for doc
+    [B, T]: key kv is position kv % T of step kv // T. It does not depend on the number of steps."""
+    t = doc.shape[1]
 
     def mask_mod(bi, _h, qi, kv):  # noqa: ANN001, ANN202
         j, p = kv // t, kv % t
         step0 = (j == 0) & (p <= qi) & (doc[bi, p] == doc[bi, qi])
         return step0 | ((j > 0) & (p == qi))
 
-    block = create_block_mask(mask_mod, b, None, t, n_steps * t, device=q.device, _compile=compiled)
+    return mask_mod
+
+
+def crop_keys(block: BlockMask, kv_len: int) -> BlockMask:
+    """A flex BlockMask cut to its first kv_len keys (a whole number of blocks): for a mask_mod
+    that does not depend on the key count (`ttt_mask_mod`), the same as a mask made for kv_len.
+    Each row lists its blocks first, in ascending order, so the kept ones stay first; the
+    unlisted tail is clamped into range."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    assert kv_len % block.BLOCK_SIZE[1] == 0, (kv_len, block.BLOCK_SIZE)
+    cols = kv_len // block.BLOCK_SIZE[1]
+
+    def keep(num: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        listed = torch.arange(idx.shape[-1], device=idx.device) < num[..., None]  # [B, H, rows, all cols]
+        kept = (listed & (idx < cols)).sum(-1, dtype=torch.int32)  # [B, H, rows]
+        return kept, idx[..., :cols].clamp(max=cols - 1).contiguous()  # [B, H, rows, cols]
+
+    full = keep(block.full_kv_num_blocks, block.full_kv_indices) if block.full_kv_num_blocks is not None else (None, None)
+    return BlockMask.from_kv_blocks(*keep(block.kv_num_blocks, block.kv_indices), *full, BLOCK_SIZE=block.BLOCK_SIZE,
+                                    mask_mod=block.mask_mod, seq_lengths=(block.seq_lengths[0], kv_len))
+
+
+def ttt_block_mask(doc: torch.Tensor, n_steps: int, compiled: bool) -> BlockMask:
+    """The flex BlockMask of TTT attention over the keys of `n_steps` steps (doc [B, T])."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, t = doc.shape
+    return create_block_mask(ttt_mask_mod(doc), b, None, t, n_steps * t, device=doc.device, BLOCK_SIZE=FLEX_BLOCK,
+                             _compile=compiled)
+
+
+def flex_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], block: BlockMask,
+                       compiled: bool) -> torch.Tensor:
+    """q [B, nh, T, hd]; keys/values: one [B, nkv, T, hd] per step so far (step 0 first); block:
+    their BlockMask."""
+    from torch.nn.attention.flex_attention import flex_attention
+
     kcat = torch.cat(keys, dim=2)  # [B, nkv, (k+1)T, hd]
     vcat = torch.cat(values, dim=2)  # [B, nkv, (k+1)T, hd]
     attn = _compiled_flex() if compiled else flex_attention
-    return attn(q, kcat, vcat, block_mask=block, enable_gqa=nh != keys[0].shape[1])
+    return attn(q, kcat, vcat, block_mask=block, enable_gqa=q.shape[1] != keys[0].shape[1])
 
 
 class TTTAttention:
-    """The `attend` callback for one unroll: call it once per step, in order (step 0 first)."""
+    """The `attend` callback for one unroll of `steps` steps: call it once per step, in order
+    (step 0 first). For flex, rows of a whole number of blocks (the trainer pads them so) get one
+    block mask for all steps, cropped to each step's keys; other rows, one mask per step."""
 
-    def __init__(self, doc: torch.Tensor, backend: str = "eager") -> None:
+    def __init__(self, doc: torch.Tensor, steps: int, backend: str = "eager") -> None:
         assert backend in ("eager", "flex", "flex-eager"), backend
-        self.doc, self.backend = doc, backend  # doc [B, T]
+        self.doc, self.steps, self.backend = doc, steps, backend  # doc [B, T]
+        self.compiled = backend == "flex"
+        aligned = backend != "eager" and doc.shape[1] % FLEX_BLOCK == 0
+        self.whole = ttt_block_mask(doc, steps, self.compiled) if aligned else None
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        assert len(self.keys) < self.steps, "more steps than the unroll was made for"
         self.keys.append(k)
         self.values.append(v)
         if self.backend == "eager":
             return eager_ttt_attention(q, self.keys, self.values, self.doc)
-        return flex_ttt_attention(q, self.keys, self.values, self.doc, compiled=self.backend == "flex")
+        n, t = len(self.keys), self.doc.shape[1]
+        block = crop_keys(self.whole, n * t) if self.whole is not None else ttt_block_mask(self.doc, n, self.compiled)
+        return flex_ttt_attention(q, self.keys, self.values, block, self.compiled)
 
 
 def unroll(drafter: torch.nn.Module, hidden0: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, doc: torch.Tensor,
@@ -134,7 +186,7 @@ def unroll(drafter: torch.nn.Module, hidden0: torch.Tensor, ids: torch.Tensor, p
     """Yield (k, out_k [B, T, H]) for k = 0..K-1: the drafter layer's pre-norm outputs.
     hidden0 [B, T, H] is fc(aux); logits are `lm_head(norm(out_k))` (left to the caller, so the
     loss can compute them in chunks)."""
-    attend = TTTAttention(doc, backend)
+    attend = TTTAttention(doc, K, backend)
     hidden = hidden0
     for k in range(K):
         ids_k, pos_k = step_inputs(ids, pos, k)

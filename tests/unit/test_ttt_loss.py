@@ -1,0 +1,147 @@
+"""The TTT objective (teacher table, chunked `SoftCE` Function) against a slow, obviously-correct
+reference: every step and position on its own, the validity rules spelled out, the teacher's
+logits recomputed each time, and plain autograd through softmax/log_softmax (fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.train.loss import STEP_WEIGHT, STAT_KEYS, TTTObjective, _chunk_ce, _compiled_chunk_ce
+from draftsmith.train.ttt import doc_and_positions, unroll
+
+V, VD, HT = 50, 6, 24
+
+
+def tiny_drafter(seed: int = 0) -> Eagle3Drafter:
+    torch.manual_seed(seed)
+    cfg = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                        vocab_size=V, draft_vocab_size=VD, target_hidden_size=HT, aux_layer_ids=[0, 1, 2])
+    model = Eagle3Drafter(cfg)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    draft_ids = torch.randperm(V)[:VD].sort().values  # target ids of the draft vocab
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[draft_ids] = True
+    model.set_vocab(draft_ids - torch.arange(VD), t2d)
+    return model
+
+
+def teacher_head(drafter: Eagle3Drafter, seed: int = 2) -> torch.Tensor:
+    """A random target lm_head [V, H_t] whose draft rows are larger, so that the target's argmax
+    is often (not always) a draft token."""
+    w = torch.randn(V, HT, generator=torch.Generator().manual_seed(seed))
+    w[torch.arange(VD) + drafter.d2t] *= 2
+    return w
+
+
+def packed_batch(rows: list[list[int]], T: int, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Rows of packed samples (lengths), padded to T; random ids, states and a loss mask with holes."""
+    g = torch.Generator().manual_seed(seed)
+    docs, poss = zip(*(doc_and_positions(lengths, T) for lengths in rows))
+    B = len(rows)
+    return {"ids": torch.randint(0, V, (B, T), generator=g), "loss_mask": (torch.rand(B, T, generator=g) > 0.2).long(),
+            "doc": torch.stack(docs), "pos": torch.stack(poss), "aux": torch.randn(B, T, 3 * HT, generator=g),
+            "final": 2 * torch.randn(B, T, HT, generator=g)}
+
+
+def reference(drafter, w_full, K, ids, loss_mask, doc, pos, aux, final):
+    """Loss and stats, one (step, row, position) at a time."""
+    B, T = ids.shape
+    w_draft = w_full[torch.arange(VD) + drafter.d2t]  # [Vd, H_t]
+    outs = [out for _, out in unroll(drafter, drafter.project(aux), ids, pos, doc, K, "eager")]
+    loss = torch.zeros(())
+    stats = {key: [0.0] * K for key in STAT_KEYS}
+    chain = [[True] * T for _ in range(B)]
+    for k in range(K):
+        ces = []
+        for b in range(B):
+            for t in range(T):
+                s = t + 2 + k  # the predicted token; the teacher reads the target's state at s-1
+                valid = (doc[b, t] >= 0 and s < T and doc[b, s] == doc[b, t] and bool(loss_mask[b, s])
+                         and bool(drafter.t2d[(w_full @ final[b, s - 1]).argmax()]))
+                if not valid:
+                    chain[b][t] = False
+                    continue
+                teacher = w_draft @ final[b, s - 1]  # [Vd]
+                logits = drafter.lm_head(drafter.norm(outs[k][b, t]))  # [Vd]
+                ces.append(-(F.softmax(teacher, -1) * F.log_softmax(logits, -1)).sum())
+                correct = bool(logits.argmax() == teacher.argmax())
+                stats["n_valid"][k] += 1
+                stats["n_correct"][k] += correct
+                stats["n_chain"][k] += chain[b][t]
+                stats["n_chain_correct"][k] += chain[b][t] and correct
+                chain[b][t] = chain[b][t] and correct
+        ce_sum = torch.stack(ces).sum() if ces else torch.zeros(())
+        stats["ce_sum"][k] = float(ce_sum.detach())
+        loss = loss + STEP_WEIGHT**k * ce_sum / max(len(ces), 1)
+    return loss, {key: torch.tensor(vals) for key, vals in stats.items()}
+
+
+def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    out = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+@pytest.mark.parametrize("chunk", [3, 4096])
+def test_loss_stats_and_grads_match_the_reference(chunk):
+    drafter = tiny_drafter()
+    w_full = teacher_head(drafter)
+    batch = packed_batch([[7, 5, 9], [10, 14]], T=24, seed=11)  # row 0 ends with 3 padding positions
+    ref_loss, ref_stats = reference(drafter, w_full, 3, **batch)
+    ref_loss.backward()
+    ref_grads = grads(drafter)
+    loss, stats = TTTObjective(drafter, w_full, K=3, backend="eager", chunk=chunk)(**batch)
+    loss.backward()
+    assert ref_stats["n_valid"].min() > 3 and ref_stats["n_valid"].max() < 2 * 24 - 10  # several chunks; many invalid
+    assert ref_stats["n_chain_correct"][1] > 0  # the chained counts are exercised
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    for key in STAT_KEYS:
+        torch.testing.assert_close(stats[key], ref_stats[key], rtol=1e-5, atol=1e-5, msg=key)
+    new_grads = grads(drafter)
+    assert new_grads.keys() == ref_grads.keys() and "lm_head.weight" in new_grads and "norm.weight" in new_grads
+    for name, g in new_grads.items():
+        torch.testing.assert_close(g, ref_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_no_grad_forward_gives_the_same_loss_and_stats():
+    drafter = tiny_drafter()
+    objective = TTTObjective(drafter, teacher_head(drafter), K=2, backend="eager", chunk=5)
+    batch = packed_batch([[9, 12]], T=21)
+    loss, stats = objective(**batch)
+    with torch.no_grad():
+        loss_ng, stats_ng = objective(**batch)
+    torch.testing.assert_close(loss_ng, loss.detach())
+    for key in STAT_KEYS:
+        torch.testing.assert_close(stats_ng[key], stats[key])
+
+
+def test_empty_steps_still_use_every_parameter():
+    """A short row leaves the late steps without a valid position: every trainable parameter must
+    still get a gradient (DDP fails on parameters unused in a step)."""
+    drafter = tiny_drafter()
+    batch = packed_batch([[4]], T=4)
+    batch["loss_mask"][:] = 1
+    loss, stats = TTTObjective(drafter, teacher_head(drafter), K=4, backend="eager", chunk=2)(**batch)
+    assert stats["n_valid"][-1] == 0
+    loss.backward()
+    assert all(p.grad is not None for p in drafter.parameters() if p.requires_grad)
+
+
+def test_compiled_chunk_matches_eager():
+    """The per-chunk kernel that CUDA runs compiled (here compiled for CPU): same values, also
+    for a shorter last chunk (a dynamic row count)."""
+    torch.manual_seed(0)
+    w, t_logits = torch.randn(VD, 16), 3 * torch.randn(30, VD)
+    t_lse = torch.logsumexp(t_logits, -1)
+    for c in (8, 5):
+        x, rows = torch.randn(c, 16), torch.randint(0, 30, (c,))
+        for with_grad in (True, False):
+            ce, top, dz = _chunk_ce(x, w, t_logits, t_lse, rows, with_grad)
+            ce_c, top_c, dz_c = _compiled_chunk_ce()(x, w, t_logits, t_lse, rows, with_grad)
+            torch.testing.assert_close(ce_c, ce)
+            assert torch.equal(top_c, top)
+            torch.testing.assert_close(dz_c, dz)
