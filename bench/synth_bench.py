@@ -63,7 +63,9 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=1000)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--cache", choices=["dynamic", "static"], default="dynamic")
+    ap.add_argument("--cache", choices=["dynamic", "static"], default="dynamic", help="KV cache of --generator hf")
+    ap.add_argument("--generator", choices=["auto", "engine", "hf"], default="auto",
+                    help="local generator (auto: the static-KV engine on CUDA, else HF generate)")
     ap.add_argument("--baseline-prompts", type=int, default=3, help="prompts for the single-stream baseline")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default="auto")
@@ -81,7 +83,8 @@ def main() -> None:
         prompt_file.write_text("".join(json.dumps({"id": c["id"], "prompt": c["messages"][0]["content"]}) + "\n" for c in convs))
         out = Path(tmp) / "synth" / "conversations.jsonl"
         cfg = SynthConfig(prompts=prompt_file, target=args.target, out=out, max_new_tokens=args.max_new_tokens,
-                          temperature=0.0, batch_size=args.batch_size, cache=args.cache, device=args.device, dtype=args.dtype)
+                          temperature=0.0, batch_size=args.batch_size, cache=args.cache, generator=args.generator,
+                          device=args.device, dtype=args.dtype)
         t0 = time.perf_counter()
         run(cfg)
         wall = time.perf_counter() - t0
@@ -99,6 +102,7 @@ def main() -> None:
         "torch": torch.__version__, "transformers": transformers.__version__,
         "target": args.target, "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."),
         "prompts": len(convs), "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size, "cache": args.cache,
+        "generator": args.generator,
         "synth": {"generated_tokens": progress["tokens"], "seconds": progress["elapsed_s"], "tok_per_s": synth_rate,
                   "conversations_per_s": progress["rate"], "wall_s_with_load": round(wall, 1),
                   "kept": len(kept), "counters": progress["counters"]},

@@ -1,5 +1,6 @@
 """`draftsmith synth` end to end on the embedded default (SmolLM2-135M, CPU): greedy answers
-equal the target's own `generate`, the output loads in `prepare`, and Magpie self-prompts."""
+of the static-KV engine generator (what GPU runs use) equal the target's own `generate`, the
+output loads in `prepare`, and Magpie self-prompts (through HF `generate`, the CPU default)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def test_gsm8k_greedy_equals_generate_and_loads_in_prepare(tmp_path, smollm2):
     prompts.write_text("".join(GSM8K_TRAIN.read_text().splitlines(keepends=True)[:4]))
     out = tmp_path / "synth" / "conversations.jsonl"
     res = CliRunner().invoke(app, ["synth", str(prompts), "--out", str(out), "--max-new-tokens", "32",
-                                   "--temperature", "0", "--batch-size", "4", "--keep-unfinished", "--device", "cpu"])
+                                   "--temperature", "0", "--batch-size", "4", "--keep-unfinished", "--device", "cpu",
+                                   "--generator", "engine"])
     assert res.exit_code == 0, res.output
     records = _lines(out)
     assert sorted(r["id"] for r in records) == [f"gsm8k4:line-{i}:s0" for i in range(1, 5)]

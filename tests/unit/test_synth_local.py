@@ -1,8 +1,10 @@
-"""Local backend on the tiny in-process Llama: batched greedy equals per-prompt `generate`,
-stop tokens from the template, prompts too long for the context, static-cache padding."""
+"""Local backend on the tiny in-process Llama, with both generators (HF `generate` and the
+static-KV engine): batched greedy equals per-prompt `generate`, stop tokens from the template,
+prompts too long for the context, static-cache padding, seeded sampling."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from draftsmith.synth.local import LocalBackend, stop_token_ids
@@ -34,8 +36,12 @@ def test_template_markers(tokenizer):
     assert user_turn_prefix(tokenizer, []).startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
 
 
-def test_batched_greedy_equals_single_generate(tiny_target):
-    backend = LocalBackend(tiny_target, batch_size=3)  # length-sorted batches of 3 and 1, left-padded
+GENERATORS = pytest.mark.parametrize("generator", ["hf", "engine"])
+
+
+@GENERATORS
+def test_batched_greedy_equals_single_generate(tiny_target, generator):
+    backend = LocalBackend(tiny_target, batch_size=3, generator=generator)  # length-sorted batches of 3 and 1, left-padded
     assert backend.stop == {tiny_target.tokenizer.convert_tokens_to_ids("<|im_end|>")}
     requests = [_chat(q) for q in QUESTIONS]
     gens = backend.generate(requests, GREEDY)
@@ -47,8 +53,8 @@ def test_batched_greedy_equals_single_generate(tiny_target):
 
 def test_static_cache_matches_dynamic(tiny_target):
     requests = [_chat(q) for q in QUESTIONS[:2]]
-    dynamic = LocalBackend(tiny_target, batch_size=2).generate(requests, GREEDY)
-    static = LocalBackend(tiny_target, batch_size=2, cache="static").generate(requests, GREEDY)
+    dynamic = LocalBackend(tiny_target, batch_size=2, generator="hf").generate(requests, GREEDY)
+    static = LocalBackend(tiny_target, batch_size=2, cache="static", generator="hf").generate(requests, GREEDY)
     assert [g.text for g in static] == [g.text for g in dynamic]
 
 
@@ -61,8 +67,9 @@ def test_too_long_prompt_is_skipped(tiny_target):
     assert gens[1].too_long and gens[1].tokens == 0 and gens[1].text == ""
 
 
-def test_stop_at_end_of_turn_marks_finished(tiny_target, monkeypatch):
-    backend = LocalBackend(tiny_target, batch_size=2)
+@GENERATORS
+def test_stop_at_end_of_turn_marks_finished(tiny_target, generator):
+    backend = LocalBackend(tiny_target, batch_size=2, generator=generator)
     # make the stop set include whatever the model emits first, so that it must stop right there
     first = _reference(tiny_target, _chat("hi"), 1)[0]
     backend.stop = backend.stop | {first}
@@ -70,8 +77,9 @@ def test_stop_at_end_of_turn_marks_finished(tiny_target, monkeypatch):
     assert gen.finished and gen.tokens == 1 and gen.text == ""
 
 
-def test_sampling_is_seeded(tiny_target):
-    backend = LocalBackend(tiny_target, batch_size=2)
+@GENERATORS
+def test_sampling_is_seeded(tiny_target, generator):
+    backend = LocalBackend(tiny_target, batch_size=2, generator=generator)
     hot = Sampling(1.0, 1.0, 0, 8, 5)
     a = backend.generate([_chat("hi"), _chat("x")], hot)
     b = backend.generate([_chat("hi"), _chat("x")], hot)

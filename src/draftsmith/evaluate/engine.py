@@ -2,18 +2,23 @@
 
 The forward runs the HF model's own modules (norms, q/k/v/o projections, optional q/k norms,
 MLP, rotary embedding), but owns the attention: keys and values go into a preallocated cache
-at given slots, and every query attends under an explicit boolean mask over the whole cache.
+at given slots, and every query attends under an explicit boolean mask over the cache.
 That gives, with one code path:
 
   - plain decoding (one token, causal mask),
   - chain and tree verification (one forward, tree mask from the draft's parent links),
   - KV compaction of the accepted path (an index copy, `compact`),
   - the drafter's auxiliary hidden states, captured in the same pass (draftsmith layer ids:
-    id k = residual entering decoder layer k; k == L is the last layer's output).
+    id k = residual entering decoder layer k; k == L is the last layer's output); none when
+    `aux_layer_ids` is empty,
+  - batched decoding (`batch` rows, `forward_batch`): every row writes the same cache slots
+    and has its own positions and mask, so left-padded prompts decode in lock-step
+    (`draftsmith synth`, synth/generate.py).
 
-`graph(t)` captures the forward of `t` tokens in a CUDA graph (static input buffers; the cache
-is written in place), used by plain decoding (t=1) and verification (t = draft size + 1) alike.
-On CPU the same forward runs eagerly.
+`graph(t, width)` captures the forward of `t` tokens attending over the first `width` cache
+slots in a CUDA graph (static input buffers; the cache is written in place), used by plain
+decoding (t=1), verification (t = draft size + 1) and batched decoding alike. On CPU the same
+forward runs eagerly.
 """
 
 from __future__ import annotations
@@ -41,13 +46,13 @@ def check_supported(model: nn.Module) -> None:
     attn = getattr(layer, "self_attn", None)
     needed = [getattr(layer, n, None) for n in ("input_layernorm", "post_attention_layernorm", "mlp")]
     if attn is None or any(m is None for m in needed) or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
-        raise UserError(f"draftsmith eval supports Llama-family targets (pre-norm decoder layers with q/k/v/o projections); "
+        raise UserError(f"draftsmith's static-KV engine (eval, synth) supports Llama-family targets (pre-norm decoder layers with q/k/v/o projections); "
                         f"{type(layer).__name__} is not one")
     extra = [n for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm") if hasattr(layer, n)]
     if extra:
-        raise UserError(f"draftsmith eval: {type(layer).__name__} has {extra}, which this engine does not implement")
+        raise UserError(f"draftsmith's static-KV engine: {type(layer).__name__} has {extra}, which it does not implement")
     if getattr(base_model(model), "rotary_emb", None) is None:
-        raise UserError(f"draftsmith eval: {type(base_model(model)).__name__} has no rotary_emb module")
+        raise UserError(f"draftsmith's static-KV engine: {type(base_model(model)).__name__} has no rotary_emb module")
 
 
 class Graphed:
@@ -76,56 +81,65 @@ class Graphed:
 
 
 class TargetEngine:
-    """The target with a static KV cache of `max_len` slots (batch size 1)."""
+    """The target with a static KV cache of `max_len` slots for `batch` rows. The unbatched
+    methods (`forward`, `prefill`, `causal_mask`, `tree_mask`, `compact`) need batch 1."""
 
-    def __init__(self, model: nn.Module, aux_layer_ids: list[int], max_len: int) -> None:
+    def __init__(self, model: nn.Module, aux_layer_ids: list[int], max_len: int, batch: int = 1) -> None:
         check_supported(model)
         tc = text_config(model.config)
         self.model, self.base = model, base_model(model)
         self.layers, self.norm = decoder_layers(model), final_norm(model)
         self.embed, self.lm_head = model.get_input_embeddings(), model.get_output_embeddings()
         self.aux_layer_ids = list(aux_layer_ids)
-        self.max_len = max_len
+        self.max_len, self.batch = max_len, batch
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.nh = int(tc.num_attention_heads)
         self.nkv = int(getattr(tc, "num_key_value_heads", None) or self.nh)
         self.hd = int(getattr(tc, "head_dim", None) or tc.hidden_size // self.nh)
         self.vocab_size = int(tc.vocab_size)
-        shape = (1, self.nkv, max_len, self.hd)
+        shape = (batch, self.nkv, max_len, self.hd)
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
-        self.graphs: dict[int, Graphed] = {}
+        self.graphs: dict[tuple[int, int], Graphed] = {}  # (tokens, cache slots attended) -> graph
         self.capture_seconds = 0.0
 
     # -- the forward -----------------------------------------------------------------------
     def _attention(self, i: int, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """mask [1, 1, T, S]: attends over the first S cache slots (S = max_len when graphed;
-        eager calls pass only the slots in use, which keeps CPU decoding cheap)."""
+        """mask [B, 1, g*T, S] (grouped, see `_forward`): attends over the first S cache slots
+        (S = the graph's width when graphed; eager calls pass only the slots in use, which keeps
+        CPU decoding cheap). The g = nh/nkv query heads that share a KV head are stacked as g*T
+        queries of that head, so attention reads each cached KV head once (no GQA expansion of
+        the cache, and SDPA can take its memory-efficient kernel with the mask)."""
         attn = layer.self_attn
         b, t, _ = x.shape
-        q = attn.q_proj(x).view(b, t, -1, self.hd)  # [1, T, nh, hd]
-        k = attn.k_proj(x).view(b, t, -1, self.hd)  # [1, T, nkv, hd]
-        v = attn.v_proj(x).view(b, t, -1, self.hd).transpose(1, 2)  # [1, nkv, T, hd]
+        q = attn.q_proj(x).view(b, t, -1, self.hd)  # [B, T, nh, hd]
+        k = attn.k_proj(x).view(b, t, -1, self.hd)  # [B, T, nkv, hd]
+        v = attn.v_proj(x).view(b, t, -1, self.hd).transpose(1, 2)  # [B, nkv, T, hd]
         if getattr(attn, "q_norm", None) is not None:  # Qwen3-style per-head norms
             q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [1, n, T, hd]
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, n, T, hd]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         self.k_cache[i].index_copy_(2, slots, k)
         self.v_cache[i].index_copy_(2, slots, v)
-        s = mask.shape[-1]
+        s, g = mask.shape[-1], self.nh // self.nkv
+        q = q.reshape(b, self.nkv, g * t, self.hd)  # [B, nkv, g*T, hd]: head h = kv head h//g, as in GQA
         o = F.scaled_dot_product_attention(q, self.k_cache[i][:, :, :s], self.v_cache[i][:, :, :s], attn_mask=mask,
-                                           scale=getattr(attn, "scaling", None), enable_gqa=True)  # [1, nh, T, hd]
-        return attn.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # [1, T, H]
+                                           scale=getattr(attn, "scaling", None))  # [B, nkv, g*T, hd]
+        o = o.reshape(b, self.nh, t, self.hd)  # [B, nh, T, hd]
+        return attn.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # [B, T, H]
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids, pos [1, T]; slots [T] cache slots to write; mask [1, 1, T, max_len] bool.
-        Returns logits [T, V] (float32) and aux [T, n_aux*H]."""
-        h = self.embed(ids)  # [1, T, H]
-        cos, sin = self.base.rotary_emb(h, pos)  # [1, T, hd]
-        cos, sin = cos[:, None], sin[:, None]  # [1, 1, T, hd]
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+                 last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids, pos [B, T]; slots [T] cache slots to write (the same for every row);
+        mask [B, 1, T, S] bool. Returns logits [B, T, V] (float32; [B, 1, V] with `last_only`)
+        and aux [B, T, n_aux*H] (n_aux = 0 without aux layers)."""
+        h = self.embed(ids)  # [B, T, H]
+        cos, sin = self.base.rotary_emb(h, pos)  # [B, T, hd]
+        cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, hd]
+        mask = mask.repeat(1, 1, self.nh // self.nkv, 1)  # [B, 1, g*T, S]: one row per grouped query
         aux: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in self.aux_layer_ids:
@@ -133,18 +147,37 @@ class TargetEngine:
             h = h + self._attention(i, layer, layer.input_layernorm(h), cos, sin, slots, mask)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         aux[len(self.layers)] = h
-        logits = self.lm_head(self.norm(h))[0].float()  # [T, V]
-        return logits, torch.cat([aux[k] for k in self.aux_layer_ids], dim=-1)[0]  # [T, n_aux*H]
+        captured = torch.cat([aux[k] for k in self.aux_layer_ids], dim=-1) if self.aux_layer_ids else h[..., :0]  # [B, T, n_aux*H]
+        if last_only:
+            h = h[:, -1:]  # [B, 1, H]: prompts need only the next token's logits
+        return self.lm_head(self.norm(h)).float(), captured  # [B, T, V]
+
+    def _forward_eager(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+                       last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_forward` over only the cache slots that some token sees. mask [B, T, S]."""
+        used = int(torch.nonzero(mask.flatten(0, 1).any(0)).max()) + 1
+        with torch.no_grad():
+            return self._forward(ids, pos, slots, mask[:, None, :, :used], last_only)
 
     @torch.no_grad()
+    def forward_batch(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+                      last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run `ids [B, T]` at positions `pos [B, T]`, writing their K/V at cache `slots [T]`
+        in every row; `mask [B, T, S]` (S <= max_len) says which of the first S cache slots
+        each token sees (its own slot included). Returns logits [B, T, V] and aux [B, T, n_aux*H].
+        Uses the CUDA graph captured for (T, S) when there is one (its outputs are overwritten
+        by its next replay); `last_only` (prompts: logits [B, 1, V]) always runs eagerly."""
+        graph = None if last_only else self.graphs.get((ids.shape[1], mask.shape[-1]))
+        if graph is not None:
+            return graph(ids, pos, slots, mask[:, None])  # mask [B, 1, T, S]
+        return self._forward_eager(ids, pos, slots, mask, last_only)
+
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run `ids [T]` at positions `pos [T]`, writing their K/V at cache `slots [T]`;
+        """Batch 1: run `ids [T]` at positions `pos [T]`, writing their K/V at cache `slots [T]`;
         `mask [T, max_len]` says which cache slots each token sees (its own slot included).
-        Uses the CUDA graph captured for T tokens when there is one."""
-        t = ids.shape[0]
-        if t in self.graphs:
-            return self.graphs[t](ids[None], pos[None], slots, mask[None, None])
-        return self._forward_eager(ids, pos, slots, mask)
+        Returns logits [T, V] and aux [T, n_aux*H]."""
+        logits, aux = self.forward_batch(ids[None], pos[None], slots, mask[None])
+        return logits[0], aux[0]
 
     # -- helpers ---------------------------------------------------------------------------
     def causal_mask(self, start: int, t: int) -> torch.Tensor:
@@ -168,12 +201,8 @@ class TargetEngine:
         if p >= self.max_len:
             raise UserError(f"prompt of {p} tokens does not fit the KV cache of {self.max_len}; raise --max-len")
         pos = torch.arange(p, device=self.device)
-        return self._forward_eager(ids, pos, pos, self.causal_mask(0, p))
-
-    def _forward_eager(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        used = int(torch.nonzero(mask.any(0)).max()) + 1  # cache slots any token can see
-        with torch.no_grad():
-            return self._forward(ids[None], pos[None], slots, mask[None, None, :, :used])
+        logits, aux = self._forward_eager(ids[None], pos[None], pos, self.causal_mask(0, p)[None])
+        return logits[0], aux[0]
 
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move the accepted path's K/V from slots `src` to slots `dst` (both [n])."""
@@ -183,13 +212,16 @@ class TargetEngine:
             kc.index_copy_(2, dst, kc.index_select(2, src))
             vc.index_copy_(2, dst, vc.index_select(2, src))
 
-    def graph(self, t: int) -> None:
-        """Capture the forward of `t` tokens in a CUDA graph (no-op on CPU). Warm-up writes
-        garbage K/V at slots 0..t-1, which are always rewritten before they are read."""
-        if self.device.type != "cuda" or t in self.graphs:
+    def graph(self, t: int, width: int | None = None) -> None:
+        """Capture the forward of `t` tokens attending over the first `width` cache slots
+        (default all) in a CUDA graph (no-op on CPU). Warm-up writes garbage K/V at slots
+        0..t-1 of every row, so capture before a prefill, not in the middle of a generation."""
+        width = width or self.max_len
+        if self.device.type != "cuda" or (t, width) in self.graphs:
             return
         t0 = time.perf_counter()
-        example = (torch.zeros(1, t, dtype=torch.long, device=self.device), torch.arange(t, device=self.device)[None],
-                   torch.arange(t, device=self.device), self.causal_mask(0, t)[None, None])
-        self.graphs[t] = Graphed(self._forward, *example)
+        b, arange = self.batch, torch.arange(t, device=self.device)
+        example = (torch.zeros(b, t, dtype=torch.long, device=self.device), arange.repeat(b, 1), arange,
+                   self.causal_mask(0, t)[:, :width].repeat(b, 1, 1, 1))  # ids, pos [B, t]; slots [t]; mask [B, 1, t, width]
+        self.graphs[(t, width)] = Graphed(self._forward, *example)
         self.capture_seconds += time.perf_counter() - t0

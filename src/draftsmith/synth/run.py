@@ -83,7 +83,7 @@ def build_backend(cfg: SynthConfig, world: int, local_rank: int) -> tuple[Backen
     if device is None and world > 1 and torch.cuda.is_available():
         device = f"cuda:{local_rank}"
     target = load_target(cfg.target, device=device, dtype=cfg.dtype)
-    return LocalBackend(target, cfg.batch_size, cfg.cache), target.tokenizer
+    return LocalBackend(target, cfg.batch_size, cfg.cache, cfg.generator), target.tokenizer
 
 
 def record(work: Work, model: str, generation: dict[str, Any]) -> dict[str, Any]:

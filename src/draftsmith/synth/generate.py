@@ -1,0 +1,96 @@
+"""Batched generation on the static-KV engine (`evaluate/engine.py`) for `synth`'s local backend.
+
+The prompts of a batch are left-padded to a common width W, so that every row writes the same
+cache slot at every step: the prompts fill slots 0..W-1, new token i goes to slot W+i. Row b
+starts at slot pad[b]; its positions are slot - pad[b] and it sees cache slots pad[b]..slot
+(a padding slot sees only itself, so that no attention row is empty).
+
+    prefill the batch (eager, logits of the last position only)
+    -> decode one token per step with the batched forward: a CUDA graph of (1 token, S slots),
+       S = W + max new tokens rounded up to a multiple of 64; eager on CPU, same code
+    -> choose the next tokens on the device (greedy argmax, or temperature / top-k / top-p with
+       a seeded generator), track finished rows (stop ids) on the device
+    -> the host looks at "all rows finished" only every CHECK_EVERY steps.
+
+The engine has a fixed number of rows. A smaller batch is filled with dummy rows, finished from
+the start, so that one graph per width bucket serves every batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.evaluate.engine import TargetEngine
+from draftsmith.synth.turns import Sampling
+
+SLOT_MULTIPLE = 64  # cache widths are rounded up to this, so that batches share graphs
+CHECK_EVERY = 16  # decode steps between host checks for "every row finished"
+
+
+def cache_width(prompt_len: int, max_new_tokens: int) -> int:
+    """Cache slots a batch of prompts padded to `prompt_len` attends over."""
+    return -(-(prompt_len + max_new_tokens) // SLOT_MULTIPLE) * SLOT_MULTIPLE
+
+
+def next_tokens(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> torch.Tensor:
+    """logits [B, V] -> token ids [B], on the device without a host sync: the argmax when
+    greedy, else a draw from softmax(logits / temperature) cut to the top-k and then to the
+    top-p nucleus (the order of HF's logits warpers)."""
+    if sampling.temperature == 0:
+        return logits.argmax(-1)
+    logits = logits / sampling.temperature
+    if 0 < sampling.top_k < logits.shape[-1]:
+        kth = logits.topk(sampling.top_k, dim=-1).values[:, -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, -torch.inf)
+    if sampling.top_p < 1:
+        top, order = logits.sort(dim=-1, descending=True)  # [B, V]
+        p = top.softmax(-1)
+        top = top.masked_fill(p.cumsum(-1) - p >= sampling.top_p, -torch.inf)  # the smallest prefix reaching top_p
+        logits = logits.scatter(-1, order, top)
+    probs = logits.softmax(-1)
+    # argmax(p / E) with E ~ Exp(1) is a draw from p; torch.multinomial would sync to validate p
+    noise = torch.empty_like(probs).exponential_(generator=gen).clamp_min_(torch.finfo(probs.dtype).tiny)
+    return (probs / noise).argmax(-1)
+
+
+@torch.no_grad()
+def generate(engine: TargetEngine, prompts: list[list[int]], sampling: Sampling, stop: set[int], pad_id: int,
+             seed: int) -> list[list[int]]:
+    """The new tokens of each prompt: `sampling.max_new_tokens` of them, or fewer once every
+    row has produced a stop id. Rows are not cut at their stop id here; the caller cuts."""
+    rows, dev, max_new = engine.batch, engine.device, sampling.max_new_tokens
+    width = max(map(len, prompts))
+    s = cache_width(width, max_new)
+    if len(prompts) > rows or s > engine.max_len:
+        raise ValueError(f"a batch of {len(prompts)} prompts x {s} slots does not fit an engine of {rows} x {engine.max_len}")
+    ids = torch.full((rows, width), pad_id, dtype=torch.long)  # [B, W], left-padded
+    pad = torch.full((rows,), width - 1, dtype=torch.long)  # dummy rows: one pad token
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(p)
+        pad[row] = width - len(p)
+    ids, pad = ids.to(dev), pad.to(dev)
+    engine.graph(1, s)  # before the prefill: capture writes junk at slot 0
+
+    slots = torch.arange(s, device=dev)
+    prompt_slots = slots[:width]
+    lo = torch.minimum(pad[:, None], prompt_slots)  # [B, W]: first slot each prompt slot sees
+    mask = (slots >= lo[..., None]) & (slots <= prompt_slots[:, None])  # [B, W, S]
+    logits, _ = engine.forward_batch(ids, prompt_slots - pad[:, None], prompt_slots, mask, last_only=True)  # [B, 1, V]
+    seen = mask[:, -1].clone()  # [B, S]: the slots the next token sees, one more each step
+
+    gen = torch.Generator(dev).manual_seed(seed)
+    stops = torch.tensor(sorted(stop), dtype=torch.long, device=dev)
+    out = torch.empty(rows, max_new, dtype=torch.long, device=dev)
+    done = torch.arange(rows, device=dev) >= len(prompts)  # [B]; dummy rows are done already
+    tok = next_tokens(logits[:, -1], sampling, gen)  # [B]
+    for i in range(max_new):
+        out[:, i] = tok
+        done |= (tok[:, None] == stops).any(-1)  # [B]
+        if i + 1 == max_new or ((i + 1) % CHECK_EVERY == 0 and bool(done.all())):
+            break
+        slot = width + i
+        seen[:, slot] = True
+        # ids, pos [B, 1]; slot [1]; mask [B, 1, S]
+        logits, _ = engine.forward_batch(tok[:, None], (slot - pad)[:, None], slots[slot:slot + 1], seen[:, None])
+        tok = next_tokens(logits[:, -1], sampling, gen)
+    return out[:len(prompts), :i + 1].tolist()

@@ -1,0 +1,114 @@
+"""The batched static-KV generator of `synth` (synth/generate.py) on the tiny Llama in fp32:
+greedy tokens equal HF `generate` on each prompt alone, seeded sampling, stop ids, dummy rows,
+and the backend's choice and reuse of the engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from draftsmith.errors import UserError
+from draftsmith.evaluate.engine import TargetEngine
+from draftsmith.synth.generate import CHECK_EVERY, generate
+from draftsmith.synth.local import LocalBackend, uses_engine
+from draftsmith.synth.turns import Request, Sampling
+from draftsmith.target import target_from_model
+
+LENGTHS = [3, 11, 1, 6]  # one batch, left-padded to 11
+
+
+def _prompts(n: int = 4) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(3, 1000, (k,), generator=gen).tolist() for k in LENGTHS[:n]]
+
+
+def _greedy(n: int) -> Sampling:
+    return Sampling(0.0, 1.0, 0, n, 0)
+
+
+def _hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                             min_new_tokens=n, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    return TargetEngine(tiny_model, [], max_len=64, batch=4)
+
+
+@pytest.fixture(scope="module")
+def refs(tiny_model):
+    return [_hf_greedy(tiny_model, p, 20) for p in _prompts()]
+
+
+def test_greedy_equals_hf_generate_per_prompt(engine, refs):
+    prompts = _prompts()
+    assert generate(engine, prompts, _greedy(20), set(), pad_id=0, seed=0) == refs
+    # a short batch (one dummy row) of another width, on the same engine
+    assert generate(engine, prompts[:3], _greedy(20), set(), pad_id=0, seed=0) == refs[:3]
+
+
+def test_graph_shaped_decode_equals_hf_generate(tiny_model, refs, monkeypatch):
+    """What a CUDA graph runs on GPU: each decode step attends over every slot of the width
+    bucket (no trimming to the slots in use), through the graph's calling convention."""
+    engine = TargetEngine(tiny_model, [], max_len=64, batch=4)
+    monkeypatch.setattr(engine, "graph", lambda t, width: engine.graphs.setdefault((t, width), engine._forward))
+    assert generate(engine, _prompts(), _greedy(20), set(), pad_id=0, seed=0) == refs
+    assert list(engine.graphs) == [(1, 64)]
+
+
+def test_engine_without_aux_layers(engine):
+    ids = torch.tensor([[5, 6, 7]] * 4)
+    slots = torch.arange(3)
+    logits, aux = engine.forward_batch(ids, slots.repeat(4, 1), slots, engine.causal_mask(0, 3)[None].repeat(4, 1, 1))
+    assert logits.shape == (4, 3, engine.vocab_size) and aux.shape == (4, 3, 0)
+
+
+def test_sampling_is_seeded_and_cut_by_top_k_and_top_p(engine, refs):
+    prompts, hot = _prompts(), Sampling(1.0, 1.0, 0, 8, 0)
+    a = generate(engine, prompts, hot, set(), 0, seed=1)
+    assert a == generate(engine, prompts, hot, set(), 0, seed=1)
+    assert a != generate(engine, prompts, hot, set(), 0, seed=2)
+    greedy = [r[:8] for r in refs]
+    assert generate(engine, prompts, Sampling(1.0, 1.0, 1, 8, 0), set(), 0, seed=1) == greedy  # top-k 1
+    assert generate(engine, prompts, Sampling(1.0, 1e-6, 0, 8, 0), set(), 0, seed=1) == greedy  # top-p ~0
+
+
+def test_all_rows_stopped_ends_the_loop(engine, refs):
+    stop = {row[0] for row in refs}  # every row stops at its first token
+    out = generate(engine, _prompts(), _greedy(20), stop, 0, seed=0)
+    assert [len(row) for row in out] == [CHECK_EVERY] * 4  # not 20: checked every CHECK_EVERY steps
+    assert [row[0] for row in out] == [row[0] for row in refs]
+
+
+def _chat(q: str) -> Request:
+    return Request(f"{q}/a0", messages=[{"role": "user", "content": q}])
+
+
+def test_backend_picks_and_reuses_the_engine(tiny_target, tokenizer, monkeypatch):
+    assert not LocalBackend(tiny_target).use_engine  # auto: HF generate on CPU
+    backend = LocalBackend(tiny_target, batch_size=3, generator="engine")
+    requests = [_chat(q) for q in ("hi", "x", "What is two plus two?", "Tell me a story about owls.")]
+    backend.generate(requests[:2], _greedy(4))
+    first = backend.engine
+    assert first is not None and first.batch == 2
+    backend.generate(requests[:1], _greedy(4))
+    assert backend.engine is first  # a smaller batch fills dummy rows
+    backend.generate(requests, _greedy(4))
+    assert backend.engine is not first and backend.engine.batch == 3
+
+    monkeypatch.setattr(tiny_target, "device", torch.device("cuda"))  # what auto decides on a GPU
+    assert uses_engine(tiny_target, "auto")
+    monkeypatch.setattr(tiny_target.model.generation_config, "repetition_penalty", 1.1)  # only HF generate applies it
+    assert not uses_engine(tiny_target, "auto") and uses_engine(tiny_target, "engine")
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=len(tokenizer))).eval()
+    other = target_from_model(gpt2, tokenizer, name="tiny-gpt2")
+    monkeypatch.setattr(other, "device", torch.device("cuda"))
+    assert not uses_engine(other, "auto")
+    with pytest.raises(UserError, match="--generator hf"):
+        uses_engine(other, "engine")
