@@ -81,6 +81,7 @@ def test_plain_greedy_equals_hf_generate(tiny_model):
 def test_greedy_spec_equals_plain_random_drafter(tiny_model, mode):
     eng = engine_for(tiny_model)
     prop = DrafterProposer(random_drafter(tiny_model, draft_vocab=4000), Sampling(), eng.max_len, mode=mode, k=3, top_k=3, total_tokens=8)
+    assert prop.fused == (mode == "chain")  # greedy chain takes the fused cycle
     for seed in range(3):
         prompt = torch.randint(0, 1000, (8,), generator=torch.Generator().manual_seed(seed)).tolist()
         plain = plain_generate(eng, prompt, 20, set(), Sampling())

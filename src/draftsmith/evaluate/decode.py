@@ -1,7 +1,8 @@
 """The two decoding loops that `draftsmith eval` compares, over the same `TargetEngine`:
 plain decoding (one target forward per token) and speculative decoding (draft, verify in one
 forward with the draft's tree mask, compact the accepted path's KV, feed the drafter the aux
-states of the accepted positions).
+states of the accepted positions). Greedy chain verification stays on the device (causal mask,
+no compaction: the accepted path is a prefix) with one host sync per cycle.
 
 Both time decoding only: the clock starts after the prompt's prefill and stops after the last
 token, with the device synchronised. Both stop at a stop token (kept) or after
@@ -18,10 +19,11 @@ import torch
 
 from draftsmith.evaluate.engine import TargetEngine
 from draftsmith.evaluate.proposer import Draft, ancestors
-from draftsmith.evaluate.sampling import Sampling, verify
+from draftsmith.evaluate.sampling import Sampling, verify, verify_chain_greedy
 
 
 class Proposer(Protocol):
+    mode: str  # "chain" or "tree"
     size: int
 
     def reset(self) -> None: ...
@@ -66,6 +68,43 @@ def plain_generate(engine: TargetEngine, prompt: list[int], max_new_tokens: int,
     return Turn(out, time.perf_counter() - t0)
 
 
+def _verify_greedy_chain(engine: TargetEngine, draft: Draft, root: torch.Tensor, n: int,
+                         sampling: Sampling) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """One verification step of a greedy chain draft: inputs built on the device, acceptance on
+    the device, one host sync. The accepted path is a prefix, so its KV is already in place (no
+    compaction). Returns the new tokens (accepted drafts + bonus), the accepted rows' aux states
+    and the new tokens on the device."""
+    tokens = draft.tokens.to(engine.device)
+    t = tokens.shape[0] + 1
+    rows = torch.cat([root, tokens])  # [T]: root + chain
+    slots = torch.arange(n, n + t, device=engine.device)  # [T], also the positions
+    logits, aux = engine.forward(rows, slots, slots, engine.causal_mask(n, t))
+    a, top, new = verify_chain_greedy(tokens, logits)
+    return new, aux[: a + 1], top[: a + 1]
+
+
+def _verify_tree(engine: TargetEngine, draft: Draft, root: torch.Tensor, n: int,
+                 sampling: Sampling) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """The same for any draft (a chain is a tree) and any sampling: the tree-mask forward,
+    `verify` on the host, then compaction of the accepted path's KV when it is not a prefix."""
+    dev = engine.device
+    tokens = draft.tokens.to(dev)
+    t = tokens.shape[0] + 1
+    rows = torch.cat([root, tokens])  # [T]: root + draft
+    depths = draft.depths.to(dev)
+    pos = n + torch.cat([torch.zeros_like(depths[:1]), depths])  # [T]
+    slots = torch.arange(n, n + t, device=dev)
+    logits, aux = engine.forward(rows, pos, slots, engine.tree_mask(n, ancestors(draft.parents).to(dev)))
+    host_tokens = tokens.tolist()
+    path, tok = verify(host_tokens, draft.parents, logits, sampling, draft.q)
+    new = [host_tokens[r - 1] for r in path[1:]] + [tok]  # accepted drafts + next token
+    path_new = torch.tensor(path + new, device=dev)  # [2 * len(path)]: one host-to-device copy
+    path_t, new_t = path_new[: len(path)], path_new[len(path) :]
+    if path != list(range(len(path))):
+        engine.compact(slots[path_t], slots[: len(path)])
+    return new, aux[path_t], new_t
+
+
 def spec_generate(engine: TargetEngine, proposer: Proposer, prompt: list[int], max_new_tokens: int,
                   stop_ids: set[int], sampling: Sampling) -> Turn:
     dev = engine.device
@@ -74,23 +113,18 @@ def spec_generate(engine: TargetEngine, proposer: Proposer, prompt: list[int], m
     _sync(dev)
     t0 = time.perf_counter()
     tok, n = sampling.pick(logits[-1]), len(prompt)
-    out, accepts = [tok], []
+    root = torch.tensor([tok], device=dev)  # [1]: the last token, not yet in the target's cache
+    new, out, accepts = [tok], [tok], []
     proposer.reset()
-    proposer.observe(aux, torch.cat([ids[1:], torch.tensor([tok], device=dev)]))  # state t, token t+1
-    while len(out) < max_new_tokens and not stop_ids.intersection(out) and n + proposer.size + 1 <= engine.max_len:
+    proposer.observe(aux, torch.cat([ids[1:], root]))  # state t, token t+1
+    step = _verify_greedy_chain if sampling.greedy and proposer.mode == "chain" else _verify_tree
+    while len(out) < max_new_tokens and stop_ids.isdisjoint(new) and n + proposer.size + 1 <= engine.max_len:
         draft = proposer.propose()
-        t = draft.tokens.shape[0] + 1
-        rows = torch.cat([torch.tensor([tok], device=dev), draft.tokens.to(dev)])  # [T]: root + draft
-        pos = n + torch.cat([torch.zeros(1, dtype=torch.long), draft.depths.cpu()]).to(dev)  # [T]
-        slots = torch.arange(n, n + t, device=dev)
-        logits, aux = engine.forward(rows, pos, slots, engine.tree_mask(n, ancestors(draft.parents).to(dev)))
-        path, tok = verify(draft.tokens.tolist(), draft.parents, logits, sampling, draft.q)
-        path_t = torch.tensor(path, device=dev)
-        engine.compact(slots[path_t], slots[: len(path)])
-        new = torch.cat([rows[path_t[1:]], torch.tensor([tok], device=dev)])  # accepted drafts + next token
-        proposer.observe(aux[path_t], new)
-        out += new.tolist()
-        accepts.append(len(path) - 1)
-        n += len(path)
+        new, aux, next_tokens = step(engine, draft, root, n, sampling)
+        proposer.observe(aux, next_tokens)
+        root = next_tokens[-1:]
+        out += new
+        accepts.append(len(new) - 1)
+        n += len(new)
     _sync(dev)
     return Turn(_finish(out, max_new_tokens, stop_ids), time.perf_counter() - t0, accepts)

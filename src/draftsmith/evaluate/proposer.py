@@ -11,6 +11,11 @@ Drafter KV layout: slot s < max_len holds the step-0 entry at position s (target
 at s, token s+1); slots max_len.. hold the current draft's own entries. A draft node at depth d
 sits at position n-1+d and sees the step-0 slots < n, its ancestors' slots and its own slot.
 
+Greedy chain mode is fused: `observe` only stages the new rows (padded to K+1) and `propose`
+runs step 0 over them and the K-1 draft steps as one function of fixed-shape device tensors,
+captured as one CUDA graph on GPU (eager on CPU, same code). Sampling and tree mode observe
+eagerly and draft step by step (each step a CUDA graph).
+
 EAGLE-2 tree: level 1 is the top-k of the last step-0 output; each later step feeds the k best
 frontier nodes (by cumulative log-prob) and keeps their top-k children; finally the
 `total_tokens` best nodes of everything drafted are kept (a set closed under parents).
@@ -51,11 +56,15 @@ def chain_draft(tokens: torch.Tensor, q: torch.Tensor | None = None) -> Draft:
 
 
 class DrafterProposer:
+    """The drafter behind the `Proposer` interface. `fused=False` keeps greedy chain mode on the
+    step-by-step path that sampling uses (the reference the fused cycle is tested against)."""
+
     def __init__(self, drafter: Eagle3Drafter, sampling: Sampling, max_len: int, mode: str = "chain",
-                 k: int = 7, top_k: int = 10, total_tokens: int = 60) -> None:
+                 k: int = 7, top_k: int = 10, total_tokens: int = 60, fused: bool = True) -> None:
         cfg = drafter.config
         self.drafter, self.sampling, self.max_len = drafter, sampling, max_len
         self.mode, self.k, self.top_k, self.total_tokens = mode, k, top_k, total_tokens
+        self.fused = fused and mode == "chain" and sampling.greedy
         p = next(drafter.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.draft_slots = k if mode == "chain" else (k - 1) * top_k
@@ -67,12 +76,24 @@ class DrafterProposer:
         self.n = 0
         self.cols = torch.arange(shape[2], device=self.device)
         self.graphs: dict[int, Graphed] = {}
+        # fused cycle: the observed rows staged for propose(), padded to K+1 (aux, next tokens), and n, m
+        self.stage = (torch.zeros(k + 1, drafter.fc.in_features, device=self.device, dtype=self.dtype),
+                      torch.zeros(k + 1, dtype=torch.long, device=self.device),
+                      torch.zeros((), dtype=torch.long, device=self.device), torch.ones((), dtype=torch.long, device=self.device))
+        self.cycle: Graphed | None = None
 
     def graph(self) -> None:
-        """Capture the draft steps (1 token in chain mode, top_k in tree mode) in a CUDA graph
-        (no-op on CPU); the context step after each verification stays eager."""
+        """Capture CUDA graphs (no-op on CPU): in fused mode the whole cycle (staged observe and
+        the K-1 draft steps); otherwise the draft steps (1 token in chain mode, top_k in tree
+        mode), the context step after each verification staying eager."""
+        if self.device.type != "cuda":
+            return
+        if self.fused:
+            if self.cycle is None:  # warm-up writes garbage drafter K/V: capture before decoding
+                self.cycle = Graphed(self._cycle, *self.stage)
+            return
         t = 1 if self.mode == "chain" else self.top_k
-        if self.device.type != "cuda" or t in self.graphs or self.draft_slots < t:
+        if t in self.graphs or self.draft_slots < t:
             return
         slots = self.max_len + torch.arange(t, device=self.device)
         mask = torch.zeros(t, self.cols.shape[0], dtype=torch.bool, device=self.device)
@@ -110,48 +131,81 @@ class DrafterProposer:
         logits, out = self.drafter(hidden[None], ids[None], pos[None], attend)
         return logits[0].float(), out[0]
 
+    def _context_step(self, aux: torch.Tensor, next_tokens: torch.Tensor,
+                      n: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 0 over target states aux [T, n_aux*H_t] at positions n..n+T-1 (next_tokens [T]:
+        the token after each; n an int or a [] tensor), written at the step-0 slots n..n+T-1.
+        Returns logits [T, Vd], out [T, H]."""
+        pos = n + torch.arange(aux.shape[0], device=self.device)  # [T]
+        mask = self.cols[None, :] <= pos[:, None]  # [T, S]: causal over the step-0 slots
+        hidden = self.drafter.project(aux.to(self.dtype))  # [T, H]
+        return self._step(hidden, next_tokens, pos, pos, mask)
+
+    def _draft_step(self, hidden: torch.Tensor, tok: torch.Tensor, n: int | torch.Tensor,
+                    i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Chain draft step i: token tok [1] with hidden [1, H] at position n+i and draft slot i,
+        seeing the step-0 slots < n and draft slots 0..i. Returns logits [1, Vd], out [1, H]."""
+        slot = self.cols[self.max_len + i : self.max_len + i + 1]  # [1]
+        mask = (self.cols < n) | ((self.cols >= self.max_len) & (self.cols <= slot))  # [S]
+        return self._step(hidden, tok, slot - self.max_len + n, slot, mask[None])
+
     @torch.no_grad()
     def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """aux [m, n_aux*H_t]: target states at positions n..n+m-1; next_tokens [m]: the token
-        after each."""
+        after each. Fused mode only stages the last (up to K+1) rows for propose(), without a
+        host sync; a longer prefix (a prompt) runs eagerly first."""
         m = aux.shape[0]
-        pos = torch.arange(self.n, self.n + m, device=self.device)
-        mask = self.cols[None, :] <= pos[:, None]  # [m, S]: causal over the step-0 slots
-        hidden = self.drafter.project(aux.to(self.dtype))  # [m, H]
-        logits, out = self._step(hidden, next_tokens.to(self.device), pos, pos, mask)
-        self.n += m
-        self.logits, self.hidden = logits[-1].clone(), out[-1].clone()  # [Vd], [H]: drafts position n+1 (graph outputs get overwritten)
+        staged = min(m, self.k + 1) if self.fused else 0
+        if m > staged:
+            logits, out = self._context_step(aux[: m - staged], next_tokens[: m - staged].to(self.device), self.n)
+            self.n += m - staged
+            self.logits, self.hidden = logits[-1].clone(), out[-1].clone()  # [Vd], [H]: drafts position n+1 (graph outputs get overwritten)
+        if staged:
+            stage_aux, stage_tokens, stage_n, stage_m = self.stage
+            stage_aux[:staged].copy_(aux[m - staged :])
+            stage_tokens[:staged].copy_(next_tokens[m - staged :])
+            stage_n.fill_(self.n)
+            stage_m.fill_(staged)
+            self.n += staged
 
     def propose(self) -> Draft:
+        if self.fused:  # the graph's output is a static buffer, overwritten by the next propose()
+            return chain_draft((self.cycle or self._cycle)(*self.stage))
         return self._chain() if self.mode == "chain" else self._tree()
 
-    def _context_mask(self, rows: int) -> torch.Tensor:
-        mask = torch.zeros(rows, self.cols.shape[0], dtype=torch.bool, device=self.device)
-        mask[:, : self.n] = True
-        return mask
+    @torch.no_grad()
+    def _cycle(self, aux: torch.Tensor, next_tokens: torch.Tensor, n: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """The fused greedy chain cycle, one function of fixed-shape device tensors (one CUDA
+        graph): step 0 over the staged rows aux [K+1, n_aux*H_t], next_tokens [K+1] at positions
+        n.. of which the first m [] are valid, then the K-1 draft steps. Returns the K drafted
+        target ids [K]. The padding rows write step-0 slots n+m..n+K, which nothing reads before
+        the next observe rewrites them (the decode loop keeps n+K+1 <= max_len)."""
+        logits, out = self._context_step(aux, next_tokens, n)  # [K+1, Vd], [K+1, H]
+        last = (m - 1).reshape(1)  # [1]: row m-1 by a device index (no host sync)
+        return self._chain_from(logits.index_select(0, last), out.index_select(0, last), n + m)[0]
+
+    def _chain_from(self, logits: torch.Tensor, hidden: torch.Tensor,
+                    n: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """K chain drafts from step 0's output at the last observed position (logits [1, Vd],
+        hidden [1, H]); n: positions observed. Returns the target ids [K] and, when sampling,
+        the distribution each was drawn from [K, V]."""
+        tokens, qs = [], []
+        for i in range(self.k):
+            if self.sampling.greedy:
+                d = logits.argmax(-1)  # [1]
+            else:
+                q_d = self.sampling.probs(logits[0])  # [Vd]
+                d = torch.tensor([self.sampling.sample(q_d)], device=self.device)
+                qs.append(torch.zeros(self.vocab_size, device=self.device).index_copy_(0, self.vocab_map, q_d))
+            tokens.append(self.vocab_map.index_select(0, d))  # [1] target id
+            if i < self.k - 1:
+                logits, hidden = self._draft_step(hidden, tokens[-1], n, i)
+        q = torch.stack(qs) if qs else None  # [K, V]
+        return torch.cat(tokens), q  # [K]
 
     @torch.no_grad()
     def _chain(self) -> Draft:
-        logits, hidden = self.logits, self.hidden
-        tokens, qs = [], []
-        mask = self._context_mask(1)
-        for i in range(self.k):
-            if self.sampling.greedy:
-                d = logits.argmax()
-            else:
-                q_d = self.sampling.probs(logits)  # [Vd]
-                d = torch.tensor(self.sampling.sample(q_d), device=self.device)
-                qs.append(torch.zeros(self.vocab_size, device=self.device).index_copy_(0, self.vocab_map, q_d))
-            tok = self.vocab_map[d].reshape(1)  # [1] target id
-            tokens.append(tok)
-            if i == self.k - 1:
-                break
-            slot = torch.tensor([self.max_len + i], device=self.device)
-            mask[0, self.max_len + i] = True
-            logits, out = self._step(hidden[None], tok, torch.tensor([self.n + i], device=self.device), slot, mask)
-            logits, hidden = logits[0], out[0]
-        q = torch.stack(qs) if qs else None  # [K, V]
-        return chain_draft(torch.cat(tokens), q)
+        return chain_draft(*self._chain_from(self.logits[None], self.hidden[None], self.n))
 
     @torch.no_grad()
     def _tree(self) -> Draft:
@@ -167,8 +221,7 @@ class DrafterProposer:
             own = (d - 1) * k + torch.arange(k, device=dev)  # [k] draft slots of the frontier
             anc = f_anc.clone()
             anc[torch.arange(k, device=dev), own] = True
-            mask = self._context_mask(k)
-            mask[:, self.max_len:] = anc
+            mask = torch.cat([(self.cols[: self.max_len] < self.n).expand(k, -1), anc], dim=1)  # [k, S]
             pos = torch.full((k,), self.n - 1 + d, device=dev)
             logits, out = self._step(f_hidden, f_tokens, pos, self.max_len + own, mask)
             s, t = torch.log_softmax(logits, -1).topk(k, dim=-1)  # [k, k]
@@ -183,8 +236,8 @@ class DrafterProposer:
             base += k * k
         all_scores = torch.cat(pool_scores)  # [P], in depth order
         keep = torch.sort(-all_scores, stable=True).indices[: self.size].sort().values  # parents before children
-        parents_pool = torch.cat(pool_parents)[keep].tolist()
-        row_of = {int(p): i + 1 for i, p in enumerate(keep.tolist())}
+        parents_pool, kept = torch.stack([torch.cat(pool_parents)[keep], keep]).tolist()  # [2, N]: one host transfer
+        row_of = {p: i + 1 for i, p in enumerate(kept)}
         parents = [0 if p < 0 else row_of[p] for p in parents_pool]
         return Draft(torch.cat(pool_tokens)[keep], parents, torch.cat(pool_depths)[keep])
 

@@ -53,7 +53,8 @@ def check_compatible(drafter: Eagle3Drafter, target: Target, path: Path) -> None
 def build_engine(target: Target, drafter: Eagle3Drafter, cfg: EvalConfig, sampling: Sampling,
                  max_len: int, graphs: bool) -> tuple[TargetEngine, DrafterProposer]:
     """The target engine and the drafter proposer; with `graphs`, CUDA graphs for plain
-    decoding (1 token), verification (draft size + 1 tokens) and the draft steps."""
+    decoding (1 token), verification (draft size + 1 tokens) and the drafter (greedy chain:
+    its whole side of a cycle; otherwise each draft step)."""
     engine = TargetEngine(target.model, drafter.config.aux_layer_ids, max_len)
     proposer = DrafterProposer(drafter, sampling, max_len, mode=cfg.mode, k=cfg.k, top_k=cfg.top_k, total_tokens=cfg.total_tokens)
     if graphs:

@@ -2,7 +2,8 @@
 
 Greedy (temperature 0): walk down the draft from the root, following the child whose token is
 the target's argmax; the target's argmax at the last accepted node is the bonus token. The
-output is the target's own greedy output, token for token.
+output is the target's own greedy output, token for token. A greedy chain is verified on the
+device with one host transfer (`verify_chain_greedy`).
 
 Sampling (temperature, top-p): recursive rejection sampling. At each accepted node the
 children are tried in order with the target's distribution `p` at that node:
@@ -72,6 +73,17 @@ def children_of(parents: list[int]) -> list[list[int]]:
     for i, p in enumerate(parents):
         children[p].append(i + 1)
     return children
+
+
+def verify_chain_greedy(tokens: torch.Tensor, logits: torch.Tensor) -> tuple[int, torch.Tensor, list[int]]:
+    """Greedy verification of a chain draft on the device: tokens [K] (target ids), logits
+    [K+1, V] of the target at the root and at each draft token. Returns the accepted count a,
+    the target's argmax per row `top` [K+1] (on the device; top[:a+1] = the accepted drafts,
+    then the bonus token) and top[:a+1] on the host, from one host transfer. Same as `verify`."""
+    top = logits.argmax(-1)  # [K+1]
+    accepted = (tokens == top[:-1]).cumprod(0).sum()  # []: the matching prefix
+    a, *host = torch.cat([accepted[None], top]).tolist()  # [K+2]: the one host sync
+    return a, top, host[: a + 1]
 
 
 def verify(tokens: list[int], parents: list[int], logits: torch.Tensor, sampling: Sampling,
