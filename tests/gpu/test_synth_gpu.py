@@ -13,13 +13,14 @@ from draftsmith.assets import GSM8K_TRAIN
 from draftsmith.synth.local import LocalBackend
 from draftsmith.synth.turns import Request, Sampling
 from draftsmith.target import load_target
+from tests.conftest import SMOLLM2
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def target():
-    return load_target("smollm2-135m", device="cuda", dtype="fp32")
+    return load_target(SMOLLM2, device="cuda", dtype="fp32")
 
 
 def _requests(n: int) -> list[Request]:
