@@ -1,6 +1,7 @@
 """Speculative sampling is lossless: on a tiny Llama with a 12-token vocab, the tokens emitted
 by one verification step (chain and tree, random drafter) follow the target's own sampling
-distribution; without the rejection-sampling correction they do not."""
+distribution; without the rejection-sampling correction they do not. "chain-device" is the
+same check of `verify_chain_sampled`, the on-device chain verification that `eval` runs."""
 
 from __future__ import annotations
 
@@ -11,9 +12,19 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.evaluate.engine import TargetEngine
 from draftsmith.evaluate.proposer import DrafterProposer, ancestors
-from draftsmith.evaluate.sampling import Sampling, target_probs, verify
+from draftsmith.evaluate.sampling import Sampling, target_probs, verify, verify_chain_sampled
 
 V = 12
+
+
+def verify_as(mode: str, tokens: list[int], parents: list[int], logits: torch.Tensor, sampling: Sampling,
+              q: torch.Tensor | None) -> tuple[list[int], int]:
+    """`verify`, or for "chain-device" `verify_chain_sampled`, as (accepted rows, next token)."""
+    if mode != "chain-device":
+        return verify(tokens, parents, logits, sampling, q)
+    a, _, new = verify_chain_sampled(torch.tensor(tokens), q, logits, sampling)
+    return list(range(a + 1)), new[-1]
+
 CHI2_CRIT_DF11 = 31.26  # p = 0.001
 
 
@@ -47,7 +58,9 @@ def first_emitted(mode: str, residual: bool, n: int, temperature: float, top_p: 
     model = tiny_vocab_llama()
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=0, residual=residual)
-    prop = DrafterProposer(tiny_drafter(model), sampling, 64, mode=mode, k=1 if mode == "chain" else 2, top_k=3, total_tokens=6)
+    chain = mode.startswith("chain")
+    prop = DrafterProposer(tiny_drafter(model), sampling, 64, mode="chain" if chain else mode, k=1 if chain else 2, top_k=3,
+                           total_tokens=6)
     prompt, root = torch.tensor([1, 5, 7, 3, 9]), 4
     _, aux = eng.prefill(prompt)
     prop.observe(aux, torch.cat([prompt[1:], torch.tensor([root])]))
@@ -61,7 +74,7 @@ def first_emitted(mode: str, residual: bool, n: int, temperature: float, top_p: 
         if key not in cache:
             pos = 5 + torch.cat([torch.zeros(1, dtype=torch.long), draft.depths])
             cache[key] = eng.forward(ids, pos, torch.arange(5, 5 + ids.shape[0]), eng.tree_mask(5, ancestors(draft.parents)))[0].clone()
-        path, nxt = verify(draft.tokens.tolist(), draft.parents, cache[key], sampling, draft.q)
+        path, nxt = verify_as(mode, draft.tokens.tolist(), draft.parents, cache[key], sampling, draft.q)
         counts[int(ids[path[1]]) if len(path) > 1 else nxt] += 1
         accepted += len(path) - 1
     return counts, ref.detach(), accepted / n
@@ -80,7 +93,7 @@ def markov_pairs(mode: str, residual: bool, n: int) -> tuple[torch.Tensor, torch
     for _ in range(n):
         out, last = [], 0
         while len(out) < 2:
-            if mode == "chain":  # K=3 drafts sampled from Q
+            if mode.startswith("chain"):  # K=3 drafts sampled from Q
                 tokens, qs, prev = [], [], last
                 for _ in range(3):
                     prev = int(torch.multinomial(Q[prev], 1, generator=g))
@@ -93,7 +106,7 @@ def markov_pairs(mode: str, residual: bool, n: int) -> tuple[torch.Tensor, torch
                 parents, qs = [0, 0, 1, 1, 2, 2], None
             rows = [last] + tokens
             logits = P[rows].log()  # [N+1, v]
-            path, nxt = verify(tokens, parents, logits, sampling, qs)
+            path, nxt = verify_as(mode, tokens, parents, logits, sampling, qs)
             out += [rows[r] for r in path[1:]] + [nxt]
             last = out[-1]
         counts[out[0], out[1]] += 1
@@ -111,7 +124,8 @@ def chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
 
 
-@pytest.mark.parametrize("mode,temperature,top_p", [("chain", 1.0, 1.0), ("tree", 1.0, 1.0), ("chain", 0.7, 0.9), ("tree", 0.7, 0.9)])
+@pytest.mark.parametrize("mode,temperature,top_p", [("chain", 1.0, 1.0), ("tree", 1.0, 1.0), ("chain", 0.7, 0.9), ("tree", 0.7, 0.9),
+                                                   ("chain-device", 1.0, 1.0), ("chain-device", 0.7, 0.9)])
 def test_speculative_sampling_matches_target(mode, temperature, top_p):
     counts, ref, mean_accept = first_emitted(mode, residual=True, n=2000, temperature=temperature, top_p=top_p)
     assert mean_accept > 0.2  # the drafts are accepted often enough for the test to mean something
@@ -119,14 +133,14 @@ def test_speculative_sampling_matches_target(mode, temperature, top_p):
     assert 0.5 * (counts / counts.sum() - ref).abs().sum() < 0.05
 
 
-@pytest.mark.parametrize("mode", ["chain", "tree"])
+@pytest.mark.parametrize("mode", ["chain", "tree", "chain-device"])
 def test_without_correction_the_distribution_is_wrong(mode):
     counts, ref, _ = first_emitted(mode, residual=False, n=2000, temperature=1.0, top_p=1.0)
     assert chi2(counts, ref) > 3 * CHI2_CRIT_DF11
     assert 0.5 * (counts / counts.sum() - ref).abs().sum() > 0.05
 
 
-@pytest.mark.parametrize("mode", ["chain", "tree"])
+@pytest.mark.parametrize("mode", ["chain", "tree", "chain-device"])
 def test_two_token_joint_distribution_over_several_steps(mode):
     """Deeper positions and consecutive steps: the first two tokens are jointly exact."""
     counts, ref = markov_pairs(mode, residual=True, n=2500)

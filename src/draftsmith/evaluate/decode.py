@@ -1,8 +1,8 @@
 """The two decoding loops that `draftsmith eval` compares, over the same `TargetEngine`:
 plain decoding (one target forward per token) and speculative decoding (draft, verify in one
 forward with the draft's tree mask, compact the accepted path's KV, feed the drafter the aux
-states of the accepted positions). Greedy chain verification stays on the device (causal mask,
-no compaction: the accepted path is a prefix) with one host sync per cycle.
+states of the accepted positions). Chain verification, greedy or sampled, stays on the device
+(causal mask, no compaction: the accepted path is a prefix) with one host sync per cycle.
 
 Both time decoding only: the clock starts after the prompt's prefill and stops after the last
 token, with the device synchronised. Both stop at a stop token (kept) or after
@@ -19,7 +19,7 @@ import torch
 
 from draftsmith.evaluate.engine import TargetEngine
 from draftsmith.evaluate.proposer import Draft, ancestors
-from draftsmith.evaluate.sampling import Sampling, verify, verify_chain_greedy
+from draftsmith.evaluate.sampling import Sampling, verify, verify_chain_greedy, verify_chain_sampled
 
 
 class Proposer(Protocol):
@@ -68,19 +68,22 @@ def plain_generate(engine: TargetEngine, prompt: list[int], max_new_tokens: int,
     return Turn(out, time.perf_counter() - t0)
 
 
-def _verify_greedy_chain(engine: TargetEngine, draft: Draft, root: torch.Tensor, n: int,
-                         sampling: Sampling) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """One verification step of a greedy chain draft: inputs built on the device, acceptance on
-    the device, one host sync. The accepted path is a prefix, so its KV is already in place (no
-    compaction). Returns the new tokens (accepted drafts + bonus), the accepted rows' aux states
-    and the new tokens on the device."""
+def _verify_chain(engine: TargetEngine, draft: Draft, root: torch.Tensor, n: int,
+                  sampling: Sampling) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """One verification step of a chain draft: inputs built on the device, acceptance on the
+    device (greedy or speculative sampling), one host sync. The accepted path is a prefix, so
+    its KV is already in place (no compaction). Returns the new tokens (accepted drafts + the
+    bonus or corrected token), the accepted rows' aux states and the new tokens on the device."""
     tokens = draft.tokens.to(engine.device)
     t = tokens.shape[0] + 1
     rows = torch.cat([root, tokens])  # [T]: root + chain
     slots = torch.arange(n, n + t, device=engine.device)  # [T], also the positions
     logits, aux = engine.forward(rows, slots, slots, engine.causal_mask(n, t))
-    a, top, new = verify_chain_greedy(tokens, logits)
-    return new, aux[: a + 1], top[: a + 1]
+    if sampling.greedy:
+        a, new_t, new = verify_chain_greedy(tokens, logits)
+    else:
+        a, new_t, new = verify_chain_sampled(tokens, draft.q, logits, sampling)
+    return new, aux[: a + 1], new_t
 
 
 def _verify_tree(engine: TargetEngine, draft: Draft, root: torch.Tensor, n: int,
@@ -117,7 +120,7 @@ def spec_generate(engine: TargetEngine, proposer: Proposer, prompt: list[int], m
     new, out, accepts = [tok], [tok], []
     proposer.reset()
     proposer.observe(aux, torch.cat([ids[1:], root]))  # state t, token t+1
-    step = _verify_greedy_chain if sampling.greedy and proposer.mode == "chain" else _verify_tree
+    step = _verify_chain if proposer.mode == "chain" else _verify_tree
     while len(out) < max_new_tokens and stop_ids.isdisjoint(new) and n + proposer.size + 1 <= engine.max_len:
         draft = proposer.propose()
         new, aux, next_tokens = step(engine, draft, root, n, sampling)

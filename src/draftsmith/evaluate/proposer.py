@@ -195,7 +195,7 @@ class DrafterProposer:
                 d = logits.argmax(-1)  # [1]
             else:
                 q_d = self.sampling.probs(logits[0])  # [Vd]
-                d = torch.tensor([self.sampling.sample(q_d)], device=self.device)
+                d = self.sampling.draws(q_d)[None]  # [1], drawn on the device (no host sync)
                 qs.append(torch.zeros(self.vocab_size, device=self.device).index_copy_(0, self.vocab_map, q_d))
             tokens.append(self.vocab_map.index_select(0, d))  # [1] target id
             if i < self.k - 1:

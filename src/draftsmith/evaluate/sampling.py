@@ -2,8 +2,8 @@
 
 Greedy (temperature 0): walk down the draft from the root, following the child whose token is
 the target's argmax; the target's argmax at the last accepted node is the bonus token. The
-output is the target's own greedy output, token for token. A greedy chain is verified on the
-device with one host transfer (`verify_chain_greedy`).
+output is the target's own greedy output, token for token. A chain is verified on the device
+with one host transfer (`verify_chain_greedy`, `verify_chain_sampled`); trees on the host.
 
 Sampling (temperature, top-p): recursive rejection sampling. At each accepted node the
 children are tried in order with the target's distribution `p` at that node:
@@ -45,9 +45,18 @@ class Sampling:
     seed: int = 0
     residual: bool = True  # the rejection-sampling correction; False only to prove it matters
     gen: torch.Generator = field(init=False, repr=False)
+    device_gens: dict[torch.device, torch.Generator] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.gen = torch.Generator().manual_seed(self.seed)
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """The random generator for tensors on `device` (the host one on CPU)."""
+        if device.type == "cpu":
+            return self.gen
+        if device not in self.device_gens:
+            self.device_gens[device] = torch.Generator(device).manual_seed(self.seed)
+        return self.device_gens[device]
 
     @property
     def greedy(self) -> bool:
@@ -61,6 +70,15 @@ class Sampling:
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.gen))
+
+    def draws(self, probs: torch.Tensor) -> torch.Tensor:
+        """Tokens drawn from probs [.., V] where they lie, with no host sync: the exponential
+        race argmax(p / E), E ~ Exp(1), picks token x with probability exactly p(x)."""
+        e = torch.empty(probs.shape, device=probs.device).exponential_(generator=self.generator(probs.device))
+        return (probs.float() / e).argmax(-1)
+
+    def uniforms(self, n: int, device: torch.device) -> torch.Tensor:
+        return torch.rand(n, device=device, generator=self.generator(device))  # [n]
 
     def pick(self, logits: torch.Tensor) -> int:
         """One token from target logits [V]."""
@@ -77,13 +95,39 @@ def children_of(parents: list[int]) -> list[list[int]]:
 
 def verify_chain_greedy(tokens: torch.Tensor, logits: torch.Tensor) -> tuple[int, torch.Tensor, list[int]]:
     """Greedy verification of a chain draft on the device: tokens [K] (target ids), logits
-    [K+1, V] of the target at the root and at each draft token. Returns the accepted count a,
-    the target's argmax per row `top` [K+1] (on the device; top[:a+1] = the accepted drafts,
-    then the bonus token) and top[:a+1] on the host, from one host transfer. Same as `verify`."""
+    [K+1, V] of the target at the root and at each draft token. Returns the accepted count a
+    and the new tokens (the a accepted drafts, then the bonus token) on the device [a+1] and on
+    the host, from one host transfer. Same as `verify`."""
     top = logits.argmax(-1)  # [K+1]
     accepted = (tokens == top[:-1]).cumprod(0).sum()  # []: the matching prefix
     a, *host = torch.cat([accepted[None], top]).tolist()  # [K+2]: the one host sync
-    return a, top, host[: a + 1]
+    return a, top[: a + 1], host[: a + 1]
+
+
+def verify_chain_sampled(tokens: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor,
+                         sampling: Sampling) -> tuple[int, torch.Tensor, list[int]]:
+    """Speculative sampling of a chain draft on the device, the rule of `verify` on a chain:
+    draft i (drawn from q [K, V]; None: point masses) is accepted with probability
+    min(1, p_i(x)/q_i(x)) while all before it were; at the first rejection j the next token is
+    drawn from normalise(max(p_j - q_j, 0)), or from p_K when all K were accepted. One host
+    transfer. Returns the accepted count a and the new tokens [a+1] on the device and the host."""
+    k = tokens.shape[0]
+    p = sampling.probs(logits)  # [K+1, V]
+    if q is None:
+        q = torch.nn.functional.one_hot(tokens, p.shape[-1]).float()  # [K, V]
+    px = p[:k].gather(1, tokens[:, None])[:, 0]  # [K]
+    qx = q.gather(1, tokens[:, None])[:, 0]  # [K]
+    ok = sampling.uniforms(k, p.device) * qx < px  # [K]
+    accepted = ok.long().cumprod(0).sum()  # []
+    p_a = p.index_select(0, accepted[None])[0]  # [V]: the target at the first rejected row (or row K)
+    if sampling.residual:
+        q_a = torch.cat([q, torch.zeros_like(q[:1])]).index_select(0, accepted[None])[0]  # [V]; row K: 0
+        res = (p_a - q_a).clamp(min=0)
+        total = res.sum()
+        p_a = torch.where(total > 0, res / total.clamp(min=torch.finfo(res.dtype).tiny), p_a)
+    nxt = sampling.draws(p_a)  # []
+    a, *host = torch.cat([accepted[None], tokens, nxt[None]]).tolist()  # [K+2]: the one host sync
+    return a, torch.cat([tokens[:a], nxt[None]]), host[:a] + host[-1:]
 
 
 def verify(tokens: list[int], parents: list[int], logits: torch.Tensor, sampling: Sampling,
