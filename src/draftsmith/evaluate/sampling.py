@@ -36,6 +36,14 @@ def target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torc
     return out / out.sum(-1, keepdim=True)
 
 
+def exponential_race(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One draw per row of probs [.., V] -> [..], on their device and without a host sync
+    (torch.multinomial syncs to validate p): argmax(p / E) with E ~ Exp(1) picks token x with
+    probability exactly p(x)."""
+    noise = torch.empty(probs.shape, device=probs.device).exponential_(generator=gen)
+    return (probs.float() / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(-1)
+
+
 @dataclass
 class Sampling:
     """How tokens are chosen; `temperature == 0` is greedy. Owns the random generator."""
@@ -72,10 +80,8 @@ class Sampling:
         return float(torch.rand((), generator=self.gen))
 
     def draws(self, probs: torch.Tensor) -> torch.Tensor:
-        """Tokens drawn from probs [.., V] where they lie, with no host sync: the exponential
-        race argmax(p / E), E ~ Exp(1), picks token x with probability exactly p(x)."""
-        e = torch.empty(probs.shape, device=probs.device).exponential_(generator=self.generator(probs.device))
-        return (probs.float() / e).argmax(-1)
+        """Tokens drawn from probs [.., V] where they lie, with no host sync."""
+        return exponential_race(probs, self.generator(probs.device))
 
     def uniforms(self, n: int, device: torch.device) -> torch.Tensor:
         return torch.rand(n, device=device, generator=self.generator(device))  # [n]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.evaluate.engine import TargetEngine
+from draftsmith.evaluate.sampling import exponential_race
 from draftsmith.synth.turns import Sampling
 
 SLOT_MULTIPLE = 64  # cache widths are rounded up to this, so that batches share graphs
@@ -47,10 +48,7 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) 
         p = top.softmax(-1)
         top = top.masked_fill(p.cumsum(-1) - p >= sampling.top_p, -torch.inf)  # the smallest prefix reaching top_p
         logits = logits.scatter(-1, order, top)
-    probs = logits.softmax(-1)
-    # argmax(p / E) with E ~ Exp(1) is a draw from p; torch.multinomial would sync to validate p
-    noise = torch.empty_like(probs).exponential_(generator=gen).clamp_min_(torch.finfo(probs.dtype).tiny)
-    return (probs / noise).argmax(-1)
+    return exponential_race(logits.softmax(-1), gen)
 
 
 @torch.no_grad()
