@@ -34,7 +34,7 @@ lane_recipe() {
 }
 lane_bench() {
   export CUDA_VISIBLE_DEVICES=1
-  step gpu_tests 600 python3 -m pytest -q --run-gpu tests/gpu tests/unit/test_spec_fused.py
+  DRAFTSMITH_TEST_SMOLLM2=$HF step gpu_tests 600 python3 -m pytest -q --run-gpu tests/gpu tests/unit/test_spec_fused.py
   step bench_eval_engine 300 python3 bench/eval_bench.py --target $HF --parts plain,verify --out-json "$R/bench_eval_engine.json"
   step bench_extract 300 python3 bench/extract_bench.py --target $HF --samples 2000 --length 1024 --writers 8 --work-dir /root/bench_extract_work --out-json "$R/bench_extract.json"
   step bench_train 400 python3 bench/train_bench.py --target $HF --seq-lens 2048,8192,32768 --out-json "$R/bench_train.json"
@@ -48,5 +48,5 @@ wait $A $B
 unset CUDA_VISIBLE_DEVICES
 step extract_2gpu 600 torchrun --nproc-per-node 2 -m draftsmith extract $RUN/prepare --target $HF --out /root/extract_2gpu
 step compare_2gpu 300 python3 bench/extract_bench.py --compare $RUN/extract /root/extract_2gpu --out-json "$R/bench_extract_2gpu.json"
-step bench_ddp 900 python3 bench/ddp_bench.py --dataset $RUN/prepare --hidden $RUN/extract --target $HF --steps 60 --work-dir /root/bench_ddp_work --out-json "$R/bench_ddp.json"
+step bench_ddp 900 python3 bench/ddp_bench.py --dataset $RUN/prepare --hidden $RUN/extract --target $HF --steps 16 --log-every 4 --work-dir /root/bench_ddp_work --out-json "$R/bench_ddp.json"
 touch "$R/ALL_DONE"
