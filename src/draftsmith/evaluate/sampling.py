@@ -74,7 +74,8 @@ class Sampling:
         return target_probs(logits, self.temperature, self.top_p)
 
     def sample(self, probs: torch.Tensor) -> int:
-        return int(torch.multinomial(probs.float().cpu(), 1, generator=self.gen))
+        """One token from probs [V], on the host."""
+        return int(self.draws(probs))
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.gen))

@@ -33,6 +33,19 @@ def cache_width(prompt_len: int, max_new_tokens: int) -> int:
     return -(-(prompt_len + max_new_tokens) // SLOT_MULTIPLE) * SLOT_MULTIPLE
 
 
+def left_pad(prompts: list[list[int]], width: int, pad_id: int, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts right-aligned in `rows` (default one per prompt) rows of `width` tokens: ids
+    [rows, width] and each row's count of leading pad tokens [rows]. Rows beyond the prompts
+    (dummy rows) hold one token, a pad."""
+    rows = rows or len(prompts)
+    ids = torch.full((rows, width), pad_id, dtype=torch.long)  # [rows, W]
+    pad = torch.full((rows,), width - 1, dtype=torch.long)  # [rows]
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(p)
+        pad[row] = width - len(p)
+    return ids, pad
+
+
 def next_tokens(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> torch.Tensor:
     """logits [B, V] -> token ids [B], on the device without a host sync: the argmax when
     greedy, else a draw from softmax(logits / temperature) cut to the top-k and then to the
@@ -61,11 +74,7 @@ def generate(engine: TargetEngine, prompts: list[list[int]], sampling: Sampling,
     s = cache_width(width, max_new)
     if len(prompts) > rows or s > engine.max_len:
         raise ValueError(f"a batch of {len(prompts)} prompts x {s} slots does not fit an engine of {rows} x {engine.max_len}")
-    ids = torch.full((rows, width), pad_id, dtype=torch.long)  # [B, W], left-padded
-    pad = torch.full((rows,), width - 1, dtype=torch.long)  # dummy rows: one pad token
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p):] = torch.tensor(p)
-        pad[row] = width - len(p)
+    ids, pad = left_pad(prompts, width, pad_id, rows)  # [B, W], [B]
     ids, pad = ids.to(dev), pad.to(dev)
     engine.graph(1, s)  # before the prefill: capture writes junk at slot 0
 

@@ -27,7 +27,7 @@ import torch
 
 from draftsmith.errors import UserError
 from draftsmith.evaluate.engine import TargetEngine, check_supported
-from draftsmith.synth.generate import cache_width
+from draftsmith.synth.generate import cache_width, left_pad
 from draftsmith.synth.generate import generate as engine_generate
 from draftsmith.synth.magpie import end_of_turn
 from draftsmith.synth.turns import Generation, Request, Sampling, stable_seed
@@ -159,7 +159,7 @@ class LocalBackend:
         if old is not None:
             rows, slots = max(rows, old.batch), max(slots, old.max_len)
         self.engine = old = None  # free the old cache and graphs before allocating the new ones
-        device = next(self.target.model.parameters()).device
+        device = self.target.device
         if device.type == "cuda":
             torch.cuda.set_device(device)  # CUDA graphs capture and replay on the current device
             torch.cuda.empty_cache()
@@ -171,11 +171,8 @@ class LocalBackend:
         if self.cache == "static":  # round up, within what the context leaves after the new tokens
             width = max(width, min(-(-width // STATIC_MULTIPLE) * STATIC_MULTIPLE, self.context - sampling.max_new_tokens))
         device = self.target.device
-        input_ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)  # [b, s], left-padded
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids):] = torch.tensor(ids)
-            mask[row, width - len(ids):] = 1
+        input_ids, pad = left_pad(prompts, width, self.pad)  # [b, s], [b]
+        mask = (torch.arange(width) >= pad[:, None]).long()  # [b, s]: 1 on the prompt tokens
         torch.manual_seed(seed)
         out = self.target.model.generate(
             input_ids=input_ids.to(device), attention_mask=mask.to(device),
