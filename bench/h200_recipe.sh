@@ -2,7 +2,7 @@
 # The H200 run behind BENCHMARKS.md, on a 2-GPU host (nvidia-h200-x2), in two lanes:
 #   GPU 0  the recipe (recipes/h200.yaml) in one `draftsmith pipeline` process, up to eval_chain
 #   GPU 1  each stage's benchmark and the GPU tests, one after the other; then, once
-#          train_online is done, the recipe's eval_tree and eval_chain_t1 (`pipeline --only`)
+#          train_online is done, the recipe's eval_chain_t1 and eval_tree (`pipeline --only`)
 #   both   2-GPU extraction (compared with the 1-GPU store) and DDP training against one GPU
 # Every single-GPU figure comes from one H200 that runs nothing else.
 #   setsid bash bench/h200_recipe.sh &     # then: draftsmith status /root/runs/h200
@@ -40,7 +40,8 @@ lane_bench() {
   step bench_train 400 python3 bench/train_bench.py --target $HF --seq-lens 2048,8192,32768 --out-json "$R/bench_train.json"
   step bench_synth 400 python3 bench/synth_bench.py --target $HF --num-prompts 1000 --max-new-tokens 256 --batch-size 1000 --out-json "$R/bench_synth.json"
   while [ ! -f $RUN/.pipeline/train_online.done ]; do sleep 5; done
-  step recipe_evals 1800 python3 -m draftsmith pipeline recipes/h200.yaml --only eval_tree,eval_chain_t1
+  step eval_chain_t1 1200 python3 -m draftsmith pipeline recipes/h200.yaml --only eval_chain_t1
+  step eval_tree 1200 python3 -m draftsmith pipeline recipes/h200.yaml --only eval_tree
 }
 lane_recipe & A=$!
 lane_bench & B=$!

@@ -27,3 +27,20 @@ def test_only_runs_the_named_stages(tmp_path):
     assert not (root / "small").exists() and not (root / ".pipeline" / "small.done").exists()
     with pytest.raises(UserError, match="no such stage.*small, big"):
         run(PipelineConfig(pipeline_config=cfg, only=["eval"]))
+
+
+def test_quickstart_full_budget_is_the_h200_recipe():
+    """`quickstart --budget full` says it runs the recipe's data and training: keep them equal."""
+    from pathlib import Path
+
+    from draftsmith.config import load_yaml_mapping
+    from draftsmith.pipeline.quickstart import BUDGETS
+    from draftsmith.pipeline.run import parse_stages
+
+    recipe = load_yaml_mapping(Path(__file__).parents[2] / "recipes" / "h200.yaml", "recipe")
+    stages = {name: opts for name, _, opts in parse_stages(recipe["stages"])}
+    full = {name: opts for name, _, opts in BUDGETS["full"]}
+    for name in ("synth", "magpie", "magpie2", "prepare"):
+        assert full[name] == stages[name], name
+    online = {k: v for k, v in stages["train_online"].items() if k != "save_every"}
+    assert full["train"] == online

@@ -87,6 +87,7 @@ class Trainer:
         self.pos = Position()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
         self._ahead: dict[tuple[int, ...], Future] = {}
+        self._data_wait = 0.0  # seconds the loop spent waiting for rows since the last log
         self.autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=bool(cfg.autocast))
 
     # -- data ------------------------------------------------------------------------------
@@ -103,9 +104,12 @@ class Trainer:
                     self._ahead[tuple(row)] = self._pool.submit(self.source.samples, row)
 
     def batch(self, row: list[int]) -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
         ahead = self._ahead.pop(tuple(row), None)
         samples = ahead.result() if ahead is not None else self.source.samples(row)
-        return collate(samples, self.pad_to, self.env.device)
+        out = collate(samples, self.pad_to, self.env.device)
+        self._data_wait += time.perf_counter() - t0
+        return out
 
     # -- steps -----------------------------------------------------------------------------
     def optimizer_step(self, rows: list[list[int]]) -> tuple[dict[str, torch.Tensor], int]:
@@ -202,7 +206,10 @@ class Trainer:
         if self.pos.pending and self.env.main:  # saved summed over ranks: rank 0 carries them
             pending = {k: torch.tensor(v, dtype=torch.float64) for k, v in self.pos.pending.items()}
         last_val = None
+        if self.env.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.env.device)  # this run's peak, not an earlier stage's
         t0, tokens0 = time.time(), self.pos.tokens
+        t_log, self._data_wait = t0, 0.0
         rows = self.epoch_rows(self.pos.epoch)
         while self.pos.step < self.total:
             group = rows[self.pos.row : self.pos.row + cfg.grad_accum]
@@ -221,8 +228,11 @@ class Trainer:
                 self.log.write(rec)
                 pending = zero_stats(cfg.ttt)
                 if progress is not None:
+                    # data_wait: the share of the time since the last log spent reading and collating rows
+                    # (for online training, the target's capture forward)
                     progress.set(loss=round(rec["loss"], 4), acc_0=round(rec["acc_0"], 4), tau=round(rec["tau"], 3),
-                                 **self.memory())
+                                 data_wait=round(self._data_wait / max(now - t_log, 1e-9), 3), **self.memory())
+                t_log, self._data_wait = now, 0.0
             if progress is not None:
                 progress.advance(1, tokens=tokens * self.env.world)
             if self.pos.row + cfg.grad_accum > len(rows):  # epoch done (a short tail group is dropped)
@@ -245,4 +255,9 @@ class Trainer:
     def memory(self) -> dict[str, float]:
         if self.env.device.type != "cuda":
             return {}
-        return {"gpu_mem_gb": round(torch.cuda.max_memory_allocated(self.env.device) / 1e9, 2)}
+        stats = torch.cuda.memory_stats(self.env.device)
+        out = {"gpu_mem_gb": round(stats.get("allocated_bytes.all.peak", 0) / 1e9, 2),
+               "gpu_reserved_gb": round(stats.get("reserved_bytes.all.current", 0) / 1e9, 2)}
+        if stats.get("num_alloc_retries", 0):  # the caching allocator ran out and freed its cache: slow steps
+            out["alloc_retries"] = int(stats["num_alloc_retries"])
+        return out
