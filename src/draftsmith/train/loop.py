@@ -207,7 +207,7 @@ class Trainer:
             pending = {k: torch.tensor(v, dtype=torch.float64) for k, v in self.pos.pending.items()}
         last_val = None
         if self.env.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.env.device)  # this run's peak, not an earlier stage's
+            torch.cuda.reset_peak_memory_stats()  # (the current device) this run's peak, not an earlier stage's
         t0, tokens0 = time.time(), self.pos.tokens
         t_log, self._data_wait = t0, 0.0
         rows = self.epoch_rows(self.pos.epoch)
@@ -255,7 +255,7 @@ class Trainer:
     def memory(self) -> dict[str, float]:
         if self.env.device.type != "cuda":
             return {}
-        stats = torch.cuda.memory_stats(self.env.device)
+        stats = torch.cuda.memory_stats()  # the current device: this rank's
         out = {"gpu_mem_gb": round(stats.get("allocated_bytes.all.peak", 0) / 1e9, 2),
                "gpu_reserved_gb": round(stats.get("reserved_bytes.all.current", 0) / 1e9, 2)}
         if stats.get("num_alloc_retries", 0):  # the caching allocator ran out and freed its cache: slow steps
