@@ -177,6 +177,8 @@ def load_target(
     """Load a target model and tokenizer for inference (eval mode, no grad needed)."""
     folder, gguf_file = resolve_spec(spec)
     dev = torch.device(device) if device is not None else default_device()
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())  # an index, so set_device/graphs can use it
     dt = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype, dev)
     key = (str(folder / (gguf_file or "")), str(dev), str(dt), str(chat_template))
     if _SHARED is not None and key in _SHARED:
