@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load as load_bytes
 
 from draftsmith.errors import UserError
 from draftsmith.fsutil import read_jsonl
@@ -215,7 +215,10 @@ class StoreReader:
         entry = self._entries[i]
         f = self.path / entry["path"]
         try:
-            t = load_file(str(f))
+            # read() the bytes now, not an mmap (safetensors' load_file): the training prefetch
+            # thread then really does the I/O, and a later page fault on the main thread (slow on
+            # some filesystems) or a file rewritten under a live mapping cannot happen
+            t = load_bytes(f.read_bytes())
         except (OSError, Exception) as e:  # safetensors raises its own error type on a bad header
             raise UserError(f"{f}: cannot read sample {entry['sample_id']} ({e}); rerun extract to rewrite it") from None
         check_sample(t, self.n_aux, self.hidden_size, str(f))
