@@ -134,3 +134,27 @@ def test_repair_manifest_cuts_torn_line(tmp_path):
     m.write_text('{"sample_id": 1, "tok')
     repair_manifest(m)
     assert m.read_text() == ""
+
+
+def test_reader_owns_its_bytes(tmp_path):
+    """A sample is read whole when it is loaded, not mapped: a file rewritten afterwards (say, by a
+    resumed extract) cannot change tensors already handed to training, and the I/O happens in
+    the thread that called the reader (the training prefetch)."""
+    _, aux, _, _ = write_fake_store(tmp_path, [6])
+    reader = StoreReader(tmp_path)
+    s = reader[0]
+    f = reader.file(0)
+    f.write_bytes(f.read_bytes()[:-16] + bytes(16))  # the tail of the file (final states) zeroed
+    assert torch.equal(s["aux_hidden_states"], aux[0])
+    assert s["final_hidden_states"][-1].abs().sum() > 0
+
+
+def test_offline_source_reads_a_row_in_order(tmp_path):
+    """The parallel row read returns samples in the row's order, truncated to max_len."""
+    from draftsmith.train.batching import OfflineSource
+
+    _, aux, _, _ = write_fake_store(tmp_path, [5, 3, 9, 4], sample_ids=[0, 1, 2, 3])
+    src = OfflineSource(StoreReader(tmp_path), max_len=6)
+    out = src.samples([2, 0, 3, 1])
+    assert [s["input_ids"].shape[0] for s in out] == [6, 5, 4, 3]
+    assert torch.equal(out[0]["aux"], aux[2][:6]) and torch.equal(out[3]["aux"], aux[1])
