@@ -49,7 +49,7 @@ def test_offline_and_online_give_the_same_loss(data_and_store, tiny_target_dir):
     drafter = build_drafter(target, layers, d2t, t2d, target.model.get_input_embeddings().weight)
     objective = TTTObjective(drafter, target.model.get_output_embeddings().weight, K=3, backend="eager", chunk=16)
     row = [0, 3, 5, 7]
-    a, b = collate(online.samples(row), None, "cpu"), collate(offline.samples(row), None, "cpu")
+    a, b = collate(online.samples(row), None), collate(offline.samples(row), None)
     assert torch.equal(a["ids"], b["ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
     loss_on, st_on = objective(**a)
     loss_off, st_off = objective(**b)
@@ -67,7 +67,7 @@ def test_chunking_does_not_change_the_loss(data_and_store, tiny_target_dir):
     layers = [int(k) for k in reader.meta["layers"]]
     d2t, t2d = resolve_vocab(type("C", (), {"vocab": None, "draft_vocab_size": 300})(), load_dataset(ds_path), [0, 1, 2], target.info.vocab_size)
     drafter = build_drafter(target, layers, d2t, t2d, target.model.get_input_embeddings().weight)
-    batch = collate(OfflineSource(reader, 2048).samples([1, 2]), None, "cpu")
+    batch = collate(OfflineSource(reader, 2048).samples([1, 2]), None)
     w = target.model.get_output_embeddings().weight
     big, _ = TTTObjective(drafter, w, K=2, backend="eager", chunk=4096)(**batch)
     small, _ = TTTObjective(drafter, w, K=2, backend="eager", chunk=5)(**batch)

@@ -10,8 +10,9 @@ Both sources return the same per-sample tensors, so everything after them is sha
 
 Packing (`pack_rows`): each epoch shuffles the training samples with `seed + epoch` and fills
 rows of at most `capacity` tokens (next-fit over a few open rows). A row's samples are laid end
-to end (`collate`); `ttt.doc_and_positions` gives each its own document id and positions, so
-attention never crosses samples and no padding is spent between them. The packing is a pure
+to end (`collate`; for stored samples in the prefetch thread, into pinned memory);
+`ttt.doc_and_positions` gives each its own document id and positions, so attention never
+crosses samples and no padding is spent between them. The packing is a pure
 function of (lengths, seed, epoch), which is what makes the data position resumable.
 Under torchrun, rank r takes rows r, r+W, r+2W, ... (cut to a multiple of W).
 """
@@ -69,21 +70,30 @@ def shard_rows(rows: list[list[int]], rank: int, world: int) -> list[list[int]]:
     return rows[rank:n:world]
 
 
-def collate(samples: list[dict[str, torch.Tensor]], pad_to: int | None, device: torch.device) -> dict[str, torch.Tensor]:
-    """Lay samples end to end in one row: {ids, loss_mask, doc, pos [1, L]; aux [1, L, n*H]; final [1, L, H]}."""
+def collate(samples: list[dict[str, torch.Tensor]], pad_to: int | None, pin: bool = False) -> dict[str, torch.Tensor]:
+    """Lay samples end to end in one row, on the samples' own device: {ids, loss_mask, doc, pos
+    [1, L]; aux [1, L, n*H]; final [1, L, H]}. `pin`: host tensors go to pinned memory, so that
+    `to_device` copies them without blocking (the prefetch thread collates; the step copies)."""
     lengths = [s["input_ids"].shape[0] for s in samples]
     total = max(sum(lengths), pad_to or 0)
     pad = total - sum(lengths)
+
+    def row(x: torch.Tensor) -> torch.Tensor:  # [L, ...] -> [1, L, ...]
+        return (x.pin_memory() if pin and x.device.type == "cpu" else x)[None]
 
     def cat(key: str) -> torch.Tensor:
         x = torch.cat([s[key] for s in samples])  # [sum T, ...]
         if pad:
             x = torch.cat([x, x.new_zeros((pad, *x.shape[1:]))])  # [L, ...]
-        return x[None].to(device, non_blocking=True)  # [1, L, ...]
+        return row(x)
 
-    doc, pos = doc_and_positions(lengths, total, device)
-    return {"ids": cat("input_ids"), "loss_mask": cat("loss_mask"), "doc": doc[None], "pos": pos[None],
+    doc, pos = doc_and_positions(lengths, total, samples[0]["aux"].device)  # [L], [L]
+    return {"ids": cat("input_ids"), "loss_mask": cat("loss_mask"), "doc": row(doc), "pos": row(pos),
             "aux": cat("aux"), "final": cat("final")}
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 class OfflineSource:

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.train import checkpointing as ckpt
-from draftsmith.train.batching import collate, pack_rows, shard_rows
+from draftsmith.train.batching import collate, pack_rows, shard_rows, to_device
 from draftsmith.train.metrics import add_stats, summarise, zero_stats
 
 
@@ -101,13 +101,16 @@ class Trainer:
         if getattr(self.source, "prefetch", False):
             for row in rows:
                 if tuple(row) not in self._ahead:
-                    self._ahead[tuple(row)] = self._pool.submit(self.source.samples, row)
+                    self._ahead[tuple(row)] = self._pool.submit(self.host_row, row)
+
+    def host_row(self, row: list[int]) -> dict[str, torch.Tensor]:
+        """A row's samples read and laid end to end (pinned when training on a GPU)."""
+        return collate(self.source.samples(row), self.pad_to, pin=self.env.device.type == "cuda")
 
     def batch(self, row: list[int]) -> dict[str, torch.Tensor]:
         t0 = time.perf_counter()
         ahead = self._ahead.pop(tuple(row), None)
-        samples = ahead.result() if ahead is not None else self.source.samples(row)
-        out = collate(samples, self.pad_to, self.env.device)
+        out = to_device(ahead.result() if ahead is not None else self.host_row(row), self.env.device)
         self._data_wait += time.perf_counter() - t0
         return out
 
