@@ -169,3 +169,12 @@ def test_sampled_generation_runs_to_length(mode):
     out = spec_generate(eng, prop, [1, 5, 7, 3, 9], 30, set(), sampling)
     assert len(out.tokens) == 30 and all(0 <= t < V for t in out.tokens)
     assert sum(out.accepts) > 0 and len(out.accepts) < 30
+
+
+def test_target_probs_cuts_top_k_before_top_p():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+    two = target_probs(logits, 1.0, 1.0, top_k=2)
+    assert torch.allclose(two, torch.tensor([[*torch.softmax(torch.tensor([3.0, 2.0]), -1), 0.0, 0.0]]))
+    # the nucleus is taken on the renormalised top-k: 0.73 of the two reaches top_p 0.7 alone
+    assert torch.equal(target_probs(logits, 1.0, 0.7, top_k=2), torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+    assert torch.equal(target_probs(logits, 1.0, 1.0, top_k=0), torch.softmax(logits, -1))

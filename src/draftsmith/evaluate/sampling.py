@@ -24,9 +24,14 @@ from dataclasses import dataclass, field
 import torch
 
 
-def target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Softmax of logits/temperature, restricted to the top-p nucleus and renormalised. [.., V]"""
+def target_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0) -> torch.Tensor:
+    """Softmax of logits/temperature, cut to the top-k tokens (0: no cut), then to the top-p
+    nucleus, renormalised (the order of HF's logits warpers). [.., V]"""
     probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if 0 < top_k < probs.shape[-1]:
+        kth = probs.topk(top_k, dim=-1).values[..., -1:]  # [.., 1]
+        probs = probs * (probs >= kth)
+        probs = probs / probs.sum(-1, keepdim=True)
     if top_p >= 1.0:
         return probs
     sorted_p, order = probs.sort(dim=-1, descending=True)

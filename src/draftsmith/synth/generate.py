@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.evaluate.engine import TargetEngine
-from draftsmith.evaluate.sampling import exponential_race
+from draftsmith.evaluate.sampling import exponential_race, target_probs
 from draftsmith.synth.turns import Sampling
 
 SLOT_MULTIPLE = 64  # cache widths are rounded up to this, so that batches share graphs
@@ -48,20 +48,10 @@ def left_pad(prompts: list[list[int]], width: int, pad_id: int, rows: int | None
 
 def next_tokens(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> torch.Tensor:
     """logits [B, V] -> token ids [B], on the device without a host sync: the argmax when
-    greedy, else a draw from softmax(logits / temperature) cut to the top-k and then to the
-    top-p nucleus (the order of HF's logits warpers)."""
+    greedy, else a draw from the temperature / top-k / top-p distribution (`target_probs`)."""
     if sampling.temperature == 0:
         return logits.argmax(-1)
-    logits = logits / sampling.temperature
-    if 0 < sampling.top_k < logits.shape[-1]:
-        kth = logits.topk(sampling.top_k, dim=-1).values[:, -1:]  # [B, 1]
-        logits = logits.masked_fill(logits < kth, -torch.inf)
-    if sampling.top_p < 1:
-        top, order = logits.sort(dim=-1, descending=True)  # [B, V]
-        p = top.softmax(-1)
-        top = top.masked_fill(p.cumsum(-1) - p >= sampling.top_p, -torch.inf)  # the smallest prefix reaching top_p
-        logits = logits.scatter(-1, order, top)
-    return exponential_race(logits.softmax(-1), gen)
+    return exponential_race(target_probs(logits, sampling.temperature, sampling.top_p, sampling.top_k), gen)
 
 
 @torch.no_grad()

@@ -87,7 +87,7 @@ class Trainer:
         self.pos = Position()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
         self._ahead: dict[tuple[int, ...], Future] = {}
-        self._data_wait = 0.0  # seconds the loop spent waiting for rows since the last log
+        self._data_wait = 0.0  # seconds the loop spent getting training rows since the last log
         self.autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=bool(cfg.autocast))
 
     # -- data ------------------------------------------------------------------------------
@@ -108,11 +108,8 @@ class Trainer:
         return collate(self.source.samples(row), self.pad_to, pin=self.env.device.type == "cuda")
 
     def batch(self, row: list[int]) -> dict[str, torch.Tensor]:
-        t0 = time.perf_counter()
         ahead = self._ahead.pop(tuple(row), None)
-        out = to_device(ahead.result() if ahead is not None else self.host_row(row), self.env.device)
-        self._data_wait += time.perf_counter() - t0
-        return out
+        return to_device(ahead.result() if ahead is not None else self.host_row(row), self.env.device)
 
     # -- steps -----------------------------------------------------------------------------
     def optimizer_step(self, rows: list[list[int]]) -> tuple[dict[str, torch.Tensor], int]:
@@ -120,7 +117,9 @@ class Trainer:
         self.wrapped.train()
         stats, tokens = zero_stats(self.cfg.ttt), 0
         for i, row in enumerate(rows):
+            t0 = time.perf_counter()
             batch = self.batch(row)
+            self._data_wait += time.perf_counter() - t0  # training rows only, not validation's
             tokens += int((batch["doc"] >= 0).sum())
             last = i == len(rows) - 1
             sync = contextlib.nullcontext() if last or not hasattr(self.wrapped, "no_sync") else self.wrapped.no_sync()
