@@ -1,10 +1,13 @@
 """The EAGLE-3 drafter, as vLLM (`llama_eagle3`) and SGLang (`LlamaForCausalLMEagle3`) serve it.
 
     aux [.., n_aux*H_t] --fc--> h [.., H]                     (only for the target's states)
+      norm_before_fc: aux -> input_norm(aux) first            (one RMSNorm over all n_aux*H_t)
+      fc_norm:        aux -> cat(fc_norm[i](aux_i)) first     (EAGLE-3.1: one RMSNorm per aux layer)
     x = cat(input_layernorm(embed(tok)), hidden_norm(h))      [.., 2H]
     h1 = h + o_proj(attn(x))                                  residual is the un-normalised h
-    out = h1 + mlp(post_attention_layernorm(h1))              fed back as h for the next draft step
+    out = h1 + mlp(post_attention_layernorm(h1))
     logits = lm_head(norm(out))                               [.., draft_vocab]
+    next h = out, or norm(out) with norm_output               fed back as h for the next draft step
 
 At position t the drafter sees the target's hidden state at t and the embedding of token t+1,
 and predicts token t+2. Draft id i maps to target id i + d2t[i]; t2d marks the target ids that
@@ -41,6 +44,9 @@ class DrafterConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
     norm_before_residual: bool = False  # True: the residual is hidden_norm(h), not h
+    norm_before_fc: bool = False  # True: RMSNorm (`input_norm`) over the concatenated aux states before fc
+    fc_norm: bool = False  # True: EAGLE-3.1's RMSNorm per aux layer (`fc_norm.{i}`) before fc
+    norm_output: bool = False  # True: the next draft step reads norm(out) instead of out
     hidden_act: str = "silu"
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,6 +166,9 @@ class Eagle3Drafter(nn.Module):
         n_aux = max(len(cfg.aux_layer_ids), 1)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # copied from the target, frozen
+        self.input_norm = RMSNorm(n_aux * cfg.target_hidden_size, cfg.rms_norm_eps) if cfg.norm_before_fc else None
+        self.fc_norm = (nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(n_aux))
+                        if cfg.fc_norm else None)
         self.fc = nn.Linear(n_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = Eagle3Layer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -169,7 +178,16 @@ class Eagle3Drafter(nn.Module):
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """Target aux states [.., n_aux*H_t] -> drafter hidden [.., H]."""
+        if self.fc_norm is not None:
+            parts = aux.chunk(len(self.fc_norm), dim=-1)  # n_aux x [.., H_t]
+            aux = torch.cat([norm(x) for norm, x in zip(self.fc_norm, parts, strict=True)], dim=-1)  # [.., n_aux*H_t]
+        if self.input_norm is not None:
+            aux = self.input_norm(aux)
         return self.fc(aux)
+
+    def next_hidden(self, out: torch.Tensor) -> torch.Tensor:
+        """The hidden state the next draft step reads, from this step's layer output [.., H]."""
+        return self.norm(out) if self.config.norm_output else out
 
     def forward(
         self,
@@ -180,10 +198,11 @@ class Eagle3Drafter(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [B, T, H] (projected target states, or the previous step's output),
         input_ids [B, T] (token t+1 for hidden at t), position_ids [B, T].
-        Returns logits [B, T, draft_vocab] and the pre-norm output [B, T, H]."""
+        Returns logits [B, T, draft_vocab] and the hidden state for the next step [B, T, H]
+        (`next_hidden` of the layer output)."""
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
         out = self.midlayer(embeds, hidden, position_ids, attend)  # [B, T, H]
-        return self.lm_head(self.norm(out)), out
+        return self.lm_head(self.norm(out)), self.next_hidden(out)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft vocab ids -> target vocab ids (target = draft + d2t[draft])."""

@@ -4,7 +4,7 @@ A batch is one or more *packed rows*: several samples laid end to end, each with
 document id (`doc [B, T]`, -1 for padding) and its own positions (`pos [B, T]`, restarting at 0
 for every sample). Step k (0-based) of the unroll, at row position t:
 
-    input hidden   step 0: fc(aux[t]);  step k>0: step k-1's output at t
+    input hidden   step 0: fc(aux[t]);  step k>0: step k-1's output at t (normed with norm_output)
     input token    ids[t+1+k]                        (the embedding of the next known token)
     position       pos[t] + k                        (positions advance by one per step)
     predicts       token t+2+k, against the target's distribution from final[t+1+k]
@@ -191,8 +191,9 @@ def unroll(drafter: torch.nn.Module, hidden0: torch.Tensor, ids: torch.Tensor, p
     for k in range(K):
         ids_k, pos_k = step_inputs(ids, pos, k)
         embeds = drafter.embed_tokens(ids_k).to(hidden.dtype)  # [B, T, H]
-        hidden = drafter.midlayer(embeds, hidden, pos_k, attend)  # [B, T, H]
-        yield k, hidden
+        out = drafter.midlayer(embeds, hidden, pos_k, attend)  # [B, T, H]
+        yield k, out
+        hidden = drafter.next_hidden(out)  # [B, T, H]: out, or norm(out) with norm_output
 
 
 def default_backend(device: torch.device) -> str:
