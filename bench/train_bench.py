@@ -25,7 +25,8 @@ import torch
 
 from draftsmith.extract.capture import capture
 from draftsmith.layers import default_aux_layers
-from draftsmith.target import embed_weight, lm_head_weight, load_target, target_from_model, text_config
+from draftsmith.target import lm_head_weight, load_target, target_from_model, text_config
+from draftsmith.train.config import TrainConfig
 from draftsmith.train.loss import TTTObjective
 from draftsmith.train.run import build_drafter
 from draftsmith.train.ttt import default_backend, doc_and_positions
@@ -128,7 +129,7 @@ def main() -> None:
     for seq_len in [int(s) for s in args.seq_lens.split(",")]:
         for mode in args.modes.split(","):
             torch.manual_seed(0)
-            drafter = build_drafter(target, layers, d2t, t2d, embed_weight(target.model).detach()).to(device)
+            drafter = build_drafter(target, layers, d2t, t2d, TrainConfig(dataset_dir=Path('.'), out=Path('.'))).to(device)
             objective = TTTObjective(drafter, lm_head_weight(target.model).detach(), args.ttt, backend)
             optimizer = torch.optim.AdamW([p for p in objective.parameters() if p.requires_grad], lr=1e-4)
             try:

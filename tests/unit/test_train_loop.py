@@ -16,6 +16,7 @@ from draftsmith.draft.checkpoint import load_drafter
 from draftsmith.extract.store import StoreReader
 from draftsmith.target import load_target
 from draftsmith.train.batching import OfflineSource, OnlineSource, collate, pack_rows, shard_rows, split_indices
+from draftsmith.train.config import TrainConfig
 from draftsmith.train.loss import TTTObjective
 from draftsmith.train.metrics import read_metrics, simulated_tau
 from draftsmith.train.run import build_drafter, resolve_vocab
@@ -46,7 +47,7 @@ def test_offline_and_online_give_the_same_loss(data_and_store, tiny_target_dir):
     offline = OfflineSource(reader, max_len=2048)
     d2t, t2d = resolve_vocab(type("C", (), {"vocab": None, "draft_vocab_size": 300})(), ds, list(range(len(ds))), target.info.vocab_size)
     torch.manual_seed(0)
-    drafter = build_drafter(target, layers, d2t, t2d, target.model.get_input_embeddings().weight)
+    drafter = build_drafter(target, layers, d2t, t2d, TrainConfig(dataset_dir=ds_path, out=ds_path))
     objective = TTTObjective(drafter, target.model.get_output_embeddings().weight, K=3, backend="eager", chunk=16)
     row = [0, 3, 5, 7]
     a, b = collate(online.samples(row), None), collate(offline.samples(row), None)
@@ -66,7 +67,7 @@ def test_chunking_does_not_change_the_loss(data_and_store, tiny_target_dir):
     reader = StoreReader(store)
     layers = [int(k) for k in reader.meta["layers"]]
     d2t, t2d = resolve_vocab(type("C", (), {"vocab": None, "draft_vocab_size": 300})(), load_dataset(ds_path), [0, 1, 2], target.info.vocab_size)
-    drafter = build_drafter(target, layers, d2t, t2d, target.model.get_input_embeddings().weight)
+    drafter = build_drafter(target, layers, d2t, t2d, TrainConfig(dataset_dir=ds_path, out=ds_path))
     batch = collate(OfflineSource(reader, 2048).samples([1, 2]), None)
     w = target.model.get_output_embeddings().weight
     big, _ = TTTObjective(drafter, w, K=2, backend="eager", chunk=4096)(**batch)

@@ -55,21 +55,23 @@ def drafter_state(objective: nn.Module, fsdp: bool) -> dict[str, torch.Tensor]:
     return {k.split("drafter.", 1)[1]: v.detach().cpu() for k, v in full.items() if "drafter." in k}
 
 
-def optimizer_state(objective: nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> dict[str, Any]:
+def optimizer_state(objective: nn.Module, optimizers: list[torch.optim.Optimizer], fsdp: bool) -> Any:
+    """The optimizers' states: under FSDP2 one merged full state dict, else one state dict each."""
     if fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        return get_optimizer_state_dict(objective, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return optimizer.state_dict()
+        return get_optimizer_state_dict(objective, optimizers, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return [o.state_dict() for o in optimizers]
 
 
-def load_optimizer_state(objective: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], fsdp: bool) -> None:
+def load_optimizer_state(objective: nn.Module, optimizers: list[torch.optim.Optimizer], state: Any, fsdp: bool) -> None:
     if fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        set_optimizer_state_dict(objective, optimizer, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
+        set_optimizer_state_dict(objective, optimizers, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
     else:
-        optimizer.load_state_dict(state)
+        for opt, st in zip(optimizers, state, strict=True):
+            opt.load_state_dict(st)
 
 
 def save_checkpoint(out: Path, step: int, weights: dict[str, torch.Tensor], state: dict[str, Any], keep: int) -> Path:

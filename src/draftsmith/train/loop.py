@@ -1,6 +1,7 @@
-"""The training loop: micro-batches of packed rows, gradient accumulation, AdamW with cosine
-warm-up, gradient clipping, bf16 autocast, metrics, validation each epoch, the best drafter by
-validation τ, and resumable checkpoints.
+"""The training loop: micro-batches of packed rows, gradient accumulation, the optimizer and
+schedule of `optim.py`, gradient clipping, bf16 autocast, metrics, validation each epoch, the
+best drafter by validation τ, and resumable checkpoints. A non-finite loss or gradient stops
+the run with an error before the optimizer step: no NaN drafter is ever saved.
 
 The data position is (epoch, next row of that epoch's packing); the packing of an epoch is a
 pure function of the seed, so a resumed run reads exactly the rows an uninterrupted run would.
@@ -23,19 +24,11 @@ import torch.distributed as dist
 
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.draft.model import Eagle3Drafter
+from draftsmith.errors import UserError
 from draftsmith.train import checkpointing as ckpt
 from draftsmith.train.batching import collate, pack_rows, shard_rows, to_device
 from draftsmith.train.metrics import add_stats, summarise, zero_stats
-
-
-def cosine_schedule(optimizer: torch.optim.Optimizer, total: int, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(total - warmup, 1)
-        return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+from draftsmith.train.optim import Optimizers
 
 
 def all_reduce_stats(stats: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -78,12 +71,11 @@ class Trainer:
         self.cfg, self.env, self.objective, self.wrapped, self.source = cfg, env, objective, wrapped, source
         self.train_idx, self.val_idx, self.log, self.out, self.meta = train_idx, val_idx, log, Path(out), drafter_meta
         self.pad_to = cfg.batch_tokens if objective.backend == "flex" else None  # static shapes for compiled flex
-        params = [p for p in wrapped.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
         rows0 = len(self.epoch_rows(0))
         self.steps_per_epoch = max(rows0 // cfg.grad_accum, 1)
         self.total = cfg.steps or max(math.ceil(cfg.epochs * rows0 / cfg.grad_accum), 1)
-        self.scheduler = cosine_schedule(self.optimizer, self.total, int(cfg.warmup_ratio * self.total))
+        self.optim = Optimizers(wrapped, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.schedule, self.total,
+                                int(cfg.warmup_ratio * self.total))
         self.pos = Position()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
         self._ahead: dict[tuple[int, ...], Future] = {}
@@ -127,10 +119,13 @@ class Trainer:
                 loss, st = self.wrapped(**batch)
                 (loss / len(rows)).backward()
             add_stats(stats, st)
-        torch.nn.utils.clip_grad_norm_([p for p in self.wrapped.parameters() if p.requires_grad], self.cfg.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        norm = torch.nn.utils.clip_grad_norm_([p for p in self.wrapped.parameters() if p.requires_grad], self.cfg.grad_clip)
+        if not torch.isfinite(norm):  # one host sync per step; a NaN/Inf anywhere in loss or data lands here
+            raise UserError(f"step {self.pos.step + 1}: the gradient norm is {float(norm)} (a NaN or Inf in the loss "
+                            f"or the data of rows {[r[:4] for r in rows]}); nothing was updated and the last saved "
+                            "drafter is untouched: check the data (an extract store with NaNs?) or lower --lr")
+        self.optim.step()
+        self.optim.zero_grad()
         return stats, tokens
 
     @torch.no_grad()
@@ -175,9 +170,9 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         weights = ckpt.drafter_state(self.objective, self.env.fsdp)
-        optim = ckpt.optimizer_state(self.objective, self.optimizer, self.env.fsdp)
+        optim = ckpt.optimizer_state(self.objective, self.optim.optimizers, self.env.fsdp)
         if self.env.main:
-            state = {"optimizer": optim, "scheduler": self.scheduler.state_dict(), "rng": ckpt.rng_state(),
+            state = {"optimizer": optim, "scheduler": self.optim.scheduler_state(), "rng": ckpt.rng_state(),
                      "train": asdict(self.pos)}
             ckpt.save_checkpoint(self.out, self.pos.step, weights, state, keep=self.cfg.keep_checkpoints)
         if dist.is_available() and dist.is_initialized():
@@ -194,8 +189,8 @@ class Trainer:
         else:
             missing, unexpected = drafter.load_state_dict(weights, strict=False)
             assert not unexpected and set(missing) <= set(ckpt.FROZEN), (missing, unexpected)
-        ckpt.load_optimizer_state(self.objective, self.optimizer, state["optimizer"], self.env.fsdp)
-        self.scheduler.load_state_dict(state["scheduler"])
+        ckpt.load_optimizer_state(self.objective, self.optim.optimizers, state["optimizer"], self.env.fsdp)
+        self.optim.load_scheduler_state(state["scheduler"])
         ckpt.set_rng_state(state["rng"])
         self.pos = Position(**state["train"])
 
@@ -224,7 +219,7 @@ class Trainer:
             if self.pos.step % cfg.log_every == 0 or self.pos.step == self.total:
                 now = time.time()
                 rec = {"split": "train", "step": self.pos.step, "epoch": self.pos.epoch, "tokens": self.pos.tokens,
-                       "lr": self.scheduler.get_last_lr()[0],
+                       "lr": self.optim.lr,
                        "tok_per_s": (self.pos.tokens - tokens0) / max(now - t0, 1e-9),
                        **summarise(all_reduce_stats(pending, self.env.device))}
                 self.log.write(rec)

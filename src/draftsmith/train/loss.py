@@ -5,7 +5,7 @@ Per step k (see `ttt.py` for the alignment), over the valid positions only:
     teacher  p = softmax(final[t+1+k] @ lm_head[draft ids]ᵀ)       the target, on the draft vocab
     student  z = lm_head_draft(norm(out_k[t]))
     ce_k     = Σ_t (logsumexp(z) - Σ_v p z) / n_valid_k            = -Σ_v p log softmax(z), as Σ_v p = 1
-    loss     = Σ_k 0.8**k ce_k
+    loss     = Σ_k step_decay**k ce_k                               (step_decay 0.8 by default)
 
 Valid = same sample × loss_mask[t+2+k] × t2d[argmax of the target's full-vocab logits at t+1+k].
 
@@ -31,7 +31,7 @@ from torch import nn
 
 from draftsmith.train.ttt import shift_left, unroll, valid_steps
 
-STEP_WEIGHT = 0.8
+STEP_WEIGHT = 0.8  # the default step_decay, and the weighting of the logged `loss`
 STAT_KEYS = ("ce_sum", "n_valid", "n_correct", "n_chain", "n_chain_correct")
 
 
@@ -115,8 +115,9 @@ class SoftCE(torch.autograd.Function):
         n = x.shape[0]
         total = x.new_zeros((), dtype=torch.float32)
         pred = torch.empty(n, dtype=torch.long, device=x.device)
+        want_dw = with_grad and ctx.needs_input_grad[1]  # not for a frozen lm_head
         dx = torch.zeros_like(x) if with_grad else None  # [n, H]
-        dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if with_grad else None  # [Vd, H]
+        dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if want_dw else None  # [Vd, H]
         for a in range(0, n, chunk):
             xc = x[a : a + chunk].to(dtype)  # [c, H]
             ce, top, dz = step(xc, w, t_logits, t_lse, rows[a : a + chunk], with_grad)
@@ -124,16 +125,17 @@ class SoftCE(torch.autograd.Function):
             pred[a : a + chunk] = top
             if with_grad:
                 dx[a : a + chunk] = dz @ w  # [c, H]
-                dw += dz.T @ xc  # [Vd, H]
+                if want_dw:
+                    dw += dz.T @ xc  # [Vd, H]
         if with_grad:
-            ctx.save_for_backward(dx, dw.to(weight.dtype))
+            ctx.save_for_backward(dx, dw.to(weight.dtype) if want_dw else None)
         ctx.mark_non_differentiable(pred)
         return total, pred
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor, _pred_grad: torch.Tensor) -> tuple:
         dx, dw = ctx.saved_tensors
-        return grad * dx, grad * dw, None, None, None, None, None
+        return grad * dx, (grad * dw if dw is not None else None), None, None, None, None, None
 
 
 def soft_ce(x: torch.Tensor, weight: torch.Tensor, teacher: Teacher, rows: torch.Tensor,
@@ -151,9 +153,10 @@ class TTTObjective(nn.Module):
     rows) are frozen plain attributes, not parameters or buffers: never synced, never saved.
     """
 
-    def __init__(self, drafter: nn.Module, w_full: torch.Tensor, K: int, backend: str, chunk: int = 4096) -> None:
+    def __init__(self, drafter: nn.Module, w_full: torch.Tensor, K: int, backend: str, chunk: int = 4096,
+                 step_decay: float = STEP_WEIGHT) -> None:
         super().__init__()
-        self.drafter, self.K, self.backend, self.chunk = drafter, K, backend, chunk
+        self.drafter, self.K, self.backend, self.chunk, self.step_decay = drafter, K, backend, chunk, step_decay
         draft_ids = torch.arange(drafter.d2t.numel(), device=drafter.d2t.device) + drafter.d2t  # [Vd] target ids
         self.w_full = w_full.detach()
         self.w_draft = w_full.detach()[draft_ids.to(w_full.device)].contiguous()  # [Vd, H]
@@ -179,7 +182,7 @@ class TTTObjective(nn.Module):
             rows = torch.roll(slot, -(1 + k), dims=1)[v]  # [n]: the table rows of final[t+1+k]
             ce_sum, pred = soft_ce(d.norm(out[v]), d.lm_head.weight, teacher, rows, self.chunk)
             n = v.sum()
-            loss = loss + STEP_WEIGHT**k * ce_sum / n.clamp(min=1)
+            loss = loss + self.step_decay**k * ce_sum / n.clamp(min=1)
             hit = torch.zeros_like(v)
             hit[v] = pred == teacher.top[rows]
             stats["ce_sum"].append(ce_sum.detach())

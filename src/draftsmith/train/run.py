@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,10 @@ from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
-from draftsmith.target import Target, default_device, embed_weight, lm_head_weight, load_target, text_config
+from draftsmith.target import Target, default_device, embed_weight, final_norm, lm_head_weight, load_target, text_config
 from draftsmith.train.batching import OfflineSource, OnlineSource, split_indices
 from draftsmith.train.checkpointing import latest_checkpoint
+from draftsmith.train.config import TrainConfig
 from draftsmith.train.loop import Env, Trainer
 from draftsmith.train.loss import TTTObjective
 from draftsmith.train.metrics import MetricsLog, plot_metrics, truncate_metrics
@@ -117,11 +119,22 @@ def build_source(cfg: Any, target: Any, dataset: Any) -> tuple[Any, list[int], l
     return OfflineSource(reader, max_len), layers, [row_of[s] for s in reader.sample_ids]
 
 
-def build_drafter(target: Any, layers: list[int], d2t: torch.Tensor, t2d: torch.Tensor, embed: torch.Tensor) -> Eagle3Drafter:
-    dcfg = DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), layers)
+def build_drafter(target: Target, layers: list[int], d2t: torch.Tensor, t2d: torch.Tensor, cfg: TrainConfig) -> Eagle3Drafter:
+    """A drafter shaped like one target layer, with the architecture options of `cfg`, the
+    target's embeddings (frozen) and, with --head-init target, its lm_head rows and final norm."""
+    arch = {k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")}
+    dcfg = replace(DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), layers), **arch)
     drafter = Eagle3Drafter(dcfg)
-    drafter.load_target_embeddings(embed.float())
+    drafter.load_target_embeddings(embed_weight(target.model).detach().float())
     drafter.set_vocab(d2t, t2d)
+    if cfg.head_init == "target":
+        draft_ids = torch.arange(d2t.numel()) + d2t  # [Vd] target ids
+        with torch.no_grad():
+            drafter.lm_head.weight.copy_(lm_head_weight(target.model).detach()[draft_ids.to(target.device)].float())
+            drafter.norm.weight.copy_(final_norm(target.model).weight.detach().float())
+    if cfg.freeze_head:
+        drafter.lm_head.weight.requires_grad_(False)
+        drafter.norm.weight.requires_grad_(False)
     return drafter
 
 
@@ -142,6 +155,8 @@ def wrap(objective: torch.nn.Module, env: Env) -> torch.nn.Module:
 def run(cfg: Any, target: Target | None = None) -> Path:
     """Train; `target` may be given already loaded (pipelines, tests), else it is loaded here."""
     env = setup_env(cfg)
+    if cfg.optimizer == "muon" and env.fsdp:
+        raise UserError("--optimizer muon works on whole weight matrices and cannot run under --distributed fsdp; use ddp or adamw")
     out = Path(cfg.out)
     resume_from = prepare_out(cfg, env)
     out.mkdir(parents=True, exist_ok=True)
@@ -159,10 +174,10 @@ def run(cfg: Any, target: Target | None = None) -> Path:
     if env.main:
         save_vocab(out / "vocab.safetensors", d2t, t2d)
     w_full = lm_head_weight(target.model).detach()  # [V, H] the teacher's head
-    drafter = build_drafter(target, layers, d2t, t2d, embed_weight(target.model).detach())
+    drafter = build_drafter(target, layers, d2t, t2d, cfg)
 
     backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
-    objective = TTTObjective(drafter.to(env.device), w_full.to(env.device), cfg.ttt, backend, cfg.loss_chunk)
+    objective = TTTObjective(drafter.to(env.device), w_full.to(env.device), cfg.ttt, backend, cfg.loss_chunk, cfg.step_decay)
     wrapped = wrap(objective, env)
     meta = {"target": target.info.to_dict(), "mode": "online" if cfg.hidden is None else "offline",
             "data": str(cfg.dataset_dir), "hidden": str(cfg.hidden) if cfg.hidden else None, "ttt": cfg.ttt,

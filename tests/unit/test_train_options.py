@@ -1,0 +1,98 @@
+"""The training knobs of issue 13 on the tiny Llama: each architecture option changes the
+drafter, the head can start from (and stay at) the target's, both optimizers and every schedule
+train, and a non-finite step stops the run without publishing a NaN drafter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from draftsmith.cli import app
+from draftsmith.data.dataset import load_dataset
+from draftsmith.draft.checkpoint import load_drafter
+from draftsmith.target import final_norm, lm_head_weight, load_target
+from draftsmith.train.batching import OnlineSource
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.metrics import read_metrics
+from draftsmith.train.optim import lr_factor
+from draftsmith.train.run import build_drafter, resolve_vocab
+from tests.conftest import write_tokenized_dataset
+
+ARCH_OPTIONS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    g = np.random.default_rng(0)
+    return write_tokenized_dataset(tmp_path_factory.mktemp("opts") / "ds",
+                                   [g.integers(3, 400, size=int(g.integers(12, 40))).tolist() for _ in range(12)])
+
+
+def _train(ds, target_dir, out, *extra):
+    res = CliRunner().invoke(app, ["train", str(ds), "--target", str(target_dir), "--out", str(out), "--steps", "4",
+                                   "--ttt", "2", "--batch-tokens", "96", "--draft-vocab-size", "300", "--log-every", "1",
+                                   "--val-fraction", "0.2", "--device", "cpu", *extra])
+    return res
+
+
+@pytest.mark.parametrize("option", ARCH_OPTIONS)
+def test_each_architecture_option_changes_the_drafter_output(option, dataset, tiny_target_dir):
+    target = load_target(str(tiny_target_dir), "cpu", "fp32")
+    ds = load_dataset(dataset)
+    d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=dataset, out=dataset, draft_vocab_size=300), ds, [0, 1], target.info.vocab_size)
+    layers = target.info.default_aux_layers
+    sample = OnlineSource(ds, target.model, layers, 2048, 2048).samples([0])[0]
+    aux, ids = sample["aux"][None].float(), sample["input_ids"][None].long()  # [1, T, n_aux*H], [1, T]
+    pos = torch.arange(ids.shape[1])[None]  # [1, T]
+    outs = []
+    for on in (False, True):
+        torch.manual_seed(0)
+        cfg = TrainConfig(dataset_dir=dataset, out=dataset, **{option: on})
+        drafter = build_drafter(target, layers, d2t, t2d, cfg)
+        assert getattr(drafter.config, option) is on
+        with torch.no_grad():
+            for norm in [m for n, m in drafter.named_modules() if n.startswith(("input_norm", "fc_norm.", "norm"))]:
+                norm.weight.uniform_(0.5, 1.5)  # untrained norms are the identity on already-normed inputs
+            logits, nxt = drafter(drafter.project(aux), ids, pos)
+            logits2, _ = drafter(nxt, ids, pos + 1)  # a second draft step reads next_hidden
+        outs.append(torch.cat([logits, logits2], dim=-1))
+    assert not torch.allclose(outs[0], outs[1], atol=1e-4), f"{option} does not change the drafter"
+
+
+def test_head_from_target_frozen_with_muon(dataset, tiny_target_dir, tmp_path):
+    res = _train(dataset, tiny_target_dir, tmp_path / "run", "--head-init", "target", "--freeze-head",
+                 "--optimizer", "muon", "--schedule", "linear", "--lr", "1e-2", "--norm-before-fc", "--norm-output")
+    assert res.exit_code == 0, res.output
+    model, manifest = load_drafter(tmp_path / "run")
+    assert model.config.norm_before_fc and model.config.norm_output
+    target = load_target(str(tiny_target_dir), "cpu", "fp32")
+    draft_ids = torch.arange(model.d2t.numel()) + model.d2t
+    torch.testing.assert_close(model.lm_head.weight, lm_head_weight(target.model)[draft_ids].float())
+    torch.testing.assert_close(model.norm.weight, final_norm(target.model).weight.float())
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
+    assert lrs == sorted(lrs, reverse=True) and lrs[-1] == pytest.approx(0.0, abs=1e-12)  # linear decay to 0
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
+def test_schedules_warm_up_then_decay_as_named(schedule):
+    f = lr_factor(schedule, total=10, warmup=2)
+    assert [f(0), f(1)] == [0.5, 1.0]
+    end = {"cosine": 0.0, "linear": 0.0, "constant": 1.0}[schedule]
+    assert f(10) == pytest.approx(end) and f(6) == pytest.approx({"cosine": 0.5, "linear": 0.5, "constant": 1.0}[schedule])
+
+
+def test_a_nan_in_the_data_stops_training_without_publishing_it(dataset, tiny_target_dir, tmp_path, monkeypatch):
+    real = OnlineSource.samples
+
+    def poisoned(self, row):
+        samples = real(self, row)
+        samples[0]["aux"][3] = float("nan")
+        return samples
+
+    monkeypatch.setattr(OnlineSource, "samples", poisoned)
+    res = _train(dataset, tiny_target_dir, tmp_path / "nan")
+    assert res.exit_code != 0
+    assert "NaN or Inf" in res.output and "step 1" in res.output
+    assert not (tmp_path / "nan" / "drafter").exists()
