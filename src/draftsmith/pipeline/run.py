@@ -14,14 +14,19 @@
 Each stage keeps its own folder, progress.json and resume, exactly as when run alone. Inputs
 not given are wired from the latest earlier stage that produces them (synth -> prepare ->
 vocab/extract/train -> export/eval); `@NAME` in any option is the output of stage NAME. A
-stage that finished writes `OUT/.pipeline/NAME.done` and is skipped on a rerun; a stage that
-was cut short is rerun with its own resume (`resume: true` for train, a rewrite for atomic
-stages). `--only NAME,NAME` runs just those stages (say, the evals on a second GPU while the
-first trains); the others still give their output paths to the stages that read them.
+stage writes `OUT/.pipeline/NAME.started` (naming its output) before it runs and
+`OUT/.pipeline/NAME.done` when it finished; a done stage is skipped on a rerun. A stage that was
+cut short is rerun with its own resume (`resume: true` for train, a rewrite for atomic stages),
+but only when its `.started` marker proves that this pipeline made the output: an existing
+output the pipeline did not make is refused, never replaced, unless the stage itself says
+`overwrite: true` (or `resume: true`). `--only NAME,NAME` runs just those stages (say, the evals
+on a second GPU while the first trains); the others still give their output paths to the stages
+that read them.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -74,6 +79,34 @@ def parse_stages(raw: Any) -> list[tuple[str, str, dict[str, Any]]]:
     return stages
 
 
+def made_here(started: Path, out: Path) -> bool:
+    """Whether a stage's `.started` marker names `out`: this pipeline made it."""
+    try:
+        return json.loads(started.read_text()).get("out") == str(out.resolve())
+    except (OSError, ValueError, AttributeError):  # no marker, or not one this pipeline wrote
+        return False
+
+
+def rerun_options(name: str, fields: set[str], values: dict[str, Any], started: Path) -> dict[str, Any]:
+    """What a stage needs to run again over an output it left behind: `resume` (train) or
+    `overwrite` (the atomic stages). Given only for an output this pipeline proves it made (the
+    stage's `started` marker names it) or an empty folder; an existing output made by anyone else
+    is refused. Options the stage sets itself (`resume`, `overwrite`) are left alone."""
+    out = Path(values["out"])
+    redo = "resume" if "resume" in fields else "overwrite" if "overwrite" in fields else None
+    if redo is None or not out.exists() or {"resume", "overwrite"} & values.keys():
+        return {}  # nothing to replace, a stage that resumes by itself, or the user has chosen
+    if made_here(started, out):
+        return {redo: True}  # cut short in an earlier run of this pipeline
+    if out.is_dir() and not any(out.iterdir()):
+        return {"overwrite": True} if "overwrite" in fields else {}  # an empty folder: nothing to lose
+    how = "'overwrite: true' to replace it" + (" or 'resume: true' to continue the run in it" if "resume" in fields else "")
+    raise UserError(
+        f"pipeline stage {name}: {out} already exists and this pipeline did not make it (no {started}); "
+        f"refusing to replace it. Give the stage another 'out:', move {out} away, or give the stage {how}"
+    )
+
+
 def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common: dict[str, Any],
                only: list[str] | None = None) -> dict[str, Path]:
     """Run the stages in order inside one process (only the `only` ones, when given); returns
@@ -100,20 +133,19 @@ def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common
                         raise UserError(f"pipeline stage {name}: {k}: {v} names no earlier stage")
                     v = products[v[1:]]
                 values[k] = SHORTCUTS.get(v, v) if isinstance(v, str) else v
-            done = marks / f"{name}.done"
+            done, started = marks / f"{name}.done", marks / f"{name}.started"
             out = Path(values["out"])
-            if not done.exists():
-                if "resume" in cls.model_fields and out.exists():
-                    values.setdefault("resume", True)
-                if "overwrite" in cls.model_fields and out.exists() and "resume" not in cls.model_fields:
-                    values["overwrite"] = True  # an atomic stage that was cut short: redo it
+            selected = only is None or name in only
+            if selected and not done.exists():
+                values.update(rerun_options(name, set(cls.model_fields), values, started))
             cfg = resolve_config(cls, None, values)
-            if only is not None and name not in only:
+            if not selected:
                 print(f"[pipeline] {name}: not selected ({out})", flush=True)
             elif done.exists():
                 print(f"[pipeline] {name}: done earlier, skipped ({out})", flush=True)
             else:
                 print(f"[pipeline] {name}: draftsmith {command} -> {out}", flush=True)
+                atomic_write_json(started, {"command": command, "out": str(out.resolve())})
                 t0 = time.time()
                 _load(run_path)(cfg)
                 atomic_write_json(done, {"command": command, "seconds": round(time.time() - t0, 1),
