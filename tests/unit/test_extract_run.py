@@ -2,6 +2,7 @@
 error budget, preflight, disk full (injected ENOSPC) and resume."""
 
 import errno
+import json
 
 import numpy as np
 import pytest
@@ -125,3 +126,24 @@ def test_staging_dir(dataset, tiny_target_dir, tmp_path):
     for i in range(len(reader)):
         reader.verify(i)
     assert list(staging.iterdir()) == []  # everything was moved into the store
+
+
+def test_a_corrupt_sample_is_refused_then_extracted_again(dataset, tiny_target_dir, tmp_path):
+    """The reader refuses a sample whose bytes changed and says to delete it and rerun extract;
+    that rerun extracts it again and lists it once."""
+    from tests.unit.test_store import flip_tail
+
+    out = run(cfg(dataset, tiny_target_dir, tmp_path / "store"))
+    reader = StoreReader(out)
+    i = int(reader.lengths.argmax())
+    expected, f = reader[i], reader.file(i)
+    flip_tail(f)
+    with pytest.raises(UserError, match="is corrupt.*delete the file and rerun the same `draftsmith extract`"):
+        StoreReader(out)[i]
+    f.unlink()
+    run(cfg(dataset, tiny_target_dir, out))
+    reader = StoreReader(out)
+    assert reader.meta["complete"] and len(reader) == 12
+    torch.testing.assert_close(reader[i]["aux_hidden_states"], expected["aux_hidden_states"])
+    listed = [json.loads(line)["sample_id"] for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert sorted(listed) == list(range(12))

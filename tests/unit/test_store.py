@@ -1,6 +1,7 @@
 """The store format: folder paths, writer -> reader round trip, manifests, batching, bad stores."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -110,6 +111,27 @@ def test_corrupt_file_detected(tmp_path):
     f.write_bytes(bytes(data))
     with pytest.raises(UserError, match="checksum"):
         StoreReader(tmp_path).verify(0)
+
+
+def flip_tail(f, n=4096):
+    """Invert the last `n` bytes of a file: tensor data, so the file still parses."""
+    data = bytearray(f.read_bytes())
+    data[-n:] = bytes(b ^ 0xFF for b in data[-n:])
+    f.write_bytes(bytes(data))
+
+
+def test_every_read_verifies_the_checksum(tmp_path):
+    """4 KB of flipped tensor bytes still load as tensors: the read itself must refuse them,
+    naming the file and how to extract it again."""
+    write_fake_store(tmp_path, [100, 5])  # sample 0: 6.9 KB of tensor data
+    reader = StoreReader(tmp_path)
+    flip_tail(reader.file(0))
+    with pytest.raises(UserError, match=re.escape(f"{reader.file(0)}: sample 0 is corrupt") + ".*delete the file and rerun"):
+        reader[0]
+    assert reader[1]["input_ids"].tolist() == list(range(5))
+    reader.file(1).unlink()
+    with pytest.raises(UserError, match=re.escape(f"{reader.file(1)}: cannot read sample 1") + ".*rerun the same"):
+        reader[1]
 
 
 def test_length_batches_respects_budget():

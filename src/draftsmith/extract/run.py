@@ -14,7 +14,6 @@ torch.distributed is used for barriers only.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -27,11 +26,11 @@ from draftsmith.errors import StageFailed, UserError
 from draftsmith.extract.capture import capture
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.store import (
-    MANIFEST, STORE_FILE, length_batches, manifest_files, new_store_meta, projected_bytes, rank_manifest_name,
-    read_manifest, read_store_meta, repair_manifest, sample_relpath,
+    MANIFEST, STORE_FILE, files_on_disk, length_batches, manifest_files, new_store_meta, projected_bytes,
+    rank_manifest_name, read_manifest, read_store_meta, repair_manifest, sample_relpath, write_manifest,
 )
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
-from draftsmith.fsutil import atomic_write_json, atomic_write_text, free_bytes, human_bytes
+from draftsmith.fsutil import atomic_write_json, free_bytes, human_bytes
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
 from draftsmith.target import Target, default_device, load_target
@@ -152,16 +151,19 @@ def gather_rows(x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     return x.reshape(B * T, D).index_select(0, idx.to(x.device, non_blocking=True))
 
 
+def listed_samples(out: Path) -> tuple[dict[int, dict], list[int]]:
+    """The manifest's entries whose file is in place, and the ids of those whose file is gone
+    (deleted after a failed checksum, say): those are extracted again."""
+    entries, present = read_manifest(out), files_on_disk(out)
+    lost = sorted(s for s, e in entries.items() if e["path"] not in present)
+    return {s: e for s, e in entries.items() if e["path"] in present}, lost
+
+
 def merge_manifests(out: Path) -> dict[int, dict]:
     """Fold per-rank manifests into manifest.jsonl (atomic rewrite), then drop them."""
-    files = manifest_files(out)
     entries = read_manifest(out)
-    if any(f.name != MANIFEST for f in files):
-        lines = [json.dumps(entries[s], separators=(",", ":")) for s in sorted(entries)]
-        atomic_write_text(out / MANIFEST, "".join(line + "\n" for line in lines))
-        for f in files:
-            if f.name != MANIFEST:
-                f.unlink()
+    if any(f.name != MANIFEST for f in manifest_files(out)):
+        write_manifest(out, entries)
     return entries
 
 
@@ -191,7 +193,7 @@ def run(cfg: ExtractConfig) -> Path:
 
     if rank == 0:
         open_store(out, meta, create=False)  # refuse to mix with another run's store, before anything is written
-    done = read_manifest(out)  # no sample file is opened
+    done, lost = listed_samples(out)  # no sample file is opened
     shard = [i for i in range(len(ds)) if int(ds.sample_ids[i]) % world == rank]
     todo = [i for i in shard if int(ds.sample_ids[i]) not in done]
     dsize = torch.empty((), dtype=target.dtype).element_size()
@@ -204,6 +206,9 @@ def run(cfg: ExtractConfig) -> Path:
         open_store(out, meta, create=True)
         for f in manifest_files(out):
             repair_manifest(f)
+        if lost:
+            print(f"[extract] {len(lost)} listed samples have no file (e.g. {lost[:5]}); extracting them again", flush=True)
+            write_manifest(out, done)
         clean_orphans(out, {e["path"] for e in done.values()})
         write_run_record(out, cfg)
     barrier(world)

@@ -18,9 +18,11 @@ Each sample file holds
     final_hidden_states  [T, H]        target dtype, after the final norm
 and safetensors metadata {format, sample_id, target, fingerprint, layers, dtype}.
 
-The checksum is zlib's CRC-32 of the whole file's bytes (cheap, in the standard library).
-A file is only listed in a manifest after it was fsynced and renamed into place, so a listed
-file is always complete. Readers take manifest lines, never a directory listing.
+The checksum is zlib's CRC-32 of the whole file's bytes (cheap, in the standard library); the
+reader checks it on every read. A file is only listed in a manifest after it was fsynced and
+renamed into place, so a listed file is always complete. Readers take manifest lines, never a
+directory listing. A listed sample whose file is gone (say, deleted after a failed checksum) is
+extracted again by the next `extract` run.
 
     reader = StoreReader(Path("hidden"))
     reader[0]            # {"sample_id", "input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states"}
@@ -31,6 +33,7 @@ file is always complete. Readers take manifest lines, never a directory listing.
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -41,7 +44,7 @@ from safetensors import safe_open
 from safetensors.torch import load as load_bytes
 
 from draftsmith.errors import UserError
-from draftsmith.fsutil import read_jsonl
+from draftsmith.fsutil import atomic_write_text, read_jsonl
 
 FORMAT = "draftsmith-hidden-store"
 VERSION = 1
@@ -49,6 +52,7 @@ STORE_FILE = "store.json"
 MANIFEST = "manifest.jsonl"
 FOLDER_SIZE = 2000  # samples per rows_{a}-{b} folder
 TENSOR_KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")
+REEXTRACT = "rerun the same `draftsmith extract` command: it extracts again every sample whose file is missing"
 
 
 FILE_OVERHEAD = 4096  # bytes per sample file beyond its tensors: header, manifest line, block rounding
@@ -128,10 +132,31 @@ def read_manifest(path: Path) -> dict[int, dict[str, Any]]:
     entries: dict[int, dict[str, Any]] = {}
     for f in manifest_files(path):
         for lineno, entry in read_jsonl(f):
-            if not isinstance(entry, dict) or "sample_id" not in entry or "tokens" not in entry:
+            if not isinstance(entry, dict) or not {"sample_id", "path", "tokens", "crc32"} <= entry.keys():
                 raise UserError(f"{f}:{lineno}: not a manifest entry; remove that line and rerun extract")
             entries.setdefault(int(entry["sample_id"]), entry)
     return entries
+
+
+def write_manifest(path: Path, entries: dict[int, dict[str, Any]]) -> None:
+    """Replace all manifests of a store with one manifest.jsonl listing `entries` (an atomic
+    rewrite; the per-rank manifests are removed after it)."""
+    path = Path(path)
+    stale = [f for f in manifest_files(path) if f.name != MANIFEST]
+    lines = [json.dumps(entries[s], separators=(",", ":")) + "\n" for s in sorted(entries)]
+    atomic_write_text(path / MANIFEST, "".join(lines))
+    for f in stale:
+        f.unlink()
+
+
+def files_on_disk(path: Path) -> set[str]:
+    """The `rows_*/NAME` paths present in a store folder, from directory listings only."""
+    found: set[str] = set()
+    for folder in Path(path).glob("rows_*"):
+        if folder.is_dir():
+            with os.scandir(folder) as it:
+                found.update(f"{folder.name}/{e.name}" for e in it)
+    return found
 
 
 def check_sample(tensors: dict[str, torch.Tensor], n_aux: int, hidden_size: int, where: str) -> None:
@@ -218,9 +243,16 @@ class StoreReader:
             # read() the bytes now, not an mmap (safetensors' load_file): the training prefetch
             # thread then really does the I/O, and a later page fault on the main thread (slow on
             # some filesystems) or a file rewritten under a live mapping cannot happen
-            t = load_bytes(f.read_bytes())
-        except (OSError, Exception) as e:  # safetensors raises its own error type on a bad header
-            raise UserError(f"{f}: cannot read sample {entry['sample_id']} ({e}); rerun extract to rewrite it") from None
+            data = f.read_bytes()
+        except OSError as e:
+            raise UserError(f"{f}: cannot read sample {entry['sample_id']} ({e.strerror}); {REEXTRACT}") from None
+        if crc32(data) != entry["crc32"]:
+            raise UserError(f"{f}: sample {entry['sample_id']} is corrupt (checksum {crc32(data)}, the manifest says "
+                            f"{entry['crc32']}); delete the file and {REEXTRACT}")
+        try:
+            t = load_bytes(data)
+        except Exception as e:  # safetensors raises its own error type on a bad header
+            raise UserError(f"{f}: cannot read sample {entry['sample_id']} ({e}); delete the file and {REEXTRACT}") from None
         check_sample(t, self.n_aux, self.hidden_size, str(f))
         if t["input_ids"].shape[0] != int(entry["tokens"]):
             raise UserError(f"{f}: {t['input_ids'].shape[0]} rows but the manifest says {entry['tokens']} tokens")
@@ -238,16 +270,14 @@ class StoreReader:
         return self[self._index[sample_id]]
 
     def verify(self, i: int) -> None:
-        """Full check of one file: checksum against the manifest, shapes, metadata, finite values."""
+        """Full check of one file: what every read checks (checksum against the manifest,
+        shapes), plus its metadata and finite values."""
         entry, f = self._entries[i], self.file(i)
-        data = f.read_bytes()
-        if crc32(data) != entry["crc32"]:
-            raise UserError(f"{f}: checksum {crc32(data)} != manifest {entry['crc32']}; the file is corrupt")
+        s = self[i]
         with safe_open(str(f), framework="pt") as sf:
             file_meta = sf.metadata() or {}
         if file_meta.get("fingerprint") != self.meta["target"]["fingerprint"] or int(file_meta.get("sample_id", -1)) != entry["sample_id"]:
             raise UserError(f"{f}: metadata {file_meta} does not match the store")
-        s = self[i]
         for key in ("aux_hidden_states", "final_hidden_states"):
             if not torch.isfinite(s[key]).all():
                 raise UserError(f"{f}: {key} holds NaN or Inf")
