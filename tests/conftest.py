@@ -100,8 +100,9 @@ def tiny_target_dir(tmp_path_factory, tiny_model, tokenizer) -> Path:
     return path
 
 
-def make_tiny_drafter(aux_layer_ids=(2, 15, 27), norm_before_residual: bool = False, seed: int = 0):
-    """A random-weight EAGLE-3 drafter (H=64, vocab 300, draft vocab 100) with a valid d2t/t2d."""
+def make_tiny_drafter(aux_layer_ids=(2, 15, 27), seed: int = 0, **options: bool):
+    """A random-weight EAGLE-3 drafter (H=64, vocab 300, draft vocab 100) with a valid d2t/t2d;
+    `options` are DrafterConfig's architecture options (norm_before_residual=True, ...)."""
     import numpy as np
 
     from draftsmith.data.vocab import build_vocab
@@ -110,8 +111,7 @@ def make_tiny_drafter(aux_layer_ids=(2, 15, 27), norm_before_residual: bool = Fa
     torch.manual_seed(seed)
     model = Eagle3Drafter(DrafterConfig(
         hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        vocab_size=300, draft_vocab_size=100, target_hidden_size=64, aux_layer_ids=list(aux_layer_ids),
-        norm_before_residual=norm_before_residual,
+        vocab_size=300, draft_vocab_size=100, target_hidden_size=64, aux_layer_ids=list(aux_layer_ids), **options,
     ))
     with torch.no_grad():
         for p in model.parameters():

@@ -8,7 +8,8 @@ vLLM
 - vllm/transformers_utils/configs/speculators/base.py  SpeculatorsConfig.extract_transformers_pre_trained_config:
   a speculators config becomes `transformer_layer_config` updated by
 - vllm/transformers_utils/configs/speculators/algos.py  update_eagle3: draft_vocab_size, target_hidden_size,
-  norm_before_residual (default **True** when missing), top-level eagle_aux_hidden_state_layer_ids.
+  norm_before_residual (default **True** when missing), norm_before_fc, fc_norm, norm_output (default
+  False), top-level eagle_aux_hidden_state_layer_ids.
 - vllm/v1/worker/gpu_model_runner.py  _get_eagle3_aux_layers_from_config: top-level
   `eagle_aux_hidden_state_layer_ids`, else `eagle_config["eagle_aux_hidden_state_layer_ids"]`, else the
   model default (2, L//2, L-3).
@@ -16,10 +17,16 @@ vLLM
   aux.append(hidden_states + residual)` *before* layer idx runs -> the input of layer idx (idx 0 has
   residual None, idx >= L is never reached).
 - vllm/model_executor/models/llama_eagle3.py  LlamaDecoderLayer.__init__: getattr(config,
-  "norm_before_residual", False); LlamaModel.__init__: fc input = target_hidden_size (or hidden_size) * 3;
-  Eagle3LlamaForCausalLM.load_weights: t2d skipped, d2t -> draft_id_to_target_id, "model." prefixed
-  unless lm_head; LlamaModel.load_weights: midlayer. -> layers.0., q/k/v -> qkv_proj, gate/up -> gate_up_proj,
-  an unknown name is a KeyError.
+  "norm_before_residual", False); LlamaModel.__init__: fc input = target_hidden_size (or hidden_size) *
+  num_aux (config num_aux_hidden_states, else len(eagle_config ids), else 3); norm_before_fc =
+  eagle_config["norm_before_fc"], else the top-level field, else False -> input_norm over the fc input;
+  getattr(config, "fc_norm", False) -> fc_norm[i] per aux chunk; getattr(config, "norm_output", False) ->
+  the next step reads the post-norm output; combine_hidden_states applies input_norm, then fc_norm,
+  then fc. Eagle3LlamaForCausalLM.load_weights: t2d skipped, d2t -> draft_id_to_target_id, "model."
+  prefixed unless lm_head, "input_norm." skipped unless norm_before_fc; LlamaModel.load_weights:
+  midlayer. -> layers.0., q/k/v -> qkv_proj, gate/up -> gate_up_proj, an unknown name is an error.
+  (Read 2026-11-30 in CarrotFlower0526/vllm at 4b0afbb, a fork tracking vLLM main that has PR #42143's
+  eagle_config read of norm_before_fc; the index's own vllm-project/vllm snapshot predates the options.)
 
 SGLang
 - python/sglang/srt/model_executor/model_runner.py  ModelRunner.__init__: ids only from the draft's
@@ -27,9 +34,11 @@ SGLang
 - python/sglang/srt/models/llama.py  LlamaForCausalLM.set_eagle3_layers_to_capture: None -> [2, L//2, L-3],
   else [v + 1 for v in ids]; LlamaModel.forward captures `hidden_states + residual` before layer i.
 - python/sglang/srt/models/llama_eagle3.py  LlamaDecoderLayer.forward: residual = un-normalised hidden
-  (no norm_before_residual); LlamaForCausalLMEagle3.__init__: tie_word_embeddings -> lm_head is
-  embed_tokens; load_weights: d2t -> hot_token_id = d2t + arange, t2d skipped, names not found are
-  skipped silently. SGLang has no reader for the speculators layout.
+  (no norm_before_residual); LlamaModel: fc straight on the aux states (no input_norm, no fc_norm),
+  the next step reads the pre-norm output (no norm_output); LlamaForCausalLMEagle3.__init__:
+  tie_word_embeddings -> lm_head is embed_tokens; load_weights: d2t -> hot_token_id = d2t + arange, t2d
+  skipped, names not found are skipped silently. SGLang has no reader for the speculators layout.
+  (sgl-project/sglang at 03d5a77.)
 """
 
 from __future__ import annotations
@@ -52,6 +61,9 @@ LAYER_PARAMS = ("self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gat
 class EngineView:
     captured_layers: list[int]  # i: the engine feeds the residual stream entering target layer i
     norm_before_residual: bool
+    norm_before_fc: bool  # input_norm over the concatenated aux states before fc
+    fc_norm: bool  # one norm per aux chunk before fc
+    norm_output: bool  # the next draft step reads the post-norm output
     draft_vocab_size: int
     fc_in_features: int
     draft_to_target: torch.Tensor  # [draft_vocab] target id of each draft id
@@ -81,21 +93,35 @@ def vllm_view(folder: Path, num_target_layers: int) -> EngineView:
         if raw.get("target_hidden_size") is not None:
             hf["target_hidden_size"] = raw["target_hidden_size"]
         hf["norm_before_residual"] = raw.get("norm_before_residual", True)
+        for option in ("norm_before_fc", "fc_norm", "norm_output"):
+            hf[option] = raw.get(option, False)
         if raw.get("eagle_aux_hidden_state_layer_ids"):
             hf["eagle_aux_hidden_state_layer_ids"] = raw["eagle_aux_hidden_state_layer_ids"]
     else:
         hf = raw
-    ids = hf.get("eagle_aux_hidden_state_layer_ids") or (hf.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    eagle_config = hf.get("eagle_config") or {}
+    ids = hf.get("eagle_aux_hidden_state_layer_ids") or eagle_config.get("eagle_aux_hidden_state_layer_ids")
     if not ids:
         ids = [2, num_target_layers // 2, num_target_layers - 3]
+    num_aux = hf.get("num_aux_hidden_states") or len(eagle_config.get("eagle_aux_hidden_state_layer_ids") or []) or 3
+    norm_before_fc = bool(eagle_config.get("norm_before_fc", hf.get("norm_before_fc", False)))
+    fc_norm = bool(hf.get("fc_norm", False))
     draft_vocab = hf.get("draft_vocab_size") or hf["vocab_size"]
     params = {f"model.layers.0.{p}" for p in LAYER_PARAMS} | {"model.fc.weight", "model.norm.weight",
                                                              "model.embed_tokens.weight", "lm_head.weight",
                                                              "draft_id_to_target_id"}
+    if norm_before_fc:
+        params.add("model.input_norm.weight")
+    if fc_norm:
+        params |= {f"model.fc_norm.{i}.weight" for i in range(num_aux)}
     weights = load_file(str(Path(folder) / "model.safetensors"))
     loaded: dict[str, list[str]] = {}
+    skipped = []
     for name in weights:
         if "t2d" in name:
+            continue
+        if "input_norm." in name and not norm_before_fc:
+            skipped.append(name)
             continue
         if "d2t" in name:
             target = name.replace("d2t", "draft_id_to_target_id")
@@ -108,10 +134,14 @@ def vllm_view(folder: Path, num_target_layers: int) -> EngineView:
     return EngineView(
         captured_layers=[int(i) for i in ids],
         norm_before_residual=bool(hf.get("norm_before_residual", False)),
+        norm_before_fc=norm_before_fc,
+        fc_norm=fc_norm,
+        norm_output=bool(hf.get("norm_output", False)),
         draft_vocab_size=int(draft_vocab),
-        fc_in_features=int(hf.get("target_hidden_size") or hf["hidden_size"]) * 3,
+        fc_in_features=int(hf.get("target_hidden_size") or hf["hidden_size"]) * num_aux,
         draft_to_target=torch.arange(int(draft_vocab)) + weights["d2t"],
         loaded=loaded,
+        skipped=skipped,
     )
 
 
@@ -143,6 +173,9 @@ def sglang_view(folder: Path, num_target_layers: int) -> EngineView:
     return EngineView(
         captured_layers=capture,
         norm_before_residual=False,
+        norm_before_fc=False,
+        fc_norm=False,
+        norm_output=False,
         draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
         fc_in_features=int(raw.get("target_hidden_size") or raw["hidden_size"]) * 3,
         draft_to_target=hot,

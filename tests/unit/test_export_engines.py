@@ -17,6 +17,9 @@ from tests.unit.engine_readers import never_captured, sglang_view, vllm_view
 L = 6
 TRAINED = [1, 3, 5]  # draftsmith convention: residual stream entering layers 1, 3, 5
 READERS = {"vllm": vllm_view, "sglang": sglang_view}
+# the weights each architecture option adds, in the exported folder
+OPTION_WEIGHTS = {"norm_before_residual": [], "norm_before_fc": ["input_norm.weight"],
+                  "fc_norm": [f"fc_norm.{i}.weight" for i in range(3)], "norm_output": []}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,8 @@ def test_engine_captures_the_trained_layers(tmp_path, target, drafter, fmt, engi
     ids = torch.randint(0, 300, (2, 10), generator=torch.Generator().manual_seed(0))
     trained_aux, _ = capture(target, ids, None, TRAINED)
     assert torch.equal(engine_aux(target, ids, view.captured_layers), trained_aux)
-    assert view.norm_before_residual is False and not view.lm_head_is_embedding
+    assert not (view.norm_before_residual or view.norm_before_fc or view.fc_norm or view.norm_output)
+    assert not view.lm_head_is_embedding
     assert view.fc_in_features == drafter.fc.weight.shape[1] and view.draft_vocab_size == 100
     assert torch.equal(view.draft_to_target, drafter.to_target_ids(torch.arange(100)))
     assert view.skipped == []
@@ -89,3 +93,32 @@ def test_norm_before_residual_missing_means_true_in_vllm(tmp_path):
     del config["norm_before_residual"]
     (out / "config.json").write_text(json.dumps(config))
     assert vllm_view(out, L).norm_before_residual is True
+
+
+@pytest.mark.parametrize("fmt", ["eagle", "speculators"])
+@pytest.mark.parametrize("option", OPTION_WEIGHTS)
+def test_vllm_reads_every_architecture_option(tmp_path, fmt, option):
+    drafter = make_tiny_drafter(aux_layer_ids=TRAINED, **{option: True})
+    view = vllm_view(export(drafter, tmp_path, fmt, "vllm"), L)
+    assert {name: getattr(view, name) for name in OPTION_WEIGHTS} == {name: name == option for name in OPTION_WEIGHTS}
+    assert all(view.loaded[f"model.{name}"] == [name] for name in OPTION_WEIGHTS[option])
+    assert view.skipped == [] and view.fc_in_features == drafter.fc.weight.shape[1]
+
+
+@pytest.mark.parametrize("option", ["norm_before_fc", "fc_norm", "norm_output"])
+def test_the_trap_sglang_drops_the_options_without_error(tmp_path, option):
+    """Why an SGLang export of these drafters is refused: SGLang loads a vLLM export without
+    complaint but serves it without the option."""
+    view = sglang_view(export(make_tiny_drafter(aux_layer_ids=TRAINED, **{option: True}), tmp_path, "eagle", "vllm"), L)
+    assert getattr(view, option) is False and view.skipped == OPTION_WEIGHTS[option]
+
+
+def test_norm_before_fc_missing_means_input_norm_skipped_in_vllm(tmp_path):
+    """Why norm_before_fc is written at the top level and in eagle_config: without it vLLM skips
+    input_norm.weight silently."""
+    out = export(make_tiny_drafter(aux_layer_ids=TRAINED, norm_before_fc=True), tmp_path, "eagle", "vllm")
+    config = json.loads((out / "config.json").read_text())
+    del config["norm_before_fc"], config["eagle_config"]["norm_before_fc"]
+    (out / "config.json").write_text(json.dumps(config))
+    view = vllm_view(out, L)
+    assert view.norm_before_fc is False and view.skipped == ["input_norm.weight"]

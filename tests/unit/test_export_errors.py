@@ -65,8 +65,15 @@ def test_layers_an_engine_cannot_capture(tmp_path, ids, match):
     refused(tmp_path, match, ckpt=native(tmp_path, aux_layer_ids=ids))
 
 
-def test_norm_before_residual_cannot_go_to_sglang(tmp_path):
-    refused(tmp_path, "SGLang", ckpt=native(tmp_path, norm_before_residual=True), engine="sglang")
+@pytest.mark.parametrize("option", ["norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"])
+def test_architecture_options_cannot_go_to_sglang(tmp_path, option):
+    refused(tmp_path, f"{option}=true, but SGLang's .*--engine vllm", ckpt=native(tmp_path, **{option: True}), engine="sglang")
+
+
+@pytest.mark.parametrize("fmt", ["eagle", "speculators"])
+def test_norm_before_fc_with_fc_norm_is_served_by_no_engine(tmp_path, fmt):
+    ckpt = native(tmp_path, norm_before_fc=True, fc_norm=True)
+    refused(tmp_path, "both norm_before_fc and fc_norm.*vLLM's llama_eagle3 applies input_norm first", ckpt=ckpt, format=fmt)
 
 
 def test_not_a_drafter_folder(tmp_path):

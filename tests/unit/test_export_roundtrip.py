@@ -2,6 +2,7 @@
 format and engine convention; the CLI contract, the model card and atomic output."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from typer.testing import CliRunner
 
 from draftsmith.cli import app
 from draftsmith.draft.checkpoint import load_drafter, save_drafter
+from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run
@@ -16,16 +18,28 @@ from tests.conftest import make_tiny_drafter
 
 TARGET = {"name": "tiny-target", "num_layers": 30, "model_type": "llama", "hidden_size": 64, "vocab_size": 300}
 COMBOS = [("eagle", "vllm"), ("eagle", "sglang"), ("speculators", "vllm")]
+OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
 def logits(model, seed=1):
+    """Logits of two chained draft steps [2 steps, 2, 12, draft_vocab]: the second reads the first's
+    next hidden state, so every architecture option (norm_output too) shows."""
     cfg = model.config
     g = torch.Generator().manual_seed(seed)
     aux = torch.randn(2, 12, len(cfg.aux_layer_ids) * cfg.target_hidden_size, generator=g)  # [2, 12, 3*64]
     ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=g)
     pos = torch.arange(12).expand(2, 12)
     with torch.no_grad():
-        return model(model.project(aux), ids, pos)[0]
+        first, hidden = model(model.project(aux), ids, pos)  # [2, 12, 100], [2, 12, 64]
+        second, _ = model(hidden, ids, pos + 1)
+    return torch.stack([first, second])
+
+
+def without(model, option):
+    """The same weights with `option` off (its norm weights, if any, left out)."""
+    plain = Eagle3Drafter(replace(model.config, **{option: False}))
+    plain.load_state_dict(model.state_dict(), strict=False)
+    return plain.eval()
 
 
 @pytest.fixture
@@ -52,13 +66,18 @@ def test_round_trip_identical_logits_and_layer_ids(ckpt, tmp_path, fmt, engine, 
 
 
 @pytest.mark.parametrize("fmt", ["eagle", "speculators"])
-def test_norm_before_residual_round_trips(tmp_path, fmt):
-    model = make_tiny_drafter(norm_before_residual=True)
+@pytest.mark.parametrize("option", OPTIONS)
+def test_architecture_options_round_trip(tmp_path, fmt, option):
+    model = make_tiny_drafter(**{option: True})
+    assert not torch.equal(logits(model), logits(without(model, option)))  # the option changes what is served
     save_drafter(model, tmp_path / "ckpt", target=TARGET)
     out = run(ExportConfig(ckpt=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True))
-    assert json.loads((out / "config.json").read_text())["norm_before_residual"] is True
+    config = json.loads((out / "config.json").read_text())
+    assert {name: config[name] for name in OPTIONS} == {name: name == option for name in OPTIONS}  # all explicit
+    if fmt == "eagle":
+        assert config["eagle_config"]["norm_before_fc"] is (option == "norm_before_fc")  # where vLLM looks first
     reloaded, _ = load_drafter(out)
-    assert reloaded.config.norm_before_residual is True
+    assert reloaded.config.to_dict() == model.config.to_dict()
     assert torch.equal(logits(reloaded), logits(model))
 
 
@@ -91,6 +110,14 @@ def test_model_card(ckpt, tmp_path):
     assert "**2.345**" in card and "1.80x" in card and "0.700, 0.500, 0.300" in card
     assert "gsm8k (40 conversations)" in card and "tiny-target" in card
     assert "--speculative-algorithm EAGLE3" in card and "vllm serve tiny-target" in card
+
+
+def test_model_card_states_the_options(tmp_path):
+    save_drafter(make_tiny_drafter(norm_before_fc=True), tmp_path / "ckpt", target=TARGET)
+    card = (run(ExportConfig(ckpt=tmp_path / "ckpt", out=tmp_path / "out")) / "README.md").read_text()
+    assert "- `norm_before_fc`: true" in card and "- `fc_norm`: false" in card and "- `norm_output`: false" in card
+    assert "SGLang cannot serve this drafter" in card and "sglang.launch_server" not in card
+    assert "vllm serve tiny-target" in card
 
 
 def test_speculators_config_fields(ckpt, tmp_path):

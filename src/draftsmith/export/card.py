@@ -1,8 +1,9 @@
 """The model card (`README.md`) written into every exported folder.
 
-It says what the drafter is for (target), how it was trained (the drafter manifest's `meta`),
-which target layers it reads in every convention, what it measured (an eval `report.json`, if
-given), and how to serve it with vLLM and SGLang. Pure string building; no I/O.
+It says what the drafter is for (target), its architecture options, how it was trained (the
+drafter manifest's `meta`), which target layers it reads in every convention, what it measured
+(an eval `report.json`, if given), and how to serve it with vLLM and SGLang (or why SGLang
+cannot). Pure string building; no I/O.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from typing import Any
 
 from draftsmith.draft.model import DrafterConfig
+from draftsmith.export.eagle import arch_options
 from draftsmith.layers import to_engine
 
 CONVENTIONS = (
@@ -44,7 +46,19 @@ def _eval_section(report: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def _serving(folder_hint: str, target_name: str, fmt: str, engine: str, k: int) -> list[str]:
+def _options_section(cfg: DrafterConfig) -> list[str]:
+    options = arch_options(cfg)
+    lines = ["## Architecture options", ""]
+    lines += [f"- `{name}`: {str(on).lower()}" for name, on in options.items()]
+    if any(options.values()):
+        lines += ["", "`config.json` states each one (`norm_before_fc` also in `eagle_config`), and the weights "
+                  "`input_norm.weight` / `fc_norm.{i}.weight` carry vLLM's and speculators' names. Serve with a "
+                  "vLLM whose `llama_eagle3` has `input_norm`, `fc_norm` and `norm_output` (older ones refuse "
+                  "those weights and ignore `norm_output`). SGLang's `LlamaForCausalLMEagle3` has none of them."]
+    return [*lines, ""]
+
+
+def _serving(folder_hint: str, target_name: str, fmt: str, engine: str, k: int, sglang_ok: bool) -> list[str]:
     spec = json.dumps({"method": "eagle3", "model": folder_hint, "num_speculative_tokens": k})
     lines = ["## Serving", ""]
     if engine == "vllm":
@@ -52,7 +66,10 @@ def _serving(folder_hint: str, target_name: str, fmt: str, engine: str, k: int) 
         if fmt == "speculators":
             lines += ["or, with the verifier named in `speculators_config`:", "", "```bash",
                       f"vllm serve {folder_hint}", "```", ""]
-    if fmt == "eagle":
+    if fmt == "eagle" and not sglang_ok:
+        lines += ["SGLang cannot serve this drafter: its `LlamaForCausalLMEagle3` lacks the architecture "
+                  "options above and would load it without error but serve it wrongly.", ""]
+    elif fmt == "eagle":
         note = ("" if engine == "sglang" else
                 " (this export's `eagle_config` ids are in vLLM's convention: re-export with "
                 "`--engine sglang` for SGLang)")
@@ -82,19 +99,19 @@ def model_card(
         f"# EAGLE-3 drafter for {target_name}",
         "",
         f"Exported by draftsmith as `--format {fmt}` for **{engine}**. One decoder layer, hidden size "
-        f"{cfg.hidden_size}, draft vocabulary {cfg.draft_vocab_size} of {cfg.vocab_size} target tokens, "
-        f"norm_before_residual={str(cfg.norm_before_residual).lower()}.",
+        f"{cfg.hidden_size}, draft vocabulary {cfg.draft_vocab_size} of {cfg.vocab_size} target tokens.",
         "",
         "## Target",
         "",
     ]
     lines += _scalar_lines({k: v for k, v in target.items() if k != "default_aux_layers"}) or ["- unknown"]
-    lines += ["", "## Auxiliary layers", "", "| convention | ids | meaning |", "|---|---|---|"]
+    lines += ["", *_options_section(cfg), "## Auxiliary layers", "", "| convention | ids | meaning |", "|---|---|---|"]
     lines += [f"| {name} | {to_engine(cfg.aux_layer_ids, name)} | {meaning} |" for name, meaning in CONVENTIONS]
     lines += ["", "`config.json` records the convention of each id field under `draftsmith.layer_id_conventions`.", ""]
     meta = manifest.get("meta") or {}
     lines += ["## Training", ""] + (_scalar_lines(meta) or ["- no training metadata was recorded"]) + [""]
     if report is not None:
         lines += _eval_section(report)
-    lines += _serving(folder_hint, target_name, fmt, engine, speculative_tokens)
+    sglang_ok = not any(arch_options(cfg).values())
+    lines += _serving(folder_hint, target_name, fmt, engine, speculative_tokens, sglang_ok)
     return "\n".join(lines)

@@ -1,11 +1,14 @@
 """The EAGLE-3 layout (`--format eagle`) that vLLM and SGLang load, and the checks every export passes.
 
     config.json        a Llama config: architectures ["LlamaForCausalLMEagle3"], num_hidden_layers 1,
-                       draft_vocab_size, target_hidden_size (when it differs), norm_before_residual,
+                       draft_vocab_size, target_hidden_size (when it differs),
+                       norm_before_residual, norm_before_fc, fc_norm, norm_output  always written
                        eagle_config.eagle_aux_hidden_state_layer_ids   in the chosen engine's convention
+                       eagle_config.norm_before_fc                     vLLM reads it here first
                        eagle_aux_hidden_state_layer_ids (top level)    always in vLLM's convention
                        draftsmith: {...}                               which convention each field uses
-    model.safetensors  midlayer.*, fc.weight, norm.weight, lm_head.weight, d2t, t2d (+ embed_tokens.weight)
+    model.safetensors  midlayer.*, fc.weight, norm.weight, lm_head.weight, d2t, t2d (+ embed_tokens.weight,
+                       input_norm.weight with norm_before_fc, fc_norm.{i}.weight with fc_norm)
 
 Who reads what (see docs/engine-fields.md for the sources):
 - vLLM reads the top-level ids first, then eagle_config's (`_get_eagle3_aux_layers_from_config`);
@@ -13,8 +16,11 @@ Who reads what (see docs/engine-fields.md for the sources):
 - SGLang and SpecForge read only eagle_config's ids (`ModelRunner.__init__`), as layer outputs
   (`set_eagle3_layers_to_capture` adds 1), so SGLang's ids are one lower.
 Writing the top level in vLLM's convention makes an `--engine sglang` export load correctly in
-vLLM too. The draftsmith key names are already the EAGLE reference names, so weights are not
-renamed here. No file I/O in this module.
+vLLM too. vLLM's llama_eagle3 reads the architecture options (norm_before_fc from eagle_config,
+then the top level; the others from the top level) and names the weights `input_norm` and
+`fc_norm.{i}` as draftsmith does; SGLang's has none of them and skips their weights silently, so
+such drafters are refused for SGLang. The draftsmith key names are already the EAGLE reference
+names, so weights are not renamed here. No file I/O in this module.
 """
 
 from __future__ import annotations
@@ -33,6 +39,19 @@ ENGINES = ("vllm", "sglang")
 N_AUX = 3  # vLLM's and SGLang's llama_eagle3 size fc as 3 * target_hidden_size
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOP_LEVEL_IDS, NESTED_IDS = "eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"
+ARCH_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")  # = the config.json names
+# what SGLang's LlamaForCausalLMEagle3 does instead of each option (it loads such a drafter without error)
+SGLANG_INSTEAD = {
+    "norm_before_residual": "always uses the un-normalised hidden state as the residual",
+    "norm_before_fc": "has no input_norm: it skips input_norm.weight silently and feeds the raw aux states to fc",
+    "fc_norm": "has no per-layer fc_norm: it skips fc_norm.*.weight silently and feeds the raw aux states to fc",
+    "norm_output": "always feeds the pre-norm layer output to the next draft step",
+}
+
+
+def arch_options(cfg: DrafterConfig) -> dict[str, bool]:
+    """The architecture options, under the config.json names both layouts write."""
+    return {name: bool(getattr(cfg, name)) for name in ARCH_OPTIONS}
 
 
 def check_engine(engine: str) -> str:
@@ -61,11 +80,19 @@ def check_exportable(cfg: DrafterConfig, engine: str, num_target_layers: int | N
             "so ids 0 (embeddings) and L (last layer's output) are never captured; retrain with "
             "ids inside that range (the default [2, L//2, L-3] is)"
         )
-    if engine == "sglang" and cfg.norm_before_residual:
+    if cfg.norm_before_fc and cfg.fc_norm:
         raise UserError(
-            "this drafter was trained with norm_before_residual=true, but SGLang's LlamaForCausalLMEagle3 "
-            "always uses the un-normalised hidden state as the residual (it has no such option): it would "
-            "serve this drafter wrongly. Export with --engine vllm"
+            "this drafter uses both norm_before_fc and fc_norm: draftsmith applies the per-layer fc_norm "
+            "before input_norm, vLLM's llama_eagle3 applies input_norm first, and speculators refuses the "
+            "pair, so no engine would serve it as trained. Retrain with one of the two"
+        )
+    used = [name for name, on in arch_options(cfg).items() if on]
+    if engine == "sglang" and used:
+        instead = "; ".join(f"for {name} it {SGLANG_INSTEAD[name]}" for name in used)
+        raise UserError(
+            f"this drafter was trained with {', '.join(f'{name}=true' for name in used)}, but SGLang's "
+            f"LlamaForCausalLMEagle3 has no such option ({instead}): it would serve this drafter wrongly. "
+            f"Export with --engine vllm (--format eagle or speculators), whose llama_eagle3 reads {', '.join(used)}"
         )
 
 
@@ -114,7 +141,6 @@ def record(cfg: DrafterConfig, engine: str, conventions: dict[str, str], target:
         "engine": engine,
         "layer_id_conventions": conventions,
         "aux_layer_ids": list(cfg.aux_layer_ids),
-        "norm_before_residual": cfg.norm_before_residual,
         "target": target,
     }
 
@@ -124,9 +150,10 @@ def eagle_config(cfg: DrafterConfig, engine: str, dtype: str, target: dict[str, 
     config["draft_vocab_size"] = cfg.draft_vocab_size
     if cfg.target_hidden_size != cfg.hidden_size:
         config["target_hidden_size"] = cfg.target_hidden_size
-    config["norm_before_residual"] = cfg.norm_before_residual
+    config.update(arch_options(cfg))
     config[TOP_LEVEL_IDS] = to_engine(cfg.aux_layer_ids, "vllm")
-    config["eagle_config"] = {"use_aux_hidden_state": True, TOP_LEVEL_IDS: to_engine(cfg.aux_layer_ids, engine)}
+    config["eagle_config"] = {"use_aux_hidden_state": True, TOP_LEVEL_IDS: to_engine(cfg.aux_layer_ids, engine),
+                              "norm_before_fc": cfg.norm_before_fc}
     config[RECORD_KEY] = record(cfg, engine, {TOP_LEVEL_IDS: "vllm", NESTED_IDS: engine}, target)
     return config
 

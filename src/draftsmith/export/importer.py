@@ -6,7 +6,15 @@ pytorch_model.bin read with `weights_only=True`):
   `draft_vocab_size`; weights `midlayer.*`, `fc.weight`, `norm.weight`, `lm_head.weight`, `d2t`,
   `t2d`, maybe `embed_tokens.weight`. ModelOpt's export is this layout with `layers.0.*` names.
 - speculators / draftsmith `--format speculators`: `speculators_model_type: eagle3` with a
-  `transformer_layer_config`; weights `layers.0.*`.
+  `transformer_layer_config`; weights `layers.0.*`. A speculators training checkpoint also holds
+  `verifier_norm` / `verifier_lm_head` (frozen copies of the target's, ignored) and may lack
+  `embed_tokens`.
+
+Architecture options are read as vLLM reads them: `norm_before_fc` from `eagle_config` first,
+then the top level; `norm_before_residual`, `fc_norm` and `norm_output` from the top level. A
+missing option is false, except `norm_before_residual` in a speculators config (vLLM's
+`update_eagle3` assumes true). With them on, the weights `input_norm.weight` and
+`fc_norm.{i}.weight` are expected.
 
 Layer ids come back in draftsmith's convention. A draftsmith export records which convention
 each id field uses (`config["draftsmith"]`). For other folders the convention is the one of
@@ -28,7 +36,7 @@ from safetensors.torch import load_file
 
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
-from draftsmith.export.eagle import NESTED_IDS, RECORD_KEY, TOP_LEVEL_IDS, check_vocab
+from draftsmith.export.eagle import ARCH_OPTIONS, NESTED_IDS, RECORD_KEY, TOP_LEVEL_IDS, check_vocab
 from draftsmith.export.speculators import DRAFTSMITH_PREFIX, LAYER_PREFIX
 from draftsmith.layers import from_engine
 
@@ -96,13 +104,17 @@ def rope_theta(llama: dict[str, Any], where: Path) -> float:
     return float(llama.get("rope_theta") or scaling.get("rope_theta") or 10000.0)
 
 
+def read_arch_options(config: dict[str, Any], speculators: bool) -> dict[str, bool]:
+    """The architecture options where vLLM reads them, with vLLM's defaults (see the module docstring)."""
+    options = {name: config.get(name, speculators and name == "norm_before_residual") for name in ARCH_OPTIONS}
+    options["norm_before_fc"] = (config.get("eagle_config") or {}).get("norm_before_fc", options["norm_before_fc"])
+    return {name: bool(on) for name, on in options.items()}
+
+
 def drafter_config(config: dict[str, Any], speculators: bool, ids: list[int], where: Path) -> DrafterConfig:
     llama = config["transformer_layer_config"] if speculators else config
     heads = int(llama["num_attention_heads"])
     hidden = int(llama["hidden_size"])
-    record = config.get(RECORD_KEY) or {}
-    # vLLM's update_eagle3 assumes true for speculators configs; its llama_eagle3 false otherwise
-    nbr = record.get("norm_before_residual", config.get("norm_before_residual", speculators))
     return DrafterConfig(
         hidden_size=hidden,
         intermediate_size=int(llama["intermediate_size"]),
@@ -116,8 +128,8 @@ def drafter_config(config: dict[str, Any], speculators: bool, ids: list[int], wh
         rms_norm_eps=float(llama.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta(llama, where),
         max_position_embeddings=int(llama.get("max_position_embeddings", 4096)),
-        norm_before_residual=bool(nbr),
         hidden_act=str(llama.get("hidden_act", "silu")),
+        **read_arch_options(config, speculators),
     )
 
 

@@ -2,12 +2,14 @@
 
     config.json        speculators_model_type "eagle3", architectures ["Eagle3Speculator"],
                        transformer_layer_config (a Llama config), draft_vocab_size, target_hidden_size,
-                       norm_before_residual (always written: vLLM's `update_eagle3` assumes true when
-                       it is missing), eagle_aux_hidden_state_layer_ids (vLLM's convention),
+                       norm_before_residual, norm_before_fc, fc_norm, norm_output (always written: vLLM's
+                       `update_eagle3` copies them into the draft config, assuming norm_before_residual
+                       true when it is missing), eagle_aux_hidden_state_layer_ids (vLLM's convention),
                        speculators_config {algorithm, proposal_methods [greedy, speculative_tokens],
                        default_proposal_method, verifier {name_or_path, architectures}},
                        draftsmith: {...} (conventions, for the reload)
-    model.safetensors  layers.0.* (draftsmith's midlayer.*), fc, norm, lm_head, d2t, t2d (+ embed_tokens)
+    model.safetensors  layers.0.* (draftsmith's midlayer.*), fc, norm, lm_head, d2t, t2d (+ embed_tokens,
+                       input_norm with norm_before_fc, fc_norm.{i} with fc_norm: speculators' own names)
 
 vLLM is the only engine that reads this layout: SGLang's LlamaForCausalLMEagle3 looks weights up
 as `midlayer.*` and silently skips `layers.0.*`, so an SGLang export of this layout is refused.
@@ -22,7 +24,7 @@ import torch
 
 from draftsmith.draft.model import DrafterConfig
 from draftsmith.errors import UserError
-from draftsmith.export.eagle import RECORD_KEY, TOP_LEVEL_IDS, llama_fields, record
+from draftsmith.export.eagle import RECORD_KEY, TOP_LEVEL_IDS, arch_options, llama_fields, record
 from draftsmith.layers import to_engine
 
 MODEL_TYPE = "eagle3"
@@ -65,7 +67,7 @@ def speculators_config(
         "speculators_model_type": MODEL_TYPE,
         "transformer_layer_config": llama_fields(cfg, dtype),
         "draft_vocab_size": cfg.draft_vocab_size,
-        "norm_before_residual": cfg.norm_before_residual,
+        **arch_options(cfg),
         TOP_LEVEL_IDS: to_engine(cfg.aux_layer_ids, "vllm"),
         "speculators_config": {
             "algorithm": MODEL_TYPE,
