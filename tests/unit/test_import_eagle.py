@@ -26,6 +26,28 @@ def specforge_config(**extra):
     }
 
 
+def speculators_training_config():
+    """config.json as speculators 0.9.0's Eagle3DraftModel.save_pretrained writes it (field names from
+    Eagle3SpeculatorConfig and SpeculatorModelConfig; the eagle3 training defaults norm_before_fc,
+    norm_output and norm_before_residual on), for make_tiny_drafter's shapes."""
+    layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 1,
+             "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "vocab_size": 300,
+             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "attention_bias": False,
+             "mlp_bias": False, "tie_word_embeddings": False}
+    return {
+        "architectures": ["Eagle3DraftModel"], "model_type": "speculator_model", "speculators_model_type": "eagle3",
+        "speculators_version": "0.9.0", "transformer_layer_config": layer, "draft_vocab_size": 100,
+        "target_hidden_size": None, "eagle_aux_hidden_state_layer_ids": [2, 15, 27], "norm_before_residual": True,
+        "norm_before_fc": True, "fc_norm": False, "norm_output": True, "embed_requires_grad": False,
+        "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                               "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3,
+                                                     "accept_tolerance": 0.0, "verifier_accept_k": 1}],
+                               "verifier": {"name_or_path": "tiny-target", "architectures": ["LlamaForCausalLM"]}},
+        "torch_dtype": "float32", "transformers_version": "5.0.0",
+    }
+
+
 def write(folder, config, tensors, pickled=False):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
@@ -70,6 +92,38 @@ def test_speculators_layout_defaults_norm_before_residual_true_like_vllm(tmp_pat
     state["verifier_norm.weight"] = torch.ones(64)  # speculators may keep a frozen copy; ignored
     loaded, _ = load_drafter(write(tmp_path / "sp", config, state))
     assert loaded.config.norm_before_residual is True and loaded.config.aux_layer_ids == [2, 15, 27]
+    assert torch.equal(logits(loaded), logits(model))
+
+
+@pytest.mark.parametrize("embeddings", [True, False])
+def test_speculators_training_checkpoint_loads_and_exports(tmp_path, embeddings):
+    """A speculators 0.9.0 training output: input_norm, the verifier's frozen norm / lm_head, maybe no
+    embed_tokens. It loads through load_drafter (what eval and export use) with identical logits."""
+    model = make_tiny_drafter(norm_before_residual=True, norm_before_fc=True, norm_output=True)
+    state = {k.replace("midlayer.", "layers.0."): v for k, v in model.state_dict().items()
+             if embeddings or k != "embed_tokens.weight"}
+    state |= {"verifier_norm.weight": torch.ones(64), "verifier_lm_head.weight": torch.randn(100, 64)}
+    assert "input_norm.weight" in state
+    folder = write(tmp_path / "trained", speculators_training_config(), state)
+    loaded, manifest = load_drafter(folder)
+    assert manifest["meta"]["needs_target_embeddings"] is (not embeddings)
+    loaded.load_target_embeddings(model.embed_tokens.weight)
+    assert loaded.config.to_dict() == model.config.to_dict()
+    assert torch.equal(logits(loaded), logits(model))
+    for fmt in ("eagle", "speculators"):
+        exported, _ = load_drafter(run(ExportConfig(ckpt=folder, format=fmt, out=tmp_path / f"out-{fmt}")))
+        exported.load_target_embeddings(model.embed_tokens.weight)
+        assert exported.config.to_dict() == model.config.to_dict()
+        assert torch.equal(logits(exported), logits(model))
+
+
+def test_norm_before_fc_in_eagle_config_is_read_first_like_vllm(tmp_path):
+    """NVIDIA's EAGLE-3 checkpoints state norm_before_fc inside eagle_config; vLLM reads it there first."""
+    model = make_tiny_drafter(norm_before_fc=True)
+    config = specforge_config(norm_before_fc=False,
+                              eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 14, 26], "norm_before_fc": True})
+    loaded, _ = load_drafter(write(tmp_path / "nv", config, model.state_dict()))
+    assert loaded.config.norm_before_fc is True
     assert torch.equal(logits(loaded), logits(model))
 
 
