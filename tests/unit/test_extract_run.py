@@ -55,6 +55,9 @@ def test_refuses_to_mix_layers(dataset, tiny_target_dir, tmp_path):
     run(cfg(dataset, tiny_target_dir, out, layers=[1]))
     with pytest.raises(UserError, match="refusing to mix"):
         run(cfg(dataset, tiny_target_dir, out, layers=[0, 1]))
+    same_counts = [[t + 1 for t in s] for s in random_samples(12)]  # other tokens, same lengths
+    with pytest.raises(UserError, match="dataset fingerprint: store made from .*refusing to mix"):
+        run(cfg(write_tokenized_dataset(tmp_path / "ds2", same_counts), tiny_target_dir, out, layers=[1]))
     with pytest.raises(UserError, match="out of range"):
         run(cfg(dataset, tiny_target_dir, tmp_path / "other", layers=[0, 7]))
 

@@ -180,3 +180,28 @@ def test_offline_source_reads_a_row_in_order(tmp_path):
     out = src.samples([2, 0, 3, 1])
     assert [s["input_ids"].shape[0] for s in out] == [6, 5, 4, 3]
     assert torch.equal(out[0]["aux"], aux[2][:6]) and torch.equal(out[3]["aux"], aux[1])
+
+
+def test_check_store_matches_its_dataset_and_target(tmp_path, tiny_target):
+    """A store is for the dataset (by content, wherever it lies) and the target it was made from."""
+    import dataclasses
+    import shutil
+
+    from draftsmith.data.dataset import load_dataset
+    from draftsmith.extract.store import check_store_matches, dataset_identity
+    from tests.conftest import write_tokenized_dataset
+
+    ds = write_tokenized_dataset(tmp_path / "ds", [[5, 6, 7], [8, 9]])
+    other = load_dataset(write_tokenized_dataset(tmp_path / "other", [[5, 6, 7], [8, 10]]))  # same counts
+    store, info = tmp_path / "store", tiny_target.info
+    atomic_write_json(store / STORE_FILE, new_store_meta(info.to_dict(), [0, 1], "float32", dataset_identity(load_dataset(ds))))
+    check_store_matches(store, load_dataset(shutil.copytree(ds, tmp_path / "copy")), info)
+    with pytest.raises(UserError, match=rf"not made from the dataset {other.path}.*dataset fingerprint: store made from"):
+        check_store_matches(store, other, info)
+    with pytest.raises(UserError, match=r"target fingerprint: store made for 'tiny-llama' \(in-memory\), this run has 'tiny-llama' \(x\)"):
+        check_store_matches(store, load_dataset(ds), dataclasses.replace(info, fingerprint="x"))
+    # a store made before datasets were fingerprinted is checked on its sample and token counts
+    atomic_write_json(store / STORE_FILE, new_store_meta(info.to_dict(), [0, 1], "float32", {"samples": 2, "tokens": 5}))
+    check_store_matches(store, other, info)
+    with pytest.raises(UserError, match="dataset tokens: store made from 5, this run has 4"):
+        check_store_matches(store, load_dataset(write_tokenized_dataset(tmp_path / "short", [[5, 6, 7], [8]])), info)

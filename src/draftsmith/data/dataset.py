@@ -14,6 +14,7 @@ Folder layout:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,14 @@ class TokenizedDataset:
     @property
     def target(self) -> dict[str, Any]:
         return self.meta.get("target", {})
+
+    def fingerprint(self) -> str:
+        """A short hash of the content (sample ids, lengths, token ids, loss masks): the same
+        for a copy or a re-run of `prepare` on the same input, different for any other data."""
+        h = hashlib.sha256()
+        for column, dtype in ((self.sample_ids, np.int64), (self.lengths, np.int64), (self.ids, np.int32), (self.mask, np.uint8)):
+            h.update(np.ascontiguousarray(column, dtype=dtype).data)  # no copy when already so
+        return h.hexdigest()[:16]
 
 
 def load_dataset(path: Path) -> TokenizedDataset:

@@ -26,8 +26,9 @@ from draftsmith.errors import StageFailed, UserError
 from draftsmith.extract.capture import capture
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.store import (
-    MANIFEST, STORE_FILE, files_on_disk, length_batches, manifest_files, new_store_meta, projected_bytes,
-    rank_manifest_name, read_manifest, read_store_meta, repair_manifest, sample_relpath, write_manifest,
+    MANIFEST, STORE_FILE, dataset_identity, files_on_disk, length_batches, manifest_files, new_store_meta,
+    projected_bytes, rank_manifest_name, read_manifest, read_store_meta, repair_manifest, sample_relpath,
+    source_mismatches, write_manifest,
 )
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
 from draftsmith.fsutil import atomic_write_json, free_bytes, human_bytes
@@ -78,20 +79,13 @@ def open_store(out: Path, meta: dict, create: bool) -> None:
     set, dtype or dataset."""
     if (out / STORE_FILE).exists():
         old = read_store_meta(out)
-        mismatches = [
-            f"{what}: store has {a!r}, this run {b!r}"
-            for what, a, b in (
-                ("target fingerprint", old["target"]["fingerprint"], meta["target"]["fingerprint"]),
-                ("layers", old["layers"], meta["layers"]),
-                ("dtype", old["dtype"], meta["dtype"]),
-                ("dataset samples/tokens", [old["dataset"]["samples"], old["dataset"]["tokens"]],
-                 [meta["dataset"]["samples"], meta["dataset"]["tokens"]]),
-            ) if a != b
+        mismatches = source_mismatches(old, meta["target"], meta["dataset"]) + [
+            f"{what}: store has {old[what]!r}, this run {meta[what]!r}" for what in ("layers", "dtype") if old[what] != meta[what]
         ]
         if mismatches:
             raise UserError(
                 f"{out} holds a store made by another run ({'; '.join(mismatches)}); refusing to mix. "
-                f"Use a new --out, or the original --target/--layers/--dtype"
+                f"Use a new --out, or the original dataset/--target/--layers/--dtype"
             )
     elif create:
         atomic_write_json(out / STORE_FILE, meta)
@@ -188,8 +182,7 @@ def run(cfg: ExtractConfig) -> Path:
     layers = validate_layers(cfg.layers or target.info.default_aux_layers, target.info.num_layers)
     check_token_ids(ds, target.info.vocab_size)
     dtype_name = str(target.dtype).removeprefix("torch.")
-    dataset_id = {"path": str(Path(cfg.dataset_dir).resolve()), "samples": len(ds), "tokens": int(ds.lengths.sum())}
-    meta = new_store_meta(target.info.to_dict(), layers, dtype_name, dataset_id)
+    meta = new_store_meta(target.info.to_dict(), layers, dtype_name, dataset_identity(ds))
 
     if rank == 0:
         open_store(out, meta, create=False)  # refuse to mix with another run's store, before anything is written

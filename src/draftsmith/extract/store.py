@@ -3,7 +3,8 @@
 Layout of a store folder:
 
     store.json                     format, version, target {name, fingerprint, ...}, layers, dtype,
-                                   hidden_size, n_aux, folder_size, checksum, dataset, totals, complete
+                                   hidden_size, n_aux, folder_size, checksum, totals, complete, and
+                                   dataset {path, samples, tokens, fingerprint}: what it was made from
     manifest.jsonl                 one JSON line per finished file:
                                    {"sample_id", "path", "tokens", "bytes", "crc32"}
     manifest.rank{r}.jsonl         per-rank manifests while a torchrun extraction runs (merged at the end)
@@ -24,6 +25,7 @@ renamed into place, so a listed file is always complete. Readers take manifest l
 directory listing. A listed sample whose file is gone (say, deleted after a failed checksum) is
 extracted again by the next `extract` run.
 
+    check_store_matches(Path("hidden"), dataset, target.info)   # made from this dataset and target?
     reader = StoreReader(Path("hidden"))
     reader[0]            # {"sample_id", "input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states"}
     for batch in length_batches(reader.lengths, token_budget=16384, seed=epoch):
@@ -36,7 +38,7 @@ import json
 import os
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -45,6 +47,10 @@ from safetensors.torch import load as load_bytes
 
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_text, read_jsonl
+
+if TYPE_CHECKING:
+    from draftsmith.data.dataset import TokenizedDataset
+    from draftsmith.target import TargetInfo
 
 FORMAT = "draftsmith-hidden-store"
 VERSION = 1
@@ -84,6 +90,39 @@ def new_store_meta(target: dict[str, Any], layers: list[int], dtype: str, datase
         "hidden_size": int(target["hidden_size"]), "n_aux": len(layers), "folder_size": FOLDER_SIZE,
         "checksum": "crc32", "dataset": dataset, "totals": None, "complete": False,
     }
+
+
+def dataset_identity(dataset: TokenizedDataset) -> dict[str, Any]:
+    """What store.json records of the dataset a store is made from: its path (for people),
+    sample and token counts, and the fingerprint of its content (what the checks compare)."""
+    return {"path": str(Path(dataset.path).resolve()), "samples": len(dataset), "tokens": int(dataset.lengths.sum()),
+            "fingerprint": dataset.fingerprint()}
+
+
+def source_mismatches(meta: dict[str, Any], target: dict[str, Any], dataset: dict[str, Any]) -> list[str]:
+    """How a store (its store.json `meta`) differs from a run's target (`TargetInfo.to_dict()`)
+    and dataset (`dataset_identity`), one phrase each. A store made before the dataset was
+    fingerprinted is compared on what it recorded (sample and token counts)."""
+    stored, found = meta["target"], []
+    if stored["fingerprint"] != target["fingerprint"]:
+        found.append(f"target fingerprint: store made for {stored.get('name')!r} ({stored['fingerprint']}), "
+                     f"this run has {target.get('name')!r} ({target['fingerprint']})")
+    made_from = meta.get("dataset") or {}
+    found += [f"dataset {key}: store made from {made_from[key]!r}, this run has {dataset[key]!r}"
+              for key in ("fingerprint", "samples", "tokens") if key in made_from and made_from[key] != dataset[key]]
+    return found
+
+
+def check_store_matches(store: Path, dataset: TokenizedDataset, target: TargetInfo) -> None:
+    """Refuse a store that was not extracted from `dataset` with `target`: its hidden states
+    would not belong to the tokens they are trained with."""
+    meta = read_store_meta(store)
+    found = source_mismatches(meta, target.to_dict(), dataset_identity(dataset))
+    if found:
+        made_from = (meta.get("dataset") or {}).get("path", "not recorded")
+        raise UserError(f"store {store} was not made from the dataset {dataset.path} with this target ({'; '.join(found)}). "
+                        f"Give the dataset (it was {made_from}) and --target the store was extracted from, or extract "
+                        f"a new store from this dataset with this target")
 
 
 def read_store_meta(path: Path) -> dict[str, Any]:
