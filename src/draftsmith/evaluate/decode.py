@@ -1,4 +1,5 @@
-"""The two decoding loops that `draftsmith eval` compares, over the same `TargetEngine`:
+"""The two decoding loops that `draftsmith eval` compares, over the same engine (the fast
+`TargetEngine`, or for targets that fail its self-check the generic `HFEngine`, chain only):
 plain decoding (one target forward per token) and speculative decoding (draft, verify in one
 forward with the draft's tree mask, compact the accepted path's KV, feed the drafter the aux
 states of the accepted positions). Chain verification, greedy or sampled, stays on the device
@@ -20,6 +21,7 @@ import torch
 from draftsmith.evaluate.engine import TargetEngine
 from draftsmith.evaluate.proposer import Draft, ancestors
 from draftsmith.evaluate.sampling import Sampling, verify, verify_chain_greedy, verify_chain_sampled
+from draftsmith.evaluate.selfcheck import Engine
 
 
 class Proposer(Protocol):
@@ -51,7 +53,7 @@ def _finish(tokens: list[int], max_new_tokens: int, stop_ids: set[int]) -> list[
     return tokens
 
 
-def plain_generate(engine: TargetEngine, prompt: list[int], max_new_tokens: int, stop_ids: set[int],
+def plain_generate(engine: Engine, prompt: list[int], max_new_tokens: int, stop_ids: set[int],
                    sampling: Sampling) -> Turn:
     dev = engine.device
     logits, _ = engine.prefill(torch.tensor(prompt, device=dev))
@@ -60,25 +62,22 @@ def plain_generate(engine: TargetEngine, prompt: list[int], max_new_tokens: int,
     tok, n = sampling.pick(logits[-1]), len(prompt)
     out = [tok]
     while len(out) < max_new_tokens and tok not in stop_ids and n < engine.max_len:
-        pos = torch.tensor([n], device=dev)
-        logits, _ = engine.forward(torch.tensor([tok], device=dev), pos, pos, engine.causal_mask(n, 1))
+        logits, _ = engine.chain(torch.tensor([tok], device=dev), n)
         tok, n = sampling.pick(logits[0]), n + 1
         out.append(tok)
     _sync(dev)
     return Turn(out, time.perf_counter() - t0)
 
 
-def _verify_chain(engine: TargetEngine, draft: Draft, root: torch.Tensor, n: int,
+def _verify_chain(engine: Engine, draft: Draft, root: torch.Tensor, n: int,
                   sampling: Sampling) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     """One verification step of a chain draft: inputs built on the device, acceptance on the
     device (greedy or speculative sampling), one host sync. The accepted path is a prefix, so
-    its KV is already in place (no compaction). Returns the new tokens (accepted drafts + the
-    bonus or corrected token), the accepted rows' aux states and the new tokens on the device."""
+    its KV is already in place (no compaction; the next `chain` call overwrites or crops the
+    rejected rest). Returns the new tokens (accepted drafts + the bonus or corrected token),
+    the accepted rows' aux states and the new tokens on the device."""
     tokens = draft.tokens.to(engine.device)
-    t = tokens.shape[0] + 1
-    rows = torch.cat([root, tokens])  # [T]: root + chain
-    slots = torch.arange(n, n + t, device=engine.device)  # [T], also the positions
-    logits, aux = engine.forward(rows, slots, slots, engine.causal_mask(n, t))
+    logits, aux = engine.chain(torch.cat([root, tokens]), n)  # root + chain at n..n+K
     if sampling.greedy:
         a, new_t, new = verify_chain_greedy(tokens, logits)
     else:
@@ -108,7 +107,7 @@ def _verify_tree(engine: TargetEngine, draft: Draft, root: torch.Tensor, n: int,
     return new, aux[path_t], new_t
 
 
-def spec_generate(engine: TargetEngine, proposer: Proposer, prompt: list[int], max_new_tokens: int,
+def spec_generate(engine: Engine, proposer: Proposer, prompt: list[int], max_new_tokens: int,
                   stop_ids: set[int], sampling: Sampling) -> Turn:
     dev = engine.device
     ids = torch.tensor(prompt, device=dev)
@@ -120,7 +119,11 @@ def spec_generate(engine: TargetEngine, proposer: Proposer, prompt: list[int], m
     new, out, accepts = [tok], [tok], []
     proposer.reset()
     proposer.observe(aux, torch.cat([ids[1:], root]))  # state t, token t+1
-    step = _verify_chain if proposer.mode == "chain" else _verify_tree
+    if proposer.mode == "chain":
+        step = _verify_chain
+    else:
+        assert isinstance(engine, TargetEngine), "tree verification needs the fast engine (open_engine refuses it otherwise)"
+        step = _verify_tree
     while len(out) < max_new_tokens and stop_ids.isdisjoint(new) and n + proposer.size + 1 <= engine.max_len:
         draft = proposer.propose()
         new, aux, next_tokens = step(engine, draft, root, n, sampling)

@@ -82,7 +82,9 @@ class Graphed:
 
 class TargetEngine:
     """The target with a static KV cache of `max_len` slots for `batch` rows. The unbatched
-    methods (`forward`, `prefill`, `causal_mask`, `tree_mask`, `compact`) need batch 1."""
+    methods (`forward`, `chain`, `prefill`, `causal_mask`, `tree_mask`, `compact`) need batch 1."""
+
+    name = "fast"
 
     def __init__(self, model: nn.Module, aux_layer_ids: list[int], max_len: int, batch: int = 1) -> None:
         check_supported(model)
@@ -178,6 +180,13 @@ class TargetEngine:
         Returns logits [T, V] and aux [T, n_aux*H]."""
         logits, aux = self.forward_batch(ids[None], pos[None], slots, mask[None])
         return logits[0], aux[0]
+
+    def chain(self, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch 1: run `ids [T]` at slots/positions start..start+T-1 under the causal mask
+        (plain decoding, chain verification). Slots from `start` on are overwritten, so a
+        rejected draft needs no undoing. Returns logits [T, V] and aux [T, n_aux*H]."""
+        slots = torch.arange(start, start + ids.shape[0], device=self.device)  # [T], also the positions
+        return self.forward(ids, slots, slots, self.causal_mask(start, ids.shape[0]))
 
     # -- helpers ---------------------------------------------------------------------------
     def causal_mask(self, start: int, t: int) -> torch.Tensor:

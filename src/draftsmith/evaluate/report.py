@@ -76,7 +76,8 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [
         f"# draftsmith eval: {r['mode']} on {r['bench']}",
         "",
-        f"- target `{r['target']}`, drafter `{r['drafter']}`, device {r['device']} ({r['dtype']}), CUDA graphs {r['cuda_graphs']}",
+        f"- target `{r['target']}`, drafter `{r['drafter']}`, device {r['device']} ({r['dtype']}), CUDA graphs {r['cuda_graphs']}, "
+        f"target engine {r.get('target_engine', 'fast')}",
         f"- {r['questions']} questions, {r['turns']} turns, {r['tokens']} tokens, temperature {r['temperature']}, "
         f"max {r['max_new_tokens']} new tokens per turn",
         f"- **tau {r['tau']:.3f}** tokens per verification ({r['steps']} steps)",

@@ -1,8 +1,9 @@
 """`draftsmith eval`: answer a question set with lossless speculative decoding (chain or
-EAGLE-2 tree) and with plain decoding, on the same static-KV-cache engine, and report tau,
-acceptance per position and the decode speed-up.
+EAGLE-2 tree) and with plain decoding, on the same engine, and report tau, acceptance per
+position and the decode speed-up. The engine is the static-KV-cache one when it passes its
+self-check on the target, else the generic HF path (evaluate/selfcheck.py).
 
-    load target + drafter -> engine, proposer (+ CUDA graphs on GPU) -> warm-up
+    load target + drafter -> engine (self-check), proposer (+ CUDA graphs on GPU) -> warm-up
     -> for each question, turn by turn: speculative answer, then plain answer (timed)
     -> report.json, report.md, acceptance.png, tau.png, answers.jsonl
 """
@@ -23,11 +24,12 @@ from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.decode import Proposer, Turn, plain_generate, spec_generate
-from draftsmith.evaluate.engine import TargetEngine
+from draftsmith.evaluate.generic import HFEngine
 from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.evaluate.questions import Question, load_questions, token_bound, turn_prompt
 from draftsmith.evaluate.report import build_report, summary_line, write_report
 from draftsmith.evaluate.sampling import Sampling
+from draftsmith.evaluate.selfcheck import Engine, open_engine
 from draftsmith.fsutil import atomic_output_dir, atomic_write_text
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
@@ -51,11 +53,12 @@ def check_compatible(drafter: Eagle3Drafter, target: Target, path: Path) -> None
 
 
 def build_engine(target: Target, drafter: Eagle3Drafter, cfg: EvalConfig, sampling: Sampling,
-                 max_len: int, graphs: bool) -> tuple[TargetEngine, DrafterProposer]:
-    """The target engine and the drafter proposer; with `graphs`, CUDA graphs for plain
-    decoding (1 token), verification (draft size + 1 tokens) and the drafter (greedy chain:
-    its whole side of a cycle; otherwise each draft step)."""
-    engine = TargetEngine(target.model, drafter.config.aux_layer_ids, max_len)
+                 max_len: int, graphs: bool) -> tuple[Engine, DrafterProposer]:
+    """The target engine (after its self-check) and the drafter proposer; with `graphs`, CUDA
+    graphs for plain decoding (1 token) and verification (draft size + 1 tokens) on the fast
+    engine, and for the drafter (greedy chain: its whole side of a cycle; otherwise each draft
+    step)."""
+    engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, cfg.mode)
     proposer = DrafterProposer(drafter, sampling, max_len, mode=cfg.mode, k=cfg.k, top_k=cfg.top_k, total_tokens=cfg.total_tokens)
     if graphs:
         t0 = time.perf_counter()
@@ -66,7 +69,7 @@ def build_engine(target: Target, drafter: Eagle3Drafter, cfg: EvalConfig, sampli
     return engine, proposer
 
 
-def answer(engine: TargetEngine, tokenizer: Any, question: Question, max_new: int, stops: set[int],
+def answer(engine: Engine, tokenizer: Any, question: Question, max_new: int, stops: set[int],
            generate: Any) -> list[tuple[list[int], Turn]]:
     """Answer every turn of a question with `generate(prompt) -> Turn`, the model's own answers
     in the history. Returns (prompt ids, turn) per turn."""
@@ -147,6 +150,7 @@ def run(cfg: EvalConfig) -> Path:
             "drafter_meta": manifest.get("meta", {}), "aux_layer_ids": drafter.config.aux_layer_ids,
             "device": torch.cuda.get_device_name(device) if on_gpu else "cpu", "dtype": str(target.dtype).removeprefix("torch."),
             "cuda_graphs": bool(graphs), "kv_cache_len": max_len,
+            "target_engine": engine.name, "generic_engine_reason": engine.reason if isinstance(engine, HFEngine) else None,
             "capture_seconds": round(engine.capture_seconds, 3), "warmup_seconds": round(warmup_s, 3),
         }
         meta["wall_seconds"] = round(time.perf_counter() - t_start, 3)

@@ -1,0 +1,120 @@
+"""The engine self-check: before `eval` or `synth` trusts draftsmith's fast static-KV engine
+(engine.py) with a target, the engine must reproduce the model's own forward. When it does
+not, they fall back to a generic path and say so: never wrong logits in silence.
+
+Three checks, cheapest first; the first that fails gives the reason:
+  - structure (`engine.check_supported`): pre-norm decoder layers with q/k/v/o projections;
+  - the config (`config_gaps`): settings the fast engine does not implement, such as a sliding
+    window shorter than the context the run uses (which the short check prompt never reaches),
+    Granite's multipliers, logit soft-capping, layers without rotary embeddings;
+  - the logits (`logits_gap`), the guard that catches anything else: a short random prompt,
+    prefilled through the fast engine and continued by a chain forward from its cache, against
+    `model(...)` on the whole prompt. Logits and the aux hidden states must agree within a
+    tolerance of the dtype; the fast engine failing to run at all counts as a gap too.
+
+`open_engine` builds the engine `eval` decodes with: the fast one, or `HFEngine` (generic.py)
+after one log line naming the model class and the reason. `fast_engine_problem` is the verdict
+alone (synth then generates with the model's own `generate`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from draftsmith.errors import UserError
+from draftsmith.evaluate.engine import TargetEngine, check_supported
+from draftsmith.evaluate.generic import HFEngine
+from draftsmith.extract.capture import hooked
+from draftsmith.target import text_config
+
+Engine = TargetEngine | HFEngine
+
+CHECK_PREFILL, CHECK_CHAIN = 24, 8  # tokens of the check prompt: a prefill, then a chain forward from the cache
+# the largest |fast - model| allowed, as a fraction of the largest |model| value (logits, aux states)
+TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+# config settings the fast engine ignores, with the value at which ignoring them is exact
+ASSUMED: dict[str, Any] = {"embedding_multiplier": 1, "residual_multiplier": 1, "logits_scaling": 1,
+                           "final_logit_softcapping": None, "attn_logit_softcapping": None}
+
+
+def config_gaps(model: nn.Module, max_len: int) -> list[str]:
+    """What the model's config asks for that the fast engine does not do, for a run that
+    attends over up to `max_len` tokens. Empty when nothing is known to be missing."""
+    tc = text_config(model.config)
+    gaps = [f"{k}={getattr(tc, k)}" for k, v in ASSUMED.items() if getattr(tc, k, v) != v]
+    window = getattr(tc, "sliding_window", None)
+    types = getattr(tc, "layer_types", None) or []
+    if window is not None and window < max_len and (not types or any(t != "full_attention" for t in types)):
+        gaps.append(f"sliding_window={window} (shorter than the {max_len} tokens this run attends over)")
+    no_rope = getattr(tc, "no_rope_layers", None)
+    if no_rope and not all(no_rope):
+        gaps.append("layers without rotary embeddings (no_rope_layers)")
+    return gaps
+
+
+def relative_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |ours - ref| / max |ref|, in float32."""
+    ours, ref = ours.float(), ref.float()
+    return float((ours - ref).abs().max() / ref.abs().max().clamp_min(torch.finfo(torch.float32).tiny))
+
+
+@torch.no_grad()
+def logits_gap(model: nn.Module, aux_layer_ids: list[int]) -> str | None:
+    """Run a random prompt of CHECK_PREFILL + CHECK_CHAIN tokens through a small fast engine
+    (prefill, then a chain forward from its cache) and through `model(...)`; the gap between
+    their logits or aux states (layers `aux_layer_ids`), or None within tolerance."""
+    p = next(model.parameters())
+    tol = TOLERANCE.get(p.dtype, TOLERANCE[torch.float16])
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, int(text_config(model.config).vocab_size), (CHECK_PREFILL + CHECK_CHAIN,), generator=gen).to(p.device)
+    engine = TargetEngine(model, aux_layer_ids, CHECK_PREFILL + CHECK_CHAIN + 1)
+    head, head_aux = engine.prefill(ids[:CHECK_PREFILL])  # [P, V], [P, n_aux*H]
+    tail, tail_aux = engine.chain(ids[CHECK_PREFILL:], CHECK_PREFILL)  # [C, V], [C, n_aux*H]
+    with hooked(model, aux_layer_ids) as captured:
+        ref = model(input_ids=ids[None], use_cache=False).logits[0]  # [P+C, V]
+    compared = [("logits", torch.cat([head, tail]), ref)]
+    if aux_layer_ids:
+        ref_aux = torch.cat([captured[k][0] for k in aux_layer_ids], dim=-1)  # [P+C, n_aux*H]
+        compared.append((f"hidden states at layers {aux_layer_ids}", torch.cat([head_aux, tail_aux]), ref_aux))
+    for what, ours, theirs in compared:
+        err = relative_error(ours, theirs)
+        if not err <= tol:  # NaN fails too
+            return (f"its {what} differ from the model's own forward by {err:.2g} of the largest value "
+                    f"(tolerance {tol:g} in {str(p.dtype).removeprefix('torch.')})")
+    return None
+
+
+def fast_engine_problem(model: nn.Module, aux_layer_ids: list[int], max_len: int) -> str | None:
+    """Why the fast engine cannot stand in for `model` in a run over up to `max_len` tokens,
+    or None when it can."""
+    try:
+        check_supported(model)
+    except UserError as e:
+        return str(e)
+    gaps = config_gaps(model, max_len)
+    if gaps:
+        return "its config sets what the fast engine ignores: " + ", ".join(gaps)
+    try:
+        return logits_gap(model, aux_layer_ids)
+    except Exception as e:  # the fast engine crashing on a model (shapes, missing modules) means it does not cover it
+        return f"the fast engine fails on it: {type(e).__name__}: {e}"
+
+
+def open_engine(model: nn.Module, aux_layer_ids: list[int], max_len: int, mode: str = "chain") -> Engine:
+    """The engine `eval` decodes with: the fast engine when it passes the self-check, else the
+    generic one (chain only: `mode == "tree"` is refused), announced on stderr."""
+    problem = fast_engine_problem(model, aux_layer_ids, max_len)
+    if problem is None:
+        return TargetEngine(model, aux_layer_ids, max_len)
+    name = type(model).__name__
+    if mode == "tree":
+        raise UserError(f"--mode tree needs draftsmith's fast engine, which does not cover {name}: {problem}. "
+                        "The generic path verifies chains only: use --mode chain")
+    engine = HFEngine(model, aux_layer_ids, max_len, reason=problem)
+    print(f"[eval] {name}: not on the fast engine ({problem}); decoding on the generic path instead "
+          "(the model's own forward with a DynamicCache: chain only, no CUDA graphs)", file=sys.stderr, flush=True)
+    return engine
