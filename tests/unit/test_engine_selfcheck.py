@@ -1,0 +1,130 @@
+"""The engine self-check (evaluate/selfcheck.py) and the generic engine (evaluate/generic.py) on
+tiny random models: Granite (embedding, residual and logit multipliers) and Mistral with a
+sliding window shorter than the context fail the check, get the generic path, and eval's greedy
+speculative output equals `model.generate`; Llama passes and keeps the fast engine. GPU synth
+refuses or avoids the fast engine for the failing ones."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from draftsmith.errors import UserError
+from draftsmith.evaluate.decode import plain_generate, spec_generate
+from draftsmith.evaluate.engine import TargetEngine
+from draftsmith.evaluate.generic import HFEngine
+from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, random_drafter
+from draftsmith.evaluate.sampling import Sampling
+from draftsmith.evaluate.selfcheck import config_gaps, fast_engine_problem, logits_gap, open_engine
+from draftsmith.layers import default_aux_layers
+from draftsmith.synth.local import uses_engine
+from draftsmith.target import decoder_layers, target_from_model
+from tests.conftest import make_tiny_llama
+
+V, WINDOW, NEW = 300, 8, 24
+
+
+def tiny(kind: str, vocab_size: int = V):
+    """A 2-layer random-weight decoder of `kind`, shaped like conftest's tiny Llama; Granite has
+    real Granite's kind of multipliers, Mistral a sliding window of WINDOW tokens."""
+    if kind == "llama":
+        return make_tiny_llama(vocab_size)
+    from transformers import GraniteConfig, GraniteForCausalLM, MistralConfig, MistralForCausalLM
+
+    dims = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True, pad_token_id=2, bos_token_id=1,
+                eos_token_id=2)
+    torch.manual_seed(0)
+    if kind == "granite":
+        cfg = GraniteConfig(**dims, embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=8.0, attention_multiplier=1 / 16)
+        return GraniteForCausalLM(cfg).eval()
+    return MistralForCausalLM(MistralConfig(**dims, sliding_window=WINDOW)).eval()
+
+
+def aux_ids(model) -> list[int]:
+    return default_aux_layers(len(decoder_layers(model)))
+
+
+def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new, min_new_tokens=new, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+PROMPTS = [torch.randint(3, V, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 11)]
+
+
+def test_llama_passes_and_keeps_the_fast_engine(capsys):
+    model = tiny("llama")
+    assert config_gaps(model, 4096) == [] and fast_engine_problem(model, aux_ids(model), 4096) is None
+    assert isinstance(open_engine(model, aux_ids(model), 256, mode="tree"), TargetEngine)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("kind, gap", [("granite", "embedding_multiplier=12.0"), ("mistral", f"sliding_window={WINDOW}")])
+def test_check_fails_on_config_and_on_logits_alone(kind, gap):
+    model = tiny(kind)
+    assert any(g.startswith(gap) for g in config_gaps(model, 64))
+    assert "logits differ" in logits_gap(model, aux_ids(model))  # the guard catches it without the config check
+    assert gap in fast_engine_problem(model, aux_ids(model), 64)
+
+
+def test_window_longer_than_the_run_is_no_gap():
+    assert config_gaps(tiny("mistral"), WINDOW) == []
+
+
+@pytest.mark.parametrize("kind", ["granite", "mistral"])
+def test_fallback_greedy_equals_generate(kind, capsys):
+    """eval's decoding on the engine open_engine picks: plain and speculative (random drafter:
+    every draft rejected; oracle of a corrupted reference: 0..2 of 3 accepted, so the cache is
+    cropped by every amount) equal the model's own greedy `generate`, past the sliding window."""
+    model = tiny(kind)
+    engine = open_engine(model, aux_ids(model), 128)
+    assert isinstance(engine, HFEngine)
+    err = capsys.readouterr().err
+    assert f"{type(model).__name__}: not on the fast engine" in err and "generic path" in err
+    drafter = DrafterProposer(random_drafter(model), Sampling(), engine.max_len, mode="chain", k=3)
+    for prompt in PROMPTS:
+        ref = hf_greedy(model, prompt, NEW)
+        assert plain_generate(engine, prompt, NEW, set(), Sampling()).tokens == ref
+        assert spec_generate(engine, drafter, prompt, NEW, set(), Sampling()).tokens == ref
+        seq = prompt + ref
+        wrong = [t if i < len(prompt) or i % 3 else (t + 1) % V for i, t in enumerate(seq)]
+        spec = spec_generate(engine, OracleProposer(wrong, k=3), prompt, NEW, set(), Sampling())
+        assert spec.tokens == ref and {0, 1, 2} <= set(spec.accepts)
+
+
+@pytest.mark.parametrize("kind", ["granite", "mistral"])
+def test_generic_engine_crops_and_captures_layer_ids(kind):
+    """A rejected suffix cropped away, then a different continuation: logits and aux states
+    equal one uncached forward (aux id k < L = output_hidden_states[k])."""
+    model = tiny(kind)
+    ids = torch.randint(3, V, (20,), generator=torch.Generator().manual_seed(0))
+    engine = HFEngine(model, [0, 1], 64)
+    engine.prefill(ids[:10])
+    engine.chain(torch.tensor([7, 8, 9, 10, 11]), 10)  # a draft of which only the first token will be kept
+    engine.chain(ids[10:11], 10)
+    logits, aux = engine.chain(ids[11:], 11)
+    ref = model(ids[None], output_hidden_states=True)
+    assert torch.allclose(logits, ref.logits[0, 11:], atol=1e-4)
+    assert torch.allclose(aux, torch.cat([ref.hidden_states[k][0, 11:] for k in (0, 1)], dim=-1), atol=1e-4)
+
+
+def test_tree_on_the_generic_path_is_refused():
+    model = tiny("granite")
+    with pytest.raises(UserError, match="--mode tree needs draftsmith's fast engine, which does not cover GraniteForCausalLM.*--mode chain"):
+        open_engine(model, aux_ids(model), 128, mode="tree")
+
+
+def test_synth_takes_generate_or_refuses_when_the_check_fails(tokenizer, capsys):
+    """GPU synth never writes the fast engine's tokens for a target that fails the check: `auto`
+    takes HF `generate` and says why, `--generator engine` is refused. (A target that claims a
+    CUDA device: `auto` only considers the engine there.)"""
+    on_cuda = lambda model: dataclasses.replace(target_from_model(model, tokenizer), device=torch.device("cuda"))  # noqa: E731
+    granite = on_cuda(tiny("granite", len(tokenizer)))
+    assert not uses_engine(granite, "auto")
+    assert "[synth] GraniteForCausalLM: not on the fast engine" in capsys.readouterr().err
+    with pytest.raises(UserError, match="--generator engine: .*GraniteForCausalLM"):
+        uses_engine(granite, "engine")
+    assert uses_engine(on_cuda(tiny("llama", len(tokenizer))), "auto")
