@@ -128,3 +128,30 @@ def test_synth_takes_generate_or_refuses_when_the_check_fails(tokenizer, capsys)
     with pytest.raises(UserError, match="--generator engine: .*GraniteForCausalLM"):
         uses_engine(granite, "engine")
     assert uses_engine(on_cuda(tiny("llama", len(tokenizer))), "auto")
+
+
+def test_cli_eval_on_the_generic_path(tmp_path, tokenizer):
+    """`draftsmith eval` on a saved Granite: the report says which engine ran and why, greedy
+    speculative turns equal plain ones; `--mode tree` is refused and leaves no output."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from draftsmith.cli import app
+    from draftsmith.draft.checkpoint import save_drafter
+
+    model = tiny("granite", len(tokenizer))
+    model.save_pretrained(tmp_path / "granite")
+    tokenizer.save_pretrained(tmp_path / "granite")
+    drafter = save_drafter(random_drafter(model, draft_vocab_size=1000), tmp_path / "drafter")
+    (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["What is 2+2?", "And 3+3?"]}) + "\n")
+    args = ["eval", "--target", str(tmp_path / "granite"), "--drafter", str(drafter), "--bench", str(tmp_path / "q.jsonl"),
+            "--k", "3", "--max-new-tokens", "12"]
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "chain")])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "chain" / "report.json").read_text())
+    assert report["target_engine"] == "generic" and "embedding_multiplier" in report["generic_engine_reason"]
+    assert report["greedy_turns_matching_plain"] == report["turns"] == 2
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "tree"), "--mode", "tree"])
+    assert res.exit_code == 2 and "GraniteForCausalLM" in res.output and "--mode chain" in res.output
+    assert not (tmp_path / "tree").exists()
