@@ -7,6 +7,7 @@ the old content or the complete new content, never a partial file.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -95,6 +96,49 @@ def atomic_output_dir(out: Path, overwrite: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+LOCK_FILE = ".draftsmith.lock"
+
+
+@contextlib.contextmanager
+def output_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on an output folder while a stage writes into it: a second writer
+    gets a UserError naming the holder's pid instead of mixing its files in.
+
+    The lock is `flock` on `FOLDER/.draftsmith.lock`, which holds the owner's pid; the OS drops
+    it when the process ends, however it ends. A folder this call created is removed again when
+    the stage leaves nothing else in it. An unwritable folder is a UserError too.
+    """
+    folder = Path(folder)
+    created, path = not folder.exists(), folder / LOCK_FILE
+    while True:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UserError(f"output folder {folder} is not writable ({e.strerror}); choose another --out or fix its permissions") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise UserError(f"{folder} is being written by another draftsmith process (pid {holder}); wait for it to "
+                            f"finish (`draftsmith status {folder}`) or stop it, or choose another --out") from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break  # locked the file that is in place (not one a finishing holder just removed)
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if created and os.listdir(folder) == [LOCK_FILE]:  # nothing written: leave nothing behind
+                os.unlink(path)
+                os.rmdir(folder)
+        os.close(fd)
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:

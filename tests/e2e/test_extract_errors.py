@@ -98,3 +98,25 @@ def test_unwritable_output_folder(tmp_path, dataset, tiny_target_dir):
         subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
         r = extract(dataset, tiny_target_dir, ro / "store")
         assert r.exit_code == 2 and "not writable" in r.output
+
+
+def test_two_extracts_on_one_out(tmp_path, dataset, tiny_target_dir):
+    """Two extractions into one --out: the second is refused (naming the first's pid) while the
+    first runs, and the first completes the store with each sample once."""
+    import sys
+    import time
+
+    from draftsmith.fsutil import LOCK_FILE
+
+    out = tmp_path / "store"
+    cmd = [sys.executable, "-m", "draftsmith", "extract", str(dataset), "--target", str(tiny_target_dir), "--out", str(out),
+           "--device", "cpu", "--token-budget", "256"]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not ((out / LOCK_FILE).exists() and (out / LOCK_FILE).read_text().strip()) and time.time() < deadline:
+        time.sleep(0.01)
+    second = extract(dataset, tiny_target_dir, out)
+    assert second.exit_code == 2 and f"another draftsmith process (pid {first.pid})" in second.output, second.output
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    ids = [json.loads(line)["sample_id"] for line in (out / MANIFEST).read_text().splitlines()]
+    assert sorted(ids) == list(range(200))

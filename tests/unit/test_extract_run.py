@@ -150,3 +150,17 @@ def test_a_corrupt_sample_is_refused_then_extracted_again(dataset, tiny_target_d
     torch.testing.assert_close(reader[i]["aux_hidden_states"], expected["aux_hidden_states"])
     listed = [json.loads(line)["sample_id"] for line in (out / "manifest.jsonl").read_text().splitlines()]
     assert sorted(listed) == list(range(12))
+
+
+def test_a_second_extract_into_a_locked_folder_is_refused(dataset, tiny_target_dir, tmp_path):
+    import os
+
+    from draftsmith.fsutil import output_lock
+
+    out = tmp_path / "store"
+    with output_lock(out):  # another extraction is writing here
+        with pytest.raises(UserError, match=rf"being written by another draftsmith process \(pid {os.getpid()}\)"):
+            run(cfg(dataset, tiny_target_dir, out))
+    assert not (out / "store.json").exists()
+    run(cfg(dataset, tiny_target_dir, out))
+    assert len(StoreReader(out)) == 12

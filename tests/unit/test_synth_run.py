@@ -52,3 +52,16 @@ def test_load_work_dedupes_keeps_user_turns_and_adds_system(tmp_path):
     assert len(limited) == 2
     magpie, _ = load_work(SynthConfig(magpie=3, turns=2, out=tmp_path / "o.jsonl"))
     assert [w.id for w in magpie] == ["magpie:0:s0", "magpie:1:s0", "magpie:2:s0"] and magpie[0].users == [None, None]
+
+
+def test_a_second_synth_into_a_locked_folder_is_refused(tmp_path):
+    import os
+
+    from draftsmith.fsutil import output_lock
+
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"prompt": "hi"}\n')
+    with output_lock(tmp_path / "o"):  # another synth is writing there
+        res = _invoke(str(p), "--out", str(tmp_path / "o" / "c.jsonl"))
+    assert res.exit_code == 2 and f"another draftsmith process (pid {os.getpid()})" in res.output
+    assert not (tmp_path / "o" / "c.jsonl").exists()

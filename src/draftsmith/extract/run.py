@@ -5,7 +5,8 @@ disk, then loop over length-bucketed batches: forward with hook capture (no KV c
 the real rows, copy to host without blocking, and hand the batch to the async writer. Every
 `--check-every` samples one sample is re-run alone, unpadded, and compared. Validation failures
 count against `--max-errors`; a full disk or a spent error budget stops the run with everything
-valid kept, and a rerun of the same command resumes.
+valid kept, and a rerun of the same command resumes. `--out` is locked for the run: a second
+extraction into it is refused.
 
 Under `torchrun --nproc-per-node N`, rank r takes the samples with `sample_id % N == r`, lists
 them in `manifest.rank{r}.jsonl`, and rank 0 merges the manifests into one store at the end.
@@ -14,6 +15,7 @@ torch.distributed is used for barriers only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from draftsmith.extract.store import (
     source_mismatches, write_manifest,
 )
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
-from draftsmith.fsutil import atomic_write_json, free_bytes, human_bytes
+from draftsmith.fsutil import atomic_write_json, free_bytes, human_bytes, output_lock
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
 from draftsmith.target import Target, default_device, load_target
@@ -48,21 +50,6 @@ def dist_env() -> tuple[int, int, int]:
 def barrier(world: int) -> None:
     if world > 1:
         torch.distributed.barrier()
-
-
-def check_writable(out: Path) -> None:
-    """Prove a file can be written in `out` (created for the probe and removed again when it did
-    not exist), before any model is loaded."""
-    created = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-        if created:
-            out.rmdir()
-    except OSError as e:
-        raise UserError(f"output folder {out} is not writable ({e.strerror}); choose another --out or fix its permissions") from None
 
 
 def check_token_ids(ds: TokenizedDataset, vocab_size: int) -> None:
@@ -168,11 +155,17 @@ def resolve_device(cfg: ExtractConfig, world: int, local_rank: int) -> torch.dev
 
 
 def run(cfg: ExtractConfig) -> Path:
+    """Extract with --out locked for the whole run (rank 0 holds the lock for all ranks): a
+    second extraction into the same folder is refused, before any model is loaded."""
+    _, rank, _ = dist_env()
+    with output_lock(Path(cfg.out)) if rank == 0 else contextlib.nullcontext():
+        return extract(cfg)
+
+
+def extract(cfg: ExtractConfig) -> Path:
     world, rank, local_rank = dist_env()
     ds = load_dataset(cfg.dataset_dir)
     out = Path(cfg.out)
-    if rank == 0:
-        check_writable(out)
     device = resolve_device(cfg, world, local_rank)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)  # streams, events and NCCL barriers on this rank's GPU

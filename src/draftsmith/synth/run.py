@@ -9,11 +9,13 @@ Output lines are OpenAI `messages` records that `prepare` reads unchanged, with 
 `id` (stable: source file stem and id, or Magpie index, plus the seed), `source_id`, `model`,
 `generation` (backend and sampling parameters), `generated_tokens` and `ended` (why a
 conversation stopped before its last user turn, or null). See `synth/output.py` for the files
-and the resume rules.
+and the resume rules. The output's folder is locked while synth runs: a second synth writing
+there is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -27,6 +29,7 @@ import torch
 from draftsmith.config import write_run_record
 from draftsmith.data.formats import read_conversations
 from draftsmith.errors import UserError
+from draftsmith.fsutil import output_lock
 from draftsmith.progress import Progress
 from draftsmith.synth import output
 from draftsmith.synth.config import SynthConfig
@@ -92,6 +95,14 @@ def record(work: Work, model: str, generation: dict[str, Any]) -> dict[str, Any]
 
 
 def run(cfg: SynthConfig) -> Path:
+    """Synthesize with the output's folder locked for the whole run (rank 0 holds the lock for
+    all ranks): a second synth writing there is refused."""
+    rank, _, _ = dist_env()
+    with output_lock(Path(cfg.out).parent) if rank == 0 else contextlib.nullcontext():
+        return write_conversations(cfg)
+
+
+def write_conversations(cfg: SynthConfig) -> Path:
     out = Path(cfg.out)
     rank, world, local_rank = dist_env()
     works, n_dup = load_work(cfg)

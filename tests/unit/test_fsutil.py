@@ -1,0 +1,53 @@
+"""`output_lock`: one writer per output folder, a clear error naming the holder for a second
+one (another process or not), nothing left behind in a folder it created for nothing."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from draftsmith.errors import UserError
+from draftsmith.fsutil import LOCK_FILE, output_lock
+
+
+def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
+    out = tmp_path / "out"
+    with output_lock(out):
+        (out / "data").write_text("x")
+        with pytest.raises(UserError, match=rf"{out} is being written by another draftsmith process \(pid {os.getpid()}\)"):
+            with output_lock(out):
+                pass
+    with output_lock(out):  # released when the holder is done
+        pass
+    assert sorted(os.listdir(out)) == [LOCK_FILE, "data"]
+
+
+def test_the_lock_of_a_killed_process_is_released(tmp_path):
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom draftsmith.fsutil import output_lock\n"
+                               f"with output_lock({str(out)!r}):\n    print('locked', flush=True)\n    time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(UserError, match=rf"pid {holder.pid}\)"):
+            with output_lock(out):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with output_lock(out):
+        pass
+
+
+def test_a_folder_created_for_nothing_is_removed(tmp_path):
+    out = tmp_path / "new"
+    with pytest.raises(RuntimeError):
+        with output_lock(out):
+            raise RuntimeError("the stage failed before writing")
+    assert not out.exists()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(UserError, match="not writable"):
+        with output_lock(blocker / "out"):
+            pass
