@@ -17,6 +17,7 @@ k == L the final norm's input).
 from __future__ import annotations
 
 import inspect
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -24,6 +25,9 @@ from torch import nn
 from draftsmith.errors import UserError
 from draftsmith.extract.capture import hooked
 from draftsmith.target import text_config
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 def cache_kwarg(model: nn.Module) -> str:
@@ -38,7 +42,7 @@ def cache_kwarg(model: nn.Module) -> str:
                     "which draftsmith's generic engine needs")
 
 
-def new_cache(model: nn.Module):  # -> transformers.DynamicCache (imported lazily, as everywhere)
+def new_cache(model: nn.Module) -> DynamicCache:
     """An empty DynamicCache laid out from the model's config (sliding-window layers included)
     that keeps what `crop` needs to undo the tokens of a rejected draft."""
     from transformers import DynamicCache
