@@ -5,48 +5,45 @@ Every subcommand is generated from its typed config: each pydantic field becomes
 field is the positional argument. `--config run.yaml` supplies any field, and a flag given on
 the command line beats the YAML. The command then calls the stage's `run(cfg)`.
 
-Stage modules are imported only when their command runs, so `--help` stays fast.
+The commands come from the registry (`draftsmith.commands`); `quickstart` and `pipeline` are
+added here, since they run the registry's commands themselves. Stage modules are imported only
+when their command runs, so `--help` stays fast.
 """
 
 from __future__ import annotations
 
 import enum
-import importlib
 import inspect
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 import typer
 
-from draftsmith.config import CommandConfig, resolve_config
+from draftsmith.commands import COMMANDS, Command
+from draftsmith.config import resolve_config
 from draftsmith.errors import UserError
+from draftsmith.pipeline.config import PipelineConfig, QuickstartConfig
 
-# name -> (config class, run function, one-line help)
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "synth": ("draftsmith.synth.config:SynthConfig", "draftsmith.synth.run:run",
-              "Generate on-policy conversations answered by the target itself."),
-    "prepare": ("draftsmith.data.config:PrepareConfig", "draftsmith.data.prepare:run",
-                "Tokenize conversations with the target's chat template and assistant-only loss masks."),
-    "vocab": ("draftsmith.data.config:VocabConfig", "draftsmith.data.vocab:run",
-              "Build the draft vocabulary (d2t offsets, t2d mask) from a tokenized dataset."),
-    "extract": ("draftsmith.extract.config:ExtractConfig", "draftsmith.extract.run:run",
-                "Capture the target's hidden states into a store on disk."),
-    "train": ("draftsmith.train.config:TrainConfig", "draftsmith.train.run:run",
-              "Train an EAGLE-3 drafter, offline from a store or online with the target in the loop."),
-    "export": ("draftsmith.export.config:ExportConfig", "draftsmith.export.run:run",
-               "Export a drafter for vLLM or SGLang."),
-    "eval": ("draftsmith.evaluate.config:EvalConfig", "draftsmith.evaluate.run:run",
-             "Measure acceptance length and real speed-up with lossless speculative decoding."),
-    "plan": ("draftsmith.extract.config:PlanConfig", "draftsmith.extract.plan:run",
-             "Estimate disk, memory and time for every stage, checked against free space."),
-    "status": ("draftsmith.status:StatusConfig", "draftsmith.status:run",
-               "Show progress, rate, ETA, errors and disk use of any stage's output folder."),
-    "quickstart": ("draftsmith.pipeline.config:QuickstartConfig", "draftsmith.pipeline.quickstart:run",
-                   "Run the whole pipeline on the embedded default target, ending in a tau report."),
-    "pipeline": ("draftsmith.pipeline.config:PipelineConfig", "draftsmith.pipeline.run:run",
-                 "Run several stages from one YAML config, loading the target once."),
+
+def quickstart(cfg: QuickstartConfig) -> Path:
+    from draftsmith.pipeline.quickstart import run
+    return run(cfg)
+
+
+def pipeline(cfg: PipelineConfig) -> Path:
+    from draftsmith.pipeline.run import run
+    return run(cfg)
+
+
+# every single-stage command from the registry, then the two that run several stages through it
+ALL_COMMANDS: dict[str, Command] = {
+    **COMMANDS,
+    "quickstart": Command(QuickstartConfig, quickstart,
+                          "Run the whole pipeline on the embedded default target, ending in a tau report."),
+    "pipeline": Command(PipelineConfig, pipeline, "Run several stages from one YAML config, loading the target once."),
 }
 
 app = typer.Typer(
@@ -55,16 +52,11 @@ app = typer.Typer(
 )
 
 
-def _load(path: str) -> Any:
-    module, attr = path.split(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 def _cli_type(annotation: Any) -> tuple[Any, str]:
     """Map a field type to a type typer can parse (always Optional: None means 'not given'),
     plus extra help text. Lists and literals travel as strings; pydantic validates them."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and len(args) == 1:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
         annotation = args[0]
     if typing.get_origin(annotation) is Literal:
         return Optional[str], "one of: " + ", ".join(map(str, typing.get_args(annotation)))
@@ -77,8 +69,8 @@ def _cli_type(annotation: Any) -> tuple[Any, str]:
     return Optional[str], ""
 
 
-def _make_command(name: str, config_path: str, run_path: str, help_text: str) -> None:
-    cls: type[CommandConfig] = _load(config_path)
+def _make_command(name: str, entry: Command) -> None:
+    cls, help_text = entry.config, entry.help
     params = []
     for field_name, field in cls.model_fields.items():
         typ, extra = _cli_type(field.annotation)
@@ -107,7 +99,7 @@ def _make_command(name: str, config_path: str, run_path: str, help_text: str) ->
         flags = {k: v for k, v in kwargs.items() if v is not None}
         try:
             cfg = resolve_config(cls, yaml_path, flags)
-            _load(run_path)(cfg)
+            entry.run(cfg)
         except UserError as e:
             typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
             raise typer.Exit(e.exit_code) from None
@@ -121,8 +113,8 @@ def _make_command(name: str, config_path: str, run_path: str, help_text: str) ->
     app.command(name=name, help=help_text)(command)
 
 
-for _name, (_cfg, _run, _help) in COMMANDS.items():
-    _make_command(_name, _cfg, _run, _help)
+for _name, _entry in ALL_COMMANDS.items():
+    _make_command(_name, _entry)
 
 
 def main() -> None:

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.assets import GSM8K_TRAIN
-from draftsmith.config import CommandConfig, load_yaml_mapping, resolve_config
+from draftsmith.commands import COMMANDS, STAGES
+from draftsmith.config import load_yaml_mapping, resolve_config
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_json
 from draftsmith.pipeline.config import PipelineConfig
@@ -59,8 +60,6 @@ def product(command: str, out: Path) -> Path:
 
 def parse_stages(raw: Any) -> list[tuple[str, str, dict[str, Any]]]:
     """`[{command: {options}}]` -> [(name, command, options)], names unique."""
-    from draftsmith.cli import COMMANDS
-
     if not isinstance(raw, list) or not raw:
         raise UserError("pipeline config: 'stages' must be a non-empty list like [{synth: {...}}, {prepare: {...}}]")
     stages, seen = [], set()
@@ -68,7 +67,7 @@ def parse_stages(raw: Any) -> list[tuple[str, str, dict[str, Any]]]:
         if not isinstance(entry, dict) or len(entry) != 1:
             raise UserError(f"pipeline config: stage {i + 1} must be a one-key mapping {{command: {{options}}}}")
         command, options = next(iter(entry.items()))
-        if command not in COMMANDS or command in ("pipeline", "quickstart", "status"):
+        if command not in STAGES:
             raise UserError(f"pipeline config: stage {i + 1}: unknown stage {command!r}")
         options = dict(options or {})
         name = str(options.pop("name", command))
@@ -111,16 +110,14 @@ def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common
                only: list[str] | None = None) -> dict[str, Path]:
     """Run the stages in order inside one process (only the `only` ones, when given); returns
     each stage's product path."""
-    from draftsmith.cli import COMMANDS, _load
-
     marks = root / ".pipeline"
     marks.mkdir(parents=True, exist_ok=True)
     products: dict[str, Path] = {}
     latest: dict[str, Path] = {}
     with shared_targets():
         for name, command, options in stages:
-            config_path, run_path, _ = COMMANDS[command]
-            cls: type[CommandConfig] = _load(config_path)
+            entry = COMMANDS[command]
+            cls = entry.config
             values = {k: v for k, v in common.items() if k in cls.model_fields}
             values["out"] = default_out(command, root, name)
             if command in INPUTS and INPUTS[command][1] in latest:
@@ -147,7 +144,7 @@ def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common
                 print(f"[pipeline] {name}: draftsmith {command} -> {out}", flush=True)
                 atomic_write_json(started, {"command": command, "out": str(out.resolve())})
                 t0 = time.time()
-                _load(run_path)(cfg)
+                entry.run(cfg)
                 atomic_write_json(done, {"command": command, "seconds": round(time.time() - t0, 1),
                                          "config": cfg.model_dump(mode="json")})
             products[name] = latest[command] = product(command, out)
