@@ -29,12 +29,12 @@ import torch
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.decode import plain_generate
-from draftsmith.evaluate.engine import TargetEngine
 from draftsmith.evaluate.proposer import random_drafter
 from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.evaluate.run import run as evaluate
-from draftsmith.evaluate.sampling import Sampling
 from draftsmith.layers import default_aux_layers
+from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.sampling import Sampling
 from draftsmith.target import load_target
 
 

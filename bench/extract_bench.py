@@ -32,12 +32,12 @@ import numpy as np
 import torch
 
 from draftsmith.data.dataset import FORMAT, META_FILE, write_table
-from draftsmith.extract.capture import capture
+from draftsmith.data.store import StoreReader, length_batches
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.run import gather_rows, pad_batch
 from draftsmith.extract.run import run as extract
-from draftsmith.extract.store import StoreReader, length_batches
 from draftsmith.progress import PROGRESS_FILE
+from draftsmith.runtime.capture import capture
 from draftsmith.target import load_target
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.extract.capture import capture
 from draftsmith.layers import default_aux_layers
+from draftsmith.runtime.capture import capture
 from draftsmith.target import lm_head_weight, load_target, target_from_model, text_config
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.loss import TTTObjective

@@ -283,9 +283,3 @@ def embed_weight(model: nn.Module) -> torch.Tensor:
     """`[vocab, H]` input embeddings."""
     return model.get_input_embeddings().weight
 
-
-def rope_theta(config: Any) -> float:
-    tc = text_config(config)
-    params = getattr(tc, "rope_parameters", None) or getattr(tc, "rope_scaling", None) or {}
-    return float(params.get("rope_theta", getattr(tc, "rope_theta", 10000.0)))
-

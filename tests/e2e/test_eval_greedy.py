@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.evaluate.decode import plain_generate, spec_generate
-from draftsmith.evaluate.engine import TargetEngine
 from draftsmith.evaluate.proposer import DrafterProposer, random_drafter
 from draftsmith.evaluate.questions import load_questions, turn_prompt
-from draftsmith.evaluate.sampling import Sampling
+from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.sampling import Sampling
 
 N_PROMPTS, NEW = 10, 20
 

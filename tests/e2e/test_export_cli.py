@@ -11,7 +11,7 @@ from draftsmith.cli import app
 from draftsmith.data.vocab import build_vocab
 from draftsmith.draft.checkpoint import load_drafter, save_drafter
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
-from draftsmith.extract.capture import capture
+from draftsmith.runtime.capture import capture
 from draftsmith.target import embed_weight, text_config
 from tests.unit.engine_readers import sglang_view, vllm_view
 

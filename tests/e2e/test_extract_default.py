@@ -7,7 +7,7 @@ import torch
 from typer.testing import CliRunner
 
 from draftsmith.cli import app
-from draftsmith.extract.store import StoreReader
+from draftsmith.data.store import StoreReader
 from tests.conftest import write_tokenized_dataset
 
 

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from draftsmith.cli import app
-from draftsmith.extract.store import MANIFEST, StoreReader, read_manifest
+from draftsmith.data.store import MANIFEST, StoreReader, read_manifest
 from tests.conftest import make_tiny_llama, write_tokenized_dataset
 
 

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from draftsmith.extract.store import MANIFEST, StoreReader
+from draftsmith.data.store import MANIFEST, StoreReader
 from tests.conftest import write_tokenized_dataset
 
 N = 250

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import torch
 
-from draftsmith.extract.store import StoreReader
+from draftsmith.data.store import StoreReader
 from tests.conftest import write_tokenized_dataset
 
 

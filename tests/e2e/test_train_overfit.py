@@ -16,9 +16,9 @@ from safetensors.torch import save_file
 from draftsmith.config import resolve_config
 from draftsmith.data.chat import tokenize_conversations
 from draftsmith.data.dataset import FORMAT, META_FILE, load_dataset, write_table
+from draftsmith.data.store import MANIFEST, STORE_FILE, crc32, new_store_meta, sample_relpath
 from draftsmith.draft.checkpoint import load_drafter
-from draftsmith.extract.capture import capture
-from draftsmith.extract.store import MANIFEST, STORE_FILE, crc32, new_store_meta, sample_relpath
+from draftsmith.runtime.capture import capture
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.metrics import read_metrics
 from draftsmith.train.run import run

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from draftsmith.evaluate.decode import plain_generate, spec_generate
-from draftsmith.evaluate.engine import TargetEngine
 from draftsmith.evaluate.proposer import DrafterProposer, random_drafter
 from draftsmith.evaluate.questions import load_questions, turn_prompt
-from draftsmith.evaluate.sampling import Sampling
+from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.sampling import Sampling
 from draftsmith.target import load_target
 from tests.conftest import SMOLLM2
 

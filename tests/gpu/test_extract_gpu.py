@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+from draftsmith.data.store import StoreReader
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.run import run
-from draftsmith.extract.store import StoreReader
 from tests.conftest import write_tokenized_dataset
 
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from draftsmith.assets import GSM8K_TRAIN
+from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth.local import LocalBackend
-from draftsmith.synth.turns import Request, Sampling
+from draftsmith.synth.turns import Request
 from draftsmith.target import load_target
 from tests.conftest import SMOLLM2
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from draftsmith.extract.capture import capture
+from draftsmith.runtime.capture import capture
 
 
 def test_capture_equals_output_hidden_states(tiny_model):

@@ -1,4 +1,4 @@
-"""The engine self-check (evaluate/selfcheck.py) and the generic engine (evaluate/generic.py) on
+"""The engine self-check (runtime/selfcheck.py) and the generic engine (runtime/generic.py) on
 tiny random models: Granite (embedding, residual and logit multipliers) and Mistral with a
 sliding window shorter than the context fail the check, get the generic path, and eval's greedy
 speculative output equals `model.generate`; Llama passes and keeps the fast engine. GPU synth
@@ -13,12 +13,12 @@ import torch
 
 from draftsmith.errors import UserError
 from draftsmith.evaluate.decode import plain_generate, spec_generate
-from draftsmith.evaluate.engine import TargetEngine
-from draftsmith.evaluate.generic import HFEngine
 from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, random_drafter
-from draftsmith.evaluate.sampling import Sampling
-from draftsmith.evaluate.selfcheck import config_gaps, fast_engine_problem, logits_gap, open_engine
 from draftsmith.layers import default_aux_layers
+from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.generic import HFEngine
+from draftsmith.runtime.sampling import Sampling
+from draftsmith.runtime.selfcheck import config_gaps, fast_engine_problem, logits_gap, open_engine
 from draftsmith.synth.local import uses_engine
 from draftsmith.target import decoder_layers, target_from_model
 from tests.conftest import make_tiny_llama

@@ -10,7 +10,7 @@ import torch
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run
-from draftsmith.extract.capture import capture
+from draftsmith.runtime.capture import capture
 from tests.conftest import make_tiny_drafter, make_tiny_llama
 from tests.unit.engine_readers import never_captured, sglang_view, vllm_view
 

@@ -4,7 +4,7 @@ import numpy as np
 from typer.testing import CliRunner
 
 from draftsmith.cli import app
-from draftsmith.extract.store import projected_bytes
+from draftsmith.data.store import projected_bytes
 from draftsmith.fsutil import human_bytes
 from tests.conftest import write_tokenized_dataset
 

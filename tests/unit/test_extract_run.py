@@ -10,10 +10,10 @@ import torch
 
 import draftsmith.extract.run as extract_run
 import draftsmith.extract.writer as writer_mod
+from draftsmith.data.store import StoreReader, read_manifest
 from draftsmith.errors import StageFailed, UserError
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.run import run
-from draftsmith.extract.store import StoreReader, read_manifest
 from tests.conftest import write_tokenized_dataset
 
 

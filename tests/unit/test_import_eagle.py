@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import save_file
 
 from draftsmith.draft.checkpoint import load_drafter
+from draftsmith.draft.importer import import_drafter
 from draftsmith.export.config import ExportConfig
-from draftsmith.export.importer import import_drafter
 from draftsmith.export.run import run
 from tests.conftest import make_tiny_drafter
 from tests.unit.test_export_roundtrip import logits

@@ -7,10 +7,10 @@ import torch
 
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.evaluate.decode import plain_generate, spec_generate
-from draftsmith.evaluate.engine import TargetEngine
 from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, ancestors
-from draftsmith.evaluate.sampling import Sampling
 from draftsmith.layers import default_aux_layers
+from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.sampling import Sampling
 from draftsmith.target import decoder_layers, embed_weight, text_config
 
 

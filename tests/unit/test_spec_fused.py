@@ -9,9 +9,9 @@ from torch.overrides import TorchFunctionMode
 
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.evaluate.decode import plain_generate, spec_generate
-from draftsmith.evaluate.engine import TargetEngine
 from draftsmith.evaluate.proposer import Draft, DrafterProposer
-from draftsmith.evaluate.sampling import Sampling, verify, verify_chain_greedy
+from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.sampling import Sampling, verify, verify_chain_greedy
 from tests.unit.test_spec_sampling import V, tiny_drafter, tiny_vocab_llama
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # on CUDA: the CUDA graphs of `draftsmith eval`

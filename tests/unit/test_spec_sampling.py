@@ -10,9 +10,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
-from draftsmith.evaluate.engine import TargetEngine
 from draftsmith.evaluate.proposer import DrafterProposer, ancestors
-from draftsmith.evaluate.sampling import Sampling, target_probs, verify, verify_chain_sampled
+from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.sampling import Sampling, target_probs, verify, verify_chain_sampled
 
 V = 12
 

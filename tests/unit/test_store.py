@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from draftsmith.errors import UserError
-from draftsmith.extract.store import (
+from draftsmith.data.store import (
     MANIFEST, STORE_FILE, StoreReader, length_batches, new_store_meta, read_manifest, sample_relpath,
 )
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
@@ -147,7 +147,7 @@ def test_length_batches_respects_budget():
 
 
 def test_repair_manifest_cuts_torn_line(tmp_path):
-    from draftsmith.extract.store import repair_manifest
+    from draftsmith.data.store import repair_manifest
 
     m = tmp_path / MANIFEST
     m.write_text('{"sample_id": 0, "tokens": 3}\n{"sample_id": 1, "tok')
@@ -188,7 +188,7 @@ def test_check_store_matches_its_dataset_and_target(tmp_path, tiny_target):
     import shutil
 
     from draftsmith.data.dataset import load_dataset
-    from draftsmith.extract.store import check_store_matches, dataset_identity
+    from draftsmith.data.store import check_store_matches, dataset_identity
     from tests.conftest import write_tokenized_dataset
 
     ds = write_tokenized_dataset(tmp_path / "ds", [[5, 6, 7], [8, 9]])

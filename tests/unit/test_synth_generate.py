@@ -9,10 +9,11 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from draftsmith.errors import UserError
-from draftsmith.evaluate.engine import TargetEngine
+from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth.generate import CHECK_EVERY, generate
 from draftsmith.synth.local import LocalBackend, uses_engine
-from draftsmith.synth.turns import Request, Sampling
+from draftsmith.synth.turns import Request
 from draftsmith.target import target_from_model
 
 LENGTHS = [3, 11, 1, 6]  # one batch, left-padded to 11

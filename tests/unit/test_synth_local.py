@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth.local import LocalBackend, stop_token_ids
 from draftsmith.synth.magpie import end_of_turn, user_turn_prefix
-from draftsmith.synth.turns import Request, Sampling
+from draftsmith.synth.turns import Request
 
 GREEDY = Sampling(0.0, 1.0, 0, 8, 0)
 QUESTIONS = ["hi", "What is two plus two? Please explain in detail.", "x", "Tell me a story about owls and the moon."]

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 from draftsmith.cli import app
 from draftsmith.errors import UserError
+from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth.remote import RemoteBackend, ServerUnreachable, normalize_endpoint, parse_response
-from draftsmith.synth.turns import Request, Sampling
+from draftsmith.synth.turns import Request
 
 SAMPLING = Sampling(0.7, 0.9, 0, 24, 3)
 

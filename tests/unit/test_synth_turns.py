@@ -1,6 +1,7 @@
 """The backend-independent turn-by-turn driver, with a scripted fake backend."""
 
-from draftsmith.synth.turns import Generation, Sampling, Work, stable_seed, synthesize
+from draftsmith.runtime.sampling import Sampling
+from draftsmith.synth.turns import Generation, Work, stable_seed, synthesize
 
 SAMPLING = Sampling(0.0, 1.0, 0, 16, 0)
 

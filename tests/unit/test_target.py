@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from draftsmith.errors import UserError
-from draftsmith.extract.capture import capture
+from draftsmith.runtime.capture import capture
 from draftsmith.target import base_model, decoder_layers, final_norm, load_target, resolve_spec
 from tests.conftest import ASSETS, make_tiny_llama
 

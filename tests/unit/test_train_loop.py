@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from draftsmith.cli import app
 from draftsmith.data.dataset import load_dataset
+from draftsmith.data.store import StoreReader
 from draftsmith.draft.checkpoint import load_drafter
-from draftsmith.extract.store import StoreReader
 from draftsmith.target import load_target
 from draftsmith.train.batching import OfflineSource, OnlineSource, collate, pack_rows, shard_rows, split_indices
 from draftsmith.train.config import TrainConfig

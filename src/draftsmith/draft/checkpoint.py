@@ -6,7 +6,7 @@
                          norm.weight, lm_head.weight, d2t, t2d
 
 `load_drafter` also accepts exported or third-party EAGLE-3 folders (a `config.json`), which
-`draftsmith.export.importer` converts.
+`draftsmith.draft.importer` converts.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from draftsmith.draft.importer import import_drafter
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_json
@@ -61,8 +62,6 @@ def load_drafter(path: Path, device: str | torch.device = "cpu") -> tuple[Eagle3
             raise UserError(f"drafter {path}: weights do not match its config (missing {missing}, unexpected {unexpected})")
         return model.to(device).eval(), manifest
     if (path / "config.json").exists():
-        from draftsmith.export.importer import import_drafter
-
         model, manifest = import_drafter(path)
         return model.to(device).eval(), manifest
     raise UserError(f"{path} is not a drafter folder (no {MANIFEST} or config.json)")

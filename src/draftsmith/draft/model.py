@@ -58,9 +58,7 @@ class DrafterConfig:
 
     @classmethod
     def from_target(cls, target_config: Any, draft_vocab_size: int, aux_layer_ids: list[int]) -> DrafterConfig:
-        """A drafter shaped like one decoder layer of the target (a text config)."""
-        from draftsmith.target import rope_theta
-
+        """A drafter shaped like one decoder layer of the target (its HF text config)."""
         tc = target_config
         heads = int(tc.num_attention_heads)
         return cls(
@@ -77,6 +75,12 @@ class DrafterConfig:
             rope_theta=rope_theta(tc),
             max_position_embeddings=int(getattr(tc, "max_position_embeddings", 4096)),
         )
+
+
+def rope_theta(config: Any) -> float:
+    """The RoPE base of an HF text config (newer transformers keep it in `rope_parameters`)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
 class RMSNorm(nn.Module):

@@ -18,10 +18,10 @@ from typing import Protocol
 
 import torch
 
-from draftsmith.evaluate.engine import TargetEngine
 from draftsmith.evaluate.proposer import Draft, ancestors
-from draftsmith.evaluate.sampling import Sampling, verify, verify_chain_greedy, verify_chain_sampled
-from draftsmith.evaluate.selfcheck import Engine
+from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.sampling import Sampling, verify, verify_chain_greedy, verify_chain_sampled
+from draftsmith.runtime.selfcheck import Engine
 
 
 class Proposer(Protocol):

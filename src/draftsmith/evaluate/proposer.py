@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.draft.model import Eagle3Drafter
-from draftsmith.evaluate.engine import Graphed
-from draftsmith.evaluate.sampling import Sampling
+from draftsmith.runtime.engine import Graphed
+from draftsmith.runtime.sampling import Sampling
 
 
 @dataclass

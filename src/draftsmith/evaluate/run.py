@@ -1,7 +1,7 @@
 """`draftsmith eval`: answer a question set with lossless speculative decoding (chain or
 EAGLE-2 tree) and with plain decoding, on the same engine, and report tau, acceptance per
 position and the decode speed-up. The engine is the static-KV-cache one when it passes its
-self-check on the target, else the generic HF path (evaluate/selfcheck.py).
+self-check on the target, else the generic HF path (runtime/selfcheck.py).
 
     load target + drafter -> engine (self-check), proposer (+ CUDA graphs on GPU) -> warm-up
     -> for each question, turn by turn: speculative answer, then plain answer (timed)
@@ -24,15 +24,15 @@ from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.decode import Proposer, Turn, plain_generate, spec_generate
-from draftsmith.evaluate.generic import HFEngine
 from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.evaluate.questions import Question, load_questions, token_bound, turn_prompt
 from draftsmith.evaluate.report import build_report, summary_line, write_report
-from draftsmith.evaluate.sampling import Sampling
-from draftsmith.evaluate.selfcheck import Engine, open_engine
 from draftsmith.fsutil import atomic_output_dir, atomic_write_text
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
+from draftsmith.runtime.generic import HFEngine
+from draftsmith.runtime.sampling import Sampling
+from draftsmith.runtime.selfcheck import Engine, open_engine
 from draftsmith.target import Target, default_device, load_target
 
 
@@ -103,8 +103,8 @@ def run(cfg: EvalConfig) -> Path:
         bound = max(token_bound(tok, q, max_new) for q in questions)
         size_bound = cfg.k if cfg.mode == "chain" else cfg.total_tokens
         max_len = 64 * math.ceil((bound + size_bound + 8) / 64)
-        spec_sampling = Sampling(cfg.temperature, cfg.top_p, cfg.seed)
-        plain_sampling = Sampling(cfg.temperature, cfg.top_p, cfg.seed)
+        spec_sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
+        plain_sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
         engine, proposer = build_engine(target, drafter, cfg, spec_sampling, max_len, graphs)
 
         def spec(prompt: list[int]) -> Turn:
@@ -115,8 +115,8 @@ def run(cfg: EvalConfig) -> Path:
 
         t0 = time.perf_counter()  # warm-up: first-call allocations, kernel selection
         warm = turn_prompt(tok, questions[0].turns[:1], [])
-        spec_generate(engine, proposer, warm, 8, stops, Sampling(cfg.temperature, cfg.top_p, cfg.seed))
-        plain_generate(engine, warm, 8, stops, Sampling(cfg.temperature, cfg.top_p, cfg.seed))
+        spec_generate(engine, proposer, warm, 8, stops, Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed))
+        plain_generate(engine, warm, 8, stops, Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed))
         warmup_s = time.perf_counter() - t0
 
         turns: list[dict[str, Any]] = []

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from draftsmith.draft.layouts import arch_options
 from draftsmith.draft.model import DrafterConfig
-from draftsmith.export.eagle import arch_options
 from draftsmith.layers import to_engine
 
 CONVENTIONS = (

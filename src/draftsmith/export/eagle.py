@@ -29,17 +29,14 @@ from typing import Any
 
 import torch
 
+from draftsmith.draft.layouts import NESTED_IDS, RECORD_KEY, TOP_LEVEL_IDS, arch_options
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.layers import to_engine
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
-RECORD_KEY = "draftsmith"  # the config.json entry that records conventions for the reload
 ENGINES = ("vllm", "sglang")
 N_AUX = 3  # vLLM's and SGLang's llama_eagle3 size fc as 3 * target_hidden_size
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-TOP_LEVEL_IDS, NESTED_IDS = "eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"
-ARCH_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")  # = the config.json names
 # what SGLang's LlamaForCausalLMEagle3 does instead of each option (it loads such a drafter without error)
 SGLANG_INSTEAD = {
     "norm_before_residual": "always uses the un-normalised hidden state as the residual",
@@ -47,11 +44,6 @@ SGLANG_INSTEAD = {
     "fc_norm": "has no per-layer fc_norm: it skips fc_norm.*.weight silently and feeds the raw aux states to fc",
     "norm_output": "always feeds the pre-norm layer output to the next draft step",
 }
-
-
-def arch_options(cfg: DrafterConfig) -> dict[str, bool]:
-    """The architecture options, under the config.json names both layouts write."""
-    return {name: bool(getattr(cfg, name)) for name in ARCH_OPTIONS}
 
 
 def check_engine(engine: str) -> str:
@@ -94,21 +86,6 @@ def check_exportable(cfg: DrafterConfig, engine: str, num_target_layers: int | N
             f"LlamaForCausalLMEagle3 has no such option ({instead}): it would serve this drafter wrongly. "
             f"Export with --engine vllm (--format eagle or speculators), whose llama_eagle3 reads {', '.join(used)}"
         )
-
-
-def check_vocab(cfg: DrafterConfig, d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:
-    """d2t [draft_vocab] int offsets and t2d [vocab] bool must describe the same draft vocab."""
-    if tuple(d2t.shape) != (cfg.draft_vocab_size,) or tuple(t2d.shape) != (cfg.vocab_size,):
-        raise UserError(
-            f"{where}: vocab size mismatch: d2t has {tuple(d2t.shape)} entries and t2d {tuple(t2d.shape)}, "
-            f"but the config says draft_vocab_size={cfg.draft_vocab_size}, vocab_size={cfg.vocab_size}; "
-            "the checkpoint and its config.json come from different runs"
-        )
-    target_ids = torch.arange(cfg.draft_vocab_size) + d2t.long()  # [draft_vocab]
-    if target_ids.min() < 0 or target_ids.max() >= cfg.vocab_size:
-        raise UserError(f"{where}: d2t maps draft ids outside the target vocab 0..{cfg.vocab_size - 1}")
-    if not torch.equal(t2d.bool().nonzero().flatten(), target_ids.sort().values):
-        raise UserError(f"{where}: d2t and t2d disagree on which target ids the draft vocab holds")
 
 
 def llama_fields(cfg: DrafterConfig, dtype: str) -> dict[str, Any]:

@@ -19,14 +19,16 @@ from safetensors.torch import save_file
 
 from draftsmith.config import write_run_record
 from draftsmith.draft.checkpoint import MANIFEST, load_drafter
+from draftsmith.draft.importer import import_drafter
+from draftsmith.draft.layouts import arch_options, check_vocab
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.export import eagle, speculators
 from draftsmith.export.card import model_card
 from draftsmith.export.config import ExportConfig
-from draftsmith.export.importer import import_drafter
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
 from draftsmith.layers import to_engine
+from draftsmith.target import DTYPES
 
 
 def load_source(cfg: ExportConfig) -> tuple[Eagle3Drafter, dict[str, Any]]:
@@ -49,7 +51,7 @@ def read_report(path: Path | None) -> dict[str, Any] | None:
 
 
 def weight_dtype(model: Eagle3Drafter, name: str) -> torch.dtype:
-    return model.fc.weight.dtype if name == "auto" else eagle.DTYPES[name]
+    return model.fc.weight.dtype if name == "auto" else DTYPES[name]
 
 
 @torch.no_grad()
@@ -60,7 +62,7 @@ def reload_check(model: Eagle3Drafter, folder: Path, dtype: torch.dtype) -> None
     if manifest["meta"]["needs_target_embeddings"]:  # exported without embeddings: the engines share the target's
         reloaded.load_target_embeddings(expected.embed_tokens.weight)
     cfg = model.config
-    if reloaded.config.aux_layer_ids != cfg.aux_layer_ids or eagle.arch_options(reloaded.config) != eagle.arch_options(cfg):
+    if reloaded.config.aux_layer_ids != cfg.aux_layer_ids or arch_options(reloaded.config) != arch_options(cfg):
         raise RuntimeError(f"export reload changed the config: {reloaded.config} != {cfg}")
     g = torch.Generator().manual_seed(0)
     aux = torch.randn(1, 8, len(cfg.aux_layer_ids) * cfg.target_hidden_size, generator=g)  # [1, 8, n_aux*H_t]
@@ -81,7 +83,7 @@ def run(cfg: ExportConfig) -> Path:
     model, manifest = load_source(cfg)
     dcfg, target, meta = model.config, manifest.get("target") or {}, manifest.get("meta") or {}
     eagle.check_exportable(dcfg, engine, target.get("num_layers"))
-    eagle.check_vocab(dcfg, model.d2t, model.t2d, str(cfg.ckpt))
+    check_vocab(dcfg, model.d2t, model.t2d, str(cfg.ckpt))
     if cfg.include_embeddings and meta.get("needs_target_embeddings"):
         raise UserError(f"{cfg.ckpt} has no embed_tokens of its own, so --include-embeddings has nothing to write")
     dtype = weight_dtype(model, cfg.dtype)

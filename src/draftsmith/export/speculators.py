@@ -22,14 +22,14 @@ from typing import Any
 
 import torch
 
+from draftsmith.draft.layouts import DRAFTSMITH_PREFIX, LAYER_PREFIX, RECORD_KEY, TOP_LEVEL_IDS, arch_options
 from draftsmith.draft.model import DrafterConfig
 from draftsmith.errors import UserError
-from draftsmith.export.eagle import RECORD_KEY, TOP_LEVEL_IDS, arch_options, llama_fields, record
+from draftsmith.export.eagle import llama_fields, record
 from draftsmith.layers import to_engine
 
 MODEL_TYPE = "eagle3"
 ARCHITECTURE = "Eagle3Speculator"
-LAYER_PREFIX, DRAFTSMITH_PREFIX = "layers.0.", "midlayer."
 
 
 def check_engine_for_speculators(engine: str) -> None:

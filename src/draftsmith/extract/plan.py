@@ -18,14 +18,14 @@ from rich.console import Console
 from rich.table import Table
 
 from draftsmith.data.dataset import load_dataset
+from draftsmith.data.store import length_batches, projected_bytes
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
-from draftsmith.extract.capture import capture
 from draftsmith.extract.config import PlanConfig
 from draftsmith.extract.run import HOST_SLOTS, MARGIN_BYTES, MARGIN_FRACTION, pad_batch
-from draftsmith.extract.store import length_batches, projected_bytes
 from draftsmith.fsutil import free_bytes, human_bytes
 from draftsmith.layers import validate_layers
 from draftsmith.progress import fmt_duration
+from draftsmith.runtime.capture import capture
 from draftsmith.target import load_target, text_config
 
 ADAM_BYTES_PER_PARAM = 16  # fp32 weight + grad + two AdamW moments

@@ -24,18 +24,18 @@ import torch
 
 from draftsmith.config import write_run_record
 from draftsmith.data.dataset import TokenizedDataset, load_dataset
-from draftsmith.errors import StageFailed, UserError
-from draftsmith.extract.capture import capture
-from draftsmith.extract.config import ExtractConfig
-from draftsmith.extract.store import (
+from draftsmith.data.store import (
     MANIFEST, STORE_FILE, dataset_identity, files_on_disk, length_batches, manifest_files, new_store_meta,
     projected_bytes, rank_manifest_name, read_manifest, read_store_meta, repair_manifest, sample_relpath,
     source_mismatches, write_manifest,
 )
+from draftsmith.errors import StageFailed, UserError
+from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
 from draftsmith.fsutil import atomic_write_json, free_bytes, human_bytes, output_lock
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
+from draftsmith.runtime.capture import capture
 from draftsmith.target import Target, default_device, load_target
 
 HOST_SLOTS = 3  # batches in flight between the GPU and the writer threads (pinned buffers on GPU)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftsmith.extract.store import check_sample, sample_relpath
+from draftsmith.data.store import check_sample, sample_relpath
 from draftsmith.fsutil import append_line, fsync_dir
 
 ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int32: "I32", torch.uint8: "U8"}

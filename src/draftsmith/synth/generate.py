@@ -1,4 +1,4 @@
-"""Batched generation on the static-KV engine (`evaluate/engine.py`) for `synth`'s local backend.
+"""Batched generation on the static-KV engine (`runtime/engine.py`) for `synth`'s local backend.
 
 The prompts of a batch are left-padded to a common width W, so that every row writes the same
 cache slot at every step: the prompts fill slots 0..W-1, new token i goes to slot W+i. Row b
@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.evaluate.engine import TargetEngine
-from draftsmith.evaluate.sampling import exponential_race, target_probs
-from draftsmith.synth.turns import Sampling
+from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.sampling import Sampling, exponential_race, target_probs
 
 SLOT_MULTIPLE = 64  # cache widths are rounded up to this, so that batches share graphs
 CHECK_EVERY = 16  # decode steps between host checks for "every row finished"

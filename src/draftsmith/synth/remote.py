@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from draftsmith.errors import StageFailed, UserError
-from draftsmith.synth.turns import Generation, Request, Sampling, stable_seed
+from draftsmith.runtime.sampling import Sampling
+from draftsmith.synth.turns import Generation, Request, stable_seed
 
 CONTEXT_HINTS = ("context", "too long", "maximum", "exceed", "too many tokens")
 MAX_DELAY = 30.0

@@ -31,11 +31,12 @@ from draftsmith.data.formats import read_conversations
 from draftsmith.errors import UserError
 from draftsmith.fsutil import output_lock
 from draftsmith.progress import Progress
+from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth import output
 from draftsmith.synth.config import SynthConfig
 from draftsmith.synth.filters import dedupe
 from draftsmith.synth.remote import ServerUnreachable
-from draftsmith.synth.turns import Backend, Sampling, Work, synthesize
+from draftsmith.synth.turns import Backend, Work, synthesize
 
 
 def dist_env() -> tuple[int, int, int]:

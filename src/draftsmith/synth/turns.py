@@ -18,21 +18,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth.filters import judge, normalize, strip_thinking
 from draftsmith.synth.magpie import end_of_turn, user_turn_prefix
-
-
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float
-    top_p: float
-    top_k: int
-    max_new_tokens: int
-    seed: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                "max_new_tokens": self.max_new_tokens, "seed": self.seed}
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftsmith.extract.capture import capture
-from draftsmith.extract.store import length_batches
+from draftsmith.data.store import length_batches
+from draftsmith.runtime.capture import capture
 from draftsmith.train.ttt import doc_and_positions
 
 OPEN_ROWS = 8

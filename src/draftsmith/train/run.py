@@ -101,7 +101,7 @@ def build_source(cfg: Any, target: Any, dataset: Any) -> tuple[Any, list[int], l
         layers = validate_layers(cfg.layers or target.info.default_aux_layers, n_layers)
         source = OnlineSource(dataset, target.model, layers, max_len, token_budget=max(cfg.batch_tokens, max_len))
         return source, layers, list(range(len(dataset)))
-    from draftsmith.extract.store import StoreReader
+    from draftsmith.data.store import StoreReader
 
     reader = StoreReader(cfg.hidden)
     layers = [int(k) for k in reader.meta["layers"]]

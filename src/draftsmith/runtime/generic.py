@@ -10,7 +10,7 @@ sequence. Tree verification would need a 4-D attention mask over the draft tree,
 models do not all accept; `open_engine` refuses `--mode tree` on this path.
 
 The drafter's aux hidden states come from the same forward, by forward pre-hooks in
-draftsmith's layer convention (extract/capture.py: id k = residual entering decoder layer k,
+draftsmith's layer convention (runtime/capture.py: id k = residual entering decoder layer k,
 k == L the final norm's input).
 """
 
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from draftsmith.errors import UserError
-from draftsmith.extract.capture import hooked
+from draftsmith.runtime.capture import hooked
 from draftsmith.target import text_config
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
 """The hidden-state store on disk (DESIGN §3): its layout, its manifest, and `StoreReader`.
+`extract` writes it (extract/writer.py), offline `train` reads it.
 
 Layout of a store folder:
 

@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from draftsmith.errors import UserError
-from draftsmith.evaluate.engine import TargetEngine, check_supported
-from draftsmith.evaluate.generic import HFEngine
-from draftsmith.extract.capture import hooked
+from draftsmith.runtime.capture import hooked
+from draftsmith.runtime.engine import TargetEngine, check_supported
+from draftsmith.runtime.generic import HFEngine
 from draftsmith.target import text_config
 
 Engine = TargetEngine | HFEngine

@@ -1,5 +1,8 @@
 """Load an EAGLE-3 folder with a `config.json` as a draftsmith drafter.
 
+The reader lives in the core (draft/) because `eval` and `export` both load such folders;
+`export` writes them (export/eagle.py, export/speculators.py) with the names in layouts.py.
+
 Accepted layouts (weights in model.safetensors, sharded safetensors with an index, or
 pytorch_model.bin read with `weights_only=True`):
 - EAGLE reference / SpecForge / draftsmith `--format eagle`: a Llama config with
@@ -34,10 +37,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from draftsmith.draft.layouts import (
+    ARCH_OPTIONS, DRAFTSMITH_PREFIX, LAYER_PREFIX, NESTED_IDS, RECORD_KEY, TOP_LEVEL_IDS, check_vocab,
+)
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
-from draftsmith.export.eagle import ARCH_OPTIONS, NESTED_IDS, RECORD_KEY, TOP_LEVEL_IDS, check_vocab
-from draftsmith.export.speculators import DRAFTSMITH_PREFIX, LAYER_PREFIX
 from draftsmith.layers import from_engine
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -1,5 +1,7 @@
-"""Hidden-state capture with forward hooks: the one implementation used by `extract`,
-online training, and eval.
+"""Hidden-state capture with forward hooks, used by `extract`, online training, the generic
+engine (generic.py) and the engine self-check. The fast engine (engine.py) runs the decoder
+layers' parts itself, so it records the same ids inside its own forward; the self-check
+(selfcheck.py) holds it against these hooks.
 
 Layer id `k` (draftsmith convention, see `draftsmith.layers`) is the residual stream entering
 decoder layer `k`, captured by a forward pre-hook on that layer; `k == L` is the input of the

@@ -51,14 +51,17 @@ def exponential_race(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 @dataclass
 class Sampling:
-    """How tokens are chosen; `temperature == 0` is greedy. Owns the random generator."""
+    """How the target's tokens are chosen (`temperature == 0` is greedy), for synth's answers and
+    eval's verification alike. Owns the seeded random generators."""
 
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k cut
+    max_new_tokens: int = 256  # synth: the longest generation per request (eval passes its own per turn)
     seed: int = 0
     residual: bool = True  # the rejection-sampling correction; False only to prove it matters
-    gen: torch.Generator = field(init=False, repr=False)
-    device_gens: dict[torch.device, torch.Generator] = field(init=False, repr=False, default_factory=dict)
+    gen: torch.Generator = field(init=False, repr=False, compare=False)
+    device_gens: dict[torch.device, torch.Generator] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.gen = torch.Generator().manual_seed(self.seed)
@@ -76,7 +79,7 @@ class Sampling:
         return self.temperature == 0
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return target_probs(logits, self.temperature, self.top_p)
+        return target_probs(logits, self.temperature, self.top_p, self.top_k)
 
     def sample(self, probs: torch.Tensor) -> int:
         """One token from probs [V], on the host."""
@@ -91,6 +94,11 @@ class Sampling:
 
     def uniforms(self, n: int, device: torch.device) -> torch.Tensor:
         return torch.rand(n, device=device, generator=self.generator(device))  # [n]
+
+    def to_dict(self) -> dict[str, float | int]:
+        """The settings a synth output records."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "max_new_tokens": self.max_new_tokens, "seed": self.seed}
 
     def pick(self, logits: torch.Tensor) -> int:
         """One token from target logits [V]."""
