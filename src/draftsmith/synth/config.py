@@ -9,11 +9,13 @@ from pydantic import Field
 
 from draftsmith.config import DEFAULT_TARGET, CommandConfig
 from draftsmith.data.config import Format
+from draftsmith.data.sources import describe as describe_sources
 
 
 class SynthConfig(CommandConfig):
     positional = "prompts"
-    prompts: Path | None = Field(None, description="Prompts or conversations in any format `prepare` reads (user turns are kept, assistant turns regenerated); omit with --magpie.")
+    prompts: Path | None = Field(None, description="Prompts or conversations in any format `prepare` reads (user turns are kept, assistant turns regenerated), or a named source; omit with --magpie or --mix. " + describe_sources())
+    mix: Path | None = Field(None, description="A mix file (YAML): sources with a cap or weight each, per-task caps, duplicate removal, length and script filters, a seed (docs/synth.md). Writes mix.json next to the output.")
     target: str = Field(DEFAULT_TARGET, description="Target model for the local backend. With --endpoint it only supplies the chat template (Magpie).")
     out: Path = Field(description="Output JSONL (OpenAI messages format, appended; a rerun resumes). Give it its own folder: progress.json goes next to it.")
     format: Format = Field("auto", description="Input format, as for `prepare`.")

@@ -1,6 +1,7 @@
 """`draftsmith synth`: conversations answered by the target itself (on-policy training data).
 
-    load the prompts (any format `prepare` reads) or plan N Magpie self-prompts
+    load the prompts (any format `prepare` reads, or a named source) or plan N Magpie self-prompts,
+    or select them from the sources of a mix file (`synth/mix.py`, which also writes mix.json)
     -> de-duplicate -> skip the ids already in the output -> take this rank's shard
     -> generate chunk by chunk, turn by turn (local HF batches or a remote server)
     -> append each finished conversation as one JSONL line; rank 0 merges torchrun parts.
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 from draftsmith.config import write_run_record
-from draftsmith.data.formats import read_conversations
+from draftsmith.data.sources import read_source
 from draftsmith.errors import UserError
 from draftsmith.fsutil import output_lock
 from draftsmith.progress import Progress
@@ -35,6 +36,7 @@ from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth import output
 from draftsmith.synth.config import SynthConfig
 from draftsmith.synth.filters import dedupe
+from draftsmith.synth.mix import plan_from
 from draftsmith.synth.remote import ServerUnreachable
 from draftsmith.synth.turns import Backend, Work, synthesize
 
@@ -59,27 +61,28 @@ def load_work(cfg: SynthConfig) -> tuple[list[Work], int]:
         return [Work(f"magpie:{i}:s{cfg.seed}", f"magpie:{i}", system, [None] * cfg.turns) for i in range(cfg.magpie)], 0
     if cfg.prompts is None:
         raise UserError("give a prompt file (any format `prepare` reads), or --magpie N to let the target write the prompts")
-    convs, n_dup = dedupe(read_conversations(cfg.prompts, cfg.format))
+    source = read_source(cfg.prompts, cfg.format)
+    convs, n_dup = dedupe(source.convs)
     works = []
     for conv in convs:
         msgs = conv["messages"]
         head = [m for m in msgs[:1] if m["role"] == "system"] or system
         users = [m["content"] for m in msgs if m["role"] == "user"]
         if users:
-            works.append(Work(f"{Path(cfg.prompts).stem}:{conv['id']}:s{cfg.seed}", conv["id"], head, users))
+            works.append(Work(f"{source.name}:{conv['id']}:s{cfg.seed}", conv["id"], head, users))
     if not works:
         raise UserError(f"{cfg.prompts}: no user turns to answer; synth needs prompts or conversations with user messages")
     return works[: cfg.limit] if cfg.limit else works, n_dup
 
 
-def build_backend(cfg: SynthConfig, world: int, local_rank: int) -> tuple[Backend, Any]:
+def build_backend(cfg: SynthConfig, world: int, local_rank: int, magpie: bool = False) -> tuple[Backend, Any]:
     """The backend, and the tokenizer whose chat template Magpie uses (None when not needed)."""
     if cfg.endpoint:
         from draftsmith.synth.remote import RemoteBackend
         from draftsmith.target import load_tokenizer
 
         backend = RemoteBackend(cfg.endpoint, cfg.model, cfg.concurrency, cfg.timeout, cfg.retries, cfg.backoff)
-        return backend, load_tokenizer(cfg.target) if cfg.magpie else None
+        return backend, load_tokenizer(cfg.target) if magpie else None
     from draftsmith.synth.local import LocalBackend
     from draftsmith.target import load_target
 
@@ -106,7 +109,9 @@ def run(cfg: SynthConfig) -> Path:
 def write_conversations(cfg: SynthConfig) -> Path:
     out = Path(cfg.out)
     rank, world, local_rank = dist_env()
-    works, n_dup = load_work(cfg)
+    plan = plan_from(cfg) if cfg.mix is not None else None  # a bad mix stops here, before any output
+    works, n_dup = (plan.works, 0) if plan is not None else load_work(cfg)
+    magpie = any(None in w.users for w in works)
     if world > 1 and not torch.distributed.is_initialized():
         # only for the final barrier: generation itself never communicates
         torch.distributed.init_process_group("gloo", timeout=timedelta(days=7))
@@ -121,17 +126,22 @@ def write_conversations(cfg: SynthConfig) -> Path:
     pending = sorted((w for w in mine if w.id not in done), key=lambda w: len(w.users[0] or ""))
     if rank == 0:
         write_run_record(out.parent, cfg, name=f"{out.stem}.run.yaml")
+        if plan is not None:
+            plan.write(out, cfg.seed)
 
-    backend, tokenizer = build_backend(cfg, world, local_rank) if pending else (None, None)
+    backend, tokenizer = build_backend(cfg, world, local_rank, magpie) if pending else (None, None)
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
     user_sampling = Sampling(cfg.magpie_temperature, cfg.magpie_top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
     generation = {"backend": "remote" if cfg.endpoint else "local", **sampling.to_dict(),
-                  "magpie": {"temperature": user_sampling.temperature, "top_p": user_sampling.top_p} if cfg.magpie else None}
+                  "magpie": {"temperature": user_sampling.temperature, "top_p": user_sampling.top_p} if magpie else None}
     chunk = cfg.concurrency * 4 if cfg.endpoint else cfg.batch_size * 4
     totals: Counter[str] = Counter()
     with Progress("synth", out.parent if rank == 0 else None, total=len(mine), unit="conversations") as progress:
         progress.skip(len(mine) - len(pending))
         progress.set(duplicate_prompts=n_dup)
+        if plan is not None:
+            plan.track(mine)
+            progress.set(**plan.count_done([w.id for w in mine if w.id in done]))
         for start in range(0, len(pending), chunk):
             try:
                 batch = synthesize(backend, pending[start:start + chunk], sampling, user_sampling, tokenizer,
@@ -151,6 +161,8 @@ def write_conversations(cfg: SynthConfig) -> Path:
                     output.write(drop_file, {"id": w.id, "source_id": w.source_id, "reason": w.ended, "rejected": w.rejected[:2000]})
                     counts[f"dropped_{w.ended}"] += 1
             totals.update(counts)
+            if plan is not None:
+                progress.set(**plan.count_done([w.id for w in batch]))
             progress.advance(len(batch), tokens=sum(w.tokens for w in batch), bytes_written=written, **counts)
 
     if world > 1:
@@ -162,4 +174,7 @@ def write_conversations(cfg: SynthConfig) -> Path:
         who = "this run" if world == 1 else "rank 0"
         print(f"[synth] {out}: {len(output.read_records(out))} conversations in the file; {who}: {details or 'nothing to do'}, "
               f"duplicate prompts skipped {n_dup}", file=sys.stderr)
+        if plan is not None:
+            plan.write(out, cfg.seed, finished=True)
+            print(f"[synth] {out.parent / 'mix.json'}: what came from where, what was dropped and why", file=sys.stderr)
     return out
