@@ -35,29 +35,29 @@ def check_semantics(d2t: torch.Tensor, t2d: torch.Tensor, k: int) -> torch.Tenso
 def test_top_k_by_frequency_on_a_constructed_example():
     counts = np.zeros(50, dtype=np.int64)
     counts[[40, 7, 13, 2, 31, 9]] = [100, 90, 80, 70, 5, 1]
-    d2t, t2d = build_vocab(counts, k=4)
+    d2t, t2d = build_vocab(counts, size=4)
     assert check_semantics(d2t, t2d, 4).tolist() == [2, 7, 13, 40]  # the 4 most frequent, in id order
-    d2t, t2d = build_vocab(counts, k=5)
+    d2t, t2d = build_vocab(counts, size=5)
     assert check_semantics(d2t, t2d, 5).tolist() == [2, 7, 13, 31, 40]
 
 
 def test_ties_break_to_the_lower_id():
     counts = np.zeros(10, dtype=np.int64)
     counts[[8, 3, 5]] = 4
-    _, t2d = build_vocab(counts, k=2)
+    _, t2d = build_vocab(counts, size=2)
     assert torch.nonzero(t2d).flatten().tolist() == [3, 5]
 
 
 def test_fewer_distinct_tokens_than_k_pads_with_lowest_unseen_ids():
     counts = np.zeros(30, dtype=np.int64)
     counts[[25, 12]] = [3, 9]
-    d2t, t2d = build_vocab(counts, k=5)
+    d2t, t2d = build_vocab(counts, size=5)
     assert check_semantics(d2t, t2d, 5).tolist() == [0, 1, 2, 12, 25]
 
 
 def test_k_out_of_range():
     with pytest.raises(UserError, match="must be in 1..10"):
-        build_vocab(np.ones(10), k=11)
+        build_vocab(np.ones(10), size=11)
 
 
 def write_dataset(path: Path, samples: list[tuple[list[int], list[int]]], vocab: int) -> Path:

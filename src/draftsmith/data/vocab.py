@@ -1,14 +1,15 @@
-"""`draftsmith vocab`: the draft vocabulary, the top-k most frequent assistant tokens.
+"""`draftsmith vocab`: the draft vocabulary, the `size` most frequent assistant tokens. The one
+builder: `train` calls it too when it is given no vocab file.
 
-Semantics (the same as EAGLE-3, SpecForge and speculators):
-    d2t [k] int64: target id = draft id + d2t[draft id]   (draft ids sorted by target id)
-    t2d [V] bool:  True where a target id is in the draft vocab; t2d.sum() == k
+Semantics (the same as EAGLE-3, SpecForge and speculators), for a draft vocab of size Vd:
+    d2t [Vd] int64: target id = draft id + d2t[draft id]   (draft ids sorted by target id)
+    t2d [V] bool:   True where a target id is in the draft vocab; t2d.sum() == Vd
 
 Ranking: count of loss-masked (assistant) tokens descending, then target id ascending. Padding
-rule: when the data has fewer than k distinct assistant tokens, the remaining slots go to the
-lowest unseen target ids, so the vocab always has exactly k entries.
+rule: when the data has fewer than Vd distinct assistant tokens, the remaining slots go to the
+lowest unseen target ids, so the vocab always has exactly Vd entries.
 
-Stored as safetensors (`d2t`, `t2d`) with metadata (k, dataset, target, coverage), plus
+Stored as safetensors (`d2t`, `t2d`) with metadata (`k` = Vd, dataset, target, coverage), plus
 `<out>.run.yaml` next to it.
 """
 
@@ -26,24 +27,29 @@ from draftsmith.data.config import VocabConfig
 from draftsmith.data.dataset import TokenizedDataset, load_dataset
 from draftsmith.errors import UserError
 
-DEFAULT_SIZE = 32000
+DEFAULT_SIZE = 32000  # the draft vocab size when none is given, capped at the target vocab
 
 
-def build_vocab(counts: np.ndarray | torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """counts [V]: loss-masked token frequencies. Returns (d2t [k] int64, t2d [V] bool).
+def draft_vocab_size(size: int | None, vocab_size: int) -> int:
+    """The draft vocab size: `size` when given, else min(DEFAULT_SIZE, vocab_size)."""
+    return size if size is not None else min(DEFAULT_SIZE, vocab_size)
+
+
+def build_vocab(counts: np.ndarray | torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """counts [V]: loss-masked token frequencies. Returns (d2t [size] int64, t2d [V] bool).
 
     Ties and unseen tokens: ordered by count descending, then by target id ascending, so when
-    fewer than k distinct tokens occur the vocab is padded with the lowest unseen ids.
+    fewer than `size` distinct tokens occur the vocab is padded with the lowest unseen ids.
     """
     counts = torch.as_tensor(np.asarray(counts), dtype=torch.int64)
-    vocab = counts.numel()
-    if not 0 < k <= vocab:
-        raise UserError(f"draft vocab size {k} must be in 1..{vocab} (the target vocab)")
-    ids = torch.arange(vocab)
+    vocab_size = counts.numel()
+    if not 0 < size <= vocab_size:
+        raise UserError(f"draft vocab size {size} must be in 1..{vocab_size} (the target vocab)")
+    ids = torch.arange(vocab_size)
     order = torch.from_numpy(np.lexsort((ids.numpy(), -counts.numpy())))  # count desc, id asc
-    chosen = order[:k].sort().values  # [k] target ids, ascending
-    d2t = chosen - torch.arange(k)  # [k] offsets
-    t2d = torch.zeros(vocab, dtype=torch.bool)
+    chosen = order[:size].sort().values  # [size] target ids, ascending
+    d2t = chosen - torch.arange(size)  # [size] offsets
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[chosen] = True
     return d2t, t2d
 
@@ -66,34 +72,40 @@ def load_vocab(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     return t["d2t"], t["t2d"]
 
 
-def token_counts(ds: TokenizedDataset, vocab: int) -> np.ndarray:
-    """[vocab] int64 counts of the loss-masked (assistant) tokens of a prepared dataset."""
-    ids = ds.ids[ds.mask.astype(bool)]  # [n_assistant]
-    if ids.size and int(ids.max()) >= vocab:
-        raise UserError(f"{ds.path}: token id {int(ids.max())} is outside the target vocab ({vocab}); re-run prepare")
-    return np.bincount(ids, minlength=vocab).astype(np.int64)
+def token_counts(ds: TokenizedDataset, vocab_size: int, rows: list[int] | None = None) -> np.ndarray:
+    """[vocab_size] int64 counts of the loss-masked (assistant) tokens of a prepared dataset, over
+    the dataset rows `rows` (all rows when None)."""
+    keep = ds.mask.astype(bool)  # [total tokens]
+    if rows is not None:
+        member = np.zeros(len(ds), dtype=bool)  # [samples]
+        member[rows] = True
+        keep &= np.repeat(member, ds.lengths)  # [total tokens]
+    ids = ds.ids[keep]  # [n_assistant]
+    if ids.size and int(ids.max()) >= vocab_size:
+        raise UserError(f"{ds.path}: token id {int(ids.max())} is outside the target vocab ({vocab_size}); re-run prepare")
+    return np.bincount(ids, minlength=vocab_size).astype(np.int64)
 
 
 def run(cfg: VocabConfig) -> Path:
     if cfg.out.exists() and not cfg.overwrite:
         raise UserError(f"{cfg.out} already exists; pass --overwrite to replace it")
     ds = load_dataset(cfg.dataset_dir)
-    vocab = int(ds.target.get("vocab_size") or 0)
-    if vocab <= 0:
+    vocab_size = int(ds.target.get("vocab_size") or 0)
+    if vocab_size <= 0:
         raise UserError(f"{cfg.dataset_dir}: dataset.json has no target vocab_size; re-run `draftsmith prepare`")
-    k = cfg.size if cfg.size is not None else min(DEFAULT_SIZE, vocab)
-    counts = token_counts(ds, vocab)
-    d2t, t2d = build_vocab(counts, k)
+    size = draft_vocab_size(cfg.size, vocab_size)
+    counts = token_counts(ds, vocab_size)
+    d2t, t2d = build_vocab(counts, size)
     total, distinct = int(counts.sum()), int((counts > 0).sum())
     covered = int(counts[t2d.numpy()].sum())
     coverage = covered / total if total else 0.0
     save_vocab(cfg.out, d2t, t2d, meta={
-        "k": str(k), "target_vocab": str(vocab), "dataset": str(cfg.dataset_dir),
+        "k": str(size), "target_vocab": str(vocab_size), "dataset": str(cfg.dataset_dir),
         "target": json.dumps(ds.target), "assistant_tokens": str(total), "coverage": f"{coverage:.6f}",
     })
     write_run_record(cfg.out.parent, cfg, name=f"{cfg.out.name}.run.yaml")
-    padded = max(k - distinct, 0)
-    print(f"[vocab] {cfg.out}: k={k} of target vocab {vocab}; {distinct} distinct assistant tokens in "
+    padded = max(size - distinct, 0)
+    print(f"[vocab] {cfg.out}: k={size} of target vocab {vocab_size}; {distinct} distinct assistant tokens in "
           f"{total} ({len(ds)} samples); the draft vocab covers {coverage:.2%} of assistant tokens"
           + (f"; padded with {padded} unseen ids (lowest ids first)" if padded else ""))
     return cfg.out

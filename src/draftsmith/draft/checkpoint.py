@@ -23,45 +23,45 @@ from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_json
 
-MANIFEST, WEIGHTS, FORMAT = "drafter.json", "model.safetensors", "draftsmith-drafter"
+DRAFTER_FILE, WEIGHTS, FORMAT = "drafter.json", "model.safetensors", "draftsmith-drafter"
 
 
 def save_drafter(model: Eagle3Drafter, folder: Path, target: dict[str, Any] | None = None, meta: dict[str, Any] | None = None) -> Path:
-    """Write weights first, then the manifest (a folder with a manifest is complete)."""
+    """Write weights first, then drafter.json (a folder with a drafter.json is complete)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     tmp = folder / (WEIGHTS + ".tmp")
     save_file(state, str(tmp))
     tmp.replace(folder / WEIGHTS)
-    atomic_write_json(folder / MANIFEST, {
+    atomic_write_json(folder / DRAFTER_FILE, {
         "format": FORMAT, "version": 1, "config": model.config.to_dict(),
         "target": target or {}, "meta": meta or {},
     })
     return folder
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    return json.loads((Path(folder) / MANIFEST).read_text())
+def read_drafter_record(folder: Path) -> dict[str, Any]:
+    return json.loads((Path(folder) / DRAFTER_FILE).read_text())
 
 
 def load_drafter(path: Path, device: str | torch.device = "cpu") -> tuple[Eagle3Drafter, dict[str, Any]]:
     """Load a drafter folder (native, exported, or third-party EAGLE-3). Returns the model and
-    its manifest (`config`, `target`, `meta`)."""
+    its record (drafter.json's `config`, `target`, `meta`)."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"drafter {path}: no such folder")
-    if (path / "drafter" / MANIFEST).exists():  # a `draftsmith train` output folder: its best drafter
+    if (path / "drafter" / DRAFTER_FILE).exists():  # a `draftsmith train` output folder: its best drafter
         path = path / "drafter"
-    if (path / MANIFEST).exists():
-        manifest = read_manifest(path)
-        model = Eagle3Drafter(DrafterConfig.from_dict(manifest["config"]))
+    if (path / DRAFTER_FILE).exists():
+        record = read_drafter_record(path)
+        model = Eagle3Drafter(DrafterConfig.from_dict(record["config"]))
         state = load_file(str(path / WEIGHTS))
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise UserError(f"drafter {path}: weights do not match its config (missing {missing}, unexpected {unexpected})")
-        return model.to(device).eval(), manifest
+        return model.to(device).eval(), record
     if (path / "config.json").exists():
-        model, manifest = import_drafter(path)
-        return model.to(device).eval(), manifest
-    raise UserError(f"{path} is not a drafter folder (no {MANIFEST} or config.json)")
+        model, record = import_drafter(path)
+        return model.to(device).eval(), record
+    raise UserError(f"{path} is not a drafter folder (no {DRAFTER_FILE} or config.json)")

@@ -175,7 +175,7 @@ def load_weights(model: Eagle3Drafter, state: dict[str, torch.Tensor], where: Pa
 
 
 def import_drafter(path: Path, convention: str | None = None) -> tuple[Eagle3Drafter, dict[str, Any]]:
-    """An EAGLE-3 folder -> (drafter on CPU in eval mode, manifest {config, target, meta})."""
+    """An EAGLE-3 folder -> (drafter on CPU in eval mode, record {config, target, meta} as in drafter.json)."""
     path = Path(path)
     config_path = path / "config.json"
     try:

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from draftsmith.config import write_run_record
-from draftsmith.draft.checkpoint import MANIFEST, load_drafter
+from draftsmith.draft.checkpoint import DRAFTER_FILE, load_drafter
 from draftsmith.draft.importer import import_drafter
 from draftsmith.draft.layouts import arch_options, check_vocab
 from draftsmith.draft.model import Eagle3Drafter
@@ -33,7 +33,7 @@ from draftsmith.target import DTYPES
 
 def load_source(cfg: ExportConfig) -> tuple[Eagle3Drafter, dict[str, Any]]:
     ckpt = Path(cfg.ckpt)
-    if cfg.source_convention and (ckpt / "config.json").exists() and not (ckpt / MANIFEST).exists():
+    if cfg.source_convention and (ckpt / "config.json").exists() and not (ckpt / DRAFTER_FILE).exists():
         return import_drafter(ckpt, convention=cfg.source_convention)
     return load_drafter(ckpt)
 
@@ -57,9 +57,9 @@ def weight_dtype(model: Eagle3Drafter, name: str) -> torch.dtype:
 @torch.no_grad()
 def reload_check(model: Eagle3Drafter, folder: Path, dtype: torch.dtype) -> None:
     """The written folder must import back to the same layer ids, options, logits and next hidden state."""
-    reloaded, manifest = import_drafter(folder)
+    reloaded, record = import_drafter(folder)
     expected = copy.deepcopy(model).to(dtype).float().eval()
-    if manifest["meta"]["needs_target_embeddings"]:  # exported without embeddings: the engines share the target's
+    if record["meta"]["needs_target_embeddings"]:  # exported without embeddings: the engines share the target's
         reloaded.load_target_embeddings(expected.embed_tokens.weight)
     cfg = model.config
     if reloaded.config.aux_layer_ids != cfg.aux_layer_ids or arch_options(reloaded.config) != arch_options(cfg):
@@ -80,8 +80,8 @@ def run(cfg: ExportConfig) -> Path:
     engine = eagle.check_engine(cfg.engine)
     if cfg.format == "speculators":
         speculators.check_engine_for_speculators(engine)
-    model, manifest = load_source(cfg)
-    dcfg, target, meta = model.config, manifest.get("target") or {}, manifest.get("meta") or {}
+    model, record = load_source(cfg)
+    dcfg, target, meta = model.config, record.get("target") or {}, record.get("meta") or {}
     eagle.check_exportable(dcfg, engine, target.get("num_layers"))
     check_vocab(dcfg, model.d2t, model.t2d, str(cfg.ckpt))
     if cfg.include_embeddings and meta.get("needs_target_embeddings"):
@@ -97,7 +97,7 @@ def run(cfg: ExportConfig) -> Path:
         arch = cfg.verifier_architectures or speculators.verifier_architectures(str(target.get("model_type", "llama")))
         config = speculators.speculators_config(dcfg, dtype_name, target, verifier, arch, k)
         tensors = speculators.to_speculators_keys(tensors)
-    card = model_card(dcfg, {**manifest, "target": {**target, "name": verifier}}, cfg.format, engine,
+    card = model_card(dcfg, {**record, "target": {**target, "name": verifier}}, cfg.format, engine,
                       str(Path(cfg.out).absolute()), k, read_report(cfg.eval_report))
 
     with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as tmp:

@@ -16,7 +16,6 @@ torch.distributed is used for barriers only.
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 import numpy as np
@@ -37,14 +36,10 @@ from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.capture import capture
 from draftsmith.target import Target, default_device, load_target
+from draftsmith.torchrun import dist_env
 
 HOST_SLOTS = 3  # batches in flight between the GPU and the writer threads (pinned buffers on GPU)
 MARGIN_FRACTION, MARGIN_BYTES = 0.05, 64 << 20  # free space must exceed the projection by this much
-
-
-def dist_env() -> tuple[int, int, int]:
-    """(world_size, rank, local_rank) from the environment torchrun sets."""
-    return int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
 
 
 def barrier(world: int) -> None:
@@ -157,13 +152,13 @@ def resolve_device(cfg: ExtractConfig, world: int, local_rank: int) -> torch.dev
 def run(cfg: ExtractConfig) -> Path:
     """Extract with --out locked for the whole run (rank 0 holds the lock for all ranks): a
     second extraction into the same folder is refused, before any model is loaded."""
-    _, rank, _ = dist_env()
+    rank, _, _ = dist_env()
     with output_lock(Path(cfg.out)) if rank == 0 else contextlib.nullcontext():
         return extract(cfg)
 
 
 def extract(cfg: ExtractConfig) -> Path:
-    world, rank, local_rank = dist_env()
+    rank, world, local_rank = dist_env()
     ds = load_dataset(cfg.dataset_dir)
     out = Path(cfg.out)
     device = resolve_device(cfg, world, local_rank)

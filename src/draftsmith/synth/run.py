@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import sys
 from collections import Counter
 from datetime import timedelta
@@ -39,11 +38,7 @@ from draftsmith.synth.filters import dedupe
 from draftsmith.synth.mix import plan_from
 from draftsmith.synth.remote import ServerUnreachable
 from draftsmith.synth.turns import Backend, Work, synthesize
-
-
-def dist_env() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) otherwise."""
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+from draftsmith.torchrun import dist_env
 
 
 def shard_of(conv_id: str, world: int) -> int:

@@ -15,24 +15,23 @@ Under `torchrun` (WORLD_SIZE > 1) each rank trains on its share of the packed ro
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from draftsmith.config import write_run_record
 from draftsmith.data.dataset import load_dataset
-from draftsmith.data.vocab import build_vocab, load_vocab, save_vocab
+from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
 from draftsmith.target import Target, default_device, embed_weight, final_norm, lm_head_weight, load_target, text_config
+from draftsmith.torchrun import dist_env
 from draftsmith.train.batching import OfflineSource, OnlineSource, split_indices
 from draftsmith.train.checkpointing import latest_checkpoint
 from draftsmith.train.config import TrainConfig
@@ -41,17 +40,13 @@ from draftsmith.train.loss import TTTObjective
 from draftsmith.train.metrics import MetricsLog, plot_metrics, truncate_metrics
 from draftsmith.train.ttt import default_backend
 
-DEFAULT_DRAFT_VOCAB = 32000
-
-
 def setup_env(cfg: Any) -> Env:
     """One process, or one rank of a torchrun job (nccl on GPU, gloo on CPU)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    _, world, local_rank = dist_env()
     if world == 1:
         return Env(device=torch.device(cfg.device) if cfg.device else default_device())
-    local = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() and (cfg.device or "cuda").startswith("cuda")
-    device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
@@ -74,23 +69,14 @@ def prepare_out(cfg: Any, env: Env) -> Path | None:
     return None
 
 
-def count_tokens(dataset: Any, rows: list[int]) -> np.ndarray:
-    """Loss-masked token counts [V-ish] over the given dataset rows."""
-    member = np.zeros(len(dataset), dtype=bool)
-    member[rows] = True
-    keep = np.repeat(member, dataset.lengths) & (dataset.mask == 1)  # [total tokens]
-    return np.bincount(dataset.ids[keep].astype(np.int64))
-
-
 def resolve_vocab(cfg: Any, dataset: Any, dataset_rows: list[int], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     if cfg.vocab is not None:
         d2t, t2d = load_vocab(cfg.vocab)
         if t2d.numel() != vocab_size:
             raise UserError(f"--vocab {cfg.vocab}: made for a vocab of {t2d.numel()} tokens, but the target has {vocab_size}")
         return d2t, t2d
-    counts = count_tokens(dataset, dataset_rows)
-    counts = np.pad(counts[:vocab_size], (0, max(vocab_size - len(counts), 0)))  # [V]
-    return build_vocab(counts, min(cfg.draft_vocab_size or DEFAULT_DRAFT_VOCAB, vocab_size))
+    counts = token_counts(dataset, vocab_size, dataset_rows)  # [V]
+    return build_vocab(counts, min(draft_vocab_size(cfg.draft_vocab_size, vocab_size), vocab_size))
 
 
 def build_source(cfg: Any, target: Any, dataset: Any) -> tuple[Any, list[int], list[int]]:
