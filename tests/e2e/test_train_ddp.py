@@ -1,5 +1,5 @@
-"""`torchrun --nproc-per-node 2` on CPU (gloo): DDP and FSDP2 give the same metrics as one
-process with the same global batch (2 rows per step through --grad-accum 2)."""
+"""`torchrun --nproc-per-node 2` on CPU (gloo): DDP (with Muon) and FSDP2 (with AdamW) give the
+same metrics as one process with the same global batch (2 rows per step through --grad-accum 2)."""
 
 from __future__ import annotations
 
@@ -25,13 +25,16 @@ def test_two_ranks_match_one_process(tmp_path, tiny_target_dir):
     g = np.random.default_rng(0)
     ds = write_tokenized_dataset(tmp_path / "ds", [g.integers(3, 400, size=int(g.integers(10, 30))).tolist() for _ in range(30)])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    subprocess.run([sys.executable, "-m", "draftsmith", *_args(ds, tiny_target_dir, tmp_path / "one"), "--grad-accum", "2"],
-                   check=True, env=env, capture_output=True)
-    one = read_metrics(tmp_path / "one")
-    for strategy in ("ddp", "fsdp"):
+    # Muon (the default) needs whole matrices, so FSDP2 trains with AdamW; each is compared with one
+    # process running the same optimizer
+    for strategy, optimizer in (("ddp", "muon"), ("fsdp", "adamw")):
+        subprocess.run([sys.executable, "-m", "draftsmith", *_args(ds, tiny_target_dir, tmp_path / f"one-{optimizer}"),
+                        "--grad-accum", "2", "--optimizer", optimizer], check=True, env=env, capture_output=True)
+        one = read_metrics(tmp_path / f"one-{optimizer}")
         out = tmp_path / strategy
         subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "draftsmith",
-                        *_args(ds, tiny_target_dir, out), "--distributed", strategy], check=True, env=env, capture_output=True)
+                        *_args(ds, tiny_target_dir, out), "--distributed", strategy, "--optimizer", optimizer],
+                       check=True, env=env, capture_output=True)
         two = read_metrics(out)
         assert [(r["split"], r["step"]) for r in two] == [(r["split"], r["step"]) for r in one]
         for a, b in zip(one, two):

@@ -33,7 +33,7 @@ from draftsmith.progress import Progress
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import Engine, open_engine
-from draftsmith.target import Target, default_device, load_target
+from draftsmith.target import Target, default_device, embed_weight, load_target
 
 
 def stop_ids(target: Target) -> set[int]:
@@ -97,6 +97,8 @@ def run(cfg: EvalConfig) -> Path:
         write_run_record(out, cfg)
         target = load_target(cfg.target, device, cfg.dtype)
         check_compatible(drafter, target, cfg.drafter)
+        if manifest.get("meta", {}).get("needs_target_embeddings"):  # saved without them (speculators): the target's, as engines do
+            drafter.load_target_embeddings(embed_weight(target.model).detach().float())
         drafter.to(dtype=target.dtype)
         tok, stops = target.tokenizer, stop_ids(target)
         depth = cfg.k

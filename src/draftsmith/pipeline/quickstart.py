@@ -26,17 +26,17 @@ BUDGETS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
         ("synth", "synth", {"prompts": "gsm8k", "limit": 48, "max_new_tokens": 96, "batch_size": 16,
                             "keep_unfinished": True}),
         ("prepare", "prepare", {"max_len": 512}),
-        ("train", "train", {"epochs": 5, "ttt": 3, "batch_tokens": 2048, "lr": 2e-3, "draft_vocab_size": 4096,
+        ("train", "train", {"epochs": 5, "ttt": 3, "batch_tokens": 2048, "draft_vocab_size": 4096,
                             "val_fraction": 0.1, "log_every": 2}),
         ("eval", "eval", {"bench": "mt_bench", "mode": "chain", "k": 3, "num_questions": 3, "max_new_tokens": 48}),
     ],
-    "full": [  # the data and training of recipes/h200.yaml (about 15 minutes on one H200)
+    "full": [  # the data and training of recipes/h200.yaml (about 30 minutes on one H200)
         ("synth", "synth", {"prompts": "gsm8k", "max_new_tokens": 256, "batch_size": 1024, "keep_unfinished": True}),
         ("magpie", "synth", {"magpie": 12000, "max_new_tokens": 256, "batch_size": 1024, "keep_unfinished": True}),
         ("magpie2", "synth", {"magpie": 4000, "turns": 2, "seed": 1, "max_new_tokens": 256, "batch_size": 1024,
                               "keep_unfinished": True}),
         ("prepare", "prepare", {"max_len": 2048}),
-        ("train", "train", {"steps": 1000, "batch_tokens": 32768, "lr": 4e-4, "val_every": 250, "log_every": 25}),
+        ("train", "train", {"steps": 3900, "val_every": 975, "log_every": 100}),
         ("eval", "eval", {"bench": "mt_bench", "mode": "chain", "k": 7, "num_questions": 80, "max_new_tokens": 256}),
     ],
 }

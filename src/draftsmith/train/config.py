@@ -11,6 +11,8 @@ from draftsmith.config import DEFAULT_TARGET, CommandConfig
 
 
 class TrainConfig(CommandConfig):
+    """Defaults are the best of the ablation in docs/train.md (the H200 recipe's data, 2026-11-30)."""
+
     positional = "dataset_dir"
     dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
     target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
@@ -22,17 +24,17 @@ class TrainConfig(CommandConfig):
     ttt: int = Field(7, ge=1, description="Training-time-test unroll steps K.")
     steps: int | None = Field(None, gt=0, description="Optimizer steps (overrides --epochs).")
     epochs: float = Field(1.0, gt=0, description="Epochs over the training split.")
-    lr: float = Field(1e-4, gt=0, description="Peak learning rate.")
-    optimizer: Literal["adamw", "muon"] = Field("adamw", description="adamw, or muon (Muon on the hidden weight matrices at AdamW's update RMS, AdamW on norms and lm_head).")
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate.")
+    optimizer: Literal["adamw", "muon"] = Field("muon", description="adamw, or muon (Muon on the hidden weight matrices at AdamW's update RMS, AdamW on norms and lm_head).")
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="Learning-rate decay after the warm-up.")
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps for linear warm-up.")
     weight_decay: float = Field(0.0, ge=0, description="Weight decay.")
     step_decay: float = Field(0.8, gt=0, le=1, description="Loss weight of TTT step k is step_decay**k.")
-    norm_before_fc: bool = Field(False, description="RMSNorm over the concatenated aux states before fc (served as `input_norm`).")
+    norm_before_fc: bool = Field(True, description="RMSNorm over the concatenated aux states before fc (served as `input_norm`).")
     fc_norm: bool = Field(False, description="EAGLE-3.1: one RMSNorm per aux layer before fc.")
-    norm_output: bool = Field(False, description="Feed norm(out) instead of out to the next TTT / draft step.")
+    norm_output: bool = Field(True, description="Feed norm(out) instead of out to the next TTT / draft step.")
     norm_before_residual: bool = Field(False, description="The drafter layer's residual is hidden_norm(h) instead of h.")
-    head_init: Literal["random", "target"] = Field("random", description="lm_head and final norm: random, or copied from the target (its lm_head rows of the draft vocab, its final norm).")
+    head_init: Literal["random", "target"] = Field("target", description="lm_head and final norm: random, or copied from the target (its lm_head rows of the draft vocab, its final norm).")
     freeze_head: bool = Field(False, description="Keep lm_head and the final norm fixed (with --head-init target: the target's own).")
     grad_clip: float = Field(0.5, gt=0, description="Gradient-norm clip.")
     batch_tokens: int = Field(8192, gt=0, description="Tokens per packed row (one micro-batch); samples are packed end to end, longer ones truncated.")

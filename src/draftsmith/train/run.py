@@ -87,8 +87,9 @@ def build_source(cfg: Any, target: Any, dataset: Any) -> tuple[Any, list[int], l
         layers = validate_layers(cfg.layers or target.info.default_aux_layers, n_layers)
         source = OnlineSource(dataset, target.model, layers, max_len, token_budget=max(cfg.batch_tokens, max_len))
         return source, layers, list(range(len(dataset)))
-    from draftsmith.data.store import StoreReader
+    from draftsmith.data.store import StoreReader, check_store_matches
 
+    check_store_matches(cfg.hidden, dataset, target.info)  # made from this dataset, for this target
     reader = StoreReader(cfg.hidden)
     layers = [int(k) for k in reader.meta["layers"]]
     if cfg.layers is not None and validate_layers(cfg.layers, n_layers) != layers:
