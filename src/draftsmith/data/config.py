@@ -14,7 +14,7 @@ Format = Literal["auto", "sharegpt", "messages", "pairs", "turns", "prompts", "h
 
 class PrepareConfig(CommandConfig):
     positional = "data"
-    data: Path = Field(description="Conversations: a JSONL/JSON/parquet file or a local HF dataset folder.")
+    data: Path = Field(description="Conversations: a JSONL/JSON/parquet file, a local HF dataset folder, hf:ORG/NAME[:SPLIT] (the hf extra) or a named source with answers (gsm8k, chitchat). A synth --mix output carries its mix.json's sources and licenses into dataset.json.")
     target: str = Field(DEFAULT_TARGET, description="Target whose tokenizer and chat template are used (weights are not loaded).")
     out: Path = Field(description="Output folder for the tokenized dataset.")
     format: Format = Field(

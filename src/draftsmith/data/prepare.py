@@ -24,7 +24,7 @@ from draftsmith.config import write_run_record
 from draftsmith.data.chat import tokenize_conversations
 from draftsmith.data.config import PrepareConfig
 from draftsmith.data.dataset import FORMAT, META_FILE, STATS_FILE, write_table
-from draftsmith.data.formats import read_conversations
+from draftsmith.data.sources import answers, mix_card, read_source
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json
 from draftsmith.progress import Progress
@@ -110,7 +110,10 @@ def run(cfg: PrepareConfig) -> Path:
     if cfg.chat_template is not None and not cfg.chat_template.is_file():
         raise UserError(f"--chat-template {cfg.chat_template}: no such file")
     with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as tmp:
-        convs = read_conversations(cfg.data, cfg.format)
+        if not answers(cfg.data):
+            raise UserError(f"{cfg.data}: a prompt set without answers; answer it first with "
+                            f"`draftsmith synth {cfg.data} --out FILE.jsonl` and prepare that file")
+        convs = read_source(cfg.data, cfg.format).convs
         tokenizer = load_tokenizer(cfg.target, cfg.chat_template)
         target = target_record(cfg.target, tokenizer)
 
@@ -152,6 +155,7 @@ def run(cfg: PrepareConfig) -> Path:
             "format": FORMAT, "version": DATASET_VERSION, "target": target, "max_len": cfg.max_len,
             "length_policy": cfg.length_policy, "chat_template": tokenizer.chat_template,
             "num_samples": len(ids_parts), "source": str(cfg.data),
+            "mix": mix_card(cfg.data),  # synth --mix's sources, licenses and counts, for the model card
         })
         atomic_write_json(tmp / STATS_FILE, stats)
         write_run_record(tmp, cfg)

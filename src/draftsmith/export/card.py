@@ -1,9 +1,10 @@
 """The model card (`README.md`) written into every exported folder.
 
 It says what the drafter is for (target), its architecture options, how it was trained (the
-drafter manifest's `meta`), which target layers it reads in every convention, what it measured
-(an eval `report.json`, if given), and how to serve it with vLLM and SGLang (or why SGLang
-cannot). Pure string building; no I/O.
+drafter manifest's `meta`), on what data (`meta["data_mix"]`, for a drafter trained on a
+`synth --mix` output: its sources, licenses and counts), which target layers it reads in every
+convention, what it measured (an eval `report.json`, if given), and how to serve it with vLLM
+and SGLang (or why SGLang cannot). Pure string building; no I/O.
 """
 
 from __future__ import annotations
@@ -43,6 +44,19 @@ def _eval_section(report: dict[str, Any]) -> list[str]:
     speedup = report.get("speedup")
     lines.append(f"- decode speed-up over plain decoding: {speedup:.2f}x" if isinstance(speedup, int | float)
                  else "- decode speed-up: not measured")
+    return [*lines, ""]
+
+
+def _data_section(mix: dict[str, Any]) -> list[str]:
+    """The training data of a `synth --mix` run: its sources, licenses and conversation counts."""
+    lines = ["## Training data", "",
+             f"Conversations answered by the target itself (`draftsmith synth --mix {mix.get('mix')}`, "
+             f"selection seed {mix.get('seed')}): {mix.get('conversations')} in all.", "",
+             "| source | license | conversations | notes |", "|---|---|---|---|"]
+    for s in mix.get("sources", []):
+        note = f"left out (other licenses): {', '.join(s['left_out'])}" if s.get("left_out") else ""
+        name = s["name"] if s["name"] == s["source"] else f"{s['name']} (`{s['source']}`)"
+        lines.append(f"| {name} | {s['license']} | {s['conversations']} | {note} |")
     return [*lines, ""]
 
 
@@ -109,7 +123,10 @@ def model_card(
     lines += [f"| {name} | {to_engine(cfg.aux_layer_ids, name)} | {meaning} |" for name, meaning in CONVENTIONS]
     lines += ["", "`config.json` records the convention of each id field under `draftsmith.layer_id_conventions`.", ""]
     meta = manifest.get("meta") or {}
-    lines += ["## Training", ""] + (_scalar_lines(meta) or ["- no training metadata was recorded"]) + [""]
+    lines += ["## Training", ""] + (_scalar_lines({k: v for k, v in meta.items() if k != "data_mix"})
+                                    or ["- no training metadata was recorded"]) + [""]
+    if meta.get("data_mix"):
+        lines += _data_section(meta["data_mix"])
     if report is not None:
         lines += _eval_section(report)
     sglang_ok = not any(arch_options(cfg).values())

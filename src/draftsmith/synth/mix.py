@@ -30,6 +30,7 @@ finishes, the conversations kept and dropped. `data.sources.mix_card` is the sho
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections import Counter
 from pathlib import Path
@@ -41,10 +42,11 @@ from draftsmith.config import load_yaml_mapping
 from draftsmith.data.config import Format
 from draftsmith.data.sources import MIX_FILE, SOURCES, label, read_source
 from draftsmith.errors import UserError
-from draftsmith.fsutil import atomic_write_json
+from draftsmith.fsutil import atomic_write_json, atomic_write_text
 from draftsmith.synth import output
 from draftsmith.synth.screen import Screen
 from draftsmith.synth.turns import Work
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -62,6 +64,8 @@ class MixSource(Strict):
     text_field: str | None = Field(None, description="hf: the column that holds the prompt.")
     license: str | None = Field(None, description="License to record (named sources and hub datasets know theirs).")
     turns: int = Field(1, ge=1, description="magpie: user turns per conversation.")
+    origin: str | None = Field(None, description="Where a frozen file's prompts came from (see `freeze`); recorded as the source.")
+    left_out: list[str] | None = Field(None, description="What the origin left out for licensing (recorded for the data card).")
 
 
 class Dedup(Strict):
@@ -235,9 +239,11 @@ def select(path: Path, synth_seed: int, system: list[dict[str, str]], fmt: str =
             tasks[conv["task"]] += 1
             selected += 1
             works.append(Work(f"{name}:{conv['id']}:s{synth_seed}", conv["id"], head, users))
-        stat = {"name": name, "source": src.spec, "license": src.license, "available": len(src.convs),
+        stat = {"name": name, "source": entry.origin or src.spec, "license": src.license, "available": len(src.convs),
                 "wanted": want, "selected": selected, "dropped": dict(sorted(dropped.items())),
                 "tasks": len(tasks), "per_task": dict(sorted(tasks.items())) if len(tasks) > 1 else None, **src.skipped}
+        if entry.left_out:
+            stat["license_excluded_tasks"] = entry.left_out
         if selected == 0:
             why = ", ".join(f"{k} {v}" for k, v in sorted(dropped.items())) or "nothing to select"
             raise UserError(f"--mix {path}: source {name!r} ({src.spec}) leaves no prompt: {len(src.convs)} available, "
@@ -253,3 +259,35 @@ def plan_from(cfg: Any) -> MixPlan:
                         "(add them to the mix file as sources and caps)")
     system = [{"role": "system", "content": cfg.system}] if cfg.system else []
     return select(cfg.mix, cfg.seed, system, cfg.format)
+
+
+def freeze(mix_path: Path, folder: Path) -> Path:
+    """Select a mix here and write what it selected as plain files: one JSONL of prompts per
+    source (`{"id", "messages"}`: the system and user turns) and `mix.yaml`, a mix of those
+    files (names, licenses and Magpie entries kept; no caps, filters or de-duplication left to
+    apply). Synth from the frozen mix gives the same conversation ids as from the original, on
+    a machine that has neither the packages nor the hub (a GPU host without network). Returns
+    the frozen mix file."""
+    import yaml
+
+    plan = select(Path(mix_path), 0, [])
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for stat in plan.stats:
+        name = stat["name"]
+        if stat["source"] == "magpie":
+            entries.append({"source": "magpie", "name": name, "cap": stat["selected"], "turns": stat["turns"]})
+            continue
+        lines = [json.dumps({"id": w.source_id, "messages": [*w.system, *({"role": "user", "content": u} for u in w.users)]},
+                            ensure_ascii=False) + "\n" for w in plan.works if w.id.split(":", 1)[0] == name]
+        atomic_write_text(folder / f"{name}.jsonl", "".join(lines))
+        entry = {"source": f"{name}.jsonl", "name": name, "format": "messages", "license": stat["license"],
+                 "origin": stat["source"]}
+        if stat.get("license_excluded_tasks"):
+            entry["left_out"] = stat["license_excluded_tasks"]
+        entries.append(entry)
+    frozen = {"seed": plan.mix.seed, "dedup": {"exact": False, "near": None}, "sources": entries}
+    header = f"# frozen from {mix_path} by draftsmith.synth.mix.freeze: the prompts it selected, as files\n"
+    atomic_write_text(folder / "mix.yaml", header + yaml.safe_dump(frozen, sort_keys=False, allow_unicode=True))
+    return folder / "mix.yaml"

@@ -169,6 +169,8 @@ def run(cfg: Any, target: Target | None = None) -> Path:
     meta = {"target": target.info.to_dict(), "mode": "online" if cfg.hidden is None else "offline",
             "data": str(cfg.dataset_dir), "hidden": str(cfg.hidden) if cfg.hidden else None, "ttt": cfg.ttt,
             "train_samples": len(train_idx), "val_samples": len(val_idx)}
+    if dataset.meta.get("mix"):
+        meta["data_mix"] = dataset.meta["mix"]  # synth --mix's sources and licenses, for the model card
     log = MetricsLog(out, enabled=env.main)
     trainer = Trainer(cfg, env, objective, wrapped, source, train_idx, val_idx, log, out, meta)
     if resume_from is not None:
