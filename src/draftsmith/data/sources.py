@@ -333,7 +333,9 @@ def read_source(spec: str | Path, fmt: str = "auto", path: Path | None = None, t
         if not convs:
             raise UserError(f"{s}: the source holds no usable prompts ({skipped})")
         return Source(name, s, license or src.license, convs, skipped)
-    raise UserError(f"unknown source {s!r}: not an existing file or folder, not hf:ORG/NAME[:SPLIT], and not one of "
+    if "/" in s or Path(s).suffix:  # meant as a path
+        raise UserError(f"{s}: no such file or folder")
+    raise UserError(f"unknown source {s!r}: no such file or folder, not hf:ORG/NAME[:SPLIT], and not one of "
                     f"the named sources {sorted(SOURCES)}")
 
 
