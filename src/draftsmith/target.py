@@ -152,16 +152,23 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
     return tok
 
 
-# While `shared_targets()` is active (the `pipeline` and `quickstart` commands), load_target
+# While `shared_targets()` is active (the `pipeline` and `quickstart` commands, tests), load_target
 # returns the already loaded model for the same (spec, device, dtype, template): each stage
 # still calls load_target as when run alone, but the target is loaded once per process.
 _SHARED: dict[tuple, Any] | None = None
 
 
+def _target_key(folder: Path, gguf_file: str | None, device: torch.device, dtype: torch.dtype,
+                chat_template: str | Path | None) -> tuple:
+    return (str(folder / (gguf_file or "")), str(device), str(dtype), str(chat_template))
+
+
 @contextlib.contextmanager
-def shared_targets() -> Iterator[None]:
+def shared_targets(*loaded: Target) -> Iterator[None]:
+    """Share targets between the stages run inside the block; `loaded` are targets loaded before
+    it (by `load_target`, without a chat template) that the stages get instead of a second copy."""
     global _SHARED
-    previous, _SHARED = _SHARED, {}
+    previous, _SHARED = _SHARED, {_target_key(*resolve_spec(t.info.name), t.device, t.dtype, None): t for t in loaded}
     try:
         yield
     finally:
@@ -180,7 +187,7 @@ def load_target(
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())  # an index, so set_device/graphs can use it
     dt = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype, dev)
-    key = (str(folder / (gguf_file or "")), str(dev), str(dt), str(chat_template))
+    key = _target_key(folder, gguf_file, dev, dt, chat_template)
     if _SHARED is not None and key in _SHARED:
         return _SHARED[key]
     target = _load(spec, folder, gguf_file, dev, dt, chat_template)

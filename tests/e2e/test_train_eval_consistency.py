@@ -14,6 +14,7 @@ from draftsmith.config import resolve_config
 from draftsmith.draft.checkpoint import load_drafter
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.run import run as evaluate
+from draftsmith.target import shared_targets
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.run import run as train
 from tests.e2e.test_train_overfit import write_dataset_and_store
@@ -36,10 +37,11 @@ def test_measured_tau_matches_simulated_tau(tmp_path, smollm2):
     convs = [[{"role": "user", "content": p}, {"role": "assistant", "content": greedy_answer(smollm2, p)}] for p in PROMPTS]
     ds, store = write_dataset_and_store(tmp_path, smollm2, convs)
     cfg = resolve_config(TrainConfig, None, {
-        "dataset_dir": ds, "hidden": store, "out": tmp_path / "run", "device": "cpu", "steps": 30, "ttt": 2, "lr": 1e-2,
+        "dataset_dir": ds, "hidden": store, "target": smollm2.info.name, "out": tmp_path / "run", "device": "cpu", "steps": 30, "ttt": 2, "lr": 1e-2,
         "warmup_ratio": 0, "val_fraction": 0, "val_every": 1000, "draft_vocab_size": 512, "log_every": 10,
         "save_every": 1000})
-    train(cfg, target=smollm2)
+    with shared_targets(smollm2):  # the session target, not a second copy
+        train(cfg)
     simulated = load_drafter(tmp_path / "run")[1]["meta"]["simulated_tau"]
 
     bench = tmp_path / "prompts.jsonl"

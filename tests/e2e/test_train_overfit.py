@@ -19,6 +19,7 @@ from draftsmith.data.dataset import FORMAT, META_FILE, load_dataset, write_table
 from draftsmith.data.store import MANIFEST, STORE_FILE, crc32, new_store_meta, sample_relpath
 from draftsmith.draft.checkpoint import load_drafter
 from draftsmith.runtime.capture import capture
+from draftsmith.target import shared_targets
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.metrics import read_metrics
 from draftsmith.train.run import run
@@ -65,10 +66,11 @@ def test_overfit_eight_conversations(tmp_path, smollm2):
     assert int(load_dataset(ds).mask.sum()) > 80  # real assistant masks
     out = tmp_path / "run"
     cfg = resolve_config(TrainConfig, None, {
-        "dataset_dir": ds, "hidden": store, "out": out, "device": "cpu", "steps": 30, "ttt": 2, "lr": 1e-2,
+        "dataset_dir": ds, "hidden": store, "target": smollm2.info.name, "out": out, "device": "cpu", "steps": 30, "ttt": 2, "lr": 1e-2,
         "warmup_ratio": 0, "val_fraction": 0, "val_every": 1000, "draft_vocab_size": 512, "log_every": 2,
         "save_every": 1000})
-    run(cfg, target=smollm2)
+    with shared_targets(smollm2):  # the session target, not a second copy
+        run(cfg)
     train = [r for r in read_metrics(out) if r["split"] == "train"]
     acc0 = [r["acc_0"] for r in train]
     tau = [r["tau"] for r in train]

@@ -45,7 +45,7 @@ def test_offline_and_online_give_the_same_loss(data_and_store, tiny_target_dir):
     layers = [int(k) for k in reader.meta["layers"]]
     online = OnlineSource(ds, target.model, layers, max_len=2048, token_budget=64)  # several capture sub-batches
     offline = OfflineSource(reader, max_len=2048)
-    d2t, t2d = resolve_vocab(type("C", (), {"vocab": None, "draft_vocab_size": 300})(), ds, list(range(len(ds))), target.info.vocab_size)
+    d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=ds_path, out=ds_path, draft_vocab_size=300), ds, list(range(len(ds))), target.info.vocab_size)
     torch.manual_seed(0)
     drafter = build_drafter(target, layers, d2t, t2d, TrainConfig(dataset_dir=ds_path, out=ds_path))
     objective = TTTObjective(drafter, target.model.get_output_embeddings().weight, K=3, backend="eager", chunk=16)
@@ -66,7 +66,7 @@ def test_chunking_does_not_change_the_loss(data_and_store, tiny_target_dir):
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
     reader = StoreReader(store)
     layers = [int(k) for k in reader.meta["layers"]]
-    d2t, t2d = resolve_vocab(type("C", (), {"vocab": None, "draft_vocab_size": 300})(), load_dataset(ds_path), [0, 1, 2], target.info.vocab_size)
+    d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=ds_path, out=ds_path, draft_vocab_size=300), load_dataset(ds_path), [0, 1, 2], target.info.vocab_size)
     drafter = build_drafter(target, layers, d2t, t2d, TrainConfig(dataset_dir=ds_path, out=ds_path))
     batch = collate(OfflineSource(reader, 2048).samples([1, 2]), None)
     w = target.model.get_output_embeddings().weight

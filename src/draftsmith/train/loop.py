@@ -25,9 +25,12 @@ import torch.distributed as dist
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.errors import UserError
+from draftsmith.progress import Progress
 from draftsmith.train import checkpointing as ckpt
-from draftsmith.train.batching import collate, pack_rows, shard_rows, to_device
-from draftsmith.train.metrics import add_stats, summarise, zero_stats
+from draftsmith.train.batching import OfflineSource, OnlineSource, collate, pack_rows, shard_rows, to_device
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.loss import TTTObjective
+from draftsmith.train.metrics import MetricsLog, add_stats, summarise, zero_stats
 from draftsmith.train.optim import Optimizers
 
 
@@ -65,16 +68,41 @@ class Env:
         return self.rank == 0
 
 
+@dataclass
+class TrainData:
+    """The samples to train on: a source (store or online capture) and its train / validation split."""
+
+    source: OnlineSource | OfflineSource
+    train_idx: list[int]
+    val_idx: list[int]
+
+
+def wrap(objective: TTTObjective, env: Env) -> torch.nn.Module:
+    """The objective as this process trains it: itself on one process, else under DDP or FSDP2."""
+    if env.world == 1:
+        return objective
+    if env.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(objective.drafter.midlayer)
+        return fully_shard(objective)
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [env.device.index] if env.device.type == "cuda" else None
+    return DistributedDataParallel(objective, device_ids=ids, broadcast_buffers=False)
+
+
 class Trainer:
-    def __init__(self, cfg: Any, env: Env, objective: torch.nn.Module, wrapped: torch.nn.Module, source: Any,
-                 train_idx: list[int], val_idx: list[int], log: Any, out: Path, drafter_meta: dict[str, Any]) -> None:
-        self.cfg, self.env, self.objective, self.wrapped, self.source = cfg, env, objective, wrapped, source
-        self.train_idx, self.val_idx, self.log, self.out, self.meta = train_idx, val_idx, log, Path(out), drafter_meta
+    def __init__(self, cfg: TrainConfig, env: Env, objective: TTTObjective, data: TrainData, log: MetricsLog,
+                 drafter_meta: dict[str, Any]) -> None:
+        self.cfg, self.env, self.objective, self.wrapped = cfg, env, objective, wrap(objective, env)
+        self.source, self.train_idx, self.val_idx = data.source, data.train_idx, data.val_idx
+        self.log, self.out, self.meta = log, Path(cfg.out), drafter_meta
         self.pad_to = cfg.batch_tokens if objective.backend == "flex" else None  # static shapes for compiled flex
         rows0 = len(self.epoch_rows(0))
         self.steps_per_epoch = max(rows0 // cfg.grad_accum, 1)
         self.total = cfg.steps or max(math.ceil(cfg.epochs * rows0 / cfg.grad_accum), 1)
-        self.optim = Optimizers(wrapped, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.schedule, self.total,
+        self.optim = Optimizers(self.wrapped, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.schedule, self.total,
                                 int(cfg.warmup_ratio * self.total))
         self.pos = Position()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
@@ -195,7 +223,7 @@ class Trainer:
         self.pos = Position(**state["train"])
 
     # -- the loop --------------------------------------------------------------------------
-    def run(self, progress: Any) -> dict[str, Any] | None:
+    def run(self, progress: Progress | None) -> dict[str, Any] | None:
         cfg = self.cfg
         if self.pos.step >= self.total:  # resuming a finished run
             return None

@@ -18,13 +18,12 @@ from __future__ import annotations
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from draftsmith.config import write_run_record
-from draftsmith.data.dataset import load_dataset
+from draftsmith.data.dataset import TokenizedDataset, load_dataset
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
@@ -35,12 +34,12 @@ from draftsmith.torchrun import dist_env
 from draftsmith.train.batching import OfflineSource, OnlineSource, split_indices
 from draftsmith.train.checkpointing import latest_checkpoint
 from draftsmith.train.config import TrainConfig
-from draftsmith.train.loop import Env, Trainer
+from draftsmith.train.loop import Env, TrainData, Trainer
 from draftsmith.train.loss import TTTObjective
 from draftsmith.train.metrics import MetricsLog, plot_metrics, truncate_metrics
 from draftsmith.train.ttt import default_backend
 
-def setup_env(cfg: Any) -> Env:
+def setup_env(cfg: TrainConfig) -> Env:
     """One process, or one rank of a torchrun job (nccl on GPU, gloo on CPU)."""
     _, world, local_rank = dist_env()
     if world == 1:
@@ -54,7 +53,7 @@ def setup_env(cfg: Any) -> Env:
     return Env(rank=dist.get_rank(), world=world, device=device, fsdp=cfg.distributed == "fsdp")
 
 
-def prepare_out(cfg: Any, env: Env) -> Path | None:
+def prepare_out(cfg: TrainConfig, env: Env) -> Path | None:
     """Check the output folder; returns the checkpoint to resume from, if any."""
     out = Path(cfg.out)
     has_run = (out / "checkpoints").exists() or (out / "metrics.jsonl").exists()
@@ -69,7 +68,7 @@ def prepare_out(cfg: Any, env: Env) -> Path | None:
     return None
 
 
-def resolve_vocab(cfg: Any, dataset: Any, dataset_rows: list[int], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def resolve_vocab(cfg: TrainConfig, dataset: TokenizedDataset, dataset_rows: list[int], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     if cfg.vocab is not None:
         d2t, t2d = load_vocab(cfg.vocab)
         if t2d.numel() != vocab_size:
@@ -79,7 +78,7 @@ def resolve_vocab(cfg: Any, dataset: Any, dataset_rows: list[int], vocab_size: i
     return build_vocab(counts, min(draft_vocab_size(cfg.draft_vocab_size, vocab_size), vocab_size))
 
 
-def build_source(cfg: Any, target: Any, dataset: Any) -> tuple[Any, list[int], list[int]]:
+def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) -> tuple[OnlineSource | OfflineSource, list[int], list[int]]:
     """The sample source, the aux layer ids, and the dataset rows of the source's samples."""
     max_len = min(cfg.max_len, cfg.batch_tokens)
     n_layers = target.info.num_layers
@@ -125,22 +124,8 @@ def build_drafter(target: Target, layers: list[int], d2t: torch.Tensor, t2d: tor
     return drafter
 
 
-def wrap(objective: torch.nn.Module, env: Env) -> torch.nn.Module:
-    if env.world == 1:
-        return objective
-    if env.fsdp:
-        from torch.distributed.fsdp import fully_shard
-
-        fully_shard(objective.drafter.midlayer)
-        return fully_shard(objective)
-    from torch.nn.parallel import DistributedDataParallel
-
-    ids = [env.device.index] if env.device.type == "cuda" else None
-    return DistributedDataParallel(objective, device_ids=ids, broadcast_buffers=False)
-
-
-def run(cfg: Any, target: Target | None = None) -> Path:
-    """Train; `target` may be given already loaded (pipelines, tests), else it is loaded here."""
+def run(cfg: TrainConfig) -> Path:
+    """Train. The target is loaded here (a pipeline's `shared_targets` hands back the one it has)."""
     env = setup_env(cfg)
     if cfg.optimizer == "muon" and env.fsdp:
         raise UserError("--optimizer muon works on whole weight matrices and cannot run under --distributed fsdp; use ddp or adamw")
@@ -153,7 +138,7 @@ def run(cfg: Any, target: Target | None = None) -> Path:
         cfg = cfg.model_copy(update={"autocast": env.device.type == "cuda"})
     torch.manual_seed(cfg.seed)
 
-    target = target or load_target(cfg.target, env.device, cfg.dtype)
+    target = load_target(cfg.target, env.device, cfg.dtype)
     dataset = load_dataset(cfg.dataset_dir)
     source, layers, dataset_rows = build_source(cfg, target, dataset)
     train_idx, val_idx = split_indices(len(source), cfg.val_fraction, cfg.seed)
@@ -165,14 +150,13 @@ def run(cfg: Any, target: Target | None = None) -> Path:
 
     backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
     objective = TTTObjective(drafter.to(env.device), w_full.to(env.device), cfg.ttt, backend, cfg.loss_chunk, cfg.step_decay)
-    wrapped = wrap(objective, env)
     meta = {"target": target.info.to_dict(), "mode": "online" if cfg.hidden is None else "offline",
             "data": str(cfg.dataset_dir), "hidden": str(cfg.hidden) if cfg.hidden else None, "ttt": cfg.ttt,
             "train_samples": len(train_idx), "val_samples": len(val_idx)}
     if dataset.meta.get("mix"):
         meta["data_mix"] = dataset.meta["mix"]  # synth --mix's sources and licenses, for the model card
     log = MetricsLog(out, enabled=env.main)
-    trainer = Trainer(cfg, env, objective, wrapped, source, train_idx, val_idx, log, out, meta)
+    trainer = Trainer(cfg, env, objective, TrainData(source, train_idx, val_idx), log, meta)
     if resume_from is not None:
         trainer.resume(resume_from)
     if cfg.resume and env.main:
