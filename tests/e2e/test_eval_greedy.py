@@ -49,7 +49,7 @@ def test_plain_engine_equals_hf_generate(smollm2, setup):
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_greedy_speculative_equals_target_greedy(setup, mode):
     drafter, engine, prompts, plain = setup
-    proposer = DrafterProposer(drafter, Sampling(), engine.max_len, mode=mode, k=3, top_k=4, total_tokens=10)
+    proposer = DrafterProposer(drafter, Sampling(), engine.max_len, mode=mode, depth=3, top_k=4, total_tokens=10)
     steps = []
     for p, ref in zip(prompts, plain, strict=True):
         out = spec_generate(engine, proposer, p, NEW, set(), Sampling())

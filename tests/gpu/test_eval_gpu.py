@@ -38,7 +38,7 @@ def test_graphed_forward_equals_eager(target):
 def test_graphed_spec_equals_plain(target, mode):
     drafter = random_drafter(target.model, 32000)
     eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512)
-    prop = DrafterProposer(drafter, Sampling(), 512, mode=mode, k=7, top_k=10, total_tokens=60)
+    prop = DrafterProposer(drafter, Sampling(), 512, mode=mode, depth=7, top_k=10, total_tokens=60)
     eng.graph(1)
     eng.graph(prop.size + 1)
     prop.graph()

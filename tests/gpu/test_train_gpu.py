@@ -21,7 +21,7 @@ def _objective(backend: str, hidden: int = 576, vocab: int = 49152, draft: int =
     d = Eagle3Drafter(cfg)
     d.t2d[:draft] = True
     w = torch.randn(vocab, hidden) * 0.05
-    return TTTObjective(d.cuda(), w.cuda(), K=7, backend=backend)
+    return TTTObjective(d.cuda(), w.cuda(), ttt=7, backend=backend)
 
 
 def _batch(T: int, lengths: list[int], hidden: int = 576) -> dict[str, torch.Tensor]:

@@ -84,14 +84,14 @@ def test_fallback_greedy_equals_generate(kind, capsys):
     assert isinstance(engine, HFEngine)
     err = capsys.readouterr().err
     assert f"{type(model).__name__}: not on the fast engine" in err and "generic path" in err
-    drafter = DrafterProposer(random_drafter(model), Sampling(), engine.max_len, mode="chain", k=3)
+    drafter = DrafterProposer(random_drafter(model), Sampling(), engine.max_len, mode="chain", depth=3)
     for prompt in PROMPTS:
         ref = hf_greedy(model, prompt, NEW)
         assert plain_generate(engine, prompt, NEW, set(), Sampling()).tokens == ref
         assert spec_generate(engine, drafter, prompt, NEW, set(), Sampling()).tokens == ref
         seq = prompt + ref
         wrong = [t if i < len(prompt) or i % 3 else (t + 1) % V for i, t in enumerate(seq)]
-        spec = spec_generate(engine, OracleProposer(wrong, k=3), prompt, NEW, set(), Sampling())
+        spec = spec_generate(engine, OracleProposer(wrong, depth=3), prompt, NEW, set(), Sampling())
         assert spec.tokens == ref and {0, 1, 2} <= set(spec.accepts)
 
 

@@ -80,7 +80,7 @@ def test_plain_greedy_equals_hf_generate(tiny_model):
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_greedy_spec_equals_plain_random_drafter(tiny_model, mode):
     eng = engine_for(tiny_model)
-    prop = DrafterProposer(random_drafter(tiny_model, draft_vocab=4000), Sampling(), eng.max_len, mode=mode, k=3, top_k=3, total_tokens=8)
+    prop = DrafterProposer(random_drafter(tiny_model, draft_vocab=4000), Sampling(), eng.max_len, mode=mode, depth=3, top_k=3, total_tokens=8)
     assert prop.fused == (mode == "chain")  # greedy chain takes the fused cycle
     for seed in range(3):
         prompt = torch.randint(0, 1000, (8,), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -95,7 +95,7 @@ def test_oracle_gives_tau_k_plus_1(tiny_model, mode):
     eng = engine_for(tiny_model)
     prompt = [1, 50, 60, 70, 80]
     plain = plain_generate(eng, prompt, 40, set(), Sampling())
-    oracle = OracleProposer(prompt + plain.tokens, mode=mode, k=4, vocab_size=eng.vocab_size)
+    oracle = OracleProposer(prompt + plain.tokens, mode=mode, depth=4, vocab_size=eng.vocab_size)
     spec = spec_generate(eng, oracle, prompt, 40, set(), Sampling())
     assert spec.tokens == plain.tokens
     tau = sum(a + 1 for a in spec.accepts) / len(spec.accepts)
@@ -108,6 +108,6 @@ def test_stop_token_cuts_both_the_same(tiny_model):
     free = plain_generate(eng, prompt, 20, set(), Sampling()).tokens
     stop = {free[6]}
     plain = plain_generate(eng, prompt, 20, stop, Sampling())
-    prop = DrafterProposer(random_drafter(tiny_model), Sampling(), eng.max_len, mode="chain", k=3)
+    prop = DrafterProposer(random_drafter(tiny_model), Sampling(), eng.max_len, mode="chain", depth=3)
     spec = spec_generate(eng, prop, prompt, 20, stop, Sampling())
     assert plain.tokens == spec.tokens == free[: free.index(free[6]) + 1]

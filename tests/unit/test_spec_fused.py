@@ -55,7 +55,7 @@ def test_fused_cycle_never_reads_the_host():
     CPU proxy of a CUDA graph capture; the capture itself is checked on GPU)."""
     model = tiny_vocab_llama()
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
-    prop = DrafterProposer(tiny_drafter(model), Sampling(), 64, mode="chain", k=3)
+    prop = DrafterProposer(tiny_drafter(model), Sampling(), 64, mode="chain", depth=3)
     prompt = torch.tensor([1, 5, 7, 3, 9, 2, 4])
     _, aux = eng.prefill(prompt)
     prop.observe(aux, torch.cat([prompt[1:], torch.tensor([4])]))  # a prompt: its prefix runs eagerly
@@ -91,7 +91,7 @@ def test_fused_cycle_proposes_the_step_by_step_drafts(device):
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
     drafter = tiny_drafter(model).to(device)
     k = 4
-    fused, steps = (DrafterProposer(drafter, Sampling(), 64, mode="chain", k=k, fused=f) for f in (True, False))
+    fused, steps = (DrafterProposer(drafter, Sampling(), 64, mode="chain", depth=k, fused=f) for f in (True, False))
     assert fused.fused and not steps.fused
     for p in (fused, steps):
         p.graph()
@@ -143,7 +143,7 @@ def test_fused_spec_keeps_tokens_and_accepts(device):
     drafter = echo_drafter(model).to(device)
     accepts = []
     for prompt in ([1, 5, 7, 3, 9], [2, 2, 8], [6, 10]):
-        fused, steps = (DrafterProposer(drafter, Sampling(), 64, mode="chain", k=3, fused=f) for f in (True, False))
+        fused, steps = (DrafterProposer(drafter, Sampling(), 64, mode="chain", depth=3, fused=f) for f in (True, False))
         for p in (fused, steps):
             p.graph()
         plain = plain_generate(eng, prompt, 30, set(), Sampling())

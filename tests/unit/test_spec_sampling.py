@@ -59,7 +59,7 @@ def first_emitted(mode: str, residual: bool, n: int, temperature: float, top_p: 
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=0, residual=residual)
     chain = mode.startswith("chain")
-    prop = DrafterProposer(tiny_drafter(model), sampling, 64, mode="chain" if chain else mode, k=1 if chain else 2, top_k=3,
+    prop = DrafterProposer(tiny_drafter(model), sampling, 64, mode="chain" if chain else mode, depth=1 if chain else 2, top_k=3,
                            total_tokens=6)
     prompt, root = torch.tensor([1, 5, 7, 3, 9]), 4
     _, aux = eng.prefill(prompt)
@@ -165,7 +165,7 @@ def test_sampled_generation_runs_to_length(mode):
     model = tiny_vocab_llama()
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
     sampling = Sampling(temperature=1.0, seed=3)
-    prop = DrafterProposer(tiny_drafter(model), sampling, 64, mode=mode, k=3, top_k=3, total_tokens=6)
+    prop = DrafterProposer(tiny_drafter(model), sampling, 64, mode=mode, depth=3, top_k=3, total_tokens=6)
     out = spec_generate(eng, prop, [1, 5, 7, 3, 9], 30, set(), sampling)
     assert len(out.tokens) == 30 and all(0 <= t < V for t in out.tokens)
     assert sum(out.accepts) > 0 and len(out.accepts) < 30

@@ -48,7 +48,7 @@ def test_offline_and_online_give_the_same_loss(data_and_store, tiny_target_dir):
     d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=ds_path, out=ds_path, draft_vocab_size=300), ds, list(range(len(ds))), target.info.vocab_size)
     torch.manual_seed(0)
     drafter = build_drafter(target, layers, d2t, t2d, TrainConfig(dataset_dir=ds_path, out=ds_path))
-    objective = TTTObjective(drafter, target.model.get_output_embeddings().weight, K=3, backend="eager", chunk=16)
+    objective = TTTObjective(drafter, target.model.get_output_embeddings().weight, ttt=3, backend="eager", chunk=16)
     row = [0, 3, 5, 7]
     a, b = collate(online.samples(row), None), collate(offline.samples(row), None)
     assert torch.equal(a["ids"], b["ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
@@ -70,8 +70,8 @@ def test_chunking_does_not_change_the_loss(data_and_store, tiny_target_dir):
     drafter = build_drafter(target, layers, d2t, t2d, TrainConfig(dataset_dir=ds_path, out=ds_path))
     batch = collate(OfflineSource(reader, 2048).samples([1, 2]), None)
     w = target.model.get_output_embeddings().weight
-    big, _ = TTTObjective(drafter, w, K=2, backend="eager", chunk=4096)(**batch)
-    small, _ = TTTObjective(drafter, w, K=2, backend="eager", chunk=5)(**batch)
+    big, _ = TTTObjective(drafter, w, ttt=2, backend="eager", chunk=4096)(**batch)
+    small, _ = TTTObjective(drafter, w, ttt=2, backend="eager", chunk=5)(**batch)
     torch.testing.assert_close(big, small)
 
 

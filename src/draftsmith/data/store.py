@@ -84,11 +84,11 @@ def crc32(data: bytes | memoryview) -> str:
     return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
 
 
-def new_store_meta(target: dict[str, Any], layers: list[int], dtype: str, dataset: dict[str, Any]) -> dict[str, Any]:
+def new_store_meta(target: dict[str, Any], aux_layer_ids: list[int], dtype: str, dataset: dict[str, Any]) -> dict[str, Any]:
     """store.json for a new store; `totals` and `complete` are filled in when extraction ends."""
     return {
-        "format": FORMAT, "version": VERSION, "target": target, "layers": list(layers), "dtype": dtype,
-        "hidden_size": int(target["hidden_size"]), "n_aux": len(layers), "folder_size": FOLDER_SIZE,
+        "format": FORMAT, "version": VERSION, "target": target, "layers": list(aux_layer_ids), "dtype": dtype,
+        "hidden_size": int(target["hidden_size"]), "n_aux": len(aux_layer_ids), "folder_size": FOLDER_SIZE,
         "checksum": "crc32", "dataset": dataset, "totals": None, "complete": False,
     }
 

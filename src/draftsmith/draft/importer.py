@@ -79,7 +79,7 @@ def to_draftsmith_keys(tensors: dict[str, torch.Tensor], where: Path) -> dict[st
     return out
 
 
-def layer_ids(config: dict[str, Any], speculators: bool, convention: str | None, where: Path) -> tuple[list[int], str]:
+def read_aux_layer_ids(config: dict[str, Any], speculators: bool, convention: str | None, where: Path) -> tuple[list[int], str]:
     """The auxiliary layer ids in draftsmith's convention, and a note on where they came from."""
     fields = {TOP_LEVEL_IDS: config.get(TOP_LEVEL_IDS), NESTED_IDS: (config.get("eagle_config") or {}).get(TOP_LEVEL_IDS)}
     present = {f: [int(k) for k in ids] for f, ids in fields.items() if ids}
@@ -188,7 +188,7 @@ def import_drafter(path: Path, convention: str | None = None) -> tuple[Eagle3Dra
     if not speculators and not any("eagle3" in a.lower() for a in config.get("architectures", [])):
         raise UserError(f"{config_path}: architectures {config.get('architectures')} are not an EAGLE-3 drafter")
     state = to_draftsmith_keys(read_weights(path), path)
-    ids, ids_source = layer_ids(config, speculators, convention, path)
+    ids, ids_source = read_aux_layer_ids(config, speculators, convention, path)
     cfg = drafter_config(config, speculators, ids, path)
     if "fc.weight" in state and state["fc.weight"].shape[1] != len(ids) * cfg.target_hidden_size:
         raise UserError(

@@ -51,8 +51,8 @@ def ancestors(parents: list[int]) -> torch.Tensor:
 
 
 def chain_draft(tokens: torch.Tensor, q: torch.Tensor | None = None) -> Draft:
-    k = tokens.shape[0]
-    return Draft(tokens, list(range(k)), torch.arange(1, k + 1, device=tokens.device), q)
+    depth = tokens.shape[0]
+    return Draft(tokens, list(range(depth)), torch.arange(1, depth + 1, device=tokens.device), q)
 
 
 class DrafterProposer:
@@ -60,14 +60,14 @@ class DrafterProposer:
     step-by-step path that sampling uses (the reference the fused cycle is tested against)."""
 
     def __init__(self, drafter: Eagle3Drafter, sampling: Sampling, max_len: int, mode: str = "chain",
-                 k: int = 7, top_k: int = 10, total_tokens: int = 60, fused: bool = True) -> None:
+                 depth: int = 7, top_k: int = 10, total_tokens: int = 60, fused: bool = True) -> None:
         cfg = drafter.config
         self.drafter, self.sampling, self.max_len = drafter, sampling, max_len
-        self.mode, self.k, self.top_k, self.total_tokens = mode, k, top_k, total_tokens
+        self.mode, self.depth, self.top_k, self.total_tokens = mode, depth, top_k, total_tokens
         self.fused = fused and mode == "chain" and sampling.greedy
         p = next(drafter.parameters())
         self.device, self.dtype = p.device, p.dtype
-        self.draft_slots = k if mode == "chain" else (k - 1) * top_k
+        self.draft_slots = depth if mode == "chain" else (depth - 1) * top_k
         shape = (1, cfg.num_key_value_heads, max_len + self.draft_slots, cfg.head_dim)
         self.k_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
         self.v_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
@@ -77,8 +77,8 @@ class DrafterProposer:
         self.cols = torch.arange(shape[2], device=self.device)
         self.graphs: dict[int, Graphed] = {}
         # fused cycle: the observed rows staged for propose(), padded to K+1 (aux, next tokens), and n, m
-        self.stage = (torch.zeros(k + 1, drafter.fc.in_features, device=self.device, dtype=self.dtype),
-                      torch.zeros(k + 1, dtype=torch.long, device=self.device),
+        self.stage = (torch.zeros(depth + 1, drafter.fc.in_features, device=self.device, dtype=self.dtype),
+                      torch.zeros(depth + 1, dtype=torch.long, device=self.device),
                       torch.zeros((), dtype=torch.long, device=self.device), torch.ones((), dtype=torch.long, device=self.device))
         self.cycle: Graphed | None = None
 
@@ -107,8 +107,8 @@ class DrafterProposer:
     def size(self) -> int:
         """Draft nodes per proposal (fixed, so that verification has one shape)."""
         if self.mode == "chain":
-            return self.k
-        pool = self.top_k + (self.k - 1) * self.top_k * self.top_k
+            return self.depth
+        pool = self.top_k + (self.depth - 1) * self.top_k * self.top_k
         return min(self.total_tokens, pool)
 
     def reset(self) -> None:
@@ -155,7 +155,7 @@ class DrafterProposer:
         after each. Fused mode only stages the last (up to K+1) rows for propose(), without a
         host sync; a longer prefix (a prompt) runs eagerly first."""
         m = aux.shape[0]
-        staged = min(m, self.k + 1) if self.fused else 0
+        staged = min(m, self.depth + 1) if self.fused else 0
         if m > staged:
             logits, out = self._context_step(aux[: m - staged], next_tokens[: m - staged].to(self.device), self.n)
             self.n += m - staged
@@ -190,7 +190,7 @@ class DrafterProposer:
         hidden [1, H]); n: positions observed. Returns the target ids [K] and, when sampling,
         the distribution each was drawn from [K, V]."""
         tokens, qs = [], []
-        for i in range(self.k):
+        for i in range(self.depth):
             if self.sampling.greedy:
                 d = logits.argmax(-1)  # [1]
             else:
@@ -198,7 +198,7 @@ class DrafterProposer:
                 d = self.sampling.draws(q_d)[None]  # [1], drawn on the device (no host sync)
                 qs.append(torch.zeros(self.vocab_size, device=self.device).index_copy_(0, self.vocab_map, q_d))
             tokens.append(self.vocab_map.index_select(0, d))  # [1] target id
-            if i < self.k - 1:
+            if i < self.depth - 1:
                 logits, hidden = self._draft_step(hidden, tokens[-1], n, i)
         q = torch.stack(qs) if qs else None  # [K, V]
         return torch.cat(tokens), q  # [K]
@@ -209,31 +209,31 @@ class DrafterProposer:
 
     @torch.no_grad()
     def _tree(self) -> Draft:
-        k, dev = self.top_k, self.device
-        scores, d_ids = torch.log_softmax(self.logits, -1).topk(k)  # [k]
+        width, dev = self.top_k, self.device
+        scores, d_ids = torch.log_softmax(self.logits, -1).topk(width)  # [width]
         pool_scores, pool_tokens = [scores], [self.vocab_map[d_ids]]
-        pool_parents, pool_depths = [torch.full((k,), -1, device=dev)], [torch.ones(k, dtype=torch.long, device=dev)]
-        frontier, f_tokens = torch.arange(k, device=dev), pool_tokens[0]  # pool indices, target ids
-        f_hidden = self.hidden.expand(k, -1)  # [k, H]
-        f_anc = torch.zeros(k, self.draft_slots, dtype=torch.bool, device=dev)  # expanded ancestors' slots
-        base = k
-        for d in range(1, self.k):
-            own = (d - 1) * k + torch.arange(k, device=dev)  # [k] draft slots of the frontier
+        pool_parents, pool_depths = [torch.full((width,), -1, device=dev)], [torch.ones(width, dtype=torch.long, device=dev)]
+        frontier, f_tokens = torch.arange(width, device=dev), pool_tokens[0]  # pool indices, target ids
+        f_hidden = self.hidden.expand(width, -1)  # [width, H]
+        f_anc = torch.zeros(width, self.draft_slots, dtype=torch.bool, device=dev)  # expanded ancestors' slots
+        base = width
+        for d in range(1, self.depth):
+            own = (d - 1) * width + torch.arange(width, device=dev)  # [width] draft slots of the frontier
             anc = f_anc.clone()
-            anc[torch.arange(k, device=dev), own] = True
-            mask = torch.cat([(self.cols[: self.max_len] < self.n).expand(k, -1), anc], dim=1)  # [k, S]
-            pos = torch.full((k,), self.n - 1 + d, device=dev)
+            anc[torch.arange(width, device=dev), own] = True
+            mask = torch.cat([(self.cols[: self.max_len] < self.n).expand(width, -1), anc], dim=1)  # [width, S]
+            pos = torch.full((width,), self.n - 1 + d, device=dev)
             logits, out = self._step(f_hidden, f_tokens, pos, self.max_len + own, mask)
-            s, t = torch.log_softmax(logits, -1).topk(k, dim=-1)  # [k, k]
-            cand = (scores[:, None] + s).flatten()  # [k*k] cumulative log-probs
+            s, t = torch.log_softmax(logits, -1).topk(width, dim=-1)  # [width, width]
+            cand = (scores[:, None] + s).flatten()  # [width*width] cumulative log-probs
             pool_scores.append(cand)
             pool_tokens.append(self.vocab_map[t.flatten()])
-            pool_parents.append(frontier.repeat_interleave(k))
-            pool_depths.append(torch.full((k * k,), d + 1, device=dev))
-            scores, best = cand.topk(k)  # next frontier
-            rows = best // k
+            pool_parents.append(frontier.repeat_interleave(width))
+            pool_depths.append(torch.full((width * width,), d + 1, device=dev))
+            scores, best = cand.topk(width)  # next frontier
+            rows = best // width
             frontier, f_tokens, f_hidden, f_anc = base + best, pool_tokens[-1][best], out[rows], anc[rows]
-            base += k * k
+            base += width * width
         all_scores = torch.cat(pool_scores)  # [P], in depth order
         keep = torch.sort(-all_scores, stable=True).indices[: self.size].sort().values  # parents before children
         parents_pool, kept = torch.stack([torch.cat(pool_parents)[keep], keep]).tolist()  # [2, N]: one host transfer
@@ -243,17 +243,17 @@ class DrafterProposer:
 
 
 class OracleProposer:
-    """Proposes the target's own continuation (known in advance): a chain of the next `k`
+    """Proposes the target's own continuation (known in advance): a chain of the next `depth`
     reference tokens, or in tree mode that chain with a wrong sibling before each node, so that
-    verification has to search the tree. For tau sanity checks: tau should be about k+1."""
+    verification has to search the tree. For tau sanity checks: tau should be about depth+1."""
 
-    def __init__(self, reference: list[int], mode: str = "chain", k: int = 7, vocab_size: int = 2) -> None:
-        self.reference, self.mode, self.k, self.vocab_size = reference, mode, k, vocab_size
+    def __init__(self, reference: list[int], mode: str = "chain", depth: int = 7, vocab_size: int = 2) -> None:
+        self.reference, self.mode, self.depth, self.vocab_size = reference, mode, depth, vocab_size
         self.n = 0
 
     @property
     def size(self) -> int:
-        return self.k if self.mode == "chain" else 2 * self.k
+        return self.depth if self.mode == "chain" else 2 * self.depth
 
     def reset(self) -> None:
         self.n = 0
@@ -262,7 +262,7 @@ class OracleProposer:
         self.n += aux.shape[0]
 
     def propose(self) -> Draft:
-        ahead = [self.reference[i] if i < len(self.reference) else 0 for i in range(self.n + 1, self.n + 1 + self.k)]
+        ahead = [self.reference[i] if i < len(self.reference) else 0 for i in range(self.n + 1, self.n + 1 + self.depth)]
         if self.mode == "chain":
             return chain_draft(torch.tensor(ahead))
         tokens, parents = [], []
@@ -270,7 +270,7 @@ class OracleProposer:
             parent = 0 if d == 0 else 2 * d  # the previous true node (rows: wrong 2d+1, true 2d+2)
             tokens += [(tok + 1) % self.vocab_size, tok]
             parents += [parent, parent]
-        depths = torch.arange(1, self.k + 1).repeat_interleave(2)
+        depths = torch.arange(1, self.depth + 1).repeat_interleave(2)
         return Draft(torch.tensor(tokens), parents, depths)
 
 

@@ -23,12 +23,12 @@ def _rate(tokens: int, seconds: float) -> float | None:
 
 
 def acceptance(accepts: list[int], depth: int) -> dict[str, Any]:
-    steps = max(len(accepts), 1)
-    reached = [sum(a >= j for a in accepts) for j in range(depth + 1)]  # reached[0] = steps
+    calls = max(len(accepts), 1)  # target verification calls
+    reached = [sum(a >= j for a in accepts) for j in range(depth + 1)]  # reached[0] = calls
     return {
-        "tau": round(sum(a + 1 for a in accepts) / steps, 4),
+        "tau": round(sum(a + 1 for a in accepts) / calls, 4),
         "steps": len(accepts),
-        "accept_per_position": [round(reached[j] / steps, 4) for j in range(1, depth + 1)],
+        "accept_per_position": [round(reached[j] / calls, 4) for j in range(1, depth + 1)],
         "accept_conditional": [round(reached[j] / reached[j - 1], 4) if reached[j - 1] else None for j in range(1, depth + 1)],
         "tau_distribution": {str(k): v for k, v in sorted(Counter(a + 1 for a in accepts).items())},
     }

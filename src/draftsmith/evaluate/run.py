@@ -59,7 +59,7 @@ def build_engine(target: Target, drafter: Eagle3Drafter, cfg: EvalConfig, sampli
     engine, and for the drafter (greedy chain: its whole side of a cycle; otherwise each draft
     step)."""
     engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, cfg.mode)
-    proposer = DrafterProposer(drafter, sampling, max_len, mode=cfg.mode, k=cfg.k, top_k=cfg.top_k, total_tokens=cfg.total_tokens)
+    proposer = DrafterProposer(drafter, sampling, max_len, mode=cfg.mode, depth=cfg.k, top_k=cfg.top_k, total_tokens=cfg.total_tokens)
     if graphs:
         t0 = time.perf_counter()
         for t in (1, proposer.size + 1):

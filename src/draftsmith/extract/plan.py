@@ -74,12 +74,12 @@ def run(cfg: PlanConfig) -> Path:
     ds = load_dataset(cfg.dataset_dir)
     target = load_target(cfg.target, cfg.device, cfg.dtype)
     info, device = target.info, target.device
-    layers = validate_layers(cfg.layers or info.default_aux_layers, info.num_layers)
-    n_aux, H, dsize = len(layers), info.hidden_size, target.dtype.itemsize
+    aux_layer_ids = validate_layers(cfg.layers or info.default_aux_layers, info.num_layers)
+    n_aux, H, dsize = len(aux_layer_ids), info.hidden_size, target.dtype.itemsize
     tokens, n = int(ds.lengths.sum()), len(ds)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
 
-    draft_cfg = DrafterConfig.from_target(text_config(target.model.config), min(32000, info.vocab_size), layers)
+    draft_cfg = DrafterConfig.from_target(text_config(target.model.config), min(32000, info.vocab_size), aux_layer_ids)
     drafter = Eagle3Drafter(draft_cfg).to(device)
     trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     drafter_bytes = trainable * ADAM_BYTES_PER_PARAM + sum(p.numel() * 4 for p in drafter.parameters() if not p.requires_grad)
@@ -88,7 +88,7 @@ def run(cfg: PlanConfig) -> Path:
     if cfg.calibrate and n:
         rows = calibration_rows(ds.lengths, cfg.calibrate_tokens)
         ids, mask, lengths = pad_batch(ds, rows, device)  # [B, T_max]
-        seconds = timed(lambda: capture(target.model, ids, mask, layers), device)
+        seconds = timed(lambda: capture(target.model, ids, mask, aux_layer_ids), device)
         fwd_tps = sum(lengths) / seconds
         T = min(int(max(lengths)), cfg.calibrate_tokens)
         drafter_tps = T / calibrate_drafter(drafter, T, cfg.ttt, n_aux * H, device)
@@ -118,7 +118,7 @@ def run(cfg: PlanConfig) -> Path:
         table.add_row(*row)
     console = Console()
     console.print(table)
-    console.print(f"aux layers {layers}; store ~{human_bytes(store / max(tokens, 1))}/token "
+    console.print(f"aux layers {aux_layer_ids}; store ~{human_bytes(store / max(tokens, 1))}/token "
                   f"(ideal {(n_aux + 1) * H * dsize} B); drafter {trainable / 1e6:.1f}M trainable params")
     if fwd_tps:
         console.print(f"calibration on {device}: target capture forward {fwd_tps:,.0f} tok/s, "

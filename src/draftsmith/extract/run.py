@@ -92,10 +92,10 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
-def recheck(model: torch.nn.Module, ids: torch.Tensor, layers: list[int], aux: torch.Tensor, final: torch.Tensor, tol: float) -> str | None:
+def recheck(model: torch.nn.Module, ids: torch.Tensor, aux_layer_ids: list[int], aux: torch.Tensor, final: torch.Tensor, tol: float) -> str | None:
     """Re-run one sample alone, unpadded, and compare with its rows from the batch.
     ids [T]; aux [T, n_aux*H]; final [T, H]. Returns a reason on failure."""
-    ref_aux, ref_final = capture(model, ids[None], None, layers)  # [1, T, n_aux*H], [1, T, H]
+    ref_aux, ref_final = capture(model, ids[None], None, aux_layer_ids)  # [1, T, n_aux*H], [1, T, H]
     errs = relative_error(aux, ref_aux[0]), relative_error(final, ref_final[0])
     if max(errs) > tol:
         return f"re-check against a single-sample forward failed: relative error aux {errs[0]:.2e}, final {errs[1]:.2e} > {tol:g}"
@@ -167,10 +167,10 @@ def extract(cfg: ExtractConfig) -> Path:
     if world > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     target = load_target(cfg.target, device, cfg.dtype)
-    layers = validate_layers(cfg.layers or target.info.default_aux_layers, target.info.num_layers)
+    aux_layer_ids = validate_layers(cfg.layers or target.info.default_aux_layers, target.info.num_layers)
     check_token_ids(ds, target.info.vocab_size)
     dtype_name = str(target.dtype).removeprefix("torch.")
-    meta = new_store_meta(target.info.to_dict(), layers, dtype_name, dataset_identity(ds))
+    meta = new_store_meta(target.info.to_dict(), aux_layer_ids, dtype_name, dataset_identity(ds))
 
     if rank == 0:
         open_store(out, meta, create=False)  # refuse to mix with another run's store, before anything is written
@@ -178,7 +178,7 @@ def extract(cfg: ExtractConfig) -> Path:
     shard = [i for i in range(len(ds)) if int(ds.sample_ids[i]) % world == rank]
     todo = [i for i in shard if int(ds.sample_ids[i]) not in done]
     dsize = torch.empty((), dtype=target.dtype).element_size()
-    n_aux, H = len(layers), target.info.hidden_size
+    n_aux, H = len(aux_layer_ids), target.info.hidden_size
     whole = projected_bytes(int(ds.lengths.sum()), len(ds), n_aux, H, dsize)
     all_todo = [i for i in range(len(ds)) if int(ds.sample_ids[i]) not in done]
     preflight(out, projected_bytes(int(ds.lengths[all_todo].sum()), len(all_todo), n_aux, H, dsize), cfg.force, world)
@@ -198,7 +198,7 @@ def extract(cfg: ExtractConfig) -> Path:
     stage = "extract" if world == 1 else f"extract rank {rank}"
     with Progress(stage, out if rank == 0 else None, total=len(shard), bytes_projected=whole) as progress:
         progress.skip(len(shard) - len(todo))
-        extract_samples(cfg, target, ds, todo, layers, out, manifest, progress)
+        extract_samples(cfg, target, ds, todo, aux_layer_ids, out, manifest, progress)
     barrier(world)
     if rank == 0:
         finish_store(out, meta, len(ds))
@@ -207,17 +207,17 @@ def extract(cfg: ExtractConfig) -> Path:
     return out
 
 
-def extract_samples(cfg: ExtractConfig, target: Target, ds: TokenizedDataset, todo: list[int], layers: list[int],
+def extract_samples(cfg: ExtractConfig, target: Target, ds: TokenizedDataset, todo: list[int], aux_layer_ids: list[int],
                     out: Path, manifest: Path, progress: Progress) -> None:
     """The loop: batches -> capture -> validation -> async writer. Raises StageFailed when the
     error budget is spent or the disk is full, after every queued valid sample is written."""
     model, device = target.model, target.device
     tol = cfg.check_tol if cfg.check_tol is not None else (1e-3 if target.dtype == torch.float32 else 5e-2)
-    n_aux, H = len(layers), target.info.hidden_size
+    n_aux, H = len(aux_layer_ids), target.info.hidden_size
     widths = {"aux": (n_aux * H, target.dtype), "final": (H, target.dtype), "finite": (1, torch.bool)}
     buffers = HostBuffers(HOST_SLOTS, device, rows=cfg.token_budget, widths=widths)
     file_meta = {"format": "draftsmith-hidden-sample", "target": target.info.name, "fingerprint": target.info.fingerprint,
-                 "layers": ",".join(map(str, layers)), "dtype": str(target.dtype).removeprefix("torch.")}
+                 "layers": ",".join(map(str, aux_layer_ids)), "dtype": str(target.dtype).removeprefix("torch.")}
     writer = StoreWriter(out, manifest, file_meta, n_aux, H, buffers, cfg.writers, cfg.staging_dir)
     if cfg.staging_dir is not None:
         Path(cfg.staging_dir).mkdir(parents=True, exist_ok=True)
@@ -234,12 +234,12 @@ def extract_samples(cfg: ExtractConfig, target: Target, ds: TokenizedDataset, to
         for batch in batches:
             rows = [todo[j] for j in batch]
             ids, mask, lengths = pad_batch(ds, rows, device)  # [B, T_max] each
-            aux, final = capture(model, ids, mask, layers)  # [B, T_max, n_aux*H], [B, T_max, H]
+            aux, final = capture(model, ids, mask, aux_layer_ids)  # [B, T_max, n_aux*H], [B, T_max, H]
             keep = list(range(len(rows)))
             if cfg.check_every and since_check >= cfg.check_every:
                 since_check = 0
                 j = len(rows) // 2
-                reason = recheck(model, ids[j, : lengths[j]], layers, aux[j, : lengths[j]], final[j, : lengths[j]], tol)
+                reason = recheck(model, ids[j, : lengths[j]], aux_layer_ids, aux[j, : lengths[j]], final[j, : lengths[j]], tol)
                 if reason:
                     errors.append(f"sample {int(ds.sample_ids[rows[j]])}: {reason}")
                     progress.advance(0, errors=1)

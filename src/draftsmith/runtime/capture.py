@@ -22,8 +22,8 @@ from draftsmith.target import base_model, decoder_layers, final_norm
 
 
 @contextlib.contextmanager
-def hooked(model: nn.Module, layer_ids: list[int]) -> Iterator[dict[int, torch.Tensor]]:
-    """Register pre-hooks that store the hidden state entering each layer in `layer_ids`.
+def hooked(model: nn.Module, aux_layer_ids: list[int]) -> Iterator[dict[int, torch.Tensor]]:
+    """Register pre-hooks that store the hidden state entering each layer in `aux_layer_ids`.
     Yields the dict they fill (`{k: [B, T, H]}`); hooks are removed on exit."""
     layers = decoder_layers(model)
     captured: dict[int, torch.Tensor] = {}
@@ -35,7 +35,7 @@ def hooked(model: nn.Module, layer_ids: list[int]) -> Iterator[dict[int, torch.T
 
         return hook
 
-    for k in layer_ids:
+    for k in aux_layer_ids:
         module = layers[k] if k < len(layers) else final_norm(model)
         handles.append(module.register_forward_pre_hook(make_hook(k), with_kwargs=True))
     try:
@@ -50,16 +50,16 @@ def capture(
     model: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    layer_ids: list[int],
+    aux_layer_ids: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward of the target without KV cache.
 
     input_ids, attention_mask: [B, T] (right-padded; padding rows are garbage to be sliced off)
-    returns aux [B, T, n_aux*H] (layers concatenated in `layer_ids` order), final [B, T, H]
+    returns aux [B, T, n_aux*H] (layers concatenated in `aux_layer_ids` order), final [B, T, H]
     """
-    with hooked(model, layer_ids) as captured:
+    with hooked(model, aux_layer_ids) as captured:
         out = base_model(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     final = out.last_hidden_state  # [B, T, H], after the final norm
-    aux = torch.cat([captured[k] for k in layer_ids], dim=-1)  # [B, T, n_aux*H]
+    aux = torch.cat([captured[k] for k in aux_layer_ids], dim=-1)  # [B, T, n_aux*H]
     assert aux.shape[:2] == input_ids.shape and final.shape[:2] == input_ids.shape, (aux.shape, input_ids.shape)
     return aux, final

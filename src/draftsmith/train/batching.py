@@ -124,8 +124,8 @@ class OfflineSource:
 class OnlineSource:
     """Samples from a tokenized dataset, with hidden states captured from the target now."""
 
-    def __init__(self, dataset: Any, model: torch.nn.Module, layers: list[int], max_len: int, token_budget: int) -> None:
-        self.dataset, self.model, self.layers, self.max_len = dataset, model, layers, max_len
+    def __init__(self, dataset: Any, model: torch.nn.Module, aux_layer_ids: list[int], max_len: int, token_budget: int) -> None:
+        self.dataset, self.model, self.aux_layer_ids, self.max_len = dataset, model, aux_layer_ids, max_len
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
         self.lengths = np.minimum(dataset.lengths, max_len)
@@ -144,7 +144,7 @@ class OnlineSource:
             for r, i in enumerate(chosen):
                 n = int(self.lengths[i])
                 ids[r, :n], mask[r, :n] = items[i]["input_ids"][:n], 1
-            aux, final = capture(self.model, ids.to(self.device), mask.to(self.device), self.layers)  # [b, W, n*H], [b, W, H]
+            aux, final = capture(self.model, ids.to(self.device), mask.to(self.device), self.aux_layer_ids)  # [b, W, n*H], [b, W, H]
             for r, i in enumerate(chosen):
                 n = int(self.lengths[i])
                 out[i] = {"input_ids": ids[r, :n], "loss_mask": items[i]["loss_mask"][:n],

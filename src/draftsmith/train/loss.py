@@ -153,10 +153,10 @@ class TTTObjective(nn.Module):
     rows) are frozen plain attributes, not parameters or buffers: never synced, never saved.
     """
 
-    def __init__(self, drafter: nn.Module, w_full: torch.Tensor, K: int, backend: str, chunk: int = 4096,
+    def __init__(self, drafter: nn.Module, w_full: torch.Tensor, ttt: int, backend: str, chunk: int = 4096,
                  step_decay: float = STEP_WEIGHT) -> None:
         super().__init__()
-        self.drafter, self.K, self.backend, self.chunk, self.step_decay = drafter, K, backend, chunk, step_decay
+        self.drafter, self.ttt, self.backend, self.chunk, self.step_decay = drafter, ttt, backend, chunk, step_decay
         draft_ids = torch.arange(drafter.d2t.numel(), device=drafter.d2t.device) + drafter.d2t  # [Vd] target ids
         self.w_full = w_full.detach()
         self.w_draft = w_full.detach()[draft_ids.to(w_full.device)].contiguous()  # [Vd, H]
@@ -168,16 +168,16 @@ class TTTObjective(nn.Module):
         d = self.drafter
         needed = shift_left(loss_mask, 1).bool() & (doc >= 0)  # the next token is trained on
         ok = teacher_in_draft_vocab(final, self.w_full, d.t2d, needed, self.chunk)  # [B, T]
-        valid = valid_steps(doc, loss_mask, ok, self.K)  # [K, B, T]
+        valid = valid_steps(doc, loss_mask, ok, self.ttt)  # [K, B, T]
         # step k at t reads final[t+1+k] (valid[k] is False at the last 1+k positions: nothing wraps)
-        used = torch.stack([torch.roll(valid[k], 1 + k, dims=1) for k in range(self.K)]).any(0)  # [B, T]
+        used = torch.stack([torch.roll(valid[k], 1 + k, dims=1) for k in range(self.ttt)]).any(0)  # [B, T]
         slot = used.flatten().cumsum(0).view(used.shape) - 1  # [B, T]: row of final[b, s] in the table
         teacher = teacher_table(final[used], self.w_draft, self.chunk)  # [m, Vd]
         hidden0 = d.project(aux.to(d.fc.weight.dtype))  # [B, T, H]
         chain = torch.ones_like(valid[0])  # [B, T]: steps so far all valid and correct
         loss = hidden0.new_zeros((), dtype=torch.float32)
         stats = {key: [] for key in STAT_KEYS}
-        for k, out in unroll(d, hidden0, ids, pos, doc, self.K, self.backend):
+        for k, out in unroll(d, hidden0, ids, pos, doc, self.ttt, self.backend):
             v = valid[k]
             rows = torch.roll(slot, -(1 + k), dims=1)[v]  # [n]: the table rows of final[t+1+k]
             ce_sum, pred = soft_ce(d.norm(out[v]), d.lm_head.weight, teacher, rows, self.chunk)

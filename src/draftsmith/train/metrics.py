@@ -23,8 +23,9 @@ from draftsmith.train.loss import STAT_KEYS, STEP_WEIGHT
 METRICS_FILE, PLOT_FILE = "metrics.jsonl", "metrics.png"
 
 
-def zero_stats(K: int) -> dict[str, torch.Tensor]:
-    return {key: torch.zeros(K, dtype=torch.float64) for key in STAT_KEYS}
+def zero_stats(ttt: int) -> dict[str, torch.Tensor]:
+    """Zero counts [ttt] per statistic, one per TTT step."""
+    return {key: torch.zeros(ttt, dtype=torch.float64) for key in STAT_KEYS}
 
 
 def add_stats(total: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:

@@ -83,16 +83,16 @@ def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) ->
     max_len = min(cfg.max_len, cfg.batch_tokens)
     n_layers = target.info.num_layers
     if cfg.hidden is None:
-        layers = validate_layers(cfg.layers or target.info.default_aux_layers, n_layers)
-        source = OnlineSource(dataset, target.model, layers, max_len, token_budget=max(cfg.batch_tokens, max_len))
-        return source, layers, list(range(len(dataset)))
+        aux_layer_ids = validate_layers(cfg.layers or target.info.default_aux_layers, n_layers)
+        source = OnlineSource(dataset, target.model, aux_layer_ids, max_len, token_budget=max(cfg.batch_tokens, max_len))
+        return source, aux_layer_ids, list(range(len(dataset)))
     from draftsmith.data.store import StoreReader, check_store_matches
 
     check_store_matches(cfg.hidden, dataset, target.info)  # made from this dataset, for this target
     reader = StoreReader(cfg.hidden)
-    layers = [int(k) for k in reader.meta["layers"]]
-    if cfg.layers is not None and validate_layers(cfg.layers, n_layers) != layers:
-        raise UserError(f"--layers {cfg.layers} disagrees with the store {cfg.hidden}, captured at layers {layers}")
+    aux_layer_ids = [int(k) for k in reader.meta["layers"]]
+    if cfg.layers is not None and validate_layers(cfg.layers, n_layers) != aux_layer_ids:
+        raise UserError(f"--layers {cfg.layers} disagrees with the store {cfg.hidden}, captured at layers {aux_layer_ids}")
     if reader.hidden_size != target.info.hidden_size:
         raise UserError(f"store {cfg.hidden} has hidden size {reader.hidden_size}, target {cfg.target!r} has {target.info.hidden_size}: wrong target?")
     if len(reader) == 0:
@@ -102,14 +102,14 @@ def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) ->
     if missing:
         raise UserError(f"store {cfg.hidden} holds samples {missing[:5]} that the dataset {cfg.dataset_dir} lacks: "
                         "give the dataset the store was extracted from")
-    return OfflineSource(reader, max_len), layers, [row_of[s] for s in reader.sample_ids]
+    return OfflineSource(reader, max_len), aux_layer_ids, [row_of[s] for s in reader.sample_ids]
 
 
-def build_drafter(target: Target, layers: list[int], d2t: torch.Tensor, t2d: torch.Tensor, cfg: TrainConfig) -> Eagle3Drafter:
+def build_drafter(target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t2d: torch.Tensor, cfg: TrainConfig) -> Eagle3Drafter:
     """A drafter shaped like one target layer, with the architecture options of `cfg`, the
     target's embeddings (frozen) and, with --head-init target, its lm_head rows and final norm."""
     arch = {k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")}
-    dcfg = replace(DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), layers), **arch)
+    dcfg = replace(DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), aux_layer_ids), **arch)
     drafter = Eagle3Drafter(dcfg)
     drafter.load_target_embeddings(embed_weight(target.model).detach().float())
     drafter.set_vocab(d2t, t2d)
@@ -140,13 +140,13 @@ def run(cfg: TrainConfig) -> Path:
 
     target = load_target(cfg.target, env.device, cfg.dtype)
     dataset = load_dataset(cfg.dataset_dir)
-    source, layers, dataset_rows = build_source(cfg, target, dataset)
+    source, aux_layer_ids, dataset_rows = build_source(cfg, target, dataset)
     train_idx, val_idx = split_indices(len(source), cfg.val_fraction, cfg.seed)
     d2t, t2d = resolve_vocab(cfg, dataset, [dataset_rows[i] for i in train_idx], target.info.vocab_size)
     if env.main:
         save_vocab(out / "vocab.safetensors", d2t, t2d)
     w_full = lm_head_weight(target.model).detach()  # [V, H] the teacher's head
-    drafter = build_drafter(target, layers, d2t, t2d, cfg)
+    drafter = build_drafter(target, aux_layer_ids, d2t, t2d, cfg)
 
     backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
     objective = TTTObjective(drafter.to(env.device), w_full.to(env.device), cfg.ttt, backend, cfg.loss_chunk, cfg.step_decay)

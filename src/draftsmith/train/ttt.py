@@ -53,15 +53,15 @@ def step_inputs(ids: torch.Tensor, pos: torch.Tensor, k: int) -> tuple[torch.Ten
     return shift_left(ids, 1 + k), pos + k
 
 
-def valid_steps(doc: torch.Tensor, loss_mask: torch.Tensor, teacher_ok: torch.Tensor, K: int) -> torch.Tensor:
-    """[K, B, T] bool: step k at position t has a target token (t+2+k) in the same sample, that
+def valid_steps(doc: torch.Tensor, loss_mask: torch.Tensor, teacher_ok: torch.Tensor, ttt: int) -> torch.Tensor:
+    """[ttt, B, T] bool: step k at position t has a target token (t+2+k) in the same sample, that
     token is trained on (loss_mask), and the target's argmax there is in the draft vocab
     (teacher_ok[t+1+k], from the target state at t+1+k)."""
     out = []
-    for k in range(K):
+    for k in range(ttt):
         same = (shift_left(doc, 2 + k, fill=-2) == doc) & (doc >= 0)
         out.append(same & shift_left(loss_mask, 2 + k).bool() & shift_left(teacher_ok, 1 + k).bool())
-    return torch.stack(out)  # [K, B, T]
+    return torch.stack(out)  # [ttt, B, T]
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -135,12 +135,12 @@ def crop_keys(block: BlockMask, kv_len: int) -> BlockMask:
                                     mask_mod=block.mask_mod, seq_lengths=(block.seq_lengths[0], kv_len))
 
 
-def ttt_block_mask(doc: torch.Tensor, n_steps: int, compiled: bool) -> BlockMask:
-    """The flex BlockMask of TTT attention over the keys of `n_steps` steps (doc [B, T])."""
+def ttt_block_mask(doc: torch.Tensor, ttt: int, compiled: bool) -> BlockMask:
+    """The flex BlockMask of TTT attention over the keys of `ttt` steps (doc [B, T])."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     b, t = doc.shape
-    return create_block_mask(ttt_mask_mod(doc), b, None, t, n_steps * t, device=doc.device, BLOCK_SIZE=FLEX_BLOCK,
+    return create_block_mask(ttt_mask_mod(doc), b, None, t, ttt * t, device=doc.device, BLOCK_SIZE=FLEX_BLOCK,
                              _compile=compiled)
 
 
@@ -157,21 +157,21 @@ def flex_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[t
 
 
 class TTTAttention:
-    """The `attend` callback for one unroll of `steps` steps: call it once per step, in order
+    """The `attend` callback for one unroll of `ttt` steps: call it once per step, in order
     (step 0 first). For flex, rows of a whole number of blocks (the trainer pads them so) get one
     block mask for all steps, cropped to each step's keys; other rows, one mask per step."""
 
-    def __init__(self, doc: torch.Tensor, steps: int, backend: str = "eager") -> None:
+    def __init__(self, doc: torch.Tensor, ttt: int, backend: str = "eager") -> None:
         assert backend in ("eager", "flex", "flex-eager"), backend
-        self.doc, self.steps, self.backend = doc, steps, backend  # doc [B, T]
+        self.doc, self.ttt, self.backend = doc, ttt, backend  # doc [B, T]
         self.compiled = backend == "flex"
         aligned = backend != "eager" and doc.shape[1] % FLEX_BLOCK == 0
-        self.whole = ttt_block_mask(doc, steps, self.compiled) if aligned else None
+        self.whole = ttt_block_mask(doc, ttt, self.compiled) if aligned else None
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        assert len(self.keys) < self.steps, "more steps than the unroll was made for"
+        assert len(self.keys) < self.ttt, "more steps than the unroll was made for"
         self.keys.append(k)
         self.values.append(v)
         if self.backend == "eager":
@@ -182,13 +182,13 @@ class TTTAttention:
 
 
 def unroll(drafter: torch.nn.Module, hidden0: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, doc: torch.Tensor,
-           K: int, backend: str = "eager"):
-    """Yield (k, out_k [B, T, H]) for k = 0..K-1: the drafter layer's pre-norm outputs.
+           ttt: int, backend: str = "eager"):
+    """Yield (k, out_k [B, T, H]) for k = 0..ttt-1: the drafter layer's pre-norm outputs.
     hidden0 [B, T, H] is fc(aux); logits are `lm_head(norm(out_k))` (left to the caller, so the
     loss can compute them in chunks)."""
-    attend = TTTAttention(doc, K, backend)
+    attend = TTTAttention(doc, ttt, backend)
     hidden = hidden0
-    for k in range(K):
+    for k in range(ttt):
         ids_k, pos_k = step_inputs(ids, pos, k)
         embeds = drafter.embed_tokens(ids_k).to(hidden.dtype)  # [B, T, H]
         out = drafter.midlayer(embeds, hidden, pos_k, attend)  # [B, T, H]
