@@ -12,12 +12,6 @@ class UserError(Exception):
     exit_code = 2
 
 
-class NotImplementedYet(UserError):
-    """A command that exists only as a placeholder."""
-
-    exit_code = 3
-
-
 class StageFailed(UserError):
     """A stage stopped on purpose (error budget, disk full); valid output was kept."""
 

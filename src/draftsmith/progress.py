@@ -109,10 +109,6 @@ class Progress:
         """Set gauges (loss, acc_0, GPU memory...) shown in the line and progress.json."""
         self.counters.update(counters)
 
-    def fail(self, message: str) -> None:
-        self.status, self.message = "failed", message
-        self._emit(force=True)
-
     # -- reporting -----------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         elapsed = max(time.time() - self.started, 1e-9)

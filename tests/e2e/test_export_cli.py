@@ -13,7 +13,7 @@ from draftsmith.draft.checkpoint import load_drafter, save_drafter
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.runtime.capture import capture
 from draftsmith.target import embed_weight, text_config
-from tests.unit.engine_readers import sglang_view, vllm_view
+from tests.engine_readers import sglang_view, vllm_view
 
 
 @pytest.fixture(scope="module")

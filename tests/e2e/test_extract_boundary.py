@@ -5,7 +5,7 @@ import numpy as np
 from draftsmith.data.store import StoreReader
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.run import run
-from tests.conftest import write_tokenized_dataset
+from tests.helpers import write_tokenized_dataset
 
 
 def test_folder_boundary_crossing(tiny_target_dir, tmp_path):

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from draftsmith.cli import app
 from draftsmith.data.store import StoreReader
-from tests.conftest import write_tokenized_dataset
+from tests.helpers import write_tokenized_dataset
 
 
 def rel_err(a, b):

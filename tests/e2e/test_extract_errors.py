@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from draftsmith.cli import app
 from draftsmith.data.store import MANIFEST, StoreReader, read_manifest
-from tests.conftest import make_tiny_llama, write_tokenized_dataset
+from tests.helpers import make_tiny_llama, write_tokenized_dataset
 
 
 def extract(ds, target, out, *extra):

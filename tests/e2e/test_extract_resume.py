@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from draftsmith.data.store import MANIFEST, StoreReader
-from tests.conftest import write_tokenized_dataset
+from tests.helpers import write_tokenized_dataset
 
 N = 250
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from draftsmith.data.store import StoreReader
-from tests.conftest import write_tokenized_dataset
+from tests.helpers import write_tokenized_dataset
 
 
 def test_two_ranks_equal_one(tmp_path, tiny_target_dir):

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from draftsmith.cli import app
 from draftsmith.data.dataset import load_dataset
 from draftsmith.data.vocab import load_vocab
-from tests.conftest import masked_runs
+from tests.helpers import masked_runs
 
 REPO = Path(__file__).parents[2]
 GSM8K = REPO / "src/draftsmith/assets/gsm8k_train.jsonl"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_tiny_llama
+from tests.helpers import make_tiny_llama
 
 pytestmark = pytest.mark.slow
 N = 80

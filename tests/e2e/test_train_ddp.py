@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from draftsmith.train.metrics import read_metrics
-from tests.conftest import write_tokenized_dataset
+from tests.helpers import write_tokenized_dataset
 
 
 def _args(ds, target, out):

@@ -17,7 +17,7 @@ from draftsmith.evaluate.run import run as evaluate
 from draftsmith.target import shared_targets
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.run import run as train
-from tests.e2e.test_train_overfit import write_dataset_and_store
+from tests.helpers import write_dataset_and_store
 
 PROMPTS = ["What is the capital of France?", "Name a primary colour.", "How many legs does a spider have?",
            "What do bees make?", "Which planet is the largest?", "Say hello in Spanish."]

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from draftsmith.train.metrics import read_metrics
-from tests.conftest import write_tokenized_dataset
+from tests.helpers import write_tokenized_dataset
 
 STEPS = 24
 

@@ -13,7 +13,7 @@ from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.target import load_target
-from tests.conftest import SMOLLM2
+from tests.helpers import SMOLLM2
 
 pytestmark = pytest.mark.gpu
 

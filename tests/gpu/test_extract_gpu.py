@@ -8,7 +8,7 @@ import torch
 from draftsmith.data.store import StoreReader
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.run import run
-from tests.conftest import write_tokenized_dataset
+from tests.helpers import write_tokenized_dataset
 
 
 def rel_err(a, b):

@@ -14,7 +14,7 @@ from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth.local import LocalBackend
 from draftsmith.synth.turns import Request
 from draftsmith.target import load_target
-from tests.conftest import SMOLLM2
+from tests.helpers import SMOLLM2
 
 pytestmark = pytest.mark.gpu
 

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 
 from draftsmith.data.chat import renderer, tokenize_conversation, tokenize_conversations, turn_markers
 from draftsmith.errors import UserError
-from tests.conftest import masked_runs
+from tests.helpers import masked_runs
 
 ASSETS = Path(__file__).parents[1] / "assets"
 

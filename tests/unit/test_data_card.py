@@ -15,7 +15,7 @@ from draftsmith.draft.checkpoint import load_drafter, save_drafter
 from draftsmith.errors import UserError
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run as export
-from tests.conftest import make_tiny_drafter
+from tests.helpers import make_tiny_drafter
 
 MIX_JSON = {"mix": "/somewhere/h200.yaml", "output": "conversations.jsonl", "seed": 0, "kept": 3, "finished": True,
             "sources": [{"name": "evals", "source": "evals", "license": "MIT", "selected": 2, "synth": {"kept": 2},

@@ -21,7 +21,7 @@ from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import config_gaps, fast_engine_problem, logits_gap, open_engine
 from draftsmith.synth.local import uses_engine
 from draftsmith.target import decoder_layers, target_from_model
-from tests.conftest import make_tiny_llama
+from tests.helpers import make_tiny_llama
 
 V, WINDOW, NEW = 300, 8, 24
 

@@ -1,4 +1,4 @@
-"""Read each export the way vLLM and SGLang do (tests/unit/engine_readers.py, written from the
+"""Read each export the way vLLM and SGLang do (tests/engine_readers.py, written from the
 engines' sources, not from draftsmith.export) and check that the engine captures exactly the
 target layers the drafter was trained on, with the same tensors draftsmith trained on."""
 
@@ -11,8 +11,8 @@ from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run
 from draftsmith.runtime.capture import capture
-from tests.conftest import make_tiny_drafter, make_tiny_llama
-from tests.unit.engine_readers import never_captured, sglang_view, vllm_view
+from tests.helpers import make_tiny_drafter, make_tiny_llama
+from tests.engine_readers import never_captured, sglang_view, vllm_view
 
 L = 6
 TRAINED = [1, 3, 5]  # draftsmith convention: residual stream entering layers 1, 3, 5

@@ -10,8 +10,8 @@ from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.errors import UserError
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run
-from tests.conftest import make_tiny_drafter
-from tests.unit.test_import_eagle import specforge_config, write
+from tests.helpers import make_tiny_drafter
+from tests.helpers import specforge_config, write_eagle_folder
 
 TARGET = {"name": "t", "num_layers": 30, "model_type": "llama"}
 
@@ -39,24 +39,24 @@ def test_speculators_layout_is_refused_for_sglang(tmp_path):
 @pytest.mark.parametrize("drop", [("d2t", "t2d"), ("d2t",)])
 def test_checkpoint_missing_d2t_t2d(tmp_path, drop):
     state = {k: v for k, v in make_tiny_drafter().state_dict().items() if k not in drop}
-    ckpt = write(tmp_path / "sf", specforge_config(), state)
+    ckpt = write_eagle_folder(tmp_path / "sf", specforge_config(), state)
     refused(tmp_path, "no d2t/t2d.*draft vocab \\(100\\) is smaller than the target vocab \\(300\\)", ckpt=ckpt)
 
 
 def test_vocab_size_mismatch_between_config_and_weights(tmp_path):
-    ckpt = write(tmp_path / "sf", specforge_config(vocab_size=301), make_tiny_drafter().state_dict())
+    ckpt = write_eagle_folder(tmp_path / "sf", specforge_config(vocab_size=301), make_tiny_drafter().state_dict())
     refused(tmp_path, "vocab size mismatch.*t2d", ckpt=ckpt)
 
 
 def test_draft_vocab_size_mismatch(tmp_path):
-    ckpt = write(tmp_path / "sf", specforge_config(draft_vocab_size=120), make_tiny_drafter().state_dict())
+    ckpt = write_eagle_folder(tmp_path / "sf", specforge_config(draft_vocab_size=120), make_tiny_drafter().state_dict())
     refused(tmp_path, "vocab size mismatch", ckpt=ckpt)
 
 
 def test_d2t_and_t2d_that_disagree(tmp_path):
     state = make_tiny_drafter().state_dict()
     state["t2d"] = torch.roll(state["t2d"], 1)
-    refused(tmp_path, "disagree", ckpt=write(tmp_path / "sf", specforge_config(), state))
+    refused(tmp_path, "disagree", ckpt=write_eagle_folder(tmp_path / "sf", specforge_config(), state))
 
 
 @pytest.mark.parametrize("ids,match", [([0, 15, 27], "never captured"), ([2, 15, 30], "never captured"),

@@ -14,25 +14,11 @@ from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run
-from tests.conftest import make_tiny_drafter
+from tests.helpers import draft_logits, make_tiny_drafter
 
 TARGET = {"name": "tiny-target", "num_layers": 30, "model_type": "llama", "hidden_size": 64, "vocab_size": 300}
 COMBOS = [("eagle", "vllm"), ("eagle", "sglang"), ("speculators", "vllm")]
 OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
-
-
-def logits(model, seed=1):
-    """Logits of two chained draft steps [2 steps, 2, 12, draft_vocab]: the second reads the first's
-    next hidden state, so every architecture option (norm_output too) shows."""
-    cfg = model.config
-    g = torch.Generator().manual_seed(seed)
-    aux = torch.randn(2, 12, len(cfg.aux_layer_ids) * cfg.target_hidden_size, generator=g)  # [2, 12, 3*64]
-    ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=g)
-    pos = torch.arange(12).expand(2, 12)
-    with torch.no_grad():
-        first, hidden = model(model.project(aux), ids, pos)  # [2, 12, 100], [2, 12, 64]
-        second, _ = model(hidden, ids, pos + 1)
-    return torch.stack([first, second])
 
 
 def without(model, option):
@@ -60,7 +46,7 @@ def test_round_trip_identical_logits_and_layer_ids(ckpt, tmp_path, fmt, engine, 
         reloaded.load_target_embeddings(model.embed_tokens.weight)
     assert reloaded.config.aux_layer_ids == [2, 15, 27]
     assert reloaded.config.to_dict() == model.config.to_dict()
-    assert torch.equal(logits(reloaded), logits(model))
+    assert torch.equal(draft_logits(reloaded), draft_logits(model))
     assert torch.equal(reloaded.d2t, model.d2t) and torch.equal(reloaded.t2d, model.t2d)
     assert manifest["target"]["num_layers"] == 30
 
@@ -69,7 +55,7 @@ def test_round_trip_identical_logits_and_layer_ids(ckpt, tmp_path, fmt, engine, 
 @pytest.mark.parametrize("option", OPTIONS)
 def test_architecture_options_round_trip(tmp_path, fmt, option):
     model = make_tiny_drafter(**{option: True})
-    assert not torch.equal(logits(model), logits(without(model, option)))  # the option changes what is served
+    assert not torch.equal(draft_logits(model), draft_logits(without(model, option)))  # the option changes what is served
     save_drafter(model, tmp_path / "ckpt", target=TARGET)
     out = run(ExportConfig(ckpt=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True))
     config = json.loads((out / "config.json").read_text())
@@ -78,15 +64,15 @@ def test_architecture_options_round_trip(tmp_path, fmt, option):
         assert config["eagle_config"]["norm_before_fc"] is (option == "norm_before_fc")  # where vLLM looks first
     reloaded, _ = load_drafter(out)
     assert reloaded.config.to_dict() == model.config.to_dict()
-    assert torch.equal(logits(reloaded), logits(model))
+    assert torch.equal(draft_logits(reloaded), draft_logits(model))
 
 
 def test_bf16_export_matches_bf16_weights(ckpt, tmp_path):
     model, path = ckpt
     out = run(ExportConfig(ckpt=path, out=tmp_path / "out", dtype="bfloat16", include_embeddings=True))
     reloaded, _ = load_drafter(out)
-    assert torch.equal(logits(reloaded), logits(model.to(torch.bfloat16).float()))
-    assert not torch.equal(logits(reloaded), logits(make_tiny_drafter()))  # bf16 rounding is visible
+    assert torch.equal(draft_logits(reloaded), draft_logits(model.to(torch.bfloat16).float()))
+    assert not torch.equal(draft_logits(reloaded), draft_logits(make_tiny_drafter()))  # bf16 rounding is visible
 
 
 def test_exported_ids_are_in_the_chosen_engines_convention(ckpt, tmp_path):

@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 from draftsmith.cli import app
 from draftsmith.data.store import projected_bytes
 from draftsmith.fsutil import human_bytes
-from tests.conftest import write_tokenized_dataset
+from tests.helpers import write_tokenized_dataset
 
 
 def test_plan_table(tmp_path, tiny_target_dir):

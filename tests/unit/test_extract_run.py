@@ -14,7 +14,7 @@ from draftsmith.data.store import StoreReader, read_manifest
 from draftsmith.errors import StageFailed, UserError
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.run import run
-from tests.conftest import write_tokenized_dataset
+from tests.helpers import write_tokenized_dataset
 
 
 def random_samples(n, lo=3, hi=40, seed=0, vocab=49152):
@@ -134,7 +134,7 @@ def test_staging_dir(dataset, tiny_target_dir, tmp_path):
 def test_a_corrupt_sample_is_refused_then_extracted_again(dataset, tiny_target_dir, tmp_path):
     """The reader refuses a sample whose bytes changed and says to delete it and rerun extract;
     that rerun extracts it again and lists it once."""
-    from tests.unit.test_store import flip_tail
+    from tests.helpers import flip_tail
 
     out = run(cfg(dataset, tiny_target_dir, tmp_path / "store"))
     reader = StoreReader(out)

@@ -5,25 +5,12 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from draftsmith.draft.checkpoint import load_drafter
 from draftsmith.draft.importer import import_drafter
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run
-from tests.conftest import make_tiny_drafter
-from tests.unit.test_export_roundtrip import logits
-
-
-def specforge_config(**extra):
-    """Shaped like SpecForge's configs/llama3-8B-eagle3.json: no head_dim, ids in eagle_config."""
-    return {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
-        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "num_hidden_layers": 1, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
-        "torch_dtype": "float32", "vocab_size": 300, "draft_vocab_size": 100,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26]}, **extra,
-    }
+from tests.helpers import draft_logits, make_tiny_drafter, specforge_config, write_eagle_folder
 
 
 def speculators_training_config():
@@ -48,36 +35,25 @@ def speculators_training_config():
     }
 
 
-def write(folder, config, tensors, pickled=False):
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    tensors = {k: v.contiguous() for k, v in tensors.items()}
-    if pickled:
-        torch.save(tensors, folder / "pytorch_model.bin")
-    else:
-        save_file(tensors, str(folder / "model.safetensors"))
-    return folder
-
-
 @pytest.mark.parametrize("pickled", [True, False])
 def test_eagle_specforge_layout_gives_the_same_logits(tmp_path, pickled):
     model = make_tiny_drafter()
-    folder = write(tmp_path / "sf", specforge_config(), model.state_dict(), pickled=pickled)
+    folder = write_eagle_folder(tmp_path / "sf", specforge_config(), model.state_dict(), pickled=pickled)
     loaded, manifest = load_drafter(folder)
     assert loaded.config.aux_layer_ids == [2, 15, 27]  # SGLang-convention ids + 1
     assert loaded.config.norm_before_residual is False
-    assert torch.equal(logits(loaded), logits(model))
+    assert torch.equal(draft_logits(loaded), draft_logits(model))
     assert manifest["meta"]["layout"] == "eagle" and manifest["meta"]["needs_target_embeddings"] is False
 
 
 def test_modelopt_layout_layers_0_names(tmp_path):
     model = make_tiny_drafter()
     state = {k.replace("midlayer.", "layers.0."): v for k, v in model.state_dict().items() if k != "embed_tokens.weight"}
-    loaded, manifest = load_drafter(write(tmp_path / "mo", specforge_config(), state))
+    loaded, manifest = load_drafter(write_eagle_folder(tmp_path / "mo", specforge_config(), state))
     assert manifest["meta"]["needs_target_embeddings"] is True
     loaded.load_target_embeddings(model.embed_tokens.weight)
     assert loaded.config.aux_layer_ids == [2, 15, 27]
-    assert torch.equal(logits(loaded), logits(model))
+    assert torch.equal(draft_logits(loaded), draft_logits(model))
 
 
 def test_speculators_layout_defaults_norm_before_residual_true_like_vllm(tmp_path):
@@ -90,9 +66,9 @@ def test_speculators_layout_defaults_norm_before_residual_true_like_vllm(tmp_pat
                                      "verifier": {"name_or_path": "x", "architectures": ["LlamaForCausalLM"]}}}
     state = {k.replace("midlayer.", "layers.0."): v for k, v in model.state_dict().items()}
     state["verifier_norm.weight"] = torch.ones(64)  # speculators may keep a frozen copy; ignored
-    loaded, _ = load_drafter(write(tmp_path / "sp", config, state))
+    loaded, _ = load_drafter(write_eagle_folder(tmp_path / "sp", config, state))
     assert loaded.config.norm_before_residual is True and loaded.config.aux_layer_ids == [2, 15, 27]
-    assert torch.equal(logits(loaded), logits(model))
+    assert torch.equal(draft_logits(loaded), draft_logits(model))
 
 
 @pytest.mark.parametrize("embeddings", [True, False])
@@ -104,17 +80,17 @@ def test_speculators_training_checkpoint_loads_and_exports(tmp_path, embeddings)
              if embeddings or k != "embed_tokens.weight"}
     state |= {"verifier_norm.weight": torch.ones(64), "verifier_lm_head.weight": torch.randn(100, 64)}
     assert "input_norm.weight" in state
-    folder = write(tmp_path / "trained", speculators_training_config(), state)
+    folder = write_eagle_folder(tmp_path / "trained", speculators_training_config(), state)
     loaded, manifest = load_drafter(folder)
     assert manifest["meta"]["needs_target_embeddings"] is (not embeddings)
     loaded.load_target_embeddings(model.embed_tokens.weight)
     assert loaded.config.to_dict() == model.config.to_dict()
-    assert torch.equal(logits(loaded), logits(model))
+    assert torch.equal(draft_logits(loaded), draft_logits(model))
     for fmt in ("eagle", "speculators"):
         exported, _ = load_drafter(run(ExportConfig(ckpt=folder, format=fmt, out=tmp_path / f"out-{fmt}")))
         exported.load_target_embeddings(model.embed_tokens.weight)
         assert exported.config.to_dict() == model.config.to_dict()
-        assert torch.equal(logits(exported), logits(model))
+        assert torch.equal(draft_logits(exported), draft_logits(model))
 
 
 def test_norm_before_fc_in_eagle_config_is_read_first_like_vllm(tmp_path):
@@ -122,13 +98,13 @@ def test_norm_before_fc_in_eagle_config_is_read_first_like_vllm(tmp_path):
     model = make_tiny_drafter(norm_before_fc=True)
     config = specforge_config(norm_before_fc=False,
                               eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 14, 26], "norm_before_fc": True})
-    loaded, _ = load_drafter(write(tmp_path / "nv", config, model.state_dict()))
+    loaded, _ = load_drafter(write_eagle_folder(tmp_path / "nv", config, model.state_dict()))
     assert loaded.config.norm_before_fc is True
-    assert torch.equal(logits(loaded), logits(model))
+    assert torch.equal(draft_logits(loaded), draft_logits(model))
 
 
 def test_convention_override(tmp_path):
-    folder = write(tmp_path / "v", specforge_config(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 15, 27]}),
+    folder = write_eagle_folder(tmp_path / "v", specforge_config(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 15, 27]}),
                    make_tiny_drafter().state_dict())
     model, manifest = import_drafter(folder, convention="vllm")
     assert model.config.aux_layer_ids == [2, 15, 27] and "vllm" in manifest["meta"]["layer_ids_from"]
@@ -138,12 +114,12 @@ def test_full_vocab_checkpoint_without_maps_gets_identity(tmp_path):
     model = make_tiny_drafter()
     state = {k: v for k, v in model.state_dict().items() if k not in ("d2t", "t2d", "lm_head.weight")}
     state["lm_head.weight"] = torch.randn(300, 64)
-    loaded, _ = load_drafter(write(tmp_path / "full", specforge_config(draft_vocab_size=300), state))
+    loaded, _ = load_drafter(write_eagle_folder(tmp_path / "full", specforge_config(draft_vocab_size=300), state))
     assert loaded.d2t.abs().sum() == 0 and bool(loaded.t2d.all())
 
 
 def test_imported_checkpoint_exports_for_both_engines(tmp_path):
-    folder = write(tmp_path / "sf", specforge_config(), make_tiny_drafter().state_dict())
+    folder = write_eagle_folder(tmp_path / "sf", specforge_config(), make_tiny_drafter().state_dict())
     for engine, nested in (("vllm", [2, 15, 27]), ("sglang", [1, 14, 26])):
         out = run(ExportConfig(ckpt=folder, engine=engine, out=tmp_path / engine))
         assert json.loads((out / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == nested

@@ -10,7 +10,7 @@ from draftsmith.data.dataset import META_FILE
 from draftsmith.errors import UserError
 from draftsmith.pipeline.config import PipelineConfig
 from draftsmith.pipeline.run import run
-from tests.conftest import write_tokenized_dataset
+from tests.helpers import write_tokenized_dataset
 
 
 def test_only_runs_the_named_stages(tmp_path):

@@ -12,7 +12,7 @@ from draftsmith.evaluate.decode import plain_generate, spec_generate
 from draftsmith.evaluate.proposer import Draft, DrafterProposer
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling, verify, verify_chain_greedy
-from tests.unit.test_spec_sampling import V, tiny_drafter, tiny_vocab_llama
+from tests.helpers import V, tiny_vocab_drafter, tiny_vocab_llama
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # on CUDA: the CUDA graphs of `draftsmith eval`
 
@@ -55,7 +55,7 @@ def test_fused_cycle_never_reads_the_host():
     CPU proxy of a CUDA graph capture; the capture itself is checked on GPU)."""
     model = tiny_vocab_llama()
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
-    prop = DrafterProposer(tiny_drafter(model), Sampling(), 64, mode="chain", depth=3)
+    prop = DrafterProposer(tiny_vocab_drafter(model), Sampling(), 64, mode="chain", depth=3)
     prompt = torch.tensor([1, 5, 7, 3, 9, 2, 4])
     _, aux = eng.prefill(prompt)
     prop.observe(aux, torch.cat([prompt[1:], torch.tensor([4])]))  # a prompt: its prefix runs eagerly
@@ -89,7 +89,7 @@ def test_fused_cycle_proposes_the_step_by_step_drafts(device):
     1..K+1): the fused cycle and the step-by-step path draft the same tokens."""
     model = tiny_vocab_llama().to(device)
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
-    drafter = tiny_drafter(model).to(device)
+    drafter = tiny_vocab_drafter(model).to(device)
     k = 4
     fused, steps = (DrafterProposer(drafter, Sampling(), 64, mode="chain", depth=k, fused=f) for f in (True, False))
     assert fused.fused and not steps.fused

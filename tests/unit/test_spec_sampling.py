@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.evaluate.proposer import DrafterProposer, ancestors
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling, target_probs, verify, verify_chain_sampled
-
-V = 12
-
+from tests.helpers import V, tiny_vocab_drafter, tiny_vocab_llama
 
 def verify_as(mode: str, tokens: list[int], parents: list[int], logits: torch.Tensor, sampling: Sampling,
               q: torch.Tensor | None) -> tuple[list[int], int]:
@@ -28,29 +24,6 @@ def verify_as(mode: str, tokens: list[int], parents: list[int], logits: torch.Te
 CHI2_CRIT_DF11 = 31.26  # p = 0.001
 
 
-def tiny_vocab_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(5)  # peaked distributions, so that a wrong rule shows
-    return model
-
-
-def tiny_drafter(model, seed: int = 1) -> Eagle3Drafter:
-    torch.manual_seed(seed)
-    cfg = DrafterConfig.from_target(model.config, draft_vocab_size=8, aux_layer_ids=[0, 1, 2])
-    drafter = Eagle3Drafter(cfg)
-    drafter.load_target_embeddings(model.get_input_embeddings().weight)
-    with torch.no_grad():
-        drafter.lm_head.weight.mul_(3)
-    d2t = torch.tensor([0, 0, 1, 1, 2, 2, 3, 4])  # draft vocab covers 8 of the 12 target ids
-    t2d = torch.zeros(V, dtype=torch.bool).index_fill_(0, torch.arange(8) + d2t, True)
-    drafter.set_vocab(d2t, t2d)
-    return drafter.eval()
-
-
 def first_emitted(mode: str, residual: bool, n: int, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Counts of the first token emitted after the root by n independent verification steps
     (real engine, real drafter), the target's distribution there, and the mean accepted length.
@@ -59,7 +32,7 @@ def first_emitted(mode: str, residual: bool, n: int, temperature: float, top_p: 
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=0, residual=residual)
     chain = mode.startswith("chain")
-    prop = DrafterProposer(tiny_drafter(model), sampling, 64, mode="chain" if chain else mode, depth=1 if chain else 2, top_k=3,
+    prop = DrafterProposer(tiny_vocab_drafter(model), sampling, 64, mode="chain" if chain else mode, depth=1 if chain else 2, top_k=3,
                            total_tokens=6)
     prompt, root = torch.tensor([1, 5, 7, 3, 9]), 4
     _, aux = eng.prefill(prompt)
@@ -165,7 +138,7 @@ def test_sampled_generation_runs_to_length(mode):
     model = tiny_vocab_llama()
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
     sampling = Sampling(temperature=1.0, seed=3)
-    prop = DrafterProposer(tiny_drafter(model), sampling, 64, mode=mode, depth=3, top_k=3, total_tokens=6)
+    prop = DrafterProposer(tiny_vocab_drafter(model), sampling, 64, mode=mode, depth=3, top_k=3, total_tokens=6)
     out = spec_generate(eng, prop, [1, 5, 7, 3, 9], 30, set(), sampling)
     assert len(out.tokens) == 30 and all(0 <= t < V for t in out.tokens)
     assert sum(out.accepts) > 0 and len(out.accepts) < 30

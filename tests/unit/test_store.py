@@ -13,6 +13,7 @@ from draftsmith.data.store import (
 )
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
 from draftsmith.fsutil import atomic_write_json
+from tests.helpers import flip_tail
 
 H, N_AUX = 8, 3
 
@@ -113,13 +114,6 @@ def test_corrupt_file_detected(tmp_path):
         StoreReader(tmp_path).verify(0)
 
 
-def flip_tail(f, n=4096):
-    """Invert the last `n` bytes of a file: tensor data, so the file still parses."""
-    data = bytearray(f.read_bytes())
-    data[-n:] = bytes(b ^ 0xFF for b in data[-n:])
-    f.write_bytes(bytes(data))
-
-
 def test_every_read_verifies_the_checksum(tmp_path):
     """4 KB of flipped tensor bytes still load as tensors: the read itself must refuse them,
     naming the file and how to extract it again."""
@@ -189,7 +183,7 @@ def test_check_store_matches_its_dataset_and_target(tmp_path, tiny_target):
 
     from draftsmith.data.dataset import load_dataset
     from draftsmith.data.store import check_store_matches, dataset_identity
-    from tests.conftest import write_tokenized_dataset
+    from tests.helpers import write_tokenized_dataset
 
     ds = write_tokenized_dataset(tmp_path / "ds", [[5, 6, 7], [8, 9]])
     other = load_dataset(write_tokenized_dataset(tmp_path / "other", [[5, 6, 7], [8, 10]]))  # same counts

@@ -8,7 +8,7 @@ import torch
 from draftsmith.errors import UserError
 from draftsmith.runtime.capture import capture
 from draftsmith.target import base_model, decoder_layers, final_norm, load_target, resolve_spec
-from tests.conftest import ASSETS, make_tiny_llama
+from tests.helpers import ASSETS, make_tiny_llama
 
 
 def test_local_hf_folder(tmp_path, tokenizer):

@@ -18,7 +18,7 @@ from draftsmith.train.config import TrainConfig
 from draftsmith.train.metrics import read_metrics
 from draftsmith.train.optim import lr_factor
 from draftsmith.train.run import build_drafter, resolve_vocab
-from tests.conftest import write_tokenized_dataset
+from tests.helpers import write_tokenized_dataset
 
 ARCH_OPTIONS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
 

@@ -274,9 +274,11 @@ class OracleProposer:
         return Draft(torch.tensor(tokens), parents, depths)
 
 
-def random_drafter(model: torch.nn.Module, draft_vocab_size: int | None = None, seed: int = 0) -> Eagle3Drafter:
-    """An untrained drafter for `model` (default aux layers, target embeddings, identity
-    vocab map over the first `draft_vocab_size` ids): tau ~ 1, for tests and smoke benchmarks."""
+def random_drafter(model: torch.nn.Module, draft_vocab_size: int | None = None, seed: int = 0,
+                   stride: int = 1) -> Eagle3Drafter:
+    """An untrained drafter for `model` (default aux layers, target embeddings; draft id i is target
+    id stride*i, so stride 1 is the identity over the first `draft_vocab_size` ids): tau ~ 1, for
+    tests and smoke benchmarks."""
     from draftsmith.draft.model import DrafterConfig
     from draftsmith.layers import default_aux_layers
     from draftsmith.target import decoder_layers, embed_weight, text_config
@@ -287,5 +289,7 @@ def random_drafter(model: torch.nn.Module, draft_vocab_size: int | None = None, 
                                     aux_layer_ids=default_aux_layers(len(decoder_layers(model))))
     drafter = Eagle3Drafter(cfg)
     drafter.load_target_embeddings(embed_weight(model))
-    drafter.t2d[: cfg.draft_vocab_size] = True
+    target_ids = torch.arange(cfg.draft_vocab_size) * stride  # [Vd]
+    drafter.set_vocab(target_ids - torch.arange(cfg.draft_vocab_size),
+                      torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill_(0, target_ids, True))
     return drafter.to(embed_weight(model).device).eval()

@@ -1,7 +1,9 @@
 """Quality filters for synthesized conversations: prompt de-duplication, thinking-block
 stripping, and the checks that drop empty or degenerate generations.
 
-Every check works on text, so the local and the remote backends filter identically.
+Every check works on text, so the local and the remote backends filter identically. The drop
+reasons, in the order they are checked (also the keys of the counts in progress.json): too_long,
+empty, loop, no_eot, duplicate.
 """
 
 from __future__ import annotations
@@ -10,8 +12,6 @@ import re
 from typing import Any
 
 THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
-# drop reasons, in the order they are checked; also the keys of the counts in progress.json
-REASONS = ("too_long", "empty", "loop", "no_eot", "duplicate")
 
 
 def normalize(text: str) -> str:

