@@ -33,6 +33,47 @@ def make_tiny_llama(vocab_size: int, num_layers: int = 2, hidden: int = 64, seed
     return LlamaForCausalLM(cfg).eval()
 
 
+WINDOW = 8  # the sliding window of tiny_causal_lm's windowed models, shorter than the tests' contexts
+# tiny_causal_lm's architectures: transformers config class -> what sets the family apart (on top
+# of TINY_DIMS), kept small: MoEs get 4 experts, 2 per token; windowed models a WINDOW-token window
+ARCHS: dict[str, tuple[str, dict]] = {
+    "llama": ("LlamaConfig", {}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "qwen3_moe": ("Qwen3MoeConfig", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                     "moe_intermediate_size": 32}),
+    "mistral": ("MistralConfig", {"sliding_window": WINDOW}),
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": WINDOW,
+                                "final_logit_softcapping": 0.5, "attn_logit_softcapping": 50.0}),
+    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": WINDOW,
+                                    "layer_types": ["sliding_attention", "full_attention"]}),
+    "phi3": ("Phi3Config", {}),
+    "granite": ("GraniteConfig", {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 8.0,
+                                  "attention_multiplier": 1 / 16}),
+    "cohere": ("CohereConfig", {"logit_scale": 0.25}),
+    "deepseek_v3": ("DeepseekV3Config", {"q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+                                         "v_head_dim": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1,
+                                         "topk_group": 1, "first_k_dense_replace": 1, "moe_intermediate_size": 32}),
+    "gpt_oss": ("GptOssConfig", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": WINDOW,
+                                 "layer_types": ["sliding_attention", "full_attention"],
+                                 "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                                     "original_max_position_embeddings": 16, "rope_theta": 150000.0}}),
+}
+TINY_DIMS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=512, pad_token_id=2, bos_token_id=1, eos_token_id=2)
+
+
+def tiny_causal_lm(arch: str, vocab_size: int = 300, seed: int = 0, **overrides):
+    """A 2-layer random-weight causal LM of one of ARCHS, built by transformers from its own
+    config class (fp32, eval mode); `overrides` go to the config."""
+    import transformers
+
+    config_class, extra = ARCHS[arch]
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, config_class)(**{**TINY_DIMS, "vocab_size": vocab_size, **extra, **overrides})
+    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
+
+
 def write_tokenized_dataset(path: Path, samples: list[list[int]], sample_ids: list[int] | None = None) -> Path:
     """A prepared-dataset folder (data.parquet + dataset.json) from token id lists, as `prepare`
     writes it; the loss mask marks the second half of each sample as assistant tokens."""

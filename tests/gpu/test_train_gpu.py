@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.runtime.head import OutputHead
 from draftsmith.train.loss import TTTObjective
 from draftsmith.train.ttt import doc_and_positions
 
@@ -21,7 +22,7 @@ def _objective(backend: str, hidden: int = 576, vocab: int = 49152, draft: int =
     d = Eagle3Drafter(cfg)
     d.t2d[:draft] = True
     w = torch.randn(vocab, hidden) * 0.05
-    return TTTObjective(d.cuda(), w.cuda(), ttt=7, backend=backend)
+    return TTTObjective(d.cuda(), OutputHead(w.cuda()), ttt=7, backend=backend)
 
 
 def _batch(T: int, lengths: list[int], hidden: int = 576) -> dict[str, torch.Tensor]:

@@ -14,6 +14,7 @@ from draftsmith.cli import app
 from draftsmith.data.dataset import load_dataset
 from draftsmith.data.store import StoreReader
 from draftsmith.draft.checkpoint import load_drafter
+from draftsmith.runtime.head import output_head
 from draftsmith.target import load_target
 from draftsmith.train.batching import OfflineSource, OnlineSource, collate, pack_rows, shard_rows, split_indices
 from draftsmith.train.config import TrainConfig
@@ -48,7 +49,7 @@ def test_offline_and_online_give_the_same_loss(data_and_store, tiny_target_dir):
     d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=ds_path, out=ds_path, draft_vocab_size=300), ds, list(range(len(ds))), target.info.vocab_size)
     torch.manual_seed(0)
     drafter = build_drafter(target, layers, d2t, t2d, TrainConfig(dataset_dir=ds_path, out=ds_path))
-    objective = TTTObjective(drafter, target.model.get_output_embeddings().weight, ttt=3, backend="eager", chunk=16)
+    objective = TTTObjective(drafter, output_head(target.model), ttt=3, backend="eager", chunk=16)
     row = [0, 3, 5, 7]
     a, b = collate(online.samples(row), None), collate(offline.samples(row), None)
     assert torch.equal(a["ids"], b["ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
@@ -69,9 +70,9 @@ def test_chunking_does_not_change_the_loss(data_and_store, tiny_target_dir):
     d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=ds_path, out=ds_path, draft_vocab_size=300), load_dataset(ds_path), [0, 1, 2], target.info.vocab_size)
     drafter = build_drafter(target, layers, d2t, t2d, TrainConfig(dataset_dir=ds_path, out=ds_path))
     batch = collate(OfflineSource(reader, 2048).samples([1, 2]), None)
-    w = target.model.get_output_embeddings().weight
-    big, _ = TTTObjective(drafter, w, ttt=2, backend="eager", chunk=4096)(**batch)
-    small, _ = TTTObjective(drafter, w, ttt=2, backend="eager", chunk=5)(**batch)
+    head = output_head(target.model)
+    big, _ = TTTObjective(drafter, head, ttt=2, backend="eager", chunk=4096)(**batch)
+    small, _ = TTTObjective(drafter, head, ttt=2, backend="eager", chunk=5)(**batch)
     torch.testing.assert_close(big, small)
 
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.runtime.head import OutputHead
 from draftsmith.train.loss import STEP_WEIGHT, STAT_KEYS, TTTObjective, _chunk_ce, _compiled_chunk_ce
 from draftsmith.train.ttt import doc_and_positions, unroll
 
@@ -94,7 +95,7 @@ def test_loss_stats_and_grads_match_the_reference(chunk):
     ref_loss, ref_stats = reference(drafter, w_full, 3, **batch)
     ref_loss.backward()
     ref_grads = grads(drafter)
-    loss, stats = TTTObjective(drafter, w_full, ttt=3, backend="eager", chunk=chunk)(**batch)
+    loss, stats = TTTObjective(drafter, OutputHead(w_full), ttt=3, backend="eager", chunk=chunk)(**batch)
     loss.backward()
     assert ref_stats["n_valid"].min() > 3 and ref_stats["n_valid"].max() < 2 * 24 - 10  # several chunks; many invalid
     assert ref_stats["n_chain_correct"][1] > 0  # the chained counts are exercised
@@ -109,7 +110,7 @@ def test_loss_stats_and_grads_match_the_reference(chunk):
 
 def test_no_grad_forward_gives_the_same_loss_and_stats():
     drafter = tiny_drafter()
-    objective = TTTObjective(drafter, teacher_head(drafter), ttt=2, backend="eager", chunk=5)
+    objective = TTTObjective(drafter, OutputHead(teacher_head(drafter)), ttt=2, backend="eager", chunk=5)
     batch = packed_batch([[9, 12]], T=21)
     loss, stats = objective(**batch)
     with torch.no_grad():
@@ -125,7 +126,7 @@ def test_empty_steps_still_use_every_parameter():
     drafter = tiny_drafter()
     batch = packed_batch([[4]], T=4)
     batch["loss_mask"][:] = 1
-    loss, stats = TTTObjective(drafter, teacher_head(drafter), ttt=4, backend="eager", chunk=2)(**batch)
+    loss, stats = TTTObjective(drafter, OutputHead(teacher_head(drafter)), ttt=4, backend="eager", chunk=2)(**batch)
     assert stats["n_valid"][-1] == 0
     loss.backward()
     assert all(p.grad is not None for p in drafter.parameters() if p.requires_grad)

@@ -2,12 +2,17 @@
 
 Per step k (see `ttt.py` for the alignment), over the valid positions only:
 
-    teacher  p = softmax(final[t+1+k] @ lm_head[draft ids]ᵀ)       the target, on the draft vocab
+    teacher  p = softmax(head(final[t+1+k])[draft ids])            the target, on the draft vocab
     student  z = lm_head_draft(norm(out_k[t]))
     ce_k     = Σ_t (logsumexp(z) - Σ_v p z) / n_valid_k            = -Σ_v p log softmax(z), as Σ_v p = 1
     loss     = Σ_k step_decay**k ce_k                               (step_decay 0.8 by default)
 
 Valid = same sample × loss_mask[t+2+k] × t2d[argmax of the target's full-vocab logits at t+1+k].
+
+`head` is the target's own output path (runtime/head.py: final @ lm_headᵀ + bias, then the
+model's scaling or soft-capping), which `train` checks against the model's logits before it
+starts. The transform is elementwise and monotonic: it commutes with taking the draft rows, and
+the argmax needs only the linear part.
 
 Cost. The teacher at position s is the same for every step that reads final[s], so its logits
 are computed once per batch, for the positions some step uses, and kept in the matmul's dtype
@@ -29,6 +34,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from draftsmith.runtime.head import OutputHead
 from draftsmith.train.ttt import shift_left, unroll, valid_steps
 
 STEP_WEIGHT = 0.8  # the default step_decay, and the weighting of the logged `loss`
@@ -41,14 +47,14 @@ def matmul_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
 
 
 @torch.no_grad()
-def teacher_in_draft_vocab(final: torch.Tensor, w_full: torch.Tensor, t2d: torch.Tensor, where: torch.Tensor,
+def teacher_in_draft_vocab(final: torch.Tensor, head: OutputHead, t2d: torch.Tensor, where: torch.Tensor,
                            chunk: int) -> torch.Tensor:
     """[B, T] bool: the target's argmax (over its full vocab) at each position is a draft token.
     Computed only `where` [B, T] is set (positions followed by a trained token); False elsewhere."""
     rows = final[where]  # [n, H]
     ok = torch.zeros(rows.shape[0], dtype=torch.bool, device=final.device)
     for a in range(0, rows.shape[0], chunk):
-        ok[a : a + chunk] = t2d[(rows[a : a + chunk].to(w_full.dtype) @ w_full.T).argmax(-1)]
+        ok[a : a + chunk] = t2d[head.linear(rows[a : a + chunk]).argmax(-1)]
     out = torch.zeros(where.shape, dtype=torch.bool, device=final.device)
     out[where] = ok
     return out
@@ -63,16 +69,17 @@ class Teacher(NamedTuple):
 
 
 @torch.no_grad()
-def teacher_table(rows: torch.Tensor, w_draft: torch.Tensor, chunk: int) -> Teacher:
-    """rows [m, H_t] target final states -> their `Teacher`, `chunk` rows at a time."""
+def teacher_table(rows: torch.Tensor, draft_head: OutputHead, chunk: int) -> Teacher:
+    """rows [m, H_t] target final states -> their `Teacher` through the target's head on the
+    draft rows (`draft_head`, [Vd] outputs), `chunk` rows at a time. The transform runs in fp32."""
     m = rows.shape[0]
-    logits = rows.new_empty((m, w_draft.shape[0]), dtype=matmul_dtype(rows.device, w_draft.dtype))
+    logits = rows.new_empty((m, draft_head.weight.shape[0]), dtype=matmul_dtype(rows.device, draft_head.weight.dtype))
     lse = rows.new_empty(m, dtype=torch.float32)
     top = rows.new_empty(m, dtype=torch.long)
     for a in range(0, m, chunk):
-        z = rows[a : a + chunk].to(w_draft.dtype) @ w_draft.T  # [c, Vd]
-        logits[a : a + chunk] = z
-        lse[a : a + chunk] = torch.logsumexp(z.float(), dim=-1)
+        logits[a : a + chunk] = draft_head.transform(draft_head.linear(rows[a : a + chunk]).float())  # [c, Vd]
+        z = logits[a : a + chunk].float()  # as stored, so that the teacher's probabilities sum to 1
+        lse[a : a + chunk] = torch.logsumexp(z, dim=-1)
         top[a : a + chunk] = z.argmax(-1)
     return Teacher(logits, lse, top)
 
@@ -149,17 +156,17 @@ def soft_ce(x: torch.Tensor, weight: torch.Tensor, teacher: Teacher, rows: torch
 class TTTObjective(nn.Module):
     """Wraps the drafter so that one `forward` is one whole TTT step (what DDP / FSDP wrap).
 
-    The teacher's weights (`w_full` [V, H]: the target lm_head; `w_draft` [Vd, H]: its draft
-    rows) are frozen plain attributes, not parameters or buffers: never synced, never saved.
+    The teacher (`head`: the target's output path, [V] outputs; `draft_head`: its draft rows) is
+    frozen plain attributes, not parameters or buffers: never synced, never saved.
     """
 
-    def __init__(self, drafter: nn.Module, w_full: torch.Tensor, ttt: int, backend: str, chunk: int = 4096,
+    def __init__(self, drafter: nn.Module, head: OutputHead, ttt: int, backend: str, chunk: int = 4096,
                  step_decay: float = STEP_WEIGHT) -> None:
         super().__init__()
         self.drafter, self.ttt, self.backend, self.chunk, self.step_decay = drafter, ttt, backend, chunk, step_decay
         draft_ids = torch.arange(drafter.d2t.numel(), device=drafter.d2t.device) + drafter.d2t  # [Vd] target ids
-        self.w_full = w_full.detach()
-        self.w_draft = w_full.detach()[draft_ids.to(w_full.device)].contiguous()  # [Vd, H]
+        self.head = head
+        self.draft_head = head.rows(draft_ids.to(head.weight.device))  # [Vd] outputs
 
     def forward(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
                 aux: torch.Tensor, final: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -167,12 +174,12 @@ class TTTObjective(nn.Module):
         Returns the weighted loss and per-step counts {key: [K] float}."""
         d = self.drafter
         needed = shift_left(loss_mask, 1).bool() & (doc >= 0)  # the next token is trained on
-        ok = teacher_in_draft_vocab(final, self.w_full, d.t2d, needed, self.chunk)  # [B, T]
+        ok = teacher_in_draft_vocab(final, self.head, d.t2d, needed, self.chunk)  # [B, T]
         valid = valid_steps(doc, loss_mask, ok, self.ttt)  # [K, B, T]
         # step k at t reads final[t+1+k] (valid[k] is False at the last 1+k positions: nothing wraps)
         used = torch.stack([torch.roll(valid[k], 1 + k, dims=1) for k in range(self.ttt)]).any(0)  # [B, T]
         slot = used.flatten().cumsum(0).view(used.shape) - 1  # [B, T]: row of final[b, s] in the table
-        teacher = teacher_table(final[used], self.w_draft, self.chunk)  # [m, Vd]
+        teacher = teacher_table(final[used], self.draft_head, self.chunk)  # [m, Vd]
         hidden0 = d.project(aux.to(d.fc.weight.dtype))  # [B, T, H]
         chain = torch.ones_like(valid[0])  # [B, T]: steps so far all valid and correct
         loss = hidden0.new_zeros((), dtype=torch.float32)

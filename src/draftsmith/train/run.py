@@ -29,7 +29,8 @@ from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
-from draftsmith.target import Target, default_device, embed_weight, final_norm, lm_head_weight, load_target, text_config
+from draftsmith.runtime.head import check_output_head, output_head
+from draftsmith.target import Target, default_device, embed_weight, final_norm, load_target, text_config
 from draftsmith.torchrun import dist_env
 from draftsmith.train.batching import OfflineSource, OnlineSource, split_indices
 from draftsmith.train.checkpointing import latest_checkpoint
@@ -107,7 +108,8 @@ def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) ->
 
 def build_drafter(target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t2d: torch.Tensor, cfg: TrainConfig) -> Eagle3Drafter:
     """A drafter shaped like one target layer, with the architecture options of `cfg`, the
-    target's embeddings (frozen) and, with --head-init target, its lm_head rows and final norm."""
+    target's embeddings (frozen) and, with --head-init target, its final norm and the draft rows
+    of its lm_head times the head's logit scale (the drafter's head has no bias or soft-cap)."""
     arch = {k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")}
     dcfg = replace(DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), aux_layer_ids), **arch)
     drafter = Eagle3Drafter(dcfg)
@@ -115,8 +117,9 @@ def build_drafter(target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t
     drafter.set_vocab(d2t, t2d)
     if cfg.head_init == "target":
         draft_ids = torch.arange(d2t.numel()) + d2t  # [Vd] target ids
+        head = output_head(target.model)
         with torch.no_grad():
-            drafter.lm_head.weight.copy_(lm_head_weight(target.model).detach()[draft_ids.to(target.device)].float())
+            drafter.lm_head.weight.copy_(head.scale * head.weight[draft_ids.to(head.weight.device)].float())
             drafter.norm.weight.copy_(final_norm(target.model).weight.detach().float())
     if cfg.freeze_head:
         drafter.lm_head.weight.requires_grad_(False)
@@ -131,25 +134,26 @@ def run(cfg: TrainConfig) -> Path:
         raise UserError("--optimizer muon works on whole weight matrices and cannot run under --distributed fsdp; use ddp or adamw")
     out = Path(cfg.out)
     resume_from = prepare_out(cfg, env)
-    out.mkdir(parents=True, exist_ok=True)
-    if env.main:
-        write_run_record(out, cfg)
     if cfg.autocast is None:
         cfg = cfg.model_copy(update={"autocast": env.device.type == "cuda"})
     torch.manual_seed(cfg.seed)
 
     target = load_target(cfg.target, env.device, cfg.dtype)
+    head = output_head(target.model)  # the teacher: the target's own output path,
+    check_output_head(target.model, head)  # checked against its logits (a UserError, before any output)
+    out.mkdir(parents=True, exist_ok=True)
+    if env.main:
+        write_run_record(out, cfg)
     dataset = load_dataset(cfg.dataset_dir)
     source, aux_layer_ids, dataset_rows = build_source(cfg, target, dataset)
     train_idx, val_idx = split_indices(len(source), cfg.val_fraction, cfg.seed)
     d2t, t2d = resolve_vocab(cfg, dataset, [dataset_rows[i] for i in train_idx], target.info.vocab_size)
     if env.main:
         save_vocab(out / "vocab.safetensors", d2t, t2d)
-    w_full = lm_head_weight(target.model).detach()  # [V, H] the teacher's head
     drafter = build_drafter(target, aux_layer_ids, d2t, t2d, cfg)
 
     backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
-    objective = TTTObjective(drafter.to(env.device), w_full.to(env.device), cfg.ttt, backend, cfg.loss_chunk, cfg.step_decay)
+    objective = TTTObjective(drafter.to(env.device), head.to(env.device), cfg.ttt, backend, cfg.loss_chunk, cfg.step_decay)
     meta = {"target": target.info.to_dict(), "mode": "online" if cfg.hidden is None else "offline",
             "data": str(cfg.dataset_dir), "hidden": str(cfg.hidden) if cfg.hidden else None, "ttt": cfg.ttt,
             "train_samples": len(train_idx), "val_samples": len(val_idx)}
