@@ -24,7 +24,7 @@ import typer
 
 from draftsmith.commands import COMMANDS, Command
 from draftsmith.config import resolve_config
-from draftsmith.errors import UserError
+from draftsmith.errors import UserError, from_os_error
 from draftsmith.pipeline.config import PipelineConfig, QuickstartConfig
 
 
@@ -69,6 +69,12 @@ def _cli_type(annotation: Any) -> tuple[Any, str]:
     return Optional[str], ""
 
 
+def fail(e: UserError) -> typing.NoReturn:
+    """The one way a command reports a user error: `error: ...` on stderr, its exit code."""
+    typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(e.exit_code) from None
+
+
 def _make_command(name: str, entry: Command) -> None:
     cls, help_text = entry.config, entry.help
     params = []
@@ -101,8 +107,9 @@ def _make_command(name: str, entry: Command) -> None:
             cfg = resolve_config(cls, yaml_path, flags)
             entry.run(cfg)
         except UserError as e:
-            typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-            raise typer.Exit(e.exit_code) from None
+            fail(e)
+        except OSError as e:  # an unwritable --out, a full disk: the path and the fix, no traceback
+            fail(from_os_error(e))
         except KeyboardInterrupt:
             typer.secho("interrupted: rerun the same command to resume", fg=typer.colors.YELLOW, err=True)
             raise typer.Exit(130) from None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_text
@@ -29,6 +29,31 @@ class CommandConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     positional: ClassVar[str | None] = None
+
+    @field_validator("device", check_fields=False)
+    @classmethod
+    def _device(cls, value: str | None) -> str | None:
+        return check_device(value)
+
+
+def check_device(value: str | None) -> str | None:
+    """A `--device` that this machine has: `cpu`, `cuda`, `cuda:N` (N < the GPU count), `mps`..."""
+    if value is None:
+        return None
+    import torch
+
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise ValueError(f"unknown device {value!r}; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{value!r}: no CUDA GPU is visible here; use --device cpu, or leave --device out")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ValueError(f"{value!r}: this machine has {count} GPU(s); use cuda:0..cuda:{count - 1}")
+    if device.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise ValueError(f"device {value!r} is not supported; use cpu or cuda")
+    return value
 
 
 def _is_list(annotation: Any) -> bool:
@@ -75,7 +100,7 @@ def resolve_config(cls: type[CommandConfig], yaml_path: Path | None, flags: dict
         lines = []
         for err in e.errors():
             loc = ".".join(str(p) for p in err["loc"]) or "config"
-            lines.append(f"  --{loc.replace('_', '-')}: {err['msg']}")
+            lines.append(f"  --{loc.replace('_', '-')}: {err['msg'].removeprefix('Value error, ')}")
         raise UserError("invalid options:\n" + "\n".join(lines)) from None
 
 

@@ -155,11 +155,38 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
         if not raw.strip():
             continue
         try:
-            yield i, json.loads(raw)
-        except json.JSONDecodeError as e:
+            yield i, json_line(path, i, raw)
+        except UserError:
             if i == last:  # torn trailing line from an interrupted append
                 return
-            raise UserError(f"{path}:{i}: malformed JSON ({e.msg}); fix or remove that line") from None
+            raise
+
+
+def json_line(path: Path, line: int, raw: bytes) -> Any:
+    """One line of a JSONL file parsed, or a UserError naming the file and line: malformed JSON,
+    or bytes that are not UTF-8 text (a binary file, another encoding)."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}:{line}: not UTF-8 text (byte {e.start} of the line); give a JSON-lines file "
+                        "saved as UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{line}: malformed JSON ({e.msg} at column {e.colno}); fix or remove that line") from None
+
+
+def read_safetensors(path: Path, fix: str) -> dict[str, Any]:
+    """The tensors of a safetensors file, or a UserError naming the file and `fix` when it is
+    missing, truncated or not safetensors at all."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such file; {fix}")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"{path}: not a readable safetensors file ({e}); {fix}") from None
 
 
 def free_bytes(path: Path) -> int:

@@ -52,6 +52,24 @@ def find_progress(root: Path) -> list[Path]:
     return found
 
 
+NUMBERS = ("total", "done", "skipped", "errors", "rate", "updated_at")
+
+
+def read_progress(path: Path) -> dict:
+    """A progress.json, or a UserError naming it when it is not one (cut short, overwritten)."""
+    try:
+        snap = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # not JSON, or not UTF-8
+        snap, why = None, str(e)
+    else:
+        why = f"needs numbers {', '.join(NUMBERS)} and a stage name"
+    if not (isinstance(snap, dict) and isinstance(snap.get("stage"), str)
+            and all(isinstance(snap.get(k), int | float) for k in NUMBERS)):
+        raise UserError(f"{path}: not a readable progress file ({why}); the stage rewrites it while it runs: "
+                        "rerun the stage's command, or delete the file")
+    return snap
+
+
 def run(cfg: StatusConfig) -> Path:
     root = Path(cfg.dir)
     files = find_progress(root)
@@ -60,8 +78,13 @@ def run(cfg: StatusConfig) -> Path:
     if not files:
         raise UserError(f"{root}: no {PROGRESS_FILE} here or in its subfolders; is it a draftsmith stage's output?")
     console = Console()
+    corrupt: list[str] = []
     for f in files:
-        s = json.loads(f.read_text())
+        try:
+            s = read_progress(f)
+        except UserError as e:
+            corrupt.append(str(e))
+            continue
         disk = human_bytes(s["bytes_written"]) if s.get("bytes_written") else "-"
         if s.get("bytes_projected"):
             disk += f" of ~{human_bytes(s['bytes_projected'])} projected"
@@ -86,4 +109,6 @@ def run(cfg: StatusConfig) -> Path:
         for k, v in rows.items():
             table.add_row(k, v)
         console.print(table)
+    if corrupt:
+        raise UserError("\n".join(corrupt))
     return root

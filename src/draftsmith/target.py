@@ -141,7 +141,11 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
     if _SHARED is not None and key in _SHARED:
         return _SHARED[key]
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    tok = AutoTokenizer.from_pretrained(folder, **kwargs)
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, **kwargs)
+    except (OSError, ValueError) as e:  # ValueError: a corrupt or truncated file (UnicodeDecodeError too)
+        raise UserError(f"could not load the tokenizer of target {spec!r} ({e}); is the file complete? "
+                        "Copy or download it again") from None
     if chat_template is not None:
         p = Path(chat_template)
         tok.chat_template = p.read_text() if p.exists() else str(chat_template)

@@ -85,10 +85,21 @@ def load_dataset(path: Path) -> TokenizedDataset:
             f"{path} is not a prepared dataset (no {DATA_FILE}/{META_FILE}); "
             f"run `draftsmith prepare DATA --out {path}` first"
         )
-    meta = json.loads((path / META_FILE).read_text())
-    if meta.get("format") != FORMAT:
-        raise UserError(f"{path / META_FILE}: not a draftsmith dataset (format {meta.get('format')!r})")
-    return TokenizedDataset(path, pq.read_table(path / DATA_FILE), meta)
+    redo = f"run `draftsmith prepare DATA --out {path} --overwrite` again"
+    try:
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise UserError(f"{path / META_FILE}: corrupt ({e}); {redo}") from None
+    fmt = meta.get("format") if isinstance(meta, dict) else None
+    if fmt != FORMAT:
+        raise UserError(f"{path / META_FILE}: not a draftsmith dataset (format {fmt!r})")
+    try:
+        table = pq.read_table(path / DATA_FILE)
+    except (pa.ArrowException, OSError) as e:
+        raise UserError(f"{path / DATA_FILE}: corrupt or truncated ({e}); {redo}") from None
+    if not set(SCHEMA.names) <= set(table.column_names):
+        raise UserError(f"{path / DATA_FILE}: columns {table.column_names}, expected {SCHEMA.names}; {redo}")
+    return TokenizedDataset(path, table, meta)
 
 
 def write_table(path: Path, rows: dict[str, list]) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.errors import UserError
+from draftsmith.fsutil import json_line
 
 RECORD_FORMATS = ("sharegpt", "messages", "pairs", "turns", "prompts")
 FORMATS = ("auto", *RECORD_FORMATS, "hf")
@@ -148,17 +149,15 @@ PARSERS: dict[str, Callable[[dict, str], list[dict[str, str]]]] = {
 def _jsonl(path: Path) -> Iterator[tuple[str, str, Any]]:
     with path.open("rb") as f:
         for i, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{i}: malformed JSON ({e.msg} at column {e.colno}); fix or remove that line") from None
-            yield f"{path}:{i}", f"line-{i}", record
+            if raw.strip():
+                yield f"{path}:{i}", f"line-{i}", json_line(path, i, raw)
 
 
 def _json(path: Path) -> Iterator[tuple[str, str, Any]]:
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}); give a JSON file saved as UTF-8") from None
     if not text.lstrip().startswith("["):
         yield from _jsonl(path)  # JSON lines saved as .json
         return

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from draftsmith.config import write_run_record
 from draftsmith.data.config import VocabConfig
 from draftsmith.data.dataset import TokenizedDataset, load_dataset
 from draftsmith.errors import UserError
+from draftsmith.fsutil import read_safetensors
 
 DEFAULT_SIZE = 32000  # the draft vocab size when none is given, capped at the target vocab
 
@@ -66,10 +67,20 @@ def load_vocab(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     path = Path(path)
     if not path.exists():
         raise UserError(f"vocab file {path}: no such file; make one with `draftsmith vocab`")
-    t = load_file(str(path))
+    fix = "make it again with `draftsmith vocab DATASET_DIR --out FILE`"
+    t = read_safetensors(path, fix)
     if "d2t" not in t or "t2d" not in t:
-        raise UserError(f"{path}: not a draft vocab file (needs d2t and t2d tensors)")
-    return t["d2t"], t["t2d"]
+        raise UserError(f"{path}: not a draft vocab file (needs d2t and t2d tensors); {fix}")
+    d2t, t2d = t["d2t"], t["t2d"]
+    if d2t.ndim != 1 or t2d.ndim != 1 or t2d.dtype != torch.bool or d2t.dtype.is_floating_point:
+        raise UserError(f"{path}: d2t must be 1-D integer offsets and t2d a 1-D bool mask "
+                        f"(got d2t {d2t.dtype} {list(d2t.shape)}, t2d {t2d.dtype} {list(t2d.shape)}); {fix}")
+    target_ids = d2t.long() + torch.arange(len(d2t))  # [k] the target id of each draft id
+    if len(target_ids) and (int(target_ids.min()) < 0 or int(target_ids.max()) >= len(t2d)
+                            or not torch.equal(t2d.nonzero().flatten(), target_ids)):
+        raise UserError(f"{path}: d2t and t2d disagree (d2t must map draft id i to the i-th target id that t2d "
+                        f"marks); {fix}")
+    return d2t, t2d
 
 
 def token_counts(ds: TokenizedDataset, vocab_size: int, rows: list[int] | None = None) -> np.ndarray:
@@ -87,6 +98,8 @@ def token_counts(ds: TokenizedDataset, vocab_size: int, rows: list[int] | None =
 
 
 def run(cfg: VocabConfig) -> Path:
+    if cfg.out.is_dir():
+        raise UserError(f"--out {cfg.out} is a folder; give a file path such as {cfg.out / 'vocab.safetensors'}")
     if cfg.out.exists() and not cfg.overwrite:
         raise UserError(f"{cfg.out} already exists; pass --overwrite to replace it")
     ds = load_dataset(cfg.dataset_dir)

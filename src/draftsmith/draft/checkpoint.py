@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from draftsmith.draft.importer import import_drafter
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
-from draftsmith.fsutil import atomic_write_json
+from draftsmith.fsutil import atomic_write_json, read_safetensors
 
 DRAFTER_FILE, WEIGHTS, FORMAT = "drafter.json", "model.safetensors", "draftsmith-drafter"
 
@@ -41,8 +41,19 @@ def save_drafter(model: Eagle3Drafter, folder: Path, target: dict[str, Any] | No
     return folder
 
 
+FIX = "train it again, or copy the folder again from where it was made"
+
+
 def read_drafter_record(folder: Path) -> dict[str, Any]:
-    return json.loads((Path(folder) / DRAFTER_FILE).read_text())
+    """drafter.json, checked to be a draftsmith drafter record with a config; a UserError names it."""
+    path = Path(folder) / DRAFTER_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise UserError(f"{path}: corrupt ({e}); {FIX}") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("config"), dict):
+        raise UserError(f"{path}: not a draftsmith drafter record (needs format {FORMAT!r} and a config); {FIX}")
+    return record
 
 
 def load_drafter(path: Path, device: str | torch.device = "cpu") -> tuple[Eagle3Drafter, dict[str, Any]]:
@@ -55,11 +66,17 @@ def load_drafter(path: Path, device: str | torch.device = "cpu") -> tuple[Eagle3
         path = path / "drafter"
     if (path / DRAFTER_FILE).exists():
         record = read_drafter_record(path)
-        model = Eagle3Drafter(DrafterConfig.from_dict(record["config"]))
-        state = load_file(str(path / WEIGHTS))
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        try:
+            model = Eagle3Drafter(DrafterConfig.from_dict(record["config"]))
+        except (TypeError, ValueError, RuntimeError) as e:  # a missing or mistyped field
+            raise UserError(f"{path / DRAFTER_FILE}: its config does not describe a drafter ({e}); {FIX}") from None
+        state = read_safetensors(path / WEIGHTS, FIX)
+        try:
+            missing, unexpected = model.load_state_dict(state, strict=False)
+        except RuntimeError as e:  # a tensor of the wrong shape
+            raise UserError(f"drafter {path}: weights do not match its config ({e}); {FIX}") from None
         if missing or unexpected:
-            raise UserError(f"drafter {path}: weights do not match its config (missing {missing}, unexpected {unexpected})")
+            raise UserError(f"drafter {path}: weights do not match its config (missing {missing}, unexpected {unexpected}); {FIX}")
         return model.to(device).eval(), record
     if (path / "config.json").exists():
         model, record = import_drafter(path)

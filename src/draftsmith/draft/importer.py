@@ -35,15 +35,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from draftsmith.draft.layouts import (
     ARCH_OPTIONS, DRAFTSMITH_PREFIX, LAYER_PREFIX, NESTED_IDS, RECORD_KEY, TOP_LEVEL_IDS, check_vocab,
 )
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
+from draftsmith.fsutil import read_safetensors
 from draftsmith.layers import from_engine
 
+FIX = "re-export it, or copy the folder again from its source"
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 IGNORED_PREFIXES = ("verifier_",)  # speculators' frozen copies of the verifier's norm / lm_head
 
@@ -52,10 +53,10 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint folder, whatever the file layout."""
     single, index, pickled = folder / "model.safetensors", folder / "model.safetensors.index.json", folder / "pytorch_model.bin"
     if single.exists():
-        return load_file(str(single))
+        return read_safetensors(single, FIX)
     if index.exists():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {k: v for shard in shards for k, v in load_file(str(folder / shard)).items()}
+        return {k: v for shard in shards for k, v in read_safetensors(folder / shard, FIX).items()}
     if pickled.exists():
         try:
             return torch.load(pickled, map_location="cpu", weights_only=True)
@@ -180,8 +181,10 @@ def import_drafter(path: Path, convention: str | None = None) -> tuple[Eagle3Dra
     config_path = path / "config.json"
     try:
         config = json.loads(config_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"{config_path}: cannot be read as JSON ({e})") from None
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise UserError(f"{config_path}: cannot be read as JSON ({e}); {FIX}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{config_path}: expected a JSON object (a model config); {FIX}")
     speculators = "speculators_model_type" in config
     if speculators and config["speculators_model_type"] != "eagle3":
         raise UserError(f"{config_path}: speculators_model_type {config['speculators_model_type']!r} is not eagle3")

@@ -69,6 +69,9 @@ def parse_stages(raw: Any) -> list[tuple[str, str, dict[str, Any]]]:
         command, options = next(iter(entry.items()))
         if command not in STAGES:
             raise UserError(f"pipeline config: stage {i + 1}: unknown stage {command!r}")
+        if not isinstance(options, dict | None):
+            raise UserError(f"pipeline config: stage {i + 1} ({command}): options must be a mapping like "
+                            f"'- {command}: {{out: DIR}}', not a {type(options).__name__}")
         options = dict(options or {})
         name = str(options.pop("name", command))
         if name in seen:

@@ -96,6 +96,9 @@ def record(work: Work, model: str, generation: dict[str, Any]) -> dict[str, Any]
 def run(cfg: SynthConfig) -> Path:
     """Synthesize with the output's folder locked for the whole run (rank 0 holds the lock for
     all ranks): a second synth writing there is refused."""
+    if Path(cfg.out).is_dir():
+        raise UserError(f"--out {cfg.out} is a folder; synth writes one JSONL file: give a path such as "
+                        f"{Path(cfg.out) / 'conversations.jsonl'}")
     rank, _, _ = dist_env()
     with output_lock(Path(cfg.out).parent) if rank == 0 else contextlib.nullcontext():
         return write_conversations(cfg)

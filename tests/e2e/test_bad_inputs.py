@@ -1,0 +1,185 @@
+"""Every bad-input probe of issue 16, one row each: the command must end with a clean `error:`
+line naming the file, line or field and the fix, the row's exit code (2 for bad input, 4 for a
+stage stopped with its output kept), no traceback, and no output folder left behind.
+
+Each row builds its bad input in a fresh folder (`Env`) and returns the command line. The tiny
+target folder loads in about a second, so the whole table runs in well under a minute on CPU.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from draftsmith.cli import app
+from draftsmith.draft.checkpoint import save_drafter
+from tests.helpers import make_tiny_drafter
+
+
+@dataclass
+class Env:
+    root: Path  # a fresh folder for this row
+    target: Path  # the tiny target folder
+    chats: Path  # a valid conversations file
+    ds: Path  # a valid prepared dataset (of the tiny target)
+
+    @property
+    def out(self) -> Path:
+        return self.root / "out"
+
+    def file(self, name: str, data: bytes | str) -> Path:
+        path = self.root / name
+        path.write_bytes(data if isinstance(data, bytes) else data.encode())
+        return path
+
+    def drafter(self, damage: Callable[[Path], None]) -> Path:
+        folder = save_drafter(make_tiny_drafter(), self.root / "drafter")
+        damage(folder)
+        return folder
+
+    def train(self, *extra: object) -> list[object]:
+        return ["train", self.ds, "--target", self.target, "--out", self.out, "--device", "cpu", "--steps", "2",
+                "--batch-tokens", "64", "--val-fraction", "0", *extra]
+
+
+BINARY = bytes(range(128, 256)) * 3
+LATIN1 = '{"messages": [{"role": "user", "content": "caf\xe9"}]}\n'.encode("latin-1")
+ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
+
+
+def _bad_d2t(env: Env) -> Path:
+    path = env.root / "vocab.safetensors"
+    save_file({"d2t": torch.tensor([5, -9999, 3]), "t2d": torch.zeros(10, dtype=torch.bool)}, str(path))
+    return path
+
+
+def _readonly(env: Env) -> Path:
+    folder = env.root / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder
+
+
+def _corrupt_dataset(env: Env) -> Path:
+    ds = shutil.copytree(env.ds, env.root / "ds")
+    (ds / "data.parquet").write_bytes(b"PAR1" + BINARY)
+    return ds
+
+
+def _pipeline(env: Env) -> Path:
+    return env.file("pipe.yaml", f"out: {env.out}\ntarget: {env.target}\nstages:\n  - prepare: [data, {env.chats}]\n")
+
+
+def _progress(env: Env) -> Path:
+    env.out.mkdir()
+    (env.out / "progress.json").write_text("{\"stage\": \"extract\", \"done\": ")
+    return env.out
+
+
+def _disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(args[1]))
+
+    monkeypatch.setattr("draftsmith.draft.checkpoint.save_file", full)
+    monkeypatch.setattr("draftsmith.train.checkpointing.save_file", full)
+
+
+@dataclass
+class Probe:
+    name: str
+    args: Callable[[Env], list[object]]
+    code: int
+    message: str
+    patch: Callable[[pytest.MonkeyPatch], None] | None = None
+    skip: str | None = None  # a reason this machine cannot show it
+
+
+PROBES = [
+    Probe("prepare binary input", lambda e: ["prepare", e.file("c.jsonl", BINARY), "--target", e.target, "--out", e.out],
+          2, "c.jsonl:1: not UTF-8 text"),
+    Probe("prepare latin-1 input", lambda e: ["prepare", e.file("c.jsonl", LATIN1), "--target", e.target, "--out", e.out],
+          2, "c.jsonl:1: not UTF-8 text"),
+    Probe("eval --bench binary", lambda e: ["eval", "--target", e.target, "--drafter", e.root / "none", "--out", e.out,
+                                            "--bench", e.file("q.jsonl", BINARY + b"\n"), "--device", "cpu"],
+          2, "q.jsonl:1: not UTF-8 text"),
+    Probe("prepare --out read-only", lambda e: ["prepare", e.chats, "--target", e.target, "--out", _readonly(e) / "ds"],
+          2, "not writable here", skip="root writes anywhere" if ROOT else None),
+    Probe("prepare --out under a file", lambda e: ["prepare", e.chats, "--target", e.target, "--out", e.file("f", "x") / "ds"],
+          2, "exists and is not a folder"),
+    Probe("train --out under a file", lambda e: ["train", e.ds, "--target", e.target, "--out", e.file("f", "x") / "t",
+                                                 "--device", "cpu", "--steps", "1"],
+          2, "a part of this path is a file"),
+    Probe("truncated .gguf target", lambda e: ["prepare", e.chats, "--target", e.file("m.gguf", b"GGUF\x03\0\0\0" + BINARY),
+                                               "--out", e.out],
+          2, "could not load the tokenizer"),
+    Probe("corrupt dataset parquet", lambda e: ["vocab", _corrupt_dataset(e), "--out", e.out],
+          2, "data.parquet: corrupt or truncated"),
+    Probe("--device tpu", lambda e: ["extract", e.ds, "--target", e.target, "--out", e.out, "--device", "tpu"],
+          2, "unknown device 'tpu'"),
+    Probe("--device cuda without a GPU", lambda e: e.train("--device", "cuda"), 2, "no CUDA GPU is visible",
+          skip="a GPU is visible" if torch.cuda.is_available() else None),
+    Probe("vocab --out DIR", lambda e: ["vocab", e.ds, "--out", e.root], 2, "is a folder; give a file path"),
+    Probe("--vocab with a bad d2t", lambda e: e.train("--vocab", _bad_d2t(e)), 2, "d2t and t2d disagree"),
+    Probe("--vocab of garbage bytes", lambda e: e.train("--vocab", e.file("v.safetensors", BINARY)),
+          2, "not a readable safetensors file"),
+    Probe("drafter without weights", lambda e: ["export", e.drafter(lambda d: (d / "model.safetensors").unlink()),
+                                                "--out", e.out],
+          2, "model.safetensors: no such file"),
+    Probe("drafter.json not JSON", lambda e: ["export", e.drafter(lambda d: (d / "drafter.json").write_text("{x")),
+                                              "--out", e.out],
+          2, "drafter.json: corrupt"),
+    Probe("drafter.json without a config", lambda e: [
+        "export", e.drafter(lambda d: (d / "drafter.json").write_text(json.dumps(
+            {"format": "draftsmith-drafter", "config": {"hidden_size": 8}}))), "--out", e.out],
+          2, "its config does not describe a drafter"),
+    Probe("drafter with a bad header", lambda e: [
+        "eval", "--target", e.target, "--drafter", e.drafter(
+            lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 16 + (d / "model.safetensors").read_bytes()[16:])),
+        "--out", e.out, "--device", "cpu"],
+          2, "not a readable safetensors file"),
+    Probe("pipeline stage options as a list", lambda e: ["pipeline", _pipeline(e)], 2, "options must be a mapping"),
+    Probe("status of a corrupt progress.json", lambda e: ["status", _progress(e)], 2, "not a readable progress file"),
+    Probe("synth --out DIR", lambda e: ["synth", e.chats, "--target", e.target, "--out", e.root, "--device", "cpu"],
+          2, "is a folder; synth writes one JSONL file"),
+    Probe("disk full during train", lambda e: e.train("--save-every", "1"), 4, "disk full", patch=_disk_full),
+]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("bad-inputs")
+    chats = root / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Say {w}."},
+                                                      {"role": "assistant", "content": f"{w} {w} {w}."}]}) + "\n"
+                             for w in ("one", "two", "three", "four")))
+    r = CliRunner().invoke(app, ["prepare", str(chats), "--target", str(tiny_target_dir), "--out", str(root / "ds")])
+    assert r.exit_code == 0, r.output
+    return chats, root / "ds"
+
+
+@pytest.mark.parametrize("probe", PROBES, ids=[p.name for p in PROBES])
+def test_bad_input(probe: Probe, prepared: tuple[Path, Path], tiny_target_dir: Path, tmp_path: Path,
+                   monkeypatch: pytest.MonkeyPatch) -> None:
+    if probe.skip:
+        pytest.skip(probe.skip)
+    env = Env(tmp_path, tiny_target_dir, *prepared)
+    args = [str(a) for a in probe.args(env)]
+    if probe.patch:
+        probe.patch(monkeypatch)
+    r = CliRunner().invoke(app, args)
+    assert r.exception is None or isinstance(r.exception, SystemExit), f"traceback: {r.exception!r}\n{r.output}"
+    assert r.exit_code == probe.code, r.output
+    assert "error:" in r.output and probe.message in r.output, r.output
+    assert "Traceback" not in r.output
+    if probe.code == 2:
+        assert not env.out.exists() or env.out.is_dir() and set(os.listdir(env.out)) <= {"progress.json"}
