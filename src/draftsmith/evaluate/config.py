@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from draftsmith.config import DEFAULT_TARGET, CommandConfig
 
@@ -16,7 +16,9 @@ class EvalConfig(CommandConfig):
     out: Path = Field(description="Output folder for report.json, report.md, plots and answers.jsonl.")
     bench: str = Field("mt_bench", description="Question set: 'mt_bench' (bundled) or a JSONL file of prompts or multi-turn 'turns'.")
     mode: Literal["chain", "tree"] = Field("chain", description="Drafting mode.")
-    k: int = Field(7, ge=1, description="Draft tokens per step (chain mode) or tree depth (tree mode).")
+    k: int | Literal["auto"] = Field(7, description="Draft tokens per step (chain mode) or tree depth (tree mode); chain mode also takes 'auto': the K in 1..--k-max with the best predicted speed from a short calibration (evaluate/shape.py).")
+    k_max: int = Field(7, ge=1, description="--k auto: the longest chain considered.")
+    calibration_questions: int = Field(2, ge=1, description="--k auto: calibrate on the first turns of this many questions.")
     top_k: int = Field(10, ge=1, description="Tree mode: children expanded per node.")
     total_tokens: int = Field(60, ge=1, description="Tree mode: draft tokens verified per step (besides the root).")
     temperature: float = Field(0.0, ge=0, description="0 for greedy; >0 for lossless speculative sampling.")
@@ -29,3 +31,10 @@ class EvalConfig(CommandConfig):
     dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp32.")
     compile: bool | None = Field(None, description="CUDA graphs for target verification and plain decoding alike; default on for GPU.")
     overwrite: bool = Field(False, description="Replace an existing output folder.")
+
+    @field_validator("k")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be >= 1 or 'auto'")
+        return v

@@ -27,6 +27,8 @@ from draftsmith.evaluate.decode import Proposer, Turn, plain_generate, spec_gene
 from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.evaluate.questions import Question, load_questions, token_bound, turn_prompt
 from draftsmith.evaluate.report import build_report, summary_line, write_report
+from draftsmith.evaluate.shape import calibrate
+from draftsmith.evaluate.shape import summary as shape_summary
 from draftsmith.fsutil import atomic_output_dir, atomic_write_text
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
@@ -52,21 +54,20 @@ def check_compatible(drafter: Eagle3Drafter, target: Target, path: Path) -> None
     validate_layers(cfg.aux_layer_ids, info.num_layers)
 
 
-def build_engine(target: Target, drafter: Eagle3Drafter, cfg: EvalConfig, sampling: Sampling,
-                 max_len: int, graphs: bool) -> tuple[Engine, DrafterProposer]:
-    """The target engine (after its self-check) and the drafter proposer; with `graphs`, CUDA
-    graphs for plain decoding (1 token) and verification (draft size + 1 tokens) on the fast
-    engine, and for the drafter (greedy chain: its whole side of a cycle; otherwise each draft
-    step)."""
-    engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, cfg.mode)
-    proposer = DrafterProposer(drafter, sampling, max_len, mode=cfg.mode, depth=cfg.k, top_k=cfg.top_k, total_tokens=cfg.total_tokens)
+def make_proposer(engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampling: Sampling, max_len: int,
+                  depth: int, graphs: bool) -> DrafterProposer:
+    """The drafter proposer of `depth`; with `graphs`, CUDA graphs for plain decoding (1 token)
+    and verification (draft size + 1 tokens) on the fast engine, and for the drafter (greedy
+    chain: its whole side of a cycle; otherwise each draft step)."""
+    proposer = DrafterProposer(drafter, sampling, max_len, mode=cfg.mode, depth=depth, top_k=cfg.top_k,
+                               total_tokens=cfg.total_tokens)
     if graphs:
-        t0 = time.perf_counter()
         for t in (1, proposer.size + 1):
-            engine.graph(t)
+            engine.graph(t)  # counts its own capture time
+        t0 = time.perf_counter()
         proposer.graph()
-        engine.capture_seconds = time.perf_counter() - t0
-    return engine, proposer
+        engine.capture_seconds += time.perf_counter() - t0
+    return proposer
 
 
 def answer(engine: Engine, tokenizer: Any, question: Question, max_new: int, stops: set[int],
@@ -91,6 +92,9 @@ def run(cfg: EvalConfig) -> Path:
     graphs = on_gpu if cfg.compile is None else cfg.compile
     if graphs and not on_gpu:
         raise UserError("--compile needs a CUDA device (CUDA graphs); drop it on CPU")
+    auto = cfg.k == "auto"
+    if auto and cfg.mode != "chain":
+        raise UserError("--k auto chooses a chain length; in tree mode give the depth, e.g. --k 7")
     torch.manual_seed(cfg.seed)
     drafter, manifest = load_drafter(cfg.drafter, device)
     with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as out:
@@ -101,13 +105,27 @@ def run(cfg: EvalConfig) -> Path:
             drafter.load_target_embeddings(embed_weight(target.model).detach().float())
         drafter.to(dtype=target.dtype)
         tok, stops = target.tokenizer, stop_ids(target)
-        depth = cfg.k
+        depth = cfg.k_max if auto else int(cfg.k)
         bound = max(token_bound(tok, q, max_new) for q in questions)
-        size_bound = cfg.k if cfg.mode == "chain" else cfg.total_tokens
+        size_bound = depth if cfg.mode == "chain" else cfg.total_tokens
         max_len = 64 * math.ceil((bound + size_bound + 8) / 64)
-        spec_sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
-        plain_sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
-        engine, proposer = build_engine(target, drafter, cfg, spec_sampling, max_len, graphs)
+
+        def sampler() -> Sampling:  # a fresh sampler with the run's seed
+            return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
+
+        spec_sampling, plain_sampling = sampler(), sampler()
+        engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, cfg.mode)
+
+        def proposer_of(d: int) -> DrafterProposer:
+            return make_proposer(engine, drafter, cfg, spec_sampling, max_len, d, graphs)
+
+        calibration = None
+        if auto:
+            prompts = [turn_prompt(tok, q.turns[:1], []) for q in questions[: cfg.calibration_questions]]
+            calibration = calibrate(engine, proposer_of, prompts, min(max_new, 64), stops, sampler, cfg.k_max)
+            depth = calibration.best()
+            print(shape_summary(calibration), flush=True)
+        proposer = proposer_of(depth)
 
         def spec(prompt: list[int]) -> Turn:
             return spec_generate(engine, proposer, prompt, max_new, stops, spec_sampling)
@@ -117,8 +135,8 @@ def run(cfg: EvalConfig) -> Path:
 
         t0 = time.perf_counter()  # warm-up: first-call allocations, kernel selection
         warm = turn_prompt(tok, questions[0].turns[:1], [])
-        spec_generate(engine, proposer, warm, 8, stops, Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed))
-        plain_generate(engine, warm, 8, stops, Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed))
+        spec_generate(engine, proposer, warm, 8, stops, sampler())
+        plain_generate(engine, warm, 8, stops, sampler())
         warmup_s = time.perf_counter() - t0
 
         turns: list[dict[str, Any]] = []
@@ -144,7 +162,8 @@ def run(cfg: EvalConfig) -> Path:
                 progress.advance(1, tokens=sum(len(s.tokens) for _, s in spec_turns))
         atomic_write_text(out / "answers.jsonl", "\n".join(lines) + "\n")
         meta = {
-            "mode": cfg.mode, "k": cfg.k, "top_k": cfg.top_k if cfg.mode == "tree" else None,
+            "mode": cfg.mode, "k": depth, "k_requested": cfg.k, "top_k": cfg.top_k if cfg.mode == "tree" else None,
+            "shape": calibration.to_dict() if calibration is not None else None,
             "total_tokens": proposer.size if cfg.mode == "tree" else None, "depth": depth,
             "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
             "bench": cfg.bench, "questions": len(questions), "max_new_tokens": max_new,
