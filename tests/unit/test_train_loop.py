@@ -115,3 +115,23 @@ def test_packing_split_and_sharding():
 def test_simulated_tau():
     assert simulated_tau([1.0, 1.0, 1.0]) == 4.0
     assert simulated_tau([0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_a_failed_resume_writes_nothing(data_and_store, tiny_target_dir):
+    """Issue 16 items 8 and 13: a --resume that does not fit the run is refused before run.yaml or
+    the vocab is rewritten; --resume with --overwrite, or on a folder with no run, is refused."""
+    root, ds, _ = data_and_store
+    out = root / "resume-check"
+    base = ["train", str(ds), "--target", str(tiny_target_dir), "--out", str(out), "--steps", "1", "--ttt", "1",
+            "--batch-tokens", "96", "--val-fraction", "0", "--save-every", "1"]
+    runner = CliRunner()
+    assert runner.invoke(app, [*base, "--draft-vocab-size", "300"]).exit_code == 0
+    before = {f: (out / f).read_bytes() for f in ("run.yaml", "vocab.safetensors")}
+    res = runner.invoke(app, [*base, "--draft-vocab-size", "200", "--resume"])
+    assert res.exit_code == 2 and "was made with other options" in res.output and "run.yaml" in res.output, res.output
+    assert {f: (out / f).read_bytes() for f in before} == before
+    both = runner.invoke(app, [*base, "--resume", "--overwrite"])
+    assert both.exit_code == 2 and "give one of them" in both.output
+    missing = runner.invoke(app, [*base[:5], str(root / "no-such-run"), *base[6:], "--resume"])
+    assert missing.exit_code == 2 and "holds no training run" in missing.output
+    assert not (root / "no-such-run").exists()

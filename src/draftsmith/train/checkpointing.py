@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
-from draftsmith.fsutil import fsync_dir
+from draftsmith.errors import UserError
+from draftsmith.fsutil import fsync_dir, read_safetensors
 
 CKPT_DIR, WEIGHTS, STATE = "checkpoints", "model.safetensors", "state.pt"
 FROZEN = ("embed_tokens.weight",)
@@ -100,5 +101,20 @@ def latest_checkpoint(out: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    return load_file(str(Path(folder) / WEIGHTS)), torch.load(Path(folder) / STATE, weights_only=True)
+def load_checkpoint(folder: Path, drafter: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A checkpoint's weights and state, checked against the run's `drafter` (every tensor's name
+    and shape): a UserError when it is unreadable or was made with other options."""
+    folder = Path(folder)
+    fix = f"resume with the options in {folder.parent.parent / 'run.yaml'}, or start over with --overwrite"
+    weights = read_safetensors(folder / WEIGHTS, fix)
+    try:
+        state = torch.load(folder / STATE, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure is the same user-facing problem
+        raise UserError(f"{folder / STATE}: unreadable ({e}); {fix}") from None
+    expected = {k: tuple(v.shape) for k, v in drafter.state_dict().items() if k not in FROZEN}
+    got = {k: tuple(v.shape) for k, v in weights.items()}
+    differ = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
+    if differ:
+        raise UserError(f"checkpoint {folder} was made with other options than this run ({', '.join(differ[:4])} "
+                        f"differ); {fix}")
+    return weights, state

@@ -206,8 +206,8 @@ class Trainer:
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
 
-    def resume(self, folder: Path) -> None:
-        weights, state = ckpt.load_checkpoint(folder)
+    def resume(self, weights: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        """Continue from a checkpoint that `ckpt.load_checkpoint` read and checked."""
         drafter = self.objective.drafter
         if self.env.fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -33,11 +33,11 @@ from draftsmith.runtime.head import check_output_head, output_head
 from draftsmith.target import Target, default_device, embed_weight, final_norm, load_target, text_config
 from draftsmith.torchrun import dist_env
 from draftsmith.train.batching import OfflineSource, OnlineSource, split_indices
-from draftsmith.train.checkpointing import latest_checkpoint
+from draftsmith.train.checkpointing import CKPT_DIR, latest_checkpoint, load_checkpoint
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.loop import Env, TrainData, Trainer
 from draftsmith.train.loss import TTTObjective
-from draftsmith.train.metrics import MetricsLog, plot_metrics, truncate_metrics
+from draftsmith.train.metrics import METRICS_FILE, MetricsLog, plot_metrics, truncate_metrics
 from draftsmith.train.ttt import default_backend
 
 def setup_env(cfg: TrainConfig) -> Env:
@@ -54,19 +54,32 @@ def setup_env(cfg: TrainConfig) -> Env:
     return Env(rank=dist.get_rank(), world=world, device=device, fsdp=cfg.distributed == "fsdp")
 
 
-def prepare_out(cfg: TrainConfig, env: Env) -> Path | None:
-    """Check the output folder; returns the checkpoint to resume from, if any."""
+def check_out(cfg: TrainConfig) -> Path | None:
+    """What --out holds against --resume and --overwrite, checked before anything is written;
+    returns the checkpoint to resume from, if any."""
     out = Path(cfg.out)
-    has_run = (out / "checkpoints").exists() or (out / "metrics.jsonl").exists()
+    if cfg.resume and cfg.overwrite:
+        raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
     if cfg.resume:
-        return latest_checkpoint(out)
-    if has_run and not cfg.overwrite:
+        if not out.is_dir():
+            raise UserError(f"--resume: {out} holds no training run to continue; leave out --resume to start one")
+        found = latest_checkpoint(out)
+        if found is None:
+            print(f"[train] --resume: {out} has no checkpoint yet; starting from step 0", flush=True)
+        return found
+    if ((out / CKPT_DIR).exists() or (out / METRICS_FILE).exists()) and not cfg.overwrite:
         raise UserError(f"{out} already holds a training run; pass --resume to continue it or --overwrite to start over")
+    return None
+
+
+def start_out(cfg: TrainConfig, env: Env) -> None:
+    """Make the output folder, once everything is validated: --overwrite removes the old run now."""
+    out = Path(cfg.out)
     if env.main and cfg.overwrite and out.exists():
         shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
     if env.world > 1:
         dist.barrier()
-    return None
 
 
 def resolve_vocab(cfg: TrainConfig, dataset: TokenizedDataset, dataset_rows: list[int], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,7 +146,7 @@ def run(cfg: TrainConfig) -> Path:
     if cfg.optimizer == "muon" and env.fsdp:
         raise UserError("--optimizer muon works on whole weight matrices and cannot run under --distributed fsdp; use ddp or adamw")
     out = Path(cfg.out)
-    resume_from = prepare_out(cfg, env)
+    resume_from = check_out(cfg)
     if cfg.autocast is None:
         cfg = cfg.model_copy(update={"autocast": env.device.type == "cuda"})
     torch.manual_seed(cfg.seed)
@@ -141,16 +154,17 @@ def run(cfg: TrainConfig) -> Path:
     target = load_target(cfg.target, env.device, cfg.dtype)
     head = output_head(target.model)  # the teacher: the target's own output path,
     check_output_head(target.model, head)  # checked against its logits (a UserError, before any output)
-    out.mkdir(parents=True, exist_ok=True)
-    if env.main:
-        write_run_record(out, cfg)
     dataset = load_dataset(cfg.dataset_dir)
     source, aux_layer_ids, dataset_rows = build_source(cfg, target, dataset)
     train_idx, val_idx = split_indices(len(source), cfg.val_fraction, cfg.seed)
     d2t, t2d = resolve_vocab(cfg, dataset, [dataset_rows[i] for i in train_idx], target.info.vocab_size)
-    if env.main:
-        save_vocab(out / "vocab.safetensors", d2t, t2d)
     drafter = build_drafter(target, aux_layer_ids, d2t, t2d, cfg)
+    checkpoint = load_checkpoint(resume_from, drafter) if resume_from is not None else None
+
+    start_out(cfg, env)  # all validated: from here on the run writes
+    if env.main:
+        write_run_record(out, cfg)
+        save_vocab(out / "vocab.safetensors", d2t, t2d)
 
     backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
     objective = TTTObjective(drafter.to(env.device), head.to(env.device), cfg.ttt, backend, cfg.loss_chunk, cfg.step_decay)
@@ -161,8 +175,8 @@ def run(cfg: TrainConfig) -> Path:
         meta["data_mix"] = dataset.meta["mix"]  # synth --mix's sources and licenses, for the model card
     log = MetricsLog(out, enabled=env.main)
     trainer = Trainer(cfg, env, objective, TrainData(source, train_idx, val_idx), log, meta)
-    if resume_from is not None:
-        trainer.resume(resume_from)
+    if checkpoint is not None:
+        trainer.resume(*checkpoint)
     if cfg.resume and env.main:
         truncate_metrics(out, trainer.pos.step)  # records after the checkpoint are logged again
     progress = Progress("train", out, total=trainer.total, unit="steps") if env.main else None
