@@ -142,7 +142,7 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
         return _SHARED[key]
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        tok = AutoTokenizer.from_pretrained(folder, **kwargs)
+        tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **kwargs)
     except (OSError, ValueError) as e:  # ValueError: a corrupt or truncated file (UnicodeDecodeError too)
         raise UserError(f"could not load the tokenizer of target {spec!r} ({e}); is the file complete? "
                         "Copy or download it again") from None
@@ -201,7 +201,7 @@ def load_target(
 
 
 def _load(spec: str, folder: Path, gguf_file: str | None, dev: torch.device, dt: torch.dtype, chat_template: str | Path | None) -> Target:
-    kwargs: dict[str, Any] = {"dtype": dt}
+    kwargs: dict[str, Any] = {"dtype": dt, "trust_remote_code": False}  # never run a checkpoint's own code
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     try:
@@ -221,7 +221,7 @@ def _auto_class(folder: Path, gguf_file: str | None) -> Any:
 
     if gguf_file:
         return AutoModelForCausalLM
-    config = AutoConfig.from_pretrained(folder)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     if type(config) in AutoModelForCausalLM._model_mapping or not hasattr(config, "text_config"):
         return AutoModelForCausalLM
     return AutoModelForImageTextToText

@@ -63,3 +63,24 @@ def test_missing_alias_package_says_how_to_install(monkeypatch):
 def test_bad_target_paths(spec, msg):
     with pytest.raises(UserError, match=msg):
         resolve_spec(spec)
+
+
+def test_remote_code_is_refused_explicitly(tiny_target_dir, monkeypatch):
+    """Issue 16 item 16: every transformers loader gets trust_remote_code=False, so a checkpoint
+    with its own code never runs it and never prompts in a terminal."""
+    import transformers
+
+    from draftsmith.target import load_target
+
+    seen: list[tuple[str, object]] = []
+    for cls in (transformers.AutoTokenizer, transformers.AutoConfig, transformers.AutoModelForCausalLM):
+        original = cls.from_pretrained.__func__
+
+        def spy(klass, *args, _original=original, _name=cls.__name__, **kwargs):
+            seen.append((_name, kwargs.get("trust_remote_code", "missing")))
+            return _original(klass, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "from_pretrained", classmethod(spy))
+    load_target(str(tiny_target_dir), device="cpu")
+    assert {name for name, _ in seen} >= {"AutoTokenizer", "AutoConfig", "AutoModelForCausalLM"}
+    assert all(value is False for _, value in seen), seen

@@ -42,7 +42,7 @@ def target_record(spec: str, tokenizer: Any) -> dict[str, Any]:
     if gguf_file is None:
         from transformers import AutoConfig
 
-        vocab = max(vocab, int(text_config(AutoConfig.from_pretrained(folder)).vocab_size))
+        vocab = max(vocab, int(text_config(AutoConfig.from_pretrained(folder, trust_remote_code=False)).vocab_size))
     return {"name": spec, "fingerprint": fingerprint(folder, gguf_file), "vocab_size": vocab}
 
 
