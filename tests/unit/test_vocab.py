@@ -7,7 +7,9 @@ unseen target ids.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +104,38 @@ def test_vocab_default_size_is_capped_at_the_target_vocab(dataset, tmp_path):
     d2t, t2d = load_vocab(out)
     assert check_semantics(d2t, t2d, 12).tolist() == list(range(12))  # min(32000, 12): everything
     assert "padded with 8 unseen ids" in r.output
+
+
+def test_vocab_file_is_atomic_with_the_normal_mode(dataset, tmp_path, monkeypatch):
+    """Issue 16 item 14: no OUT.tmp left behind, the file mode follows the umask (not 0600), and a
+    write that fails leaves nothing."""
+    out = tmp_path / "v" / "vocab.safetensors"
+    assert CliRunner().invoke(app, ["vocab", str(dataset), "--out", str(out)]).exit_code == 0
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask
+    assert [p.name for p in out.parent.iterdir() if "tmp" in p.name] == []
+
+    monkeypatch.setattr("draftsmith.fsutil.os.fdopen", lambda fd, mode: _Failing(fd))
+    failed = CliRunner().invoke(app, ["vocab", str(dataset), "--out", str(tmp_path / "w" / "vocab.safetensors")])
+    assert failed.exit_code == 4 and "disk full" in failed.output, failed.output
+    assert [p.name for p in (tmp_path / "w").iterdir()] == []
+
+
+class _Failing:
+    """A file object whose write fails as on a full disk."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __enter__(self) -> "_Failing":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+
+    def write(self, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
 
 
 def test_vocab_refuses_existing_output(dataset, tmp_path):

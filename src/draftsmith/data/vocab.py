@@ -20,13 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from draftsmith.config import write_run_record
 from draftsmith.data.config import VocabConfig
 from draftsmith.data.dataset import TokenizedDataset, load_dataset
 from draftsmith.errors import UserError
-from draftsmith.fsutil import read_safetensors
+from draftsmith.fsutil import atomic_write_bytes, read_safetensors
 
 DEFAULT_SIZE = 32000  # the draft vocab size when none is given, capped at the target vocab
 
@@ -56,11 +56,8 @@ def build_vocab(counts: np.ndarray | torch.Tensor, size: int) -> tuple[torch.Ten
 
 
 def save_vocab(path: Path, d2t: torch.Tensor, t2d: torch.Tensor, meta: dict[str, str] | None = None) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({"d2t": d2t.contiguous(), "t2d": t2d.contiguous()}, str(tmp), metadata=meta or {})
-    tmp.replace(path)
+    """Written atomically (nothing left behind on a failure) with the normal file mode."""
+    atomic_write_bytes(Path(path), save({"d2t": d2t.contiguous(), "t2d": t2d.contiguous()}, metadata=meta or {}))
 
 
 def load_vocab(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
