@@ -65,3 +65,30 @@ def test_a_second_synth_into_a_locked_folder_is_refused(tmp_path):
         res = _invoke(str(p), "--out", str(tmp_path / "o" / "c.jsonl"))
     assert res.exit_code == 2 and f"another draftsmith process (pid {os.getpid()})" in res.output
     assert not (tmp_path / "o" / "c.jsonl").exists()
+
+
+def test_resume_key_is_the_prompt_settings_and_seed(tmp_path, tiny_target_dir):
+    """Issue 16 item 5: a rerun skips only conversations whose prompt, settings and seed match;
+    changed prompts or settings, or a file written before resume keys, are refused, not skipped."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Question {i}?"}) + "\n" for i in range(3)))
+    out = tmp_path / "o" / "c.jsonl"
+    args = [str(prompts), "--target", str(tiny_target_dir), "--out", str(out), "--device", "cpu",
+            "--max-new-tokens", "6", "--temperature", "1", "--keep-unfinished"]
+    assert _invoke(*args).exit_code == 0
+    lines = out.read_text().splitlines()
+    assert len(lines) == 3 and all(len(json.loads(line)["key"]) == 24 for line in lines)
+    again = _invoke(*args)
+    assert again.exit_code == 0 and "nothing to do" in again.output and out.read_text().splitlines() == lines
+
+    prompts.write_text(prompts.read_text().replace("Question 1?", "Another question?"))
+    changed = _invoke(*args)
+    assert changed.exit_code == 2 and "p:line-2:s0" in changed.output and "another prompt" in changed.output
+    prompts.write_text(prompts.read_text().replace("Another question?", "Question 1?"))
+    hotter = _invoke(*args[:-3], "--temperature", "0.7", "--keep-unfinished")
+    assert hotter.exit_code == 2 and "other settings" in hotter.output
+    assert out.read_text().splitlines() == lines  # nothing appended by a refused run
+
+    out.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "key"}) + "\n" for line in lines))
+    old = _invoke(*args)
+    assert old.exit_code == 2 and "older draftsmith" in old.output and "another --out" in old.output

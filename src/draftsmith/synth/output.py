@@ -8,7 +8,8 @@ Layout next to the output `OUT.jsonl`:
 
 Every line goes out in one `append_line` (single write + fsync), so a crash leaves at most one
 torn last line, which `repair_tail` cuts off before anything is appended again. An id is done
-when it appears in any of these files; rank 0 merges the part files into the two main files
+when it appears in any of these files with the same resume key (a hash of its prompt, the
+generation settings, the seed and the model: `synth/run.py`); rank 0 merges the part files into the two main files
 at the end, skipping ids already there, and only then deletes them. A crash at any instant
 therefore loses no finished line and never duplicates an id.
 """
@@ -60,14 +61,15 @@ def all_files(out: Path) -> list[Path]:
     return [out, *parts(out), drop, *parts(drop)]
 
 
-def done_ids(out: Path) -> tuple[set[str], set[str]]:
-    """(ids already kept or dropped, the normalized user turns of the kept conversations)
-    across the main and part files. The user turns let Magpie refuse repeats of earlier runs."""
-    ids: set[str] = set()
+def done_ids(out: Path) -> tuple[dict[str, str | None], set[str]]:
+    """({id already kept or dropped: its resume key, None in files written before keys}, the
+    normalized user turns of the kept conversations) across the main and part files. The user
+    turns let Magpie refuse repeats of earlier runs."""
+    ids: dict[str, str | None] = {}
     users: set[str] = set()
     for path in all_files(out):
         records = read_records(path)
-        ids.update(str(r["id"]) for r in records)
+        ids.update((str(r["id"]), r.get("key")) for r in records)
         users.update(normalize(m["content"]) for r in records for m in r.get("messages", []) if m.get("role") == "user")
     return ids, users
 

@@ -7,7 +7,8 @@
     -> append each finished conversation as one JSONL line; rank 0 merges torchrun parts.
 
 Output lines are OpenAI `messages` records that `prepare` reads unchanged, with extra fields:
-`id` (stable: source file stem and id, or Magpie index, plus the seed), `source_id`, `model`,
+`id` (stable: source file stem and id, or Magpie index, plus the seed), `key` (the resume key: a
+hash of the prompt, the generation settings, the seed and the model), `source_id`, `model`,
 `generation` (backend and sampling parameters), `generated_tokens` and `ended` (why a
 conversation stopped before its last user turn, or null). See `synth/output.py` for the files
 and the resume rules. The output's folder is locked while synth runs: a second synth writing
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import sys
 from collections import Counter
 from datetime import timedelta
@@ -88,8 +90,32 @@ def build_backend(cfg: SynthConfig, world: int, local_rank: int, magpie: bool = 
     return LocalBackend(target, cfg.batch_size, cfg.cache, cfg.generator), target.tokenizer
 
 
-def record(work: Work, model: str, generation: dict[str, Any]) -> dict[str, Any]:
-    return {"id": work.id, "messages": work.messages, "source_id": work.source_id, "model": model,
+def resume_key(work: Work, generation: dict[str, Any], model: str) -> str:
+    """What makes a conversation the same one on a rerun: a hash of its id, its system and user
+    turns as given (before generation), the generation settings with the seed, and the model."""
+    blob = json.dumps([work.id, work.messages, work.users, generation, model], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def resume_plan(out: Path, done: dict[str, str | None], works: list[Work], keys: dict[str, str]) -> set[str]:
+    """The ids of `works` already in the output (`done`: id -> key) with the same key. A line
+    written before resume keys, or an id whose prompt or settings changed, is refused: resuming
+    would mix two versions in one file."""
+    fix = f"give synth another --out (prepare still reads {out} as it is)"
+    if any(key is None for key in done.values()):
+        raise UserError(f"{out} was written by an older draftsmith, without resume keys, so a rerun cannot tell "
+                        f"which of its conversations match this run; {fix}")
+    changed = [w.id for w in works if w.id in done and done[w.id] != keys[w.id]]
+    if changed:
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise UserError(f"{out}: conversation {changed[0]}{more} was made from another prompt "
+                        f"or with other settings (model, sampling, max-new-tokens, seed) than this run; {fix}, "
+                        "or remove those lines")
+    return {w.id for w in works if w.id in done}
+
+
+def record(work: Work, key: str, model: str, generation: dict[str, Any]) -> dict[str, Any]:
+    return {"id": work.id, "key": key, "messages": work.messages, "source_id": work.source_id, "model": model,
             "generation": generation, "generated_tokens": work.tokens, "ended": work.ended}
 
 
@@ -119,7 +145,15 @@ def write_conversations(cfg: SynthConfig) -> Path:
         kept_file, drop_file = output.part_path(kept_file, rank), output.part_path(drop_file, rank)
     for path in (kept_file, drop_file):
         output.repair_tail(path)
-    done, seen_users = output.done_ids(out)
+    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
+    user_sampling = Sampling(cfg.magpie_temperature, cfg.magpie_top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
+    generation = {"backend": "remote" if cfg.endpoint else "local", **sampling.to_dict(),
+                  "magpie": {"temperature": user_sampling.temperature, "top_p": user_sampling.top_p} if magpie else None}
+    settings = {**generation, "keep_thinking": cfg.keep_thinking, "keep_unfinished": cfg.keep_unfinished}
+    model = f"{cfg.endpoint} {cfg.model or ''}" if cfg.endpoint else cfg.target
+    keys = {w.id: resume_key(w, settings, model) for w in works}
+    found, seen_users = output.done_ids(out)
+    done = resume_plan(out, found, works, keys)
     mine = [w for w in works if shard_of(w.id, world) == rank]
     pending = sorted((w for w in mine if w.id not in done), key=lambda w: len(w.users[0] or ""))
     if rank == 0:
@@ -128,10 +162,6 @@ def write_conversations(cfg: SynthConfig) -> Path:
             plan.write(out, cfg.seed)
 
     backend, tokenizer = build_backend(cfg, world, local_rank, magpie) if pending else (None, None)
-    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
-    user_sampling = Sampling(cfg.magpie_temperature, cfg.magpie_top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
-    generation = {"backend": "remote" if cfg.endpoint else "local", **sampling.to_dict(),
-                  "magpie": {"temperature": user_sampling.temperature, "top_p": user_sampling.top_p} if magpie else None}
     chunk = cfg.concurrency * 4 if cfg.endpoint else cfg.batch_size * 4
     totals: Counter[str] = Counter()
     with Progress("synth", out.parent if rank == 0 else None, total=len(mine), unit="conversations") as progress:
@@ -152,11 +182,12 @@ def write_conversations(cfg: SynthConfig) -> Path:
             written = 0
             for w in batch:
                 if w.answered:
-                    written += output.write(kept_file, record(w, backend.name, generation))
+                    written += output.write(kept_file, record(w, keys[w.id], backend.name, generation))
                     counts["kept"] += 1
                     counts["truncated"] += w.ended is not None
                 else:
-                    output.write(drop_file, {"id": w.id, "source_id": w.source_id, "reason": w.ended, "rejected": w.rejected[:2000]})
+                    output.write(drop_file, {"id": w.id, "key": keys[w.id], "source_id": w.source_id, "reason": w.ended,
+                                             "rejected": w.rejected[:2000]})
                     counts[f"dropped_{w.ended}"] += 1
             totals.update(counts)
             if plan is not None:
