@@ -21,26 +21,15 @@ from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import config_gaps, fast_engine_problem, logits_gap, open_engine
 from draftsmith.synth.local import uses_engine
 from draftsmith.target import decoder_layers, target_from_model
-from tests.helpers import make_tiny_llama
+from tests.helpers import WINDOW, make_tiny_llama, tiny_causal_lm
 
-V, WINDOW, NEW = 300, 8, 24
+V, NEW = 300, 24
 
 
 def tiny(kind: str, vocab_size: int = V):
-    """A 2-layer random-weight decoder of `kind`, shaped like conftest's tiny Llama; Granite has
-    real Granite's kind of multipliers, Mistral a sliding window of WINDOW tokens."""
-    if kind == "llama":
-        return make_tiny_llama(vocab_size)
-    from transformers import GraniteConfig, GraniteForCausalLM, MistralConfig, MistralForCausalLM
-
-    dims = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True, pad_token_id=2, bos_token_id=1,
-                eos_token_id=2)
-    torch.manual_seed(0)
-    if kind == "granite":
-        cfg = GraniteConfig(**dims, embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=8.0, attention_multiplier=1 / 16)
-        return GraniteForCausalLM(cfg).eval()
-    return MistralForCausalLM(MistralConfig(**dims, sliding_window=WINDOW)).eval()
+    """A 2-layer random-weight decoder of `kind` (tests/helpers.py): Granite has real Granite's
+    kind of multipliers, Mistral a sliding window of WINDOW tokens."""
+    return make_tiny_llama(vocab_size) if kind == "llama" else tiny_causal_lm(kind, vocab_size)
 
 
 def aux_ids(model) -> list[int]:
