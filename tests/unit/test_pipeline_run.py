@@ -55,3 +55,20 @@ def test_its_own_interrupted_stage_is_rerun(tmp_path, tiny_target_dir, monkeypat
     run(cfg)  # the .started marker names this folder: it is rewritten
     assert len(load_dataset(out)) == len(PAIRS)
     assert (tmp_path / "run" / ".pipeline" / "prepare.done").exists()
+
+
+def test_a_stage_whose_options_changed_is_rerun(tmp_path, tiny_target_dir, capsys):
+    """Issue 16 item 6: the .done marker records the stage's resolved options; a rerun with other
+    options runs the stage again over its own output instead of keeping the stale one."""
+    out = tmp_path / "run" / "prepare"
+    cfg = write_pipeline(tmp_path, tiny_target_dir, out)
+    run(cfg)
+    assert load_dataset(out).meta["max_len"] == 2048
+    run(cfg)
+    assert "done earlier, skipped" in capsys.readouterr().out
+    cfg.pipeline_config.write_text(cfg.pipeline_config.read_text().replace(f"out: {out}}}", f"out: {out}, max_len: 40}}"))
+    run(cfg)
+    assert "options changed since it ran (max_len): running it again" in capsys.readouterr().out
+    assert load_dataset(out).meta["max_len"] == 40
+    run(cfg)
+    assert "done earlier, skipped" in capsys.readouterr().out

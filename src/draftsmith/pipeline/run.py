@@ -15,7 +15,9 @@ Each stage keeps its own folder, progress.json and resume, exactly as when run a
 not given are wired from the latest earlier stage that produces them (synth -> prepare ->
 vocab/extract/train -> export/eval); `@NAME` in any option is the output of stage NAME. A
 stage writes `OUT/.pipeline/NAME.started` (naming its output) before it runs and
-`OUT/.pipeline/NAME.done` when it finished; a done stage is skipped on a rerun. A stage that was
+`OUT/.pipeline/NAME.done` when it finished, each with the stage's resolved options; a done
+stage is skipped on a rerun unless its options changed, and then it runs again, starting over
+(`overwrite`) in the output this pipeline made. A stage that was
 cut short is rerun with its own resume (`resume: true` for train, a rewrite for atomic stages),
 but only when its `.started` marker proves that this pipeline made the output: an existing
 output the pipeline did not make is refused, never replaced, unless the stage itself says
@@ -33,7 +35,7 @@ from typing import Any
 
 from draftsmith.assets import GSM8K_TRAIN
 from draftsmith.commands import COMMANDS, STAGES
-from draftsmith.config import load_yaml_mapping, resolve_config
+from draftsmith.config import CommandConfig, load_yaml_mapping, resolve_config
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_json
 from draftsmith.pipeline.config import PipelineConfig
@@ -89,6 +91,22 @@ def made_here(started: Path, out: Path) -> bool:
         return False
 
 
+REDO = {"overwrite", "resume"}  # options the pipeline sets itself to run a stage again
+
+
+def changed_options(marker: Path, cfg: CommandConfig) -> list[str]:
+    """The options of `cfg` that differ from those a stage's `.started`/`.done` marker recorded
+    (none when there is no marker, or it predates recorded options)."""
+    try:
+        recorded = json.loads(marker.read_text()).get("config")
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(recorded, dict):
+        return []
+    now = cfg.model_dump(mode="json")
+    return sorted(k for k in now.keys() | recorded.keys() if k not in REDO and now.get(k) != recorded.get(k))
+
+
 def rerun_options(name: str, fields: set[str], values: dict[str, Any], started: Path) -> dict[str, Any]:
     """What a stage needs to run again over an output it left behind: `resume` (train) or
     `overwrite` (the atomic stages). Given only for an output this pipeline proves it made (the
@@ -136,7 +154,15 @@ def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common
             done, started = marks / f"{name}.done", marks / f"{name}.started"
             out = Path(values["out"])
             selected = only is None or name in only
-            if selected and not done.exists():
+            changed = changed_options(done if done.exists() else started, resolve_config(cls, None, values))
+            if selected and changed:  # stale output: made by this pipeline with other options
+                print(f"[pipeline] {name}: options changed since it ran ({', '.join(changed)}): running it again",
+                      flush=True)
+                done.unlink(missing_ok=True)
+            if selected and changed and made_here(started, out) and "overwrite" in cls.model_fields and not (
+                    REDO & options.keys()):
+                values["overwrite"] = True  # start over (not resume) in the output this pipeline made
+            elif selected and not done.exists():
                 values.update(rerun_options(name, set(cls.model_fields), values, started))
             cfg = resolve_config(cls, None, values)
             if not selected:
@@ -145,7 +171,8 @@ def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common
                 print(f"[pipeline] {name}: done earlier, skipped ({out})", flush=True)
             else:
                 print(f"[pipeline] {name}: draftsmith {command} -> {out}", flush=True)
-                atomic_write_json(started, {"command": command, "out": str(out.resolve())})
+                atomic_write_json(started, {"command": command, "out": str(out.resolve()),
+                                            "config": cfg.model_dump(mode="json")})
                 t0 = time.time()
                 entry.run(cfg)
                 atomic_write_json(done, {"command": command, "seconds": round(time.time() - t0, 1),
