@@ -142,7 +142,9 @@ def run(cfg: PrepareConfig) -> Path:
                 progress.advance(len(batch), tokens=n_tokens)
         seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
         if not ids_parts:
-            raise UserError(f"{cfg.data}: every sample was dropped ({dropped}); raise --max-len or use --length-policy truncate")
+            fix = "raise --max-len" + (" or use --length-policy truncate" if cfg.length_policy == "drop" else
+                                       " (samples are truncated already: their assistant turns start after it)")
+            raise UserError(f"{cfg.data}: every sample was dropped ({dropped}); {fix}")
 
         cols = columns(ids_parts, mask_parts)
         top = pc.max(cols["input_ids"].values).as_py()
