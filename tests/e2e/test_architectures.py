@@ -20,6 +20,7 @@ import math
 import pytest
 import torch
 
+from draftsmith.data.store import StoreReader
 from draftsmith.draft.checkpoint import load_drafter
 from draftsmith.errors import UserError
 from draftsmith.evaluate.decode import plain_generate, spec_generate
@@ -28,7 +29,6 @@ from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run as export
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.run import run as extract
-from draftsmith.data.store import StoreReader
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
@@ -103,7 +103,7 @@ def test_training_steps_run(run):
 def test_export_reloads_identical_logits(run):
     _, _, root = run
     trained, _ = load_drafter(root / "train")
-    exported, manifest = load_drafter(root / "export")
+    exported, _ = load_drafter(root / "export")
     assert exported.config.to_dict() == trained.config.to_dict()
     assert torch.equal(draft_logits(exported), draft_logits(trained))
 
