@@ -15,8 +15,9 @@ from draftsmith.pipeline import quickstart
 
 TOY = {
     "synth": {"limit": 2, "max_new_tokens": 12, "batch_size": 2},
+    "magpie": {"magpie": 2, "max_new_tokens": 12, "batch_size": 2},
     "train": {"epochs": 1, "ttt": 2, "batch_tokens": 512, "draft_vocab_size": 512, "val_fraction": 0.5},
-    "eval": {"num_questions": 1, "max_new_tokens": 8},
+    "eval": {"num_questions": 1, "max_new_tokens": 8, "k_max": 2, "calibration_questions": 1},
 }
 
 
@@ -31,16 +32,16 @@ def test_quickstart_layout_and_report_fields(tmp_path, toy_budget):
     r = CliRunner().invoke(app, ["quickstart", "--out", str(out), "--budget", "small"])
     assert r.exit_code == 0, r.output
     for rel in ("synth/conversations.jsonl", "synth/progress.json", "prepare/data.parquet", "prepare/stats.json",
-                "train/drafter/drafter.json", "train/drafter/model.safetensors", "train/metrics.jsonl",
+                "extract/store.json", "train/drafter/drafter.json", "train/drafter/model.safetensors", "train/metrics.jsonl",
                 "train/metrics.png", "eval/report.json", "eval/report.md", "eval/answers.jsonl",
                 "eval/acceptance.png", "eval/tau.png", ".pipeline/eval.done"):
         assert (out / rel).exists(), rel
     report = json.loads((out / "eval" / "report.json").read_text())
     assert report["tau"] >= 1.0
-    assert len(report["accept_per_position"]) == 3  # chain of 3 in the small budget
+    assert report["k_requested"] == "auto" and len(report["accept_per_position"]) == report["shape"]["chosen_k"]
     assert "speedup" in report
     assert "acceptance length tau" in r.output and "speed-up vs plain decoding" in r.output
 
     again = CliRunner().invoke(app, ["quickstart", "--out", str(out), "--budget", "small"])
     assert again.exit_code == 0, again.output
-    assert again.output.count("done earlier, skipped") == 4
+    assert again.output.count("done earlier, skipped") == len(quickstart.BUDGETS["small"])
