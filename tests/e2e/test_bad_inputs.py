@@ -57,6 +57,14 @@ LATIN1 = '{"messages": [{"role": "user", "content": "caf\xe9"}]}\n'.encode("lati
 ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
 
 
+def _nan_weights(folder: Path) -> None:
+    from safetensors.torch import load_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    state["fc.weight"][0, 0] = float("nan")
+    save_file(state, str(folder / "model.safetensors"))
+
+
 def _bad_d2t(env: Env) -> Path:
     path = env.root / "vocab.safetensors"
     save_file({"d2t": torch.tensor([5, -9999, 3]), "t2d": torch.zeros(10, dtype=torch.bool)}, str(path))
@@ -150,6 +158,8 @@ PROBES = [
             lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 16 + (d / "model.safetensors").read_bytes()[16:])),
         "--out", e.out, "--device", "cpu"],
           2, "not a readable safetensors file"),
+    Probe("export of a NaN drafter", lambda e: ["export", e.drafter(_nan_weights), "--out", e.out],
+          2, "NaN or Inf weights in fc.weight"),
     Probe("pipeline stage options as a list", lambda e: ["pipeline", _pipeline(e)], 2, "options must be a mapping"),
     Probe("status of a corrupt progress.json", lambda e: ["status", _progress(e)], 2, "not a readable progress file"),
     Probe("synth --out DIR", lambda e: ["synth", e.chats, "--target", e.target, "--out", e.root, "--device", "cpu"],

@@ -82,6 +82,10 @@ def run(cfg: ExportConfig) -> Path:
         speculators.check_engine_for_speculators(engine)
     model, record = load_source(cfg)
     dcfg, target, meta = model.config, record.get("target") or {}, record.get("meta") or {}
+    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise UserError(f"{cfg.ckpt}: NaN or Inf weights in {', '.join(bad[:5])}; this drafter cannot be served. "
+                        "Export an earlier checkpoint or retrain it")
     eagle.check_exportable(dcfg, engine, target.get("num_layers"))
     check_vocab(dcfg, model.d2t, model.t2d, str(cfg.ckpt))
     if cfg.include_embeddings and meta.get("needs_target_embeddings"):
