@@ -164,6 +164,9 @@ PROBES = [
     Probe("status of a corrupt progress.json", lambda e: ["status", _progress(e)], 2, "not a readable progress file"),
     Probe("synth --out DIR", lambda e: ["synth", e.chats, "--target", e.target, "--out", e.root, "--device", "cpu"],
           2, "is a folder; synth writes one JSONL file"),
+    Probe("synth where every answer is dropped", lambda e: ["synth", e.chats, "--target", e.target, "--out",
+                                                            e.root / "c.jsonl", "--device", "cpu", "--max-new-tokens", "1"],
+          2, "every answer of this run was dropped"),
     Probe("disk full during train", lambda e: e.train("--save-every", "1"), 4, "disk full", patch=_disk_full),
 ]
 

@@ -206,4 +206,9 @@ def write_conversations(cfg: SynthConfig) -> Path:
         if plan is not None:
             plan.write(out, cfg.seed, finished=True)
             print(f"[synth] {out.parent / 'mix.json'}: what came from where, what was dropped and why", file=sys.stderr)
+        dropped = {k: v for k, v in totals.items() if k.startswith("dropped_")}
+        if dropped and not totals["kept"]:
+            hint = " (pass --keep-unfinished to keep answers cut by --max-new-tokens, or raise it)" if "dropped_no_eot" in dropped else ""
+            raise UserError(f"synth: every answer of this run was dropped ({details}); nothing was added to {out}. "
+                            f"The rejected answers and their reasons are in {output.dropped_path(out)}{hint}")
     return out
