@@ -150,7 +150,9 @@ def write_conversations(cfg: SynthConfig) -> Path:
     generation = {"backend": "remote" if cfg.endpoint else "local", **sampling.to_dict(),
                   "magpie": {"temperature": user_sampling.temperature, "top_p": user_sampling.top_p} if magpie else None}
     settings = {**generation, "keep_thinking": cfg.keep_thinking, "keep_unfinished": cfg.keep_unfinished}
-    model = f"{cfg.endpoint} {cfg.model or ''}" if cfg.endpoint else cfg.target
+    # a server's URL and model name can change between a run and its resume (a restart, another
+    # port); each line records the model that answered, and the key holds the local target only
+    model = "" if cfg.endpoint else cfg.target
     keys = {w.id: resume_key(w, settings, model) for w in works}
     found, seen_users = output.done_ids(out)
     done = resume_plan(out, found, works, keys)
