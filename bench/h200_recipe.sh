@@ -14,15 +14,7 @@ HF=/root/smollm2-hf
 RUN=/root/runs/h200
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1
-step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $R/NAME.log, record rc and duration
-  local name=$1 limit=$2; shift 2
-  [ -f "$R/$name.ok" ] && { echo "=== $name skipped: done earlier" >> "$R/steps.log"; return; }
-  echo "=== $name start $(date -u +%FT%TZ)" >> "$R/steps.log"
-  timeout "$limit" "$@" > "$R/$name.log" 2>&1
-  local rc=$?
-  echo "=== $name rc=$rc end $(date -u +%FT%TZ)" >> "$R/steps.log"
-  [ $rc -eq 0 ] && touch "$R/$name.ok"
-}
+. "$(dirname "$0")/steps.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.txt"
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' >> "$R/gpu.txt"
 git rev-parse HEAD >> "$R/gpu.txt" 2>/dev/null

@@ -96,3 +96,14 @@ def test_a_nan_in_the_data_stops_training_without_publishing_it(dataset, tiny_ta
     assert res.exit_code != 0
     assert "NaN or Inf" in res.output and "step 1" in res.output
     assert not (tmp_path / "nan" / "drafter").exists()
+
+
+def test_an_optimizer_state_of_another_shape_is_a_clear_error():
+    from draftsmith.errors import UserError
+    from draftsmith.train.checkpointing import load_optimizer_state
+
+    model = torch.nn.Linear(2, 2)
+    opts = [torch.optim.AdamW(model.parameters())]
+    load_optimizer_state(model, opts, [opts[0].state_dict()], fsdp=False)  # the run's own shape loads
+    with pytest.raises(UserError, match="optimizer state is not the run's"):
+        load_optimizer_state(model, opts, opts[0].state_dict(), fsdp=False)  # an older checkpoint: one dict

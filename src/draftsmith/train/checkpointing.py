@@ -71,6 +71,9 @@ def load_optimizer_state(objective: nn.Module, optimizers: list[torch.optim.Opti
 
         set_optimizer_state_dict(objective, optimizers, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
     else:
+        if not isinstance(state, list) or len(state) != len(optimizers):
+            raise UserError("this checkpoint's optimizer state is not the run's (one state per optimizer: a checkpoint "
+                            "of an older draftsmith, or of another --optimizer); start a new run or keep the old options")
         for opt, st in zip(optimizers, state, strict=True):
             opt.load_state_dict(st)
 
