@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.draft.model import Eagle3Drafter
@@ -138,22 +139,26 @@ class Trainer:
         stats, tokens = zero_stats(self.cfg.ttt), 0
         for i, row in enumerate(rows):
             t0 = time.perf_counter()
-            batch = self.batch(row)
+            with record_function("train.data"):  # the phases as torch.profiler names them (bench/train_bench.py)
+                batch = self.batch(row)
             self._data_wait += time.perf_counter() - t0  # training rows only, not validation's
             tokens += int((batch["doc"] >= 0).sum())
             last = i == len(rows) - 1
             sync = contextlib.nullcontext() if last or not hasattr(self.wrapped, "no_sync") else self.wrapped.no_sync()
             with sync, self.autocast:
-                loss, st = self.wrapped(**batch)
-                (loss / len(rows)).backward()
+                with record_function("train.forward"):
+                    loss, st = self.wrapped(**batch)
+                with record_function("train.backward"):
+                    (loss / len(rows)).backward()
             add_stats(stats, st)
-        norm = torch.nn.utils.clip_grad_norm_([p for p in self.wrapped.parameters() if p.requires_grad], self.cfg.grad_clip)
-        if not torch.isfinite(norm):  # one host sync per step; a NaN/Inf anywhere in loss or data lands here
-            raise UserError(f"step {self.pos.step + 1}: the gradient norm is {float(norm)} (a NaN or Inf in the loss "
-                            f"or the data of rows {[r[:4] for r in rows]}); nothing was updated and the last saved "
-                            "drafter is untouched: check the data (an extract store with NaNs?) or lower --lr")
-        self.optim.step()
-        self.optim.zero_grad()
+        with record_function("train.optimizer"):
+            norm = torch.nn.utils.clip_grad_norm_([p for p in self.wrapped.parameters() if p.requires_grad], self.cfg.grad_clip)
+            if not torch.isfinite(norm):  # one host sync per step; a NaN/Inf anywhere in loss or data lands here
+                raise UserError(f"step {self.pos.step + 1}: the gradient norm is {float(norm)} (a NaN or Inf in the loss "
+                                f"or the data of rows {[r[:4] for r in rows]}); nothing was updated and the last saved "
+                                "drafter is untouched: check the data (an extract store with NaNs?) or lower --lr")
+            self.optim.step()
+            self.optim.zero_grad()
         return stats, tokens
 
     @torch.no_grad()

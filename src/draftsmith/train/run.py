@@ -140,8 +140,11 @@ def build_drafter(target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t
     return drafter
 
 
-def run(cfg: TrainConfig) -> Path:
-    """Train. The target is loaded here (a pipeline's `shared_targets` hands back the one it has)."""
+def build_trainer(cfg: TrainConfig) -> Trainer:
+    """Everything before the first step: the environment, the target and its checked head, the
+    data source and split, the draft vocab, the drafter (resumed from --out's last checkpoint with
+    --resume), and the output folder with its run.yaml and vocab. The target is loaded here (a
+    pipeline's `shared_targets` hands back the one it has)."""
     env = setup_env(cfg)
     if cfg.optimizer == "muon" and env.fsdp:
         raise UserError("--optimizer muon works on whole weight matrices and cannot run under --distributed fsdp; use ddp or adamw")
@@ -179,6 +182,13 @@ def run(cfg: TrainConfig) -> Path:
         trainer.resume(*checkpoint)
     if cfg.resume and env.main:
         truncate_metrics(out, trainer.pos.step)  # records after the checkpoint are logged again
+    return trainer
+
+
+def run(cfg: TrainConfig) -> Path:
+    """Train (see the module docstring for what --out holds)."""
+    trainer = build_trainer(cfg)
+    env, out = trainer.env, trainer.out
     progress = Progress("train", out, total=trainer.total, unit="steps") if env.main else None
     try:
         if progress is not None:
@@ -188,7 +198,7 @@ def run(cfg: TrainConfig) -> Path:
         else:
             trainer.run(None)
     finally:
-        log.close()
+        trainer.log.close()
     if env.main:
         plot_metrics(out)
     if env.world > 1:
