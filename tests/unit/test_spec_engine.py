@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from draftsmith.evaluate.decode import plain_generate, spec_generate
-from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, ancestors, random_drafter
+from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, random_drafter, tree_ancestors
 from draftsmith.layers import default_aux_layers
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
@@ -42,7 +42,7 @@ def test_tree_mask_forward_equals_each_path(tiny_model):
     root = torch.tensor([3])
     ids = torch.cat([root, rows])
     slots = torch.arange(10, 16)
-    logits, _ = eng.forward(ids, 10 + torch.cat([torch.zeros(1, dtype=torch.long), depths]), slots, eng.tree_mask(10, ancestors(parents)))
+    logits, _ = eng.forward(ids, 10 + torch.cat([torch.zeros(1, dtype=torch.long), depths]), slots, eng.tree_mask(10, tree_ancestors(torch.tensor(parents), 3)))
     ref_a = tiny_model(torch.cat([prefix, root, a])[None]).logits[0, 10:]
     ref_b = tiny_model(torch.cat([prefix, root, b])[None]).logits[0, 11:]
     assert torch.allclose(logits[:4], ref_a, atol=1e-4)
@@ -67,7 +67,7 @@ def test_plain_greedy_equals_hf_generate(tiny_model):
 def test_greedy_spec_equals_plain_random_drafter(tiny_model, mode):
     eng = engine_for(tiny_model)
     prop = DrafterProposer(random_drafter(tiny_model, draft_vocab_size=4000, stride=2), Sampling(), eng.max_len, mode=mode, depth=3, top_k=3, total_tokens=8)
-    assert prop.fused == (mode == "chain")  # greedy chain takes the fused cycle
+    assert prop.fused  # greedy chains and trees take the fused cycle
     for seed in range(3):
         prompt = torch.randint(0, 1000, (8,), generator=torch.Generator().manual_seed(seed)).tolist()
         plain = plain_generate(eng, prompt, 20, set(), Sampling())

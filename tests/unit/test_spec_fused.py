@@ -1,5 +1,7 @@
-"""The fused greedy chain cycle (staged observe + K-1 draft steps as one function, verification
-on the device) against the step-by-step path and the generic tree verification it replaces."""
+"""The fused cycles (staged observe + the draft steps as one function of fixed-shape device
+tensors, verification on the device): the greedy chain against the step-by-step path and the
+tree verification; the tree against plain decoding; no host read inside a draft and one per
+cycle."""
 
 from __future__ import annotations
 
@@ -9,21 +11,21 @@ from torch.overrides import TorchFunctionMode
 
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.evaluate.decode import plain_generate, spec_generate
-from draftsmith.evaluate.proposer import Draft, DrafterProposer
+from draftsmith.evaluate.proposer import Draft, DrafterProposer, chain_as_tree
 from draftsmith.runtime.engine import TargetEngine
-from draftsmith.runtime.sampling import Sampling, verify, verify_chain_greedy
+from draftsmith.runtime.sampling import Sampling, verify_chain_greedy, verify_tree
 from tests.helpers import V, tiny_vocab_drafter, tiny_vocab_llama
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # on CUDA: the CUDA graphs of `draftsmith eval`
 
 
 class AsTree:
-    """A proposer's chain drafts, verified by the generic path (tree mask, `verify` on the host)."""
+    """A proposer's chain drafts, verified as trees (tree mask, `verify_tree`, KV compaction)."""
 
     mode = "tree"
 
     def __init__(self, proposer: DrafterProposer) -> None:
-        self.proposer, self.size = proposer, proposer.size
+        self.proposer, self.size, self.path_len = proposer, proposer.size, proposer.path_len
 
     def reset(self) -> None:
         self.proposer.reset()
@@ -32,22 +34,35 @@ class AsTree:
         self.proposer.observe(aux, next_tokens)
 
     def propose(self) -> Draft:
-        return self.proposer.propose()
+        return chain_as_tree(self.proposer.propose())
 
 
-class NoHostReads(TorchFunctionMode):
-    """Fails on what a CUDA graph capture cannot hold: reading a tensor on the host (a sync), or
-    a tensor made from host data (a host-to-device copy), indexing by a 0-dim tensor included."""
+class HostReads(TorchFunctionMode):
+    """Records what a CUDA graph capture cannot hold: reading a tensor on the host (a sync), or
+    a tensor made from host data (a host-to-device copy), indexing by a 0-dim or bool tensor
+    included. `NoHostReads` fails on the first."""
 
     HOST = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "tensor", "cpu", "numpy"}
+    strict = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         name = getattr(func, "__name__", "")
-        assert name not in self.HOST, name
+        read = name in self.HOST
         if name == "__getitem__":
             index = args[1] if isinstance(args[1], tuple) else (args[1],)
-            assert not any(isinstance(i, torch.Tensor) and (i.dim() == 0 or i.dtype == torch.bool) for i in index)
+            read = any(isinstance(i, torch.Tensor) and (i.dim() == 0 or i.dtype == torch.bool) for i in index)
+        assert not (read and self.strict), name
+        if read:
+            self.reads.append(name)
         return func(*args, **(kwargs or {}))
+
+
+class NoHostReads(HostReads):
+    strict = True
 
 
 def test_fused_cycle_never_reads_the_host():
@@ -67,7 +82,7 @@ def test_fused_cycle_never_reads_the_host():
         prop.vocab_map[torch.tensor(1)]
 
 
-def test_verify_chain_greedy_equals_verify():
+def test_verify_chain_greedy_equals_verify_tree():
     g = torch.Generator().manual_seed(0)
     k = 4
     for _ in range(5):
@@ -78,9 +93,10 @@ def test_verify_chain_greedy_equals_verify():
             if j < k:
                 tokens[j] = (tokens[j] + 1) % V
             a, top_d, new = verify_chain_greedy(tokens, logits)
-            path, bonus = verify(tokens.tolist(), list(range(k)), logits, Sampling())
-            assert a == j and path == list(range(j + 1))
-            assert new == tokens[:j].tolist() + [bonus] == top_d[: a + 1].tolist()
+            tree = chain_as_tree(Draft(tokens, torch.arange(1, k + 1)))
+            a_t, path, new_t, host = verify_tree(tree.tokens, tree.parents, tree.depths, tree.anc, logits, Sampling(), k + 1)
+            assert a == a_t == j and path[: j + 1].tolist() == list(range(j + 1))
+            assert new == host == tokens[:j].tolist() + [int(top[j])] == top_d[: a + 1].tolist() == new_t.tolist()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -107,7 +123,7 @@ def test_fused_cycle_proposes_the_step_by_step_drafts(device):
         for p in (fused, steps):
             p.observe(a, nxt)
         ours, ref = fused.propose(), steps.propose()
-        assert torch.equal(ours.tokens, ref.tokens) and ours.parents == ref.parents == list(range(k))
+        assert torch.equal(ours.tokens, ref.tokens) and ours.parents is ref.parents is None
         assert torch.equal(ours.depths, ref.depths) and ours.q is None
         drafts.append(ours.tokens.tolist())
     assert fused.n == steps.n == 10 + 21
@@ -153,3 +169,59 @@ def test_fused_spec_keeps_tokens_and_accepts(device):
         assert ours.accepts == old.accepts
         accepts += ours.accepts
     assert set(accepts) == {0, 1, 3}  # none, some and all drafts accepted: 1, 2 and K+1 rows observed
+
+
+def graphless(eng: TargetEngine) -> TargetEngine:
+    """The engine's forward over the whole cache width, as its CUDA graphs run it (the eager
+    CPU path reads the mask on the host to attend over only the slots in use)."""
+    eng._forward_eager = lambda ids, pos, slots, mask, last_only=False: TargetEngine._forward(  # noqa: E731
+        eng, ids, pos, slots, mask[:, None], last_only)
+    return eng
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0, top_p=0.9, seed=0)], ids=["greedy", "sampled"])
+def test_tree_cycle_reads_the_host_once(sampling):
+    """A tree cycle: the fused draft (top-k, selection, parent rows, ancestor mask) reads nothing
+    on the host; the cycle (draft, tree-mask forward, `verify_tree`, compaction, staged observe)
+    reads once."""
+    from draftsmith.evaluate.decode import _verify_tree
+
+    model = tiny_vocab_llama()
+    with torch.no_grad():
+        eng = graphless(TargetEngine(model, [0, 1, 2], max_len=64))
+        prop = DrafterProposer(echo_drafter(model), sampling, 64, mode="tree", depth=3, top_k=2, total_tokens=5)
+        prompt = torch.tensor([1, 5, 7, 3, 9, 2, 4])
+        _, aux = eng.prefill(prompt)
+        root, n = torch.tensor([4]), 7
+        prop.observe(aux, torch.cat([prompt[1:], root]))
+        with NoHostReads():
+            draft = prop.propose()
+        assert draft.tokens.shape == (5,) and draft.anc.shape == (6, 6)
+        for _ in range(4):
+            with HostReads() as reads:
+                draft = prop.propose()
+                new, aux, nxt = _verify_tree(eng, draft, root, n, sampling, prop.path_len)
+                prop.observe(aux, nxt)
+            assert reads.reads == ["tolist"]
+            root, n = nxt[-1:], n + len(new)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_tree_equals_plain(device):
+    """Greedy tree decoding (fused draft, graphed on CUDA; device verification and compaction)
+    gives the target's greedy output, with none, one and two of the drafted levels accepted."""
+    model = tiny_vocab_llama().to(device)
+    eng = TargetEngine(model, [0, 1, 2], max_len=64)
+    drafter = echo_drafter(model).to(device)
+    accepts = []
+    for prompt in ([1, 5, 7, 3, 9], [2, 2, 8], [6, 10]):
+        prop = DrafterProposer(drafter, Sampling(), 64, mode="tree", depth=3, top_k=2, total_tokens=5)
+        for t in (1, prop.size + 1):
+            eng.graph(t)
+        eng.graph_compact(prop.path_len)
+        prop.graph()
+        plain = plain_generate(eng, prompt, 30, set(), Sampling())
+        ours = spec_generate(eng, prop, prompt, 30, set(), Sampling())
+        assert ours.tokens == plain.tokens
+        accepts += ours.accepts
+    assert {0, 1, 2} <= set(accepts)

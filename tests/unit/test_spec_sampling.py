@@ -1,25 +1,33 @@
 """Speculative sampling is lossless: on a tiny Llama with a 12-token vocab, the tokens emitted
 by one verification step (chain and tree, random drafter) follow the target's own sampling
-distribution; without the rejection-sampling correction they do not. "chain-device" is the
-same check of `verify_chain_sampled`, the on-device chain verification that `eval` runs."""
+distribution; without the rejection-sampling correction they do not. Both are the on-device
+verifications that `eval` runs: `verify_chain_sampled` and `verify_tree` (with the fused tree
+draft: top-k, selection and ancestor mask on the device)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from draftsmith.evaluate.proposer import DrafterProposer, ancestors
+from draftsmith.evaluate.proposer import DrafterProposer, tree_ancestors
 from draftsmith.runtime.engine import TargetEngine
-from draftsmith.runtime.sampling import Sampling, target_probs, verify, verify_chain_sampled
+from draftsmith.runtime.sampling import Sampling, target_probs, verify_chain_sampled, verify_tree
 from tests.helpers import V, tiny_vocab_drafter, tiny_vocab_llama
+
 
 def verify_as(mode: str, tokens: list[int], parents: list[int], logits: torch.Tensor, sampling: Sampling,
               q: torch.Tensor | None) -> tuple[list[int], int]:
-    """`verify`, or for "chain-device" `verify_chain_sampled`, as (accepted rows, next token)."""
-    if mode != "chain-device":
-        return verify(tokens, parents, logits, sampling, q)
-    a, _, new = verify_chain_sampled(torch.tensor(tokens), q, logits, sampling)
-    return list(range(a + 1)), new[-1]
+    """`verify_chain_sampled` or `verify_tree` as (accepted rows, next token)."""
+    if mode == "chain":
+        a, _, new = verify_chain_sampled(torch.tensor(tokens), q, logits, sampling)
+        return list(range(a + 1)), new[-1]
+    depths = torch.zeros(len(parents) + 1, dtype=torch.long)
+    for i, p in enumerate(parents):
+        depths[i + 1] = depths[p] + 1
+    depth = int(depths.max())
+    anc = tree_ancestors(torch.tensor(parents), depth)
+    a, path, _, new = verify_tree(torch.tensor(tokens), torch.tensor(parents), depths[1:], anc, logits, sampling, depth + 1)
+    return path[: a + 1].tolist(), new[-1]
 
 CHI2_CRIT_DF11 = 31.26  # p = 0.001
 
@@ -31,8 +39,7 @@ def first_emitted(mode: str, residual: bool, n: int, temperature: float, top_p: 
     model = tiny_vocab_llama()
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=0, residual=residual)
-    chain = mode.startswith("chain")
-    prop = DrafterProposer(tiny_vocab_drafter(model), sampling, 64, mode="chain" if chain else mode, depth=1 if chain else 2, top_k=3,
+    prop = DrafterProposer(tiny_vocab_drafter(model), sampling, 64, mode=mode, depth=1 if mode == "chain" else 2, top_k=3,
                            total_tokens=6)
     prompt, root = torch.tensor([1, 5, 7, 3, 9]), 4
     _, aux = eng.prefill(prompt)
@@ -46,8 +53,10 @@ def first_emitted(mode: str, residual: bool, n: int, temperature: float, top_p: 
         key = tuple(ids.tolist())
         if key not in cache:
             pos = 5 + torch.cat([torch.zeros(1, dtype=torch.long), draft.depths])
-            cache[key] = eng.forward(ids, pos, torch.arange(5, 5 + ids.shape[0]), eng.tree_mask(5, ancestors(draft.parents)))[0].clone()
-        path, nxt = verify_as(mode, draft.tokens.tolist(), draft.parents, cache[key], sampling, draft.q)
+            anc = draft.anc if draft.anc is not None else torch.ones(ids.shape[0], ids.shape[0], dtype=torch.bool).tril()
+            cache[key] = eng.forward(ids, pos, torch.arange(5, 5 + ids.shape[0]), eng.tree_mask(5, anc))[0].clone()
+        parents = draft.parents.tolist() if draft.parents is not None else list(range(draft.tokens.shape[0]))
+        path, nxt = verify_as(mode, draft.tokens.tolist(), parents, cache[key], sampling, draft.q)
         counts[int(ids[path[1]]) if len(path) > 1 else nxt] += 1
         accepted += len(path) - 1
     return counts, ref.detach(), accepted / n
@@ -66,7 +75,7 @@ def markov_pairs(mode: str, residual: bool, n: int) -> tuple[torch.Tensor, torch
     for _ in range(n):
         out, last = [], 0
         while len(out) < 2:
-            if mode.startswith("chain"):  # K=3 drafts sampled from Q
+            if mode == "chain":  # K=3 drafts sampled from Q
                 tokens, qs, prev = [], [], last
                 for _ in range(3):
                     prev = int(torch.multinomial(Q[prev], 1, generator=g))
@@ -97,8 +106,7 @@ def chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
 
 
-@pytest.mark.parametrize("mode,temperature,top_p", [("chain", 1.0, 1.0), ("tree", 1.0, 1.0), ("chain", 0.7, 0.9), ("tree", 0.7, 0.9),
-                                                   ("chain-device", 1.0, 1.0), ("chain-device", 0.7, 0.9)])
+@pytest.mark.parametrize("mode,temperature,top_p", [("chain", 1.0, 1.0), ("tree", 1.0, 1.0), ("chain", 0.7, 0.9), ("tree", 0.7, 0.9)])
 def test_speculative_sampling_matches_target(mode, temperature, top_p):
     counts, ref, mean_accept = first_emitted(mode, residual=True, n=2000, temperature=temperature, top_p=top_p)
     assert mean_accept > 0.2  # the drafts are accepted often enough for the test to mean something
@@ -106,14 +114,14 @@ def test_speculative_sampling_matches_target(mode, temperature, top_p):
     assert 0.5 * (counts / counts.sum() - ref).abs().sum() < 0.05
 
 
-@pytest.mark.parametrize("mode", ["chain", "tree", "chain-device"])
+@pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_without_correction_the_distribution_is_wrong(mode):
     counts, ref, _ = first_emitted(mode, residual=False, n=2000, temperature=1.0, top_p=1.0)
     assert chi2(counts, ref) > 3 * CHI2_CRIT_DF11
     assert 0.5 * (counts / counts.sum() - ref).abs().sum() > 0.05
 
 
-@pytest.mark.parametrize("mode", ["chain", "tree", "chain-device"])
+@pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_two_token_joint_distribution_over_several_steps(mode):
     """Deeper positions and consecutive steps: the first two tokens are jointly exact."""
     counts, ref = markov_pairs(mode, residual=True, n=2500)
@@ -126,7 +134,7 @@ def test_verify_greedy_follows_argmax_through_tree():
     logits = torch.full((5, V), -10.0)
     logits[0, 3] = logits[2, 7] = logits[3, 1] = logits[4, 2] = 0.0  # argmax per row
     tokens, parents = [5, 3, 7, 9], [0, 0, 2, 3]  # rows 1,2 under root; 3 under 2; 4 under 3
-    path, bonus = verify(tokens, parents, logits, Sampling())
+    path, bonus = verify_as("tree", tokens, parents, logits, Sampling(), None)
     assert path == [0, 2, 3] and bonus == 1
 
 

@@ -2,8 +2,9 @@
 `TargetEngine`, or for targets that fail its self-check the generic `HFEngine`, chain only):
 plain decoding (one target forward per token) and speculative decoding (draft, verify in one
 forward with the draft's tree mask, compact the accepted path's KV, feed the drafter the aux
-states of the accepted positions). Chain verification, greedy or sampled, stays on the device
-(causal mask, no compaction: the accepted path is a prefix) with one host sync per cycle.
+states of the accepted positions). Verification, chain or tree, greedy or sampled, stays on
+the device with fixed shapes and one host sync per cycle (a chain: causal mask, no compaction,
+the accepted path is a prefix; a tree: the draft's tree mask and a fixed-shape KV compaction).
 
 Both time decoding only: the clock starts after the prompt's prefill and stops after the last
 token, with the device synchronised. Both stop at a stop token (kept) or after
@@ -18,15 +19,16 @@ from typing import Protocol
 
 import torch
 
-from draftsmith.evaluate.proposer import Draft, ancestors
+from draftsmith.evaluate.proposer import Draft
 from draftsmith.runtime.engine import TargetEngine
-from draftsmith.runtime.sampling import Sampling, verify, verify_chain_greedy, verify_chain_sampled
+from draftsmith.runtime.sampling import Sampling, verify_chain_greedy, verify_chain_sampled, verify_tree
 from draftsmith.runtime.selfcheck import Engine
 
 
 class Proposer(Protocol):
     mode: str  # "chain" or "tree"
-    size: int
+    size: int  # draft nodes per proposal
+    path_len: int  # the most rows one verification accepts, the root included
 
     def reset(self) -> None: ...
     def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor) -> None: ...
@@ -85,26 +87,20 @@ def _verify_chain(engine: Engine, draft: Draft, root: torch.Tensor, n: int,
     return new, aux[: a + 1], new_t
 
 
-def _verify_tree(engine: TargetEngine, draft: Draft, root: torch.Tensor, n: int,
-                 sampling: Sampling) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """The same for any draft (a chain is a tree) and any sampling: the tree-mask forward,
-    `verify` on the host, then compaction of the accepted path's KV when it is not a prefix."""
+def _verify_tree(engine: TargetEngine, draft: Draft, root: torch.Tensor, n: int, sampling: Sampling,
+                 path_len: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """The same for a tree draft: the forward under the tree mask (built on the device from the
+    draft's ancestor mask), `verify_tree` on the device with one host sync, then the accepted
+    path's KV moved to slots n.. by a fixed-shape copy of `path_len` rows (the padding rows land
+    on slots that the next verification overwrites)."""
     dev = engine.device
-    tokens = draft.tokens.to(dev)
-    t = tokens.shape[0] + 1
-    rows = torch.cat([root, tokens])  # [T]: root + draft
-    depths = draft.depths.to(dev)
-    pos = n + torch.cat([torch.zeros_like(depths[:1]), depths])  # [T]
-    slots = torch.arange(n, n + t, device=dev)
-    logits, aux = engine.forward(rows, pos, slots, engine.tree_mask(n, ancestors(draft.parents).to(dev)))
-    host_tokens = tokens.tolist()
-    path, tok = verify(host_tokens, draft.parents, logits, sampling, draft.q)
-    new = [host_tokens[r - 1] for r in path[1:]] + [tok]  # accepted drafts + next token
-    path_new = torch.tensor(path + new, device=dev)  # [2 * len(path)]: one host-to-device copy
-    path_t, new_t = path_new[: len(path)], path_new[len(path) :]
-    if path != list(range(len(path))):
-        engine.compact(slots[path_t], slots[: len(path)])
-    return new, aux[path_t], new_t
+    rows = torch.cat([root, draft.tokens])  # [N+1]: root + draft
+    pos = n + torch.cat([torch.zeros_like(draft.depths[:1]), draft.depths])  # [N+1]
+    slots = torch.arange(n, n + rows.shape[0], device=dev)  # [N+1]
+    logits, aux = engine.forward(rows, pos, slots, engine.tree_mask(n, draft.anc))
+    a, path, new_t, new = verify_tree(draft.tokens, draft.parents, draft.depths, draft.anc, logits, sampling, path_len)
+    engine.compact(slots.index_select(0, path), slots[:path_len])
+    return new, aux.index_select(0, path[: a + 1]), new_t
 
 
 def spec_generate(engine: Engine, proposer: Proposer, prompt: list[int], max_new_tokens: int,
@@ -119,14 +115,14 @@ def spec_generate(engine: Engine, proposer: Proposer, prompt: list[int], max_new
     new, out, accepts = [tok], [tok], []
     proposer.reset()
     proposer.observe(aux, torch.cat([ids[1:], root]))  # state t, token t+1
-    if proposer.mode == "chain":
-        step = _verify_chain
-    else:
+    if proposer.mode == "tree":
         assert isinstance(engine, TargetEngine), "tree verification needs the fast engine (open_engine refuses it otherwise)"
-        step = _verify_tree
     while len(out) < max_new_tokens and stop_ids.isdisjoint(new) and n + proposer.size + 1 <= engine.max_len:
         draft = proposer.propose()
-        new, aux, next_tokens = step(engine, draft, root, n, sampling)
+        if proposer.mode == "chain":
+            new, aux, next_tokens = _verify_chain(engine, draft, root, n, sampling)
+        else:
+            new, aux, next_tokens = _verify_tree(engine, draft, root, n, sampling, proposer.path_len)
         proposer.observe(aux, next_tokens)
         root = next_tokens[-1:]
         out += new

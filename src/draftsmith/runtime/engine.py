@@ -7,7 +7,7 @@ That gives, with one code path:
 
   - plain decoding (one token, causal mask),
   - chain and tree verification (one forward, tree mask from the draft's parent links),
-  - KV compaction of the accepted path (an index copy, `compact`),
+  - KV compaction of the accepted path (a fixed-shape index copy on the device, `compact`),
   - the drafter's auxiliary hidden states, captured in the same pass (draftsmith layer ids:
     id k = residual entering decoder layer k; k == L is the last layer's output); none when
     `aux_layer_ids` is empty,
@@ -17,8 +17,8 @@ That gives, with one code path:
 
 `graph(t, width)` captures the forward of `t` tokens attending over the first `width` cache
 slots in a CUDA graph (static input buffers; the cache is written in place), used by plain
-decoding (t=1), verification (t = draft size + 1) and batched decoding alike. On CPU the same
-forward runs eagerly.
+decoding (t=1), verification (t = draft size + 1) and batched decoding alike; `graph_compact(n)`
+captures the compaction of a tree's accepted path. On CPU the same code runs eagerly.
 """
 
 from __future__ import annotations
@@ -104,6 +104,7 @@ class TargetEngine:
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.graphs: dict[tuple[int, int], Graphed] = {}  # (tokens, cache slots attended) -> graph
+        self.compactions: dict[int, Graphed] = {}  # rows moved -> graph of `compact`
         self.capture_seconds = 0.0
 
     # -- the forward -----------------------------------------------------------------------
@@ -214,9 +215,11 @@ class TargetEngine:
         return logits[0], aux[0]
 
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Move the accepted path's K/V from slots `src` to slots `dst` (both [n])."""
-        if torch.equal(src, dst):
-            return
+        """Move the accepted path's K/V from slots `src` to slots `dst` (both [n], on the
+        device: no host sync), by the CUDA graph captured for n rows when there is one."""
+        self.compactions.get(src.shape[0], self._compact)(src, dst)
+
+    def _compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         for kc, vc in zip(self.k_cache, self.v_cache, strict=True):
             kc.index_copy_(2, dst, kc.index_select(2, src))
             vc.index_copy_(2, dst, vc.index_select(2, src))
@@ -233,4 +236,14 @@ class TargetEngine:
         example = (torch.zeros(b, t, dtype=torch.long, device=self.device), arange.repeat(b, 1), arange,
                    self.causal_mask(0, t)[:, :width].repeat(b, 1, 1, 1))  # ids, pos [B, t]; slots [t]; mask [B, 1, t, width]
         self.graphs[(t, width)] = Graphed(self._forward, *example)
+        self.capture_seconds += time.perf_counter() - t0
+
+    def graph_compact(self, n: int) -> None:
+        """Capture `compact` of n rows (a tree's accepted path, padded) in a CUDA graph (no-op on
+        CPU). Its warm-up copies slots 0..n-1 onto themselves."""
+        if self.device.type != "cuda" or n in self.compactions:
+            return
+        t0 = time.perf_counter()
+        rows = torch.arange(n, device=self.device)
+        self.compactions[n] = Graphed(self._compact, rows, rows)
         self.capture_seconds += time.perf_counter() - t0

@@ -2,8 +2,9 @@
 
 Greedy (temperature 0): walk down the draft from the root, following the child whose token is
 the target's argmax; the target's argmax at the last accepted node is the bonus token. The
-output is the target's own greedy output, token for token. A chain is verified on the device
-with one host transfer (`verify_chain_greedy`, `verify_chain_sampled`); trees on the host.
+output is the target's own greedy output, token for token. Chains and trees are verified on
+the device with fixed shapes and one host transfer (`verify_chain_greedy`,
+`verify_chain_sampled`, `verify_tree`).
 
 Sampling (temperature, top-p): recursive rejection sampling. At each accepted node the
 children are tried in order with the target's distribution `p` at that node:
@@ -11,7 +12,8 @@ children are tried in order with the target's distribution `p` at that node:
     sampling) is accepted with probability min(1, p(x)/q(x)); on rejection
     p <- normalise(max(p - q, 0));
   - a child chosen deterministically (tree mode, EAGLE-2's top-k tree: q is a point mass) is
-    accepted with probability p(x); on rejection p <- p with x removed, renormalised.
+    accepted with probability p(x); on rejection p <- p with x removed, renormalised. With
+    distinct siblings that is one draw y ~ p per node, followed down the tree (`verify_tree`).
 When no child is accepted, the next token is sampled from the remaining `p`. Either way every
 emitted token is distributed exactly as the target's own sampling. `residual=False` skips the
 correction (tests show that the output distribution then differs from the target's).
@@ -105,14 +107,6 @@ class Sampling:
         return int(logits.argmax()) if self.greedy else self.sample(self.probs(logits))
 
 
-def children_of(parents: list[int]) -> list[list[int]]:
-    """Row r's children rows, in draft order. Row 0 is the root, draft node i is row i+1."""
-    children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
-    for i, p in enumerate(parents):
-        children[p].append(i + 1)
-    return children
-
-
 def verify_chain_greedy(tokens: torch.Tensor, logits: torch.Tensor) -> tuple[int, torch.Tensor, list[int]]:
     """Greedy verification of a chain draft on the device: tokens [K] (target ids), logits
     [K+1, V] of the target at the root and at each draft token. Returns the accepted count a
@@ -150,39 +144,42 @@ def verify_chain_sampled(tokens: torch.Tensor, q: torch.Tensor | None, logits: t
     return a, torch.cat([tokens[:a], nxt[None]]), host[:a] + host[-1:]
 
 
-def verify(tokens: list[int], parents: list[int], logits: torch.Tensor, sampling: Sampling,
-           q: torch.Tensor | None = None) -> tuple[list[int], int]:
-    """tokens/parents: the draft (node i is row i+1, its parent a row); logits [N+1, V] of the
-    target at every row; q [N, V]: the distribution node i was drawn from (None: point masses).
-    Returns the accepted rows (root first) and the next token (bonus or correction)."""
-    children = children_of(parents)
-    path, row = [0], 0
-    if sampling.greedy:
-        top = logits.argmax(-1).tolist()
-        while True:
-            nxt = next((c for c in children[row] if tokens[c - 1] == top[row]), None)
-            if nxt is None:
-                return path, top[row]
-            path.append(nxt)
-            row = nxt
-    probs = sampling.probs(logits)  # [N+1, V]
-    while True:
-        p, accepted = probs[row], None
-        for c in children[row]:
-            x = tokens[c - 1]
-            qx = float(q[c - 1, x]) if q is not None else 1.0
-            if sampling.uniform() * qx < float(p[x]):
-                accepted = c
-                break
-            if sampling.residual:
-                if q is not None:
-                    p = torch.clamp(p - q[c - 1], min=0)
-                else:
-                    p = p.clone()
-                    p[x] = 0
-                total = p.sum()
-                p = p / total if total > 0 else probs[row]
-        if accepted is None:
-            return path, sampling.sample(p)
-        path.append(accepted)
-        row = accepted
+
+
+def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
+                logits: torch.Tensor, sampling: Sampling, path_len: int) -> tuple[int, torch.Tensor, torch.Tensor, list[int]]:
+    """Lossless verification of a tree draft on the device, with fixed shapes and one host
+    transfer. tokens, parents (rows: node i is row i+1, row 0 the root), depths [N], with
+    siblings carrying distinct tokens (top-k children); anc [N+1, N+1]: row r sees row c iff c
+    is r or an ancestor of r; logits [N+1, V] of the target at every row; path_len: a bound on
+    the accepted rows (the draft's depth + 1, at most N+1).
+
+    The rule: every row chooses the target's next token there (the argmax, or one draw y ~ p),
+    the accepted path is the deepest row whose every node's token is its parent's choice, and
+    the next token is that row's choice. When sampling this is recursive rejection sampling
+    with point-mass proposals (accept child x with probability p(x), else remove x from p and
+    try the next child, else sample from what is left): both emit child x with probability p(x)
+    and, when no child is taken, a token from p without the children, so one draw followed down
+    the tree is exact. `residual=False` (tests only) skips that correction: the next token is
+    drawn afresh from the whole p.
+
+    Returns the accepted count a, the path rows root first [path_len] (rows after a are
+    padding: a fixed shape for the KV compaction), and the new tokens (a accepted drafts, then
+    the next token) on the device [a+1] and on the host."""
+    rows = torch.arange(tokens.shape[0] + 1, device=tokens.device)  # [N+1]
+    probs = None if sampling.greedy else sampling.probs(logits)  # [N+1, V]
+    choice = logits.argmax(-1) if probs is None else sampling.draws(probs)  # [N+1]
+    ok = torch.cat([rows[:1] == 0, tokens == choice.index_select(0, parents)])  # [N+1]: the root, and nodes their parent chose
+    on_path = ~(anc & ~ok[None, :]).any(-1)  # [N+1]: every node from the root down to the row was chosen
+    row_depth = torch.cat([rows[:1] * 0, depths])  # [N+1]
+    best = (row_depth * on_path).argmax()  # []: the deepest accepted row (one path: siblings differ)
+    accepted = row_depth.index_select(0, best[None])  # [1]
+    seen = anc.index_select(0, best[None])[0]  # [N+1]: the path's rows
+    path = (rows + (~seen) * rows.shape[0]).argsort()[:path_len]  # [path_len]: the path's rows in depth order, then padding
+    nxt = choice.index_select(0, best[None])  # [1]
+    if probs is not None and not sampling.residual:
+        nxt = sampling.draws(probs.index_select(0, best[None]))  # [1]
+    drafted = torch.cat([rows[:1], tokens]).index_select(0, path[1:])  # [path_len-1]: the path's tokens after the root
+    new = torch.where(rows[:path_len] == accepted, nxt, torch.cat([drafted, nxt]))  # [path_len]: the next token at index a
+    a, *host = torch.cat([accepted, new]).tolist()  # [path_len+1]: the one host sync
+    return a, path, new[: a + 1], host[: a + 1]
