@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,25 +47,39 @@ class TurnMarkers:
     eot: str  # end-of-turn special token text, e.g. "<|im_end|>"; "" when the template has none
 
 
-def renderer(tokenizer: Any) -> Callable[..., str]:
-    """`render(messages, add_generation_prompt=False) -> str` through the tokenizer's own chat
-    template. Renders the compiled Jinja template with the variables `apply_chat_template` passes
-    (the special tokens): the same text at half the cost per call (a unit test checks they agree)."""
+NO_TEMPLATE_FIX = ("pass one with --chat-template FILE (a Jinja file, e.g. the chat_template.jinja of the "
+                   "instruct version of this model), or use --completion for a base model (raw text, no template)")
+
+
+def chat_template(tokenizer: Any) -> str:
+    """The tokenizer's chat template (the default one of named templates), or a UserError that
+    names the two ways on for a model without one."""
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # named templates: the default one renders conversations
         template = template.get("default")
     if not template:
-        raise UserError(
-            "the target's tokenizer has no chat template; pass one with --chat-template FILE "
-            "(a Jinja file, e.g. the chat_template.jinja of the instruct version of this model)"
-        )
-    from transformers.utils.chat_template_utils import _compile_jinja_template
+        raise UserError(f"the target's tokenizer has no chat template; {NO_TEMPLATE_FIX}")
+    return template
 
-    compiled, variables = _compile_jinja_template(template), dict(tokenizer.special_tokens_map)
+
+def check_template_options(template_file: Path | None, completion: bool) -> None:
+    """`--chat-template FILE` must exist, and completion mode (no template) takes none."""
+    if template_file is not None and not Path(template_file).is_file():
+        raise UserError(f"--chat-template {template_file}: no such file")
+    if completion and template_file is not None:
+        raise UserError("--completion uses no template; drop --chat-template (or drop --completion to render chats with it)")
+
+
+def renderer(tokenizer: Any) -> Callable[..., str]:
+    """`render(messages, add_generation_prompt=False) -> str` through the tokenizer's chat
+    template, rendered by the tokenizer's public `apply_chat_template` (transformers' sandboxed
+    Jinja environment, with the special tokens as variables)."""
+    template = chat_template(tokenizer)
 
     def render(messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
         try:
-            return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+            return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt)
         except Exception as e:  # a template error (raise_exception, bad role order) is a data problem
             raise UserError(f"the chat template failed on this conversation: {type(e).__name__}: {e}") from None
 
@@ -146,7 +161,8 @@ def assistant_spans(render: Callable[..., str], text: str, messages: list[dict[s
     replies = [msg["content"] for msg in messages if msg["role"] == "assistant"]
     if not replies:
         raise UserError("conversation has no assistant turn, so there is nothing to train on "
-                        "(for prompts, run `draftsmith synth` first to get the target's answers)")
+                        "(for prompts, run `draftsmith synth` first to get the target's answers; "
+                        "for plain text, prepare with --completion)")
     spans = _spans_by_header(text, replies, m)
     return spans if spans is not None else _spans_by_prefix(render, text, messages, m)
 
@@ -167,12 +183,13 @@ def _token_range(enc: Any, start: int, end: int) -> tuple[int, int]:
     return ta, enc.char_to_token(b) + 1
 
 
-def encode(tokenizer: Any, texts: list[str]) -> list[Any]:
-    """One batched fast-tokenizer call (no special tokens added: templates write their own)."""
+def encode(tokenizer: Any, texts: list[str], add_special_tokens: bool = False) -> list[Any]:
+    """One batched fast-tokenizer call; by default no special tokens are added (templates write
+    their own), with `add_special_tokens` the tokenizer's own (a BOS, for raw text)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         raise UserError("prepare needs a fast (Rust) tokenizer; this target only has a slow one")
-    return backend.encode_batch(texts, add_special_tokens=False)
+    return backend.encode_batch(texts, add_special_tokens=add_special_tokens)
 
 
 def mask_from_spans(enc: Any, spans: list[tuple[int, int]]) -> np.ndarray:

@@ -10,6 +10,7 @@ from pydantic import Field
 from draftsmith.config import DEFAULT_TARGET, CommandConfig
 
 Format = Literal["auto", "sharegpt", "messages", "pairs", "turns", "prompts", "hf"]
+LossOn = Literal["completion", "all"]
 
 
 class PrepareConfig(CommandConfig):
@@ -23,7 +24,9 @@ class PrepareConfig(CommandConfig):
         "(a saved HF dataset folder, records auto-detected); 'auto' detects it from the first record.")
     max_len: int = Field(2048, gt=0, description="Maximum tokens per sample.")
     length_policy: Literal["truncate", "drop"] = Field("truncate", description="What to do with samples longer than --max-len.")
-    chat_template: Path | None = Field(None, description="Jinja chat template file to use instead of the tokenizer's own.")
+    chat_template: Path | None = Field(None, description="Jinja chat template file to use instead of the tokenizer's own (a base model has none).")
+    completion: bool = Field(False, description="Completion mode, for base models: no chat template at all; each record is plain text ('text') or a prompt/completion pair, tokenized as prompt + completion with the tokenizer's own special tokens (as `eval --completion` prompts).")
+    loss_on: LossOn = Field("completion", description="Tokens that carry the loss: 'completion' = the assistant turns (chat) or the completion (--completion; all of a plain text), 'all' = every token.")
     batch_size: int = Field(1024, gt=0, description="Conversations tokenized per batched tokenizer call.")
     overwrite: bool = Field(False, description="Replace an existing output folder.")
 

@@ -1,8 +1,9 @@
 """`draftsmith prepare`: conversations in, tokenized dataset (see `dataset.py`) out.
 
 Reads the conversations (`formats.py`), renders each through the target's own chat template
-and tokenizes it with an assistant-only loss mask (`chat.py`), applies the length policy at
---max-len, and writes `data.parquet`, `dataset.json`, `stats.json` and `run.yaml` into a
+and tokenizes it with an assistant-only loss mask (`chat.py`), or with --completion tokenizes
+plain text and prompt/completion pairs with no template (`completion.py`); with --loss-on all
+every token carries the loss. It applies the length policy at --max-len, and writes `data.parquet`, `dataset.json`, `stats.json` and `run.yaml` into a
 temporary folder that is renamed into place at the end. Only the tokenizer is loaded, never the
 weights.
 
@@ -21,7 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from draftsmith.config import write_run_record
-from draftsmith.data.chat import tokenize_conversations
+from draftsmith.data.chat import check_template_options, tokenize_conversations
+from draftsmith.data.completion import tokenize_completions
 from draftsmith.data.config import PrepareConfig
 from draftsmith.data.dataset import FORMAT, META_FILE, STATS_FILE, write_table
 from draftsmith.data.sources import answers, mix_card, read_source
@@ -106,11 +108,19 @@ def summarize(cfg: PrepareConfig, n_in: int, lens: np.ndarray, assistant: int, d
     }
 
 
+def tokenize(cfg: PrepareConfig, tokenizer: Any, batch: list[dict[str, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """[(input_ids [T] int32, loss_mask [T] uint8), ...] of a batch of conversations, in the
+    mode and with the loss of `cfg`."""
+    names = [f"{cfg.data} sample {c['id']}" for c in batch]
+    tokenized = tokenize_completions if cfg.completion else tokenize_conversations
+    encoded = tokenized(tokenizer, [c["messages"] for c in batch], names=names)
+    return [(ids, np.ones_like(mask)) for ids, mask in encoded] if cfg.loss_on == "all" else encoded
+
+
 def run(cfg: PrepareConfig) -> Path:
-    if cfg.chat_template is not None and not cfg.chat_template.is_file():
-        raise UserError(f"--chat-template {cfg.chat_template}: no such file")
+    check_template_options(cfg.chat_template, cfg.completion)
     with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as tmp:
-        if not answers(cfg.data):
+        if not cfg.completion and not answers(cfg.data):
             raise UserError(f"{cfg.data}: a prompt set without answers; answer it first with "
                             f"`draftsmith synth {cfg.data} --out FILE.jsonl` and prepare that file")
         convs = read_source(cfg.data, cfg.format).convs
@@ -123,10 +133,8 @@ def run(cfg: PrepareConfig) -> Path:
         with Progress("prepare", tmp, total=len(convs)) as progress:
             for a in range(0, len(convs), cfg.batch_size):
                 batch = convs[a:a + cfg.batch_size]
-                encoded = tokenize_conversations(tokenizer, [c["messages"] for c in batch],
-                                                 names=[f"{cfg.data} sample {c['id']}" for c in batch])
                 n_tokens = 0
-                for ids, mask in encoded:
+                for ids, mask in tokenize(cfg, tokenizer, batch):
                     if len(ids) > cfg.max_len:
                         if cfg.length_policy == "drop":
                             dropped["longer than max_len"] += 1
@@ -155,7 +163,8 @@ def run(cfg: PrepareConfig) -> Path:
         stats = summarize(cfg, len(convs), cols["length"].to_numpy(), assistant, dropped, truncated, seconds, cpu_seconds)
         atomic_write_json(tmp / META_FILE, {
             "format": FORMAT, "version": DATASET_VERSION, "target": target, "max_len": cfg.max_len,
-            "length_policy": cfg.length_policy, "chat_template": tokenizer.chat_template,
+            "length_policy": cfg.length_policy, "completion": cfg.completion, "loss_on": cfg.loss_on,
+            "chat_template": None if cfg.completion else tokenizer.chat_template,
             "num_samples": len(ids_parts), "source": str(cfg.data),
             "mix": mix_card(cfg.data),  # synth --mix's sources, licenses and counts, for the model card
         })

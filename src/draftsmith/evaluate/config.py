@@ -14,6 +14,8 @@ class EvalConfig(CommandConfig):
     target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
     drafter: Path = Field(description="Drafter: a train output folder, checkpoint, or exported folder.")
     out: Path = Field(description="Output folder for report.json, report.md, plots and answers.jsonl.")
+    chat_template: Path | None = Field(None, description="Jinja chat template file to use instead of the tokenizer's own (a base model has none).")
+    completion: bool = Field(False, description="Completion mode, for base models: raw prompts, no chat template; a later turn continues the text so far (as `prepare --completion` tokenizes).")
     bench: str = Field("mt_bench", description="Question set: 'mt_bench' (bundled) or a JSONL file of prompts or multi-turn 'turns'.")
     mode: Literal["chain", "tree"] = Field("chain", description="Drafting mode.")
     k: int | Literal["auto"] = Field(7, description="Draft tokens per step (chain mode) or tree depth (tree mode); chain mode also takes 'auto': the K in 1..--k-max with the best predicted speed from a short calibration (evaluate/shape.py).")

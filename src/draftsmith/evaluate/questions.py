@@ -3,7 +3,9 @@ have multi-turn `turns` (MT-bench style), a single `prompt` / `question` / `inst
 `text`, or OpenAI-style `messages` (the user messages become the turns).
 
 Each question is answered turn by turn: a turn's prompt is the chat template applied to the
-earlier user turns, the model's own earlier answers, and the new user turn.
+earlier user turns, the model's own earlier answers, and the new user turn. In completion mode
+(base models) it is those texts concatenated as they are, with the tokenizer's own special
+tokens (a BOS) and no template.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.assets import MT_BENCH
+from draftsmith.data.chat import chat_template
+from draftsmith.data.completion import completion_ids
 from draftsmith.errors import UserError
 from draftsmith.fsutil import read_jsonl
 
@@ -57,21 +61,25 @@ def load_questions(bench: str, limit: int | None = None) -> list[Question]:
     return questions
 
 
-def turn_prompt(tokenizer: Any, turns: list[str], answers: list[str]) -> list[int]:
+def turn_prompt(tokenizer: Any, turns: list[str], answers: list[str], completion: bool = False) -> list[int]:
     """Token ids of the chat so far (user turns and the model's answers) plus the next user
-    turn, ending with the generation prompt."""
+    turn, ending with the generation prompt; with `completion`, of those texts concatenated,
+    no template."""
     messages: list[dict[str, str]] = []
     for i, user in enumerate(turns):
         messages.append({"role": "user", "content": user})
         if i < len(answers):
             messages.append({"role": "assistant", "content": answers[i]})
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if completion:
+        return completion_ids(tokenizer, messages)
+    ids = tokenizer.apply_chat_template(messages, chat_template=chat_template(tokenizer), add_generation_prompt=True,
+                                        tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
         ids = ids["input_ids"]
     return list(ids)
 
 
-def token_bound(tokenizer: Any, question: Question, max_new_tokens: int) -> int:
+def token_bound(tokenizer: Any, question: Question, max_new_tokens: int, completion: bool = False) -> int:
     """An upper bound on the tokens a whole question needs (prompts, answers, templates)."""
-    prompt = turn_prompt(tokenizer, question.turns, [""] * (len(question.turns) - 1))
+    prompt = turn_prompt(tokenizer, question.turns, [""] * (len(question.turns) - 1), completion)
     return len(prompt) + len(question.turns) * (max_new_tokens + 16)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from draftsmith.config import write_run_record
+from draftsmith.data.chat import check_template_options
 from draftsmith.draft.checkpoint import load_drafter
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.errors import UserError
@@ -56,14 +57,16 @@ def check_compatible(drafter: Eagle3Drafter, target: Target, path: Path) -> None
 
 def make_proposer(engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampling: Sampling, max_len: int,
                   depth: int, graphs: bool) -> DrafterProposer:
-    """The drafter proposer of `depth`; with `graphs`, CUDA graphs for plain decoding (1 token)
-    and verification (draft size + 1 tokens) on the fast engine, and for the drafter (greedy
-    chain: its whole side of a cycle; otherwise each draft step)."""
+    """The drafter proposer of `depth`; with `graphs`, CUDA graphs for plain decoding (1 token),
+    verification (draft size + 1 tokens) and a tree's KV compaction on the fast engine, and for
+    the drafter (tree and greedy chain: its whole side of a cycle; chain sampling: each step)."""
     proposer = DrafterProposer(drafter, sampling, max_len, mode=cfg.mode, depth=depth, top_k=cfg.top_k,
                                total_tokens=cfg.total_tokens)
     if graphs:
         for t in (1, proposer.size + 1):
             engine.graph(t)  # counts its own capture time
+        if cfg.mode == "tree":
+            engine.graph_compact(proposer.path_len)
         t0 = time.perf_counter()
         proposer.graph()
         engine.capture_seconds += time.perf_counter() - t0
@@ -71,12 +74,12 @@ def make_proposer(engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampl
 
 
 def answer(engine: Engine, tokenizer: Any, question: Question, max_new: int, stops: set[int],
-           generate: Any) -> list[tuple[list[int], Turn]]:
+           generate: Any, completion: bool = False) -> list[tuple[list[int], Turn]]:
     """Answer every turn of a question with `generate(prompt) -> Turn`, the model's own answers
-    in the history. Returns (prompt ids, turn) per turn."""
+    in the history (raw text with `completion`). Returns (prompt ids, turn) per turn."""
     out, answers = [], []
     for i in range(len(question.turns)):
-        prompt = turn_prompt(tokenizer, question.turns[: i + 1], answers)
+        prompt = turn_prompt(tokenizer, question.turns[: i + 1], answers, completion)
         turn = generate(prompt)
         out.append((prompt, turn))
         answers.append(tokenizer.decode(turn.tokens, skip_special_tokens=True))
@@ -95,18 +98,19 @@ def run(cfg: EvalConfig) -> Path:
     auto = cfg.k == "auto"
     if auto and cfg.mode != "chain":
         raise UserError("--k auto chooses a chain length; in tree mode give the depth, e.g. --k 7")
+    check_template_options(cfg.chat_template, cfg.completion)
     torch.manual_seed(cfg.seed)
     drafter, manifest = load_drafter(cfg.drafter, device)
     with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as out:
         write_run_record(out, cfg)
-        target = load_target(cfg.target, device, cfg.dtype)
+        target = load_target(cfg.target, device, cfg.dtype, cfg.chat_template)
         check_compatible(drafter, target, cfg.drafter)
         if manifest.get("meta", {}).get("needs_target_embeddings"):  # saved without them (speculators): the target's, as engines do
             drafter.load_target_embeddings(embed_weight(target.model).detach().float())
         drafter.to(dtype=target.dtype)
         tok, stops = target.tokenizer, stop_ids(target)
         depth = cfg.k_max if auto else int(cfg.k)
-        bound = max(token_bound(tok, q, max_new) for q in questions)
+        bound = max(token_bound(tok, q, max_new, cfg.completion) for q in questions)
         size_bound = depth if cfg.mode == "chain" else cfg.total_tokens
         max_len = 64 * math.ceil((bound + size_bound + 8) / 64)
 
@@ -121,7 +125,7 @@ def run(cfg: EvalConfig) -> Path:
 
         calibration = None
         if auto:
-            prompts = [turn_prompt(tok, q.turns[:1], []) for q in questions[: cfg.calibration_questions]]
+            prompts = [turn_prompt(tok, q.turns[:1], [], cfg.completion) for q in questions[: cfg.calibration_questions]]
             calibration = calibrate(engine, proposer_of, prompts, min(max_new, 64), stops, sampler, cfg.k_max)
             depth = calibration.best()
             print(shape_summary(calibration), flush=True)
@@ -134,7 +138,7 @@ def run(cfg: EvalConfig) -> Path:
             return plain_generate(engine, prompt, max_new, stops, plain_sampling)
 
         t0 = time.perf_counter()  # warm-up: first-call allocations, kernel selection
-        warm = turn_prompt(tok, questions[0].turns[:1], [])
+        warm = turn_prompt(tok, questions[0].turns[:1], [], cfg.completion)
         spec_generate(engine, proposer, warm, 8, stops, sampler())
         plain_generate(engine, warm, 8, stops, sampler())
         warmup_s = time.perf_counter() - t0
@@ -143,8 +147,8 @@ def run(cfg: EvalConfig) -> Path:
         lines: list[str] = []
         with Progress("eval", out, total=len(questions), unit="questions") as progress:
             for q in questions:
-                spec_turns = answer(engine, tok, q, max_new, stops, spec)
-                plain_turns = answer(engine, tok, q, max_new, stops, plain) if cfg.speed else [None] * len(spec_turns)
+                spec_turns = answer(engine, tok, q, max_new, stops, spec, cfg.completion)
+                plain_turns = answer(engine, tok, q, max_new, stops, plain, cfg.completion) if cfg.speed else [None] * len(spec_turns)
                 record = {"question_id": q.question_id, "category": q.category, "turns": [], "token_ids": [], "accepts": []}
                 for (_, s), p in zip(spec_turns, plain_turns, strict=True):
                     row = {"category": q.category, "accepts": s.accepts, "spec_tokens": len(s.tokens), "spec_seconds": s.seconds}
@@ -166,7 +170,7 @@ def run(cfg: EvalConfig) -> Path:
             "shape": calibration.to_dict() if calibration is not None else None,
             "total_tokens": proposer.size if cfg.mode == "tree" else None, "depth": depth,
             "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
-            "bench": cfg.bench, "questions": len(questions), "max_new_tokens": max_new,
+            "bench": cfg.bench, "completion": cfg.completion, "questions": len(questions), "max_new_tokens": max_new,
             "target": target.info.name, "target_info": target.info.to_dict(), "drafter": str(cfg.drafter),
             "drafter_meta": manifest.get("meta", {}), "aux_layer_ids": drafter.config.aux_layer_ids,
             "device": torch.cuda.get_device_name(device) if on_gpu else "cpu", "dtype": str(target.dtype).removeprefix("torch."),

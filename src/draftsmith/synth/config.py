@@ -19,6 +19,8 @@ class SynthConfig(CommandConfig):
     target: str = Field(DEFAULT_TARGET, description="Target model for the local backend. With --endpoint it only supplies the chat template (Magpie).")
     out: Path = Field(description="Output JSONL (OpenAI messages format, appended; a rerun resumes). Give it its own folder: progress.json goes next to it.")
     format: Format = Field("auto", description="Input format, as for `prepare`.")
+    chat_template: Path | None = Field(None, description="Jinja chat template file to use instead of the tokenizer's own (a base model has none).")
+    completion: bool = Field(False, description="Completion mode, for base models (local backend): each prompt is continued as raw text, no chat template; the output's user/assistant pairs are what `prepare --completion` reads.")
     magpie: int | None = Field(None, gt=0, description="Self-prompt N conversations (Magpie-style) instead of reading prompts.")
     turns: int = Field(1, ge=1, description="Magpie: user turns per conversation.")
     system: str | None = Field(None, description="System prompt for every conversation (sources that have one keep theirs).")

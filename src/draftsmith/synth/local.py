@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from draftsmith.data.chat import chat_template
+from draftsmith.data.completion import completion_ids
 from draftsmith.errors import UserError
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
@@ -47,12 +49,12 @@ def _ids(value: Any) -> set[int]:
     return {int(v) for v in value} if isinstance(value, (list, tuple)) else {int(value)}
 
 
-def stop_token_ids(target: Target) -> set[int]:
-    """End-of-turn and eos ids: the template's end-of-turn token, the tokenizer's eos and the
-    model's generation-config eos (which may be a list)."""
+def stop_token_ids(target: Target, completion: bool = False) -> set[int]:
+    """End-of-turn and eos ids: the template's end-of-turn token (none with `completion`: no
+    template), the tokenizer's eos and the model's generation-config eos (which may be a list)."""
     tok = target.tokenizer
     ids = _ids(tok.eos_token_id) | _ids(getattr(target.model.generation_config, "eos_token_id", None))
-    for role in ("assistant", "user"):
+    for role in ("assistant", "user") if not completion else ():
         eot = tok.convert_tokens_to_ids(end_of_turn(tok, role))
         if isinstance(eot, int) and eot != tok.unk_token_id:
             ids.add(eot)
@@ -112,21 +114,26 @@ def _generation_config(target: Target, sampling: Sampling, stop: set[int], pad: 
 class LocalBackend:
     """Batched generation with an HF target (`draftsmith.target.load_target`)."""
 
-    def __init__(self, target: Target, batch_size: int = 32, cache: str = "dynamic", generator: str = "auto") -> None:
-        self.target, self.batch_size, self.cache = target, batch_size, cache
+    def __init__(self, target: Target, batch_size: int = 32, cache: str = "dynamic", generator: str = "auto",
+                 completion: bool = False) -> None:
+        self.target, self.batch_size, self.cache, self.completion = target, batch_size, cache, completion
         self.name = target.info.name
         self.tokenizer = target.tokenizer
-        self.stop = stop_token_ids(target)
+        self.stop = stop_token_ids(target, completion)
         self.context = context_length(target)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.stop)
         self.use_engine = uses_engine(target, generator)
         self.engine: TargetEngine | None = None
 
     def encode(self, request: Request) -> list[int]:
-        """Token ids of the prompt: the raw prefix, or the chat rendered for an assistant reply."""
+        """Token ids of the prompt: the raw prefix, or the chat rendered for an assistant reply
+        (in completion mode its texts as they are, no template)."""
         text = request.prefix
+        if text is None and self.completion:
+            return completion_ids(self.tokenizer, request.messages)
         if text is None:
-            text = self.tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(request.messages, chat_template=chat_template(self.tokenizer),
+                                                      tokenize=False, add_generation_prompt=True)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from draftsmith.data.chat import chat_template
 from draftsmith.errors import UserError
 
 SENTINEL = "@@draftsmith-sentinel-5f1c@@"
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]]) -> str:
-    if not getattr(tokenizer, "chat_template", None):
-        raise UserError("the target's tokenizer has no chat template; synth needs one (pass a model with a chat template)")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    return tokenizer.apply_chat_template(messages, chat_template=chat_template(tokenizer), tokenize=False,
+                                         add_generation_prompt=False)
 
 
 def _split_at_sentinel(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, str]:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from draftsmith.config import write_run_record
+from draftsmith.data.chat import check_template_options
 from draftsmith.data.sources import read_source
 from draftsmith.errors import UserError
 from draftsmith.fsutil import output_lock
@@ -79,15 +80,15 @@ def build_backend(cfg: SynthConfig, world: int, local_rank: int, magpie: bool = 
         from draftsmith.target import load_tokenizer
 
         backend = RemoteBackend(cfg.endpoint, cfg.model, cfg.concurrency, cfg.timeout, cfg.retries, cfg.backoff)
-        return backend, load_tokenizer(cfg.target) if magpie else None
+        return backend, load_tokenizer(cfg.target, cfg.chat_template) if magpie else None
     from draftsmith.synth.local import LocalBackend
     from draftsmith.target import load_target
 
     device = cfg.device
     if device is None and world > 1 and torch.cuda.is_available():
         device = f"cuda:{local_rank}"
-    target = load_target(cfg.target, device=device, dtype=cfg.dtype)
-    return LocalBackend(target, cfg.batch_size, cfg.cache, cfg.generator), target.tokenizer
+    target = load_target(cfg.target, device=device, dtype=cfg.dtype, chat_template=cfg.chat_template)
+    return LocalBackend(target, cfg.batch_size, cfg.cache, cfg.generator, cfg.completion), target.tokenizer
 
 
 def resume_key(work: Work, generation: dict[str, Any], model: str) -> str:
@@ -130,12 +131,25 @@ def run(cfg: SynthConfig) -> Path:
         return write_conversations(cfg)
 
 
+def check_completion(cfg: SynthConfig, magpie: bool) -> None:
+    """Completion mode continues raw prompts on the local backend: no template, no system turn."""
+    check_template_options(cfg.chat_template, cfg.completion)
+    if not cfg.completion:
+        return
+    for given, what in ((magpie, "--magpie (self-prompting needs a chat template)"),
+                        (cfg.endpoint, "--endpoint (a server's chat API applies its own template)"),
+                        (cfg.system, "--system (a base model has no system turn)")):
+        if given:
+            raise UserError(f"--completion cannot be combined with {what}")
+
+
 def write_conversations(cfg: SynthConfig) -> Path:
     out = Path(cfg.out)
     rank, world, local_rank = dist_env()
     plan = plan_from(cfg) if cfg.mix is not None else None  # a bad mix stops here, before any output
     works, n_dup = (plan.works, 0) if plan is not None else load_work(cfg)
     magpie = any(None in w.users for w in works)
+    check_completion(cfg, magpie)
     if world > 1 and not torch.distributed.is_initialized():
         # only for the final barrier: generation itself never communicates
         torch.distributed.init_process_group("gloo", timeout=timedelta(days=7))
@@ -150,6 +164,9 @@ def write_conversations(cfg: SynthConfig) -> Path:
     generation = {"backend": "remote" if cfg.endpoint else "local", **sampling.to_dict(),
                   "magpie": {"temperature": user_sampling.temperature, "top_p": user_sampling.top_p} if magpie else None}
     settings = {**generation, "keep_thinking": cfg.keep_thinking, "keep_unfinished": cfg.keep_unfinished}
+    if cfg.completion or cfg.chat_template:  # only then: the keys of earlier outputs stay valid
+        template = cfg.chat_template and hashlib.sha256(Path(cfg.chat_template).read_bytes()).hexdigest()[:16]
+        settings.update(completion=cfg.completion, chat_template=template)
     # a server's URL and model name can change between a run and its resume (a restart, another
     # port); each line records the model that answered, and the key holds the local target only
     model = "" if cfg.endpoint else cfg.target
@@ -158,12 +175,13 @@ def write_conversations(cfg: SynthConfig) -> Path:
     done = resume_plan(out, found, works, keys)
     mine = [w for w in works if shard_of(w.id, world) == rank]
     pending = sorted((w for w in mine if w.id not in done), key=lambda w: len(w.users[0] or ""))
+    # the target first: a target no backend can run is refused before anything is written
+    backend, tokenizer = build_backend(cfg, world, local_rank, magpie) if pending else (None, None)
     if rank == 0:
         write_run_record(out.parent, cfg, name=f"{out.stem}.run.yaml")
         if plan is not None:
             plan.write(out, cfg.seed)
 
-    backend, tokenizer = build_backend(cfg, world, local_rank, magpie) if pending else (None, None)
     chunk = cfg.concurrency * 4 if cfg.endpoint else cfg.batch_size * 4
     totals: Counter[str] = Counter()
     with Progress("synth", out.parent if rank == 0 else None, total=len(mine), unit="conversations") as progress:
