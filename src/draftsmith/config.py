@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_text
+from draftsmith.layers import check_layer_ids
 
 DEFAULT_TARGET = "smollm2-135m"
 
@@ -34,6 +35,15 @@ class CommandConfig(BaseModel):
     @classmethod
     def _device(cls, value: str | None) -> str | None:
         return check_device(value)
+
+    @field_validator("layers", check_fields=False)
+    @classmethod
+    def _layers(cls, value: list[int] | None) -> list[int] | None:
+        """Aux layer ids (extract, plan, train): three distinct ids, checked before the target loads."""
+        try:
+            return None if value is None else check_layer_ids(value)
+        except UserError as e:
+            raise ValueError(str(e)) from None
 
 
 def check_device(value: str | None) -> str | None:

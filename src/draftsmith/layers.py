@@ -24,26 +24,55 @@ Engine = Literal["draftsmith", "vllm", "sglang", "eagle", "modelopt"]
 _OFFSETS: dict[str, int] = {"draftsmith": 0, "vllm": 0, "eagle": 0, "sglang": -1, "modelopt": -1}
 
 
+N_AUX = 3  # EAGLE-3 concatenates three target layers: vLLM's and SGLang's llama_eagle3 size fc as 3 x hidden
+
+
 def default_aux_layers(num_layers: int) -> list[int]:
     """EAGLE-3's default auxiliary layers `[2, L//2, L-3]` in draftsmith's convention."""
-    if num_layers < 7:
-        # tiny test models, where [2, L//2, L-3] would repeat ids: first, middle and last
-        return sorted({0, num_layers // 2, num_layers})
+    if num_layers < 7:  # tiny test models, where [2, L//2, L-3] would repeat ids
+        if num_layers > N_AUX:
+            return sorted({1, num_layers // 2, num_layers - 1})
+        return sorted({0, num_layers // 2, num_layers})  # a toy too small for three capturable ids
     return [2, num_layers // 2, num_layers - 3]
 
 
-def validate_layers(layers: list[int], num_layers: int) -> list[int]:
-    """Check ids are within `[0, num_layers]`, distinct and sorted; return them as a list."""
-    layers = [int(k) for k in layers]
-    bad = [k for k in layers if not 0 <= k <= num_layers]
-    if bad:
+def check_layer_ids(layers: list[int]) -> list[int]:
+    """What can be checked before the target is loaded: exactly N_AUX distinct, non-negative
+    ids. Returns them sorted. (Config fields named `layers` run this when they are parsed.)"""
+    layers = sorted(int(k) for k in layers)
+    if len(layers) != N_AUX:
         raise UserError(
-            f"layer ids {bad} are out of range: this target has {num_layers} decoder layers, so ids "
-            f"must be in 0..{num_layers} (draftsmith convention: id k = hidden state entering layer k)"
+            f"layer ids {layers}: EAGLE-3 takes exactly {N_AUX} auxiliary layers (vLLM's and SGLang's fc is "
+            f"{N_AUX} x the target's hidden size); give {N_AUX} ids, or leave them out for the default [2, L//2, L-3]"
         )
     if len(set(layers)) != len(layers):
-        raise UserError(f"layer ids {layers} contain duplicates")
-    return sorted(layers)
+        raise UserError(f"layer ids {layers} contain duplicates; give {N_AUX} distinct ids")
+    if layers[0] < 0:
+        raise UserError(f"layer ids {layers}: ids count from 0 (id k = the hidden state entering decoder layer k)")
+    return layers
+
+
+def validate_layers(layers: list[int], num_layers: int | None) -> list[int]:
+    """The one check of auxiliary layer ids, for extract, train and export: `check_layer_ids`,
+    and every id one that the engines capture, 1..L-1 (the residual stream entering decoder
+    layers 1..L-1: id 0, the embeddings, and id L, the last layer's output, are never captured).
+    A toy target with no three such ids (L <= 3) may use 0..L; with `num_layers` unknown (a
+    drafter without its target's record) only id 0 is refused. Returns the ids sorted."""
+    layers = check_layer_ids(layers)
+    toy = num_layers is not None and num_layers <= N_AUX
+    lo, hi = (0, num_layers) if toy else (1, None if num_layers is None else num_layers - 1)
+    bad = [k for k in layers if k < lo or (hi is not None and k > hi)]
+    if bad:
+        span = f"{lo}..{hi}" if hi is not None else f"{lo}..L-1"
+        why = (f"a toy target of {num_layers} layers may use 0..{num_layers}" if toy else
+               "the engines capture the hidden state entering decoder layers 1..L-1, so id 0 (the embeddings) and "
+               "id L (the last layer's output) are never captured")
+        default = f" (the default {default_aux_layers(num_layers)} is)" if num_layers is not None else ""
+        raise UserError(
+            f"layer ids {bad} are out of range: this target has {num_layers or 'L'} decoder layers, so ids must be in "
+            f"{span} (draftsmith convention: id k = the hidden state entering layer k); {why}. Choose ids in {span}{default}"
+        )
+    return layers
 
 
 def to_engine(layers: list[int], engine: str) -> list[int]:

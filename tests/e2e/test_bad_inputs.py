@@ -88,6 +88,13 @@ def _pipeline(env: Env) -> Path:
     return env.file("pipe.yaml", f"out: {env.out}\ntarget: {env.target}\nstages:\n  - prepare: [data, {env.chats}]\n")
 
 
+def _pipeline_file(env: Env, top: str, later_stage: str) -> Path:
+    """A pipeline whose first stage is good (it would write `out/prepare`) and whose top level or
+    later stage is bad: nothing may run."""
+    return env.file("pipe.yaml", f"out: {env.out}\n{top}: {env.target}\nstages:\n  - prepare: {{data: {env.chats}}}\n"
+                                 f"  - {later_stage}\n")
+
+
 def _progress(env: Env) -> Path:
     env.out.mkdir()
     (env.out / "progress.json").write_text("{\"stage\": \"extract\", \"done\": ")
@@ -161,6 +168,17 @@ PROBES = [
     Probe("export of a NaN drafter", lambda e: ["export", e.drafter(_nan_weights), "--out", e.out],
           2, "NaN or Inf weights in fc.weight"),
     Probe("pipeline stage options as a list", lambda e: ["pipeline", _pipeline(e)], 2, "options must be a mapping"),
+    Probe("pipeline top-level typo", lambda e: ["pipeline", _pipeline_file(e, "taget", "vocab: {}")],
+          2, "unknown top-level key 'taget': no stage takes it; did you mean 'target'?"),
+    Probe("pipeline later stage with an unknown option", lambda e: ["pipeline", _pipeline_file(e, "target", "train: {stepz: 2}")],
+          2, "pipeline stage train: invalid options:\n  --stepz: Extra inputs are not permitted"),
+    Probe("pipeline later stage with two layers", lambda e: ["pipeline", _pipeline_file(e, "target", "extract: {layers: [2, 15]}")],
+          2, "--layers: layer ids [2, 15]: EAGLE-3 takes exactly 3 auxiliary layers"),
+    Probe("extract --layers 2,15", lambda e: ["extract", e.ds, "--target", e.target, "--out", e.out, "--layers", "2,15"],
+          2, "EAGLE-3 takes exactly 3 auxiliary layers"),
+    Probe("train --layers 2,15", lambda e: e.train("--layers", "2,15"), 2, "EAGLE-3 takes exactly 3 auxiliary layers"),
+    Probe("train --layers outside the target", lambda e: e.train("--layers", "0,1,3"), 2,
+          "layer ids [3] are out of range: this target has 2 decoder layers, so ids must be in 0..2"),
     Probe("status of a corrupt progress.json", lambda e: ["status", _progress(e)], 2, "not a readable progress file"),
     Probe("synth --out DIR", lambda e: ["synth", e.chats, "--target", e.target, "--out", e.root, "--device", "cpu"],
           2, "is a folder; synth writes one JSONL file"),

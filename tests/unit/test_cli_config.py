@@ -10,10 +10,10 @@ from draftsmith.extract.config import ExtractConfig
 
 def test_precedence_flag_over_yaml_over_default(tmp_path):
     y = tmp_path / "run.yaml"
-    y.write_text(yaml.safe_dump({"dataset_dir": "ds", "out": "o", "token_budget": 123, "layers": [1, 2]}))
-    cfg = resolve_config(ExtractConfig, y, {"layers": "3,4"})
+    y.write_text(yaml.safe_dump({"dataset_dir": "ds", "out": "o", "token_budget": 123, "layers": [1, 2, 3]}))
+    cfg = resolve_config(ExtractConfig, y, {"layers": "3,4,5"})
     assert cfg.token_budget == 123  # from YAML
-    assert cfg.layers == [3, 4]  # flag beats YAML
+    assert cfg.layers == [3, 4, 5]  # flag beats YAML
     assert cfg.writers == 4  # default
 
 

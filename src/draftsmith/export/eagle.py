@@ -32,11 +32,10 @@ import torch
 from draftsmith.draft.layouts import NESTED_IDS, RECORD_KEY, TOP_LEVEL_IDS, arch_options
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
-from draftsmith.layers import to_engine
+from draftsmith.layers import to_engine, validate_layers
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ENGINES = ("vllm", "sglang")
-N_AUX = 3  # vLLM's and SGLang's llama_eagle3 size fc as 3 * target_hidden_size
 # what SGLang's LlamaForCausalLMEagle3 does instead of each option (it loads such a drafter without error)
 SGLANG_INSTEAD = {
     "norm_before_residual": "always uses the un-normalised hidden state as the residual",
@@ -57,21 +56,10 @@ def check_engine(engine: str) -> str:
 
 def check_exportable(cfg: DrafterConfig, engine: str, num_target_layers: int | None) -> None:
     """Refuse drafters that an engine would load without error but serve wrongly."""
-    ids = list(cfg.aux_layer_ids)
-    if len(ids) != N_AUX:
-        raise UserError(
-            f"the drafter uses {len(ids)} auxiliary layers {ids}; vLLM's and SGLang's EAGLE-3 "
-            f"models take exactly {N_AUX} (fc is 3 x target_hidden_size): retrain with 3 layers"
-        )
-    top = (num_target_layers - 1) if num_target_layers else None
-    bad = [k for k in ids if k < 1 or (top is not None and k > top)]
-    if bad:
-        raise UserError(
-            f"auxiliary layer ids {bad} (draftsmith convention) cannot be captured by the engines: they "
-            f"record the residual stream entering decoder layers 1..{top if top is not None else 'L-1'}, "
-            "so ids 0 (embeddings) and L (last layer's output) are never captured; retrain with "
-            "ids inside that range (the default [2, L//2, L-3] is)"
-        )
+    try:
+        validate_layers(list(cfg.aux_layer_ids), num_target_layers)  # the three ids the engines capture
+    except UserError as e:
+        raise UserError(f"this drafter's auxiliary layers cannot be served: {e}; retrain it with such ids") from None
     if cfg.norm_before_fc and cfg.fc_norm:
         raise UserError(
             "this drafter uses both norm_before_fc and fc_norm: draftsmith applies the per-layer fc_norm "

@@ -11,7 +11,10 @@
       - export: {format: eagle, engine: vllm}
       - eval: {mode: chain, k: 7}
 
-Each stage keeps its own folder, progress.json and resume, exactly as when run alone. Inputs
+Every stage is checked before the first one runs: the top-level keys (a key no stage takes,
+such as `taget:`, is refused), each stage's options (its config, as when run alone), its `@NAME`
+references, and that its output is this pipeline's to replace. Each stage keeps its own folder,
+progress.json and resume, exactly as when run alone. Inputs
 not given are wired from the latest earlier stage that produces them (synth -> prepare ->
 vocab/extract/train -> export/eval); `@NAME` in any option is the output of stage NAME. A
 stage writes `OUT/.pipeline/NAME.started` (naming its output) before it runs and
@@ -28,8 +31,10 @@ that read them.
 
 from __future__ import annotations
 
+import difflib
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,58 +132,104 @@ def rerun_options(name: str, fields: set[str], values: dict[str, Any], started: 
     )
 
 
-def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common: dict[str, Any],
-               only: list[str] | None = None) -> dict[str, Path]:
-    """Run the stages in order inside one process (only the `only` ones, when given); returns
-    each stage's product path."""
+@dataclass
+class Planned:
+    """One stage as it will run: its resolved config and what the markers say about it."""
+
+    name: str
+    command: str
+    cfg: CommandConfig
+    selected: bool  # in --only (or no --only)
+    finished: bool  # done earlier with these options: skipped
+    changed: list[str]  # options changed since it ran (it runs again)
+
+
+def check_common(common: dict[str, Any], stages: list[tuple[str, str, dict[str, Any]]]) -> None:
+    """Refuse a top-level key that no stage takes (`taget:`), naming the close match."""
+    known = set().union(*(COMMANDS[command].config.model_fields for _, command, _ in stages)) - {"out"}
+    for key in sorted(set(common) - known):
+        close = difflib.get_close_matches(key, sorted(known | {"out", "stages"}), n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise UserError(f"pipeline config: unknown top-level key '{key}': no stage takes it; {hint}"
+                        f"the top level holds out, stages and options given to every stage that takes them "
+                        f"({', '.join(sorted(known))})")
+
+
+def plan_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common: dict[str, Any],
+                only: list[str] | None = None) -> list[Planned]:
+    """Every stage's config resolved and checked (its options, `@NAME` references, and that its
+    output is this pipeline's to replace) before any stage runs: a bad later stage stops the
+    pipeline before the first one writes anything."""
+    check_common(common, stages)
     marks = root / ".pipeline"
-    marks.mkdir(parents=True, exist_ok=True)
     products: dict[str, Path] = {}
     latest: dict[str, Path] = {}
+    planned = []
+    for name, command, options in stages:
+        cls = COMMANDS[command].config
+        values = {k: v for k, v in common.items() if k in cls.model_fields}
+        values["out"] = default_out(command, root, name)
+        if command in INPUTS and INPUTS[command][1] in latest:
+            values[INPUTS[command][0]] = latest[INPUTS[command][1]]
+        if command == "train" and "vocab" in latest:
+            values["vocab"] = latest["vocab"]
+        for k, v in options.items():
+            if isinstance(v, str) and v.startswith("@"):
+                if v[1:] not in products:
+                    raise UserError(f"pipeline stage {name}: {k}: {v} names no earlier stage")
+                v = products[v[1:]]
+            values[k] = SHORTCUTS.get(v, v) if isinstance(v, str) else v
+        done, started = marks / f"{name}.done", marks / f"{name}.started"
+        out = Path(values["out"])
+        selected = only is None or name in only
+        changed = changed_options(done if done.exists() else started, stage_config(name, cls, values)) if selected else []
+        if changed and made_here(started, out) and "overwrite" in cls.model_fields and not REDO & options.keys():
+            values["overwrite"] = True  # start over (not resume) in the output this pipeline made
+        elif selected and (changed or not done.exists()):
+            values.update(rerun_options(name, set(cls.model_fields), values, started))
+        finished = done.exists() and not changed
+        planned.append(Planned(name, command, stage_config(name, cls, values), selected, finished, changed))
+        products[name] = latest[command] = product(command, out)
+    return planned
+
+
+def stage_config(name: str, cls: type[CommandConfig], values: dict[str, Any]) -> CommandConfig:
+    """`resolve_config`, with the stage named in its error."""
+    try:
+        return resolve_config(cls, None, values)
+    except UserError as e:
+        raise UserError(f"pipeline stage {name}: {e}") from None
+
+
+def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common: dict[str, Any],
+               only: list[str] | None = None) -> dict[str, Path]:
+    """Check every stage, then run them in order inside one process (only the `only` ones, when
+    given); returns each stage's product path."""
+    planned = plan_stages(root, stages, common, only)
+    marks = root / ".pipeline"
+    marks.mkdir(parents=True, exist_ok=True)
     with shared_targets():
-        for name, command, options in stages:
-            entry = COMMANDS[command]
-            cls = entry.config
-            values = {k: v for k, v in common.items() if k in cls.model_fields}
-            values["out"] = default_out(command, root, name)
-            if command in INPUTS and INPUTS[command][1] in latest:
-                values[INPUTS[command][0]] = latest[INPUTS[command][1]]
-            if command == "train" and "vocab" in latest:
-                values["vocab"] = latest["vocab"]
-            for k, v in options.items():
-                if isinstance(v, str) and v.startswith("@"):
-                    if v[1:] not in products:
-                        raise UserError(f"pipeline stage {name}: {k}: {v} names no earlier stage")
-                    v = products[v[1:]]
-                values[k] = SHORTCUTS.get(v, v) if isinstance(v, str) else v
-            done, started = marks / f"{name}.done", marks / f"{name}.started"
-            out = Path(values["out"])
-            selected = only is None or name in only
-            changed = changed_options(done if done.exists() else started, resolve_config(cls, None, values))
-            if selected and changed:  # stale output: made by this pipeline with other options
-                print(f"[pipeline] {name}: options changed since it ran ({', '.join(changed)}): running it again",
-                      flush=True)
+        for stage in planned:
+            cfg, out = stage.cfg, Path(stage.cfg.out)
+            done, started = marks / f"{stage.name}.done", marks / f"{stage.name}.started"
+            if not stage.selected:
+                print(f"[pipeline] {stage.name}: not selected ({out})", flush=True)
+                continue
+            if stage.finished:
+                print(f"[pipeline] {stage.name}: done earlier, skipped ({out})", flush=True)
+                continue
+            if stage.changed:  # stale output: made by this pipeline with other options
+                print(f"[pipeline] {stage.name}: options changed since it ran ({', '.join(stage.changed)}): "
+                      "running it again", flush=True)
                 done.unlink(missing_ok=True)
-            if selected and changed and made_here(started, out) and "overwrite" in cls.model_fields and not (
-                    REDO & options.keys()):
-                values["overwrite"] = True  # start over (not resume) in the output this pipeline made
-            elif selected and not done.exists():
-                values.update(rerun_options(name, set(cls.model_fields), values, started))
-            cfg = resolve_config(cls, None, values)
-            if not selected:
-                print(f"[pipeline] {name}: not selected ({out})", flush=True)
-            elif done.exists():
-                print(f"[pipeline] {name}: done earlier, skipped ({out})", flush=True)
-            else:
-                print(f"[pipeline] {name}: draftsmith {command} -> {out}", flush=True)
-                atomic_write_json(started, {"command": command, "out": str(out.resolve()),
-                                            "config": cfg.model_dump(mode="json")})
-                t0 = time.time()
-                entry.run(cfg)
-                atomic_write_json(done, {"command": command, "seconds": round(time.time() - t0, 1),
-                                         "config": cfg.model_dump(mode="json")})
-            products[name] = latest[command] = product(command, out)
-    return products
+            print(f"[pipeline] {stage.name}: draftsmith {stage.command} -> {out}", flush=True)
+            atomic_write_json(started, {"command": stage.command, "out": str(out.resolve()),
+                                        "config": cfg.model_dump(mode="json")})
+            t0 = time.time()
+            COMMANDS[stage.command].run(cfg)
+            atomic_write_json(done, {"command": stage.command, "seconds": round(time.time() - t0, 1),
+                                     "config": cfg.model_dump(mode="json")})
+    return {stage.name: product(stage.command, Path(stage.cfg.out)) for stage in planned}
 
 
 def run(cfg: PipelineConfig) -> Path:
