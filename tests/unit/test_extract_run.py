@@ -14,7 +14,7 @@ from draftsmith.data.store import StoreReader, read_manifest
 from draftsmith.errors import StageFailed, UserError
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.run import run
-from tests.helpers import write_tokenized_dataset
+from tests.helpers import make_tiny_llama, write_tokenized_dataset
 
 
 def random_samples(n, lo=3, hi=40, seed=0, vocab=49152):
@@ -50,16 +50,20 @@ def test_store_equals_hf_forward(dataset, tiny_target_dir, tiny_model, tmp_path)
     assert {p: p.stat().st_mtime_ns for p in out.glob("rows_*/*.safetensors")} == mtimes
 
 
-def test_refuses_to_mix_layers(dataset, tiny_target_dir, tmp_path):
+def test_refuses_to_mix_layers(dataset, tmp_path, tokenizer):
+    target = tmp_path / "five-layers"  # room for two sets of three ids the engines capture (1..4)
+    make_tiny_llama(len(tokenizer), num_layers=5).save_pretrained(target)
+    tokenizer.save_pretrained(target)
     out = tmp_path / "store"
-    run(cfg(dataset, tiny_target_dir, out, layers=[1]))
+    run(cfg(dataset, target, out, layers=[1, 2, 3]))
     with pytest.raises(UserError, match="refusing to mix"):
-        run(cfg(dataset, tiny_target_dir, out, layers=[0, 1]))
+        run(cfg(dataset, target, out, layers=[1, 2, 4]))
     same_counts = [[t + 1 for t in s] for s in random_samples(12)]  # other tokens, same lengths
     with pytest.raises(UserError, match="dataset fingerprint: store made from .*refusing to mix"):
-        run(cfg(write_tokenized_dataset(tmp_path / "ds2", same_counts), tiny_target_dir, out, layers=[1]))
-    with pytest.raises(UserError, match="out of range"):
-        run(cfg(dataset, tiny_target_dir, tmp_path / "other", layers=[0, 7]))
+        run(cfg(write_tokenized_dataset(tmp_path / "ds2", same_counts), target, out, layers=[1, 2, 3]))
+    with pytest.raises(UserError, match="out of range.*1..4"):
+        run(cfg(dataset, target, tmp_path / "other", layers=[1, 2, 5]))
+    assert not (tmp_path / "other").exists()
 
 
 def test_error_budget_stops_and_keeps_valid(dataset, tiny_target_dir, tmp_path, monkeypatch):
@@ -120,6 +124,32 @@ def test_preflight_refuses_then_force_and_disk_full_resume(dataset, tiny_target_
     reader = StoreReader(run(cfg(dataset, tiny_target_dir, out, force=True)))
     assert len(reader) == 12 and reader.meta["complete"]
 
+
+
+def test_a_rerun_after_disk_full_needs_only_the_remainder(dataset, tiny_target_dir, tmp_path, monkeypatch):
+    """Issue 16 item 12: after a disk-full stop, rerunning the same command asks room for the
+    samples still to extract (plus a margin that scales with them), not a fixed 64 MB."""
+    out = tmp_path / "store"
+    monkeypatch.setattr(extract_run, "free_bytes", lambda p: 2 << 20)  # 2 MiB: holds this ~0.2 MB store
+    real_place = writer_mod.place_file
+    written = {"n": 0}
+
+    def place_until_full(dest, data, staging):
+        if written["n"] >= 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written["n"] += 1
+        real_place(dest, data, staging)
+
+    monkeypatch.setattr(writer_mod, "place_file", place_until_full)
+    with pytest.raises(StageFailed, match="disk full.*rerun the same command"):
+        run(cfg(dataset, tiny_target_dir, out))
+    monkeypatch.setattr(writer_mod, "place_file", real_place)
+    monkeypatch.setattr(extract_run, "free_bytes", lambda p: 1000)  # still full
+    with pytest.raises(UserError, match=r"the 7 samples still to extract need ~.* and .* has 1.0 KB free; "
+                                        r"the 5 samples already in the store are kept\. Free at least"):
+        run(cfg(dataset, tiny_target_dir, out))
+    monkeypatch.setattr(extract_run, "free_bytes", lambda p: 2 << 20)  # space freed
+    assert len(StoreReader(run(cfg(dataset, tiny_target_dir, out)))) == 12
 
 
 def test_staging_dir(dataset, tiny_target_dir, tmp_path):

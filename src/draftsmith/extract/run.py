@@ -39,7 +39,7 @@ from draftsmith.target import Target, default_device, load_target
 from draftsmith.torchrun import dist_env
 
 HOST_SLOTS = 3  # batches in flight between the GPU and the writer threads (pinned buffers on GPU)
-MARGIN_FRACTION, MARGIN_BYTES = 0.05, 64 << 20  # free space must exceed the projection by this much
+MARGIN_FRACTION, MARGIN_BYTES = 0.05, 1 << 20  # free space must exceed the projection by this much
 
 
 def barrier(world: int) -> None:
@@ -73,16 +73,21 @@ def open_store(out: Path, meta: dict, create: bool) -> None:
         atomic_write_json(out / STORE_FILE, meta)
 
 
-def preflight(out: Path, need: int, force: bool, world: int) -> None:
+def preflight(out: Path, need: int, todo: int, saved: int, force: bool, world: int) -> None:
+    """Refuse to start when the disk cannot hold what is still to write: the `todo` samples not
+    yet in the store (a resume needs only those; the `saved` ones stay) plus a margin of 5%
+    and 1 MiB for the projection's error."""
     free = free_bytes(out)
     margin = int(need * MARGIN_FRACTION) + MARGIN_BYTES
-    print(f"[extract] preflight: ~{human_bytes(need)} still to write (+{human_bytes(margin)} margin), "
-          f"{human_bytes(free)} free on {out}" + (f" (all {world} ranks)" if world > 1 else ""), flush=True)
+    kept = f"; the {saved} samples already in the store are kept" if saved else ""
+    print(f"[extract] preflight: ~{human_bytes(need)} still to write for {todo} samples (+{human_bytes(margin)} margin), "
+          f"{human_bytes(free)} free on {out}" + (f" (all {world} ranks)" if world > 1 else "") + kept, flush=True)
     if need + margin > free and not force:
         raise UserError(
-            f"not enough disk for the store: ~{human_bytes(need + margin)} needed, {human_bytes(free)} free on {out}. "
-            f"Free space, choose another --out, use fewer --layers, or pass --force to start anyway "
-            f"(the run stops cleanly when the disk fills and resumes after space is freed)"
+            f"not enough disk for the store: the {todo} samples still to extract need ~{human_bytes(need + margin)} "
+            f"(~{human_bytes(need)} + {human_bytes(margin)} margin) and {out} has {human_bytes(free)} free{kept}. "
+            f"Free at least {human_bytes(need + margin - free)}, choose another --out, use fewer --layers, or pass "
+            f"--force to start anyway (the run stops cleanly when the disk fills and resumes after space is freed)"
         )
 
 
@@ -181,7 +186,8 @@ def extract(cfg: ExtractConfig) -> Path:
     n_aux, H = len(aux_layer_ids), target.info.hidden_size
     whole = projected_bytes(int(ds.lengths.sum()), len(ds), n_aux, H, dsize)
     all_todo = [i for i in range(len(ds)) if int(ds.sample_ids[i]) not in done]
-    preflight(out, projected_bytes(int(ds.lengths[all_todo].sum()), len(all_todo), n_aux, H, dsize), cfg.force, world)
+    preflight(out, projected_bytes(int(ds.lengths[all_todo].sum()), len(all_todo), n_aux, H, dsize), len(all_todo),
+              len(ds) - len(all_todo), cfg.force, world)
     if rank == 0:  # rank 0 creates the store and clears leftovers of a killed run before anyone writes
         out.mkdir(parents=True, exist_ok=True)
         open_store(out, meta, create=True)
