@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,9 +119,7 @@ def output_lock(folder: Path) -> Iterator[None]:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise UserError(f"output folder {folder} is not writable ({e.strerror}); choose another --out or fix its permissions") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _lock_exclusive(fd):
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise UserError(f"{folder} is being written by another draftsmith process (pid {holder}); wait for it to "
@@ -139,6 +138,35 @@ def output_lock(folder: Path) -> Iterator[None]:
                 os.unlink(path)
                 os.rmdir(folder)
         os.close(fd)
+
+
+def _lock_exclusive(fd: int, tries: int = 20) -> bool:
+    """flock LOCK_EX without waiting for another writer, but waiting out a `lock_holder` probe
+    (a shared lock held for microseconds) for up to `tries` x 10 ms."""
+    for _ in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(0.01)
+    return False
+
+
+def lock_holder(folder: Path) -> str | None:
+    """The pid (as written, or "unknown" in the instant before it is) of the process holding
+    `folder`'s output lock, or None when no process holds it. Probes with a shared lock, which
+    never waits and which `output_lock` waits out."""
+    try:
+        fd = os.open(Path(folder) / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)  # closing drops the probe's shared lock
+    return None
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:

@@ -91,10 +91,11 @@ class Progress:
 
     # -- updates -------------------------------------------------------------------------
     def skip(self, n: int, tokens: int = 0) -> None:
-        """Count work an earlier run already finished (not part of this run's rates)."""
+        """Count work an earlier run already finished (not part of this run's rates). Written out
+        at once: a resumed run's progress.json starts at what is already saved, not at 0."""
         self.skipped += n
         self.skipped_tokens += tokens
-        self._emit()
+        self._emit(force=True)
 
     def advance(self, n: int = 1, tokens: int = 0, bytes_written: int = 0, errors: int = 0, **counters: float) -> None:
         self.done += n

@@ -2,7 +2,8 @@
 
 Reads the `progress.json` that every long-running stage keeps up to date, in DIR and in its
 immediate subfolders (a pipeline or quickstart folder holds one per stage), and tells whether
-the process that wrote it is still alive.
+the process that wrote it is still alive, or whether a new run of the stage, which holds the
+folder's output lock (`fsutil.output_lock`), is starting there.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rich.table import Table
 
 from draftsmith.config import CommandConfig
 from draftsmith.errors import UserError
-from draftsmith.fsutil import human_bytes
+from draftsmith.fsutil import human_bytes, lock_holder
 from draftsmith.progress import PROGRESS_FILE, fmt_duration
 
 
@@ -28,8 +29,13 @@ class StatusConfig(CommandConfig):
     dir: Path = Field(description="A stage's output folder (or a pipeline folder holding several).")
 
 
-def process_state(snap: dict) -> str:
-    """'alive', 'dead', or 'unknown' (written on another host) for a running stage."""
+def process_state(snap: dict, folder: Path) -> str:
+    """'alive', 'dead', 'starting' (a new run holds the folder's output lock but has not written
+    its progress yet: it is loading the target), or 'running on HOST' for a stage written elsewhere."""
+    holder = lock_holder(folder)
+    if holder is not None and (snap.get("status") != "running" or holder != str(snap.get("pid"))):
+        return (f"starting (pid {holder} holds the output lock: loading the target or resuming; the counts below "
+                "are the last run's until it reports)")
     if snap.get("status") != "running":
         return snap.get("status", "?")
     if snap.get("host") != socket.gethostname():
@@ -88,7 +94,8 @@ def run(cfg: StatusConfig) -> Path:
         disk = human_bytes(s["bytes_written"]) if s.get("bytes_written") else "-"
         if s.get("bytes_projected"):
             disk += f" of ~{human_bytes(s['bytes_projected'])} projected"
-        state = process_state(s) + (f": {s['message']}" if s.get("message") and s.get("status") != "running" else "")
+        state = process_state(s, f.parent)
+        state += f": {s['message']}" if s.get("message") and state == s.get("status") else ""
         rows = {
             "state": state,
             "done": f"{s['done'] + s['skipped']}/{s['total']} {s.get('unit', '')} ({s['skipped']} skipped by resume)",

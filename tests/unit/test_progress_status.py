@@ -6,9 +6,12 @@ import subprocess
 import sys
 import time
 
+import pytest
 from typer.testing import CliRunner
 
 from draftsmith.cli import app
+from draftsmith.errors import UserError
+from draftsmith.fsutil import output_lock
 from draftsmith.progress import Progress
 
 
@@ -58,3 +61,40 @@ def test_status_finds_a_stage_still_working_in_its_temporary_folder(tmp_path):
     r = CliRunner().invoke(app, ["status", str(tmp_path / "eval")])
     assert r.exit_code == 0, r.output
     assert "1/4 questions" in r.output and "in progress" in r.output
+
+
+def test_a_resumed_run_reports_what_is_saved_at_once(tmp_path):
+    """Issue 16 item 10: a rerun that resumes 27 of 40 said 0/40 until its first update."""
+    with Progress("extract", tmp_path, total=40, interval=3600, live=False) as p:
+        p.skip(27)
+        snap = json.loads((tmp_path / "progress.json").read_text())
+        assert (snap["done"], snap["skipped"]) == (0, 27)
+        r = CliRunner().invoke(app, ["status", str(tmp_path)])
+        assert r.exit_code == 0 and "27/40 samples (27 skipped by resume)" in r.output, r.output
+
+
+def test_a_rerun_loading_the_target_is_starting_not_dead(tmp_path):
+    """Issue 16 items 9-10: while a rerun holds the output lock but has not reported yet (it is
+    loading the model), status says so instead of 'dead', which would invite a second run."""
+    stage = tmp_path / "store"
+    stage.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with Progress("extract", stage, total=40, live=False) as p:
+        p.advance(27)
+        snap = p.snapshot()
+    (stage / "progress.json").write_text(json.dumps({**snap, "status": "running", "pid": gone.pid}))  # killed
+    assert "dead" in CliRunner().invoke(app, ["status", str(stage)]).output
+    code = f"from draftsmith.fsutil import output_lock\nwith output_lock({str(stage)!r}):\n print('locked', flush=True)\n input()"
+    rerun = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert rerun.stdout.readline().strip() == "locked"
+        r = CliRunner().invoke(app, ["status", str(stage)])
+        assert r.exit_code == 0 and f"starting (pid {rerun.pid} holds the output lock" in r.output, r.output
+        assert "dead" not in r.output
+        with pytest.raises(UserError, match=f"being written by another draftsmith process \\(pid {rerun.pid}\\)"):
+            with output_lock(stage):
+                pass
+    finally:
+        rerun.communicate("\n", timeout=30)
+    assert "dead" in CliRunner().invoke(app, ["status", str(stage)]).output  # the lock went with its process
