@@ -3,23 +3,20 @@
 Answers go to `POST {endpoint}/chat/completions`; Magpie's self-prompts go to
 `POST {endpoint}/completions` with the rendered template prefix as the raw prompt and the
 template's end-of-turn marker as the stop string. Requests run on a thread pool
-(`--concurrency` in flight), each with a timeout; connection errors, timeouts, HTTP 429 and
-5xx are retried with exponential backoff. A prompt the server rejects as longer than its
-context counts as too long; any other 4xx is a usage error and stops the run at once.
-
-Only the standard library is used (urllib + concurrent.futures): no extra dependency.
+(`--concurrency` in flight, over one httpx2 connection pool), each with a timeout; connection
+errors, timeouts, HTTP 429 and 5xx are retried by tenacity with exponential backoff. A prompt
+the server rejects as longer than its context counts as too long; any other 4xx is a usage
+error and stops the run at once.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
-import random
-import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import httpx2
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential, wait_random
 
 from draftsmith.errors import StageFailed, UserError
 from draftsmith.runtime.sampling import Sampling
@@ -57,39 +54,44 @@ class RemoteBackend:
         self.name = model or self.served_model()
 
     # -- HTTP ------------------------------------------------------------------------------
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace")[:500]
-            if e.code == 429 or e.code >= 500:
-                raise _Retryable(f"HTTP {e.code} from {self.base + path}: {detail}") from None
-            if e.code == 400 and any(h in detail.lower() for h in CONTEXT_HINTS):
-                raise ContextError(detail) from None
-            raise UserError(f"the server at {self.base} rejected {method} {path} (HTTP {e.code}): {detail}") from None
-        except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
-            raise _Retryable(f"{self.base + path}: {getattr(e, 'reason', e)}") from None
-        except json.JSONDecodeError as e:
-            raise _Retryable(f"{self.base + path}: the answer is not JSON ({e.msg})") from None
+    def client(self) -> httpx2.Client:
+        """A connection pool for `concurrency` requests in flight."""
+        return httpx2.Client(timeout=self.timeout, limits=httpx2.Limits(max_connections=self.concurrency),
+                             headers={"Accept": "application/json"})
 
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """`_call` with retries and exponential backoff (with jitter); raises ServerUnreachable."""
-        for attempt in range(self.retries + 1):
-            try:
-                return self._call(method, path, body)
-            except _Retryable as e:
-                last = str(e)
-                if attempt < self.retries:
-                    time.sleep(min(self.backoff * 2**attempt, MAX_DELAY) * random.uniform(0.8, 1.2))
-        raise ServerUnreachable(f"no answer from the server after {self.retries} retries: {last}")
+    def _call(self, client: httpx2.Client, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        url = self.base + path
+        try:
+            resp = client.request(method, url, json=body)
+        except httpx2.TransportError as e:  # no connection, a timeout, a dropped answer
+            raise _Retryable(f"{url}: {e or type(e).__name__}") from None
+        if resp.status_code == 429 or resp.status_code >= 500:
+            raise _Retryable(f"HTTP {resp.status_code} from {url}: {resp.text[:500]}")
+        if resp.status_code >= 400:
+            detail = resp.text[:500]
+            if resp.status_code == 400 and any(h in detail.lower() for h in CONTEXT_HINTS):
+                raise ContextError(detail)
+            raise UserError(f"the server at {self.base} rejected {method} {path} (HTTP {resp.status_code}): {detail}")
+        try:
+            return resp.json()
+        except ValueError as e:
+            raise _Retryable(f"{url}: the answer is not JSON ({e})") from None
+
+    def request(self, client: httpx2.Client, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """`_call` with `retries` retries and exponential backoff with jitter (`backoff` seconds,
+        doubled each retry, at most MAX_DELAY); raises ServerUnreachable."""
+        retrying = Retrying(retry=retry_if_exception_type(_Retryable), stop=stop_after_attempt(self.retries + 1),
+                            wait=wait_exponential(multiplier=self.backoff, max=MAX_DELAY) + wait_random(0, self.backoff / 4),
+                            reraise=True)
+        try:
+            return retrying(self._call, client, method, path, body)
+        except _Retryable as e:
+            raise ServerUnreachable(f"no answer from the server after {self.retries} retries: {e}") from None
 
     def served_model(self) -> str:
         """The first model the server lists at GET /v1/models."""
-        models = self.request("GET", "/models").get("data") or []
+        with self.client() as client:
+            models = self.request(client, "GET", "/models").get("data") or []
         if not models:
             raise UserError(f"the server at {self.base} lists no models; pass --model NAME")
         return str(models[0]["id"])
@@ -106,17 +108,17 @@ class RemoteBackend:
             return "/completions", {**body, "prompt": request.prefix, "stop": list(request.stop)}
         return "/chat/completions", {**body, "messages": request.messages}
 
-    def generate_one(self, request: Request, sampling: Sampling) -> Generation:
+    def generate_one(self, client: httpx2.Client, request: Request, sampling: Sampling) -> Generation:
         path, body = self._body(request, sampling)
         try:
-            resp = self.request("POST", path, body)
+            resp = self.request(client, "POST", path, body)
         except ContextError:
             return Generation("", 0, finished=False, too_long=True)
         return parse_response(resp)
 
     def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
-        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="synth") as pool:
-            futures = [pool.submit(self.generate_one, r, sampling) for r in requests]
+        with self.client() as client, ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="synth") as pool:
+            futures = [pool.submit(self.generate_one, client, r, sampling) for r in requests]
             try:
                 return [f.result() for f in futures]
             except BaseException:
