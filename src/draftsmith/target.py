@@ -222,12 +222,30 @@ def _auto_class(folder: Path, gguf_file: str | None) -> Any:
     if gguf_file:
         return AutoModelForCausalLM
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
-    if type(config) in AutoModelForCausalLM._model_mapping or not hasattr(config, "text_config"):
+    if type(config) in AutoModelForCausalLM._model_mapping:
         return AutoModelForCausalLM
-    return AutoModelForImageTextToText
+    if hasattr(config, "text_config") and type(config) in AutoModelForImageTextToText._model_mapping:
+        return AutoModelForImageTextToText
+    raise UserError(f"target {folder}: {type(config).__name__} (model_type {config.model_type!r}) has no causal-LM class in "
+                    "transformers (AutoModelForCausalLM), so no path of draftsmith can run it: draftsmith drafts for "
+                    "decoder-only causal LMs")
+
+
+def check_runnable(model: nn.Module) -> None:
+    """What every stage needs of a target, checked when it is loaded, before any stage writes:
+    decoder layers, the module that owns them, its final norm and an output embedding. A model
+    without one gets one UserError naming its class and the missing part."""
+    try:
+        final_norm(model)  # finds the decoder layers and their owner first
+        if getattr(model.get_output_embeddings(), "weight", None) is None:
+            raise UserError("no output embedding (lm_head)")
+    except UserError as e:
+        raise UserError(f"{type(model).__name__}: no path of draftsmith can run this model: {e}. draftsmith drafts for "
+                        "decoder-only causal LMs with pre-norm decoder layers, a final norm and an lm_head") from None
 
 
 def describe(model: nn.Module, name: str, folder: Path | None = None, gguf_file: str | None = None) -> TargetInfo:
+    check_runnable(model)
     tc = text_config(model.config)
     num_layers = len(decoder_layers(model))
     return TargetInfo(
@@ -261,7 +279,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
         and not any(w in (name + type(module[0]).__name__).lower() for w in ("vision", "visual", "image", "audio"))
     ]
     if not candidates:
-        raise UserError(f"cannot find {n} decoder layers in {type(model).__name__}")
+        raise UserError(f"no list of {n} decoder layers (num_hidden_layers) in {type(model).__name__}")
     # prefer "...DecoderLayer" modules (a projector or encoder could also have n blocks)
     candidates.sort(key=lambda c: "decoderlayer" not in type(c[1][0]).__name__.lower())
     return candidates[0][1]
@@ -274,14 +292,14 @@ def base_model(model: nn.Module) -> nn.Module:
     for _, module in model.named_modules():
         if any(child is layers for child in module.children()):
             return module
-    raise UserError(f"cannot find the language model inside {type(model).__name__}")
+    raise UserError(f"no module owning the decoder layers in {type(model).__name__}")
 
 
 def final_norm(model: nn.Module) -> nn.Module:
     base = base_model(model)
     norm = getattr(base, "norm", None) or getattr(base, "final_layernorm", None)
     if norm is None:
-        raise UserError(f"cannot find the final norm of {type(base).__name__}")
+        raise UserError(f"its language model {type(base).__name__} has no final norm (`norm` or `final_layernorm`)")
     return norm
 
 

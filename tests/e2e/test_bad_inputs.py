@@ -109,6 +109,23 @@ def _disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("draftsmith.train.checkpointing.save_file", full)
 
 
+def _model(env: Env, config_class: str, **config: object) -> Path:
+    """A tiny random model of a transformers config class (a vocab of 300, hidden size 64) in a
+    copy of the target folder (its tokenizer kept): a model some or every path cannot run."""
+    import transformers
+
+    folder = shutil.copytree(env.target, env.root / config_class)
+    cfg = getattr(transformers, config_class)(vocab_size=300, hidden_size=64, **config)
+    auto = transformers.AutoModelForCausalLM if type(cfg) in transformers.AutoModelForCausalLM._model_mapping else transformers.AutoModel
+    auto.from_config(cfg).save_pretrained(folder)
+    return folder
+
+
+def _jamba(env: Env) -> Path:  # Mamba layers between attention layers: extract and train run it, eval cannot
+    return _model(env, "JambaConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                  attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, num_experts=2, mamba_d_state=8, mamba_dt_rank=8)
+
+
 @dataclass
 class Probe:
     name: str
@@ -186,6 +203,21 @@ PROBES = [
                                                             e.root / "c.jsonl", "--device", "cpu", "--max-new-tokens", "1"],
           2, "every answer of this run was dropped"),
     Probe("disk full during train", lambda e: e.train("--save-every", "1"), 4, "disk full", patch=_disk_full),
+    Probe("extract on a model without a final norm (Mamba)", lambda e: [
+        "extract", e.ds, "--target", _model(e, "MambaConfig", num_hidden_layers=2, state_size=8), "--out", e.out, "--device", "cpu"],
+          2, "MambaForCausalLM: no path of draftsmith can run this model: its language model MambaModel has no final norm"),
+    Probe("train on a post-norm decoder (BERT)", lambda e: [
+        "train", e.ds, "--target", _model(e, "BertConfig", num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                          is_decoder=True), "--out", e.out, "--device", "cpu", "--steps", "1"],
+          2, "BertLMHeadModel: no path of draftsmith can run this model: its language model BertEncoder has no final norm"),
+    Probe("synth on a model that is no causal LM (T5)", lambda e: [
+        "synth", e.chats, "--target", _model(e, "T5Config", d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16),
+        "--out", e.out / "c.jsonl", "--device", "cpu"],
+          2, "T5Config (model_type 't5') has no causal-LM class in transformers"),
+    Probe("eval on a model whose cache cannot be cropped (Jamba)", lambda e: [
+        "eval", "--target", _jamba(e), "--drafter", save_drafter(make_tiny_drafter((1, 2, 3)), e.root / "drafter"),
+        "--out", e.out, "--device", "cpu"],
+          2, "JambaForCausalLM: no path of draftsmith can verify drafts for this model: its cache cannot be cropped"),
 ]
 
 

@@ -67,6 +67,10 @@ class HFEngine:
         self.vocab_size = int(text_config(model.config).vocab_size)
         self.cache_arg = cache_kwarg(model)
         self.cache = new_cache(model)
+        if not self.cache.is_croppable:
+            raise UserError(f"{type(model).__name__}: no path of draftsmith can verify drafts for this model: its cache "
+                            "cannot be cropped (recurrent or linear-attention layers keep a state, not per-token keys), "
+                            "so a rejected draft cannot be undone")
         self.capture_seconds = 0.0  # nothing is captured: no CUDA graphs on this path
 
     def graph(self, t: int, width: int | None = None) -> None:
@@ -92,11 +96,7 @@ class HFEngine:
         if p >= self.max_len:
             raise UserError(f"prompt of {p} tokens does not fit the KV cache of {self.max_len}; raise --max-len")
         self.cache = new_cache(self.model)
-        logits, aux = self._run(ids, 0)
-        if not self.cache.is_croppable:
-            raise UserError(f"the KV cache of {type(self.model).__name__} cannot be cropped (recurrent state?), "
-                            "so a rejected draft cannot be undone; draftsmith cannot verify drafts for it")
-        return logits, aux
+        return self._run(ids, 0)
 
     def chain(self, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Crop the cache to its first `start` tokens, then run `ids [T]` at start..start+T-1."""
