@@ -5,6 +5,8 @@ cycle."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -150,8 +152,8 @@ def echo_drafter(model) -> Eagle3Drafter:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_fused_spec_keeps_tokens_and_accepts(device):
-    """Greedy chain decoding: the fused path gives the target's greedy output and the same
-    accepted counts (so the same tau) as the step-by-step drafter with generic verification."""
+    """Greedy chain decoding: the fused path (on CUDA compiled and graphed) gives the target's
+    greedy output and the same accepted counts (so the same tau) as the step-by-step drafter with generic verification."""
     model = tiny_vocab_llama().to(device)
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
     for t in (1, 4):  # plain decoding, verification of K=3
@@ -159,9 +161,11 @@ def test_fused_spec_keeps_tokens_and_accepts(device):
     drafter = echo_drafter(model).to(device)
     accepts = []
     for prompt in ([1, 5, 7, 3, 9], [2, 2, 8], [6, 10]):
-        fused, steps = (DrafterProposer(drafter, Sampling(), 64, mode="chain", depth=3, fused=f) for f in (True, False))
+        fused, steps = (DrafterProposer(drafter, Sampling(), 64, mode="chain", depth=3, fused=f, compile=f and device == "cuda")
+                        for f in (True, False))
         for p in (fused, steps):
             p.graph()
+        assert fused.compiled == (device == "cuda")  # on CUDA: the compiled step inside the captured cycle
         plain = plain_generate(eng, prompt, 30, set(), Sampling())
         ours = spec_generate(eng, fused, prompt, 30, set(), Sampling())
         old = spec_generate(eng, AsTree(steps), prompt, 30, set(), Sampling())
@@ -208,14 +212,14 @@ def test_tree_cycle_reads_the_host_once(sampling):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_fused_tree_equals_plain(device):
-    """Greedy tree decoding (fused draft, graphed on CUDA; device verification and compaction)
-    gives the target's greedy output, with none, one and two of the drafted levels accepted."""
+    """Greedy tree decoding (fused draft; on CUDA compiled and graphed; device verification and
+    compaction) gives the target's greedy output, with none, one and two of the drafted levels accepted."""
     model = tiny_vocab_llama().to(device)
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
     drafter = echo_drafter(model).to(device)
     accepts = []
     for prompt in ([1, 5, 7, 3, 9], [2, 2, 8], [6, 10]):
-        prop = DrafterProposer(drafter, Sampling(), 64, mode="tree", depth=3, top_k=2, total_tokens=5)
+        prop = DrafterProposer(drafter, Sampling(), 64, mode="tree", depth=3, top_k=2, total_tokens=5, compile=device == "cuda")
         for t in (1, prop.size + 1):
             eng.graph(t)
         eng.graph_compact(prop.path_len)
@@ -225,3 +229,26 @@ def test_fused_tree_equals_plain(device):
         assert ours.tokens == plain.tokens
         accepts += ours.accepts
     assert {0, 1, 2} <= set(accepts)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="inductor's CPU backend needs a C++ compiler")
+def test_compiled_drafter_step_drafts_the_same():
+    """`torch.compile` (inductor; on CPU its C++ backend) of the drafter step inside the fused tree
+    cycle: the same drafts as the eager step, and greedy decoding still equals plain decoding.
+    A prompt's prefix of any length runs through the eager step, so nothing recompiles."""
+    model = tiny_vocab_llama()
+    eng = TargetEngine(model, [0, 1, 2], max_len=64)
+    drafter = echo_drafter(model)
+    eager, compiled = (DrafterProposer(drafter, Sampling(), 64, mode="tree", depth=2, top_k=2, total_tokens=4, compile=c)
+                       for c in (False, True))
+    prompt = torch.tensor([1, 5, 7, 3, 9, 2, 4])
+    _, aux = eng.prefill(prompt)
+    for m in (7, 1, 3, 2):
+        for p in (eager, compiled):
+            p.observe(aux[-m:], prompt[-m:])
+        ours, ref = compiled.propose(), eager.propose()
+        assert torch.equal(ours.tokens, ref.tokens) and torch.equal(ours.parents, ref.parents)
+    for prompt in ([1, 5, 7, 3, 9], [2, 2, 8, 6]):
+        plain = plain_generate(eng, prompt, 20, set(), Sampling())
+        assert spec_generate(eng, compiled, prompt, 20, set(), Sampling()).tokens == plain.tokens
+    assert compiled.compiled

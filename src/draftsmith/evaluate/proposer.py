@@ -111,7 +111,8 @@ class DrafterProposer:
         if self.device.type != "cuda":
             return
         try:
-            self._capture()
+            with torch._dynamo.config.patch(recompile_limit=64):  # one entry per proposer and shape (--k auto makes up to 16)
+                self._capture()
         except Exception as e:  # noqa: BLE001 (inductor/triton missing or failing: any error of the compiler)
             if not self.compiled:
                 raise
@@ -132,7 +133,7 @@ class DrafterProposer:
         example = (torch.zeros(1, self.drafter.config.hidden_size, device=self.device, dtype=self.dtype),
                    torch.zeros(1, dtype=torch.long, device=self.device), torch.zeros(1, dtype=torch.long, device=self.device),
                    slots, self.cols[None] == slots)
-        self.graphs[1] = Graphed(self._step_eager, *example)
+        self.graphs[1] = Graphed(self.step_fn, *example)
 
     @property
     def size(self) -> int:
@@ -167,15 +168,16 @@ class DrafterProposer:
         logits, out = self.drafter(hidden[None], ids[None], pos[None], attend)
         return logits[0].float(), out[0]
 
-    def _context_step(self, aux: torch.Tensor, next_tokens: torch.Tensor,
-                      n: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _context_step(self, aux: torch.Tensor, next_tokens: torch.Tensor, n: int | torch.Tensor,
+                      eager: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Step 0 over target states aux [T, n_aux*H_t] at positions n..n+T-1 (next_tokens [T]:
         the token after each; n an int or a [] tensor), written at the step-0 slots n..n+T-1.
-        Returns logits [T, Vd], out [T, H]."""
+        `eager`: the uncompiled step (rows of any number, which would make `torch.compile`
+        specialise again for each). Returns logits [T, Vd], out [T, H]."""
         pos = n + torch.arange(aux.shape[0], device=self.device)  # [T]
         mask = self.cols[None, :] <= pos[:, None]  # [T, S]: causal over the step-0 slots
         hidden = self.drafter.project(aux.to(self.dtype))  # [T, H]
-        return self._step(hidden, next_tokens, pos, pos, mask)
+        return (self._step_eager if eager else self._step)(hidden, next_tokens, pos, pos, mask)
 
     def _draft_step(self, hidden: torch.Tensor, tok: torch.Tensor, n: int | torch.Tensor,
                     i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,7 +195,7 @@ class DrafterProposer:
         m = aux.shape[0]
         staged = min(m, self.path_len) if self.fused else 0
         if m > staged:
-            logits, out = self._context_step(aux[: m - staged], next_tokens[: m - staged].to(self.device), self.n)
+            logits, out = self._context_step(aux[: m - staged], next_tokens[: m - staged].to(self.device), self.n, eager=True)
             self.n += m - staged
             self.logits, self.hidden = logits[-1].clone(), out[-1].clone()  # [Vd], [H]: drafts position n+1 (graph outputs get overwritten)
         if staged:

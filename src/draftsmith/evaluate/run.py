@@ -60,8 +60,9 @@ def make_proposer(engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampl
     """The drafter proposer of `depth`; with `graphs`, CUDA graphs for plain decoding (1 token),
     verification (draft size + 1 tokens) and a tree's KV compaction on the fast engine, and for
     the drafter (tree and greedy chain: its whole side of a cycle; chain sampling: each step)."""
+    compile_step = engine.device.type == "cuda" if cfg.compile_drafter is None else cfg.compile_drafter
     proposer = DrafterProposer(drafter, sampling, max_len, mode=cfg.mode, depth=depth, top_k=cfg.top_k,
-                               total_tokens=cfg.total_tokens)
+                               total_tokens=cfg.total_tokens, compile=compile_step)
     if graphs:
         for t in (1, proposer.size + 1):
             engine.graph(t)  # counts its own capture time
@@ -174,7 +175,7 @@ def run(cfg: EvalConfig) -> Path:
             "target": target.info.name, "target_info": target.info.to_dict(), "drafter": str(cfg.drafter),
             "drafter_meta": manifest.get("meta", {}), "aux_layer_ids": drafter.config.aux_layer_ids,
             "device": torch.cuda.get_device_name(device) if on_gpu else "cpu", "dtype": str(target.dtype).removeprefix("torch."),
-            "cuda_graphs": bool(graphs), "kv_cache_len": max_len,
+            "cuda_graphs": bool(graphs), "drafter_compiled": proposer.compiled, "kv_cache_len": max_len,
             "target_engine": engine.name, "generic_engine_reason": engine.reason if isinstance(engine, HFEngine) else None,
             "capture_seconds": round(engine.capture_seconds, 3), "warmup_seconds": round(warmup_s, 3),
         }
