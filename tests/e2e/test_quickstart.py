@@ -23,8 +23,8 @@ TOY = {
 
 @pytest.fixture
 def toy_budget(monkeypatch):
-    small = [(name, cmd, {**opts, **TOY.get(name, {})}) for name, cmd, opts in quickstart.BUDGETS["small"]]
-    monkeypatch.setitem(quickstart.BUDGETS, "small", small)
+    small = [(name, cmd, {**opts, **TOY.get(name, {})}) for name, cmd, opts in quickstart.SMALL]
+    monkeypatch.setattr(quickstart, "SMALL", small)
 
 
 def test_quickstart_layout_and_report_fields(tmp_path, toy_budget):
@@ -44,4 +44,4 @@ def test_quickstart_layout_and_report_fields(tmp_path, toy_budget):
 
     again = CliRunner().invoke(app, ["quickstart", "--out", str(out), "--budget", "small"])
     assert again.exit_code == 0, again.output
-    assert again.output.count("done earlier, skipped") == len(quickstart.BUDGETS["small"])
+    assert again.output.count("done earlier, skipped") == len(quickstart.SMALL)
