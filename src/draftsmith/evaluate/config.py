@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from draftsmith.config import DEFAULT_TARGET, CommandConfig
 
@@ -20,7 +20,9 @@ class EvalConfig(CommandConfig):
     mode: Literal["chain", "tree"] = Field("chain", description="Drafting mode.")
     k: int | Literal["auto"] = Field(7, description="Draft tokens per step (chain mode) or tree depth (tree mode); chain mode also takes 'auto': the K in 1..--k-max with the best predicted speed from a short calibration (evaluate/shape.py).")
     k_max: int = Field(7, ge=1, description="--k auto: the longest chain considered.")
-    calibration_questions: int = Field(2, ge=1, description="--k auto: calibrate on the first turns of this many questions.")
+    tree: Literal["auto"] | None = Field(None, description="'auto': tree mode, with the shape of --tree-shapes that has the best predicted speed from a short calibration (evaluate/shape.py); replaces --k, --top-k and --total-tokens.")
+    tree_shapes: list[str] = Field(["8x4x2", "16x5x4", "32x6x8", "60x7x10"], description="--tree auto: the candidate tree shapes, each TOTALxDEPTHxTOPK (draft tokens verified, depth, children per node).")
+    calibration_questions: int = Field(2, ge=1, description="--k auto / --tree auto: calibrate on the first turns of this many questions.")
     top_k: int = Field(10, ge=1, description="Tree mode: children expanded per node.")
     total_tokens: int = Field(60, ge=1, description="Tree mode: draft tokens verified per step (besides the root).")
     temperature: float = Field(0.0, ge=0, description="0 for greedy; >0 for lossless speculative sampling.")
@@ -41,3 +43,19 @@ class EvalConfig(CommandConfig):
         if isinstance(v, int) and v < 1:
             raise ValueError("must be >= 1 or 'auto'")
         return v
+
+    @property
+    def drafting(self) -> str:
+        """The drafting mode this run uses: --mode, or tree with --tree auto."""
+        return "tree" if self.tree == "auto" else self.mode
+
+    @model_validator(mode="after")
+    def _tree_auto(self) -> EvalConfig:
+        if self.tree == "auto":
+            if "mode" in self.model_fields_set and self.mode != "tree":
+                raise ValueError("--tree auto drafts trees; drop --mode chain (or use --k auto for a chain)")
+            if self.k == "auto":
+                raise ValueError("--tree auto chooses the depth too; drop --k auto")
+        elif self.k == "auto" and self.mode == "tree":
+            raise ValueError("--k auto chooses a chain length; for a tree shape use --tree auto")
+        return self

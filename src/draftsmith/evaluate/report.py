@@ -87,9 +87,10 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     if r.get("shape"):
         sh = r["shape"]
-        lines.append(f"- `--k auto` chose **K={sh['chosen_k']}** (predicted speed-up {sh['predicted_speedup']:.2f}x) from a "
+        flag = "--k" if sh["mode"] == "chain" else "--tree"
+        lines.append(f"- `{flag} auto` chose **{sh['chosen']}** (predicted speed-up {sh['predicted_speedup']:.2f}x) from a "
                      f"calibration of {sh['tokens']} tokens: " + ", ".join(
-                         f"K={c['k']} {c['expected_tokens']:.2f} tok/call, {c['cycle_ms']:.1f} ms/cycle, {c['predicted_speedup']:.2f}x"
+                         f"{c['shape']} {c['expected_tokens']:.2f} tok/call, {c['cycle_ms']:.1f} ms/cycle, {c['predicted_speedup']:.2f}x"
                          for c in sh["candidates"]))
     if r["greedy_turns_checked"]:
         lines.append(f"- greedy check: {r['greedy_turns_matching_plain']}/{r['greedy_turns_checked']} turns identical to plain decoding")

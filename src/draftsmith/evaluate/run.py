@@ -28,7 +28,7 @@ from draftsmith.evaluate.decode import Proposer, Turn, plain_generate, spec_gene
 from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.evaluate.questions import Question, load_questions, token_bound, turn_prompt
 from draftsmith.evaluate.report import build_report, summary_line, write_report
-from draftsmith.evaluate.shape import calibrate
+from draftsmith.evaluate.shape import Shape, calibrate
 from draftsmith.evaluate.shape import summary as shape_summary
 from draftsmith.fsutil import atomic_output_dir, atomic_write_text
 from draftsmith.layers import validate_layers
@@ -56,17 +56,18 @@ def check_compatible(drafter: Eagle3Drafter, target: Target, path: Path) -> None
 
 
 def make_proposer(engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampling: Sampling, max_len: int,
-                  depth: int, graphs: bool) -> DrafterProposer:
-    """The drafter proposer of `depth`; with `graphs`, CUDA graphs for plain decoding (1 token),
+                  shape: Shape, graphs: bool) -> DrafterProposer:
+    """The drafter proposer of `shape` (a chain or a tree); with `graphs`, CUDA graphs for plain decoding (1 token),
     verification (draft size + 1 tokens) and a tree's KV compaction on the fast engine, and for
     the drafter (tree and greedy chain: its whole side of a cycle; chain sampling: each step)."""
     compile_step = engine.device.type == "cuda" if cfg.compile_drafter is None else cfg.compile_drafter
-    proposer = DrafterProposer(drafter, sampling, max_len, mode=cfg.mode, depth=depth, top_k=cfg.top_k,
-                               total_tokens=cfg.total_tokens, compile=compile_step)
+    mode = "chain" if shape.top_k is None else "tree"
+    proposer = DrafterProposer(drafter, sampling, max_len, mode=mode, depth=shape.depth, top_k=shape.top_k or 1,
+                               total_tokens=shape.total_tokens or shape.depth, compile=compile_step)
     if graphs:
         for t in (1, proposer.size + 1):
             engine.graph(t)  # counts its own capture time
-        if cfg.mode == "tree":
+        if mode == "tree":
             engine.graph_compact(proposer.path_len)
         t0 = time.perf_counter()
         proposer.graph()
@@ -96,9 +97,13 @@ def run(cfg: EvalConfig) -> Path:
     graphs = on_gpu if cfg.compile is None else cfg.compile
     if graphs and not on_gpu:
         raise UserError("--compile needs a CUDA device (CUDA graphs); drop it on CPU")
-    auto = cfg.k == "auto"
-    if auto and cfg.mode != "chain":
-        raise UserError("--k auto chooses a chain length; in tree mode give the depth, e.g. --k 7")
+    mode, auto = cfg.drafting, cfg.k == "auto" or cfg.tree == "auto"
+    if cfg.tree == "auto":
+        shapes = [Shape.parse_tree(t) for t in cfg.tree_shapes]
+    elif cfg.k == "auto":
+        shapes = [Shape(k) for k in range(cfg.k_max, 0, -1)]  # K_max first: its acceptance serves every K
+    else:
+        shapes = [Shape(int(cfg.k), cfg.top_k, cfg.total_tokens) if mode == "tree" else Shape(int(cfg.k))]
     check_template_options(cfg.chat_template, cfg.completion)
     torch.manual_seed(cfg.seed)
     drafter, manifest = load_drafter(cfg.drafter, device)
@@ -110,27 +115,26 @@ def run(cfg: EvalConfig) -> Path:
             drafter.load_target_embeddings(embed_weight(target.model).detach().float())
         drafter.to(dtype=target.dtype)
         tok, stops = target.tokenizer, stop_ids(target)
-        depth = cfg.k_max if auto else int(cfg.k)
         bound = max(token_bound(tok, q, max_new, cfg.completion) for q in questions)
-        size_bound = depth if cfg.mode == "chain" else cfg.total_tokens
+        size_bound = max(max(s.depth, s.total_tokens or 0) for s in shapes)
         max_len = 64 * math.ceil((bound + size_bound + 8) / 64)
 
         def sampler() -> Sampling:  # a fresh sampler with the run's seed
             return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
 
         spec_sampling, plain_sampling = sampler(), sampler()
-        engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, cfg.mode)
+        engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, mode)
 
-        def proposer_of(d: int) -> DrafterProposer:
-            return make_proposer(engine, drafter, cfg, spec_sampling, max_len, d, graphs)
+        def proposer_of(shape: Shape) -> DrafterProposer:
+            return make_proposer(engine, drafter, cfg, spec_sampling, max_len, shape, graphs)
 
-        calibration = None
+        calibration, shape = None, shapes[0]
         if auto:
             prompts = [turn_prompt(tok, q.turns[:1], [], cfg.completion) for q in questions[: cfg.calibration_questions]]
-            calibration = calibrate(engine, proposer_of, prompts, min(max_new, 64), stops, sampler, cfg.k_max)
-            depth = calibration.best()
+            calibration = calibrate(engine, proposer_of, prompts, min(max_new, 64), stops, sampler, shapes)
+            shape = calibration.best().shape
             print(shape_summary(calibration), flush=True)
-        proposer = proposer_of(depth)
+        proposer = proposer_of(shape)
 
         def spec(prompt: list[int]) -> Turn:
             return spec_generate(engine, proposer, prompt, max_new, stops, spec_sampling)
@@ -167,9 +171,9 @@ def run(cfg: EvalConfig) -> Path:
                 progress.advance(1, tokens=sum(len(s.tokens) for _, s in spec_turns))
         atomic_write_text(out / "answers.jsonl", "\n".join(lines) + "\n")
         meta = {
-            "mode": cfg.mode, "k": depth, "k_requested": cfg.k, "top_k": cfg.top_k if cfg.mode == "tree" else None,
+            "mode": mode, "k": shape.depth, "k_requested": cfg.k, "tree_requested": cfg.tree, "top_k": shape.top_k,
             "shape": calibration.to_dict() if calibration is not None else None,
-            "total_tokens": proposer.size if cfg.mode == "tree" else None, "depth": depth,
+            "total_tokens": proposer.size if mode == "tree" else None, "depth": shape.depth,
             "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
             "bench": cfg.bench, "completion": cfg.completion, "questions": len(questions), "max_new_tokens": max_new,
             "target": target.info.name, "target_info": target.info.to_dict(), "drafter": str(cfg.drafter),
@@ -180,7 +184,7 @@ def run(cfg: EvalConfig) -> Path:
             "capture_seconds": round(engine.capture_seconds, 3), "warmup_seconds": round(warmup_s, 3),
         }
         meta["wall_seconds"] = round(time.perf_counter() - t_start, 3)
-        report = build_report(turns, depth, meta)
+        report = build_report(turns, shape.depth, meta)
         write_report(report, out)
     print(summary_line(report, Path(cfg.out)), flush=True)
     return Path(cfg.out)

@@ -1,17 +1,21 @@
-"""`--k auto`: the chain length that maximises the expected decode speed, chosen from a short
-calibration on the engine and drafter at hand (before the measured run).
+"""`--k auto` and `--tree auto`: the draft shape that maximises the expected decode speed,
+chosen from a short calibration on the engine and drafter at hand (before the measured run).
 
-    a_i     conditional acceptance of draft position i (accepted, given 1..i-1 were), from a
-            calibration run with the longest chain considered, K_max
-    E(K)    = 1 + Σ_{i≤K} Π_{j≤i} a_j          tokens per target call with a chain of K
-    c(K)    seconds per draft-and-verify cycle with a chain of K, measured: a calibration run
-            per K (its own proposer and, on GPU, its own CUDA graphs), total decode time over
-            cycles
-    t_plain seconds per token of plain decoding on the same prompt
-    predicted speed-up(K) = E(K) / c(K) · t_plain
+    E(s)    expected tokens per target call with shape s
+    c(s)    seconds per draft-and-verify cycle with shape s, measured: a calibration run per
+            shape (its own proposer and, on GPU, its own CUDA graphs), decode time over cycles
+    t_plain seconds per token of plain decoding on the same prompts
+    predicted speed-up(s) = E(s) / c(s) · t_plain
+
+Chain (`--k auto`, shapes K = 1..K_max): E(K) = 1 + Σ_{i≤K} Π_{j≤i} a_j, where a_i is the
+conditional acceptance of draft position i (accepted, given 1..i-1 were) measured with the
+longest chain, K_max: one acceptance measurement serves every K, since a shorter chain drafts
+the same first tokens. Tree (`--tree auto`, shapes total tokens x depth x top-k from a small
+set): a smaller tree is not a prefix of a larger one (its frontier differs), so E(s) is each
+shape's own measured tokens per call on the calibration prompts.
 
 The calibration prompts are the first turns of the first question(s) of the run; their answers
-are not part of the reported figures, which come from the full run at the chosen K.
+are not part of the reported figures, which come from the full run with the chosen shape.
 """
 
 from __future__ import annotations
@@ -20,38 +24,74 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from draftsmith.errors import UserError
 from draftsmith.evaluate.decode import Proposer, plain_generate, spec_generate
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import Engine
 
 
+@dataclass(frozen=True)
+class Shape:
+    """A draft shape: a chain of `depth`, or a tree (`top_k` and `total_tokens` set)."""
+
+    depth: int
+    top_k: int | None = None
+    total_tokens: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"K={self.depth}" if self.top_k is None else f"{self.total_tokens}x{self.depth}x{self.top_k}"
+
+    @classmethod
+    def parse_tree(cls, text: str) -> Shape:
+        """'TOTALxDEPTHxTOPK', e.g. '60x7x10'."""
+        try:
+            total, depth, top_k = (int(v) for v in text.lower().split("x"))
+        except ValueError:
+            raise UserError(f"tree shape {text!r}: expected TOTALxDEPTHxTOPK, e.g. 60x7x10") from None
+        if min(total, depth, top_k) < 1:
+            raise UserError(f"tree shape {text!r}: every number must be >= 1")
+        return cls(depth, top_k, total)
+
+
+@dataclass
+class Candidate:
+    shape: Shape
+    expected_tokens: float  # E(s): tokens per target call
+    cycle_seconds: float  # c(s)
+
+
 @dataclass
 class Calibration:
-    accept_cond: list[float]  # a_1..a_Kmax
-    cycle_seconds: dict[int, float]  # K -> seconds per cycle
+    mode: str  # "chain" or "tree"
+    candidates: list[Candidate]
     plain_seconds: float  # seconds per plain token
-    tokens: int  # calibration tokens decoded at K_max
+    tokens: int  # calibration tokens decoded (chain: at K_max; tree: by every shape)
+    accept_cond: list[float] | None = None  # chain: a_1..a_Kmax
 
-    def expected_tokens(self, k: int) -> float:
-        total, run = 1.0, 1.0
-        for a in self.accept_cond[:k]:
-            run *= a
-            total += run
-        return total
+    def predicted_speedup(self, c: Candidate) -> float:
+        return c.expected_tokens / c.cycle_seconds * self.plain_seconds
 
-    def predicted_speedup(self, k: int) -> float:
-        return self.expected_tokens(k) / self.cycle_seconds[k] * self.plain_seconds
-
-    def best(self) -> int:
-        return max(self.cycle_seconds, key=self.predicted_speedup)
+    def best(self) -> Candidate:
+        return max(self.candidates, key=self.predicted_speedup)
 
     def to_dict(self) -> dict[str, Any]:
-        k = self.best()
-        return {**asdict(self), "cycle_seconds": {str(d): round(s, 6) for d, s in self.cycle_seconds.items()},
-                "chosen_k": k, "predicted_speedup": round(self.predicted_speedup(k), 4),
-                "candidates": [{"k": d, "expected_tokens": round(self.expected_tokens(d), 4),
-                                "cycle_ms": round(1e3 * s, 3), "predicted_speedup": round(self.predicted_speedup(d), 4)}
-                               for d, s in sorted(self.cycle_seconds.items())]}
+        best = self.best()
+        return {"mode": self.mode, "accept_cond": self.accept_cond, "plain_seconds": self.plain_seconds, "tokens": self.tokens,
+                "chosen": best.shape.label, "chosen_shape": asdict(best.shape),
+                "chosen_k": best.shape.depth, "predicted_speedup": round(self.predicted_speedup(best), 4),
+                "candidates": [{"shape": c.shape.label, **asdict(c.shape), "k": c.shape.depth,
+                                "expected_tokens": round(c.expected_tokens, 4), "cycle_ms": round(1e3 * c.cycle_seconds, 3),
+                                "predicted_speedup": round(self.predicted_speedup(c), 4)} for c in self.candidates]}
+
+
+def expected_tokens(accept_cond: list[float], k: int) -> float:
+    """E(K) = 1 + Σ_{i≤K} Π_{j≤i} a_j."""
+    total, run = 1.0, 1.0
+    for a in accept_cond[:k]:
+        run *= a
+        total += run
+    return total
 
 
 def conditional_acceptance(accepts: list[int], k_max: int) -> list[float]:
@@ -61,31 +101,37 @@ def conditional_acceptance(accepts: list[int], k_max: int) -> list[float]:
     return [reached[i] / reached[i - 1] if reached[i - 1] else 0.0 for i in range(1, k_max + 1)]
 
 
-def calibrate(engine: Engine, make_proposer: Callable[[int], Proposer], prompts: list[list[int]], max_new: int,
-              stops: set[int], sampling: Callable[[], Sampling], k_max: int) -> Calibration:
-    """Acceptance at K_max and the cycle time of every K in 1..K_max, over `prompts` (greedy or
-    sampled as `sampling()` says; each call gives a fresh sampler with the run's seed)."""
-    accepts: list[int] = []
-    cycle_seconds: dict[int, float] = {}
+def calibrate(engine: Engine, make_proposer: Callable[[Shape], Proposer], prompts: list[list[int]], max_new: int,
+              stops: set[int], sampling: Callable[[], Sampling], shapes: list[Shape]) -> Calibration:
+    """The cycle time and tokens per call of every shape over `prompts` (greedy or sampled as
+    `sampling()` says; each call gives a fresh sampler with the run's seed), and plain decoding's
+    time per token. Chains: `shapes` are K_max first, whose accepted counts give E(K) for all."""
+    chain = shapes[0].top_k is None
+    measured: list[tuple[Shape, list[int], float]] = []  # shape, accepted counts, seconds per cycle
     tokens = 0
-    for k in range(k_max, 0, -1):
-        proposer = make_proposer(k)
-        seconds, cycles = 0.0, 0
+    for shape in shapes:
+        proposer = make_proposer(shape)
+        seconds, accepts = 0.0, []
         for prompt in prompts:
             turn = spec_generate(engine, proposer, prompt, max_new, stops, sampling())
-            seconds, cycles = seconds + turn.seconds, cycles + len(turn.accepts)
-            if k == k_max:
-                accepts += turn.accepts
-                tokens += len(turn.tokens)
-        cycle_seconds[k] = seconds / max(cycles, 1)
+            seconds, accepts = seconds + turn.seconds, accepts + turn.accepts
+            tokens += len(turn.tokens) if not chain or shape == shapes[0] else 0
+        measured.append((shape, accepts, seconds / max(len(accepts), 1)))
     plain = [plain_generate(engine, p, max_new, stops, sampling()) for p in prompts]
     plain_seconds = sum(t.seconds for t in plain) / max(sum(len(t.tokens) - 1 for t in plain), 1)  # the first token is the prefill's
-    return Calibration(conditional_acceptance(accepts, k_max), cycle_seconds, plain_seconds, tokens)
+    if not chain:
+        candidates = [Candidate(s, sum(a + 1 for a in acc) / max(len(acc), 1), c) for s, acc, c in measured]
+        return Calibration("tree", candidates, plain_seconds, tokens)
+    accept_cond = conditional_acceptance(measured[0][1], shapes[0].depth)
+    candidates = sorted((Candidate(s, expected_tokens(accept_cond, s.depth), c) for s, _, c in measured), key=lambda c: c.shape.depth)
+    return Calibration("chain", candidates, plain_seconds, tokens, accept_cond)
 
 
 def summary(cal: Calibration) -> str:
-    k = cal.best()
-    table = ", ".join(f"K={c['k']} {c['predicted_speedup']:.2f}x" for c in cal.to_dict()["candidates"])
-    verdict = "" if cal.predicted_speedup(k) > 1 else " (no chain length is predicted to beat plain decoding)"
-    return (f"eval: --k auto chose K={k}, predicted speed-up {cal.predicted_speedup(k):.2f}x{verdict}; "
-            f"acceptance per position {' '.join(f'{a:.2f}' for a in cal.accept_cond)}; {table}")
+    best = cal.best()
+    flag = "--k" if cal.mode == "chain" else "--tree"
+    table = ", ".join(f"{c.shape.label} {cal.predicted_speedup(c):.2f}x" for c in cal.candidates)
+    verdict = "" if cal.predicted_speedup(best) > 1 else f" (no {cal.mode} shape is predicted to beat plain decoding)"
+    accept = f"; acceptance per position {' '.join(f'{a:.2f}' for a in cal.accept_cond)}" if cal.accept_cond else ""
+    return (f"eval: {flag} auto chose {best.shape.label}, predicted speed-up {cal.predicted_speedup(best):.2f}x{verdict}"
+            f"{accept}; {table}")
