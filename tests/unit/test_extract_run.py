@@ -102,21 +102,27 @@ def test_recheck_catches_batched_mismatch(dataset, tiny_target_dir, tmp_path, mo
         run(cfg(dataset, tiny_target_dir, tmp_path / "store", check_every=1, max_errors=0))
 
 
-def test_preflight_refuses_then_force_and_disk_full_resume(dataset, tiny_target_dir, tmp_path, monkeypatch):
-    out = tmp_path / "store"
-    monkeypatch.setattr(extract_run, "free_bytes", lambda p: 1000)
-    with pytest.raises(UserError, match="not enough disk"):
-        run(cfg(dataset, tiny_target_dir, out))
+def fill_disk_after(monkeypatch, n):
+    """The store writer's file placement fails with ENOSPC after `n` files; returns the real one."""
     real_place = writer_mod.place_file
     written = {"n": 0}
 
     def place_until_full(dest, data, staging):
-        if written["n"] >= 5:
+        if written["n"] >= n:
             raise OSError(errno.ENOSPC, "No space left on device")
         written["n"] += 1
         real_place(dest, data, staging)
 
     monkeypatch.setattr(writer_mod, "place_file", place_until_full)
+    return real_place
+
+
+def test_preflight_refuses_then_force_and_disk_full_resume(dataset, tiny_target_dir, tmp_path, monkeypatch):
+    out = tmp_path / "store"
+    monkeypatch.setattr(extract_run, "free_bytes", lambda p: 1000)
+    with pytest.raises(UserError, match="not enough disk"):
+        run(cfg(dataset, tiny_target_dir, out))
+    real_place = fill_disk_after(monkeypatch, 5)
     with pytest.raises(StageFailed, match="disk full"):
         run(cfg(dataset, tiny_target_dir, out, force=True))
     assert len(read_manifest(out)) == 5
@@ -125,22 +131,12 @@ def test_preflight_refuses_then_force_and_disk_full_resume(dataset, tiny_target_
     assert len(reader) == 12 and reader.meta["complete"]
 
 
-
 def test_a_rerun_after_disk_full_needs_only_the_remainder(dataset, tiny_target_dir, tmp_path, monkeypatch):
     """Issue 16 item 12: after a disk-full stop, rerunning the same command asks room for the
     samples still to extract (plus a margin that scales with them), not a fixed 64 MB."""
     out = tmp_path / "store"
     monkeypatch.setattr(extract_run, "free_bytes", lambda p: 2 << 20)  # 2 MiB: holds this ~0.2 MB store
-    real_place = writer_mod.place_file
-    written = {"n": 0}
-
-    def place_until_full(dest, data, staging):
-        if written["n"] >= 5:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        written["n"] += 1
-        real_place(dest, data, staging)
-
-    monkeypatch.setattr(writer_mod, "place_file", place_until_full)
+    real_place = fill_disk_after(monkeypatch, 5)
     with pytest.raises(StageFailed, match="disk full.*rerun the same command"):
         run(cfg(dataset, tiny_target_dir, out))
     monkeypatch.setattr(writer_mod, "place_file", real_place)
