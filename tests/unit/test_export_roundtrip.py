@@ -98,6 +98,26 @@ def test_model_card(ckpt, tmp_path):
     assert "--speculative-algorithm EAGLE3" in card and "vllm serve tiny-target" in card
 
 
+def test_model_card_serves_the_measured_shape(ckpt, tmp_path):
+    """An eval report's draft shape goes into the serving commands: a chain's length (vLLM and
+    SGLang), a tree's depth, top-k and verified tokens (SGLang; vLLM keeps a chain)."""
+    _, path = ckpt
+    base = {"tau": 2.5, "speedup": 1.6, "bench": "mt_bench", "device": "NVIDIA H200", "dtype": "bfloat16", "temperature": 0.0}
+    chain = {**base, "mode": "chain", "depth": 3, "top_k": None, "total_tokens": None,
+             "shape": {"mode": "chain", "candidates": [{"shape": f"K={k}", "predicted_speedup": 1 + k / 10} for k in (1, 2, 3)]}}
+    tree = {**base, "mode": "tree", "depth": 6, "top_k": 8, "total_tokens": 32, "shape": None}
+    cards = {}
+    for name, report in (("chain", chain), ("tree", tree)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(report))
+        out = run(ExportConfig(ckpt=path, engine="sglang", out=tmp_path / name, eval_report=tmp_path / f"{name}.json"))
+        cards[name] = (out / "README.md").read_text()
+    assert "a chain of 3 (mt_bench, NVIDIA H200, bfloat16" in cards["chain"] and "chosen by `--k auto` from K=1 (1.10x)" in cards["chain"]
+    assert '"num_speculative_tokens": 3' in cards["chain"] and "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4" in cards["chain"]
+    assert "an EAGLE-2 tree of 32 tokens, depth 6, top-k 8" in cards["tree"]
+    assert "--speculative-num-steps 6 \\\n    --speculative-eagle-topk 8 --speculative-num-draft-tokens 33" in cards["tree"]
+    assert "vLLM drafts a chain" in cards["tree"]
+
+
 def test_model_card_states_the_options(tmp_path):
     save_drafter(make_tiny_drafter(norm_before_fc=True), tmp_path / "ckpt", target=TARGET)
     card = (run(ExportConfig(ckpt=tmp_path / "ckpt", out=tmp_path / "out")) / "README.md").read_text()

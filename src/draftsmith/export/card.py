@@ -4,7 +4,9 @@ It says what the drafter is for (target), its architecture options, how it was t
 drafter manifest's `meta`), on what data (`meta["data_mix"]`, for a drafter trained on a
 `synth --mix` output: its sources, licenses and counts), which target layers it reads in every
 convention, what it measured (an eval `report.json`, if given), and how to serve it with vLLM
-and SGLang (or why SGLang cannot). Pure string building; no I/O.
+and SGLang (or why SGLang cannot), in the draft shape that the eval measured (`serving_shape`):
+its chain length, or its tree for SGLang, whose EAGLE-2 tree takes the same three numbers.
+Pure string building; no I/O.
 """
 
 from __future__ import annotations
@@ -33,6 +35,33 @@ def _scalar_lines(meta: dict[str, Any]) -> list[str]:
     return lines
 
 
+def serving_shape(report: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The draft shape an eval report measured: mode, depth, and for a tree top_k and
+    total_tokens; None without a report or for one that does not say (older reports)."""
+    if not report or report.get("mode") not in ("chain", "tree") or not isinstance(report.get("depth"), int):
+        return None
+    shape = {"mode": report["mode"], "depth": report["depth"]}
+    if report["mode"] == "tree":
+        if not isinstance(report.get("top_k"), int) or not isinstance(report.get("total_tokens"), int):
+            return None
+        shape.update(top_k=report["top_k"], total_tokens=report["total_tokens"])
+    return shape
+
+
+def _shape_lines(report: dict[str, Any], shape: dict[str, Any]) -> list[str]:
+    """What the eval measured with which shape, and how the shape was chosen."""
+    name = (f"a chain of {shape['depth']}" if shape["mode"] == "chain" else
+            f"an EAGLE-2 tree of {shape['total_tokens']} tokens, depth {shape['depth']}, top-k {shape['top_k']}")
+    where = ", ".join(str(report[k]) for k in ("bench", "device", "dtype") if report.get(k))
+    lines = [f"- draft shape measured: {name}" + (f" ({where}, temperature {report.get('temperature', 0)})" if where else "")]
+    auto = report.get("shape")
+    if isinstance(auto, dict) and auto.get("candidates"):
+        lines.append(f"- chosen by `{'--k' if shape['mode'] == 'chain' else '--tree'} auto` from "
+                     + ", ".join(f"{c['shape']} ({c['predicted_speedup']:.2f}x)" for c in auto["candidates"])
+                     + " predicted on a short calibration")
+    return lines
+
+
 def _eval_section(report: dict[str, Any]) -> list[str]:
     lines = ["## Measured acceptance", ""]
     tau = report.get("tau")
@@ -44,6 +73,11 @@ def _eval_section(report: dict[str, Any]) -> list[str]:
     speedup = report.get("speedup")
     lines.append(f"- decode speed-up over plain decoding: {speedup:.2f}x" if isinstance(speedup, int | float)
                  else "- decode speed-up: not measured")
+    shape = serving_shape(report)
+    if shape is not None:
+        lines += _shape_lines(report, shape)
+        lines.append(f"- measured on draftsmith's own static-KV engine at batch size {report.get('batch_size') or 1}, "
+                     "against plain decoding on the same engine; a serving engine's speed-up differs (measure it there)")
     return [*lines, ""]
 
 
@@ -72,9 +106,19 @@ def _options_section(cfg: DrafterConfig) -> list[str]:
     return [*lines, ""]
 
 
-def _serving(folder_hint: str, target_name: str, fmt: str, engine: str, k: int, sglang_ok: bool) -> list[str]:
+def _sglang_shape(k: int, tree: dict[str, Any] | None) -> str:
+    """SGLang's draft flags: a chain of k (top-k 1), or the measured tree (verified tokens + root)."""
+    steps, top_k, tokens = (k, 1, k + 1) if tree is None else (tree["depth"], tree["top_k"], tree["total_tokens"] + 1)
+    return f"--speculative-num-steps {steps} \\\n    --speculative-eagle-topk {top_k} --speculative-num-draft-tokens {tokens}"
+
+
+def _serving(folder_hint: str, target_name: str, fmt: str, engine: str, k: int, sglang_ok: bool,
+             tree: dict[str, Any] | None) -> list[str]:
     spec = json.dumps({"method": "eagle3", "model": folder_hint, "num_speculative_tokens": k})
     lines = ["## Serving", ""]
+    if tree is not None:
+        lines += [f"The eval measured a tree: SGLang below drafts that tree; vLLM drafts a chain, here of {k} "
+                  "(evaluate a chain, `draftsmith eval --k auto`, for its best length).", ""]
     if engine == "vllm":
         lines += ["vLLM:", "", "```bash", f"vllm serve {target_name} --speculative-config '{spec}'", "```", ""]
         if fmt == "speculators":
@@ -89,8 +133,7 @@ def _serving(folder_hint: str, target_name: str, fmt: str, engine: str, k: int, 
                 "`--engine sglang` for SGLang)")
         lines += [f"SGLang{note}:", "", "```bash",
                   f"python -m sglang.launch_server --model-path {target_name} --speculative-algorithm EAGLE3 \\",
-                  f"    --speculative-draft-model-path {folder_hint} --speculative-num-steps {k} \\",
-                  f"    --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}", "```", ""]
+                  f"    --speculative-draft-model-path {folder_hint} {_sglang_shape(k, tree)}", "```", ""]
         if engine == "sglang":
             lines += ["vLLM reads the top-level `eagle_aux_hidden_state_layer_ids` (written in its own "
                       "convention), so this folder also serves correctly with:", "", "```bash",
@@ -130,5 +173,7 @@ def model_card(
     if report is not None:
         lines += _eval_section(report)
     sglang_ok = not any(arch_options(cfg).values())
-    lines += _serving(folder_hint, target_name, fmt, engine, speculative_tokens, sglang_ok)
+    shape = serving_shape(report)
+    tree = shape if shape is not None and shape["mode"] == "tree" else None
+    lines += _serving(folder_hint, target_name, fmt, engine, speculative_tokens, sglang_ok, tree)
     return "\n".join(lines)

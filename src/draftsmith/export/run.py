@@ -24,7 +24,7 @@ from draftsmith.draft.layouts import arch_options, check_vocab
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.export import eagle, speculators
-from draftsmith.export.card import model_card
+from draftsmith.export.card import model_card, serving_shape
 from draftsmith.export.config import ExportConfig
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
 from draftsmith.layers import to_engine
@@ -92,7 +92,10 @@ def run(cfg: ExportConfig) -> Path:
         raise UserError(f"{cfg.ckpt} has no embed_tokens of its own, so --include-embeddings has nothing to write")
     dtype = weight_dtype(model, cfg.dtype)
     dtype_name = str(dtype).removeprefix("torch.")
-    k = cfg.speculative_tokens or int(meta.get("ttt") or 3)
+    report = read_report(cfg.eval_report)
+    measured = serving_shape(report)
+    chain_k = measured["depth"] if measured is not None and measured["mode"] == "chain" else None
+    k = cfg.speculative_tokens or chain_k or int(meta.get("ttt") or 3)  # the eval's chain length before the TTT depth
     verifier = cfg.verifier or str(target.get("name") or "TARGET")
     tensors = eagle.export_tensors(model, cfg.include_embeddings, dtype)
     if cfg.format == "eagle":
@@ -102,7 +105,7 @@ def run(cfg: ExportConfig) -> Path:
         config = speculators.speculators_config(dcfg, dtype_name, target, verifier, arch, k)
         tensors = speculators.to_speculators_keys(tensors)
     card = model_card(dcfg, {**record, "target": {**target, "name": verifier}}, cfg.format, engine,
-                      str(Path(cfg.out).absolute()), k, read_report(cfg.eval_report))
+                      str(Path(cfg.out).absolute()), k, report)
 
     with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
