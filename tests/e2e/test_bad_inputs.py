@@ -218,6 +218,8 @@ PROBES = [
         "eval", "--target", _jamba(e), "--drafter", save_drafter(make_tiny_drafter((1, 2, 3)), e.root / "drafter"),
         "--out", e.out, "--device", "cpu"],
           2, "JambaForCausalLM: no path of draftsmith can verify drafts for this model: its cache cannot be cropped"),
+    Probe("extract --shard auto without a GPU", lambda e: ["extract", e.ds, "--target", e.target, "--out", e.out, "--shard", "auto"],
+          2, "no CUDA GPU is visible; use --shard none", skip="a GPU is visible" if torch.cuda.is_available() else None),
 ]
 
 

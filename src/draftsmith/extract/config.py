@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from draftsmith.config import DEFAULT_TARGET, CommandConfig
+from draftsmith.config import DEFAULT_TARGET, SHARD_HELP, CommandConfig, Shard
 
 
 class ExtractConfig(CommandConfig):
@@ -17,6 +17,7 @@ class ExtractConfig(CommandConfig):
     layers: list[int] | None = Field(None, description="Aux layer ids in draftsmith's convention (id k = hidden state entering layer k); default [2, L//2, L-3].")
     force: bool = Field(False, description="Start even when the disk cannot hold the projected store.")
     device: str | None = Field(None, description="Device (cuda, cuda:1, cpu); default cuda when available.")
+    shard: Shard = Field("none", description=SHARD_HELP)
     dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32.")
     token_budget: int = Field(65536, gt=0, description="Tokens per forward batch (length-bucketed, padding counted).")
     writers: int = Field(4, gt=0, description="Writer threads.")
@@ -33,6 +34,7 @@ class PlanConfig(CommandConfig):
     hidden_dir: Path | None = Field(None, description="Where the hidden-state store would go (checked for free space).")
     layers: list[int] | None = Field(None, description="Aux layer ids in draftsmith's convention; default [2, L//2, L-3].")
     device: str | None = Field(None, description="Device for the calibration run.")
+    shard: Shard = Field("none", description=SHARD_HELP)
     dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32.")
     calibrate: bool = Field(True, description="Time a short forward on a few samples to estimate durations.")
     calibrate_tokens: int = Field(2048, gt=0, description="Tokens in the calibration batch.")

@@ -72,7 +72,7 @@ def calibrate_drafter(drafter: Eagle3Drafter, tokens: int, ttt: int, n_aux_width
 
 def run(cfg: PlanConfig) -> Path:
     ds = load_dataset(cfg.dataset_dir)
-    target = load_target(cfg.target, cfg.device, cfg.dtype)
+    target = load_target(cfg.target, cfg.device, cfg.dtype, shard=cfg.shard)
     info, device = target.info, target.device
     aux_layer_ids = validate_layers(cfg.layers or info.default_aux_layers, info.num_layers)
     n_aux, H, dsize = len(aux_layer_ids), info.hidden_size, target.dtype.itemsize

@@ -10,7 +10,9 @@ extraction into it is refused.
 
 Under `torchrun --nproc-per-node N`, rank r takes the samples with `sample_id % N == r`, lists
 them in `manifest.rank{r}.jsonl`, and rank 0 merges the manifests into one store at the end.
-torch.distributed is used for barriers only.
+torch.distributed is used for barriers only. A target larger than one GPU runs in one process
+with `--shard auto`: its layers split over the visible GPUs, the hooks' captures gathered on the
+input embedding's GPU (docs/large-targets.md).
 """
 
 from __future__ import annotations
@@ -171,7 +173,7 @@ def extract(cfg: ExtractConfig) -> Path:
         torch.cuda.set_device(device)  # streams, events and NCCL barriers on this rank's GPU
     if world > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    target = load_target(cfg.target, device, cfg.dtype)
+    target = load_target(cfg.target, device, cfg.dtype, shard=cfg.shard)
     aux_layer_ids = validate_layers(cfg.layers or target.info.default_aux_layers, target.info.num_layers)
     check_token_ids(ds, target.info.vocab_size)
     dtype_name = str(target.dtype).removeprefix("torch.")
@@ -180,8 +182,8 @@ def extract(cfg: ExtractConfig) -> Path:
     if rank == 0:
         open_store(out, meta, create=False)  # refuse to mix with another run's store, before anything is written
     done, lost = listed_samples(out)  # no sample file is opened
-    shard = [i for i in range(len(ds)) if int(ds.sample_ids[i]) % world == rank]
-    todo = [i for i in shard if int(ds.sample_ids[i]) not in done]
+    mine = [i for i in range(len(ds)) if int(ds.sample_ids[i]) % world == rank]
+    todo = [i for i in mine if int(ds.sample_ids[i]) not in done]
     dsize = torch.empty((), dtype=target.dtype).element_size()
     n_aux, H = len(aux_layer_ids), target.info.hidden_size
     whole = projected_bytes(int(ds.lengths.sum()), len(ds), n_aux, H, dsize)
@@ -202,8 +204,8 @@ def extract(cfg: ExtractConfig) -> Path:
 
     manifest = out / (MANIFEST if world == 1 else rank_manifest_name(rank))
     stage = "extract" if world == 1 else f"extract rank {rank}"
-    with Progress(stage, out if rank == 0 else None, total=len(shard), bytes_projected=whole) as progress:
-        progress.skip(len(shard) - len(todo))
+    with Progress(stage, out if rank == 0 else None, total=len(mine), bytes_projected=whole) as progress:
+        progress.skip(len(mine) - len(todo))
         extract_samples(cfg, target, ds, todo, aux_layer_ids, out, manifest, progress)
     barrier(world)
     if rank == 0:

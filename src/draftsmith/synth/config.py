@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from draftsmith.config import DEFAULT_TARGET, CommandConfig
+from draftsmith.config import DEFAULT_TARGET, SHARD_HELP, CommandConfig, Shard
 from draftsmith.data.config import Format
 from draftsmith.data.sources import describe as describe_sources
 
@@ -44,4 +44,5 @@ class SynthConfig(CommandConfig):
     generator: Literal["auto", "engine", "hf"] = Field("auto", description="Local backend: engine = draftsmith's static-KV engine, batched, decode step in a CUDA graph (Llama-family targets); hf = HF generate (any model); auto = engine on CUDA when the target is supported (and its generation config has no repetition penalty or the like), else hf.")
     cache: Literal["dynamic", "static"] = Field("dynamic", description="Local backend with --generator hf: KV cache; static preallocates it and pads prompts to a multiple of 64.")
     device: str | None = Field(None, description="Device; default cuda when available (cuda:LOCAL_RANK under torchrun).")
+    shard: Shard = Field("none", description="Local backend: " + SHARD_HELP + " Generates with HF generate.")
     dtype: str = Field("auto", description="Target dtype.")

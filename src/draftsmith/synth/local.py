@@ -74,14 +74,15 @@ HF_ONLY = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_p": 0.0, "
 
 def uses_engine(target: Target, generator: str) -> bool:
     """Whether `generator` ("auto", "engine" or "hf") means the static-KV engine for this target:
-    auto takes it on CUDA for a target that passes the engine's self-check (over the whole
-    context) and whose generation config sets nothing that only HF `generate` applies (e.g. a
-    repetition penalty)."""
+    auto takes it on CUDA for a target on one GPU that passes the engine's self-check (over the
+    whole context) and whose generation config sets nothing that only HF `generate` applies (e.g.
+    a repetition penalty)."""
     cfg = target.model.generation_config
     hf_only = {k: getattr(cfg, k, None) for k, off in HF_ONLY.items() if getattr(cfg, k, None) not in (None, off)}
     if generator == "hf" or (generator == "auto" and (hf_only or target.device.type != "cuda")):
         return False
-    problem = fast_engine_problem(target.model, [], context_length(target))
+    problem = ("its layers are split over GPUs (--shard auto)" if target.shard != "none"
+               else fast_engine_problem(target.model, [], context_length(target)))
     name = type(target.model).__name__
     if problem is not None:
         if generator == "engine":

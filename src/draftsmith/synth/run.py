@@ -87,7 +87,7 @@ def build_backend(cfg: SynthConfig, world: int, local_rank: int, magpie: bool = 
     device = cfg.device
     if device is None and world > 1 and torch.cuda.is_available():
         device = f"cuda:{local_rank}"
-    target = load_target(cfg.target, device=device, dtype=cfg.dtype, chat_template=cfg.chat_template)
+    target = load_target(cfg.target, device=device, dtype=cfg.dtype, chat_template=cfg.chat_template, shard=cfg.shard)
     return LocalBackend(target, cfg.batch_size, cfg.cache, cfg.generator, cfg.completion), target.tokenizer
 
 

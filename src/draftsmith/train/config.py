@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from draftsmith.config import DEFAULT_TARGET, CommandConfig
+from draftsmith.config import DEFAULT_TARGET, SHARD_HELP, CommandConfig, Shard
 
 
 class TrainConfig(CommandConfig):
@@ -50,6 +50,7 @@ class TrainConfig(CommandConfig):
     seed: int = Field(0, description="Random seed.")
     resume: bool = Field(False, description="Continue the run in --out from its last checkpoint.")
     device: str | None = Field(None, description="Device; default cuda when available.")
+    shard: Shard = Field("none", description=SHARD_HELP)
     dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp32.")
     autocast: bool | None = Field(None, description="bf16 autocast for the drafter; default on for GPU.")
     distributed: Literal["ddp", "fsdp"] = Field("ddp", description="Strategy under torchrun (WORLD_SIZE > 1): DDP, or FSDP2 (fully_shard).")

@@ -154,7 +154,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         cfg = cfg.model_copy(update={"autocast": env.device.type == "cuda"})
     torch.manual_seed(cfg.seed)
 
-    target = load_target(cfg.target, env.device, cfg.dtype)
+    target = load_target(cfg.target, env.device, cfg.dtype, shard=cfg.shard)
     head = output_head(target.model)  # the teacher: the target's own output path,
     check_output_head(target.model, head)  # checked against its logits (a UserError, before any output)
     dataset = load_dataset(cfg.dataset_dir)
