@@ -55,11 +55,14 @@ def capture(
     """One forward of the target without KV cache.
 
     input_ids, attention_mask: [B, T] (right-padded; padding rows are garbage to be sliced off)
-    returns aux [B, T, n_aux*H] (layers concatenated in `aux_layer_ids` order), final [B, T, H]
+    returns aux [B, T, n_aux*H] (layers concatenated in `aux_layer_ids` order), final [B, T, H],
+    both on input_ids' device
     """
     with hooked(model, aux_layer_ids) as captured:
         out = base_model(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    final = out.last_hidden_state  # [B, T, H], after the final norm
-    aux = torch.cat([captured[k] for k in aux_layer_ids], dim=-1)  # [B, T, n_aux*H]
+    # on the inputs' device: a target split over GPUs (`load_target(shard="auto")`) hands each layer's
+    # input to it on that layer's GPU
+    final = out.last_hidden_state.to(input_ids.device)  # [B, T, H], after the final norm
+    aux = torch.cat([captured[k].to(input_ids.device) for k in aux_layer_ids], dim=-1)  # [B, T, n_aux*H]
     assert aux.shape[:2] == input_ids.shape and final.shape[:2] == input_ids.shape, (aux.shape, input_ids.shape)
     return aux, final
