@@ -5,10 +5,17 @@
           (no early stop), prefill included on both sides; plus how many outputs equal HF's.
   verify  verification cost: one target forward of 1, 8, 32, 64 tokens after a 512-token
           context, graphed and eager (median ms).
+  cycle   the cost of one draft-and-verify cycle, chain K=7 and tree (60 tokens, depth 7, top-k
+          10), drafter step eager and compiled: cycle ms (decode time over cycles, greedy, MT-bench
+          first turns), draft ms (the drafter's side alone: one `propose`, a graph replay on GPU),
+          verify ms (the target's forward of the draft alone), glue ms = cycle - draft - verify
+          (acceptance, KV compaction, staging the accepted rows, the host read, Python), and the
+          plain decoding ms per token of the same engine
   chain   `draftsmith eval` on MT-bench, chain K=7: tau, acceptance per position, speed-up
   tree    `draftsmith eval` on MT-bench, EAGLE-2 tree (60 tokens, depth 7, top-k 10): the same
 
     python bench/eval_bench.py --target /root/m/SmolLM2-135M-Instruct.Q4_1.gguf --drafter DRAFTER --out-json bench_eval.json
+    python bench/eval_bench.py --parts cycle --target ... --drafter DRAFTER   # the cycle breakdown alone (a few minutes)
     python bench/eval_bench.py --smoke      # CPU, small sizes, random drafter: checks the script works
 
 Without --drafter a random drafter is used (tau ~ 1: a speed-up floor, not a drafter's worth).
@@ -28,8 +35,9 @@ import torch
 
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.evaluate.config import EvalConfig
-from draftsmith.evaluate.decode import plain_generate
-from draftsmith.evaluate.proposer import random_drafter
+from draftsmith.draft.checkpoint import load_drafter
+from draftsmith.evaluate.decode import plain_generate, spec_generate
+from draftsmith.evaluate.proposer import DrafterProposer, random_drafter
 from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.evaluate.run import run as evaluate
 from draftsmith.layers import default_aux_layers
@@ -107,6 +115,61 @@ def verification_cost(target, sizes: list[int], context: int, reps: int) -> dict
     return out
 
 
+def median_ms(fn, device: torch.device, reps: int) -> float:  # noqa: ANN001
+    """Median ms of fn() over reps calls (after one), each synchronised."""
+    times = []
+    for _ in range(reps + 1):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return round(1000 * statistics.median(times[1:]), 3)
+
+
+def cycle_breakdown(target, drafter_path: Path, prompts: list[list[int]], new_tokens: int, shapes: dict[str, dict],  # noqa: ANN001
+                    compile_modes: list[bool], reps: int) -> dict:
+    """Per shape and drafter-step compilation: cycle, draft, verify and glue ms (see the docstring)."""
+    dev, model = target.device, target.model
+    drafter, _ = load_drafter(drafter_path, dev)
+    drafter.to(dtype=target.dtype)
+    graphs = dev.type == "cuda"
+    max_len = max(map(len, prompts)) + new_tokens + 80
+    engine = TargetEngine(model, drafter.config.aux_layer_ids, max_len)
+    if graphs:
+        engine.graph(1)
+    plain = [plain_generate(engine, p, new_tokens, set(), Sampling()) for p in [prompts[0], *prompts]][1:]  # a warm-up first
+    out: dict = {"prompts": len(prompts), "new_tokens": new_tokens,
+                 "plain_ms_per_token": round(1000 * sum(t.seconds for t in plain) / sum(len(t.tokens) - 1 for t in plain), 3)}
+    for name, shape in shapes.items():
+        for compiled in compile_modes:
+            prop = DrafterProposer(drafter, Sampling(), max_len, compile=compiled, **shape)
+            if graphs:
+                engine.graph(prop.size + 1)
+                if prop.mode == "tree":
+                    engine.graph_compact(prop.path_len)
+                prop.graph()
+            turns = [spec_generate(engine, prop, p, new_tokens, set(), Sampling()) for p in [prompts[0], *prompts]][1:]
+            cycles = sum(len(t.accepts) for t in turns)
+            row = {"drafter_compiled": prop.compiled, "tau": round(sum(a + 1 for t in turns for a in t.accepts) / cycles, 3),
+                   "cycle_ms": round(1000 * sum(t.seconds for t in turns) / cycles, 3)}
+            draft = prop.propose()  # the state the last turn left: one more cycle's inputs
+            row["draft_ms"] = median_ms(prop.propose, dev, reps)
+            n = len(prompts[-1]) + new_tokens  # past the last turn: slots nothing reads any more
+            rows = torch.cat([draft.tokens[:1], draft.tokens])  # [N+1]: a root and the draft
+            if prop.mode == "chain":
+                row["verify_ms"] = median_ms(lambda: engine.chain(rows, n), dev, reps)  # noqa: B023
+            else:
+                pos = n + torch.cat([torch.zeros_like(draft.depths[:1]), draft.depths])
+                slots, mask = torch.arange(n, n + rows.shape[0], device=dev), engine.tree_mask(n, draft.anc)
+                row["verify_ms"] = median_ms(lambda: engine.forward(rows, pos, slots, mask), dev, reps)  # noqa: B023
+            row["glue_ms"] = round(row["cycle_ms"] - row["draft_ms"] - row["verify_ms"], 3)
+            row["speedup_vs_plain"] = round(row["tau"] * out["plain_ms_per_token"] / row["cycle_ms"], 3)
+            out[f"{name}{'_compiled' if compiled else ''}"] = row
+            del prop
+    return out
+
+
 def spec_run(args: argparse.Namespace, drafter: Path, out: Path, **mode: object) -> dict:
     cfg = EvalConfig(target=args.target, drafter=drafter, out=out, num_questions=args.num_questions,
                      max_new_tokens=args.max_new_tokens, device=args.device, overwrite=True, **mode)
@@ -126,7 +189,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--plain-prompts", type=int, default=5)
     ap.add_argument("--plain-tokens", type=int, default=256)
-    ap.add_argument("--parts", default="plain,verify,chain,tree")
+    ap.add_argument("--parts", default="plain,verify,cycle,chain,tree")
     ap.add_argument("--out-dir", type=Path, default=None, help="where the eval reports go (default: a temp folder)")
     ap.add_argument("--out-json", type=Path, default=None)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: checks that the script runs")
@@ -153,10 +216,16 @@ def main() -> None:
         sizes, context, reps = ([1, 8], 64, 3) if args.smoke else ([1, 8, 32, 64], 512, 50)
         result["verification_cost"] = verification_cost(target, sizes, context, reps)
     drafter = args.drafter
-    if drafter is None and parts & {"chain", "tree"}:
+    if drafter is None and parts & {"chain", "tree", "cycle"}:
         drafter = save_drafter(random_drafter(target.model, 32000).cpu(), out_dir / "random_drafter", target=target.info.to_dict())
         result["drafter_note"] = "random drafter (tau ~ 1)"
     result["drafter"] = str(drafter)
+    if "cycle" in parts:
+        prompts = [turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", args.plain_prompts)]
+        shapes = {"chain": dict(mode="chain", depth=2 if args.smoke else 7),
+                  "tree": dict(mode="tree", depth=3, top_k=3, total_tokens=8) if args.smoke else dict(mode="tree", depth=7, top_k=10, total_tokens=60)}
+        compile_modes = [False, True] if device.type == "cuda" else [False]
+        result["cycle"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, shapes, compile_modes, 3 if args.smoke else 50)
     del target
     if "chain" in parts:
         result["chain"] = spec_run(args, drafter, out_dir / "chain", mode="chain", k=2 if args.smoke else 7)
