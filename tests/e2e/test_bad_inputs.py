@@ -186,7 +186,7 @@ PROBES = [
           2, "NaN or Inf weights in fc.weight"),
     Probe("pipeline stage options as a list", lambda e: ["pipeline", _pipeline(e)], 2, "options must be a mapping"),
     Probe("pipeline top-level typo", lambda e: ["pipeline", _pipeline_file(e, "taget", "vocab: {}")],
-          2, "unknown top-level key 'taget': no stage takes it; did you mean 'target'?"),
+          2, "pipe.yaml: unknown top-level key 'taget': no stage takes it; did you mean 'target'?"),
     Probe("pipeline later stage with an unknown option", lambda e: ["pipeline", _pipeline_file(e, "target", "train: {stepz: 2}")],
           2, "pipeline stage train: invalid options:\n  --stepz: Extra inputs are not permitted"),
     Probe("pipeline later stage with two layers", lambda e: ["pipeline", _pipeline_file(e, "target", "extract: {layers: [2, 15]}")],

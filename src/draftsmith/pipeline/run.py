@@ -144,13 +144,14 @@ class Planned:
     changed: list[str]  # options changed since it ran (it runs again)
 
 
-def check_common(common: dict[str, Any], stages: list[tuple[str, str, dict[str, Any]]]) -> None:
-    """Refuse a top-level key that no stage takes (`taget:`), naming the close match."""
+def check_common(path: Path, common: dict[str, Any], stages: list[tuple[str, str, dict[str, Any]]]) -> None:
+    """Refuse a top-level key of pipeline file `path` that no stage takes (`taget:`), naming the
+    close match."""
     known = set().union(*(COMMANDS[command].config.model_fields for _, command, _ in stages)) - {"out"}
     for key in sorted(set(common) - known):
         close = difflib.get_close_matches(key, sorted(known | {"out", "stages"}), n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
-        raise UserError(f"pipeline config: unknown top-level key '{key}': no stage takes it; {hint}"
+        raise UserError(f"{path}: unknown top-level key '{key}': no stage takes it; {hint}"
                         f"the top level holds out, stages and options given to every stage that takes them "
                         f"({', '.join(sorted(known))})")
 
@@ -160,7 +161,6 @@ def plan_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], commo
     """Every stage's config resolved and checked (its options, `@NAME` references, and that its
     output is this pipeline's to replace) before any stage runs: a bad later stage stops the
     pipeline before the first one writes anything."""
-    check_common(common, stages)
     marks = root / ".pipeline"
     products: dict[str, Path] = {}
     latest: dict[str, Path] = {}
@@ -242,6 +242,7 @@ def run(cfg: PipelineConfig) -> Path:
     unknown = sorted(set(cfg.only or []) - {name for name, _, _ in stages})
     if unknown:
         raise UserError(f"--only {','.join(unknown)}: {path} has no such stage; its stages: {', '.join(n for n, _, _ in stages)}")
+    check_common(path, spec, stages)
     run_stages(root, stages, common=spec, only=cfg.only)
     return root
 
