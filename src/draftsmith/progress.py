@@ -23,6 +23,7 @@ from typing import Any
 from draftsmith.fsutil import atomic_write_json, human_bytes
 
 PROGRESS_FILE = "progress.json"
+FILE_INTERVAL = 1.0  # progress.json is rewritten at most this often (log lines: every `interval`)
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -58,7 +59,7 @@ class Progress:
         self.status = "running"
         self.message: str | None = None
         self.started = time.time()
-        self._last_emit = 0.0
+        self._last_emit = self._last_file = 0.0
         self.live = sys.stderr.isatty() if live is None else live
         self._bar: Any = None
 
@@ -161,14 +162,21 @@ class Progress:
         return ", ".join(parts)
 
     def _emit(self, force: bool = False) -> None:
+        """Rewrite progress.json (at most every FILE_INTERVAL s, so that `status` of a killed run
+        lags by a second at most) and show the bar or log line (every `interval` s)."""
         now = time.time()
-        if not force and now - self._last_emit < (1.0 if self.live else self.interval):
+        write = self.path is not None and (force or now - self._last_file >= FILE_INTERVAL)
+        show = force or now - self._last_emit >= (1.0 if self.live else self.interval)
+        if not (write or show):
             return
-        self._last_emit = now
         snap = self.snapshot()
-        if self.path is not None and self.path.parent.exists():
+        if write and self.path.parent.exists():
+            self._last_file = now
             with contextlib.suppress(OSError):  # best effort: a full disk must not crash the stage
                 atomic_write_json(self.path, snap, fsync=False)
+        if not show:
+            return
+        self._last_emit = now
         if self._bar is not None:
             info = f"{snap['tok_per_s']:.0f} tok/s" if snap["tokens"] else f"{snap['rate']:.2f} {self.unit}/s"
             extra = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.counters.items())

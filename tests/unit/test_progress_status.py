@@ -73,6 +73,19 @@ def test_a_resumed_run_reports_what_is_saved_at_once(tmp_path):
         assert r.exit_code == 0 and "27/40 samples (27 skipped by resume)" in r.output, r.output
 
 
+def test_progress_json_keeps_up_between_log_lines(tmp_path, monkeypatch, capsys):
+    """A killed run's progress.json lags by FILE_INTERVAL (1 s) at most, not by the 10 s between
+    log lines: status then shows what was saved, not 0."""
+    import draftsmith.progress as progress
+
+    monkeypatch.setattr(progress, "FILE_INTERVAL", 0.0)
+    with Progress("extract", tmp_path, total=40, interval=3600, live=False) as p:
+        for _ in range(27):
+            p.advance(1)
+        assert json.loads((tmp_path / "progress.json").read_text())["done"] == 27
+        assert capsys.readouterr().err.count("[extract]") == 1  # the log line waits for its interval
+
+
 def test_a_rerun_loading_the_target_is_starting_not_dead(tmp_path):
     """Issue 16 items 9-10: while a rerun holds the output lock but has not reported yet (it is
     loading the model), status says so instead of 'dead', which would invite a second run."""
