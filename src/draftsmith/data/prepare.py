@@ -3,9 +3,9 @@
 Reads the conversations (`formats.py`), renders each through the target's own chat template
 and tokenizes it with an assistant-only loss mask (`chat.py`), or with --completion tokenizes
 plain text and prompt/completion pairs with no template (`completion.py`); with --loss-on all
-every token carries the loss. It applies the length policy at --max-len, and writes `data.parquet`, `dataset.json`, `stats.json` and `run.yaml` into a
-temporary folder that is renamed into place at the end. Only the tokenizer is loaded, never the
-weights.
+every token carries the loss. It applies the length policy at --max-len, and writes
+`data.parquet`, `dataset.json`, `stats.json` and `run.yaml` into a temporary folder that is
+renamed into place at the end. Only the tokenizer is loaded, never the weights.
 
 Samples whose assistant tokens all fall beyond --max-len are dropped in either policy (nothing
 to train on); every drop is counted by reason in the stats.
