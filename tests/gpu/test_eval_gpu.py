@@ -30,7 +30,7 @@ def test_graphed_forward_equals_eager(target):
     eng.prefill(ids[:32])
     slots = torch.arange(32, 40, device="cuda")
     graphed, aux_g = (x.clone() for x in eng.forward(ids[32:], slots, slots, eng.causal_mask(32, 8)))
-    eager, aux_e = eng._forward(ids[None, 32:], slots[None], slots, eng.causal_mask(32, 8)[None, None])
+    eager, aux_e = eng._forward(ids[None, 32:], slots[None], slots[None], eng.causal_mask(32, 8)[None, None])
     assert torch.allclose(graphed, eager, atol=1e-4) and torch.allclose(aux_g, aux_e, atol=1e-4)
 
 

@@ -41,14 +41,16 @@ def test_tree_mask_forward_equals_each_path(tiny_model):
     depths = torch.tensor([1, 2, 3, 1, 2])
     root = torch.tensor([3])
     ids = torch.cat([root, rows])
-    slots = torch.arange(10, 16)
-    logits, _ = eng.forward(ids, 10 + torch.cat([torch.zeros(1, dtype=torch.long), depths]), slots, eng.tree_mask(10, tree_ancestors(torch.tensor(parents), 3)))
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), depths])[None]  # [1, 6]: positions after the 10 cached tokens
+    anc = tree_ancestors(torch.tensor([parents]), 3)  # [1, 6, 6]
+    logits, _ = eng.rows_forward(ids[None], torch.tensor([0]), torch.tensor([10]), anc, offsets)
+    logits = logits[0]
     ref_a = tiny_model(torch.cat([prefix, root, a])[None]).logits[0, 10:]
     ref_b = tiny_model(torch.cat([prefix, root, b])[None]).logits[0, 11:]
     assert torch.allclose(logits[:4], ref_a, atol=1e-4)
     assert torch.allclose(logits[4:], ref_b, atol=1e-4)
     # compaction of branch b, then one more token continues it exactly
-    eng.compact(torch.tensor([10, 14, 15]), torch.tensor([10, 11, 12]))
+    eng.compact(torch.tensor([[10, 14, 15]]), torch.tensor([[10, 11, 12]]))
     pos = torch.tensor([13])
     nxt, _ = eng.forward(torch.tensor([11]), pos, pos, eng.causal_mask(13, 1))
     ref = tiny_model(torch.cat([prefix, root, b, torch.tensor([11])])[None]).logits[0, -1]
@@ -67,7 +69,7 @@ def test_plain_greedy_equals_hf_generate(tiny_model):
 def test_greedy_spec_equals_plain_random_drafter(tiny_model, mode):
     eng = engine_for(tiny_model)
     prop = DrafterProposer(random_drafter(tiny_model, draft_vocab_size=4000, stride=2), Sampling(), eng.max_len, mode=mode, depth=3, top_k=3, total_tokens=8)
-    assert prop.fused  # greedy chains and trees take the fused cycle
+    assert prop.whole  # greedy chains and trees: the whole cycle is one graph
     for seed in range(3):
         prompt = torch.randint(0, 1000, (8,), generator=torch.Generator().manual_seed(seed)).tolist()
         plain = plain_generate(eng, prompt, 20, set(), Sampling())
@@ -97,3 +99,25 @@ def test_stop_token_cuts_both_the_same(tiny_model):
     prop = DrafterProposer(random_drafter(tiny_model), Sampling(), eng.max_len, mode="chain", depth=3)
     spec = spec_generate(eng, prop, prompt, 20, stop, Sampling())
     assert plain.tokens == spec.tokens == free[: free.index(free[6]) + 1]
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_batch_rows_decode_as_each_alone(tiny_model, mode):
+    """Three prompts of other lengths in one batch, each row on its own (its own accepted
+    counts; one stops early at a stop token, the others run to the token limit): greedy plain and
+    speculative decoding give every row what plain decoding gives it alone (fp32)."""
+    from draftsmith.evaluate.decode import decode
+
+    drafter = random_drafter(tiny_model, draft_vocab_size=4000, stride=2)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 1000, (n,), generator=gen).tolist() for n in (8, 3, 12)]
+    alone = [plain_generate(engine_for(tiny_model), p, 20, set(), Sampling()).tokens for p in prompts]
+    stop = {next(t for i, t in enumerate(alone[1]) if i >= 3 and t not in alone[1][:i])}  # row 1 stops after a few tokens
+    alone = [plain_generate(engine_for(tiny_model), p, 20, stop, Sampling()).tokens for p in prompts]
+    eng = TargetEngine(tiny_model, default_aux_layers(2), 256, batch=3)
+    prop = DrafterProposer(drafter, Sampling(), 256, mode=mode, depth=3, top_k=3, total_tokens=8, batch=3)
+    plain = decode(eng, prompts, 20, stop, Sampling())
+    spec = decode(eng, prompts, 20, stop, Sampling(), prop)
+    assert [t.tokens for t in plain] == [t.tokens for t in spec] == alone
+    assert 3 < len(alone[1]) < 20 and len(alone[0]) == 20  # the rows finished at other times
+    assert all(1 <= len(t.accepts) <= len(t.tokens) for t in spec) and spec[0].seconds == spec[2].seconds

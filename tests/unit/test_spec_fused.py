@@ -1,7 +1,7 @@
-"""The fused cycles (staged observe + the draft steps as one function of fixed-shape device
-tensors, verification on the device): the greedy chain against the step-by-step path and the
-tree verification; the tree against plain decoding; no host read inside a draft and one per
-cycle."""
+"""The drafting cycle (staged observe + the draft steps as one function of fixed-shape device
+tensors, verification on the device): rows drafted in a batch as each alone, rows staged at
+once as one by one; the greedy chain through chain and tree verification; the tree against
+plain decoding; no host read inside a draft and one per cycle; the compiled drafter step."""
 
 from __future__ import annotations
 
@@ -32,8 +32,11 @@ class AsTree:
     def reset(self) -> None:
         self.proposer.reset()
 
-    def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        self.proposer.observe(aux, next_tokens)
+    def observe_prompt(self, aux: torch.Tensor, next_tokens: torch.Tensor, pad: torch.Tensor) -> None:
+        self.proposer.observe_prompt(aux, next_tokens, pad)
+
+    def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor, m: torch.Tensor) -> None:
+        self.proposer.observe(aux, next_tokens, m)
 
     def propose(self) -> Draft:
         return chain_as_tree(self.proposer.propose())
@@ -67,69 +70,88 @@ class NoHostReads(HostReads):
     strict = True
 
 
-def test_fused_cycle_never_reads_the_host():
-    """The staged observe and the fused cycle are capturable: no syncs, no host tensors (the
+def prompt_state(eng: TargetEngine, prop, prompts: list[list[int]]) -> torch.Tensor:  # noqa: ANN001
+    """Prefill `prompts` and let `prop` observe them (each followed by its own first token);
+    returns the aux states [B, P, n_aux*H]."""
+    _, aux, ids, pad = eng.prefill_rows(prompts)
+    roots = torch.tensor([[p[0]] for p in prompts], device=ids.device)  # [B, 1]
+    prop.observe_prompt(aux, torch.cat([ids[:, 1:], roots], dim=1), pad)
+    return aux
+
+
+def test_cycle_never_reads_the_host():
+    """The staged observe and the drafting cycle are capturable: no syncs, no host tensors (the
     CPU proxy of a CUDA graph capture; the capture itself is checked on GPU)."""
     model = tiny_vocab_llama()
-    eng = TargetEngine(model, [0, 1, 2], max_len=64)
-    prop = DrafterProposer(tiny_vocab_drafter(model), Sampling(), 64, mode="chain", depth=3)
-    prompt = torch.tensor([1, 5, 7, 3, 9, 2, 4])
-    _, aux = eng.prefill(prompt)
-    prop.observe(aux, torch.cat([prompt[1:], torch.tensor([4])]))  # a prompt: its prefix runs eagerly
+    eng = TargetEngine(model, [0, 1, 2], max_len=64, batch=2)
+    prop = DrafterProposer(tiny_vocab_drafter(model), Sampling(), 64, mode="chain", depth=3, batch=2)
+    aux = prompt_state(eng, prop, [[1, 5, 7, 3, 9, 2, 4], [3, 3]])  # a prompt's prefix runs eagerly
     with NoHostReads():
         prop.propose()
-        prop.observe(aux[:2], prompt[:2])
+        m = torch.ones(2, dtype=torch.long) * 2
+        prop.observe(aux[:, :2], aux[:, :2, 0].long(), m)
         prop.propose()
     with NoHostReads(), pytest.raises(AssertionError):  # the guard works
         prop.vocab_map[torch.tensor(1)]
 
 
 def test_verify_chain_greedy_equals_verify_tree():
-    g = torch.Generator().manual_seed(0)
+    """A batch of chains, the first j drafts of row j right: both verifications agree."""
     k = 4
-    for _ in range(5):
-        logits = torch.randn(k + 1, V, generator=g)
-        top = logits.argmax(-1)  # [K+1]
-        for j in range(k + 1):  # the first j drafts right, the next one wrong
-            tokens = top[:-1].clone()
-            if j < k:
-                tokens[j] = (tokens[j] + 1) % V
-            a, top_d, new = verify_chain_greedy(tokens, logits)
-            tree = chain_as_tree(Draft(tokens, torch.arange(1, k + 1)))
-            a_t, path, new_t, host = verify_tree(tree.tokens, tree.parents, tree.depths, tree.anc, logits, Sampling(), k + 1)
-            assert a == a_t == j and path[: j + 1].tolist() == list(range(j + 1))
-            assert new == host == tokens[:j].tolist() + [int(top[j])] == top_d[: a + 1].tolist() == new_t.tolist()
+    logits = torch.randn(k + 1, k + 1, V, generator=torch.Generator().manual_seed(0))  # [B = K+1, K+1, V]
+    top = logits.argmax(-1)  # [B, K+1]
+    tokens = top[:, :-1].clone()
+    for j in range(k):
+        tokens[j, j] = (tokens[j, j] + 1) % V
+    a, top_d, new = verify_chain_greedy(tokens, logits)
+    tree = chain_as_tree(Draft(tokens, torch.arange(1, k + 1).expand(k + 1, k)))
+    a_t, path, new_t, host = verify_tree(tree.tokens, tree.parents, tree.depths, tree.anc, logits, Sampling(), k + 1)
+    assert a.tolist() == a_t.tolist() == list(range(k + 1)) and path.tolist() == [list(range(k + 1))] * (k + 1)
+    for j in range(k + 1):
+        assert new[j] == host[j] == tokens[j, :j].tolist() + [int(top[j, j])] == top_d[j, : j + 1].tolist() == new_t[j, : j + 1].tolist()
 
 
+@pytest.mark.parametrize("mode", ["chain", "tree"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_fused_cycle_proposes_the_step_by_step_drafts(device):
-    """Same drafter state, same observed rows (a prompt longer than K+1, then every m in
-    1..K+1): the fused cycle and the step-by-step path draft the same tokens."""
+def test_rows_draft_as_each_alone(device, mode):
+    """Two rows of other prompt lengths drafted in one batch (each accepting its own count,
+    one parked, then restarted) draft what each drafts alone; staging m rows at once drafts
+    what staging them one by one does."""
     model = tiny_vocab_llama().to(device)
-    eng = TargetEngine(model, [0, 1, 2], max_len=64)
     drafter = tiny_vocab_drafter(model).to(device)
-    k = 4
-    fused, steps = (DrafterProposer(drafter, Sampling(), 64, mode="chain", depth=k, fused=f) for f in (True, False))
-    assert fused.fused and not steps.fused
-    for p in (fused, steps):
+    shape = dict(mode=mode, depth=4, top_k=2, total_tokens=6)
+    prompts = [[1, 5, 7, 3, 9, 2, 4, 6, 8, 10], [2, 8, 6, 4]]
+    both = DrafterProposer(drafter, Sampling(), 64, batch=2, **shape)
+    alone = [DrafterProposer(drafter, Sampling(), 64, **shape) for _ in prompts]
+    for p in (both, *alone):
         p.graph()
-    prompt = torch.tensor([1, 5, 7, 3, 9, 2, 4, 6, 8, 10], device=device)
-    _, aux = eng.prefill(prompt)
-    rows = [(aux, torch.cat([prompt[1:], prompt[6:7]]))]
+    aux = prompt_state(TargetEngine(model, [0, 1, 2], max_len=64, batch=2), both, prompts)
+    for p, prompt in zip(alone, prompts, strict=True):
+        prompt_state(TargetEngine(model, [0, 1, 2], max_len=64), p, [prompt])
     g = torch.Generator().manual_seed(0)
-    for m in [1, 2, 3, 4, 5, 1, 5]:
-        noise, tokens = torch.randn(m, aux.shape[1], generator=g), torch.randint(0, V, (m,), generator=g)
-        rows.append((aux[:m] + noise.to(device), tokens.to(device)))
     drafts = []
-    for a, nxt in rows:
-        for p in (fused, steps):
-            p.observe(a, nxt)
-        ours, ref = fused.propose(), steps.propose()
-        assert torch.equal(ours.tokens, ref.tokens) and ours.parents is ref.parents is None
-        assert torch.equal(ours.depths, ref.depths) and ours.q is None
-        drafts.append(ours.tokens.tolist())
-    assert fused.n == steps.n == 10 + 21
-    assert len({tuple(d) for d in drafts}) > 2  # the drafts vary, so that equality means something
+    for ms in [(1, 2), (3, 1), (5, 5), (2, 0), (1, 4)]:  # m = 0: row 1 parked at position 0
+        length = both.path_len
+        rows = (aux[:, :length] + torch.randn(2, length, aux.shape[-1], generator=g).to(device),
+                torch.randint(0, V, (2, length), generator=g).to(device))
+        ours = both.propose()
+        for b, p in enumerate(alone):
+            ref = p.propose()
+            assert torch.equal(ours.tokens[b], ref.tokens[0]) and torch.equal(ours.depths[b], ref.depths[0])
+            if mode == "tree":
+                assert torch.equal(ours.parents[b], ref.parents[0]) and torch.equal(ours.anc[b], ref.anc[0])
+            drafts.append(tuple(ref.tokens[0].tolist()))
+        m = torch.tensor(ms, device=device).clamp(max=length)
+        both.observe(*rows, m)
+        for b, p in enumerate(alone):
+            if b == 0 and ms[0] > 1:  # row 0 staged one row at a time instead
+                for j in range(int(m[0])):
+                    p.observe(rows[0][:1, j:j + 1], rows[1][:1, j:j + 1], torch.ones(1, dtype=torch.long, device=device))
+                    if j < int(m[0]) - 1:
+                        p.propose()
+            else:
+                p.observe(rows[0][b:b + 1], rows[1][b:b + 1], m[b:b + 1])
+    assert both.n.tolist() == [p.n.item() for p in alone] and len(set(drafts)) > 3  # the drafts vary
 
 
 def echo_drafter(model) -> Eagle3Drafter:
@@ -152,8 +174,8 @@ def echo_drafter(model) -> Eagle3Drafter:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_fused_spec_keeps_tokens_and_accepts(device):
-    """Greedy chain decoding: the fused path (on CUDA compiled and graphed) gives the target's
-    greedy output and the same accepted counts (so the same tau) as the step-by-step drafter with generic verification."""
+    """Greedy chain decoding (on CUDA compiled and graphed) gives the target's greedy output,
+    and the same accepted counts (so the same tau) as its drafts verified as trees."""
     model = tiny_vocab_llama().to(device)
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
     for t in (1, 4):  # plain decoding, verification of K=3
@@ -161,8 +183,7 @@ def test_fused_spec_keeps_tokens_and_accepts(device):
     drafter = echo_drafter(model).to(device)
     accepts = []
     for prompt in ([1, 5, 7, 3, 9], [2, 2, 8], [6, 10]):
-        fused, steps = (DrafterProposer(drafter, Sampling(), 64, mode="chain", depth=3, fused=f, compile=f and device == "cuda")
-                        for f in (True, False))
+        fused, steps = (DrafterProposer(drafter, Sampling(), 64, mode="chain", depth=3, compile=c) for c in (device == "cuda", False))
         for p in (fused, steps):
             p.graph()
         assert fused.compiled == (device == "cuda")  # on CUDA: the compiled step inside the captured cycle
@@ -185,29 +206,29 @@ def graphless(eng: TargetEngine) -> TargetEngine:
 
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0, top_p=0.9, seed=0)], ids=["greedy", "sampled"])
 def test_tree_cycle_reads_the_host_once(sampling):
-    """A tree cycle: the fused draft (top-k, selection, parent rows, ancestor mask) reads nothing
-    on the host; the cycle (draft, tree-mask forward, `verify_tree`, compaction, staged observe)
-    reads once."""
-    from draftsmith.evaluate.decode import _verify_tree
+    """A tree cycle of two rows: the draft (top-k, selection, parent rows, ancestor mask) reads
+    nothing on the host; the cycle (draft, tree-mask forward, `verify_tree`, compaction, staged
+    observe) reads once."""
+    from draftsmith.evaluate.decode import _verify
 
     model = tiny_vocab_llama()
     with torch.no_grad():
-        eng = graphless(TargetEngine(model, [0, 1, 2], max_len=64))
-        prop = DrafterProposer(echo_drafter(model), sampling, 64, mode="tree", depth=3, top_k=2, total_tokens=5)
-        prompt = torch.tensor([1, 5, 7, 3, 9, 2, 4])
-        _, aux = eng.prefill(prompt)
-        root, n = torch.tensor([4]), 7
-        prop.observe(aux, torch.cat([prompt[1:], root]))
+        eng = graphless(TargetEngine(model, [0, 1, 2], max_len=64, batch=2))
+        prop = DrafterProposer(echo_drafter(model), sampling, 64, mode="tree", depth=3, top_k=2, total_tokens=5, batch=2)
+        prompts = [[1, 5, 7, 3, 9, 2, 4], [8, 2]]
+        _, aux, ids, pad = eng.prefill_rows(prompts)
+        root = torch.tensor([[4], [6]])  # [B, 1]
+        prop.observe_prompt(aux, torch.cat([ids[:, 1:], root], dim=1), pad)
         with NoHostReads():
             draft = prop.propose()
-        assert draft.tokens.shape == (5,) and draft.anc.shape == (6, 6)
+        assert draft.tokens.shape == (2, 5) and draft.anc.shape == (2, 6, 6)
+        n = torch.tensor([7, 2])
         for _ in range(4):
             with HostReads() as reads:
-                draft = prop.propose()
-                new, aux, nxt = _verify_tree(eng, draft, root, n, sampling, prop.path_len)
-                prop.observe(aux, nxt)
+                accepted, new, _, acc_aux = _verify(eng, prop, prop.propose(), root, pad, n, [], sampling)
+                prop.observe(acc_aux, new, accepted + 1)
             assert reads.reads == ["tolist"]
-            root, n = nxt[-1:], n + len(new)
+            root, n = new.gather(1, accepted[:, None]), n + accepted + 1
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -241,13 +262,14 @@ def test_compiled_drafter_step_drafts_the_same():
     drafter = echo_drafter(model)
     eager, compiled = (DrafterProposer(drafter, Sampling(), 64, mode="tree", depth=2, top_k=2, total_tokens=4, compile=c)
                        for c in (False, True))
-    prompt = torch.tensor([1, 5, 7, 3, 9, 2, 4])
-    _, aux = eng.prefill(prompt)
-    for m in (7, 1, 3, 2):
-        for p in (eager, compiled):
-            p.observe(aux[-m:], prompt[-m:])
+    prompt = [1, 5, 7, 3, 9, 2, 4]
+    for p in (eager, compiled):
+        aux = prompt_state(eng, p, [prompt])
+    for m in (3, 1, 2):
         ours, ref = compiled.propose(), eager.propose()
         assert torch.equal(ours.tokens, ref.tokens) and torch.equal(ours.parents, ref.parents)
+        for p in (eager, compiled):
+            p.observe(aux[:, -3:], aux[:, -3:, 0].long().abs() % V, torch.tensor([m]))
     for prompt in ([1, 5, 7, 3, 9], [2, 2, 8, 6]):
         plain = plain_generate(eng, prompt, 20, set(), Sampling())
         assert spec_generate(eng, compiled, prompt, 20, set(), Sampling()).tokens == plain.tokens

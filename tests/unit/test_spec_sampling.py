@@ -17,48 +17,54 @@ from tests.helpers import V, tiny_vocab_drafter, tiny_vocab_llama
 
 def verify_as(mode: str, tokens: list[int], parents: list[int], logits: torch.Tensor, sampling: Sampling,
               q: torch.Tensor | None) -> tuple[list[int], int]:
-    """`verify_chain_sampled` or `verify_tree` as (accepted rows, next token)."""
+    """`verify_chain_sampled` or `verify_tree` on one row, as (accepted rows, next token)."""
     if mode == "chain":
-        a, _, new = verify_chain_sampled(torch.tensor(tokens), q, logits, sampling)
-        return list(range(a + 1)), new[-1]
+        accepted, _, new = verify_chain_sampled(torch.tensor([tokens]), None if q is None else q[None], logits[None], sampling)
+        return list(range(int(accepted[0]) + 1)), new[0][-1]
     depths = torch.zeros(len(parents) + 1, dtype=torch.long)
     for i, p in enumerate(parents):
         depths[i + 1] = depths[p] + 1
     depth = int(depths.max())
-    anc = tree_ancestors(torch.tensor(parents), depth)
-    a, path, _, new = verify_tree(torch.tensor(tokens), torch.tensor(parents), depths[1:], anc, logits, sampling, depth + 1)
-    return path[: a + 1].tolist(), new[-1]
+    anc = tree_ancestors(torch.tensor([parents]), depth)
+    accepted, path, _, new = verify_tree(torch.tensor([tokens]), torch.tensor([parents]), depths[None, 1:], anc, logits[None],
+                                         sampling, depth + 1)
+    return path[0, : int(accepted[0]) + 1].tolist(), new[0][-1]
+
 
 CHI2_CRIT_DF11 = 31.26  # p = 0.001
+ROWS = 8  # the rows of one batch, each an independent verification step from the same state
 
 
 def first_emitted(mode: str, residual: bool, n: int, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Counts of the first token emitted after the root by n independent verification steps
-    (real engine, real drafter), the target's distribution there, and the mean accepted length.
-    The target's logits depend only on the draft's tokens, so they are cached per draft."""
+    (real engine, real drafter, as eval runs them: batches of ROWS rows drafted, verified on
+    the target's tree-mask forward and accepted on the device), the target's distribution
+    there, and the mean accepted length."""
     model = tiny_vocab_llama()
-    eng = TargetEngine(model, [0, 1, 2], max_len=64)
+    eng = TargetEngine(model, [0, 1, 2], max_len=64, batch=ROWS)
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=0, residual=residual)
     prop = DrafterProposer(tiny_vocab_drafter(model), sampling, 64, mode=mode, depth=1 if mode == "chain" else 2, top_k=3,
-                           total_tokens=6)
-    prompt, root = torch.tensor([1, 5, 7, 3, 9]), 4
-    _, aux = eng.prefill(prompt)
-    prop.observe(aux, torch.cat([prompt[1:], torch.tensor([root])]))
-    ref = target_probs(model(torch.cat([prompt, torch.tensor([root])])[None]).logits[0, -1], temperature, top_p)
-    counts, accepted, cache = torch.zeros(V), 0, {}
-    tree = prop.propose() if mode == "tree" else None  # EAGLE-2 trees are deterministic
-    for _ in range(n):
-        draft = tree or prop.propose()
-        ids = torch.cat([torch.tensor([root]), draft.tokens])
-        key = tuple(ids.tolist())
-        if key not in cache:
-            pos = 5 + torch.cat([torch.zeros(1, dtype=torch.long), draft.depths])
-            anc = draft.anc if draft.anc is not None else torch.ones(ids.shape[0], ids.shape[0], dtype=torch.bool).tril()
-            cache[key] = eng.forward(ids, pos, torch.arange(5, 5 + ids.shape[0]), eng.tree_mask(5, anc))[0].clone()
-        parents = draft.parents.tolist() if draft.parents is not None else list(range(draft.tokens.shape[0]))
-        path, nxt = verify_as(mode, draft.tokens.tolist(), parents, cache[key], sampling, draft.q)
-        counts[int(ids[path[1]]) if len(path) > 1 else nxt] += 1
-        accepted += len(path) - 1
+                           total_tokens=6, batch=ROWS)
+    prompt, root = [1, 5, 7, 3, 9], 4
+    _, aux, ids, pad = eng.prefill_rows([prompt] * ROWS)
+    roots = torch.full((ROWS, 1), root)
+    prop.observe_prompt(aux, torch.cat([ids[:, 1:], roots], dim=1), pad)
+    ref = target_probs(model(torch.tensor([prompt + [root]])).logits[0, -1], temperature, top_p)
+    counts, accepted = torch.zeros(V), 0
+    at = torch.full((ROWS,), len(prompt))
+    for _ in range(n // ROWS):
+        draft = prop.propose()
+        rows = torch.cat([roots, draft.tokens], dim=1)  # [R, N+1]
+        if mode == "chain":
+            logits, _ = eng.rows_forward(rows, pad, at)
+            a, new, host = verify_chain_sampled(draft.tokens, draft.q, logits, sampling)
+        else:
+            offsets = torch.cat([torch.zeros(ROWS, 1, dtype=torch.long), draft.depths], dim=1)
+            logits, _ = eng.rows_forward(rows, pad, at, draft.anc, offsets)
+            a, _, new, host = verify_tree(draft.tokens, draft.parents, draft.depths, draft.anc, logits, sampling, prop.path_len)
+        for h in host:
+            counts[h[0]] += 1  # the first accepted draft, or the correction
+        accepted += int(a.sum())
     return counts, ref.detach(), accepted / n
 
 

@@ -25,6 +25,7 @@ class EvalConfig(CommandConfig):
     calibration_questions: int = Field(2, ge=1, description="--k auto / --tree auto: calibrate on the first turns of this many questions.")
     top_k: int = Field(10, ge=1, description="Tree mode: children expanded per node.")
     total_tokens: int = Field(60, ge=1, description="Tree mode: draft tokens verified per step (besides the root).")
+    batch_size: int = Field(1, ge=1, description="Rows decoded at once, each its own question (rows finish on their own); plain decoding runs at the same batch size. Above 1 needs the fast engine.")
     temperature: float = Field(0.0, ge=0, description="0 for greedy; >0 for lossless speculative sampling.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for temperature > 0.")
     num_questions: int | None = Field(None, gt=0, description="Use the first N questions; default all on GPU, 4 on CPU.")

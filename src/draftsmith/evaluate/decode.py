@@ -1,19 +1,24 @@
 """The two decoding loops that `draftsmith eval` compares, over the same engine (the fast
-`TargetEngine`, or for targets that fail its self-check the generic `HFEngine`, chain only):
-plain decoding (one target forward per token) and speculative decoding (draft, verify in one
-forward with the draft's tree mask, compact the accepted path's KV, feed the drafter the aux
-states of the accepted positions). Verification, chain or tree, greedy or sampled, stays on
-the device with fixed shapes and one host sync per cycle (a chain: causal mask, no compaction,
-the accepted path is a prefix; a tree: the draft's tree mask and a fixed-shape KV compaction).
+`TargetEngine`, or for targets that fail its self-check the generic `HFEngine`, chain only and
+one row): plain decoding (one target forward per token) and speculative decoding (draft, verify
+in one forward with the draft's tree mask, compact the accepted path's KV, feed the drafter the
+aux states of the accepted positions). One loop serves both, for a batch of prompts that each
+decode on their own: row b has its own length, accepts its own count, and finishes on its own
+(a finished row is parked at position 0 and computes nothing anyone reads until the batch is
+done). Verification, chain or tree, greedy or sampled, stays on the device with fixed shapes
+and one host read per cycle (a chain: causal mask, no compaction, the accepted path is a
+prefix; a tree: the draft's tree mask and a fixed-shape KV compaction).
 
-Both time decoding only: the clock starts after the prompt's prefill and stops after the last
-token, with the device synchronised. Both stop at a stop token (kept) or after
+Both time decoding only: the clock starts after the prompts' prefill and stops after the last
+row's last token, with the device synchronised; each row is charged an equal share of its
+batch's time (batch 1: its own time). Rows stop at a stop token (kept) or after
 `max_new_tokens`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -31,14 +36,15 @@ class Proposer(Protocol):
     path_len: int  # the most rows one verification accepts, the root included
 
     def reset(self) -> None: ...
-    def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor) -> None: ...
+    def observe_prompt(self, aux: torch.Tensor, next_tokens: torch.Tensor, pad: torch.Tensor) -> None: ...
+    def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor, m: torch.Tensor) -> None: ...
     def propose(self) -> Draft: ...
 
 
 @dataclass
 class Turn:
     tokens: list[int]
-    seconds: float  # decode time (after prefill)
+    seconds: float  # decode time (after prefill): the row's share of its batch's time
     accepts: list[int] = field(default_factory=list)  # accepted draft tokens per verification step
 
 
@@ -55,78 +61,124 @@ def _finish(tokens: list[int], max_new_tokens: int, stop_ids: set[int]) -> list[
     return tokens
 
 
-def plain_generate(engine: Engine, prompt: list[int], max_new_tokens: int, stop_ids: set[int],
-                   sampling: Sampling) -> Turn:
-    dev = engine.device
-    logits, _ = engine.prefill(torch.tensor(prompt, device=dev))
+def _prefill(engine: Engine, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits at each prompt's last token [B, V], aux states [B, P, n_aux*H] and ids [B, P]
+    of the left-padded prompts, and each row's padding [B]."""
+    if isinstance(engine, TargetEngine):
+        return engine.prefill_rows(prompts)
+    ids = torch.tensor(prompts, device=engine.device)  # [1, P]: the generic engine holds one row
+    logits, aux = engine.prefill(ids[0])
+    return logits[-1:], aux[None], ids, torch.zeros(1, dtype=torch.long, device=engine.device)
+
+
+def _forward(engine: Engine, ids: torch.Tensor, pad: torch.Tensor, n: torch.Tensor, n_host: list[int],
+             block: torch.Tensor | None = None, offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, T] after each row's n tokens (`TargetEngine.rows_forward`). Returns logits [B, T, V], aux [B, T, n_aux*H]."""
+    if isinstance(engine, TargetEngine):
+        return engine.rows_forward(ids, pad, n, block, offsets)
+    logits, aux = engine.chain(ids[0], n_host[0])  # one row, causal
+    return logits[None], aux[None]
+
+
+def _pick(sampling: Sampling, logits: torch.Tensor) -> torch.Tensor:
+    """The target's next token of every row, logits [B, V] -> [B], on the device."""
+    return logits.argmax(-1) if sampling.greedy else sampling.draws(sampling.probs(logits))
+
+
+def _verify(engine: Engine, proposer: Proposer, draft: Draft, root: torch.Tensor, pad: torch.Tensor, n: torch.Tensor,
+            n_host: list[int], sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], torch.Tensor]:
+    """One verification of every row's draft after its n tokens (root [B, 1]: the last token,
+    not yet in the target's cache). Returns the accepted counts [B], the new tokens [B, L] (the
+    accepted drafts, then the bonus or corrected token), each row's new tokens on the host, and
+    the aux states of the accepted rows [B, L, n_aux*H] (the first a+1 of each row are valid)."""
+    tokens = draft.tokens.to(engine.device)  # [B, N]
+    ids = torch.cat([root, tokens], dim=1)  # [B, N+1]: root + draft
+    if proposer.mode == "chain":  # the accepted path is a prefix: its KV is in place already
+        logits, aux = _forward(engine, ids, pad, n, n_host)
+        if sampling.greedy:
+            accepted, new, host = verify_chain_greedy(tokens, logits)
+        else:
+            accepted, new, host = verify_chain_sampled(tokens, draft.q, logits, sampling)
+        return accepted, new, host, aux
+    assert isinstance(engine, TargetEngine), "tree verification needs the fast engine (open_engine refuses it otherwise)"
+    parents, depths, anc = (x.to(engine.device) for x in (draft.parents, draft.depths, draft.anc))
+    offsets = torch.cat([depths[:, :1] * 0, depths], dim=1)  # [B, N+1]: positions after n (the root at n)
+    logits, aux = _forward(engine, ids, pad, n, n_host, anc, offsets)
+    accepted, path, new, host = verify_tree(tokens, parents, depths, anc, logits, sampling, proposer.path_len)
+    slots = (pad + n)[:, None] + torch.arange(ids.shape[1], device=engine.device)  # [B, N+1]
+    engine.compact(slots.gather(1, path), slots[:, : path.shape[1]])  # fixed shape: padding rows land where the next forward writes
+    return accepted, new, host, aux.gather(1, path[..., None].expand(-1, -1, aux.shape[-1]))
+
+
+def decode(engine: Engine, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int], sampling: Sampling,
+           proposer: Proposer | None = None) -> list[Turn]:
+    """Answer `prompts` (one per engine row) by plain decoding, or by speculative decoding with
+    `proposer`. Returns one Turn per prompt."""
+    dev, rows = engine.device, len(prompts)
+    logits, aux, ids, pad = _prefill(engine, prompts)
+    first = _pick(sampling, logits)  # [B]
+    size = proposer.size if proposer is not None else 0
+    if proposer is not None:
+        proposer.reset()
+        proposer.observe_prompt(aux, torch.cat([ids[:, 1:], first[:, None]], dim=1), pad)  # state t, token t+1
+    n_host, pad_host, new_host = [len(p) for p in prompts], pad.tolist(), [[t] for t in first.tolist()]
+    n = torch.tensor(n_host, device=dev)  # [B]: tokens in the target's cache per row
+    out, accepts = [list(t) for t in new_host], [[] for _ in prompts]
+
+    def running(i: int) -> bool:
+        return (len(out[i]) < max_new_tokens and stop_ids.isdisjoint(new_host[i])
+                and pad_host[i] + n_host[i] + size + 1 <= engine.max_len)
+
+    alive = [running(i) for i in range(rows)]
+    live = torch.tensor(alive, device=dev)  # [B]
+    root = first[:, None]  # [B, 1]
     _sync(dev)
     t0 = time.perf_counter()
-    tok, n = sampling.pick(logits[-1]), len(prompt)
-    out = [tok]
-    while len(out) < max_new_tokens and tok not in stop_ids and n < engine.max_len:
-        logits, _ = engine.chain(torch.tensor([tok], device=dev), n)
-        tok, n = sampling.pick(logits[0]), n + 1
-        out.append(tok)
+    while any(alive):
+        if proposer is None:
+            new = _pick(sampling, _forward(engine, root, pad, n, n_host)[0][:, 0])[:, None]  # [B, 1]
+            accepted, new_host = torch.zeros_like(n), new.tolist()  # the one host read
+        else:
+            accepted, new, new_host, acc_aux = _verify(engine, proposer, proposer.propose(), root, pad, n, n_host, sampling)
+        for i in range(rows):
+            if alive[i]:
+                out[i] += new_host[i]
+                accepts[i].append(len(new_host[i]) - 1)
+                n_host[i] += len(new_host[i])
+        now = [alive[i] and running(i) for i in range(rows)]
+        if now != alive:  # a row finished: park it at position 0 (a host-to-device copy, once per row)
+            alive, live = now, torch.tensor(now, device=dev)
+        m = (accepted + 1) * live  # [B]: new positions per row, 0 for a parked one
+        n = (n + m) * live
+        if proposer is not None:
+            proposer.observe(acc_aux, new, m)
+        root = new.gather(1, accepted[:, None])  # [B, 1]
     _sync(dev)
-    return Turn(out, time.perf_counter() - t0)
+    seconds = (time.perf_counter() - t0) / rows
+    return [Turn(_finish(o, max_new_tokens, stop_ids), seconds, a if proposer is not None else []) for o, a in zip(out, accepts, strict=True)]
 
 
-def _verify_chain(engine: Engine, draft: Draft, root: torch.Tensor, n: int,
-                  sampling: Sampling) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """One verification step of a chain draft: inputs built on the device, acceptance on the
-    device (greedy or speculative sampling), one host sync. The accepted path is a prefix, so
-    its KV is already in place (no compaction; the next `chain` call overwrites or crops the
-    rejected rest). Returns the new tokens (accepted drafts + the bonus or corrected token),
-    the accepted rows' aux states and the new tokens on the device."""
-    tokens = draft.tokens.to(engine.device)
-    logits, aux = engine.chain(torch.cat([root, tokens]), n)  # root + chain at n..n+K
-    if sampling.greedy:
-        a, new_t, new = verify_chain_greedy(tokens, logits)
-    else:
-        a, new_t, new = verify_chain_sampled(tokens, draft.q, logits, sampling)
-    return new, aux[: a + 1], new_t
+def decode_all(engine: Engine, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int], sampling: Sampling,
+               proposer: Proposer | None = None, done: Callable[[list[Turn]], None] | None = None) -> list[Turn]:
+    """Any number of prompts, in batches of the engine's rows (the last one filled up with
+    copies of its first prompt, whose answers are dropped); `done(turns)` after each batch."""
+    rows, out = getattr(engine, "batch", 1), []
+    for i in range(0, len(prompts), rows):
+        chunk = prompts[i : i + rows]
+        turns = decode(engine, chunk + chunk[:1] * (rows - len(chunk)), max_new_tokens, stop_ids, sampling, proposer)[: len(chunk)]
+        out += turns
+        if done is not None:
+            done(turns)
+    return out
 
 
-def _verify_tree(engine: TargetEngine, draft: Draft, root: torch.Tensor, n: int, sampling: Sampling,
-                 path_len: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """The same for a tree draft: the forward under the tree mask (built on the device from the
-    draft's ancestor mask), `verify_tree` on the device with one host sync, then the accepted
-    path's KV moved to slots n.. by a fixed-shape copy of `path_len` rows (the padding rows land
-    on slots that the next verification overwrites)."""
-    dev = engine.device
-    rows = torch.cat([root, draft.tokens])  # [N+1]: root + draft
-    pos = n + torch.cat([torch.zeros_like(draft.depths[:1]), draft.depths])  # [N+1]
-    slots = torch.arange(n, n + rows.shape[0], device=dev)  # [N+1]
-    logits, aux = engine.forward(rows, pos, slots, engine.tree_mask(n, draft.anc))
-    a, path, new_t, new = verify_tree(draft.tokens, draft.parents, draft.depths, draft.anc, logits, sampling, path_len)
-    engine.compact(slots.index_select(0, path), slots[:path_len])
-    return new, aux.index_select(0, path[: a + 1]), new_t
+def plain_generate(engine: Engine, prompt: list[int], max_new_tokens: int, stop_ids: set[int],
+                   sampling: Sampling) -> Turn:
+    """One prompt by plain decoding (an engine of one row)."""
+    return decode(engine, [prompt], max_new_tokens, stop_ids, sampling)[0]
 
 
 def spec_generate(engine: Engine, proposer: Proposer, prompt: list[int], max_new_tokens: int,
                   stop_ids: set[int], sampling: Sampling) -> Turn:
-    dev = engine.device
-    ids = torch.tensor(prompt, device=dev)
-    logits, aux = engine.prefill(ids)
-    _sync(dev)
-    t0 = time.perf_counter()
-    tok, n = sampling.pick(logits[-1]), len(prompt)
-    root = torch.tensor([tok], device=dev)  # [1]: the last token, not yet in the target's cache
-    new, out, accepts = [tok], [tok], []
-    proposer.reset()
-    proposer.observe(aux, torch.cat([ids[1:], root]))  # state t, token t+1
-    if proposer.mode == "tree":
-        assert isinstance(engine, TargetEngine), "tree verification needs the fast engine (open_engine refuses it otherwise)"
-    while len(out) < max_new_tokens and stop_ids.isdisjoint(new) and n + proposer.size + 1 <= engine.max_len:
-        draft = proposer.propose()
-        if proposer.mode == "chain":
-            new, aux, next_tokens = _verify_chain(engine, draft, root, n, sampling)
-        else:
-            new, aux, next_tokens = _verify_tree(engine, draft, root, n, sampling, proposer.path_len)
-        proposer.observe(aux, next_tokens)
-        root = next_tokens[-1:]
-        out += new
-        accepts.append(len(new) - 1)
-        n += len(new)
-    _sync(dev)
-    return Turn(_finish(out, max_new_tokens, stop_ids), time.perf_counter() - t0, accepts)
+    """One prompt by speculative decoding (an engine and a proposer of one row)."""
+    return decode(engine, [prompt], max_new_tokens, stop_ids, sampling, proposer)[0]

@@ -5,8 +5,8 @@
     accept_per_position     P(draft position j accepted), j = 1..max depth, over all steps
     accept_conditional      P(position j accepted | position j-1 accepted)
     tau_distribution        {tokens per step: number of steps}
-    speedup                 spec decode tok/s / plain decode tok/s (same engine, prompts, run);
-                            null when no plain run was made
+    speedup                 spec decode tok/s / plain decode tok/s (same engine, prompts, run,
+                            batch size and temperature); null when no plain run was made
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"- target `{r['target']}`, drafter `{r['drafter']}`, device {r['device']} ({r['dtype']}), CUDA graphs {r['cuda_graphs']}, "
         f"target engine {r.get('target_engine', 'fast')}",
         f"- {r['questions']} questions, {r['turns']} turns, {r['tokens']} tokens, temperature {r['temperature']}, "
-        f"max {r['max_new_tokens']} new tokens per turn",
+        f"max {r['max_new_tokens']} new tokens per turn, batch size {r.get('batch_size', 1)} (each row its own question; "
+        "plain decoding at the same batch size)",
         f"- **tau {r['tau']:.3f}** tokens per verification ({r['steps']} steps)",
         f"- decode: speculative {fmt(r['spec_tok_per_s'], '{:.1f}')} tok/s, plain {fmt(r['plain_tok_per_s'], '{:.1f}')} tok/s, "
         f"**speed-up {fmt(r['speedup'], '{:.2f}x')}**",
@@ -115,7 +116,8 @@ def plot(r: dict[str, Any], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.bar(pos, r["accept_per_position"], label="accepted")
     ax.plot(pos, [c if c is not None else float("nan") for c in r["accept_conditional"]], "o-", color="C1", label="conditional")
-    ax.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1.05), title=f"acceptance per position (tau {r['tau']:.2f})")
+    ax.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1.05),
+           title=f"acceptance per position (tau {r['tau']:.2f}, {r['mode']}, temperature {r['temperature']}, batch {r.get('batch_size', 1)})")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "acceptance.png", dpi=100)

@@ -3,8 +3,10 @@ EAGLE-2 tree) and with plain decoding, on the same engine, and report tau, accep
 position and the decode speed-up. The engine is the static-KV-cache one when it passes its
 self-check on the target, else the generic HF path (runtime/selfcheck.py).
 
-    load target + drafter -> engine (self-check), proposer (+ CUDA graphs on GPU) -> warm-up
-    -> for each question, turn by turn: speculative answer, then plain answer (timed)
+    load target + drafter -> engine (self-check) of --batch-size rows -> the draft shape
+    (--k auto / --tree auto: a calibration) -> proposer (+ CUDA graphs on GPU) -> warm-up
+    -> turn by turn, in batches of rows that each decode their own question: every
+       question's speculative answers, then its plain answers (timed)
     -> report.json, report.md, acceptance.png, tau.png, answers.jsonl
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,7 @@ from draftsmith.draft.checkpoint import load_drafter
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
-from draftsmith.evaluate.decode import Proposer, Turn, plain_generate, spec_generate
+from draftsmith.evaluate.decode import Turn, decode, decode_all
 from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.evaluate.questions import Question, load_questions, token_bound, turn_prompt
 from draftsmith.evaluate.report import build_report, summary_line, write_report
@@ -63,7 +66,7 @@ def make_proposer(engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampl
     compile_step = engine.device.type == "cuda" if cfg.compile_drafter is None else cfg.compile_drafter
     mode = "chain" if shape.top_k is None else "tree"
     proposer = DrafterProposer(drafter, sampling, max_len, mode=mode, depth=shape.depth, top_k=shape.top_k or 1,
-                               total_tokens=shape.total_tokens or shape.depth, compile=compile_step)
+                               total_tokens=shape.total_tokens or shape.depth, compile=compile_step, batch=cfg.batch_size)
     if graphs:
         for t in (1, proposer.size + 1):
             engine.graph(t)  # counts its own capture time
@@ -75,16 +78,19 @@ def make_proposer(engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampl
     return proposer
 
 
-def answer(engine: Engine, tokenizer: Any, question: Question, max_new: int, stops: set[int],
-           generate: Any, completion: bool = False) -> list[tuple[list[int], Turn]]:
-    """Answer every turn of a question with `generate(prompt) -> Turn`, the model's own answers
-    in the history (raw text with `completion`). Returns (prompt ids, turn) per turn."""
-    out, answers = [], []
-    for i in range(len(question.turns)):
-        prompt = turn_prompt(tokenizer, question.turns[: i + 1], answers, completion)
-        turn = generate(prompt)
-        out.append((prompt, turn))
-        answers.append(tokenizer.decode(turn.tokens, skip_special_tokens=True))
+def answer(tokenizer: Any, questions: list[Question], generate: Callable[[list[list[int]]], list[Turn]],
+           completion: bool = False) -> list[list[Turn]]:
+    """Answer every turn of every question with `generate(prompts) -> turns` (turn i of all the
+    questions that have one, in batches), each question's own answers in its history (raw text
+    with `completion`). Returns the turns of each question."""
+    out: list[list[Turn]] = [[] for _ in questions]
+    texts: list[list[str]] = [[] for _ in questions]
+    for i in range(max(len(q.turns) for q in questions)):
+        asked = [j for j, q in enumerate(questions) if len(q.turns) > i]
+        prompts = [turn_prompt(tokenizer, questions[j].turns[: i + 1], texts[j], completion) for j in asked]
+        for j, turn in zip(asked, generate(prompts), strict=True):
+            out[j].append(turn)
+            texts[j].append(tokenizer.decode(turn.tokens, skip_special_tokens=True))
     return out
 
 
@@ -123,7 +129,7 @@ def run(cfg: EvalConfig) -> Path:
             return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
 
         spec_sampling, plain_sampling = sampler(), sampler()
-        engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, mode)
+        engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, mode, cfg.batch_size)
 
         def proposer_of(shape: Shape) -> DrafterProposer:
             return make_proposer(engine, drafter, cfg, spec_sampling, max_len, shape, graphs)
@@ -136,45 +142,46 @@ def run(cfg: EvalConfig) -> Path:
             print(shape_summary(calibration), flush=True)
         proposer = proposer_of(shape)
 
-        def spec(prompt: list[int]) -> Turn:
-            return spec_generate(engine, proposer, prompt, max_new, stops, spec_sampling)
-
-        def plain(prompt: list[int]) -> Turn:
-            return plain_generate(engine, prompt, max_new, stops, plain_sampling)
-
         t0 = time.perf_counter()  # warm-up: first-call allocations, kernel selection
-        warm = turn_prompt(tok, questions[0].turns[:1], [], cfg.completion)
-        spec_generate(engine, proposer, warm, 8, stops, sampler())
-        plain_generate(engine, warm, 8, stops, sampler())
+        warm = [turn_prompt(tok, questions[0].turns[:1], [], cfg.completion)] * cfg.batch_size
+        decode(engine, warm, 8, stops, sampler(), proposer)
+        decode(engine, warm, 8, stops, sampler())
         warmup_s = time.perf_counter() - t0
 
+        passes = 2 if cfg.speed else 1
+        with Progress("eval", out, total=passes * sum(len(q.turns) for q in questions), unit="turns") as progress:
+
+            def answered(done: list[Turn]) -> None:
+                progress.advance(len(done), tokens=sum(len(t.tokens) for t in done))
+
+            def spec(prompts: list[list[int]]) -> list[Turn]:
+                return decode_all(engine, prompts, max_new, stops, spec_sampling, proposer, answered)
+
+            def plain(prompts: list[list[int]]) -> list[Turn]:
+                return decode_all(engine, prompts, max_new, stops, plain_sampling, None, answered)
+
+            spec_turns = answer(tok, questions, spec, cfg.completion)
+            plain_turns = answer(tok, questions, plain, cfg.completion) if cfg.speed else [[None] * len(t) for t in spec_turns]
         turns: list[dict[str, Any]] = []
         lines: list[str] = []
-        with Progress("eval", out, total=len(questions), unit="questions") as progress:
-            for q in questions:
-                spec_turns = answer(engine, tok, q, max_new, stops, spec, cfg.completion)
-                plain_turns = answer(engine, tok, q, max_new, stops, plain, cfg.completion) if cfg.speed else [None] * len(spec_turns)
-                record = {"question_id": q.question_id, "category": q.category, "turns": [], "token_ids": [], "accepts": []}
-                for (_, s), p in zip(spec_turns, plain_turns, strict=True):
-                    row = {"category": q.category, "accepts": s.accepts, "spec_tokens": len(s.tokens), "spec_seconds": s.seconds}
-                    if p is not None:
-                        _, pt = p
-                        row.update(plain_tokens=len(pt.tokens), plain_seconds=pt.seconds,
-                                   matches_plain=(s.tokens == pt.tokens) if spec_sampling.greedy else None)
-                    turns.append(row)
-                    record["turns"].append(tok.decode(s.tokens, skip_special_tokens=True))
-                    record["token_ids"].append(s.tokens)
-                    record["accepts"].append(s.accepts)
-                lines.append(json.dumps(record))
-                steps = sum(len(t["accepts"]) for t in turns)
-                progress.set(tau=round(sum(a + 1 for t in turns for a in t["accepts"]) / max(steps, 1), 3))
-                progress.advance(1, tokens=sum(len(s.tokens) for _, s in spec_turns))
+        for q, spec_q, plain_q in zip(questions, spec_turns, plain_turns, strict=True):
+            record = {"question_id": q.question_id, "category": q.category, "turns": [], "token_ids": [], "accepts": []}
+            for s, pt in zip(spec_q, plain_q, strict=True):
+                row = {"category": q.category, "accepts": s.accepts, "spec_tokens": len(s.tokens), "spec_seconds": s.seconds}
+                if pt is not None:
+                    row.update(plain_tokens=len(pt.tokens), plain_seconds=pt.seconds,
+                               matches_plain=(s.tokens == pt.tokens) if spec_sampling.greedy else None)
+                turns.append(row)
+                record["turns"].append(tok.decode(s.tokens, skip_special_tokens=True))
+                record["token_ids"].append(s.tokens)
+                record["accepts"].append(s.accepts)
+            lines.append(json.dumps(record))
         atomic_write_text(out / "answers.jsonl", "\n".join(lines) + "\n")
         meta = {
             "mode": mode, "k": shape.depth, "k_requested": cfg.k, "tree_requested": cfg.tree, "top_k": shape.top_k,
             "shape": calibration.to_dict() if calibration is not None else None,
             "total_tokens": proposer.size if mode == "tree" else None, "depth": shape.depth,
-            "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
+            "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed, "batch_size": cfg.batch_size,
             "bench": cfg.bench, "completion": cfg.completion, "questions": len(questions), "max_new_tokens": max_new,
             "target": target.info.name, "target_info": target.info.to_dict(), "drafter": str(cfg.drafter),
             "drafter_meta": manifest.get("meta", {}), "aux_layer_ids": drafter.config.aux_layer_ids,

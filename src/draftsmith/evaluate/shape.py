@@ -4,6 +4,7 @@ chosen from a short calibration on the engine and drafter at hand (before the me
     E(s)    expected tokens per target call with shape s
     c(s)    seconds per draft-and-verify cycle with shape s, measured: a calibration run per
             shape (its own proposer and, on GPU, its own CUDA graphs), decode time over cycles
+            (at batch size B: each row's share of the batch's time over its cycles)
     t_plain seconds per token of plain decoding on the same prompts
     predicted speed-up(s) = E(s) / c(s) · t_plain
 
@@ -25,7 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from draftsmith.errors import UserError
-from draftsmith.evaluate.decode import Proposer, plain_generate, spec_generate
+from draftsmith.evaluate.decode import Proposer, decode_all
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import Engine
 
@@ -110,14 +111,11 @@ def calibrate(engine: Engine, make_proposer: Callable[[Shape], Proposer], prompt
     measured: list[tuple[Shape, list[int], float]] = []  # shape, accepted counts, seconds per cycle
     tokens = 0
     for shape in shapes:
-        proposer = make_proposer(shape)
-        seconds, accepts = 0.0, []
-        for prompt in prompts:
-            turn = spec_generate(engine, proposer, prompt, max_new, stops, sampling())
-            seconds, accepts = seconds + turn.seconds, accepts + turn.accepts
-            tokens += len(turn.tokens) if not chain or shape == shapes[0] else 0
-        measured.append((shape, accepts, seconds / max(len(accepts), 1)))
-    plain = [plain_generate(engine, p, max_new, stops, sampling()) for p in prompts]
+        turns = decode_all(engine, prompts, max_new, stops, sampling(), make_proposer(shape))  # in batches of the engine's rows
+        accepts = [a for t in turns for a in t.accepts]  # a row's cycle: its share of a batch's cycle
+        measured.append((shape, accepts, sum(t.seconds for t in turns) / max(len(accepts), 1)))
+        tokens += sum(len(t.tokens) for t in turns) if not chain or shape == shapes[0] else 0
+    plain = decode_all(engine, prompts, max_new, stops, sampling())
     plain_seconds = sum(t.seconds for t in plain) / max(sum(len(t.tokens) - 1 for t in plain), 1)  # the first token is the prefill's
     if not chain:
         candidates = [Candidate(s, sum(a + 1 for a in acc) / max(len(acc), 1), c) for s, acc, c in measured]

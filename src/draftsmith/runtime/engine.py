@@ -11,9 +11,11 @@ That gives, with one code path:
   - the drafter's auxiliary hidden states, captured in the same pass (draftsmith layer ids:
     id k = residual entering decoder layer k; k == L is the last layer's output); none when
     `aux_layer_ids` is empty,
-  - batched decoding (`batch` rows, `forward_batch`): every row writes the same cache slots
-    and has its own positions and mask, so left-padded prompts decode in lock-step
-    (`draftsmith synth`, synth/generate.py).
+  - batched decoding (`batch` rows, `forward_batch`): every row has its own cache slots,
+    positions and mask. Left-padded prompts decode in lock-step (`draftsmith synth`,
+    synth/generate.py: the same slots in every row), or each row on its own (`draftsmith eval
+    --batch-size`: `prefill_rows`, then `rows_forward` at each row's own length, for plain
+    decoding and chain or tree verification alike).
 
 `graph(t, width)` captures the forward of `t` tokens attending over the first `width` cache
 slots in a CUDA graph (static input buffers; the cache is written in place), used by plain
@@ -82,7 +84,7 @@ class Graphed:
 
 class TargetEngine:
     """The target with a static KV cache of `max_len` slots for `batch` rows. The unbatched
-    methods (`forward`, `chain`, `prefill`, `causal_mask`, `tree_mask`, `compact`) need batch 1."""
+    methods (`forward`, `chain`, `prefill`, `causal_mask`) need batch 1."""
 
     name = "fast"
 
@@ -125,8 +127,9 @@ class TargetEngine:
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, n, T, hd]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        self.k_cache[i].index_copy_(2, slots, k)
-        self.v_cache[i].index_copy_(2, slots, v)
+        at = slots[:, None, :, None].expand(b, self.nkv, t, self.hd)  # [B, nkv, T, hd]: each row's own slots
+        self.k_cache[i].scatter_(2, at, k)
+        self.v_cache[i].scatter_(2, at, v)
         s, g = mask.shape[-1], self.nh // self.nkv
         q = q.reshape(b, self.nkv, g * t, self.hd)  # [B, nkv, g*T, hd]: head h = kv head h//g, as in GQA
         o = F.scaled_dot_product_attention(q, self.k_cache[i][:, :, :s], self.v_cache[i][:, :, :s], attn_mask=mask,
@@ -136,8 +139,7 @@ class TargetEngine:
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
                  last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids, pos [B, T]; slots [T] cache slots to write (the same for every row);
-        mask [B, 1, T, S] bool. Returns logits [B, T, V] (float32; [B, 1, V] with `last_only`)
+        """ids, pos, slots [B, T] (the cache slots each row writes); mask [B, 1, T, S] bool. Returns logits [B, T, V] (float32; [B, 1, V] with `last_only`)
         and aux [B, T, n_aux*H] (n_aux = 0 without aux layers)."""
         h = self.embed(ids)  # [B, T, H]
         cos, sin = self.base.rotary_emb(h, pos)  # [B, T, hd]
@@ -157,7 +159,7 @@ class TargetEngine:
 
     def _forward_eager(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
                        last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """`_forward` over only the cache slots that some token sees. mask [B, T, S]."""
+        """`_forward` over only the cache slots that some token sees. slots [B, T], mask [B, T, S]."""
         used = int(torch.nonzero(mask.flatten(0, 1).any(0)).max()) + 1
         with torch.no_grad():
             return self._forward(ids, pos, slots, mask[:, None, :, :used], last_only)
@@ -165,11 +167,12 @@ class TargetEngine:
     @torch.no_grad()
     def forward_batch(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
                       last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run `ids [B, T]` at positions `pos [B, T]`, writing their K/V at cache `slots [T]`
-        in every row; `mask [B, T, S]` (S <= max_len) says which of the first S cache slots
+        """Run `ids [B, T]` at positions `pos [B, T]`, writing their K/V at cache `slots [B, T]`
+        (or [T]: the same in every row); `mask [B, T, S]` (S <= max_len) says which of the first S cache slots
         each token sees (its own slot included). Returns logits [B, T, V] and aux [B, T, n_aux*H].
         Uses the CUDA graph captured for (T, S) when there is one (its outputs are overwritten
         by its next replay); `last_only` (prompts: logits [B, 1, V]) always runs eagerly."""
+        slots = slots.expand(ids.shape[0], -1)  # [B, T]
         graph = None if last_only else self.graphs.get((ids.shape[1], mask.shape[-1]))
         if graph is not None:
             return graph(ids, pos, slots, mask[:, None])  # mask [B, 1, T, S]
@@ -196,33 +199,62 @@ class TargetEngine:
         rows = torch.arange(start, start + t, device=self.device)
         return cols[None, :] <= rows[:, None]
 
-    def tree_mask(self, start: int, ancestors: torch.Tensor) -> torch.Tensor:
-        """[T, max_len] for a draft tree at slots start..start+T-1: every token sees the
-        context slots < start and its ancestors-or-self (`ancestors [T, T]` bool)."""
-        t = ancestors.shape[0]
-        mask = torch.zeros(t, self.max_len, dtype=torch.bool, device=self.device)
-        mask[:, :start] = True
-        mask[:, start:start + t] = ancestors
-        return mask
-
     def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Fill the cache with a prompt `ids [P]` at slots/positions 0..P-1 (always eager)."""
         p = ids.shape[0]
         if p >= self.max_len:
             raise UserError(f"prompt of {p} tokens does not fit the KV cache of {self.max_len}; raise --max-len")
         pos = torch.arange(p, device=self.device)
-        logits, aux = self._forward_eager(ids[None], pos[None], pos, self.causal_mask(0, p)[None])
+        logits, aux = self._forward_eager(ids[None], pos[None], pos[None], self.causal_mask(0, p)[None])
         return logits[0], aux[0]
 
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Move the accepted path's K/V from slots `src` to slots `dst` (both [n], on the
-        device: no host sync), by the CUDA graph captured for n rows when there is one."""
-        self.compactions.get(src.shape[0], self._compact)(src, dst)
+        """Move each row's accepted path's K/V from slots `src` to slots `dst` (both [B, n], on
+        the device: no host sync), by the CUDA graph captured for n rows when there is one."""
+        self.compactions.get(src.shape[1], self._compact)(src, dst)
 
     def _compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        b, n = src.shape
+        src, dst = (x[:, None, :, None].expand(b, self.nkv, n, self.hd) for x in (src, dst))  # [B, nkv, n, hd]
         for kc, vc in zip(self.k_cache, self.v_cache, strict=True):
-            kc.index_copy_(2, dst, kc.index_select(2, src))
-            vc.index_copy_(2, dst, vc.index_select(2, src))
+            kc.scatter_(2, dst, kc.gather(2, src))
+            vc.scatter_(2, dst, vc.gather(2, src))
+
+    # -- rows decoding on their own (eval) ---------------------------------------------------
+    def prefill_rows(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One prompt per row (`batch` of them), left-padded to the longest P: row b's token j
+        at slot pad[b] + j, position j (always eager). Returns the logits at each prompt's last
+        token [B, V], the aux states [B, P, n_aux*H] (padding columns: garbage), the padded ids
+        [B, P] and pad [B]."""
+        p = max(map(len, prompts))
+        if len(prompts) != self.batch:
+            raise ValueError(f"{len(prompts)} prompts for an engine of {self.batch} rows")
+        if p >= self.max_len:
+            raise UserError(f"prompt of {p} tokens does not fit the KV cache of {self.max_len}; raise --max-len")
+        ids = torch.tensor([[0] * (p - len(x)) + list(x) for x in prompts], device=self.device)  # [B, P]
+        pad = torch.tensor([p - len(x) for x in prompts], device=self.device)  # [B]
+        cols = torch.arange(p, device=self.device)  # [P]: the slots
+        seen = (cols >= pad[:, None, None]) & (cols <= cols[:, None])  # [B, P, P]: the prompt's causal mask
+        seen |= cols == cols[:, None]  # a padding column sees itself (no empty softmax row)
+        logits, aux = self._forward_eager(ids, (cols - pad[:, None]).clamp(min=0), cols.expand(len(prompts), -1), seen, last_only=True)
+        return logits[:, -1], aux, ids, pad
+
+    def rows_forward(self, ids: torch.Tensor, base: torch.Tensor, n: torch.Tensor, block: torch.Tensor | None = None,
+                     offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row b runs ids[b] [T] after its n[b] tokens, which sit at slots base[b].. (base, n
+        [B] on the device): the tokens go to slots base+n.., at positions n + offsets (default
+        0..T-1), each seeing the row's tokens and, among the new ones, `block` [B, T, T] (a
+        tree's ancestors-or-self; default causal). Returns logits [B, T, V], aux [B, T, n_aux*H]."""
+        b, t = ids.shape
+        step = torch.arange(t, device=self.device)  # [T]
+        start = base + n  # [B]: the first new slot
+        slots = start[:, None] + step  # [B, T]
+        pos = n[:, None] + (step if offsets is None else offsets)  # [B, T]
+        cols = torch.arange(self.max_len, device=self.device)  # [S]
+        mask = ((cols >= base[:, None]) & (cols < start[:, None]))[:, None, :].repeat(1, t, 1)  # [B, T, S]: the row's tokens
+        block = (step[:, None] >= step) if block is None else block  # [B or 1, T, T]
+        mask.scatter_(2, slots[:, None, :].expand(b, t, t), block.expand(b, t, t))  # the new tokens among themselves
+        return self.forward_batch(ids, pos, slots, mask)
 
     def graph(self, t: int, width: int | None = None) -> None:
         """Capture the forward of `t` tokens attending over the first `width` cache slots
@@ -233,8 +265,8 @@ class TargetEngine:
             return
         t0 = time.perf_counter()
         b, arange = self.batch, torch.arange(t, device=self.device)
-        example = (torch.zeros(b, t, dtype=torch.long, device=self.device), arange.repeat(b, 1), arange,
-                   self.causal_mask(0, t)[:, :width].repeat(b, 1, 1, 1))  # ids, pos [B, t]; slots [t]; mask [B, 1, t, width]
+        example = (torch.zeros(b, t, dtype=torch.long, device=self.device), arange.repeat(b, 1), arange.repeat(b, 1),
+                   self.causal_mask(0, t)[:, :width].repeat(b, 1, 1, 1))  # ids, pos, slots [B, t]; mask [B, 1, t, width]
         self.graphs[(t, width)] = Graphed(self._forward, *example)
         self.capture_seconds += time.perf_counter() - t0
 
@@ -244,6 +276,6 @@ class TargetEngine:
         if self.device.type != "cuda" or n in self.compactions:
             return
         t0 = time.perf_counter()
-        rows = torch.arange(n, device=self.device)
+        rows = torch.arange(n, device=self.device).repeat(self.batch, 1)  # [B, n]
         self.compactions[n] = Graphed(self._compact, rows, rows)
         self.capture_seconds += time.perf_counter() - t0

@@ -107,52 +107,59 @@ class Sampling:
         return int(logits.argmax()) if self.greedy else self.sample(self.probs(logits))
 
 
-def verify_chain_greedy(tokens: torch.Tensor, logits: torch.Tensor) -> tuple[int, torch.Tensor, list[int]]:
-    """Greedy verification of a chain draft on the device: tokens [K] (target ids), logits
-    [K+1, V] of the target at the root and at each draft token. Returns the accepted count a
-    and the new tokens (the a accepted drafts, then the bonus token) on the device [a+1] and on
-    the host, from one host transfer. Same as `verify`."""
-    top = logits.argmax(-1)  # [K+1]
-    accepted = (tokens == top[:-1]).cumprod(0).sum()  # []: the matching prefix
-    a, *host = torch.cat([accepted[None], top]).tolist()  # [K+2]: the one host sync
-    return a, top[: a + 1], host[: a + 1]
+Verified = tuple[torch.Tensor, torch.Tensor, list[list[int]]]  # accepted [B], new tokens [B, L], each row's new tokens on the host
+
+
+def _read(accepted: torch.Tensor, new: torch.Tensor) -> Verified:
+    """The one host transfer of a verification: accepted [B] and new [B, L] (row b: its a
+    accepted drafts, then the next token at index a, then padding). Returns both and each row's
+    a+1 new tokens as host lists."""
+    rows = torch.cat([accepted[:, None], new], dim=1).tolist()  # [B, L+1]: the one host sync
+    return accepted, new, [r[1 : r[0] + 2] for r in rows]
+
+
+def verify_chain_greedy(tokens: torch.Tensor, logits: torch.Tensor) -> Verified:
+    """Greedy verification of chain drafts on the device: tokens [B, K] (target ids), logits
+    [B, K+1, V] of the target at the root and at each draft token. The accepted count is the
+    matching prefix; the new tokens are the target's argmax at the root and each draft [B, K+1]."""
+    top = logits.argmax(-1)  # [B, K+1]
+    accepted = (tokens == top[:, :-1]).long().cumprod(1).sum(1)  # [B]: the matching prefix
+    return _read(accepted, top)
 
 
 def verify_chain_sampled(tokens: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor,
-                         sampling: Sampling) -> tuple[int, torch.Tensor, list[int]]:
-    """Speculative sampling of a chain draft on the device, the rule of `verify` on a chain:
-    draft i (drawn from q [K, V]; None: point masses) is accepted with probability
-    min(1, p_i(x)/q_i(x)) while all before it were; at the first rejection j the next token is
-    drawn from normalise(max(p_j - q_j, 0)), or from p_K when all K were accepted. One host
-    transfer. Returns the accepted count a and the new tokens [a+1] on the device and the host."""
-    k = tokens.shape[0]
-    p = sampling.probs(logits)  # [K+1, V]
+                         sampling: Sampling) -> Verified:
+    """Speculative sampling of chain drafts on the device: draft i (drawn from q [B, K, V];
+    None: point masses) is accepted with probability min(1, p_i(x)/q_i(x)) while all before it
+    were; at the first rejection j the next token is drawn from normalise(max(p_j - q_j, 0)), or
+    from p_K when all K were accepted. tokens [B, K], logits [B, K+1, V]."""
+    b, k = tokens.shape
+    p = sampling.probs(logits)  # [B, K+1, V]
     if q is None:
-        q = torch.nn.functional.one_hot(tokens, p.shape[-1]).float()  # [K, V]
-    px = p[:k].gather(1, tokens[:, None])[:, 0]  # [K]
-    qx = q.gather(1, tokens[:, None])[:, 0]  # [K]
-    ok = sampling.uniforms(k, p.device) * qx < px  # [K]
-    accepted = ok.long().cumprod(0).sum()  # []
-    p_a = p.index_select(0, accepted[None])[0]  # [V]: the target at the first rejected row (or row K)
+        q = torch.nn.functional.one_hot(tokens, p.shape[-1]).float()  # [B, K, V]
+    px = p[:, :k].gather(2, tokens[..., None])[..., 0]  # [B, K]
+    qx = q.gather(2, tokens[..., None])[..., 0]  # [B, K]
+    ok = sampling.uniforms(b * k, p.device).view(b, k) * qx < px  # [B, K]
+    accepted = ok.long().cumprod(1).sum(1)  # [B]
+    at = accepted[:, None, None].expand(b, 1, p.shape[-1])  # [B, 1, V]
+    p_a = p.gather(1, at)[:, 0]  # [B, V]: the target at the first rejected row (or row K)
     if sampling.residual:
-        q_a = torch.cat([q, torch.zeros_like(q[:1])]).index_select(0, accepted[None])[0]  # [V]; row K: 0
+        q_a = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1).gather(1, at)[:, 0]  # [B, V]; row K: 0
         res = (p_a - q_a).clamp(min=0)
-        total = res.sum()
+        total = res.sum(-1, keepdim=True)  # [B, 1]
         p_a = torch.where(total > 0, res / total.clamp(min=torch.finfo(res.dtype).tiny), p_a)
-    nxt = sampling.draws(p_a)  # []
-    a, *host = torch.cat([accepted[None], tokens, nxt[None]]).tolist()  # [K+2]: the one host sync
-    return a, torch.cat([tokens[:a], nxt[None]]), host[:a] + host[-1:]
-
-
+    nxt = sampling.draws(p_a)  # [B]
+    step = torch.arange(k + 1, device=p.device)  # [K+1]
+    return _read(accepted, torch.where(step == accepted[:, None], nxt[:, None], torch.cat([tokens, nxt[:, None]], dim=1)))
 
 
 def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
-                logits: torch.Tensor, sampling: Sampling, path_len: int) -> tuple[int, torch.Tensor, torch.Tensor, list[int]]:
-    """Lossless verification of a tree draft on the device, with fixed shapes and one host
-    transfer. tokens, parents (rows: node i is row i+1, row 0 the root), depths [N], with
-    siblings carrying distinct tokens (top-k children); anc [N+1, N+1]: row r sees row c iff c
-    is r or an ancestor of r; logits [N+1, V] of the target at every row; path_len: a bound on
-    the accepted rows (the draft's depth + 1, at most N+1).
+                logits: torch.Tensor, sampling: Sampling, path_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
+    """Lossless verification of tree drafts on the device, with fixed shapes and one host
+    transfer. tokens, parents (rows: node i is row i+1, row 0 the root), depths [B, N], with
+    siblings carrying distinct tokens (top-k children); anc [B, N+1, N+1]: row r sees row c iff
+    c is r or an ancestor of r; logits [B, N+1, V] of the target at every row; path_len: a bound
+    on the accepted rows (the draft's depth + 1, at most N+1).
 
     The rule: every row chooses the target's next token there (the argmax, or one draw y ~ p),
     the accepted path is the deepest row whose every node's token is its parent's choice, and
@@ -163,23 +170,24 @@ def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     the tree is exact. `residual=False` (tests only) skips that correction: the next token is
     drawn afresh from the whole p.
 
-    Returns the accepted count a, the path rows root first [path_len] (rows after a are
-    padding: a fixed shape for the KV compaction), and the new tokens (a accepted drafts, then
-    the next token) on the device [a+1] and on the host."""
-    rows = torch.arange(tokens.shape[0] + 1, device=tokens.device)  # [N+1]
-    probs = None if sampling.greedy else sampling.probs(logits)  # [N+1, V]
-    choice = logits.argmax(-1) if probs is None else sampling.draws(probs)  # [N+1]
-    ok = torch.cat([rows[:1] == 0, tokens == choice.index_select(0, parents)])  # [N+1]: the root, and nodes their parent chose
-    on_path = ~(anc & ~ok[None, :]).any(-1)  # [N+1]: every node from the root down to the row was chosen
-    row_depth = torch.cat([rows[:1] * 0, depths])  # [N+1]
-    best = (row_depth * on_path).argmax()  # []: the deepest accepted row (one path: siblings differ)
-    accepted = row_depth.index_select(0, best[None])  # [1]
-    seen = anc.index_select(0, best[None])[0]  # [N+1]: the path's rows
-    path = (rows + (~seen) * rows.shape[0]).argsort()[:path_len]  # [path_len]: the path's rows in depth order, then padding
-    nxt = choice.index_select(0, best[None])  # [1]
+    Returns the accepted counts [B], the path rows root first [B, path_len] (rows after a are
+    padding: a fixed shape for the KV compaction), the new tokens [B, path_len] (a accepted
+    drafts, then the next token) and each row's a+1 new tokens on the host."""
+    b, n = tokens.shape
+    rows = torch.arange(n + 1, device=tokens.device)  # [N+1]
+    probs = None if sampling.greedy else sampling.probs(logits)  # [B, N+1, V]
+    choice = logits.argmax(-1) if probs is None else sampling.draws(probs)  # [B, N+1]
+    ok = torch.cat([tokens[:, :1] >= 0, tokens == choice.gather(1, parents)], dim=1)  # [B, N+1]: the root, nodes their parent chose
+    on_path = ~(anc & ~ok[:, None, :]).any(-1)  # [B, N+1]: every node from the root down to the row was chosen
+    row_depth = torch.cat([depths[:, :1] * 0, depths], dim=1)  # [B, N+1]
+    best = (row_depth * on_path).argmax(-1, keepdim=True)  # [B, 1]: the deepest accepted row (one path: siblings differ)
+    accepted = row_depth.gather(1, best)[:, 0]  # [B]
+    seen = anc.gather(1, best[..., None].expand(b, 1, n + 1))[:, 0]  # [B, N+1]: the path's rows
+    path = (rows + (~seen) * (n + 1)).argsort(-1)[:, :path_len]  # [B, path_len]: the path's rows in depth order, then padding
+    nxt = choice.gather(1, best)  # [B, 1]
     if probs is not None and not sampling.residual:
-        nxt = sampling.draws(probs.index_select(0, best[None]))  # [1]
-    drafted = torch.cat([rows[:1], tokens]).index_select(0, path[1:])  # [path_len-1]: the path's tokens after the root
-    new = torch.where(rows[:path_len] == accepted, nxt, torch.cat([drafted, nxt]))  # [path_len]: the next token at index a
-    a, *host = torch.cat([accepted, new]).tolist()  # [path_len+1]: the one host sync
-    return a, path, new[: a + 1], host[: a + 1]
+        nxt = sampling.draws(probs.gather(1, best[..., None].expand(b, 1, probs.shape[-1])))  # [B, 1]
+    drafted = torch.cat([tokens[:, :1], tokens], dim=1).gather(1, path[:, 1:])  # [B, path_len-1]: the path's tokens after the root
+    new = torch.where(rows[:path_len] == accepted[:, None], nxt, torch.cat([drafted, nxt], dim=1))  # [B, path_len]
+    accepted, new, host = _read(accepted, new)
+    return accepted, path, new, host

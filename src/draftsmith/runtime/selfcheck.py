@@ -104,16 +104,20 @@ def fast_engine_problem(model: nn.Module, aux_layer_ids: list[int], max_len: int
         return f"the fast engine fails on it: {type(e).__name__}: {e}"
 
 
-def open_engine(model: nn.Module, aux_layer_ids: list[int], max_len: int, mode: str = "chain") -> Engine:
-    """The engine `eval` decodes with: the fast engine when it passes the self-check, else the
-    generic one (chain only: `mode == "tree"` is refused), announced on stderr."""
+def open_engine(model: nn.Module, aux_layer_ids: list[int], max_len: int, mode: str = "chain", batch: int = 1) -> Engine:
+    """The engine `eval` decodes with: the fast engine (of `batch` rows) when it passes the
+    self-check, else the generic one (chain only, one row: `mode == "tree"` and `batch > 1` are
+    refused), announced on stderr."""
     problem = fast_engine_problem(model, aux_layer_ids, max_len)
     if problem is None:
-        return TargetEngine(model, aux_layer_ids, max_len)
+        return TargetEngine(model, aux_layer_ids, max_len, batch=batch)
     name = type(model).__name__
     if mode == "tree":
         raise UserError(f"--mode tree needs draftsmith's fast engine, which does not cover {name}: {problem}. "
                         "The generic path verifies chains only: use --mode chain")
+    if batch > 1:
+        raise UserError(f"--batch-size {batch} needs draftsmith's fast engine, which does not cover {name}: {problem}. "
+                        "The generic path decodes one row: use --batch-size 1")
     engine = HFEngine(model, aux_layer_ids, max_len, reason=problem)
     print(f"[eval] {name}: not on the fast engine ({problem}); decoding on the generic path instead "
           "(the model's own forward with a DynamicCache: chain only, no CUDA graphs)", file=sys.stderr, flush=True)

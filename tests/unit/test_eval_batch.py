@@ -1,0 +1,49 @@
+"""`draftsmith eval --batch-size N`: rows that each decode their own question (multi-turn, the
+last batch filled up), greedy answers equal to plain decoding's and to batch 1's, sampling at
+temperature 1 with its own plain pass, and the batch size in the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from draftsmith.cli import app
+from draftsmith.draft.checkpoint import save_drafter
+from draftsmith.evaluate.proposer import random_drafter
+
+
+@pytest.fixture
+def setup(tiny_model, tiny_target_dir, tmp_path):
+    drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter")
+    questions = [{"turns": ["What is 2+2?", "And 3+3?"]}, {"turns": ["Name a colour."]}, {"turns": ["Say hi.", "Again."]},
+                 {"turns": ["Count to three."]}]
+    (tmp_path / "q.jsonl").write_text("\n".join(json.dumps(q) for q in questions) + "\n")
+    return tiny_target_dir, drafter, tmp_path
+
+
+def evaluate(setup, name: str, *options: str) -> dict:
+    target, drafter, tmp = setup
+    res = CliRunner().invoke(app, ["eval", "--target", str(target), "--drafter", str(drafter), "--bench", str(tmp / "q.jsonl"),
+                                   "--max-new-tokens", "10", "--out", str(tmp / name), *options])
+    assert res.exit_code == 0, res.output
+    answers = [json.loads(line) for line in (tmp / name / "answers.jsonl").read_text().splitlines()]
+    return {"report": json.loads((tmp / name / "report.json").read_text()), "ids": [a["token_ids"] for a in answers]}
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_batches_answer_as_batch_one(setup, mode):
+    shape = ["--mode", mode, "--k", "3"] + (["--top-k", "2", "--total-tokens", "5"] if mode == "tree" else [])
+    one = evaluate(setup, f"{mode}1", *shape)
+    three = evaluate(setup, f"{mode}3", *shape, "--batch-size", "3")
+    assert three["ids"] == one["ids"]
+    r = three["report"]
+    assert r["batch_size"] == 3 and one["report"]["batch_size"] == 1 and r["turns"] == 6
+    assert r["greedy_turns_matching_plain"] == r["greedy_turns_checked"] == 6 and r["speedup"] is not None
+
+
+def test_temperature_one_batches_with_their_own_plain_pass(setup):
+    r = evaluate(setup, "t1", "--temperature", "1", "--batch-size", "2")["report"]
+    assert r["temperature"] == 1 and r["batch_size"] == 2 and r["plain_tok_per_s"] and r["speedup"] is not None
+    assert r["greedy_turns_checked"] == 0  # sampled answers are not compared token for token
