@@ -96,6 +96,18 @@ def resolve_spec(spec: str) -> tuple[Path, str | None]:
     return path, None
 
 
+def load_text_config(spec: str) -> Any:
+    """The target's language-model config, read without its weights (a GGUF's from its header)."""
+    from transformers import AutoConfig
+
+    folder, gguf_file = resolve_spec(spec)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        return text_config(AutoConfig.from_pretrained(folder, trust_remote_code=False, **kwargs))
+    except (OSError, ValueError) as e:
+        raise UserError(f"could not read the config of target {spec!r}: {e}") from None
+
+
 def text_config(config: Any) -> Any:
     """The language model's config: `config.text_config` when nested, else `config` itself."""
     get_text = getattr(config, "get_text_config", None)

@@ -22,3 +22,19 @@ def test_plan_table(tmp_path, tiny_target_dir):
     assert "tok/s" in r.output and ": fits" in r.output
     r = CliRunner().invoke(app, ["plan", str(ds), "--target", str(tiny_target_dir), "--device", "cpu", "--no-calibrate"])
     assert r.exit_code == 0 and "calibration" not in r.output
+
+
+def test_extract_plan_loads_no_weights_and_writes_nothing(tmp_path, tiny_target_dir, monkeypatch):
+    ds = write_tokenized_dataset(tmp_path / "ds", [list(range(3, 33))] * 10)
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("extract --plan loaded the target's weights")
+
+    monkeypatch.setattr("draftsmith.extract.run.load_target", no_weights)
+    out = tmp_path / "store"
+    r = CliRunner().invoke(app, ["extract", str(ds), "--target", str(tiny_target_dir), "--out", str(out), "--plan",
+                                 "--dtype", "bf16"])
+    assert r.exit_code == 0, r.output
+    whole = projected_bytes(300, 10, 3, 64, 2)  # bf16, the default layers [0, 1, 2] of 2 hidden-64 layers
+    assert f"layers [0, 1, 2] of 2, hidden size 64, bfloat16: the store takes ~{human_bytes(whole)}" in r.output
+    assert "it fits; nothing was loaded or written" in r.output and not out.exists()

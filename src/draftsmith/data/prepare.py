@@ -30,7 +30,7 @@ from draftsmith.data.sources import answers, mix_card, read_source
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json
 from draftsmith.progress import Progress
-from draftsmith.target import fingerprint, load_tokenizer, resolve_spec, text_config
+from draftsmith.target import fingerprint, load_text_config, load_tokenizer, resolve_spec
 
 DATASET_VERSION = 1
 
@@ -42,9 +42,7 @@ def target_record(spec: str, tokenizer: Any) -> dict[str, Any]:
     folder, gguf_file = resolve_spec(spec)
     vocab = len(tokenizer)
     if gguf_file is None:
-        from transformers import AutoConfig
-
-        vocab = max(vocab, int(text_config(AutoConfig.from_pretrained(folder, trust_remote_code=False)).vocab_size))
+        vocab = max(vocab, int(load_text_config(spec).vocab_size))
     return {"name": spec, "fingerprint": fingerprint(folder, gguf_file), "vocab_size": vocab}
 
 

@@ -16,6 +16,7 @@ class ExtractConfig(CommandConfig):
     out: Path = Field(description="Output folder of the hidden-state store.")
     layers: list[int] | None = Field(None, description="Aux layer ids in draftsmith's convention (id k = hidden state entering layer k); default [2, L//2, L-3].")
     force: bool = Field(False, description="Start even when the disk cannot hold the projected store.")
+    plan: bool = Field(False, description="Only print the store's projected size against the free space at --out, from the dataset and the target's config (no weights loaded, nothing written); --dtype bf16 plans a GPU run from a machine without one.")
     device: str | None = Field(None, description="Device (cuda, cuda:1, cpu); default cuda when available.")
     shard: Shard = Field("none", description=SHARD_HELP)
     dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32.")

@@ -6,7 +6,8 @@ the real rows, copy to host without blocking, and hand the batch to the async wr
 `--check-every` samples one sample is re-run alone, unpadded, and compared. Validation failures
 count against `--max-errors`; a full disk or a spent error budget stops the run with everything
 valid kept, and a rerun of the same command resumes. `--out` is locked for the run: a second
-extraction into it is refused.
+extraction into it is refused. `--plan` prints the disk projection and preflight from the
+target's config alone, and stops.
 
 Under `torchrun --nproc-per-node N`, rank r takes the samples with `sample_id % N == r`, lists
 them in `manifest.rank{r}.jsonl`, and rank 0 merges the manifests into one store at the end.
@@ -34,10 +35,10 @@ from draftsmith.errors import StageFailed, UserError
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
 from draftsmith.fsutil import atomic_write_json, free_bytes, human_bytes, output_lock
-from draftsmith.layers import validate_layers
+from draftsmith.layers import default_aux_layers, validate_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.capture import capture
-from draftsmith.target import Target, default_device, load_target
+from draftsmith.target import Target, default_device, load_target, load_text_config, parse_dtype
 from draftsmith.torchrun import dist_env
 
 HOST_SLOTS = 3  # batches in flight between the GPU and the writer threads (pinned buffers on GPU)
@@ -75,10 +76,18 @@ def open_store(out: Path, meta: dict, create: bool) -> None:
         atomic_write_json(out / STORE_FILE, meta)
 
 
-def preflight(out: Path, need: int, todo: int, saved: int, force: bool, world: int) -> None:
+def projection(ds: TokenizedDataset, done: dict[int, dict], n_aux: int, H: int, dsize: int) -> tuple[int, int, int]:
+    """The store's projected bytes in all, the bytes still to write, and for how many samples:
+    those not in `done` (the manifest's entries)."""
+    whole = projected_bytes(int(ds.lengths.sum()), len(ds), n_aux, H, dsize)
+    todo = [i for i in range(len(ds)) if int(ds.sample_ids[i]) not in done]
+    return whole, projected_bytes(int(ds.lengths[todo].sum()), len(todo), n_aux, H, dsize), len(todo)
+
+
+def preflight(out: Path, need: int, todo: int, saved: int, force: bool, world: int) -> bool:
     """Refuse to start when the disk cannot hold what is still to write: the `todo` samples not
     yet in the store (a resume needs only those; the `saved` ones stay) plus a margin of 5%
-    and 1 MiB for the projection's error."""
+    and 1 MiB for the projection's error. Returns whether it fits (with `force`, not a refusal)."""
     free = free_bytes(out)
     margin = int(need * MARGIN_FRACTION) + MARGIN_BYTES
     kept = f"; the {saved} samples already in the store are kept" if saved else ""
@@ -91,6 +100,7 @@ def preflight(out: Path, need: int, todo: int, saved: int, force: bool, world: i
             f"Free at least {human_bytes(need + margin - free)}, choose another --out, use fewer --layers, or pass "
             f"--force to start anyway (the run stops cleanly when the disk fills and resumes after space is freed)"
         )
+    return need + margin <= free
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -156,9 +166,30 @@ def resolve_device(cfg: ExtractConfig, world: int, local_rank: int) -> torch.dev
     return torch.device(cfg.device) if cfg.device else default_device()
 
 
+def plan_store(cfg: ExtractConfig) -> Path:
+    """`extract --plan`: the store's projected size against the free space at --out, from the
+    dataset and the target's config alone: no weights are loaded, nothing is written."""
+    ds, out = load_dataset(cfg.dataset_dir), Path(cfg.out)
+    tc = load_text_config(cfg.target)
+    num_layers, H = int(tc.num_hidden_layers), int(tc.hidden_size)
+    aux_layer_ids = validate_layers(cfg.layers or default_aux_layers(num_layers), num_layers)
+    dtype = parse_dtype(cfg.dtype, torch.device(cfg.device) if cfg.device else default_device())
+    whole, need, todo = projection(ds, listed_samples(out)[0], len(aux_layer_ids), H, dtype.itemsize)
+    tokens = int(ds.lengths.sum())
+    print(f"[extract] plan: {len(ds)} samples, {tokens} tokens; layers {aux_layer_ids} of {num_layers}, hidden size {H}, "
+          f"{str(dtype).removeprefix('torch.')}: the store takes ~{human_bytes(whole)} "
+          f"({human_bytes(whole / max(tokens, 1))} per token)", flush=True)
+    fits = preflight(out, need, todo, len(ds) - todo, force=True, world=1)
+    print(f"[extract] plan: {'it fits' if fits else 'it DOES NOT FIT'}; nothing was loaded or written", flush=True)
+    return out
+
+
 def run(cfg: ExtractConfig) -> Path:
     """Extract with --out locked for the whole run (rank 0 holds the lock for all ranks): a
-    second extraction into the same folder is refused, before any model is loaded."""
+    second extraction into the same folder is refused, before any model is loaded. With
+    --plan, only print the store's projection (`plan_store`)."""
+    if cfg.plan:
+        return plan_store(cfg)
     rank, _, _ = dist_env()
     with output_lock(Path(cfg.out)) if rank == 0 else contextlib.nullcontext():
         return extract(cfg)
@@ -184,12 +215,8 @@ def extract(cfg: ExtractConfig) -> Path:
     done, lost = listed_samples(out)  # no sample file is opened
     mine = [i for i in range(len(ds)) if int(ds.sample_ids[i]) % world == rank]
     todo = [i for i in mine if int(ds.sample_ids[i]) not in done]
-    dsize = torch.empty((), dtype=target.dtype).element_size()
-    n_aux, H = len(aux_layer_ids), target.info.hidden_size
-    whole = projected_bytes(int(ds.lengths.sum()), len(ds), n_aux, H, dsize)
-    all_todo = [i for i in range(len(ds)) if int(ds.sample_ids[i]) not in done]
-    preflight(out, projected_bytes(int(ds.lengths[all_todo].sum()), len(all_todo), n_aux, H, dsize), len(all_todo),
-              len(ds) - len(all_todo), cfg.force, world)
+    whole, need, n_todo = projection(ds, done, len(aux_layer_ids), target.info.hidden_size, target.dtype.itemsize)
+    preflight(out, need, n_todo, len(ds) - n_todo, cfg.force, world)
     if rank == 0:  # rank 0 creates the store and clears leftovers of a killed run before anyone writes
         out.mkdir(parents=True, exist_ok=True)
         open_store(out, meta, create=True)
