@@ -188,14 +188,18 @@ def test_check_store_matches_its_dataset_and_target(tmp_path, tiny_target):
     ds = write_tokenized_dataset(tmp_path / "ds", [[5, 6, 7], [8, 9]])
     other = load_dataset(write_tokenized_dataset(tmp_path / "other", [[5, 6, 7], [8, 10]]))  # same counts
     store, info = tmp_path / "store", tiny_target.info
-    atomic_write_json(store / STORE_FILE, new_store_meta(info.to_dict(), [0, 1], "float32", dataset_identity(load_dataset(ds))))
+    atomic_write_json(store / STORE_FILE, new_store_meta(info.to_dict(), [0, 1, 2], "float32", dataset_identity(load_dataset(ds))))
     check_store_matches(store, load_dataset(shutil.copytree(ds, tmp_path / "copy")), info)
     with pytest.raises(UserError, match=rf"not made from the dataset {other.path}.*dataset fingerprint: store made from"):
         check_store_matches(store, other, info)
     with pytest.raises(UserError, match=r"target fingerprint: store made for 'tiny-llama' \(in-memory\), this run has 'tiny-llama' \(x\)"):
         check_store_matches(store, load_dataset(ds), dataclasses.replace(info, fingerprint="x"))
     # a store made before datasets were fingerprinted is checked on its sample and token counts
-    atomic_write_json(store / STORE_FILE, new_store_meta(info.to_dict(), [0, 1], "float32", {"samples": 2, "tokens": 5}))
+    atomic_write_json(store / STORE_FILE, new_store_meta(info.to_dict(), [0, 1, 2], "float32", {"samples": 2, "tokens": 5}))
     check_store_matches(store, other, info)
     with pytest.raises(UserError, match="dataset tokens: store made from 5, this run has 4"):
         check_store_matches(store, load_dataset(write_tokenized_dataset(tmp_path / "short", [[5, 6, 7], [8]])), info)
+    # a store captured at layers no engine serves (written before the layer rule) is refused for training
+    atomic_write_json(store / STORE_FILE, new_store_meta(info.to_dict(), [0, 1], "float32", dataset_identity(load_dataset(ds))))
+    with pytest.raises(UserError, match=r"store .*: layer ids \[0, 1\]: EAGLE-3 takes exactly 3 .*extract a new store"):
+        check_store_matches(store, load_dataset(ds), info)

@@ -48,6 +48,7 @@ from safetensors.torch import load as load_bytes
 
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_text, read_jsonl
+from draftsmith.layers import validate_layers
 
 if TYPE_CHECKING:
     from draftsmith.data.dataset import TokenizedDataset
@@ -115,8 +116,8 @@ def source_mismatches(meta: dict[str, Any], target: dict[str, Any], dataset: dic
 
 
 def check_store_matches(store: Path, dataset: TokenizedDataset, target: TargetInfo) -> None:
-    """Refuse a store that was not extracted from `dataset` with `target`: its hidden states
-    would not belong to the tokens they are trained with."""
+    """Refuse a store that was not extracted from `dataset` with `target` (its hidden states
+    would not belong to the tokens they are trained with), or at layer ids no engine serves."""
     meta = read_store_meta(store)
     found = source_mismatches(meta, target.to_dict(), dataset_identity(dataset))
     if found:
@@ -124,6 +125,10 @@ def check_store_matches(store: Path, dataset: TokenizedDataset, target: TargetIn
         raise UserError(f"store {store} was not made from the dataset {dataset.path} with this target ({'; '.join(found)}). "
                         f"Give the dataset (it was {made_from}) and --target the store was extracted from, or extract "
                         f"a new store from this dataset with this target")
+    try:
+        validate_layers(meta.get("layers") or [], target.num_layers)
+    except UserError as e:  # a store written before the layer rule
+        raise UserError(f"store {store}: {e}; extract a new store with such --layers") from None
 
 
 def read_store_meta(path: Path) -> dict[str, Any]:
