@@ -17,8 +17,15 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from draftsmith.target import base_model, decoder_layers, final_norm
+
+
+# Capture sees a new [B, T] with nearly every batch (length-bucketed samples). cuDNN's attention
+# builds an execution plan for each new shape, which cost ~150 ms of host time per training step on
+# an H200 (bench/train_bench.py, 2026-11-30); the flash and memory-efficient kernels need no plan.
+VARIABLE_SHAPE_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @contextlib.contextmanager
@@ -58,7 +65,7 @@ def capture(
     returns aux [B, T, n_aux*H] (layers concatenated in `aux_layer_ids` order), final [B, T, H],
     both on input_ids' device
     """
-    with hooked(model, aux_layer_ids) as captured:
+    with hooked(model, aux_layer_ids) as captured, sdpa_kernel(VARIABLE_SHAPE_SDPA):
         out = base_model(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     # on the inputs' device: a target split over GPUs (`load_target(shard="auto")`) hands each layer's
     # input to it on that layer's GPU
