@@ -113,3 +113,13 @@ def test_backend_picks_and_reuses_the_engine(tiny_target, tokenizer, monkeypatch
     assert not uses_engine(other, "auto")
     with pytest.raises(UserError, match="--generator hf"):
         uses_engine(other, "engine")
+
+
+def test_chunked_prefill_equals_one_prefill(engine, refs, monkeypatch):
+    """A batch of long prompts is prefilled in chunks of prompt slots (PREFILL_CELLS): with
+    chunks of one and of three slots the tokens are those of HF `generate`."""
+    import draftsmith.synth.generate as gen_mod
+
+    for cells in (engine.batch * 64, 3 * engine.batch * 64):  # rows x chunk x S, S = 64 here
+        monkeypatch.setattr(gen_mod, "PREFILL_CELLS", cells)
+        assert generate(engine, _prompts(), _greedy(20), set(), pad_id=0, seed=0) == refs

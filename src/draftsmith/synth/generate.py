@@ -5,7 +5,7 @@ cache slot at every step: the prompts fill slots 0..W-1, new token i goes to slo
 starts at slot pad[b]; its positions are slot - pad[b] and it sees cache slots pad[b]..slot
 (a padding slot sees only itself, so that no attention row is empty).
 
-    prefill the batch (eager, logits of the last position only)
+    prefill the batch (eager, in chunks of prompt slots, logits of the last position only)
     -> decode one token per step with the batched forward: a CUDA graph of (1 token, S slots),
        S = W + max new tokens rounded up to a multiple of 64; eager on CPU, same code
     -> choose the next tokens on the device (greedy argmax, or temperature / top-k / top-p with
@@ -25,6 +25,10 @@ from draftsmith.runtime.sampling import Sampling, exponential_race, target_probs
 
 SLOT_MULTIPLE = 64  # cache widths are rounded up to this, so that batches share graphs
 CHECK_EVERY = 16  # decode steps between host checks for "every row finished"
+# The prompts are prefilled in chunks of prompt slots whose mask [B, c, S] holds at most this many
+# cells (128 MB of bools), so that a batch of long prompts fits: 1,024 multi-turn prompts of ~4.9k
+# tokens needed a 26 GB mask at once (H200, recipes/h200_mix.yaml, 2026-11-30).
+PREFILL_CELLS = 2**27
 
 
 def cache_width(prompt_len: int, max_new_tokens: int) -> int:
@@ -68,10 +72,13 @@ def generate(engine: TargetEngine, prompts: list[list[int]], sampling: Sampling,
     engine.graph(1, s)  # before the prefill: capture writes junk at slot 0
 
     slots = torch.arange(s, device=dev)
-    prompt_slots = slots[:width]
-    lo = torch.minimum(pad[:, None], prompt_slots)  # [B, W]: first slot each prompt slot sees
-    mask = (slots >= lo[..., None]) & (slots <= prompt_slots[:, None])  # [B, W, S]
-    logits, _ = engine.forward_batch(ids, prompt_slots - pad[:, None], prompt_slots, mask, last_only=True)  # [B, 1, V]
+    chunk = max(1, PREFILL_CELLS // (rows * s))  # prompt slots per prefill chunk
+    for a in range(0, width, chunk):  # chunked prefill: each chunk attends over the cache the earlier ones wrote
+        prompt_slots = slots[a : min(a + chunk, width)]  # [c]
+        lo = torch.minimum(pad[:, None], prompt_slots)  # [B, c]: first slot each prompt slot sees
+        mask = (slots >= lo[..., None]) & (slots <= prompt_slots[:, None])  # [B, c, S]
+        logits, _ = engine.forward_batch(ids[:, a : a + chunk], prompt_slots - pad[:, None], prompt_slots, mask,
+                                         last_only=True)  # [B, 1, V]
     seen = mask[:, -1].clone()  # [B, S]: the slots the next token sees, one more each step
 
     gen = torch.Generator(dev).manual_seed(seed)
