@@ -104,9 +104,10 @@ def bench_variant(name: str, options: dict, args: argparse.Namespace, scratch: P
             run_steps(args.profile_steps)
             sync()
         result["phases"] = phase_table(prof, args.profile_steps)
-        key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-        print(f"--- {name}: top ops by {key} over {args.profile_steps} steps", file=sys.stderr)
-        print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70), file=sys.stderr, flush=True)
+        keys = ("cpu_time_total", "self_cuda_time_total") if torch.cuda.is_available() else ("cpu_time_total",)
+        for key in keys:  # the host's view (phases, syncs, launches), then the GPU's (kernels)
+            print(f"--- {name}: top ops by {key} over {args.profile_steps} steps", file=sys.stderr)
+            print(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70), file=sys.stderr, flush=True)
     trainer.log.close()
     return result
 
