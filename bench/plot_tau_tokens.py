@@ -1,0 +1,66 @@
+"""Validation simulated τ against training tokens, one line per training run (issue 13 item 4).
+
+    python bench/plot_tau_tokens.py "defaults=runs/h200/train_online" "old recipe=runs/old/train_online" \\
+        --point "speculators 0.9.0=32e6:4.35" --out docs/figures/h200_tau_vs_tokens.png
+
+A run is LABEL=FOLDER (a `draftsmith train` output folder: its metrics.jsonl); a validation
+record's token count is that of the last training record at or before its step. `--point
+LABEL=TOKENS:TAU` adds a single measured point (a run whose curve is not at hand). Prints the
+points it plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from draftsmith.train.metrics import read_metrics  # noqa: E402
+
+
+def val_curve(folder: Path) -> list[tuple[int, float]]:
+    """(training tokens, val τ) at each validation of the run in `folder`."""
+    records = read_metrics(folder)
+    tokens_at = sorted((r["step"], r["tokens"]) for r in records if r["split"] == "train")
+    curve = []
+    for r in records:
+        if r["split"] != "val":
+            continue
+        seen = [t for s, t in tokens_at if s <= r["step"]]
+        curve.append((seen[-1] if seen else 0, r["tau"]))
+    return curve
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="LABEL=TRAIN_OUTPUT_FOLDER")
+    ap.add_argument("--point", action="append", default=[], help="LABEL=TOKENS:TAU, a single measured point")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+
+    fig, ax = plt.subplots(figsize=(7, 5.6))
+    for spec in args.runs:
+        label, _, folder = spec.partition("=")
+        curve = val_curve(Path(folder))
+        print(label, [(t, round(tau, 3)) for t, tau in curve])
+        ax.plot([t / 1e6 for t, _ in curve], [tau for _, tau in curve], marker="o", label=label)
+    for spec in args.point:
+        label, _, value = spec.partition("=")
+        tokens, tau = (float(x) for x in value.split(":"))
+        ax.scatter([tokens / 1e6], [tau], marker="*", s=140, zorder=3, label=label)
+    ax.set_xlabel("training tokens (millions)")
+    ax.set_ylabel("validation simulated τ (K = 7)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14))  # below the axes: no point hidden
+    fig.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
