@@ -29,7 +29,9 @@ lane_bench() {
   DRAFTSMITH_TEST_SMOLLM2=$HF step gpu_tests 600 python3 -m pytest -q --run-gpu tests/gpu tests/unit/test_spec_fused.py
   step bench_eval_engine 300 python3 bench/eval_bench.py --target $HF --parts plain,verify --out-json "$R/bench_eval_engine.json"
   step bench_extract 300 python3 bench/extract_bench.py --target $HF --samples 2000 --length 1024 --writers 8 --work-dir /root/bench_extract_work --out-json "$R/bench_extract.json"
-  step bench_train 400 python3 bench/train_bench.py --target $HF --seq-lens 2048,8192,32768 --out-json "$R/bench_train.json"
+  step prep_gsm8k 120 python3 -m draftsmith prepare gsm8k --target $HF --out /root/gsm8k_ds
+  step bench_train 400 python3 bench/train_bench.py /root/gsm8k_ds --target $HF --variant defaults: \
+    --variant rows32k:batch_tokens=32768 --out-json "$R/bench_train.json"
   step bench_synth 400 python3 bench/synth_bench.py --target $HF --num-prompts 1000 --max-new-tokens 256 --batch-size 1000 --out-json "$R/bench_synth.json"
   while [ ! -f $RUN/.pipeline/train_online.done ]; do sleep 5; done
   step eval_chain_t1 1200 python3 -m draftsmith pipeline recipes/h200.yaml --only eval_chain_t1

@@ -2,6 +2,7 @@
 marked done, and an unknown name is refused with the list of stages."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -32,8 +33,6 @@ def test_only_runs_the_named_stages(tmp_path):
 def test_quickstart_full_budget_is_the_packaged_h200_recipe(tmp_path):
     """`quickstart --budget full` runs the H200 recipe's stages, read from the one recipe file
     (package data; recipes/h200.yaml links to it), and every stage's options are valid."""
-    from pathlib import Path
-
     from draftsmith.assets import H200_RECIPE
     from draftsmith.config import DEFAULT_TARGET
     from draftsmith.pipeline.quickstart import FULL, budget_stages
@@ -44,3 +43,16 @@ def test_quickstart_full_budget_is_the_packaged_h200_recipe(tmp_path):
     assert [name for name, _, _ in stages] == list(FULL)
     planned = plan_stages(tmp_path, stages, {"target": DEFAULT_TARGET})
     assert planned[-1].cfg.drafter == tmp_path / "train_online" / "drafter"  # eval_chain reads train_online's drafter
+
+
+@pytest.mark.parametrize("recipe", sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_recipe_is_valid(recipe, tmp_path):
+    """Each recipe under recipes/ (the H200 drivers run them on a machine where a typo costs
+    device time) parses, names known top-level keys and gives every stage valid options."""
+    from draftsmith.pipeline.run import check_common, load_yaml_mapping, parse_stages, plan_stages
+
+    spec = load_yaml_mapping(recipe, "recipe")
+    spec.pop("out")
+    stages = parse_stages(spec.pop("stages"))
+    check_common(recipe, spec, stages)
+    assert plan_stages(tmp_path, stages, spec)

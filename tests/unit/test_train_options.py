@@ -107,3 +107,38 @@ def test_an_optimizer_state_of_another_shape_is_a_clear_error():
     load_optimizer_state(model, opts, [opts[0].state_dict()], fsdp=False)  # the run's own shape loads
     with pytest.raises(UserError, match="optimizer state is not the run's"):
         load_optimizer_state(model, opts, opts[0].state_dict(), fsdp=False)  # an older checkpoint: one dict
+
+
+def test_aux_noise_scales_with_each_layer_and_only_trains():
+    """--aux-noise adds noise of `scale` x each aux layer's own RMS (layers of very different
+    scales get proportionate noise), and only in training: validation sees the clean states."""
+    from draftsmith.train.loss import noisy
+
+    torch.manual_seed(0)
+    aux = torch.cat([torch.randn(1, 4096, 8) * 0.01, torch.randn(1, 4096, 8) * 100.0], dim=-1)  # [1, T, 2*H]
+    delta = (noisy(aux, 2, 0.1) - aux).unflatten(-1, (2, -1))  # [1, T, 2, H]
+    rel = delta.pow(2).mean((0, 1, 3)).sqrt() / aux.unflatten(-1, (2, -1)).pow(2).mean((0, 1, 3)).sqrt()  # [2]
+    assert torch.allclose(rel, torch.full((2,), 0.1), rtol=0.05), rel
+
+
+def test_aux_noise_changes_training_not_validation(dataset, tiny_target_dir):
+    from draftsmith.runtime.head import output_head
+    from draftsmith.train.batching import collate
+    from draftsmith.train.loss import TTTObjective
+
+    target = load_target(str(tiny_target_dir), "cpu", "fp32")
+    ds = load_dataset(dataset)
+    d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=dataset, out=dataset, draft_vocab_size=300), ds, [0, 1], target.info.vocab_size)
+    layers = target.info.default_aux_layers
+    batch = collate(OnlineSource(ds, target.model, layers, 2048, 2048).samples([0, 1]), None)
+    drafter = build_drafter(target, layers, d2t, t2d, TrainConfig(dataset_dir=dataset, out=dataset))
+    losses = {}
+    for noise in (0.0, 0.5):
+        objective = TTTObjective(drafter, output_head(target.model), ttt=2, backend="eager", aux_noise=noise)
+        for mode in ("train", "eval"):
+            getattr(objective, mode)()
+            torch.manual_seed(0)
+            with torch.no_grad():
+                losses[noise, mode] = float(objective(**batch)[0])
+    assert losses[0.0, "eval"] == losses[0.5, "eval"] == losses[0.0, "train"]
+    assert losses[0.5, "train"] != losses[0.0, "train"]

@@ -153,6 +153,15 @@ def soft_ce(x: torch.Tensor, weight: torch.Tensor, teacher: Teacher, rows: torch
     return SoftCE.apply(x, weight, teacher.logits, teacher.lse, rows, chunk, torch.is_grad_enabled())
 
 
+def noisy(aux: torch.Tensor, n_aux: int, scale: float) -> torch.Tensor:
+    """aux [B, T, n_aux*H] plus Gaussian noise of `scale` times each aux layer's RMS at each token
+    (the layers' residual streams differ in scale by orders of magnitude, so one absolute
+    noise level would drown some and not touch others)."""
+    parts = aux.unflatten(-1, (n_aux, -1))  # [B, T, n_aux, H]
+    rms = parts.float().pow(2).mean(-1, keepdim=True).sqrt().to(aux.dtype)  # [B, T, n_aux, 1]
+    return (parts + scale * rms * torch.randn_like(parts)).flatten(-2)  # [B, T, n_aux*H]
+
+
 class TTTObjective(nn.Module):
     """Wraps the drafter so that one `forward` is one whole TTT step (what DDP / FSDP wrap).
 
@@ -161,9 +170,10 @@ class TTTObjective(nn.Module):
     """
 
     def __init__(self, drafter: nn.Module, head: OutputHead, ttt: int, backend: str, chunk: int = 4096,
-                 step_decay: float = STEP_WEIGHT) -> None:
+                 step_decay: float = STEP_WEIGHT, aux_noise: float = 0.0) -> None:
         super().__init__()
         self.drafter, self.ttt, self.backend, self.chunk, self.step_decay = drafter, ttt, backend, chunk, step_decay
+        self.aux_noise = aux_noise
         draft_ids = torch.arange(drafter.d2t.numel(), device=drafter.d2t.device) + drafter.d2t  # [Vd] target ids
         self.head = head
         self.draft_head = head.rows(draft_ids.to(head.weight.device))  # [Vd] outputs
@@ -180,7 +190,10 @@ class TTTObjective(nn.Module):
         used = torch.stack([torch.roll(valid[k], 1 + k, dims=1) for k in range(self.ttt)]).any(0)  # [B, T]
         slot = used.flatten().cumsum(0).view(used.shape) - 1  # [B, T]: row of final[b, s] in the table
         teacher = teacher_table(final[used], self.draft_head, self.chunk)  # [m, Vd]
-        hidden0 = d.project(aux.to(d.fc.weight.dtype))  # [B, T, H]
+        aux = aux.to(d.fc.weight.dtype)
+        if self.training and self.aux_noise > 0:
+            aux = noisy(aux, len(d.config.aux_layer_ids), self.aux_noise)
+        hidden0 = d.project(aux)  # [B, T, H]
         chain = torch.ones_like(valid[0])  # [B, T]: steps so far all valid and correct
         loss = hidden0.new_zeros((), dtype=torch.float32)
         stats = {key: [] for key in STAT_KEYS}
