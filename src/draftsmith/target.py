@@ -273,13 +273,17 @@ def _auto_class(folder: Path, gguf_file: str | None) -> Any:
     """AutoModelForCausalLM, or the image-text-to-text class for VLM-style checkpoints whose
     config nests the language model under `text_config` and has no causal-LM mapping."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
 
     if gguf_file:
         return AutoModelForCausalLM
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
-    if type(config) in AutoModelForCausalLM._model_mapping:
+    if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return AutoModelForCausalLM
-    if hasattr(config, "text_config") and type(config) in AutoModelForImageTextToText._model_mapping:
+    if hasattr(config, "text_config") and config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
         return AutoModelForImageTextToText
     raise UserError(f"target {folder}: {type(config).__name__} (model_type {config.model_type!r}) has no causal-LM class in "
                     "transformers (AutoModelForCausalLM), so no path of draftsmith can run it: draftsmith drafts for "

@@ -113,10 +113,11 @@ def _model(env: Env, config_class: str, **config: object) -> Path:
     """A tiny random model of a transformers config class (a vocab of 300, hidden size 64) in a
     copy of the target folder (its tokenizer kept): a model some or every path cannot run."""
     import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     folder = shutil.copytree(env.target, env.root / config_class)
     cfg = getattr(transformers, config_class)(vocab_size=300, hidden_size=64, **config)
-    auto = transformers.AutoModelForCausalLM if type(cfg) in transformers.AutoModelForCausalLM._model_mapping else transformers.AutoModel
+    auto = transformers.AutoModelForCausalLM if cfg.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else transformers.AutoModel
     auto.from_config(cfg).save_pretrained(folder)
     return folder
 
