@@ -13,10 +13,14 @@
           plain decoding ms per token of the same engine
   chain   `draftsmith eval` on MT-bench, chain K=7: tau, acceptance per position, speed-up
   tree    `draftsmith eval` on MT-bench, EAGLE-2 tree (60 tokens, depth 7, top-k 10): the same
+  batch   (not in the default parts) `draftsmith eval` at each of --batch-sizes (default 1,4,16)
+          for chain, tree and chain at temperature 1 (--batch-modes), each against plain
+          decoding at the same batch size and temperature; batch_speedup.png in --out-dir
 
     python bench/eval_bench.py --target /root/m/SmolLM2-135M-Instruct.Q4_1.gguf --drafter DRAFTER --out-json bench_eval.json
     python bench/eval_bench.py --parts cycle --target ... --drafter DRAFTER   # the cycle breakdown alone (a few minutes)
-    python bench/eval_bench.py --smoke      # CPU, small sizes, random drafter: checks the script works
+    python bench/eval_bench.py --parts batch --target ... --drafter DRAFTER --out-dir runs/batch --num-questions 80
+    python bench/eval_bench.py --smoke --parts cycle,chain,tree,batch   # CPU, small sizes, random drafter: checks the script works
 
 Without --drafter a random drafter is used (tau ~ 1: a speed-up floor, not a drafter's worth).
 Prints one JSON object and writes it to --out-json.
@@ -155,14 +159,11 @@ def cycle_breakdown(target, drafter_path: Path, prompts: list[list[int]], new_to
                    "cycle_ms": round(1000 * sum(t.seconds for t in turns) / cycles, 3)}
             draft = prop.propose()  # the state the last turn left: one more cycle's inputs
             row["draft_ms"] = median_ms(prop.propose, dev, reps)
-            n = len(prompts[-1]) + new_tokens  # past the last turn: slots nothing reads any more
-            rows = torch.cat([draft.tokens[:1], draft.tokens])  # [N+1]: a root and the draft
-            if prop.mode == "chain":
-                row["verify_ms"] = median_ms(lambda: engine.chain(rows, n), dev, reps)  # noqa: B023
-            else:
-                pos = n + torch.cat([torch.zeros_like(draft.depths[:1]), draft.depths])
-                slots, mask = torch.arange(n, n + rows.shape[0], device=dev), engine.tree_mask(n, draft.anc)
-                row["verify_ms"] = median_ms(lambda: engine.forward(rows, pos, slots, mask), dev, reps)  # noqa: B023
+            at = torch.tensor([len(prompts[-1]) + new_tokens], device=dev)  # past the last turn: slots nothing reads any more
+            rows = torch.cat([draft.tokens[:, :1], draft.tokens], dim=1)  # [1, N+1]: a root and the draft
+            block, offsets = (None, None) if prop.mode == "chain" else (
+                draft.anc, torch.cat([torch.zeros_like(draft.depths[:, :1]), draft.depths], dim=1))
+            row["verify_ms"] = median_ms(lambda: engine.rows_forward(rows, at * 0, at, block, offsets), dev, reps)  # noqa: B023
             row["glue_ms"] = round(row["cycle_ms"] - row["draft_ms"] - row["verify_ms"], 3)
             row["speedup_vs_plain"] = round(row["tau"] * out["plain_ms_per_token"] / row["cycle_ms"], 3)
             out[f"{name}{'_compiled' if compiled else ''}"] = row
@@ -175,9 +176,38 @@ def spec_run(args: argparse.Namespace, drafter: Path, out: Path, **mode: object)
                      max_new_tokens=args.max_new_tokens, device=args.device, overwrite=True, **mode)
     evaluate(cfg)
     r = json.loads((out / "report.json").read_text())
-    keys = ("tau", "accept_per_position", "spec_tok_per_s", "plain_tok_per_s", "speedup", "steps", "tokens",
-            "greedy_turns_matching_plain", "greedy_turns_checked", "capture_seconds", "warmup_seconds", "wall_seconds", "kv_cache_len")
+    keys = ("mode", "batch_size", "temperature", "tau", "accept_per_position", "spec_tok_per_s", "plain_tok_per_s", "speedup",
+            "steps", "tokens", "greedy_turns_matching_plain", "greedy_turns_checked", "drafter_compiled", "capture_seconds",
+            "warmup_seconds", "wall_seconds", "kv_cache_len")
     return {k: r[k] for k in keys} | {"report": str(out / "report.json")}
+
+
+def batch_runs(args: argparse.Namespace, drafter: Path, out_dir: Path, shapes: dict[str, dict]) -> dict:
+    """`draftsmith eval` per --batch-modes entry (chain, tree, chain_t1: chain at temperature 1
+    with its own plain pass) and --batch-sizes, each against plain decoding at the same batch
+    size; the speed-ups plotted against the batch size (batch_speedup.png in --out-dir)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    modes = {"chain": shapes["chain"], "tree": shapes["tree"], "chain_t1": {**shapes["chain"], "temperature": 1.0}}
+    runs: dict = {}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in args.batch_modes.split(","):
+        for b in sizes:
+            runs[f"{name}_b{b}"] = spec_run(args, drafter, out_dir / f"{name}_b{b}", batch_size=b, **modes[name])
+        ax.plot(sizes, [runs[f"{name}_b{b}"]["speedup"] or float("nan") for b in sizes], "o-", label=name)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(xscale="log", xticks=sizes, xticklabels=[str(b) for b in sizes], xlabel="batch size (rows, each its own question)",
+           ylabel="speed-up over plain decoding", title="speculative decoding against plain, same batch size")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "batch_speedup.png", dpi=100)
+    plt.close(fig)
+    runs["plot"] = str(out_dir / "batch_speedup.png")
+    return runs
 
 
 def main() -> None:
@@ -189,13 +219,16 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--plain-prompts", type=int, default=5)
     ap.add_argument("--plain-tokens", type=int, default=256)
-    ap.add_argument("--parts", default="plain,verify,cycle,chain,tree")
+    ap.add_argument("--parts", default="plain,verify,cycle,chain,tree", help="also: batch")
+    ap.add_argument("--batch-sizes", default="1,4,16", help="--parts batch: the batch sizes")
+    ap.add_argument("--batch-modes", default="chain,tree,chain_t1", help="--parts batch: chain, tree, chain_t1 (temperature 1)")
     ap.add_argument("--out-dir", type=Path, default=None, help="where the eval reports go (default: a temp folder)")
     ap.add_argument("--out-json", type=Path, default=None)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: checks that the script runs")
     args = ap.parse_args()
     if args.smoke:
         args.device, args.num_questions, args.max_new_tokens, args.plain_prompts, args.plain_tokens = "cpu", 1, 8, 1, 8
+        args.batch_sizes = "1,2"
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     args.device = str(device)
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="eval_bench_"))
@@ -216,22 +249,24 @@ def main() -> None:
         sizes, context, reps = ([1, 8], 64, 3) if args.smoke else ([1, 8, 32, 64], 512, 50)
         result["verification_cost"] = verification_cost(target, sizes, context, reps)
     drafter = args.drafter
-    if drafter is None and parts & {"chain", "tree", "cycle"}:
+    if drafter is None and parts & {"chain", "tree", "cycle", "batch"}:
         drafter = save_drafter(random_drafter(target.model, 32000).cpu(), out_dir / "random_drafter", target=target.info.to_dict())
         result["drafter_note"] = "random drafter (tau ~ 1)"
     result["drafter"] = str(drafter)
+    shapes = {"chain": dict(mode="chain", depth=2 if args.smoke else 7),
+              "tree": dict(mode="tree", depth=3, top_k=3, total_tokens=8) if args.smoke else dict(mode="tree", depth=7, top_k=10, total_tokens=60)}
     if "cycle" in parts:
         prompts = [turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", args.plain_prompts)]
-        shapes = {"chain": dict(mode="chain", depth=2 if args.smoke else 7),
-                  "tree": dict(mode="tree", depth=3, top_k=3, total_tokens=8) if args.smoke else dict(mode="tree", depth=7, top_k=10, total_tokens=60)}
         compile_modes = [False, True] if device.type == "cuda" else [False]
         result["cycle"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, shapes, compile_modes, 3 if args.smoke else 50)
     del target
+    evals = {name: {k.replace("depth", "k"): v for k, v in shape.items()} for name, shape in shapes.items()}  # EvalConfig's names
     if "chain" in parts:
-        result["chain"] = spec_run(args, drafter, out_dir / "chain", mode="chain", k=2 if args.smoke else 7)
+        result["chain"] = spec_run(args, drafter, out_dir / "chain", **evals["chain"])
     if "tree" in parts:
-        tree = dict(k=3, top_k=3, total_tokens=8) if args.smoke else dict(k=7, top_k=10, total_tokens=60)
-        result["tree"] = spec_run(args, drafter, out_dir / "tree", mode="tree", **tree)
+        result["tree"] = spec_run(args, drafter, out_dir / "tree", **evals["tree"])
+    if "batch" in parts:
+        result["batch"] = batch_runs(args, drafter, out_dir, evals)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out_json:
