@@ -256,7 +256,9 @@ def placement(model: nn.Module, spec: str) -> torch.device:
     """Check that `device_map="auto"` put all of `model` on GPUs (offloading to the CPU or disk
     would be slower than useful), say which decoder layers went where, and return the input
     embedding's device."""
-    placed = {str(d) for d in getattr(model, "hf_device_map", {}).values()}
+    # a map over several devices (accelerate's dispatch) names offloaded parts; a model on one
+    # device has no map, only its parameters' device
+    placed = {str(d) for d in getattr(model, "hf_device_map", {}).values()} | {p.device.type for p in model.parameters()}
     if placed & {"cpu", "disk"}:
         raise UserError(f"target {spec!r} does not fit on the {torch.cuda.device_count()} visible GPUs: --shard auto "
                         f"would put part of it on the {' and '.join(sorted(placed & {'cpu', 'disk'}))}; make more GPUs "
