@@ -1,6 +1,7 @@
 """`draftsmith eval --batch-size N`: rows that each decode their own question (multi-turn, the
 last batch filled up), greedy answers equal to plain decoding's and to batch 1's, sampling at
-temperature 1 with its own plain pass, and the batch size in the report."""
+temperature 1 with its own plain pass, and the batch size in the report; `--kernel-check`:
+plain decoding through the verification forward's shape, against plain decoding."""
 
 from __future__ import annotations
 
@@ -36,11 +37,13 @@ def evaluate(setup, name: str, *options: str) -> dict:
 def test_batches_answer_as_batch_one(setup, mode):
     shape = ["--mode", mode, "--k", "3"] + (["--top-k", "2", "--total-tokens", "5"] if mode == "tree" else [])
     one = evaluate(setup, f"{mode}1", *shape)
-    three = evaluate(setup, f"{mode}3", *shape, "--batch-size", "3")
+    three = evaluate(setup, f"{mode}3", *shape, "--batch-size", "3", "--kernel-check")
     assert three["ids"] == one["ids"]
     r = three["report"]
     assert r["batch_size"] == 3 and one["report"]["batch_size"] == 1 and r["turns"] == 6
     assert r["greedy_turns_matching_plain"] == r["greedy_turns_checked"] == 6 and r["speedup"] is not None
+    assert r["verify_shape_turns_matching_plain"] == r["verify_shape_turns_checked"] == 6  # fp32: that shape rounds alike
+    assert one["report"]["verify_shape_turns_checked"] == 0  # only with --kernel-check
 
 
 def test_temperature_one_batches_with_their_own_plain_pass(setup):

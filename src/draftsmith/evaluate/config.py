@@ -31,6 +31,7 @@ class EvalConfig(CommandConfig):
     num_questions: int | None = Field(None, gt=0, description="Use the first N questions; default all on GPU, 4 on CPU.")
     max_new_tokens: int | None = Field(None, gt=0, description="Tokens per turn; default 256 on GPU, 48 on CPU.")
     speed: bool = Field(True, description="Also time plain decoding with the same engine for the speed-up.")
+    kernel_check: bool = Field(False, description="Greedy: also decode plainly through the verification forward's shape (draft size + 1 tokens, only the first used) and report how many turns match plain decoding, which separates bf16 rounding of that kernel shape from real differences.")
     seed: int = Field(0, description="Random seed.")
     device: str | None = Field(None, description="Device; default cuda when available.")
     dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp32.")

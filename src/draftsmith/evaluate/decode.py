@@ -111,13 +111,16 @@ def _verify(engine: Engine, proposer: Proposer, draft: Draft, root: torch.Tensor
 
 
 def decode(engine: Engine, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int], sampling: Sampling,
-           proposer: Proposer | None = None) -> list[Turn]:
+           proposer: Proposer | None = None, width: int = 1) -> list[Turn]:
     """Answer `prompts` (one per engine row) by plain decoding, or by speculative decoding with
-    `proposer`. Returns one Turn per prompt."""
+    `proposer`. `width` > 1 (plain only): each step's forward has the verification's shape, the
+    token then width-1 copies of it after it, of which only the first row's logits are used
+    (plain decoding through the verification kernels: bf16 rounding of that shape, no draft).
+    Returns one Turn per prompt."""
     dev, rows = engine.device, len(prompts)
     logits, aux, ids, pad = _prefill(engine, prompts)
     first = _pick(sampling, logits)  # [B]
-    size = proposer.size if proposer is not None else 0
+    size = proposer.size if proposer is not None else width - 1
     if proposer is not None:
         proposer.reset()
         proposer.observe_prompt(aux, torch.cat([ids[:, 1:], first[:, None]], dim=1), pad)  # state t, token t+1
@@ -136,7 +139,7 @@ def decode(engine: Engine, prompts: list[list[int]], max_new_tokens: int, stop_i
     t0 = time.perf_counter()
     while any(alive):
         if proposer is None:
-            new = _pick(sampling, _forward(engine, root, pad, n, n_host)[0][:, 0])[:, None]  # [B, 1]
+            new = _pick(sampling, _forward(engine, root.expand(-1, width), pad, n, n_host)[0][:, 0])[:, None]  # [B, 1]
             accepted, new_host = torch.zeros_like(n), new.tolist()  # the one host read
         else:
             accepted, new, new_host, acc_aux = _verify(engine, proposer, proposer.propose(), root, pad, n, n_host, sampling)
@@ -159,13 +162,13 @@ def decode(engine: Engine, prompts: list[list[int]], max_new_tokens: int, stop_i
 
 
 def decode_all(engine: Engine, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int], sampling: Sampling,
-               proposer: Proposer | None = None, done: Callable[[list[Turn]], None] | None = None) -> list[Turn]:
-    """Any number of prompts, in batches of the engine's rows (the last one filled up with
-    copies of its first prompt, whose answers are dropped); `done(turns)` after each batch."""
+               proposer: Proposer | None = None, done: Callable[[list[Turn]], None] | None = None, width: int = 1) -> list[Turn]:
+    """`decode` of any number of prompts, in batches of the engine's rows (the last one filled
+    up with copies of its first prompt, whose answers are dropped); `done(turns)` after each batch."""
     rows, out = getattr(engine, "batch", 1), []
     for i in range(0, len(prompts), rows):
         chunk = prompts[i : i + rows]
-        turns = decode(engine, chunk + chunk[:1] * (rows - len(chunk)), max_new_tokens, stop_ids, sampling, proposer)[: len(chunk)]
+        turns = decode(engine, chunk + chunk[:1] * (rows - len(chunk)), max_new_tokens, stop_ids, sampling, proposer, width)[: len(chunk)]
         out += turns
         if done is not None:
             done(turns)

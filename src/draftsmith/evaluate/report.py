@@ -60,12 +60,15 @@ def build_report(turns: list[dict[str, Any]], depth: int, meta: dict[str, Any]) 
         for cat, rows in sorted(by_cat.items())
     }
     greedy_checked = [t["matches_plain"] for t in timed if t.get("matches_plain") is not None]
+    wide_checked = [t["wide_matches_plain"] for t in timed if t.get("wide_matches_plain") is not None]
     return {
         **acceptance(all_accepts, depth),
         **speed(turns),
         "turns": len(turns),
         "greedy_turns_checked": len(greedy_checked),
         "greedy_turns_matching_plain": sum(greedy_checked),
+        "verify_shape_turns_checked": len(wide_checked),  # --kernel-check: plain decoding through the verification forward's shape
+        "verify_shape_turns_matching_plain": sum(wide_checked),
         "categories": categories,
         **meta,
     }
@@ -95,6 +98,9 @@ def markdown(r: dict[str, Any]) -> str:
                          for c in sh["candidates"]))
     if r["greedy_turns_checked"]:
         lines.append(f"- greedy check: {r['greedy_turns_matching_plain']}/{r['greedy_turns_checked']} turns identical to plain decoding")
+    if r.get("verify_shape_turns_checked"):
+        lines.append(f"- kernel-shape check: plain decoding through the verification forward's shape matches plain decoding in "
+                     f"{r['verify_shape_turns_matching_plain']}/{r['verify_shape_turns_checked']} turns (rounding of that shape alone)")
     lines += ["", "| position | accepted | conditional |", "|---|---|---|"]
     for j, (a, c) in enumerate(zip(r["accept_per_position"], r["accept_conditional"], strict=True), start=1):
         lines.append(f"| {j} | {a:.3f} | {fmt(c, '{:.3f}')} |")

@@ -36,6 +36,7 @@ from draftsmith.evaluate.shape import summary as shape_summary
 from draftsmith.fsutil import atomic_output_dir, atomic_write_text
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
+from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import Engine, open_engine
@@ -148,7 +149,8 @@ def run(cfg: EvalConfig) -> Path:
         decode(engine, warm, 8, stops, sampler())
         warmup_s = time.perf_counter() - t0
 
-        passes = 2 if cfg.speed else 1
+        wide = cfg.kernel_check and spec_sampling.greedy and isinstance(engine, TargetEngine)
+        passes = 1 + cfg.speed + wide
         with Progress("eval", out, total=passes * sum(len(q.turns) for q in questions), unit="turns") as progress:
 
             def answered(done: list[Turn]) -> None:
@@ -160,17 +162,23 @@ def run(cfg: EvalConfig) -> Path:
             def plain(prompts: list[list[int]]) -> list[Turn]:
                 return decode_all(engine, prompts, max_new, stops, plain_sampling, None, answered)
 
+            def plain_wide(prompts: list[list[int]]) -> list[Turn]:  # plain decoding through the verification forward's shape
+                return decode_all(engine, prompts, max_new, stops, sampler(), None, answered, proposer.size + 1)
+
             spec_turns = answer(tok, questions, spec, cfg.completion)
             plain_turns = answer(tok, questions, plain, cfg.completion) if cfg.speed else [[None] * len(t) for t in spec_turns]
+            wide_turns = answer(tok, questions, plain_wide, cfg.completion) if wide else [[None] * len(t) for t in spec_turns]
         turns: list[dict[str, Any]] = []
         lines: list[str] = []
-        for q, spec_q, plain_q in zip(questions, spec_turns, plain_turns, strict=True):
+        for q, spec_q, plain_q, wide_q in zip(questions, spec_turns, plain_turns, wide_turns, strict=True):
             record = {"question_id": q.question_id, "category": q.category, "turns": [], "token_ids": [], "accepts": []}
-            for s, pt in zip(spec_q, plain_q, strict=True):
+            for s, pt, wt in zip(spec_q, plain_q, wide_q, strict=True):
                 row = {"category": q.category, "accepts": s.accepts, "spec_tokens": len(s.tokens), "spec_seconds": s.seconds}
                 if pt is not None:
                     row.update(plain_tokens=len(pt.tokens), plain_seconds=pt.seconds,
                                matches_plain=(s.tokens == pt.tokens) if spec_sampling.greedy else None)
+                    if wt is not None:
+                        row.update(wide_matches_plain=wt.tokens == pt.tokens)
                 turns.append(row)
                 record["turns"].append(tok.decode(s.tokens, skip_special_tokens=True))
                 record["token_ids"].append(s.tokens)
