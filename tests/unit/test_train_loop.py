@@ -39,12 +39,20 @@ def data_and_store(tmp_path_factory, tiny_target_dir):
     return root, ds, root / "store"
 
 
-def test_offline_and_online_give_the_same_loss(data_and_store, tiny_target_dir):
+@pytest.mark.parametrize("capture", ["packed", "packed-split", "padded"])
+def test_offline_and_online_give_the_same_loss(capture, data_and_store, tiny_target_dir, monkeypatch):
+    """Online capture, whichever way (a row's samples packed in one forward; packed rows split
+    at PACKED_ROW with a padding tail; length-bucketed padded batches), gives the loss of the
+    stored states."""
     _, ds_path, store = data_and_store
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
     ds, reader = load_dataset(ds_path), StoreReader(store)
     layers = [int(k) for k in reader.meta["layers"]]
-    online = OnlineSource(ds, target.model, layers, max_len=2048, token_budget=64)  # several capture sub-batches
+    online = OnlineSource(ds, target.model, layers, max_len=2048, token_budget=64)  # several padded sub-batches
+    assert online.packed  # the tiny Llama keeps packed samples apart
+    online.packed = capture != "padded"
+    if capture == "packed-split":
+        monkeypatch.setattr(OnlineSource, "PACKED_ROW", 40)
     offline = OfflineSource(reader, max_len=2048)
     d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=ds_path, out=ds_path, draft_vocab_size=300), ds, list(range(len(ds))), target.info.vocab_size)
     torch.manual_seed(0)
@@ -135,3 +143,17 @@ def test_a_failed_resume_writes_nothing(data_and_store, tiny_target_dir):
     missing = runner.invoke(app, [*base[:5], str(root / "no-such-run"), *base[6:], "--resume"])
     assert missing.exit_code == 2 and "holds no training run" in missing.output
     assert not (root / "no-such-run").exists()
+
+
+def test_a_model_that_ignores_packing_is_captured_padded(tiny_target_dir, monkeypatch):
+    """If the model's forward lets packed samples attend to each other (here: transformers'
+    packed-sequence detection switched off), the check says so and capture falls back."""
+    import transformers.masking_utils as masking
+
+    from draftsmith.runtime.capture import packs_sequences
+
+    target = load_target(str(tiny_target_dir), "cpu", "fp32")
+    layers = target.info.default_aux_layers
+    assert packs_sequences(target.model, layers)
+    monkeypatch.setattr(masking, "find_packed_sequence_indices", lambda position_ids: None)
+    assert not packs_sequences(target.model, layers)

@@ -58,18 +58,50 @@ def capture(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     aux_layer_ids: list[int],
+    position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward of the target without KV cache.
 
     input_ids, attention_mask: [B, T] (right-padded; padding rows are garbage to be sliced off)
+    position_ids [B, T] (optional, with no attention_mask): several samples laid end to end in a
+    row, each restarting at 0; transformers then attends within each sample only (its packed-
+    sequence masks), which `packs_sequences` checks for the model at hand
     returns aux [B, T, n_aux*H] (layers concatenated in `aux_layer_ids` order), final [B, T, H],
     both on input_ids' device
     """
     with hooked(model, aux_layer_ids) as captured, sdpa_kernel(VARIABLE_SHAPE_SDPA):
-        out = base_model(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        out = base_model(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                use_cache=False)
     # on the inputs' device: a target split over GPUs (`load_target(shard="auto")`) hands each layer's
     # input to it on that layer's GPU
     final = out.last_hidden_state.to(input_ids.device)  # [B, T, H], after the final norm
     aux = torch.cat([captured[k].to(input_ids.device) for k in aux_layer_ids], dim=-1)  # [B, T, n_aux*H]
     assert aux.shape[:2] == input_ids.shape and final.shape[:2] == input_ids.shape, (aux.shape, input_ids.shape)
     return aux, final
+
+
+def packed_positions(lengths: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """Positions [sum(lengths)] of samples laid end to end, each restarting at 0."""
+    return torch.cat([torch.arange(n) for n in lengths]).to(device)
+
+
+@torch.no_grad()
+def packs_sequences(model: nn.Module, aux_layer_ids: list[int]) -> bool:
+    """Whether `capture` of samples packed in one row (position_ids restarting per sample, no
+    mask) gives each sample's own states, as capturing it alone does: two short samples, both
+    ways, within the dtype's tolerance. A model whose forward ignores the packing (its own mask
+    code, remote code) lets the second sample attend to the first and fails the check."""
+    device = next(model.parameters()).device
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    lengths = [5, 7]
+    ids = (torch.arange(sum(lengths), device=device) * 7919 + 11) % (vocab - 3) + 3  # [12], deterministic tokens
+    packed = capture(model, ids[None], None, aux_layer_ids, packed_positions(lengths, device)[None])
+    start, tol = 0, 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
+    for n in lengths:
+        alone = capture(model, ids[None, start : start + n], None, aux_layer_ids)
+        for a, b in zip(alone, packed, strict=True):  # aux, final: [1, n, ..] against the packed slice
+            got = b[:, start : start + n].float()
+            if (got - a.float()).abs().max() > tol * a.float().abs().max().clamp(min=1e-6):
+                return False
+        start += n
+    return True

@@ -5,8 +5,9 @@ Both sources return the same per-sample tensors, so everything after them is sha
     {"input_ids" [T] long, "loss_mask" [T] long, "aux" [T, n_aux*H_t], "final" [T, H_t]}
 
   - `OfflineSource`: reads them from a hidden-state store (`extract`).
-  - `OnlineSource`: runs the target's hook capture (`extract.capture`) on the tokenized samples,
-    under no_grad, in length-bucketed padded sub-batches, and slices the padding off.
+  - `OnlineSource`: runs the target's hook capture (`runtime.capture`) on the tokenized samples,
+    under no_grad: a row's samples packed end to end in one forward (padded, length-bucketed
+    sub-batches for a model that cannot pack), sliced back into samples.
 
 Packing (`pack_rows`): each epoch shuffles the training samples with `seed + epoch` and fills
 rows of at most `capacity` tokens (next-fit over a few open rows). A row's samples are laid end
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from draftsmith.data.store import length_batches
-from draftsmith.runtime.capture import capture
+from draftsmith.runtime.capture import capture, packed_positions, packs_sequences
 from draftsmith.train.ttt import doc_and_positions
 
 OPEN_ROWS = 8
@@ -122,13 +123,24 @@ class OfflineSource:
 
 
 class OnlineSource:
-    """Samples from a tokenized dataset, with hidden states captured from the target now."""
+    """Samples from a tokenized dataset, with hidden states captured from the target now.
+
+    A training row's samples are captured packed: laid end to end in rows of at most
+    `PACKED_ROW` tokens, positions restarting per sample, one forward for the lot (transformers
+    keeps each sample's attention to itself). A model that does not pack (`packs_sequences`,
+    checked once here) is captured in length-bucketed, right-padded batches instead."""
+
+    PACKED_ROW = 8192  # tokens per packed capture row: its attention costs O(row²), so longer rows are split
 
     def __init__(self, dataset: Any, model: torch.nn.Module, aux_layer_ids: list[int], max_len: int, token_budget: int) -> None:
         self.dataset, self.model, self.aux_layer_ids, self.max_len = dataset, model, aux_layer_ids, max_len
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
         self.lengths = np.minimum(dataset.lengths, max_len)
+        self.packed = packs_sequences(model, aux_layer_ids)
+        if not self.packed:
+            print(f"[train] {type(model).__name__} does not keep packed samples apart in one forward: its hidden "
+                  "states are captured in padded batches instead (slower, same values)", flush=True)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -136,17 +148,49 @@ class OnlineSource:
     def samples(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
         items = {i: self.dataset[i] for i in indices}
         out: dict[int, dict[str, torch.Tensor]] = {}
-        for group in length_batches([int(self.lengths[i]) for i in indices], self.token_budget):
-            chosen = [indices[g] for g in group]
-            width = max(int(self.lengths[i]) for i in chosen)
-            ids = torch.zeros(len(chosen), width, dtype=torch.long)  # [b, W], right-padded
-            mask = torch.zeros(len(chosen), width, dtype=torch.long)
-            for r, i in enumerate(chosen):
-                n = int(self.lengths[i])
-                ids[r, :n], mask[r, :n] = items[i]["input_ids"][:n], 1
-            aux, final = capture(self.model, ids.to(self.device), mask.to(self.device), self.aux_layer_ids)  # [b, W, n*H], [b, W, H]
-            for r, i in enumerate(chosen):
-                n = int(self.lengths[i])
-                out[i] = {"input_ids": ids[r, :n], "loss_mask": items[i]["loss_mask"][:n],
-                          "aux": aux[r, :n], "final": final[r, :n]}
+        if self.packed:
+            self._capture_packed(indices, items, out)
+        else:
+            for group in length_batches([int(self.lengths[i]) for i in indices], self.token_budget):
+                self._capture_padded([indices[g] for g in group], items, out)
         return [out[i] for i in indices]
+
+    def _sample(self, item: dict[str, torch.Tensor], n: int, aux: torch.Tensor, final: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"input_ids": item["input_ids"][:n], "loss_mask": item["loss_mask"][:n], "aux": aux, "final": final}
+
+    def _capture_packed(self, chosen: list[int], items: dict, out: dict) -> None:
+        groups: list[list[int]] = [[]]
+        used = 0
+        for i in chosen:  # next-fit into rows of <= PACKED_ROW tokens
+            n = int(self.lengths[i])
+            if groups[-1] and used + n > self.PACKED_ROW:
+                groups.append([])
+                used = 0
+            groups[-1].append(i)
+            used += n
+        sizes = [[int(self.lengths[i]) for i in g] for g in groups]
+        width = max(map(sum, sizes))
+        ids = torch.zeros(len(groups), width, dtype=torch.long)  # [G, W]; a row's tail is a padding "sample"
+        pos = torch.zeros(len(groups), width, dtype=torch.long)  # [G, W]: restarting at 0 per sample
+        for r, (g, lengths) in enumerate(zip(groups, sizes, strict=True)):
+            tail = [width - sum(lengths)] if width > sum(lengths) else []
+            ids[r, : sum(lengths)] = torch.cat([items[i]["input_ids"][:n] for i, n in zip(g, lengths, strict=True)])
+            pos[r] = packed_positions(lengths + tail)
+        aux, final = capture(self.model, ids.to(self.device), None, self.aux_layer_ids, pos.to(self.device))  # [G, W, n*H], [G, W, H]
+        for r, (g, lengths) in enumerate(zip(groups, sizes, strict=True)):
+            start = 0
+            for i, n in zip(g, lengths, strict=True):
+                out[i] = self._sample(items[i], n, aux[r, start : start + n], final[r, start : start + n])
+                start += n
+
+    def _capture_padded(self, chosen: list[int], items: dict, out: dict) -> None:
+        width = max(int(self.lengths[i]) for i in chosen)
+        ids = torch.zeros(len(chosen), width, dtype=torch.long)  # [b, W], right-padded
+        mask = torch.zeros(len(chosen), width, dtype=torch.long)
+        for r, i in enumerate(chosen):
+            n = int(self.lengths[i])
+            ids[r, :n], mask[r, :n] = items[i]["input_ids"][:n], 1
+        aux, final = capture(self.model, ids.to(self.device), mask.to(self.device), self.aux_layer_ids)  # [b, W, n*H], [b, W, H]
+        for r, i in enumerate(chosen):
+            n = int(self.lengths[i])
+            out[i] = self._sample(items[i], n, aux[r, :n], final[r, :n])
