@@ -98,6 +98,8 @@ class DrafterProposer:
         self.graphs: dict[int, Graphed] = {}
         self.compiled = compile
         self.step_fn = torch.compile(self._step_eager, dynamic=False) if compile else self._step_eager
+        if compile:  # dynamo keeps one entry per proposer and step shape, on one code object: --k auto makes up to 16
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
         def zeros(*size: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
             return torch.zeros(size, dtype=dtype, device=self.device)
@@ -114,8 +116,7 @@ class DrafterProposer:
         if self.device.type != "cuda":
             return
         try:
-            with torch._dynamo.config.patch(recompile_limit=64):  # one entry per proposer and shape (--k auto makes up to 16)
-                self._capture()
+            self._capture()
         except Exception as e:  # noqa: BLE001 (inductor/triton missing or failing: any error of the compiler)
             if not self.compiled:
                 raise

@@ -36,7 +36,6 @@ from draftsmith.evaluate.shape import summary as shape_summary
 from draftsmith.fsutil import atomic_output_dir, atomic_write_text
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
-from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import Engine, open_engine
@@ -149,7 +148,7 @@ def run(cfg: EvalConfig) -> Path:
         decode(engine, warm, 8, stops, sampler())
         warmup_s = time.perf_counter() - t0
 
-        wide = cfg.kernel_check and spec_sampling.greedy and isinstance(engine, TargetEngine)
+        wide = cfg.kernel_check and spec_sampling.greedy
         passes = 1 + cfg.speed + wide
         with Progress("eval", out, total=passes * sum(len(q.turns) for q in questions), unit="turns") as progress:
 

@@ -83,13 +83,6 @@ class Sampling:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         return target_probs(logits, self.temperature, self.top_p, self.top_k)
 
-    def sample(self, probs: torch.Tensor) -> int:
-        """One token from probs [V], on the host."""
-        return int(self.draws(probs))
-
-    def uniform(self) -> float:
-        return float(torch.rand((), generator=self.gen))
-
     def draws(self, probs: torch.Tensor) -> torch.Tensor:
         """Tokens drawn from probs [.., V] where they lie, with no host sync."""
         return exponential_race(probs, self.generator(probs.device))
@@ -101,10 +94,6 @@ class Sampling:
         """The settings a synth output records."""
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed}
-
-    def pick(self, logits: torch.Tensor) -> int:
-        """One token from target logits [V]."""
-        return int(logits.argmax()) if self.greedy else self.sample(self.probs(logits))
 
 
 Verified = tuple[torch.Tensor, torch.Tensor, list[list[int]]]  # accepted [B], new tokens [B, L], each row's new tokens on the host
