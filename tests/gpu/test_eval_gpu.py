@@ -1,6 +1,7 @@
 """GPU checks of the eval engine (run with --run-gpu on a CUDA machine): CUDA-graphed
-forwards give the eager logits, and graphed speculative decoding equals graphed plain
-decoding on the embedded default (fp32, so that batching cannot flip a near-tie)."""
+forwards give the eager logits, and graphed speculative decoding (compiled drafter step)
+equals graphed plain decoding on the embedded default, at batch 1 and in a batch of 4 rows
+(fp32, so that batching cannot flip a near-tie)."""
 
 from __future__ import annotations
 
@@ -38,10 +39,33 @@ def test_graphed_forward_equals_eager(target):
 def test_graphed_spec_equals_plain(target, mode):
     drafter = random_drafter(target.model, 32000)
     eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512)
-    prop = DrafterProposer(drafter, Sampling(), 512, mode=mode, depth=7, top_k=10, total_tokens=60)
+    prop = DrafterProposer(drafter, Sampling(), 512, mode=mode, depth=7, top_k=10, total_tokens=60, compile=True)
     eng.graph(1)
     eng.graph(prop.size + 1)
+    eng.graph_compact(prop.path_len)
     prop.graph()
+    assert prop.compiled  # the compiled drafter step inside the captured cycle
     for q in load_questions("mt_bench", 4):
         p = turn_prompt(target.tokenizer, q.turns[:1], [])
         assert spec_generate(eng, prop, p, 64, set(), Sampling()).tokens == plain_generate(eng, p, 64, set(), Sampling()).tokens
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_graphed_batch_equals_each_alone(target, mode):
+    """Four MT-bench prompts in one batch of rows (graphs, compiled drafter step): every row's
+    speculative and plain answer is the row's plain answer alone."""
+    from draftsmith.evaluate.decode import decode
+
+    drafter = random_drafter(target.model, 32000)
+    prompts = [turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", 4)]
+    alone = TargetEngine(target.model, drafter.config.aux_layer_ids, 512)
+    alone.graph(1)
+    ref = [plain_generate(alone, p, 64, set(), Sampling()).tokens for p in prompts]
+    eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512, batch=4)
+    prop = DrafterProposer(drafter, Sampling(), 512, mode=mode, depth=7, top_k=10, total_tokens=60, compile=True, batch=4)
+    eng.graph(1)
+    eng.graph(prop.size + 1)
+    eng.graph_compact(prop.path_len)
+    prop.graph()
+    assert [t.tokens for t in decode(eng, prompts, 64, set(), Sampling(), prop)] == ref
+    assert [t.tokens for t in decode(eng, prompts, 64, set(), Sampling())] == ref

@@ -196,9 +196,8 @@ class DrafterProposer:
         """Left-padded prompts: aux [B, P, n_aux*H_t] and next_tokens [B, P], row b's token j in
         column pad[b] + j. All but the last column run eagerly (padding columns write slots no
         row sees); the last is staged for propose()."""
-        _, _, base, n, m = self.stage
         p = aux.shape[1]
-        base.copy_(pad)
+        self.stage[2].copy_(pad)  # each row's base slot
         if p > 1:
             self._context_step(aux[:, :-1], next_tokens[:, :-1], pad, -pad, eager=True)
         self.observe(aux[:, -1:], next_tokens[:, -1:], torch.ones_like(pad), start=p - 1 - pad)
