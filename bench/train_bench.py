@@ -12,7 +12,8 @@ top GPU kernels.
         --variant online: --variant adamw:optimizer=adamw --variant rows32k:batch_tokens=32768 \\
         --variant offline:hidden=runs/h200/extract --out-json train_bench.json
 
-A variant is NAME:KEY=VALUE,KEY=VALUE,... over `draftsmith train`'s options (values as YAML).
+A variant is NAME:KEY=VALUE,KEY=VALUE,... over `draftsmith train`'s options (values as YAML), plus
+`capture=padded` to capture online rows in padded length buckets instead of packed.
 Prints one JSON line per variant and writes them all to --out-json.
 """
 
@@ -64,10 +65,14 @@ def phase_table(prof: torch.profiler.profile, steps: int) -> dict[str, dict[str,
 
 
 def bench_variant(name: str, options: dict, args: argparse.Namespace, scratch: Path) -> dict:
+    options = dict(options)
+    capture = options.pop("capture", "auto")  # online capture: auto (packed where the model packs) or padded
     cfg = TrainConfig(dataset_dir=args.dataset, target=args.target, out=scratch / name, log_every=10**9,
                       save_every=10**9, val_fraction=0.01, **options)
     cfg = cfg.model_copy(update={"steps": args.warmup + args.steps + args.profile_steps + 1})
     trainer = build_trainer(cfg)
+    if capture == "padded":
+        trainer.source.packed = False
     rows = trainer.epoch_rows(0)
     accum = trainer.cfg.grad_accum
     at = 0  # next row
@@ -92,7 +97,7 @@ def bench_variant(name: str, options: dict, args: argparse.Namespace, scratch: P
     tokens = run_steps(args.steps)
     sync()
     wall = time.perf_counter() - t0
-    result = {"variant": name, "options": options, "steps": args.steps, "tokens": tokens,
+    result = {"variant": name, "options": options, "capture": capture, "steps": args.steps, "tokens": tokens,
               "tok_per_s": round(tokens / wall, 1), "step_ms": round(wall / args.steps * 1e3, 1),
               "data_wait": round(trainer._data_wait / wall, 3),
               "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None}
