@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from draftsmith.errors import UserError
+from draftsmith.errors import UserError, from_os_error
 
 
 def fsync_dir(path: Path) -> None:
@@ -117,8 +117,8 @@ def output_lock(folder: Path) -> Iterator[None]:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise UserError(f"output folder {folder} is not writable ({e.strerror}); choose another --out or fix its permissions") from None
+        except OSError as e:  # the path, what the OS said and the fix (a file in the way, no permission, ...)
+            raise from_os_error(e) from None
         if not _lock_exclusive(fd):
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)

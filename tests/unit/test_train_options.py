@@ -142,3 +142,21 @@ def test_aux_noise_changes_training_not_validation(dataset, tiny_target_dir):
                 losses[noise, mode] = float(objective(**batch)[0])
     assert losses[0.0, "eval"] == losses[0.5, "eval"] == losses[0.0, "train"]
     assert losses[0.5, "train"] != losses[0.0, "train"]
+
+
+def test_a_second_train_on_one_out_is_refused(dataset, tiny_target_dir, tmp_path):
+    """train holds --out's lock for its whole run: a second writer gets a clean error (rc 2)
+    naming the holder, and a failed start leaves no folder behind."""
+    import os
+
+    from draftsmith.fsutil import output_lock
+
+    out = tmp_path / "run"
+    with output_lock(out):
+        res = _train(dataset, tiny_target_dir, out)
+    assert res.exit_code == 2 and f"another draftsmith process (pid {os.getpid()})" in res.output, res.output
+    assert not out.exists()
+    res = _train(dataset, tiny_target_dir, tmp_path / "fresh", "--resume")  # nothing to resume: refused, nothing made
+    assert res.exit_code == 2 and "holds no training run" in res.output and not (tmp_path / "fresh").exists()
+    assert _train(dataset, tiny_target_dir, out).exit_code == 0
+    assert _train(dataset, tiny_target_dir, out, "--overwrite").exit_code == 0 and (out / "drafter").is_dir()

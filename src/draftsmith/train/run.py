@@ -15,6 +15,7 @@ Under `torchrun` (WORLD_SIZE > 1) each rank trains on its share of the packed ro
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +28,7 @@ from draftsmith.data.dataset import TokenizedDataset, load_dataset
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
+from draftsmith.fsutil import LOCK_FILE, output_lock
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.head import check_output_head, output_head
@@ -61,7 +63,7 @@ def check_out(cfg: TrainConfig) -> Path | None:
     if cfg.resume and cfg.overwrite:
         raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
     if cfg.resume:
-        if not out.is_dir():
+        if not out.is_dir() or not any(p.name != LOCK_FILE for p in out.iterdir()):  # (run's lock makes the folder)
             raise UserError(f"--resume: {out} holds no training run to continue; leave out --resume to start one")
         found = latest_checkpoint(out)
         if found is None:
@@ -76,7 +78,9 @@ def start_out(cfg: TrainConfig, env: Env) -> None:
     """Make the output folder, once everything is validated: --overwrite removes the old run now."""
     out = Path(cfg.out)
     if env.main and cfg.overwrite and out.exists():
-        shutil.rmtree(out)
+        for old in out.iterdir():  # all but the lock this run holds
+            if old.name != LOCK_FILE:
+                shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
     out.mkdir(parents=True, exist_ok=True)
     if env.world > 1:
         dist.barrier()
@@ -187,21 +191,24 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
 
 
 def run(cfg: TrainConfig) -> Path:
-    """Train (see the module docstring for what --out holds)."""
-    trainer = build_trainer(cfg)
-    env, out = trainer.env, trainer.out
-    progress = Progress("train", out, total=trainer.total, unit="steps") if env.main else None
-    try:
-        if progress is not None:
-            with progress:
-                progress.skip(trainer.pos.step)
-                trainer.run(progress)
-        else:
-            trainer.run(None)
-    finally:
-        trainer.log.close()
-    if env.main:
-        plot_metrics(out)
+    """Train (see the module docstring for what --out holds), --out locked against a second
+    writer for the whole run (rank 0 holds the lock for all ranks)."""
+    main = dist_env()[0] == 0
+    with output_lock(Path(cfg.out)) if main else contextlib.nullcontext():
+        trainer = build_trainer(cfg)
+        env, out = trainer.env, trainer.out
+        progress = Progress("train", out, total=trainer.total, unit="steps") if env.main else None
+        try:
+            if progress is not None:
+                with progress:
+                    progress.skip(trainer.pos.step)
+                    trainer.run(progress)
+            else:
+                trainer.run(None)
+        finally:
+            trainer.log.close()
+        if env.main:
+            plot_metrics(out)
     if env.world > 1:
         dist.barrier()
     return out
