@@ -83,7 +83,7 @@ def plain_decode(target, prompts: list[list[int]], new_tokens: int) -> dict:  # 
     del eager
     if dev.type == "cuda":
         graphed = TargetEngine(model, aux, max_len)
-        graphed.graph(1)
+        graphed.graph_rows(1)
         out["capture_seconds"] = round(graphed.capture_seconds, 3)
         out["engine_graphs_tok_per_s"], ours = timed(lambda p: plain_generate(graphed, p, new_tokens, set(), Sampling()).tokens)
         out["speedup_graphs_vs_hf"] = round(out["engine_graphs_tok_per_s"] / out["hf_generate_tok_per_s"], 3)
@@ -141,7 +141,7 @@ def cycle_breakdown(target, drafter_path: Path, prompts: list[list[int]], new_to
     max_len = max(map(len, prompts)) + new_tokens + 80
     engine = TargetEngine(model, drafter.config.aux_layer_ids, max_len)
     if graphs:
-        engine.graph(1)
+        engine.graph_rows(1)
     plain = [plain_generate(engine, p, new_tokens, set(), Sampling()) for p in [prompts[0], *prompts]][1:]  # a warm-up first
     out: dict = {"prompts": len(prompts), "new_tokens": new_tokens,
                  "plain_ms_per_token": round(1000 * sum(t.seconds for t in plain) / sum(len(t.tokens) - 1 for t in plain), 3)}
@@ -149,7 +149,7 @@ def cycle_breakdown(target, drafter_path: Path, prompts: list[list[int]], new_to
         for compiled in compile_modes:
             prop = DrafterProposer(drafter, Sampling(), max_len, compile=compiled, **shape)
             if graphs:
-                engine.graph(prop.size + 1)
+                engine.graph_rows(prop.size + 1)
                 if prop.mode == "tree":
                     engine.graph_compact(prop.path_len)
                 prop.graph()

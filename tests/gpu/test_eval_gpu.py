@@ -33,6 +33,10 @@ def test_graphed_forward_equals_eager(target):
     graphed, aux_g = (x.clone() for x in eng.forward(ids[32:], slots, slots, eng.causal_mask(32, 8)))
     eager, aux_e = eng._forward(ids[None, 32:], slots[None], slots[None], eng.causal_mask(32, 8)[None, None])
     assert torch.allclose(graphed, eager, atol=1e-4) and torch.allclose(aux_g, aux_e, atol=1e-4)
+    eng.graph_rows(8)  # eval's rows path, its mask building inside the graph
+    base, n = torch.zeros(1, dtype=torch.long, device="cuda"), torch.full((1,), 32, device="cuda")
+    rows_g, rows_aux = (x.clone() for x in eng.rows_forward(ids[None, 32:], base, n))
+    assert torch.allclose(rows_g[0], eager[0], atol=1e-4) and torch.allclose(rows_aux[0], aux_e[0], atol=1e-4)
 
 
 @pytest.mark.parametrize("mode", ["chain", "tree"])
@@ -40,8 +44,8 @@ def test_graphed_spec_equals_plain(target, mode):
     drafter = random_drafter(target.model, 32000)
     eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512)
     prop = DrafterProposer(drafter, Sampling(), 512, mode=mode, depth=7, top_k=10, total_tokens=60, compile=True)
-    eng.graph(1)
-    eng.graph(prop.size + 1)
+    eng.graph_rows(1)
+    eng.graph_rows(prop.size + 1)
     eng.graph_compact(prop.path_len)
     prop.graph()
     assert prop.compiled  # the compiled drafter step inside the captured cycle
@@ -59,12 +63,12 @@ def test_graphed_batch_equals_each_alone(target, mode):
     drafter = random_drafter(target.model, 32000)
     prompts = [turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", 4)]
     alone = TargetEngine(target.model, drafter.config.aux_layer_ids, 512)
-    alone.graph(1)
+    alone.graph_rows(1)
     ref = [plain_generate(alone, p, 64, set(), Sampling()).tokens for p in prompts]
     eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512, batch=4)
     prop = DrafterProposer(drafter, Sampling(), 512, mode=mode, depth=7, top_k=10, total_tokens=60, compile=True, batch=4)
-    eng.graph(1)
-    eng.graph(prop.size + 1)
+    eng.graph_rows(1)
+    eng.graph_rows(prop.size + 1)
     eng.graph_compact(prop.path_len)
     prop.graph()
     assert [t.tokens for t in decode(eng, prompts, 64, set(), Sampling(), prop)] == ref

@@ -179,7 +179,7 @@ def test_fused_spec_keeps_tokens_and_accepts(device):
     model = tiny_vocab_llama().to(device)
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
     for t in (1, 4):  # plain decoding, verification of K=3
-        eng.graph(t)
+        eng.graph_rows(t)
     drafter = echo_drafter(model).to(device)
     accepts = []
     for prompt in ([1, 5, 7, 3, 9], [2, 2, 8], [6, 10]):
@@ -242,7 +242,7 @@ def test_fused_tree_equals_plain(device):
     for prompt in ([1, 5, 7, 3, 9], [2, 2, 8], [6, 10]):
         prop = DrafterProposer(drafter, Sampling(), 64, mode="tree", depth=3, top_k=2, total_tokens=5, compile=device == "cuda")
         for t in (1, prop.size + 1):
-            eng.graph(t)
+            eng.graph_rows(t)
         eng.graph_compact(prop.path_len)
         prop.graph()
         plain = plain_generate(eng, prompt, 30, set(), Sampling())

@@ -36,6 +36,7 @@ from draftsmith.evaluate.shape import summary as shape_summary
 from draftsmith.fsutil import atomic_output_dir, atomic_write_text
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
+from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import Engine, open_engine
@@ -67,11 +68,12 @@ def make_proposer(engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampl
     mode = "chain" if shape.top_k is None else "tree"
     proposer = DrafterProposer(drafter, sampling, max_len, mode=mode, depth=shape.depth, top_k=shape.top_k or 1,
                                total_tokens=shape.total_tokens or shape.depth, compile=compile_step, batch=cfg.batch_size)
-    if graphs:
+    if graphs and isinstance(engine, TargetEngine):  # the generic engine has no graphs
         for t in (1, proposer.size + 1):
-            engine.graph(t)  # counts its own capture time
+            engine.graph_rows(t)  # counts its own capture time
         if mode == "tree":
             engine.graph_compact(proposer.path_len)
+    if graphs:
         t0 = time.perf_counter()
         proposer.graph()
         engine.capture_seconds += time.perf_counter() - t0

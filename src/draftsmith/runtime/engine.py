@@ -19,8 +19,9 @@ That gives, with one code path:
 
 `graph(t, width)` captures the forward of `t` tokens attending over the first `width` cache
 slots in a CUDA graph (static input buffers; the cache is written in place), used by plain
-decoding (t=1), verification (t = draft size + 1) and batched decoding alike; `graph_compact(n)`
-captures the compaction of a tree's accepted path. On CPU the same code runs eagerly.
+decoding (t=1), verification (t = draft size + 1) and synth's batched decoding alike;
+`graph_rows(t)` captures `rows_forward` with its mask building (eval), `graph_compact(n)` the
+compaction of a tree's accepted path. On CPU the same code runs eagerly.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class TargetEngine:
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.graphs: dict[tuple[int, int], Graphed] = {}  # (tokens, cache slots attended) -> graph
+        self.row_graphs: dict[int, Graphed] = {}  # tokens -> graph of `rows_forward`
         self.compactions: dict[int, Graphed] = {}  # rows moved -> graph of `compact`
         self.capture_seconds = 0.0
 
@@ -247,14 +249,41 @@ class TargetEngine:
         tree's ancestors-or-self; default causal). Returns logits [B, T, V], aux [B, T, n_aux*H]."""
         b, t = ids.shape
         step = torch.arange(t, device=self.device)  # [T]
+        block = (step[:, None] >= step).expand(b, t, t) if block is None else block  # [B, T, T]
+        offsets = step.expand(b, t) if offsets is None else offsets  # [B, T]
+        graph = self.row_graphs.get(t)
+        if graph is not None:
+            return graph(ids, base, n, block, offsets)
+        return self._forward_eager(ids, *self._rows_inputs(base, n, block, offsets))
+
+    def _rows_inputs(self, base: torch.Tensor, n: torch.Tensor, block: torch.Tensor,
+                     offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`rows_forward`'s positions, slots [B, T] and mask [B, T, S], built on the device."""
+        b, t = offsets.shape
         start = base + n  # [B]: the first new slot
-        slots = start[:, None] + step  # [B, T]
-        pos = n[:, None] + (step if offsets is None else offsets)  # [B, T]
+        slots = start[:, None] + torch.arange(t, device=self.device)  # [B, T]
         cols = torch.arange(self.max_len, device=self.device)  # [S]
         mask = ((cols >= base[:, None]) & (cols < start[:, None]))[:, None, :].repeat(1, t, 1)  # [B, T, S]: the row's tokens
-        block = (step[:, None] >= step) if block is None else block  # [B or 1, T, T]
-        mask.scatter_(2, slots[:, None, :].expand(b, t, t), block.expand(b, t, t))  # the new tokens among themselves
-        return self.forward_batch(ids, pos, slots, mask)
+        mask.scatter_(2, slots[:, None, :].expand(b, t, t), block)  # the new tokens among themselves
+        return n[:, None] + offsets, slots, mask
+
+    def _rows_graphed(self, ids: torch.Tensor, base: torch.Tensor, n: torch.Tensor, block: torch.Tensor,
+                      offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pos, slots, mask = self._rows_inputs(base, n, block, offsets)
+        return self._forward(ids, pos, slots, mask[:, None])
+
+    def graph_rows(self, t: int) -> None:
+        """Capture `rows_forward` of `t` tokens, its mask building included, in a CUDA graph
+        (no-op on CPU): eval's plain decoding (t=1) and verification (t = draft size + 1).
+        Warm-up writes garbage K/V at slots 0..t-1 of every row: capture before a prefill."""
+        if self.device.type != "cuda" or t in self.row_graphs:
+            return
+        t0 = time.perf_counter()
+        b, step = self.batch, torch.arange(t, device=self.device)
+        zeros = torch.zeros(b, dtype=torch.long, device=self.device)
+        example = (zeros[:, None].expand(b, t), zeros, zeros, (step[:, None] >= step).expand(b, t, t), step.expand(b, t))
+        self.row_graphs[t] = Graphed(self._rows_graphed, *example)  # ids; base, n; block, offsets
+        self.capture_seconds += time.perf_counter() - t0
 
     def graph(self, t: int, width: int | None = None) -> None:
         """Capture the forward of `t` tokens attending over the first `width` cache slots
