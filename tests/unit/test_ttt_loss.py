@@ -146,3 +146,65 @@ def test_compiled_chunk_matches_eager():
             torch.testing.assert_close(ce_c, ce)
             assert torch.equal(top_c, top)
             torch.testing.assert_close(dz_c, dz)
+
+
+def static_batch() -> dict[str, torch.Tensor]:
+    """Two rows of several packed samples each, both padded (row 0 by 8 positions, row 1 by 6)."""
+    return packed_batch([[7, 5, 9, 3], [10, 14, 2]], T=32, seed=6)
+
+
+@pytest.mark.parametrize("chunk", [5, 4096])
+def test_static_step_matches_the_compacted_step(chunk):
+    """--compile-step's static form (every position, the valid ones masked; CPU: eager) gives the
+    default step's loss, counts and gradients: padding, several samples per row, two rows,
+    positions whose teacher argmax is not a draft token, one or several chunks per step."""
+    drafter = tiny_drafter()
+    head = OutputHead(teacher_head(drafter))
+    batch = static_batch()
+    out = {}
+    for static in (False, True):
+        loss, stats = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=chunk, static=static)(**batch)
+        loss.backward()
+        out[static] = loss, stats, grads(drafter)
+    (loss, stats, g), (s_loss, s_stats, s_g) = out[False], out[True]
+    argmax = batch["final"] @ head.weight.T  # [B, T, V]
+    needed = torch.cat([batch["loss_mask"][:, 1:], torch.zeros(2, 1, dtype=torch.long)], 1).bool() & (batch["doc"] >= 0)
+    assert not drafter.t2d[argmax.argmax(-1)][needed].all()  # some trained positions have a non-draft teacher argmax
+    assert stats["n_valid"].min() > 5 and stats["n_chain_correct"][1] > 0
+    torch.testing.assert_close(s_loss, loss, rtol=1e-5, atol=1e-6)
+    for key in STAT_KEYS:
+        torch.testing.assert_close(s_stats[key], stats[key], rtol=1e-5, atol=1e-5, msg=key)
+    assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.mlp.down_proj.weight", "lm_head.weight"} <= g.keys()
+    assert s_g.keys() == g.keys()
+    for name in g:
+        torch.testing.assert_close(s_g[name], g[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_static_step_traces_as_one_graph():
+    """The static step has no host sync (a boolean-mask index would break dynamo's graph): one
+    graph, no breaks, with and without gradients."""
+    drafter = tiny_drafter()
+    objective = TTTObjective(drafter, OutputHead(teacher_head(drafter)), ttt=3, backend="eager", chunk=20, static=True)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            explained = torch._dynamo.explain(objective.static_step)(**static_batch())
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_compiled_chunk_with_keep_matches_eager():
+    """The per-chunk kernel with a `keep` mask: rows left out give zero ce and gradient, even
+    when their values are not finite; the kept rows are unchanged."""
+    torch.manual_seed(0)
+    w, t_logits = torch.randn(VD, 16), 3 * torch.randn(30, VD)
+    t_lse = torch.logsumexp(t_logits, -1)
+    x, rows, keep = torch.randn(8, 16), torch.randint(0, 30, (8,)), torch.tensor([1, 0, 1, 1, 0, 0, 1, 1]).bool()
+    x[1] = float("nan")
+    ce, top, dz = _chunk_ce(x, w, t_logits, t_lse, rows, True, keep)
+    ce_all, _, dz_all = _chunk_ce(x[keep], w, t_logits, t_lse, rows[keep], True)
+    torch.testing.assert_close(ce[keep], ce_all)
+    torch.testing.assert_close(dz[keep], dz_all)
+    assert (ce[~keep] == 0).all() and (dz[~keep] == 0).all()
+    ce_c, top_c, dz_c = _compiled_chunk_ce()(x, w, t_logits, t_lse, rows, True, keep)
+    torch.testing.assert_close(ce_c, ce)
+    assert torch.equal(top_c[keep], top[keep])
+    torch.testing.assert_close(dz_c, dz)

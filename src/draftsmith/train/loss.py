@@ -29,6 +29,7 @@ chained counts for cond_acc: positions whose steps 0..k-1 were all valid and cor
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -47,16 +48,22 @@ def matmul_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
 
 
 @torch.no_grad()
-def teacher_in_draft_vocab(final: torch.Tensor, head: OutputHead, t2d: torch.Tensor, where: torch.Tensor,
-                           chunk: int) -> torch.Tensor:
-    """[B, T] bool: the target's argmax (over its full vocab) at each position is a draft token.
-    Computed only `where` [B, T] is set (positions followed by a trained token); False elsewhere."""
-    rows = final[where]  # [n, H]
-    ok = torch.zeros(rows.shape[0], dtype=torch.bool, device=final.device)
+def argmax_in_draft_vocab(rows: torch.Tensor, head: OutputHead, t2d: torch.Tensor, chunk: int) -> torch.Tensor:
+    """rows [n, H] target final states -> [n] bool: the target's argmax (over its full vocab) is
+    a draft token. `chunk` rows at a time, so that no [n, V] logits exist at once."""
+    ok = torch.empty(rows.shape[0], dtype=torch.bool, device=rows.device)
     for a in range(0, rows.shape[0], chunk):
         ok[a : a + chunk] = t2d[head.linear(rows[a : a + chunk]).argmax(-1)]
+    return ok
+
+
+@torch.no_grad()
+def teacher_in_draft_vocab(final: torch.Tensor, head: OutputHead, t2d: torch.Tensor, where: torch.Tensor,
+                           chunk: int) -> torch.Tensor:
+    """[B, T] bool: `argmax_in_draft_vocab` of final [B, T, H], computed only where `where`
+    [B, T] is set (positions followed by a trained token); False elsewhere."""
     out = torch.zeros(where.shape, dtype=torch.bool, device=final.device)
-    out[where] = ok
+    out[where] = argmax_in_draft_vocab(final[where], head, t2d, chunk)
     return out
 
 
@@ -85,16 +92,21 @@ def teacher_table(rows: torch.Tensor, draft_head: OutputHead, chunk: int) -> Tea
 
 
 def _chunk_ce(x: torch.Tensor, w: torch.Tensor, t_logits: torch.Tensor, t_lse: torch.Tensor, rows: torch.Tensor,
-              with_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+              with_grad: bool, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One chunk of c student rows x [c, H] against the teacher rows `rows` [c] of t_logits [m, Vd]
-    and t_lse [m]; x and the lm_head weight w [Vd, H] come in the matmul dtype.
+    and t_lse [m]; x and the lm_head weight w [Vd, H] come in the matmul dtype. `keep` [c] bool:
+    the rows that count (ce and gradient zero elsewhere, by selection, so that nothing from a
+    row left out can leak in); None: all.
     Returns ce [c] fp32, the student's argmax [c], and dce/dz [c, Vd] in the matmul dtype (or None)."""
     z = (x @ w.T).float()  # [c, Vd] student logits
     p = torch.exp(t_logits[rows].float() - t_lse[rows, None])  # [c, Vd] teacher probabilities
     lse = torch.logsumexp(z, dim=-1)  # [c]
     ce = lse - (p * z).sum(-1)  # [c]
-    dz = (torch.exp(z - lse[:, None]) - p).to(x.dtype) if with_grad else None  # softmax(z) - p
-    return ce, z.argmax(-1), dz
+    dz = (torch.exp(z - lse[:, None]) - p) if with_grad else None  # [c, Vd]: softmax(z) - p
+    if keep is not None:
+        ce = torch.where(keep, ce, 0.0)
+        dz = torch.where(keep[:, None], dz, 0.0) if with_grad else None
+    return ce, z.argmax(-1), dz.to(x.dtype) if with_grad else None
 
 
 @functools.cache
@@ -111,14 +123,17 @@ class SoftCE(torch.autograd.Function):
     Matmuls run in the autocast dtype when autocast is on (as `lm_head` would under autocast:
     bf16 products, then fp32 logits; dW summed over chunks in fp32), in the weight's dtype
     otherwise. With `with_grad`, forward also makes dx and dW; backward scales them by the
-    incoming gradient (the output is a sum)."""
+    incoming gradient (the output is a sum). `keep` [n] bool (or None: all): the rows summed.
+
+    Inside a region that torch.compile is tracing (the static step), the chunk function is
+    traced as part of that region instead of through its own compiled wrapper."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, t_logits: torch.Tensor, t_lse: torch.Tensor,
-                rows: torch.Tensor, chunk: int, with_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                rows: torch.Tensor, keep: torch.Tensor | None, chunk: int, with_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
         dtype = matmul_dtype(x.device, weight.dtype)
         w = weight.to(dtype)
-        step = _compiled_chunk_ce() if x.is_cuda else _chunk_ce
+        step = _compiled_chunk_ce() if x.is_cuda and not torch.compiler.is_compiling() else _chunk_ce
         n = x.shape[0]
         total = x.new_zeros((), dtype=torch.float32)
         pred = torch.empty(n, dtype=torch.long, device=x.device)
@@ -127,7 +142,8 @@ class SoftCE(torch.autograd.Function):
         dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if want_dw else None  # [Vd, H]
         for a in range(0, n, chunk):
             xc = x[a : a + chunk].to(dtype)  # [c, H]
-            ce, top, dz = step(xc, w, t_logits, t_lse, rows[a : a + chunk], with_grad)
+            kc = keep[a : a + chunk] if keep is not None else None  # [c]
+            ce, top, dz = step(xc, w, t_logits, t_lse, rows[a : a + chunk], with_grad, kc)
             total += ce.sum()
             pred[a : a + chunk] = top
             if with_grad:
@@ -142,15 +158,15 @@ class SoftCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor, _pred_grad: torch.Tensor) -> tuple:
         dx, dw = ctx.saved_tensors
-        return grad * dx, (grad * dw if dw is not None else None), None, None, None, None, None
+        return grad * dx, (grad * dw if dw is not None else None), None, None, None, None, None, None
 
 
-def soft_ce(x: torch.Tensor, weight: torch.Tensor, teacher: Teacher, rows: torch.Tensor,
-            chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked soft CE of student rows x [n, H] against teacher rows `rows` [n] -> (Σ ce, student
-    argmax [n]). An empty step still goes through `SoftCE` (zero gradients): DDP needs every
-    parameter used."""
-    return SoftCE.apply(x, weight, teacher.logits, teacher.lse, rows, chunk, torch.is_grad_enabled())
+def soft_ce(x: torch.Tensor, weight: torch.Tensor, teacher: Teacher, rows: torch.Tensor, chunk: int,
+            keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked soft CE of student rows x [n, H] against teacher rows `rows` [n] -> (Σ ce over the
+    rows `keep` [n] sets, or all; student argmax [n]). An empty step still goes through `SoftCE`
+    (zero gradients): DDP needs every parameter used."""
+    return SoftCE.apply(x, weight, teacher.logits, teacher.lse, rows, keep, chunk, torch.is_grad_enabled())
 
 
 def noisy(aux: torch.Tensor, n_aux: int, scale: float) -> torch.Tensor:
@@ -167,21 +183,47 @@ class TTTObjective(nn.Module):
 
     The teacher (`head`: the target's output path, [V] outputs; `draft_head`: its draft rows) is
     frozen plain attributes, not parameters or buffers: never synced, never saved.
+
+    Two formulations of the same loss and counts (`static`):
+      - compacted (default): the teacher and the student's vocab-sized part only at the positions
+        that count (`final[used]`, `out[v]`). Least GPU work, but boolean indexing waits for the
+        GPU to know each count: several host syncs per step, and shapes that change every batch.
+      - static: every position of the row, the valid ones selected by `keep` masks instead of
+        compacted, so the step has fixed shapes for a fixed row length (the trainer pads rows to
+        --batch-tokens) and no host sync. On CUDA the whole step is compiled (`torch.compile`,
+        flex attention traced inside it), its elementwise work fused into a few kernels; on CPU it
+        runs eagerly. It costs the matmuls of the positions left out (padding, untrained tokens).
     """
 
     def __init__(self, drafter: nn.Module, head: OutputHead, ttt: int, backend: str, chunk: int = 4096,
-                 step_decay: float = STEP_WEIGHT, aux_noise: float = 0.0) -> None:
+                 step_decay: float = STEP_WEIGHT, aux_noise: float = 0.0, static: bool = False) -> None:
         super().__init__()
         self.drafter, self.ttt, self.backend, self.chunk, self.step_decay = drafter, ttt, backend, chunk, step_decay
-        self.aux_noise = aux_noise
+        self.aux_noise, self.static = aux_noise, static
         draft_ids = torch.arange(drafter.d2t.numel(), device=drafter.d2t.device) + drafter.d2t  # [Vd] target ids
         self.head = head
         self.draft_head = head.rows(draft_ids.to(head.weight.device))  # [Vd] outputs
+        # The default mode: it fuses the elementwise kernels whose launches the host-bound step
+        # spends its time on. Not "reduce-overhead" (CUDA graphs) yet: the graph's outputs (loss,
+        # counts, and the dx/dW that SoftCE saves for backward) live in its private pool and are
+        # overwritten by the next replay, which gradient accumulation and validation interleave
+        # with; the teacher table (2 GB at 32k-token rows) would be held in that pool besides the
+        # eager allocator's; and the no-grad validation step is a second graph with a pool of its
+        # own. Not "max-autotune-no-cudagraphs": it autotunes the matmuls (cuBLAS-sized bf16 GEMMs)
+        # for minutes of compile time and fuses nothing more. dynamic=False: one row length.
+        self.compiled_static = torch.compile(self.static_step, dynamic=False) if static else None
 
     def forward(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
                 aux: torch.Tensor, final: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """ids, loss_mask, doc, pos [B, T]; aux [B, T, n_aux*H_t]; final [B, T, H_t].
         Returns the weighted loss and per-step counts {key: [K] float}."""
+        if not self.static:
+            return self.compacted_step(ids, loss_mask, doc, pos, aux, final)
+        step = self.compiled_static if final.is_cuda else self.static_step
+        return step(ids, loss_mask, doc, pos, aux, final)
+
+    def compacted_step(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
+                       aux: torch.Tensor, final: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         d = self.drafter
         needed = shift_left(loss_mask, 1).bool() & (doc >= 0)  # the next token is trained on
         ok = teacher_in_draft_vocab(final, self.head, d.t2d, needed, self.chunk)  # [B, T]
@@ -190,6 +232,42 @@ class TTTObjective(nn.Module):
         used = torch.stack([torch.roll(valid[k], 1 + k, dims=1) for k in range(self.ttt)]).any(0)  # [B, T]
         slot = used.flatten().cumsum(0).view(used.shape) - 1  # [B, T]: row of final[b, s] in the table
         teacher = teacher_table(final[used], self.draft_head, self.chunk)  # [m, Vd]
+
+        def score(k: int, out: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            rows = torch.roll(slot, -(1 + k), dims=1)[v]  # [n]: the table rows of final[t+1+k]
+            ce_sum, pred = soft_ce(d.norm(out[v]), d.lm_head.weight, teacher, rows, self.chunk)
+            hit = torch.zeros_like(v)  # [B, T]
+            hit[v] = pred == teacher.top[rows]
+            return ce_sum, hit
+
+        return self.unrolled(ids, doc, pos, aux, valid, score)
+
+    def static_step(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
+                    aux: torch.Tensor, final: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        d = self.drafter
+        b, t = ids.shape
+        needed = shift_left(loss_mask, 1).bool() & (doc >= 0)  # the next token is trained on
+        states = final.flatten(0, 1)  # [B*T, H_t]
+        ok = argmax_in_draft_vocab(states, self.head, d.t2d, self.chunk).view(b, t) & needed  # [B, T]
+        valid = valid_steps(doc, loss_mask, ok, self.ttt)  # [K, B, T]
+        teacher = teacher_table(states, self.draft_head, self.chunk)  # [B*T, Vd]: every position's
+        flat = torch.arange(b * t, device=ids.device)  # [B*T]
+
+        def score(k: int, out: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            # the table row of final[t+1+k]; where v is False (the last 1+k positions among them), any row
+            rows = (flat + 1 + k).clamp(max=b * t - 1)  # [B*T]
+            ce_sum, pred = soft_ce(d.norm(out).flatten(0, 1), d.lm_head.weight, teacher, rows, self.chunk,
+                                   keep=v.flatten())  # pred [B*T]
+            return ce_sum, v & (pred == teacher.top[rows]).view(b, t)  # hit [B, T]
+
+        return self.unrolled(ids, doc, pos, aux, valid, score)
+
+    def unrolled(self, ids: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor, aux: torch.Tensor, valid: torch.Tensor,
+                 score: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The unroll, the weighted loss and the counts, given valid [K, B, T] and `score`(k, out_k
+        [B, T, H], valid[k]) -> (Σ ce over valid[k], hit [B, T]: valid and the argmaxes agree)."""
+        d = self.drafter
         aux = aux.to(d.fc.weight.dtype)
         if self.training and self.aux_noise > 0:
             aux = noisy(aux, len(d.config.aux_layer_ids), self.aux_noise)
@@ -199,12 +277,9 @@ class TTTObjective(nn.Module):
         stats = {key: [] for key in STAT_KEYS}
         for k, out in unroll(d, hidden0, ids, pos, doc, self.ttt, self.backend):
             v = valid[k]
-            rows = torch.roll(slot, -(1 + k), dims=1)[v]  # [n]: the table rows of final[t+1+k]
-            ce_sum, pred = soft_ce(d.norm(out[v]), d.lm_head.weight, teacher, rows, self.chunk)
+            ce_sum, hit = score(k, out, v)
             n = v.sum()
             loss = loss + self.step_decay**k * ce_sum / n.clamp(min=1)
-            hit = torch.zeros_like(v)
-            hit[v] = pred == teacher.top[rows]
             stats["ce_sum"].append(ce_sum.detach())
             stats["n_valid"].append(n)
             stats["n_correct"].append(hit.sum())

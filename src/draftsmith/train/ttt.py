@@ -159,12 +159,15 @@ def flex_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[t
 class TTTAttention:
     """The `attend` callback for one unroll of `ttt` steps: call it once per step, in order
     (step 0 first). For flex, rows of a whole number of blocks (the trainer pads them so) get one
-    block mask for all steps, cropped to each step's keys; other rows, one mask per step."""
+    block mask for all steps, cropped to each step's keys; other rows, one mask per step. Inside
+    a region that torch.compile traces (the static TTT step, `loss.TTTObjective`), "flex" traces
+    flex_attention and the mask's making into that region instead of calling their own compiled
+    wrappers."""
 
     def __init__(self, doc: torch.Tensor, ttt: int, backend: str = "eager") -> None:
         assert backend in ("eager", "flex", "flex-eager"), backend
         self.doc, self.ttt, self.backend = doc, ttt, backend  # doc [B, T]
-        self.compiled = backend == "flex"
+        self.compiled = backend == "flex" and not torch.compiler.is_compiling()
         aligned = backend != "eager" and doc.shape[1] % FLEX_BLOCK == 0
         self.whole = ttt_block_mask(doc, ttt, self.compiled) if aligned else None
         self.keys: list[torch.Tensor] = []
