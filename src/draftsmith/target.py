@@ -15,6 +15,7 @@ so capture code never hard-codes attribute paths.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import importlib.util
 import sys
@@ -153,8 +154,9 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
 
     folder, gguf_file = resolve_spec(spec)
     key = ("tokenizer", str(folder / (gguf_file or "")), str(chat_template))
-    if _SHARED is not None and key in _SHARED:
-        return _SHARED[key]
+    shared = _SHARED.get()
+    if shared is not None and key in shared:
+        return shared[key]
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
         tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **kwargs)
@@ -166,15 +168,16 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
         tok.chat_template = p.read_text() if p.exists() else str(chat_template)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    if _SHARED is not None:
-        _SHARED[key] = tok
+    if shared is not None:
+        shared[key] = tok
     return tok
 
 
 # While `shared_targets()` is active (the `pipeline` and `quickstart` commands, tests), load_target
 # returns the already loaded model for the same (spec, device, dtype, template): each stage
-# still calls load_target as when run alone, but the target is loaded once per process.
-_SHARED: dict[tuple, Any] | None = None
+# still calls load_target as when run alone, but the target is loaded once per process. The
+# cache is the block's context (a ContextVar), not module state: outside a block there is none.
+_SHARED: contextvars.ContextVar[dict[tuple, Any] | None] = contextvars.ContextVar("draftsmith_shared_targets", default=None)
 
 
 def _target_key(folder: Path, gguf_file: str | None, device: torch.device, dtype: torch.dtype,
@@ -186,12 +189,11 @@ def _target_key(folder: Path, gguf_file: str | None, device: torch.device, dtype
 def shared_targets(*loaded: Target) -> Iterator[None]:
     """Share targets between the stages run inside the block; `loaded` are targets loaded before
     it (by `load_target`, without a chat template) that the stages get instead of a second copy."""
-    global _SHARED
-    previous, _SHARED = _SHARED, {_target_key(*resolve_spec(t.info.name), t.device, t.dtype, None, t.shard): t for t in loaded}
+    token = _SHARED.set({_target_key(*resolve_spec(t.info.name), t.device, t.dtype, None, t.shard): t for t in loaded})
     try:
         yield
     finally:
-        _SHARED = previous
+        _SHARED.reset(token)
 
 
 def load_target(
@@ -211,11 +213,12 @@ def load_target(
         dev = torch.device("cuda", torch.cuda.current_device())  # an index, so set_device/graphs can use it
     dt = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype, dev)
     key = _target_key(folder, gguf_file, dev, dt, chat_template, shard)
-    if _SHARED is not None and key in _SHARED:
-        return _SHARED[key]
+    shared = _SHARED.get()
+    if shared is not None and key in shared:
+        return shared[key]
     target = _load(spec, folder, gguf_file, dev, dt, chat_template, shard)
-    if _SHARED is not None:
-        _SHARED[key] = target
+    if shared is not None:
+        shared[key] = target
     return target
 
 
