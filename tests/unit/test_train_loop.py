@@ -107,6 +107,24 @@ def test_train_command_online_and_offline(data_and_store, tiny_target_dir):
     assert again.exit_code != 0 and "--resume" in again.output
 
 
+def test_train_compile_step_trains_as_the_default_step(data_and_store, tiny_target_dir):
+    """`--compile-step` on CPU (the static-shape step, eager; rows padded to --batch-tokens) runs
+    and logs the default step's metrics, step by step."""
+    root, ds, _ = data_and_store
+    runs = {}
+    for name, extra in (("default", []), ("compile-step", ["--compile-step"])):
+        out = root / f"run-{name}"
+        res = CliRunner().invoke(app, ["train", str(ds), "--target", str(tiny_target_dir), "--out", str(out), "--steps", "3",
+                                       "--ttt", "2", "--batch-tokens", "96", "--draft-vocab-size", "300", "--log-every", "1",
+                                       "--val-fraction", "0.2", "--device", "cpu", *extra])
+        assert res.exit_code == 0, res.output
+        runs[name] = read_metrics(out)
+    assert [r["split"] for r in runs["compile-step"]] == [r["split"] for r in runs["default"]]
+    for a, b in zip(runs["default"], runs["compile-step"], strict=True):
+        for key in ("loss", "tau", "valid_tokens", "acc_k", "cond_acc_k"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["split"], a["step"], key)
+
+
 def test_packing_split_and_sharding():
     lengths = np.array([5, 9, 3, 7, 2, 8, 4, 6])
     rows = pack_rows(lengths, list(range(8)), capacity=12, seed=1)

@@ -99,7 +99,8 @@ class Trainer:
         self.cfg, self.env, self.objective, self.wrapped = cfg, env, objective, wrap(objective, env)
         self.source, self.train_idx, self.val_idx = data.source, data.train_idx, data.val_idx
         self.log, self.out, self.meta = log, Path(cfg.out), drafter_meta
-        self.pad_to = cfg.batch_tokens if objective.backend == "flex" else None  # static shapes for compiled flex
+        # static shapes for compiled flex and the static (compiled) step
+        self.pad_to = cfg.batch_tokens if objective.backend == "flex" or objective.static else None
         rows0 = len(self.epoch_rows(0))
         self.steps_per_epoch = max(rows0 // cfg.grad_accum, 1)
         self.total = cfg.steps or max(math.ceil(cfg.epochs * rows0 / cfg.grad_accum), 1)
