@@ -12,6 +12,12 @@ top GPU kernels.
         --variant online: --variant adamw:optimizer=adamw --variant rows32k:batch_tokens=32768 \\
         --variant offline:hidden=runs/h200/extract --out-json train_bench.json
 
+The static-shape, compiled drafter step (`--compile-step`, off by default) beside the default
+step, same rows (its first steps compile: keep --warmup at 10 or more):
+
+    python bench/train_bench.py runs/h200/prepare --target /root/smollm2-hf \\
+        --variant default: --variant compiled:compile_step=true --out-json train_bench_compile.json
+
 A variant is NAME:KEY=VALUE,KEY=VALUE,... over `draftsmith train`'s options (values as YAML), plus
 `capture=padded` to capture online rows in padded length buckets instead of packed.
 Prints one JSON line per variant and writes them all to --out-json.

@@ -22,6 +22,12 @@ the gradient `softmax(z) - p`: its output is a sum, so backward only scales the 
 and dW [Vd, H]. No [n, Vd] fp32 tensor outlives a chunk and no logits are recomputed. On CUDA
 the per-chunk elementwise work is compiled into a few fused kernels.
 
+Static form (`TTTObjective(static=True)`, train --compile-step). The same loss and counts with
+fixed shapes and no host sync: the teacher and the student rows at every position of the row,
+the valid ones selected (`keep`) inside SoftCE's chunks instead of compacted by boolean
+indexing. On CUDA the whole step is one torch.compile region; the vocab-sized part stays
+chunked there too.
+
 Counts per step (for metrics): n_valid, n_correct (student argmax == teacher argmax), and the
 chained counts for cond_acc: positions whose steps 0..k-1 were all valid and correct.
 """
