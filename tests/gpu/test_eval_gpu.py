@@ -27,13 +27,13 @@ def target():
 def test_graphed_forward_equals_eager(target):
     eng = TargetEngine(target.model, [2, 15, 27], 128)
     eng.graph(8)
+    eng.graph_rows(8)  # eval's rows path, its mask building inside the graph (captured before the prefill, as eval does)
     ids = torch.randint(0, 1000, (40,), device="cuda")
     eng.prefill(ids[:32])
     slots = torch.arange(32, 40, device="cuda")
     graphed, aux_g = (x.clone() for x in eng.forward(ids[32:], slots, slots, eng.causal_mask(32, 8)))
     eager, aux_e = eng._forward(ids[None, 32:], slots[None], slots[None], eng.causal_mask(32, 8)[None, None])
     assert torch.allclose(graphed, eager, atol=1e-4) and torch.allclose(aux_g, aux_e, atol=1e-4)
-    eng.graph_rows(8)  # eval's rows path, its mask building inside the graph
     base, n = torch.zeros(1, dtype=torch.long, device="cuda"), torch.full((1,), 32, device="cuda")
     rows_g, rows_aux = (x.clone() for x in eng.rows_forward(ids[None, 32:], base, n))
     assert torch.allclose(rows_g[0], eager[0], atol=1e-4) and torch.allclose(rows_aux[0], aux_e[0], atol=1e-4)

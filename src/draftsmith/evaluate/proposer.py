@@ -278,10 +278,12 @@ class DrafterProposer:
         f_anc = torch.zeros(b, width, self.draft_slots, dtype=torch.bool, device=dev)  # [B, k, draft slots]: expanded ancestors
         context = self._context(base, n)[:, None, : self.max_len].expand(b, width, self.max_len)  # [B, k, max_len]
         base_idx = width
+        slot_ids = torch.arange(self.draft_slots, device=dev)  # [draft slots]
         for d in range(1, self.depth):
             own = (d - 1) * width + arange  # [k] draft slots of the frontier
-            anc = f_anc.clone()
-            anc[:, arange, own] = True
+            # each frontier node also sees its own slot (a comparison, not an index_put of a host
+            # scalar, which CUDA graph capture refuses)
+            anc = f_anc | (slot_ids == own[:, None])  # [B, k, draft slots]
             mask = torch.cat([context, anc], dim=2)  # [B, k, S]
             pos = (n - 1 + d)[:, None].expand(b, width)  # [B, k]
             logits, out = self._step(f_hidden, f_tokens, pos, (self.max_len + own).expand(b, width), mask)  # [B, k, Vd], [B, k, H]
