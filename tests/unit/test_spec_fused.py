@@ -45,7 +45,8 @@ class AsTree:
 class HostReads(TorchFunctionMode):
     """Records what a CUDA graph capture cannot hold: reading a tensor on the host (a sync), or
     a tensor made from host data (a host-to-device copy), indexing by a 0-dim or bool tensor
-    included. `NoHostReads` fails on the first."""
+    and assigning a Python scalar through tensor indices included. `NoHostReads` fails on the
+    first."""
 
     HOST = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "tensor", "cpu", "numpy"}
     strict = False
@@ -57,9 +58,11 @@ class HostReads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         name = getattr(func, "__name__", "")
         read = name in self.HOST
-        if name == "__getitem__":
+        if name in ("__getitem__", "__setitem__"):
             index = args[1] if isinstance(args[1], tuple) else (args[1],)
             read = any(isinstance(i, torch.Tensor) and (i.dim() == 0 or i.dtype == torch.bool) for i in index)
+            if name == "__setitem__" and not isinstance(args[2], torch.Tensor):  # x[tensor index] = scalar: the scalar is
+                read |= any(isinstance(i, torch.Tensor) for i in index)  # copied to the device (capture refuses it)
         assert not (read and self.strict), name
         if read:
             self.reads.append(name)
@@ -93,6 +96,8 @@ def test_cycle_never_reads_the_host():
         prop.propose()
     with NoHostReads(), pytest.raises(AssertionError):  # the guard works
         prop.vocab_map[torch.tensor(1)]
+    with NoHostReads(), pytest.raises(AssertionError):  # an index_put of a host scalar (what capture refused on the H200)
+        prop.k_cache[:, torch.arange(1)] = 0
 
 
 def test_verify_chain_greedy_equals_verify_tree():
