@@ -54,8 +54,7 @@ def tree_ancestors(parents: torch.Tensor, depth: int) -> torch.Tensor:
     iff c is r or an ancestor of r (row 0 = root). On the device: depth-1 pointer steps."""
     up = torch.cat([parents[:, :1] * 0, parents], dim=1)  # [B, N+1]: each row's parent row (the root's: itself)
     rows = torch.arange(up.shape[1], device=up.device).expand_as(up)  # [B, N+1]
-    anc = rows[:, :, None] == rows[:, None, :]  # [B, N+1, N+1]: self
-    anc[:, :, 0] = True
+    anc = (rows[:, :, None] == rows[:, None, :]) | (rows[:, None, :] == 0)  # [B, N+1, N+1]: self and the root (no setitem: capturable)
     cur = rows
     for _ in range(depth - 1):
         cur = up.gather(1, cur)  # [B, N+1]: one level up
