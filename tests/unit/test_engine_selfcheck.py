@@ -100,10 +100,14 @@ def test_generic_engine_crops_and_captures_layer_ids(kind):
     assert torch.allclose(aux, torch.cat([ref.hidden_states[k][0, 11:] for k in (0, 1)], dim=-1), atol=1e-4)
 
 
-def test_tree_on_the_generic_path_is_refused():
-    model = tiny("granite")
-    with pytest.raises(UserError, match="--mode tree needs draftsmith's fast engine, which does not cover GraniteForCausalLM.*--mode chain"):
-        open_engine(model, aux_ids(model), 128, mode="tree")
+def test_tree_on_the_generic_path_runs_or_is_refused_with_the_reason():
+    """Granite (off the fast engine by its multipliers) verifies trees on the generic path;
+    Gemma-3's sliding-window cache layers cannot, and `--mode tree` says so."""
+    granite = tiny("granite")
+    assert isinstance(open_engine(granite, aux_ids(granite), 128, mode="tree"), HFEngine)
+    gemma = tiny("gemma3")
+    with pytest.raises(UserError, match="--mode tree on Gemma3ForCausalLM: .*sliding-window layers.*--mode chain"):
+        open_engine(gemma, aux_ids(gemma), 128, mode="tree")
 
 
 def test_synth_takes_generate_or_refuses_when_the_check_fails(tokenizer, capsys):
@@ -121,7 +125,7 @@ def test_synth_takes_generate_or_refuses_when_the_check_fails(tokenizer, capsys)
 
 def test_cli_eval_on_the_generic_path(tmp_path, tokenizer):
     """`draftsmith eval` on a saved Granite: the report says which engine ran and why, greedy
-    speculative turns equal plain ones; `--mode tree` is refused and leaves no output."""
+    speculative turns equal plain ones, chain and tree (a 4-D tree mask on the generic path)."""
     import json
 
     from typer.testing import CliRunner
@@ -136,11 +140,23 @@ def test_cli_eval_on_the_generic_path(tmp_path, tokenizer):
     (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["What is 2+2?", "And 3+3?"]}) + "\n")
     args = ["eval", "--target", str(tmp_path / "granite"), "--drafter", str(drafter), "--bench", str(tmp_path / "q.jsonl"),
             "--k", "3", "--max-new-tokens", "12"]
-    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "chain")])
-    assert res.exit_code == 0, res.output
-    report = json.loads((tmp_path / "chain" / "report.json").read_text())
-    assert report["target_engine"] == "generic" and "embedding_multiplier" in report["generic_engine_reason"]
-    assert report["greedy_turns_matching_plain"] == report["turns"] == 2
-    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "tree"), "--mode", "tree"])
-    assert res.exit_code == 2 and "GraniteForCausalLM" in res.output and "--mode chain" in res.output
-    assert not (tmp_path / "tree").exists()
+    for mode in ("chain", "tree"):
+        res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / mode), "--mode", mode])
+        assert res.exit_code == 0, res.output
+        report = json.loads((tmp_path / mode / "report.json").read_text())
+        assert report["target_engine"] == "generic" and "embedding_multiplier" in report["generic_engine_reason"]
+        assert report["greedy_turns_matching_plain"] == report["turns"] == 2
+
+
+def test_a_model_that_ignores_the_tree_mask_gets_no_generic_tree(tiny_model, monkeypatch):
+    """The generic tree check runs two siblings in one forward: if the 4-D mask were ignored
+    (here: dropped on the way to the model), the second sibling would see the first, and
+    `--mode tree` is refused on that model instead of decoding wrong drafts."""
+    from draftsmith.runtime.generic import HFEngine
+    from draftsmith.runtime.selfcheck import generic_tree_problem
+
+    engine = HFEngine(tiny_model, [1, 2], 64)
+    assert generic_tree_problem(engine) is None
+    real = HFEngine._run
+    monkeypatch.setattr(HFEngine, "_run", lambda self, ids, pos, mask=None: real(self, ids, pos))
+    assert "does not honour a 4-D attention mask" in generic_tree_problem(engine)

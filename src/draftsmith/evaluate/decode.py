@@ -1,13 +1,13 @@
 """The two decoding loops that `draftsmith eval` compares, over the same engine (the fast
-`TargetEngine`, or for targets that fail its self-check the generic `HFEngine`, chain only and
-one row): plain decoding (one target forward per token) and speculative decoding (draft, verify
-in one forward with the draft's tree mask, compact the accepted path's KV, feed the drafter the
-aux states of the accepted positions). One loop serves both, for a batch of prompts that each
-decode on their own: row b has its own length, accepts its own count, and finishes on its own
-(a finished row is parked at position 0 and computes nothing anyone reads until the batch is
-done). Verification, chain or tree, greedy or sampled, stays on the device with fixed shapes
-and one host read per cycle (a chain: causal mask, no compaction, the accepted path is a
-prefix; a tree: the draft's tree mask and a fixed-shape KV compaction).
+`TargetEngine`, or for targets that fail its self-check the generic `HFEngine`, one row): plain
+decoding (one target forward per token) and speculative decoding (draft, verify in one forward
+with the draft's tree mask, compact the accepted path's KV, feed the drafter the aux states of
+the accepted positions). One loop serves both, for a batch of prompts that each decode on their
+own: row b has its own length, accepts its own count, and finishes on its own (a finished row
+is parked at position 0 and computes nothing anyone reads until the batch is done).
+Verification, chain or tree, greedy or sampled, stays on the device with fixed shapes and one
+host read per cycle (a chain: causal mask, no compaction, the accepted path is a prefix; a
+tree: the draft's tree mask and a fixed-shape KV compaction).
 
 Both time decoding only: the clock starts after the prompts' prefill and stops after the last
 row's last token, with the device synchronised; each row is charged an equal share of its
@@ -76,7 +76,10 @@ def _forward(engine: Engine, ids: torch.Tensor, pad: torch.Tensor, n: torch.Tens
     """ids [B, T] after each row's n tokens (`TargetEngine.rows_forward`). Returns logits [B, T, V], aux [B, T, n_aux*H]."""
     if isinstance(engine, TargetEngine):
         return engine.rows_forward(ids, pad, n, block, offsets)
-    logits, aux = engine.chain(ids[0], n_host[0])  # one row, causal
+    if block is None:  # the generic engine: one row, causal
+        logits, aux = engine.chain(ids[0], n_host[0])
+    else:  # or a draft tree under its mask
+        logits, aux = engine.tree(ids[0], n_host[0], block[0], offsets[0])
     return logits[None], aux[None]
 
 
@@ -100,7 +103,6 @@ def _verify(engine: Engine, proposer: Proposer, draft: Draft, root: torch.Tensor
         else:
             accepted, new, host = verify_chain_sampled(tokens, draft.q, logits, sampling)
         return accepted, new, host, aux
-    assert isinstance(engine, TargetEngine), "tree verification needs the fast engine (open_engine refuses it otherwise)"
     parents, depths, anc = (x.to(engine.device) for x in (draft.parents, draft.depths, draft.anc))
     offsets = torch.cat([depths[:, :1] * 0, depths], dim=1)  # [B, N+1]: positions after n (the root at n)
     logits, aux = _forward(engine, ids, pad, n, n_host, anc, offsets)

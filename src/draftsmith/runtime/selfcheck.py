@@ -88,6 +88,28 @@ def logits_gap(model: nn.Module, aux_layer_ids: list[int]) -> str | None:
     return None
 
 
+@torch.no_grad()
+def generic_tree_problem(engine: HFEngine) -> str | None:
+    """Why `engine`'s model cannot verify draft trees on the generic path, or None: a root and
+    two siblings after a short prompt, in one tree forward, against each sibling run as a
+    chain after the root (logits within the dtype's tolerance); and a cache whose every layer
+    keeps every position (compaction moves the accepted path by position)."""
+    dev, vocab = engine.device, engine.vocab_size
+    prompt = (torch.arange(6, device=dev) * 31 + 7) % vocab  # [6]
+    nodes = (torch.arange(3, device=dev) * 17 + 3) % vocab  # [3]: the root, sibling a, sibling b
+    engine.prefill(prompt)
+    if any(getattr(layer, "is_sliding", False) or not hasattr(layer, "keys") for layer in engine.cache.layers):
+        return "its cache has sliding-window layers, which keep only their window (a tree's accepted path is moved by position)"
+    anc = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool, device=dev)  # [3, 3]: ancestors or self
+    tree, _ = engine.tree(nodes, len(prompt), anc, torch.tensor([0, 1, 1], device=dev))  # [3, V]
+    alone = [engine.chain(nodes[[0, j]], len(prompt))[0][1] for j in (1, 2)]  # each sibling after the root alone: [V]
+    err = max(relative_error(tree[j], ref) for j, ref in zip((1, 2), alone, strict=True))
+    tol = TOLERANCE.get(engine.dtype, TOLERANCE[torch.float16])
+    if not err <= tol:  # NaN fails too
+        return f"it does not honour a 4-D attention mask over a draft tree (siblings differ by {err:.2g} of the largest logit)"
+    return None
+
+
 def fast_engine_problem(model: nn.Module, aux_layer_ids: list[int], max_len: int) -> str | None:
     """Why the fast engine cannot stand in for `model` in a run over up to `max_len` tokens,
     or None when it can."""
@@ -106,19 +128,20 @@ def fast_engine_problem(model: nn.Module, aux_layer_ids: list[int], max_len: int
 
 def open_engine(model: nn.Module, aux_layer_ids: list[int], max_len: int, mode: str = "chain", batch: int = 1) -> Engine:
     """The engine `eval` decodes with: the fast engine (of `batch` rows) when it passes the
-    self-check, else the generic one (chain only, one row: `mode == "tree"` and `batch > 1` are
-    refused), announced on stderr."""
+    self-check, else the generic one (one row: `batch > 1` is refused; `mode == "tree"` where
+    `generic_tree_problem` finds one), announced on stderr."""
     problem = fast_engine_problem(model, aux_layer_ids, max_len)
     if problem is None:
         return TargetEngine(model, aux_layer_ids, max_len, batch=batch)
     name = type(model).__name__
-    if mode == "tree":
-        raise UserError(f"--mode tree needs draftsmith's fast engine, which does not cover {name}: {problem}. "
-                        "The generic path verifies chains only: use --mode chain")
     if batch > 1:
         raise UserError(f"--batch-size {batch} needs draftsmith's fast engine, which does not cover {name}: {problem}. "
                         "The generic path decodes one row: use --batch-size 1")
     engine = HFEngine(model, aux_layer_ids, max_len, reason=problem)
+    tree_problem = generic_tree_problem(engine) if mode == "tree" else None
+    if tree_problem is not None:
+        raise UserError(f"--mode tree on {name}: the fast engine does not cover it ({problem}) and the generic path "
+                        f"cannot verify trees for it: {tree_problem}. Use --mode chain")
     print(f"[eval] {name}: not on the fast engine ({problem}); decoding on the generic path instead "
-          "(the model's own forward with a DynamicCache: chain only, no CUDA graphs)", file=sys.stderr, flush=True)
+          f"(the model's own forward with a DynamicCache: {mode}, one row, no CUDA graphs)", file=sys.stderr, flush=True)
     return engine
