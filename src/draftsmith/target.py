@@ -359,11 +359,15 @@ def base_model(model: nn.Module) -> nn.Module:
     raise UserError(f"no module owning the decoder layers in {type(model).__name__}")
 
 
+FINAL_NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_layer_norm")  # Llama & most; Phi/GLM; GPT-2/J, Falcon; GPT-NeoX, OPT
+
+
 def final_norm(model: nn.Module) -> nn.Module:
     base = base_model(model)
-    norm = getattr(base, "norm", None) or getattr(base, "final_layernorm", None)
+    norm = next((m for m in (getattr(base, n, None) for n in FINAL_NORM_NAMES) if m is not None), None)
     if norm is None:
-        raise UserError(f"its language model {type(base).__name__} has no final norm (`norm` or `final_layernorm`)")
+        raise UserError(f"its language model {type(base).__name__} has no final norm "
+                        f"({' or '.join(f'`{n}`' for n in FINAL_NORM_NAMES)})")
     return norm
 
 
