@@ -44,6 +44,7 @@ from draftsmith.data.sources import MIX_FILE, SOURCES, label, read_source
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_json, atomic_write_text
 from draftsmith.synth import output
+from draftsmith.synth.config import SynthConfig
 from draftsmith.synth.screen import Screen
 from draftsmith.synth.turns import Work
 
@@ -252,7 +253,7 @@ def select(path: Path, synth_seed: int, system: list[dict[str, str]], fmt: str =
     return MixPlan(path, mix, works, stats)
 
 
-def plan_from(cfg: Any) -> MixPlan:
+def plan_from(cfg: SynthConfig) -> MixPlan:
     """The mix of a `SynthConfig` with --mix; the options that pick prompts otherwise are refused."""
     if cfg.prompts is not None or cfg.magpie is not None or cfg.limit is not None:
         raise UserError("--mix lists the sources itself: give no prompt file, --magpie or --limit with it "
