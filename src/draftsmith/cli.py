@@ -95,6 +95,10 @@ def _make_command(name: str, entry: Command) -> None:
         else:
             info = typer.Option(None, opt_name, help=help_str, show_default=False)
         params.append(inspect.Parameter(field_name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=typ))
+    for old, new in cls.renamed.items():  # deprecated flags: hidden, handed to the config under their old name
+        typ, _ = _cli_type(cls.model_fields[new].annotation)
+        info = typer.Option(None, "--" + old.replace("_", "-"), hidden=True)
+        params.append(inspect.Parameter(old, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=typ))
     params.append(inspect.Parameter(
         "config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
         default=typer.Option(None, "--config", help="YAML file of option values; flags given here beat it."),

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_text
@@ -30,6 +30,23 @@ class CommandConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     positional: ClassVar[str | None] = None
+    # old option name -> its name now: still taken (flag, --config YAML, pipeline stage) for one
+    # release, with a warning on stderr
+    renamed: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_options(cls, values: Any) -> Any:
+        if not isinstance(values, dict) or not any(old in values for old in cls.renamed):
+            return values
+        values = dict(values)
+        for old, new in cls.renamed.items():
+            if old in values:
+                value = values.pop(old)
+                print(f"warning: option '{old}' (--{old.replace('_', '-')}) is deprecated and goes in the next release: "
+                      f"use '{new}' (--{new.replace('_', '-')})", file=sys.stderr, flush=True)
+                values.setdefault(new, value)
+        return values
 
     @field_validator("device", check_fields=False)
     @classmethod

@@ -65,7 +65,7 @@ def test_prepare_and_vocab_on_the_embedded_default(tmp_path):
     assert stats["assistant_tokens"] == int(ds.mask.sum())
 
     vocab = tmp_path / "vocab.safetensors"
-    r = invoke("vocab", out, "--size", "64", "--out", vocab)
+    r = invoke("vocab", out, "--draft-vocab-size", "64", "--out", vocab)
     assert r.exit_code == 0, r.output
     d2t, t2d = load_vocab(vocab)
     assert int(t2d.sum()) == 64 and bool(t2d[ds.ids[ds.mask == 1]].all())  # every assistant token is in it

@@ -86,7 +86,7 @@ def dataset(tmp_path):
 
 def test_vocab_command_counts_only_assistant_tokens(dataset, tmp_path):
     out = tmp_path / "v" / "vocab.safetensors"
-    r = CliRunner().invoke(app, ["vocab", str(dataset), "--size", "3", "--out", str(out)])
+    r = CliRunner().invoke(app, ["vocab", str(dataset), "--draft-vocab-size", "3", "--out", str(out)])
     assert r.exit_code == 0, r.output
     d2t, t2d = load_vocab(out)
     assert check_semantics(d2t, t2d, 3).tolist() == [3, 5, 9]  # 5 and 9, then the 3/7 tie to the lower id
@@ -152,3 +152,18 @@ def test_vocab_on_a_folder_that_is_not_a_dataset(tmp_path):
     r = CliRunner().invoke(app, ["vocab", str(tmp_path), "--out", str(tmp_path / "v.safetensors")])
     assert r.exit_code != 0 and "not a prepared dataset" in r.output
     assert not (tmp_path / "v.safetensors").exists()
+
+
+def test_the_old_size_option_still_works_with_a_warning(dataset, tmp_path):
+    """`vocab --size` was renamed `--draft-vocab-size` (train's name for the same number): the
+    old flag and the old YAML key still work for a release and say what to use instead."""
+    import yaml
+
+    r = CliRunner().invoke(app, ["vocab", str(dataset), "--size", "3", "--out", str(tmp_path / "a.safetensors")])
+    assert r.exit_code == 0, r.output
+    assert "'size' (--size) is deprecated" in r.output and "--draft-vocab-size" in r.output
+    assert check_semantics(*load_vocab(tmp_path / "a.safetensors"), 3).tolist() == [3, 5, 9]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"size": 2}))
+    r = CliRunner().invoke(app, ["vocab", str(dataset), "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "b.safetensors")])
+    assert r.exit_code == 0 and "deprecated" in r.output, r.output
+    assert load_vocab(tmp_path / "b.safetensors")[1].sum() == 2

@@ -33,7 +33,8 @@ class PrepareConfig(CommandConfig):
 
 class VocabConfig(CommandConfig):
     positional = "dataset_dir"
+    renamed = {"size": "draft_vocab_size"}  # the name train uses for the same number
     dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
-    size: int | None = Field(None, gt=0, description="Draft vocab size k; default min(32000, target vocab).")
+    draft_vocab_size: int | None = Field(None, gt=0, description="Draft vocab size; default min(32000, target vocab).")
     out: Path = Field(description="Output file for the vocab mapping (safetensors with d2t and t2d).")
     overwrite: bool = Field(False, description="Replace an existing output file.")

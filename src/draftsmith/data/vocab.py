@@ -103,7 +103,7 @@ def run(cfg: VocabConfig) -> Path:
     vocab_size = int(ds.target.get("vocab_size") or 0)
     if vocab_size <= 0:
         raise UserError(f"{cfg.dataset_dir}: dataset.json has no target vocab_size; re-run `draftsmith prepare`")
-    size = draft_vocab_size(cfg.size, vocab_size)
+    size = draft_vocab_size(cfg.draft_vocab_size, vocab_size)
     counts = token_counts(ds, vocab_size)
     d2t, t2d = build_vocab(counts, size)
     total, distinct = int(counts.sum()), int((counts > 0).sum())
