@@ -93,7 +93,7 @@ def test_vocab_command_counts_only_assistant_tokens(dataset, tmp_path):
     assert "covers 88.89% of assistant tokens" in r.output  # (4 + 3 + 1) / 9
     with safe_open(str(out), "pt") as f:
         meta = f.metadata()
-    assert meta["k"] == "3" and json.loads(meta["target"])["fingerprint"] == "f"
+    assert meta["draft_vocab_size"] == "3" and json.loads(meta["target"])["fingerprint"] == "f"
     assert (out.parent / "vocab.safetensors.run.yaml").exists()
 
 

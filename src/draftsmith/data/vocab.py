@@ -110,12 +110,12 @@ def run(cfg: VocabConfig) -> Path:
     covered = int(counts[t2d.numpy()].sum())
     coverage = covered / total if total else 0.0
     save_vocab(cfg.out, d2t, t2d, meta={
-        "k": str(size), "target_vocab": str(vocab_size), "dataset": str(cfg.dataset_dir),
+        "draft_vocab_size": str(size), "target_vocab": str(vocab_size), "dataset": str(cfg.dataset_dir),
         "target": json.dumps(ds.target), "assistant_tokens": str(total), "coverage": f"{coverage:.6f}",
     })
     write_run_record(cfg.out.parent, cfg, name=f"{cfg.out.name}.run.yaml")
     padded = max(size - distinct, 0)
-    print(f"[vocab] {cfg.out}: k={size} of target vocab {vocab_size}; {distinct} distinct assistant tokens in "
+    print(f"[vocab] {cfg.out}: {size} draft tokens of target vocab {vocab_size}; {distinct} distinct assistant tokens in "
           f"{total} ({len(ds)} samples); the draft vocab covers {coverage:.2%} of assistant tokens"
           + (f"; padded with {padded} unseen ids (lowest ids first)" if padded else ""))
     return cfg.out
