@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.runtime.head import OutputHead
-from draftsmith.train.loss import STEP_WEIGHT, STAT_KEYS, TTTObjective, _chunk_ce, _compiled_chunk_ce
+from draftsmith.train.loss import STEP_WEIGHT, STAT_KEYS, TTTObjective, _chunk_ce, _compiled_chunk_ce, _soft_ce_op
 from draftsmith.train.ttt import doc_and_positions, unroll
 
 V, VD, HT = 50, 6, 24
@@ -193,7 +193,8 @@ def test_static_step_traces_as_one_graph():
 
 def test_compiled_chunk_with_keep_matches_eager():
     """The per-chunk kernel with a `keep` mask: rows left out give zero ce and gradient, even
-    when their values are not finite; the kept rows are unchanged."""
+    when their values are not finite; the kept rows are unchanged. The opaque op of SoftCE's
+    forward pass (what the compiled static step calls) passes torch's custom-op checks."""
     torch.manual_seed(0)
     w, t_logits = torch.randn(VD, 16), 3 * torch.randn(30, VD)
     t_lse = torch.logsumexp(t_logits, -1)
@@ -208,3 +209,6 @@ def test_compiled_chunk_with_keep_matches_eager():
     torch.testing.assert_close(ce_c, ce)
     assert torch.equal(top_c[keep], top[keep])
     torch.testing.assert_close(dz_c, dz)
+    x[1] = 0.0  # (opcheck compares runs, and NaN differs from itself)
+    for with_grad, want_dw in ((True, True), (True, False), (False, False)):
+        torch.library.opcheck(_soft_ce_op, (x, w, t_logits, t_lse, rows, keep, 3, with_grad, want_dw))

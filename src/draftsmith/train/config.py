@@ -48,7 +48,7 @@ class TrainConfig(CommandConfig):
     keep_checkpoints: int = Field(2, ge=1, description="How many of the newest checkpoints to keep.")
     attention: Literal["auto", "eager", "flex"] = Field("auto", description="TTT attention: flex (compiled flex_attention, O(T) memory; GPU), eager (explicit scores; CPU); auto picks flex on GPU.")
     loss_chunk: int = Field(4096, gt=0, description="Tokens per chunk of the vocab-sized loss computation.")
-    compile_step: bool = Field(False, description="The drafter's step in its static-shape form (every position of the row padded to --batch-tokens, the valid ones masked instead of gathered: no host syncs), compiled whole with torch.compile on CUDA (flex attention inside it); on CPU the static form runs eagerly, uncompiled. Same loss and metrics as the default step; more matmul work, fewer kernel launches.")
+    compile_step: bool = Field(False, description="The drafter's step in its static-shape form (every position of the row padded to --batch-tokens, the valid ones masked instead of gathered: no host syncs), its unroll, loss and backward compiled with torch.compile on CUDA (flex attention inside); on CPU the static form runs eagerly, uncompiled. Same loss and metrics as the default step; more matmul work, fewer kernel launches.")
     seed: int = Field(0, description="Random seed.")
     resume: bool = Field(False, description="Continue the run in --out from its last checkpoint.")
     device: str | None = Field(None, description="Device; default cuda when available.")

@@ -25,8 +25,8 @@ the per-chunk elementwise work is compiled into a few fused kernels.
 Static form (`TTTObjective(static=True)`, train --compile-step). The same loss and counts with
 fixed shapes and no host sync: the teacher and the student rows at every position of the row,
 the valid ones selected (`keep`) inside SoftCE's chunks instead of compacted by boolean
-indexing. On CUDA the whole step is one torch.compile region; the vocab-sized part stays
-chunked there too.
+indexing. On CUDA the student's part (unroll, loss, backward) is one torch.compile region, with
+SoftCE's forward pass an opaque op in it (`_soft_ce_op`), so the chunking holds there too.
 
 Counts per step (for metrics): n_valid, n_correct (student argmax == teacher argmax), and the
 chained counts for cond_acc: positions whose steps 0..k-1 were all valid and correct.
@@ -121,6 +121,46 @@ def _compiled_chunk_ce():
     return torch.compile(_chunk_ce, dynamic=True)
 
 
+def _soft_ce_forward(x: torch.Tensor, weight: torch.Tensor, t_logits: torch.Tensor, t_lse: torch.Tensor,
+                     rows: torch.Tensor, keep: torch.Tensor | None, chunk: int, with_grad: bool,
+                     want_dw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SoftCE's forward pass, `chunk` rows at a time -> (Σ ce fp32 [], student argmax [n], dx [n, H]
+    (empty without `with_grad`), dW [Vd, H] in the weight's dtype (empty without `want_dw`))."""
+    dtype = matmul_dtype(x.device, weight.dtype)
+    w = weight.to(dtype)
+    step = _compiled_chunk_ce() if x.is_cuda else _chunk_ce
+    n = x.shape[0]
+    total = x.new_zeros((), dtype=torch.float32)
+    pred = torch.empty(n, dtype=torch.long, device=x.device)
+    dx = torch.zeros_like(x) if with_grad else x.new_empty(0)  # [n, H]
+    dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if want_dw else None  # [Vd, H]
+    for a in range(0, n, chunk):
+        xc = x[a : a + chunk].to(dtype)  # [c, H]
+        kc = keep[a : a + chunk] if keep is not None else None  # [c]
+        ce, top, dz = step(xc, w, t_logits, t_lse, rows[a : a + chunk], with_grad, kc)
+        total += ce.sum()
+        pred[a : a + chunk] = top
+        if with_grad:
+            dx[a : a + chunk] = dz @ w  # [c, H]
+            if want_dw:
+                dw += dz.T @ xc  # [Vd, H]
+    return total, pred, dx, dw.to(weight.dtype) if want_dw else weight.new_empty(0)
+
+
+# `_soft_ce_forward` as one opaque op, for a region that torch.compile traces (the static step).
+# Traced into the region instead, inductor made every chunk's teacher probabilities up front, and
+# AOTAutograd saved every chunk's dz [c, Vd] of every step for backward, to make dx there (CPU,
+# torch 2.13): the chunking undone. As an op, its chunks run one at a time as in the compacted
+# step (the chunk kernel compiled on CUDA) and backward keeps dx and dW only.
+_soft_ce_op = torch.library.custom_op("draftsmith::soft_ce", _soft_ce_forward, mutates_args=())
+
+
+@_soft_ce_op.register_fake
+def _(x, weight, t_logits, t_lse, rows, keep, chunk, with_grad, want_dw):  # noqa: ANN001, ANN202 - shapes and dtypes, for tracing
+    return (x.new_empty((), dtype=torch.float32), x.new_empty(x.shape[0], dtype=torch.long),
+            x.new_empty(x.shape if with_grad else (0,)), weight.new_empty(weight.shape if want_dw else (0,)))
+
+
 class SoftCE(torch.autograd.Function):
     """Σ soft-CE of the student rows x [n, H] (normed drafter outputs) through the lm_head
     `weight` [Vd, H], against the teacher rows `rows` [n] of (t_logits [m, Vd], t_lse [m]),
@@ -130,34 +170,16 @@ class SoftCE(torch.autograd.Function):
     bf16 products, then fp32 logits; dW summed over chunks in fp32), in the weight's dtype
     otherwise. With `with_grad`, forward also makes dx and dW; backward scales them by the
     incoming gradient (the output is a sum). `keep` [n] bool (or None: all): the rows summed.
-
-    Inside a region that torch.compile is tracing (the static step), the chunk function is
-    traced as part of that region instead of through its own compiled wrapper."""
+    Inside a region that torch.compile traces, the forward pass is one opaque op (`_soft_ce_op`)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, t_logits: torch.Tensor, t_lse: torch.Tensor,
                 rows: torch.Tensor, keep: torch.Tensor | None, chunk: int, with_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        dtype = matmul_dtype(x.device, weight.dtype)
-        w = weight.to(dtype)
-        step = _compiled_chunk_ce() if x.is_cuda and not torch.compiler.is_compiling() else _chunk_ce
-        n = x.shape[0]
-        total = x.new_zeros((), dtype=torch.float32)
-        pred = torch.empty(n, dtype=torch.long, device=x.device)
         want_dw = with_grad and ctx.needs_input_grad[1]  # not for a frozen lm_head
-        dx = torch.zeros_like(x) if with_grad else None  # [n, H]
-        dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if want_dw else None  # [Vd, H]
-        for a in range(0, n, chunk):
-            xc = x[a : a + chunk].to(dtype)  # [c, H]
-            kc = keep[a : a + chunk] if keep is not None else None  # [c]
-            ce, top, dz = step(xc, w, t_logits, t_lse, rows[a : a + chunk], with_grad, kc)
-            total += ce.sum()
-            pred[a : a + chunk] = top
-            if with_grad:
-                dx[a : a + chunk] = dz @ w  # [c, H]
-                if want_dw:
-                    dw += dz.T @ xc  # [Vd, H]
+        run = _soft_ce_op if torch.compiler.is_compiling() else _soft_ce_forward
+        total, pred, dx, dw = run(x, weight, t_logits, t_lse, rows, keep, chunk, with_grad, want_dw)
         if with_grad:
-            ctx.save_for_backward(dx, dw.to(weight.dtype) if want_dw else None)
+            ctx.save_for_backward(dx, dw if want_dw else None)
         ctx.mark_non_differentiable(pred)
         return total, pred
 
@@ -196,9 +218,10 @@ class TTTObjective(nn.Module):
         GPU to know each count: several host syncs per step, and shapes that change every batch.
       - static: every position of the row, the valid ones selected by `keep` masks instead of
         compacted, so the step has fixed shapes for a fixed row length (the trainer pads rows to
-        --batch-tokens) and no host sync. On CUDA the whole step is compiled (`torch.compile`,
-        flex attention traced inside it), its elementwise work fused into a few kernels; on CPU it
-        runs eagerly. It costs the matmuls of the positions left out (padding, untrained tokens).
+        --batch-tokens) and no host sync. On CUDA the student's part (all but the teacher's few
+        matmuls) is compiled (`torch.compile`, flex attention traced inside it), its elementwise
+        work fused into a few kernels; on CPU it runs eagerly. It costs the matmuls of the
+        positions left out (padding, untrained tokens).
     """
 
     def __init__(self, drafter: nn.Module, head: OutputHead, ttt: int, backend: str, chunk: int = 4096,
@@ -213,19 +236,17 @@ class TTTObjective(nn.Module):
         # spends its time on. Not "reduce-overhead" (CUDA graphs) yet: the graph's outputs (loss,
         # counts, and the dx/dW that SoftCE saves for backward) live in its private pool and are
         # overwritten by the next replay, which gradient accumulation and validation interleave
-        # with; the teacher table (2 GB at 32k-token rows) would be held in that pool besides the
-        # eager allocator's; and the no-grad validation step is a second graph with a pool of its
-        # own. Not "max-autotune-no-cudagraphs": it autotunes the matmuls (cuBLAS-sized bf16 GEMMs)
+        # with; the teacher table (2 GB at 32k-token rows), an input made outside the graph, would
+        # be copied into its static buffers at every replay; and the no-grad validation step is a
+        # second graph with a pool of its own. Not "max-autotune-no-cudagraphs": it autotunes the matmuls (cuBLAS-sized bf16 GEMMs)
         # for minutes of compile time and fuses nothing more. dynamic=False: one row length.
-        self.compiled_static = torch.compile(self.static_step, dynamic=False) if static else None
+        self.compiled_student = torch.compile(self.static_student, dynamic=False) if static else None
 
     def forward(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
                 aux: torch.Tensor, final: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """ids, loss_mask, doc, pos [B, T]; aux [B, T, n_aux*H_t]; final [B, T, H_t].
         Returns the weighted loss and per-step counts {key: [K] float}."""
-        if not self.static:
-            return self.compacted_step(ids, loss_mask, doc, pos, aux, final)
-        step = self.compiled_static if final.is_cuda else self.static_step
+        step = self.static_step if self.static else self.compacted_step
         return step(ids, loss_mask, doc, pos, aux, final)
 
     def compacted_step(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
@@ -250,13 +271,24 @@ class TTTObjective(nn.Module):
 
     def static_step(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
                     aux: torch.Tensor, final: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        d = self.drafter
+        """The teacher at every position (eager: a few matmuls per chunk, no gradient), then the
+        student's part (`static_student`: the unroll and the loss), compiled on CUDA. The teacher
+        table goes into the compiled region as an input, so the region never copies it."""
         b, t = ids.shape
         needed = shift_left(loss_mask, 1).bool() & (doc >= 0)  # the next token is trained on
         states = final.flatten(0, 1)  # [B*T, H_t]
-        ok = argmax_in_draft_vocab(states, self.head, d.t2d, self.chunk).view(b, t) & needed  # [B, T]
-        valid = valid_steps(doc, loss_mask, ok, self.ttt)  # [K, B, T]
+        ok = argmax_in_draft_vocab(states, self.head, self.drafter.t2d, self.chunk).view(b, t) & needed  # [B, T]
         teacher = teacher_table(states, self.draft_head, self.chunk)  # [B*T, Vd]: every position's
+        student = self.compiled_student if final.is_cuda else self.static_student
+        return student(ids, loss_mask, doc, pos, aux, ok, teacher)
+
+    def static_student(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
+                       aux: torch.Tensor, ok: torch.Tensor, teacher: Teacher) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """ok [B, T]: the teacher's argmax at t is a draft token and t+1 is trained on; teacher:
+        the table of every position (row b*T + t)."""
+        d = self.drafter
+        b, t = ids.shape
+        valid = valid_steps(doc, loss_mask, ok, self.ttt)  # [K, B, T]
         flat = torch.arange(b * t, device=ids.device)  # [B*T]
 
         def score(k: int, out: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
