@@ -191,6 +191,30 @@ def test_static_step_traces_as_one_graph():
         assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
+def test_compiled_static_student_matches_the_compacted_step():
+    """The student's region as CUDA compiles it (dynamo and AOTAutograd, one graph, SoftCE's op
+    inside, backward through it), here with the aot_eager backend on CPU: the compacted step's
+    loss, counts and gradients, and the same again on a second batch without recompiling."""
+    drafter = tiny_drafter()
+    head = OutputHead(teacher_head(drafter))
+    compacted = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=7)
+    static = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=7, static=True)
+    static.static_student = torch.compile(static.static_student, backend="aot_eager", fullgraph=True, dynamic=False)
+    for i, batch in enumerate((static_batch(), packed_batch([[20, 6], [3, 9, 11]], T=32, seed=8))):
+        loss, stats = compacted(**batch)
+        loss.backward()
+        g = grads(drafter)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            s_loss, s_stats = static(**batch)
+        s_loss.backward()
+        s_g = grads(drafter)
+        torch.testing.assert_close(s_loss, loss, rtol=1e-5, atol=1e-6)
+        for key in STAT_KEYS:
+            torch.testing.assert_close(s_stats[key], stats[key], rtol=1e-5, atol=1e-5, msg=key)
+        for name in g:
+            torch.testing.assert_close(s_g[name], g[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_compiled_chunk_with_keep_matches_eager():
     """The per-chunk kernel with a `keep` mask: rows left out give zero ce and gradient, even
     when their values are not finite; the kept rows are unchanged. The opaque op of SoftCE's
