@@ -95,11 +95,11 @@ def test_unwritable_output_folder(tmp_path, dataset, tiny_target_dir):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     r = extract(dataset, tiny_target_dir, blocker / "store")
-    assert r.exit_code == 2 and "not writable" in r.output
+    assert r.exit_code == 2 and "a part of this path is a file" in r.output
     with tmpfs(tmp_path / "ro", "1m") as ro:
         subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
         r = extract(dataset, tiny_target_dir, ro / "store")
-        assert r.exit_code == 2 and "not writable" in r.output
+        assert r.exit_code == 2 and "read-only" in r.output, r.output
 
 
 def test_two_extracts_on_one_out(tmp_path, dataset, tiny_target_dir):
