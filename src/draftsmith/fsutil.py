@@ -79,8 +79,9 @@ def append_line(path: Path, line: str) -> None:
 def atomic_output_dir(out: Path, overwrite: bool = False) -> Iterator[Path]:
     """Build a whole output folder under a temporary name, then rename it into place.
 
-    Refuses an existing `out` unless `overwrite`. On any error the temporary folder is removed
-    and nothing is left at `out`.
+    Refuses an existing `out` unless `overwrite`, before and again at the rename: an `out` that
+    another run put there meanwhile is kept and this run's folder discarded, with an error. On
+    any error the temporary folder is removed and nothing is left at `out`.
     """
     out = Path(out)
     if out.exists() and not overwrite:
@@ -90,6 +91,9 @@ def atomic_output_dir(out: Path, overwrite: bool = False) -> Iterator[Path]:
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
     try:
         yield tmp
+        if out.exists() and not overwrite:
+            raise UserError(f"{out} appeared while this run was writing (another run with the same --out?): it is "
+                            "kept and this run's output discarded; rerun with another --out, or --overwrite to replace it")
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
