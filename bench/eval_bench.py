@@ -1,8 +1,10 @@
 """Benchmark of `draftsmith eval`'s engine, at batch size 1, all parts in the same run.
 
   plain   plain greedy decode tok/s: HF `generate` against the static-KV-cache engine with CUDA
-          graphs (and eager, no graphs), same prompts (MT-bench first turns), same token count
-          (no early stop), prefill included on both sides; plus how many outputs equal HF's.
+          graphs (and eager, no graphs) and against the generic path (`HFEngine`: the model's
+          own forward with a cropped DynamicCache, what targets the fast engine does not cover
+          decode on), same prompts (MT-bench first turns), same token count (no early stop),
+          prefill included on all sides; plus how many outputs equal HF's.
   verify  verification cost: one target forward of 1, 8, 32, 64 tokens after a 512-token
           context, graphed and eager (median ms).
   cycle   the cost of one draft-and-verify cycle, chain K=7 and tree (60 tokens, depth 7, top-k
@@ -46,6 +48,7 @@ from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.evaluate.run import run as evaluate
 from draftsmith.layers import default_aux_layers
 from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.target import load_target
 
@@ -91,6 +94,11 @@ def plain_decode(target, prompts: list[list[int]], new_tokens: int) -> dict:  # 
     else:
         ours = [plain_generate(TargetEngine(model, aux, max_len), p, new_tokens, set(), Sampling()).tokens for p in prompts]
     out["outputs_equal_hf"] = f"{sum(a == b for a, b in zip(ours, ref, strict=True))}/{len(prompts)}"
+    generic = HFEngine(model, aux, max_len, reason="bench: the generic path on a target the fast engine covers")
+    out["generic_engine_tok_per_s"], theirs = timed(lambda p: plain_generate(generic, p, new_tokens, set(), Sampling()).tokens)
+    out["generic_outputs_equal_hf"] = f"{sum(a == b for a, b in zip(theirs, ref, strict=True))}/{len(prompts)}"
+    fast = out.get("engine_graphs_tok_per_s", out["engine_eager_tok_per_s"])
+    out["speedup_fast_vs_generic"] = round(fast / out["generic_engine_tok_per_s"], 3)
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}
 
 
