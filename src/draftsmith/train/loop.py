@@ -137,13 +137,14 @@ class Trainer:
     def optimizer_step(self, rows: list[list[int]]) -> tuple[dict[str, torch.Tensor], int]:
         """One optimizer step over `rows` (the accumulation group). Returns counts and tokens."""
         self.wrapped.train()
-        stats, tokens = zero_stats(self.cfg.ttt), 0
+        device_stats: list[dict[str, torch.Tensor]] = []  # summed and read once, after the step's one sync
+        tokens = 0
         for i, row in enumerate(rows):
             t0 = time.perf_counter()
             with record_function("train.data"):  # the phases as torch.profiler names them (bench/train_bench.py)
                 batch = self.batch(row)
             self._data_wait += time.perf_counter() - t0  # training rows only, not validation's
-            tokens += int((batch["doc"] >= 0).sum())
+            tokens += int(self.source.lengths[row].sum())  # the row's (truncated) samples, from the host: no sync
             last = i == len(rows) - 1
             sync = contextlib.nullcontext() if last or not hasattr(self.wrapped, "no_sync") else self.wrapped.no_sync()
             with sync, self.autocast:
@@ -151,13 +152,16 @@ class Trainer:
                     loss, st = self.wrapped(**batch)
                 with record_function("train.backward"):
                     (loss / len(rows)).backward()
-            add_stats(stats, st)
+            device_stats.append({k: v.detach() for k, v in st.items()})
         with record_function("train.optimizer"):
             norm = torch.nn.utils.clip_grad_norm_([p for p in self.wrapped.parameters() if p.requires_grad], self.cfg.grad_clip)
             if not torch.isfinite(norm):  # one host sync per step; a NaN/Inf anywhere in loss or data lands here
                 raise UserError(f"step {self.pos.step + 1}: the gradient norm is {float(norm)} (a NaN or Inf in the loss "
                                 f"or the data of rows {[r[:4] for r in rows]}); nothing was updated and the last saved "
                                 "drafter is untouched: check the data (an extract store with NaNs?) or lower --lr")
+            stats = zero_stats(self.cfg.ttt)
+            for st in device_stats:  # read while the device is idle after that sync, before the update is queued
+                add_stats(stats, st)
             self.optim.step()
             self.optim.zero_grad()
         return stats, tokens
