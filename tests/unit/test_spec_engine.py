@@ -121,3 +121,27 @@ def test_batch_rows_decode_as_each_alone(tiny_model, mode):
     assert [t.tokens for t in plain] == [t.tokens for t in spec] == alone
     assert 3 < len(alone[1]) < 20 and len(alone[0]) == 20  # the rows finished at other times
     assert all(1 <= len(t.accepts) <= len(t.tokens) for t in spec) and spec[0].seconds == spec[2].seconds
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_a_failed_graph_capture_drafts_without_graphs(tiny_model, mode, monkeypatch, capsys):
+    """On a GPU a capture that fails (a capture hazard in the draft code) must not end the
+    eval: the proposer says so, drafts without graphs and the report can tell (`graphed`).
+    Emulated on CPU: every capture raises, as CUDA's does for a host copy."""
+    import draftsmith.evaluate.proposer as proposer_mod
+
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture")
+
+    monkeypatch.setattr(proposer_mod, "Graphed", refuse)
+    prop = DrafterProposer(random_drafter(tiny_model, draft_vocab_size=4000, stride=2), Sampling(), 64, mode=mode,
+                           depth=3, top_k=3, total_tokens=8)
+    prop.device = torch.device("cuda")  # graph() captures on CUDA only
+    prop.graph()
+    prop.device = torch.device("cpu")
+    assert not prop.graphed and prop.cycle is None and not prop.graphs
+    assert "drafting without graphs" in capsys.readouterr().err
+    eng = TargetEngine(tiny_model, prop.drafter.config.aux_layer_ids, 64)
+    prompt = [1, 5, 7, 3, 9]
+    plain = plain_generate(eng, prompt, 12, set(), Sampling())
+    assert spec_generate(eng, prop, prompt, 12, set(), Sampling()).tokens == plain.tokens

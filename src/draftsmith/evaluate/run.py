@@ -195,7 +195,7 @@ def run(cfg: EvalConfig) -> Path:
             "target": target.info.name, "target_info": target.info.to_dict(), "drafter": str(cfg.drafter),
             "drafter_meta": manifest.get("meta", {}), "aux_layer_ids": drafter.config.aux_layer_ids,
             "device": torch.cuda.get_device_name(device) if on_gpu else "cpu", "dtype": str(target.dtype).removeprefix("torch."),
-            "cuda_graphs": bool(graphs), "drafter_compiled": proposer.compiled, "kv_cache_len": max_len,
+            "cuda_graphs": bool(graphs), "drafter_graphed": bool(graphs) and proposer.graphed, "drafter_compiled": proposer.compiled, "kv_cache_len": max_len,
             "target_engine": engine.name, "generic_engine_reason": engine.reason if isinstance(engine, HFEngine) else None,
             "capture_seconds": round(engine.capture_seconds, 3), "warmup_seconds": round(warmup_s, 3),
         }
