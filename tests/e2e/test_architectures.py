@@ -8,7 +8,10 @@ ARCHS, built by transformers from its own config classes; fp32, CPU, a few secon
   - eval's greedy decoding (plain and speculative with the trained drafter, on the engine eval
     picks) equals the model's own `generate`, past the sliding window of the windowed models;
     `--mode tree` too, on the fast engine or on the generic one under a 4-D tree mask, and a
-    clear refusal where neither can (sliding-window cache layers: NO_GENERIC_TREE).
+    clear refusal where neither can (sliding-window cache layers: NO_GENERIC_TREE);
+  - speculative sampling at temperature 1 on the same engines emits the model's own
+    distribution (chi-square; the stronger chi-square tests, with a 12-token vocab, are
+    tests/unit/test_spec_sampling.py's).
 
 ENGINE says which engine each architecture gets, and why the fast one is not it (README's
 architecture table). gpt-oss's attention sinks and DeepSeek-V3's MLA run on the generic path.
@@ -136,3 +139,51 @@ def test_eval_greedy_equals_generate(run, mode):
         ref = hf_greedy(model, prompt, NEW)
         assert plain_generate(engine, prompt, NEW, set(), Sampling()).tokens == ref
         assert spec_generate(engine, proposer, prompt, NEW, set(), Sampling()).tokens == ref
+
+
+def chi2_critical(df: int, z: float = 3.09) -> float:
+    """The chi-square value exceeded with probability ~0.001 at `df` degrees of freedom (Wilson-Hilferty)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_speculative_sampling_follows_the_model(run, mode):
+    """Speculative sampling on each architecture's engine (fast or generic, chain and tree where
+    the engine verifies trees) emits tokens with the model's own distribution: the second token
+    of N two-token answers at temperature 1 (it comes out of a verification: drafted, accepted
+    or corrected) against its exact marginal Σ_t1 P(t1) P(t2 | t1), by chi-square."""
+    arch, target, root = run
+    model = target.model
+    drafter, _ = load_drafter(root / "train")
+    if mode == "tree" and ENGINE[arch] is not None and arch in NO_GENERIC_TREE:
+        pytest.skip("no tree path for this model (test_eval_greedy_equals_generate checks the refusal)")
+    engine = open_engine(model, drafter.config.aux_layer_ids, 32, mode)
+    sampling = Sampling(temperature=1.0, seed=0)
+    proposer = DrafterProposer(drafter, sampling, engine.max_len, mode=mode, depth=2, top_k=2, total_tokens=3)
+    prompt = samples(1, seed=2)[0][:6]
+    with torch.no_grad():
+        p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double(), -1)  # [V]
+        after = torch.tensor([prompt + [t] for t in range(V)])  # [V, P+1]: every first token
+        p2 = torch.softmax(model(after).logits[:, -1].double(), -1)  # [V, V]: P(t2 | t1)
+    expected_p = p1 @ p2  # [V]
+    n = 300
+    counts = torch.zeros(V, dtype=torch.float64)
+    for _ in range(n):
+        counts[spec_generate(engine, proposer, prompt, 2, set(), sampling).tokens[1]] += 1
+    obs, exp = binned(counts, expected_p * n)
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    assert stat < chi2_critical(len(obs) - 1), (stat, len(obs))
+
+
+def binned(counts: torch.Tensor, expected: torch.Tensor, least: float = 10.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Observed and expected counts [V] pooled into bins of at least `least` expected counts
+    (tokens taken most likely first; a short last bin joins the one before)."""
+    obs, exp, o, e = [], [], 0.0, 0.0
+    for t in expected.argsort(descending=True).tolist():
+        o, e = o + float(counts[t]), e + float(expected[t])
+        if e >= least:
+            obs.append(o)
+            exp.append(e)
+            o, e = 0.0, 0.0
+    obs[-1], exp[-1] = obs[-1] + o, exp[-1] + e
+    return torch.tensor(obs), torch.tensor(exp)
