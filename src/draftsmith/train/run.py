@@ -79,8 +79,12 @@ def start_out(cfg: TrainConfig, env: Env) -> None:
     out = Path(cfg.out)
     if env.main and cfg.overwrite and out.exists():
         for old in out.iterdir():  # all but the lock this run holds
-            if old.name != LOCK_FILE:
-                shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+            if old.name == LOCK_FILE:
+                continue
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
     out.mkdir(parents=True, exist_ok=True)
     if env.world > 1:
         dist.barrier()

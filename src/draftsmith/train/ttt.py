@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from draftsmith.runtime.capture import packed_positions
+
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask, _mask_mod_signature
 
@@ -205,14 +207,9 @@ def default_backend(device: torch.device) -> str:
 
 def doc_and_positions(lengths: list[int], total: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Document ids and per-sample positions [total] for samples of `lengths` packed end to end
-    and padded to `total` (padding: doc -1, position 0.. continuing)."""
-    doc = torch.full((total,), -1, dtype=torch.long)
-    pos = torch.zeros(total, dtype=torch.long)
-    start = 0
-    for i, n in enumerate(lengths):
-        doc[start : start + n] = i
-        pos[start : start + n] = torch.arange(n)
-        start += n
-    pos[start:] = torch.arange(total - start)
+    and padded to `total` (padding: doc -1, positions 0.. as one more sample, as capture packs it)."""
+    pad = total - sum(lengths)
+    doc = torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lengths)]
+                    + [torch.full((pad,), -1, dtype=torch.long)])  # [total]
+    pos = packed_positions(list(lengths) + [pad])  # [total]
     return doc.to(device), pos.to(device)
-
