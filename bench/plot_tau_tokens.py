@@ -4,7 +4,7 @@
         --point "speculators 0.9.0=32e6:4.35" --out docs/figures/h200_tau_vs_tokens.png
 
 A run is LABEL=FOLDER (a `draftsmith train` output folder: its metrics.jsonl); a validation
-record's token count is that of the last training record at or before its step. `--point
+record's token count is interpolated from the training records around its step. `--point
 LABEL=TOKENS:TAU` adds a single measured point (a run whose curve is not at hand). Prints the
 points it plots.
 """
@@ -12,6 +12,7 @@ points it plots.
 from __future__ import annotations
 
 import argparse
+import bisect
 from pathlib import Path
 
 import matplotlib
@@ -23,15 +24,23 @@ from draftsmith.train.metrics import read_metrics  # noqa: E402
 
 
 def val_curve(folder: Path) -> list[tuple[int, float]]:
-    """(training tokens, val τ) at each validation of the run in `folder`."""
+    """(training tokens, val τ) at each validation of the run in `folder`. Training records come
+    every `log_every` steps; the tokens at a validation step are interpolated between the records
+    around it (rows hold a near-constant number of tokens), or scaled from the last one."""
     records = read_metrics(folder)
-    tokens_at = sorted((r["step"], r["tokens"]) for r in records if r["split"] == "train")
+    steps, tokens = zip(*sorted((r["step"], r["tokens"]) for r in records if r["split"] == "train"))
     curve = []
     for r in records:
-        if r["split"] != "val":
-            continue
-        seen = [t for s, t in tokens_at if s <= r["step"]]
-        curve.append((seen[-1] if seen else 0, r["tau"]))
+        if r["split"] == "val":
+            i = bisect.bisect_right(steps, r["step"]) - 1
+            if i < 0:
+                at = tokens[0] * r["step"] / steps[0]
+            elif steps[i] == r["step"] or i + 1 == len(steps):
+                at = tokens[i] * r["step"] / steps[i]
+            else:
+                frac = (r["step"] - steps[i]) / (steps[i + 1] - steps[i])
+                at = tokens[i] + frac * (tokens[i + 1] - tokens[i])
+            curve.append((round(at), r["tau"]))
     return curve
 
 
