@@ -28,7 +28,7 @@ python3 -c 'import torch, transformers; print("torch", torch.__version__, "trans
 
 ( export CUDA_VISIBLE_DEVICES=0
   stages data 600 synth,magpie,magpie2,prepare,vocab
-  stages lane_a 1200 abl2_defaults,abl2_noise05,abl2_noise2,abl2_defaults_chain,abl2_noise05_chain,abl2_noise2_chain
+  stages lane_a 1200 abl2_defaults,abl2_noise1,abl2_fcnorm,abl2_defaults_chain,abl2_noise1_chain,abl2_fcnorm_chain
   step bench_cycle 300 python3 bench/eval_bench.py --parts cycle --target $HF --drafter $RUN/abl2_defaults \
     --out-json "$R/bench_cycle.json"
   step bench_batch 420 python3 bench/eval_bench.py --parts batch --target $HF --drafter $RUN/abl2_defaults \
