@@ -6,7 +6,8 @@
 #   GPU 1  the GPU tests still unseen on a GPU while the data is made, then the other three
 #          ablation runs and their MT-bench τ
 #   then   with abl2_defaults' drafter, one GPU each: issue 15's cycle breakdown and batch sizes
-#          1/4/16 (GPU 0), issue 18's generic-path-against-fast-engine decode speed (GPU 1)
+#          1/4/16 (GPU 0), issue 18's generic-path-against-fast-engine decode speed, then
+#          `eval --kernel-check` and `eval --tree auto` (GPU 1)
 #   setsid bash bench/ablation_h200.sh &   # then: tail /root/results/steps.log
 # Needs the embedded default's GGUF at $GGUF (and `gguf` importable); reruns skip finished steps;
 # no step starts after $DEADLINE (epoch seconds; default: 22 minutes after the start).
@@ -39,7 +40,11 @@ python3 -c 'import torch, transformers; print("torch", torch.__version__, "trans
     "tests/unit/test_spec_fused.py::test_compiled_drafter_step_drafts_the_same"
   while [ ! -f $RUN/.pipeline/vocab.done ]; do sleep 5; done
   stages lane_b 1200 abl2_wd,abl2_lr2e3,abl2_decay1,abl2_wd_chain,abl2_lr2e3_chain,abl2_decay1_chain
-  step bench_plain 300 python3 bench/eval_bench.py --parts plain --target $HF --out-json "$R/bench_plain.json" ) & B=$!
+  step bench_plain 300 python3 bench/eval_bench.py --parts plain --target $HF --out-json "$R/bench_plain.json"
+  step eval_kernel_check 420 python3 -m draftsmith eval --target $HF --drafter $RUN/abl2_defaults --mode chain \
+    --k 7 --kernel-check --out /root/eval_kernel_check
+  step eval_tree_auto 420 python3 -m draftsmith eval --target $HF --drafter $RUN/abl2_defaults --tree auto \
+    --out /root/eval_tree_auto ) & B=$!
 wait $A $B
 python3 bench/summarise_ablation.py $RUN --out "$R/ablation.md" > "$R/summary.log" 2>&1
 touch "$R/ALL_DONE"
