@@ -34,10 +34,11 @@ class CommandConfig(BaseModel):
     # release, with a warning on stderr
     renamed: ClassVar[dict[str, str]] = {}
 
-    @model_validator(mode="before")
     @classmethod
-    def _renamed_options(cls, values: Any) -> Any:
-        if not isinstance(values, dict) or not any(old in values for old in cls.renamed):
+    def current_names(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """`values` with each deprecated option name replaced by its name now, with a warning on
+        stderr; where both names are given, the current one's value is kept."""
+        if not any(old in values for old in cls.renamed):
             return values
         values = dict(values)
         for old, new in cls.renamed.items():
@@ -48,14 +49,19 @@ class CommandConfig(BaseModel):
                 values.setdefault(new, value)
         return values
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_options(cls, values: Any) -> Any:
+        return cls.current_names(values) if isinstance(values, dict) else values
+
     @field_validator("device", check_fields=False)
     @classmethod
     def _device(cls, value: str | None) -> str | None:
         return check_device(value)
 
-    @field_validator("layers", check_fields=False)
+    @field_validator("aux_layer_ids", check_fields=False)
     @classmethod
-    def _layers(cls, value: list[int] | None) -> list[int] | None:
+    def _aux_layer_ids(cls, value: list[int] | None) -> list[int] | None:
         """Aux layer ids (extract, plan, train): three distinct ids, checked before the target loads."""
         try:
             return None if value is None else check_layer_ids(value)
@@ -91,7 +97,7 @@ def _is_list(annotation: Any) -> bool:
 
 
 def _coerce(cls: type[CommandConfig], values: dict[str, Any]) -> dict[str, Any]:
-    """Turn comma-separated CLI strings into lists for list-typed fields (`--layers 2,15,27`)."""
+    """Turn comma-separated CLI strings into lists for list-typed fields (`--aux-layer-ids 2,15,27`)."""
     out = dict(values)
     for name, value in values.items():
         field = cls.model_fields.get(name)
@@ -119,8 +125,8 @@ def resolve_config(cls: type[CommandConfig], yaml_path: Path | None, flags: dict
     values: dict[str, Any] = {}
     if yaml_path is not None:
         loaded = load_yaml_mapping(yaml_path, "--config")
-        values.update({k.replace("-", "_"): v for k, v in loaded.items()})
-    values.update(flags)
+        values.update(cls.current_names({k.replace("-", "_"): v for k, v in loaded.items()}))
+    values.update(cls.current_names(flags))  # per source, so that a flag beats the YAML under either name
     try:
         return cls(**_coerce(cls, values))
     except ValidationError as e:

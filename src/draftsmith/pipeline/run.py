@@ -108,6 +108,7 @@ def changed_options(marker: Path, cfg: CommandConfig) -> list[str]:
         return []
     if not isinstance(recorded, dict):
         return []
+    recorded = {type(cfg).renamed.get(k, k): v for k, v in recorded.items()}  # a marker written before a rename
     now = cfg.model_dump(mode="json")
     return sorted(k for k in now.keys() | recorded.keys() if k not in REDO and now.get(k) != recorded.get(k))
 
@@ -146,9 +147,10 @@ class Planned:
 
 def check_common(path: Path, common: dict[str, Any], stages: list[tuple[str, str, dict[str, Any]]]) -> None:
     """Refuse a top-level key of pipeline file `path` that no stage takes (`taget:`), naming the
-    close match."""
-    known = set().union(*(COMMANDS[command].config.model_fields for _, command, _ in stages)) - {"out"}
-    for key in sorted(set(common) - known):
+    close match. A deprecated name of an option is taken (and warned about by the stage)."""
+    configs = [COMMANDS[command].config for _, command, _ in stages]
+    known = set().union(*(cls.model_fields for cls in configs)) - {"out"}
+    for key in sorted(set(common) - known - set().union(*(cls.renamed for cls in configs))):
         close = difflib.get_close_matches(key, sorted(known | {"out", "stages"}), n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
         raise UserError(f"{path}: unknown top-level key '{key}': no stage takes it; {hint}"
@@ -167,13 +169,13 @@ def plan_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], commo
     planned = []
     for name, command, options in stages:
         cls = COMMANDS[command].config
-        values = {k: v for k, v in common.items() if k in cls.model_fields}
+        values = {k: v for k, v in cls.current_names(common).items() if k in cls.model_fields}
         values["out"] = default_out(command, root, name)
         if command in INPUTS and INPUTS[command][1] in latest:
             values[INPUTS[command][0]] = latest[INPUTS[command][1]]
         if command == "train" and "vocab" in latest:
             values["vocab"] = latest["vocab"]
-        for k, v in options.items():
+        for k, v in cls.current_names(options).items():
             if isinstance(v, str) and v.startswith("@"):
                 if v[1:] not in products:
                     raise UserError(f"pipeline stage {name}: {k}: {v} names no earlier stage")
