@@ -38,7 +38,7 @@ def default_aux_layers(num_layers: int) -> list[int]:
 
 def check_layer_ids(layers: list[int]) -> list[int]:
     """What can be checked before the target is loaded: exactly N_AUX distinct, non-negative
-    ids. Returns them sorted. (Config fields named `layers` run this when they are parsed.)"""
+    ids. Returns them sorted. (Config fields named `aux_layer_ids` run this when they are parsed.)"""
     layers = sorted(int(k) for k in layers)
     if len(layers) != N_AUX:
         raise UserError(

@@ -79,7 +79,7 @@ def test_completion_mode_every_stage(tmp_path: Path, base_target: Path, tokenize
     invoke("prepare", data, "--target", base_target, "--out", tmp_path / "ds", "--completion")
     assert load_dataset(tmp_path / "ds").mask.all()  # plain text: all of it is the completion
     invoke("extract", tmp_path / "ds", "--target", base_target, "--out", tmp_path / "store", "--device", "cpu",
-           "--layers", "0,1,2")
+           "--aux-layer-ids", "0,1,2")
     invoke("train", tmp_path / "ds", "--target", base_target, "--hidden", tmp_path / "store", "--out", tmp_path / "run",
            "--device", "cpu", "--steps", "2", "--batch-tokens", "64", "--val-fraction", "0", "--ttt", "2")
     bench = write_jsonl(tmp_path / "q.jsonl", QUESTIONS)
@@ -103,7 +103,7 @@ def test_chat_template_file_in_every_stage(tmp_path: Path, base_target: Path) ->
            "--chat-template", template, "--max-new-tokens", "8", "--temperature", "1", "--keep-unfinished", "--limit", "2")
     assert len((tmp_path / "synth" / "c.jsonl").read_text().splitlines()) == 2
     invoke("train", tmp_path / "ds", "--target", base_target, "--out", tmp_path / "run", "--device", "cpu",
-           "--steps", "1", "--batch-tokens", "64", "--val-fraction", "0", "--ttt", "1", "--layers", "0,1,2")
+           "--steps", "1", "--batch-tokens", "64", "--val-fraction", "0", "--ttt", "1", "--aux-layer-ids", "0,1,2")
     invoke("eval", "--target", base_target, "--drafter", tmp_path / "run", "--out", tmp_path / "eval", "--device", "cpu",
            "--chat-template", template, "--num-questions", "1", "--max-new-tokens", "4", "--k", "1")
     assert (tmp_path / "eval" / "report.json").is_file()
@@ -113,7 +113,7 @@ def test_no_template_is_one_clear_error(tmp_path: Path, base_target: Path) -> No
     chats = write_jsonl(tmp_path / "chats.jsonl", [{"prompt": "Say one.", "response": "One."}] * 2)
     invoke("prepare", chats, "--target", base_target, "--out", tmp_path / "ds", "--completion")
     invoke("train", tmp_path / "ds", "--target", base_target, "--out", tmp_path / "run", "--device", "cpu",
-           "--steps", "1", "--batch-tokens", "64", "--val-fraction", "0", "--ttt", "1", "--layers", "0,1,2")
+           "--steps", "1", "--batch-tokens", "64", "--val-fraction", "0", "--ttt", "1", "--aux-layer-ids", "0,1,2")
     commands = {  # out folder -> the command line
         "prepare": ["prepare", chats, "--target", base_target, "--out", tmp_path / "prepare"],
         "synth": ["synth", chats, "--target", base_target, "--out", tmp_path / "synth" / "c.jsonl", "--device", "cpu"],

@@ -70,24 +70,24 @@ def test_unprepared_dataset(tmp_path, tiny_target_dir):
 
 
 def test_layer_ids_out_of_range(tmp_path, dataset, tiny_target_dir):
-    r = extract(dataset, tiny_target_dir, tmp_path / "store", "--layers", "0,1,3")
+    r = extract(dataset, tiny_target_dir, tmp_path / "store", "--aux-layer-ids", "0,1,3")
     assert r.exit_code == 2 and "out of range" in r.output and "0..2" in r.output
     assert not (tmp_path / "store").exists()
 
 
-def test_store_of_another_target_or_layers(tmp_path, dataset, tokenizer):
+def test_store_of_another_target_or_aux_layer_ids(tmp_path, dataset, tokenizer):
     out, five = tmp_path / "store", tmp_path / "five-layers"  # room for two sets of capturable ids (1..4)
     make_tiny_llama(len(tokenizer), num_layers=5).save_pretrained(five)
     tokenizer.save_pretrained(five)
-    assert extract(dataset, five, out, "--layers", "1,2,3").exit_code == 0
+    assert extract(dataset, five, out, "--aux-layer-ids", "1,2,3").exit_code == 0
     before = read_manifest(out)
     other = tmp_path / "other-target"
     make_tiny_llama(len(tokenizer), num_layers=5, hidden=32).save_pretrained(other)
     tokenizer.save_pretrained(other)
-    r = extract(dataset, other, out, "--layers", "1,2,3")
+    r = extract(dataset, other, out, "--aux-layer-ids", "1,2,3")
     assert r.exit_code == 2 and "refusing to mix" in r.output and "target fingerprint" in r.output
-    r = extract(dataset, five, out, "--layers", "1,2,4")
-    assert r.exit_code == 2 and "refusing to mix" in r.output and "layers" in r.output
+    r = extract(dataset, five, out, "--aux-layer-ids", "1,2,4")
+    assert r.exit_code == 2 and "refusing to mix" in r.output and "aux_layer_ids: store has [1, 2, 3]" in r.output
     assert read_manifest(out) == before
 
 

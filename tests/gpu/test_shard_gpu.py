@@ -59,7 +59,7 @@ def test_extract_store_equals_one_gpu(tmp_path: Path, dataset: Path) -> None:
     stores = {s: extract(ExtractConfig(dataset_dir=dataset, target=SMOLLM2, out=tmp_path / s, shard=s, token_budget=8192,
                                        check_every=16, max_errors=0)) for s in SHARDS}
     one, split = StoreReader(stores["none"]), StoreReader(stores["auto"])
-    assert len(one) == len(split) == 96 and split.meta["complete"] and split.meta["layers"] == one.meta["layers"]
+    assert len(one) == len(split) == 96 and split.meta["complete"] and split.meta["aux_layer_ids"] == one.meta["aux_layer_ids"]
     for i in range(len(one)):
         a, b = one[i], split[i]
         assert torch.equal(a["input_ids"], b["input_ids"])

@@ -34,7 +34,7 @@ def cfg(dataset, target, out, **kw):
 def test_store_equals_hf_forward(dataset, tiny_target_dir, tiny_model, tmp_path):
     out = run(cfg(dataset, tiny_target_dir, tmp_path / "store", check_every=5))
     reader = StoreReader(out)
-    assert reader.meta["layers"] == [0, 1, 2] and reader.meta["complete"] and len(reader) == 12
+    assert reader.meta["aux_layer_ids"] == [0, 1, 2] and reader.meta["complete"] and len(reader) == 12
     assert reader.meta["totals"]["tokens"] == int(reader.lengths.sum())
     H = tiny_model.config.hidden_size
     for i in range(len(reader)):
@@ -50,19 +50,41 @@ def test_store_equals_hf_forward(dataset, tiny_target_dir, tiny_model, tmp_path)
     assert {p: p.stat().st_mtime_ns for p in out.glob("rows_*/*.safetensors")} == mtimes
 
 
-def test_refuses_to_mix_layers(dataset, tmp_path, tokenizer):
+def test_a_store_of_an_older_version_still_opens(dataset, tiny_target_dir, tmp_path):
+    """Stores written before the rename call the aux layer ids "layers" in store.json: they are
+    read, trained from and resumed; the next extraction rewrites the key."""
+    from draftsmith.data.dataset import load_dataset
+    from draftsmith.target import load_target
+    from draftsmith.train.config import TrainConfig
+    from draftsmith.train.run import build_source
+
+    out = run(cfg(dataset, tiny_target_dir, tmp_path / "store"))
+    meta = json.loads((out / "store.json").read_text())
+    meta["layers"] = meta.pop("aux_layer_ids")
+    (out / "store.json").write_text(json.dumps(meta))
+    reader = StoreReader(out)
+    assert reader.meta["aux_layer_ids"] == [0, 1, 2] and "layers" not in reader.meta and len(reader) == 12
+    train_cfg = TrainConfig(dataset_dir=dataset, out=tmp_path / "train", hidden=out)
+    target = load_target(str(tiny_target_dir), "cpu", "fp32")
+    assert build_source(train_cfg, target, load_dataset(dataset))[1] == [0, 1, 2]  # checked and read as train does
+    run(cfg(dataset, tiny_target_dir, out))  # the same run again: not refused as another run's store
+    written = json.loads((out / "store.json").read_text())
+    assert written["aux_layer_ids"] == [0, 1, 2] and "layers" not in written
+
+
+def test_refuses_to_mix_aux_layer_ids(dataset, tmp_path, tokenizer):
     target = tmp_path / "five-layers"  # room for two sets of three ids the engines capture (1..4)
     make_tiny_llama(len(tokenizer), num_layers=5).save_pretrained(target)
     tokenizer.save_pretrained(target)
     out = tmp_path / "store"
-    run(cfg(dataset, target, out, layers=[1, 2, 3]))
+    run(cfg(dataset, target, out, aux_layer_ids=[1, 2, 3]))
     with pytest.raises(UserError, match="refusing to mix"):
-        run(cfg(dataset, target, out, layers=[1, 2, 4]))
+        run(cfg(dataset, target, out, aux_layer_ids=[1, 2, 4]))
     same_counts = [[t + 1 for t in s] for s in random_samples(12)]  # other tokens, same lengths
     with pytest.raises(UserError, match="dataset fingerprint: store made from .*refusing to mix"):
-        run(cfg(write_tokenized_dataset(tmp_path / "ds2", same_counts), target, out, layers=[1, 2, 3]))
+        run(cfg(write_tokenized_dataset(tmp_path / "ds2", same_counts), target, out, aux_layer_ids=[1, 2, 3]))
     with pytest.raises(UserError, match="out of range.*1..4"):
-        run(cfg(dataset, target, tmp_path / "other", layers=[1, 2, 5]))
+        run(cfg(dataset, target, tmp_path / "other", aux_layer_ids=[1, 2, 5]))
     assert not (tmp_path / "other").exists()
 
 
@@ -70,8 +92,8 @@ def test_error_budget_stops_and_keeps_valid(dataset, tiny_target_dir, tmp_path, 
     real_capture = extract_run.capture
     calls = {"n": 0}
 
-    def flaky_capture(model, ids, mask, layers):
-        aux, final = real_capture(model, ids, mask, layers)
+    def flaky_capture(model, ids, mask, aux_layer_ids):
+        aux, final = real_capture(model, ids, mask, aux_layer_ids)
         calls["n"] += 1
         if calls["n"] >= 3:  # from the third batch on, one NaN per batch
             aux = aux.clone()
@@ -93,8 +115,8 @@ def test_error_budget_stops_and_keeps_valid(dataset, tiny_target_dir, tmp_path, 
 def test_recheck_catches_batched_mismatch(dataset, tiny_target_dir, tmp_path, monkeypatch):
     real_capture = extract_run.capture
 
-    def wrong_when_batched(model, ids, mask, layers):
-        aux, final = real_capture(model, ids, mask, layers)
+    def wrong_when_batched(model, ids, mask, aux_layer_ids):
+        aux, final = real_capture(model, ids, mask, aux_layer_ids)
         return (aux * 1.1, final) if mask is not None else (aux, final)
 
     monkeypatch.setattr(extract_run, "capture", wrong_when_batched)

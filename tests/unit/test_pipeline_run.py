@@ -9,7 +9,7 @@ import pytest
 from draftsmith.data.dataset import load_dataset
 from draftsmith.errors import UserError
 from draftsmith.pipeline.config import PipelineConfig
-from draftsmith.pipeline.run import run
+from draftsmith.pipeline.run import changed_options, check_common, parse_stages, plan_stages, run
 
 PAIRS = [{"prompt": "Name a prime number.", "response": "Seven is a prime number."},
          {"prompt": "Say hi.", "response": "Hi!"}]
@@ -72,3 +72,22 @@ def test_a_stage_whose_options_changed_is_rerun(tmp_path, tiny_target_dir, capsy
     assert load_dataset(out).meta["max_len"] == 40
     run(cfg)
     assert "done earlier, skipped" in capsys.readouterr().out
+
+
+def test_the_old_layers_key_still_works_with_a_warning(tmp_path, capsys):
+    """`layers:` (now `aux_layer_ids:`) is still taken at the top level and in a stage, with the
+    deprecation warning; a stage's own option beats the top level's under either name, and a
+    marker written before the rename (recording `layers`) does not count as changed options."""
+    spec = {"target": "t", "layers": [8, 2, 5]}
+    stages = parse_stages([{"extract": {"dataset_dir": "ds"}},
+                           {"train": {"dataset_dir": "ds", "layers": [1, 2, 3]}},
+                           {"train": {"name": "other", "dataset_dir": "ds", "aux_layer_ids": [3, 4, 5]}}])
+    check_common(tmp_path / "p.yaml", spec, stages)
+    planned = plan_stages(tmp_path / "run", stages, spec)
+    assert [p.cfg.aux_layer_ids for p in planned] == [[2, 5, 8], [1, 2, 3], [3, 4, 5]]
+    assert "option 'layers' (--layers) is deprecated" in capsys.readouterr().err
+    marker = tmp_path / "extract.done"
+    recorded = planned[0].cfg.model_dump(mode="json")
+    recorded["layers"] = recorded.pop("aux_layer_ids")
+    marker.write_text(json.dumps({"command": "extract", "config": recorded}))
+    assert changed_options(marker, planned[0].cfg) == []

@@ -47,8 +47,8 @@ def test_offline_and_online_give_the_same_loss(capture, data_and_store, tiny_tar
     _, ds_path, store = data_and_store
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
     ds, reader = load_dataset(ds_path), StoreReader(store)
-    layers = [int(k) for k in reader.meta["layers"]]
-    online = OnlineSource(ds, target.model, layers, max_len=2048, token_budget=64)  # several padded sub-batches
+    aux_layer_ids = [int(k) for k in reader.meta["aux_layer_ids"]]
+    online = OnlineSource(ds, target.model, aux_layer_ids, max_len=2048, token_budget=64)  # several padded sub-batches
     assert online.packed  # the tiny Llama keeps packed samples apart
     online.packed = capture != "padded"
     if capture == "packed-split":
@@ -56,7 +56,7 @@ def test_offline_and_online_give_the_same_loss(capture, data_and_store, tiny_tar
     offline = OfflineSource(reader, max_len=2048)
     d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=ds_path, out=ds_path, draft_vocab_size=300), ds, list(range(len(ds))), target.info.vocab_size)
     torch.manual_seed(0)
-    drafter = build_drafter(target, layers, d2t, t2d, TrainConfig(dataset_dir=ds_path, out=ds_path))
+    drafter = build_drafter(target, aux_layer_ids, d2t, t2d, TrainConfig(dataset_dir=ds_path, out=ds_path))
     objective = TTTObjective(drafter, output_head(target.model), ttt=3, backend="eager", chunk=16)
     row = [0, 3, 5, 7]
     a, b = collate(online.samples(row), None), collate(offline.samples(row), None)
@@ -74,9 +74,9 @@ def test_chunking_does_not_change_the_loss(data_and_store, tiny_target_dir):
     _, ds_path, store = data_and_store
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
     reader = StoreReader(store)
-    layers = [int(k) for k in reader.meta["layers"]]
+    aux_layer_ids = [int(k) for k in reader.meta["aux_layer_ids"]]
     d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=ds_path, out=ds_path, draft_vocab_size=300), load_dataset(ds_path), [0, 1, 2], target.info.vocab_size)
-    drafter = build_drafter(target, layers, d2t, t2d, TrainConfig(dataset_dir=ds_path, out=ds_path))
+    drafter = build_drafter(target, aux_layer_ids, d2t, t2d, TrainConfig(dataset_dir=ds_path, out=ds_path))
     batch = collate(OfflineSource(reader, 2048).samples([1, 2]), None)
     head = output_head(target.model)
     big, _ = TTTObjective(drafter, head, ttt=2, backend="eager", chunk=4096)(**batch)
@@ -171,7 +171,7 @@ def test_a_model_that_ignores_packing_is_captured_padded(tiny_target_dir, monkey
     from draftsmith.runtime.capture import packs_sequences
 
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
-    layers = target.info.default_aux_layers
-    assert packs_sequences(target.model, layers)
+    aux_layer_ids = target.info.default_aux_layers
+    assert packs_sequences(target.model, aux_layer_ids)
     monkeypatch.setattr(masking, "find_packed_sequence_indices", lambda position_ids: None)
-    assert not packs_sequences(target.model, layers)
+    assert not packs_sequences(target.model, aux_layer_ids)

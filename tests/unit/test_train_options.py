@@ -42,15 +42,15 @@ def test_each_architecture_option_changes_the_drafter_output(option, dataset, ti
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
     ds = load_dataset(dataset)
     d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=dataset, out=dataset, draft_vocab_size=300), ds, [0, 1], target.info.vocab_size)
-    layers = target.info.default_aux_layers
-    sample = OnlineSource(ds, target.model, layers, 2048, 2048).samples([0])[0]
+    aux_layer_ids = target.info.default_aux_layers
+    sample = OnlineSource(ds, target.model, aux_layer_ids, 2048, 2048).samples([0])[0]
     aux, ids = sample["aux"][None].float(), sample["input_ids"][None].long()  # [1, T, n_aux*H], [1, T]
     pos = torch.arange(ids.shape[1])[None]  # [1, T]
     outs = []
     for on in (False, True):
         torch.manual_seed(0)
         cfg = TrainConfig(dataset_dir=dataset, out=dataset, **{option: on})
-        drafter = build_drafter(target, layers, d2t, t2d, cfg)
+        drafter = build_drafter(target, aux_layer_ids, d2t, t2d, cfg)
         assert getattr(drafter.config, option) is on
         with torch.no_grad():
             for norm in [m for n, m in drafter.named_modules() if n.startswith(("input_norm", "fc_norm.", "norm"))]:
@@ -129,9 +129,9 @@ def test_aux_noise_changes_training_not_validation(dataset, tiny_target_dir):
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
     ds = load_dataset(dataset)
     d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=dataset, out=dataset, draft_vocab_size=300), ds, [0, 1], target.info.vocab_size)
-    layers = target.info.default_aux_layers
-    batch = collate(OnlineSource(ds, target.model, layers, 2048, 2048).samples([0, 1]), None)
-    drafter = build_drafter(target, layers, d2t, t2d, TrainConfig(dataset_dir=dataset, out=dataset))
+    aux_layer_ids = target.info.default_aux_layers
+    batch = collate(OnlineSource(ds, target.model, aux_layer_ids, 2048, 2048).samples([0, 1]), None)
+    drafter = build_drafter(target, aux_layer_ids, d2t, t2d, TrainConfig(dataset_dir=dataset, out=dataset))
     losses = {}
     for noise in (0.0, 0.5):
         objective = TTTObjective(drafter, output_head(target.model), ttt=2, backend="eager", aux_noise=noise)

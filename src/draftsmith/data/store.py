@@ -3,7 +3,7 @@
 
 Layout of a store folder:
 
-    store.json                     format, version, target {name, fingerprint, ...}, layers, dtype,
+    store.json                     format, version, target {name, fingerprint, ...}, aux_layer_ids, dtype,
                                    hidden_size, n_aux, folder_size, checksum, totals, complete, and
                                    dataset {path, samples, tokens, fingerprint}: what it was made from
     manifest.jsonl                 one JSON line per finished file:
@@ -16,9 +16,9 @@ Layout of a store folder:
 Each sample file holds
     input_ids            [T] int32
     loss_mask            [T] uint8
-    aux_hidden_states    [T, n_aux*H]  target dtype (layers concatenated in store.json's `layers` order)
+    aux_hidden_states    [T, n_aux*H]  target dtype (layers concatenated in store.json's `aux_layer_ids` order)
     final_hidden_states  [T, H]        target dtype, after the final norm
-and safetensors metadata {format, sample_id, target, fingerprint, layers, dtype}.
+and safetensors metadata {format, sample_id, target, fingerprint, aux_layer_ids, dtype}.
 
 The checksum is zlib's CRC-32 of the whole file's bytes (cheap, in the standard library); the
 reader checks it on every read. A file is only listed in a manifest after it was fsynced and
@@ -88,7 +88,7 @@ def crc32(data: bytes | memoryview) -> str:
 def new_store_meta(target: dict[str, Any], aux_layer_ids: list[int], dtype: str, dataset: dict[str, Any]) -> dict[str, Any]:
     """store.json for a new store; `totals` and `complete` are filled in when extraction ends."""
     return {
-        "format": FORMAT, "version": VERSION, "target": target, "layers": list(aux_layer_ids), "dtype": dtype,
+        "format": FORMAT, "version": VERSION, "target": target, "aux_layer_ids": list(aux_layer_ids), "dtype": dtype,
         "hidden_size": int(target["hidden_size"]), "n_aux": len(aux_layer_ids), "folder_size": FOLDER_SIZE,
         "checksum": "crc32", "dataset": dataset, "totals": None, "complete": False,
     }
@@ -126,9 +126,9 @@ def check_store_matches(store: Path, dataset: TokenizedDataset, target: TargetIn
                         f"Give the dataset (it was {made_from}) and --target the store was extracted from, or extract "
                         f"a new store from this dataset with this target")
     try:
-        validate_layers(meta.get("layers") or [], target.num_layers)
+        validate_layers(meta.get("aux_layer_ids") or [], target.num_layers)
     except UserError as e:  # a store written before the layer rule
-        raise UserError(f"store {store}: {e}; extract a new store with such --layers") from None
+        raise UserError(f"store {store}: {e}; extract a new store with such --aux-layer-ids") from None
 
 
 def read_store_meta(path: Path) -> dict[str, Any]:
@@ -145,6 +145,8 @@ def read_store_meta(path: Path) -> dict[str, Any]:
         raise UserError(f"{meta_file}: not a draftsmith hidden-state store (format {meta.get('format')!r})")
     if meta.get("version") != VERSION:
         raise UserError(f"{meta_file}: store format version {meta.get('version')} is not supported (expected {VERSION})")
+    if "layers" in meta:  # stores written before the rename name their aux layer ids "layers"
+        meta["aux_layer_ids"] = meta.pop("layers")
     return meta
 
 

@@ -11,10 +11,11 @@ from draftsmith.config import DEFAULT_TARGET, SHARD_HELP, CommandConfig, Shard
 
 class ExtractConfig(CommandConfig):
     positional = "dataset_dir"
+    renamed = {"layers": "aux_layer_ids"}  # one name with the store and drafter.json
     dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
     target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
     out: Path = Field(description="Output folder of the hidden-state store.")
-    layers: list[int] | None = Field(None, description="Aux layer ids in draftsmith's convention (id k = hidden state entering layer k); default [2, L//2, L-3].")
+    aux_layer_ids: list[int] | None = Field(None, description="Aux layer ids in draftsmith's convention (id k = hidden state entering layer k); default [2, L//2, L-3].")
     force: bool = Field(False, description="Start even when the disk cannot hold the projected store.")
     plan: bool = Field(False, description="Only print the store's projected size against the free space at --out, from the dataset and the target's config (no weights loaded, nothing written); --dtype bf16 plans a GPU run from a machine without one.")
     device: str | None = Field(None, description="Device (cuda, cuda:1, cpu); default cuda when available.")
@@ -30,10 +31,11 @@ class ExtractConfig(CommandConfig):
 
 class PlanConfig(CommandConfig):
     positional = "dataset_dir"
+    renamed = {"layers": "aux_layer_ids"}  # one name with the store and drafter.json
     dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
     target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
     hidden_dir: Path | None = Field(None, description="Where the hidden-state store would go (checked for free space).")
-    layers: list[int] | None = Field(None, description="Aux layer ids in draftsmith's convention; default [2, L//2, L-3].")
+    aux_layer_ids: list[int] | None = Field(None, description="Aux layer ids in draftsmith's convention; default [2, L//2, L-3].")
     device: str | None = Field(None, description="Device for the calibration run.")
     shard: Shard = Field("none", description=SHARD_HELP)
     dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32.")

@@ -74,7 +74,7 @@ def run(cfg: PlanConfig) -> Path:
     ds = load_dataset(cfg.dataset_dir)
     target = load_target(cfg.target, cfg.device, cfg.dtype, shard=cfg.shard)
     info, device = target.info, target.device
-    aux_layer_ids = validate_layers(cfg.layers or info.default_aux_layers, info.num_layers)
+    aux_layer_ids = validate_layers(cfg.aux_layer_ids or info.default_aux_layers, info.num_layers)
     n_aux, H, dsize = len(aux_layer_ids), info.hidden_size, target.dtype.itemsize
     tokens, n = int(ds.lengths.sum()), len(ds)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())

@@ -65,12 +65,12 @@ def open_store(out: Path, meta: dict, create: bool) -> None:
     if (out / STORE_FILE).exists():
         old = read_store_meta(out)
         mismatches = source_mismatches(old, meta["target"], meta["dataset"]) + [
-            f"{what}: store has {old[what]!r}, this run {meta[what]!r}" for what in ("layers", "dtype") if old[what] != meta[what]
+            f"{what}: store has {old[what]!r}, this run {meta[what]!r}" for what in ("aux_layer_ids", "dtype") if old[what] != meta[what]
         ]
         if mismatches:
             raise UserError(
                 f"{out} holds a store made by another run ({'; '.join(mismatches)}); refusing to mix. "
-                f"Use a new --out, or the original dataset/--target/--layers/--dtype"
+                f"Use a new --out, or the original dataset/--target/--aux-layer-ids/--dtype"
             )
     elif create:
         atomic_write_json(out / STORE_FILE, meta)
@@ -97,7 +97,7 @@ def preflight(out: Path, need: int, todo: int, saved: int, force: bool, world: i
         raise UserError(
             f"not enough disk for the store: the {todo} samples still to extract need ~{human_bytes(need + margin)} "
             f"(~{human_bytes(need)} + {human_bytes(margin)} margin) and {out} has {human_bytes(free)} free{kept}. "
-            f"Free at least {human_bytes(need + margin - free)}, choose another --out, use fewer --layers, or pass "
+            f"Free at least {human_bytes(need + margin - free)}, choose another --out, or pass "
             f"--force to start anyway (the run stops cleanly when the disk fills and resumes after space is freed)"
         )
     return need + margin <= free
@@ -172,7 +172,7 @@ def plan_store(cfg: ExtractConfig) -> Path:
     ds, out = load_dataset(cfg.dataset_dir), Path(cfg.out)
     tc = load_text_config(cfg.target)
     num_layers, H = int(tc.num_hidden_layers), int(tc.hidden_size)
-    aux_layer_ids = validate_layers(cfg.layers or default_aux_layers(num_layers), num_layers)
+    aux_layer_ids = validate_layers(cfg.aux_layer_ids or default_aux_layers(num_layers), num_layers)
     dtype = parse_dtype(cfg.dtype, torch.device(cfg.device) if cfg.device else default_device())
     whole, need, todo = projection(ds, listed_samples(out)[0], len(aux_layer_ids), H, dtype.itemsize)
     tokens = int(ds.lengths.sum())
@@ -205,7 +205,7 @@ def extract(cfg: ExtractConfig) -> Path:
     if world > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     target = load_target(cfg.target, device, cfg.dtype, shard=cfg.shard)
-    aux_layer_ids = validate_layers(cfg.layers or target.info.default_aux_layers, target.info.num_layers)
+    aux_layer_ids = validate_layers(cfg.aux_layer_ids or target.info.default_aux_layers, target.info.num_layers)
     check_token_ids(ds, target.info.vocab_size)
     dtype_name = str(target.dtype).removeprefix("torch.")
     meta = new_store_meta(target.info.to_dict(), aux_layer_ids, dtype_name, dataset_identity(ds))
@@ -252,7 +252,7 @@ def extract_samples(cfg: ExtractConfig, target: Target, ds: TokenizedDataset, to
     widths = {"aux": (n_aux * H, target.dtype), "final": (H, target.dtype), "finite": (1, torch.bool)}
     buffers = HostBuffers(HOST_SLOTS, device, rows=cfg.token_budget, widths=widths)
     file_meta = {"format": "draftsmith-hidden-sample", "target": target.info.name, "fingerprint": target.info.fingerprint,
-                 "layers": ",".join(map(str, aux_layer_ids)), "dtype": str(target.dtype).removeprefix("torch.")}
+                 "aux_layer_ids": ",".join(map(str, aux_layer_ids)), "dtype": str(target.dtype).removeprefix("torch.")}
     writer = StoreWriter(out, manifest, file_meta, n_aux, H, buffers, cfg.writers, cfg.staging_dir)
     if cfg.staging_dir is not None:
         Path(cfg.staging_dir).mkdir(parents=True, exist_ok=True)

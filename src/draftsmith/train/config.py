@@ -14,13 +14,14 @@ class TrainConfig(CommandConfig):
     """Defaults are the best of the ablation in docs/train.md (the H200 recipe's data, 2026-11-30)."""
 
     positional = "dataset_dir"
+    renamed = {"layers": "aux_layer_ids"}  # one name with the store and drafter.json
     dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
     target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
     out: Path = Field(description="Output folder for checkpoints, metrics and plots.")
     hidden: Path | None = Field(None, description="Hidden-state store from `extract` (offline mode); omit to train online.")
     vocab: Path | None = Field(None, description="Draft vocab file from `draftsmith vocab`; default: built from the dataset.")
     draft_vocab_size: int | None = Field(None, gt=0, description="Draft vocab size when --vocab is not given; default min(32000, vocab).")
-    layers: list[int] | None = Field(None, description="Aux layer ids (online mode); default [2, L//2, L-3].")
+    aux_layer_ids: list[int] | None = Field(None, description="Aux layer ids (online mode); default [2, L//2, L-3].")
     ttt: int = Field(7, ge=1, description="Training-time-test unroll steps K.")
     steps: int | None = Field(None, gt=0, description="Optimizer steps (overrides --epochs).")
     epochs: float = Field(1.0, gt=0, description="Epochs over the training split.")

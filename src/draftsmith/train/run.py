@@ -105,16 +105,16 @@ def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) ->
     max_len = min(cfg.max_len, cfg.batch_tokens)
     n_layers = target.info.num_layers
     if cfg.hidden is None:
-        aux_layer_ids = validate_layers(cfg.layers or target.info.default_aux_layers, n_layers)
+        aux_layer_ids = validate_layers(cfg.aux_layer_ids or target.info.default_aux_layers, n_layers)
         source = OnlineSource(dataset, target.model, aux_layer_ids, max_len, token_budget=max(cfg.batch_tokens, max_len))
         return source, aux_layer_ids, list(range(len(dataset)))
     from draftsmith.data.store import StoreReader, check_store_matches
 
     check_store_matches(cfg.hidden, dataset, target.info)  # made from this dataset, for this target
     reader = StoreReader(cfg.hidden)
-    aux_layer_ids = [int(k) for k in reader.meta["layers"]]
-    if cfg.layers is not None and validate_layers(cfg.layers, n_layers) != aux_layer_ids:
-        raise UserError(f"--layers {cfg.layers} disagrees with the store {cfg.hidden}, captured at layers {aux_layer_ids}")
+    aux_layer_ids = [int(k) for k in reader.meta["aux_layer_ids"]]
+    if cfg.aux_layer_ids is not None and validate_layers(cfg.aux_layer_ids, n_layers) != aux_layer_ids:
+        raise UserError(f"--aux-layer-ids {cfg.aux_layer_ids} disagrees with the store {cfg.hidden}, captured at layers {aux_layer_ids}")
     if reader.hidden_size != target.info.hidden_size:
         raise UserError(f"store {cfg.hidden} has hidden size {reader.hidden_size}, target {cfg.target!r} has {target.info.hidden_size}: wrong target?")
     if len(reader) == 0:
