@@ -95,9 +95,9 @@ def compare_stores(a: Path, b: Path) -> dict:
     """Sample by sample: same ids, same tokens and masks, and how close the hidden states are."""
     ra, rb = StoreReader(a), StoreReader(b)
     out = {"bench": "extract-compare", "a": str(a), "b": str(b), "samples_a": len(ra), "samples_b": len(rb),
-           "same_sample_ids": ra.sample_ids == rb.sample_ids, "same_layers_dtype_target":
-           [ra.meta[k] for k in ("layers", "dtype")] + [ra.meta["target"]["fingerprint"]]
-           == [rb.meta[k] for k in ("layers", "dtype")] + [rb.meta["target"]["fingerprint"]]}
+           "same_sample_ids": ra.sample_ids == rb.sample_ids, "same_aux_layer_ids_dtype_target":
+           [ra.meta[k] for k in ("aux_layer_ids", "dtype")] + [ra.meta["target"]["fingerprint"]]
+           == [rb.meta[k] for k in ("aux_layer_ids", "dtype")] + [rb.meta["target"]["fingerprint"]]}
     bitwise, worst, tokens_equal = 0, 0.0, True
     for sid in sorted(set(ra.sample_ids) & set(rb.sample_ids)):
         x, y = ra.get(sid), rb.get(sid)
@@ -171,7 +171,7 @@ def main() -> None:
         "bench": "extract", "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "target": args.target, "layers": meta["layers"], "dtype": meta["dtype"], "samples": len(reader), "tokens": tokens,
+        "target": args.target, "aux_layer_ids": meta["aux_layer_ids"], "dtype": meta["dtype"], "samples": len(reader), "tokens": tokens,
         "token_budget": args.token_budget, "writers": args.writers, "staging_dir": str(args.staging_dir) if args.staging_dir else None,
         "extract_tok_per_s": round(ext_tps, 1), "extract_seconds": prog["elapsed_s"], "extract_errors": prog["errors"],
         "forward_only_tok_per_s": fwd["tok_per_s"],
