@@ -1,9 +1,22 @@
 """A gpt-fast-style forward of a Llama-family HF target with a static KV cache.
 
-The forward runs the HF model's own modules (norms, q/k/v/o projections, optional q/k norms,
-MLP, rotary embedding), but owns the attention: keys and values go into a preallocated cache
-at given slots, and every query attends under an explicit boolean mask over the cache.
-That gives, with one code path:
+The forward runs the HF model's own modules (embedding, norms, q/k/v/o projections, optional
+q/k norms, MLP, rotary embedding), but owns the attention: keys and values go into a
+preallocated cache at given slots, and every query attends under an explicit boolean mask over
+the cache. Covered (`check_supported`; selfcheck.py holds every model against its own forward):
+
+  - Llama, Mistral, Qwen2/3 (Qwen3's q/k norms) and their kin: pre-norm decoder layers;
+  - Gemma: its scaled embedding and (1 + w) norms are the model's own modules;
+  - Gemma-2/3: sandwich norms (each sublayer's output normed before it joins the residual),
+    the attention scale of `query_pre_attn_scalar` (the attention module's `scaling`),
+    attention scores soft-capped before the mask (`attn_logit_softcapping`, then a plain
+    attention instead of SDPA), logits soft-capped (`final_logit_softcapping`), and Gemma-3's
+    q/k norms and per-layer-type rotary (local layers rotate at their own base frequency: the
+    model's rotary embedding called with each layer's type).
+Sliding windows are not implemented: every layer attends over the whole cache, which is exact
+only while the run's context fits the window (selfcheck.config_gaps refuses longer runs).
+
+With one code path, that gives:
 
   - plain decoding (one token, causal mask),
   - chain and tree verification (one forward, tree mask from the draft's parent links),
@@ -26,6 +39,7 @@ compaction of a tree's accepted path. On CPU the same code runs eagerly.
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any
 
@@ -42,20 +56,45 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x2, x1], dim=-1)
 
 
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """Gemma-2's soft-capping, elementwise: cap·tanh(x/cap)."""
+    return cap * torch.tanh(x / cap)
+
+
+SANDWICH_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")  # Gemma-2/3, around the MLP
+
+
+def is_sandwich(layer: nn.Module) -> bool:
+    """Whether `layer` norms its sublayers' outputs too (Gemma-2/3: post_attention_layernorm
+    after the attention, pre/post_feedforward_layernorm around the MLP)."""
+    return all(hasattr(layer, n) for n in SANDWICH_NORMS)
+
+
 def check_supported(model: nn.Module) -> None:
-    """The forward below covers Llama, Mistral, Qwen2/3-style decoders (pre-norm, rotary,
-    GQA). Refuse anything else with a clear message rather than compute wrong logits."""
+    """The forward below covers Llama, Mistral, Qwen2/3 and Gemma-1/2/3-style decoders
+    (rotary, GQA; pre-norm or Gemma's sandwich norms). Refuse anything else with a clear
+    message rather than compute wrong logits."""
     layer = decoder_layers(model)[0]
     attn = getattr(layer, "self_attn", None)
     needed = [getattr(layer, n, None) for n in ("input_layernorm", "post_attention_layernorm", "mlp")]
     if attn is None or any(m is None for m in needed) or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
         raise UserError(f"draftsmith's static-KV engine (eval, synth) supports Llama-family targets (pre-norm decoder layers with q/k/v/o projections); "
                         f"{type(layer).__name__} is not one")
-    extra = [n for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm") if hasattr(layer, n)]
-    if extra:
-        raise UserError(f"draftsmith's static-KV engine: {type(layer).__name__} has {extra}, which it does not implement")
+    partial = [n for n in SANDWICH_NORMS if hasattr(layer, n)]
+    if partial and not is_sandwich(layer):
+        raise UserError(f"draftsmith's static-KV engine: {type(layer).__name__} has {partial} without the rest of Gemma's "
+                        f"sandwich norms ({list(SANDWICH_NORMS)}), which it does not implement")
     if getattr(base_model(model), "rotary_emb", None) is None:
         raise UserError(f"draftsmith's static-KV engine: {type(base_model(model)).__name__} has no rotary_emb module")
+
+
+def rotary_types(model: nn.Module) -> list[str | None]:
+    """Per decoder layer, the layer type to compute its rotary embedding for: Gemma-3's rotary
+    embedding takes one (`rotary_emb(x, pos, layer_type)`: its local layers rotate at their own
+    base frequency); None everywhere for the rest, whose one rotary serves every layer."""
+    if "layer_type" not in inspect.signature(base_model(model).rotary_emb.forward).parameters:
+        return [None] * len(decoder_layers(model))
+    return list(text_config(model.config).layer_types)
 
 
 class Graphed:
@@ -103,6 +142,12 @@ class TargetEngine:
         self.nkv = int(getattr(tc, "num_key_value_heads", None) or self.nh)
         self.hd = int(getattr(tc, "head_dim", None) or tc.hidden_size // self.nh)
         self.vocab_size = int(tc.vocab_size)
+        # the family's variations, decided once here (a CUDA graph captures whichever path they pick)
+        self.rotary_types = rotary_types(model)
+        self.attn_cap = getattr(tc, "attn_logit_softcapping", None)  # Gemma-2's soft-caps, on the attention scores
+        self.logit_cap = getattr(tc, "final_logit_softcapping", None)  # and on the logits
+        self._attend = self._sdpa if self.attn_cap is None else self._capped_attention
+        self._block = self._sandwich_block if is_sandwich(self.layers[0]) else self._prenorm_block
         shape = (batch, self.nkv, max_len, self.hd)
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
@@ -134,30 +179,60 @@ class TargetEngine:
         self.v_cache[i].scatter_(2, at, v)
         s, g = mask.shape[-1], self.nh // self.nkv
         q = q.reshape(b, self.nkv, g * t, self.hd)  # [B, nkv, g*T, hd]: head h = kv head h//g, as in GQA
-        o = F.scaled_dot_product_attention(q, self.k_cache[i][:, :, :s], self.v_cache[i][:, :, :s], attn_mask=mask,
-                                           scale=getattr(attn, "scaling", None))  # [B, nkv, g*T, hd]
+        o = self._attend(q, self.k_cache[i][:, :, :s], self.v_cache[i][:, :, :s], mask,
+                         getattr(attn, "scaling", None))  # [B, nkv, g*T, hd]
         o = o.reshape(b, self.nh, t, self.hd)  # [B, nh, T, hd]
         return attn.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # [B, T, H]
+
+    @staticmethod
+    def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None) -> torch.Tensor:
+        """q [B, nkv, g*T, hd]; k, v [B, nkv, S, hd]; mask [B, 1, g*T, S] -> [B, nkv, g*T, hd]."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+    def _capped_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                          scale: float | None) -> torch.Tensor:
+        """`_sdpa` with the scores soft-capped before the mask (Gemma-2's attn_logit_softcapping,
+        which SDPA cannot do), as the model's eager attention computes it: softmax in float32."""
+        scores = softcap(q @ k.transpose(-1, -2) * (scale or self.hd ** -0.5), self.attn_cap)  # [B, nkv, g*T, S]
+        probs = scores.masked_fill(~mask, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
+        return probs @ v  # [B, nkv, g*T, hd]
+
+    def _prenorm_block(self, i: int, layer: nn.Module, h: torch.Tensor, *attn_args: torch.Tensor) -> torch.Tensor:
+        """Decoder layer i on the residual h [B, T, H] (Llama & most): norm, sublayer, add."""
+        h = h + self._attention(i, layer, layer.input_layernorm(h), *attn_args)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def _sandwich_block(self, i: int, layer: nn.Module, h: torch.Tensor, *attn_args: torch.Tensor) -> torch.Tensor:
+        """Decoder layer i on the residual h [B, T, H] (Gemma-2/3): each sublayer's output is
+        normed again before it joins the residual."""
+        h = h + layer.post_attention_layernorm(self._attention(i, layer, layer.input_layernorm(h), *attn_args))
+        return h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
+
+    def _rotary(self, h: torch.Tensor, pos: torch.Tensor, kind: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, 1, T, hd] at positions pos [B, T], for layers of type `kind` (`rotary_types`)."""
+        cos, sin = self.base.rotary_emb(h, pos) if kind is None else self.base.rotary_emb(h, pos, kind)  # [B, T, hd]
+        return cos[:, None], sin[:, None]
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
                  last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """ids, pos, slots [B, T] (the cache slots each row writes); mask [B, 1, T, S] bool. Returns logits [B, T, V] (float32; [B, 1, V] with `last_only`)
         and aux [B, T, n_aux*H] (n_aux = 0 without aux layers)."""
-        h = self.embed(ids)  # [B, T, H]
-        cos, sin = self.base.rotary_emb(h, pos)  # [B, T, hd]
-        cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, hd]
+        h = self.embed(ids)  # [B, T, H] (Gemma's embedding scales by sqrt(H) itself)
+        rope = {kind: self._rotary(h, pos, kind) for kind in dict.fromkeys(self.rotary_types)}  # each type once
         mask = mask.repeat(1, 1, self.nh // self.nkv, 1)  # [B, 1, g*T, S]: one row per grouped query
         aux: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in self.aux_layer_ids:
                 aux[i] = h
-            h = h + self._attention(i, layer, layer.input_layernorm(h), cos, sin, slots, mask)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = self._block(i, layer, h, *rope[self.rotary_types[i]], slots, mask)
         aux[len(self.layers)] = h
         captured = torch.cat([aux[k] for k in self.aux_layer_ids], dim=-1) if self.aux_layer_ids else h[..., :0]  # [B, T, n_aux*H]
         if last_only:
             h = h[:, -1:]  # [B, 1, H]: prompts need only the next token's logits
-        return self.lm_head(self.norm(h)).float(), captured  # [B, T, V]
+        logits = self.lm_head(self.norm(h))  # [B, T, V]
+        if self.logit_cap is not None:  # in the model's dtype, as its forward caps
+            logits = softcap(logits, self.logit_cap)
+        return logits.float(), captured
 
     def _forward_eager(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
                        last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

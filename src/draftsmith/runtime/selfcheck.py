@@ -3,10 +3,12 @@
 not, they fall back to a generic path and say so: never wrong logits in silence.
 
 Three checks, cheapest first; the first that fails gives the reason:
-  - structure (`engine.check_supported`): pre-norm decoder layers with q/k/v/o projections;
+  - structure (`engine.check_supported`): decoder layers with q/k/v/o projections, pre-norm or
+    with Gemma-2/3's sandwich norms, and a rotary embedding;
   - the config (`config_gaps`): settings the fast engine does not implement, such as a sliding
     window shorter than the context the run uses (which the short check prompt never reaches),
-    Granite's multipliers, logit soft-capping, layers without rotary embeddings;
+    Granite's multipliers, bidirectional attention, layers without rotary embeddings
+    (Gemma-2's soft-capping of attention scores and logits it implements);
   - the logits (`logits_gap`), the guard that catches anything else: a short random prompt,
     prefilled through the fast engine and continued by a chain forward from its cache, against
     `model(...)` on the whole prompt. Logits and the aux hidden states must agree within a
@@ -37,8 +39,7 @@ CHECK_PREFILL, CHECK_CHAIN = 24, 8  # tokens of the check prompt: a prefill, the
 # the largest |fast - model| allowed, as a fraction of the largest |model| value (logits, aux states)
 TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 # config settings the fast engine ignores, with the value at which ignoring them is exact
-ASSUMED: dict[str, Any] = {"embedding_multiplier": 1, "residual_multiplier": 1, "logits_scaling": 1,
-                           "final_logit_softcapping": None, "attn_logit_softcapping": None}
+ASSUMED: dict[str, Any] = {"embedding_multiplier": 1, "residual_multiplier": 1, "logits_scaling": 1}
 
 
 def config_gaps(model: nn.Module, max_len: int) -> list[str]:
@@ -46,6 +47,8 @@ def config_gaps(model: nn.Module, max_len: int) -> list[str]:
     attends over up to `max_len` tokens. Empty when nothing is known to be missing."""
     tc = text_config(model.config)
     gaps = [f"{k}={getattr(tc, k)}" for k, v in ASSUMED.items() if getattr(tc, k, v) != v]
+    if getattr(tc, "use_bidirectional_attention", None):  # Gemma-3 embedding models: the engine's mask is causal
+        gaps.append("use_bidirectional_attention=True")
     window = getattr(tc, "sliding_window", None)
     types = getattr(tc, "layer_types", None) or []
     if window is not None and window < max_len and (not types or any(t != "full_attention" for t in types)):
