@@ -14,7 +14,9 @@ ARCHS, built by transformers from its own config classes; fp32, CPU, a few secon
     tests/unit/test_spec_sampling.py's).
 
 ENGINE says which engine each architecture gets, and why the fast one is not it (README's
-architecture table). gpt-oss's attention sinks and DeepSeek-V3's MLA run on the generic path.
+architecture table). gpt-oss's attention sinks and DeepSeek-V3's MLA run on the generic path;
+the windowed models run on it past their window, and Gemma-2/3 whose window covers eval's
+context decode on the fast engine (sandwich norms, soft-caps, Gemma-3's local and global rotary).
 """
 
 from __future__ import annotations
@@ -44,12 +46,13 @@ from draftsmith.train.run import run as train
 from tests.helpers import ARCHS, WINDOW, draft_logits, tiny_causal_lm, write_tokenized_dataset
 
 V, L, NEW = 300, 4, 3 * WINDOW  # the tiny models' vocab and layers; new tokens decoded, well past the window
+CONTEXT = 128  # eval's KV cache: the tokens a run attends over
 LAYERS = [1, 2, 3]  # aux layer ids: the engines capture 1..L-1 only (export refuses 0 and L)
 # the engine eval decodes each architecture on: None for the fast one, else what keeps it off it
 ENGINE = {
     "llama": None, "qwen2": None, "qwen3": None, "qwen3_moe": None,
     "mistral": "sliding_window=8",
-    "gemma2": "pre_feedforward_layernorm", "gemma3": "pre_feedforward_layernorm",
+    "gemma2": f"sliding_window={WINDOW}", "gemma3": f"sliding_window={WINDOW}",
     "phi3": "Phi3DecoderLayer is not one", "cohere": "CohereDecoderLayer is not one",
     "granite": "embedding_multiplier=12.0",
     "deepseek_v3": "DeepseekV3DecoderLayer is not one",
@@ -58,6 +61,8 @@ ENGINE = {
 assert ENGINE.keys() == ARCHS.keys()
 # the generic path verifies trees under a 4-D mask, except where sliding-window cache layers keep only their window
 NO_GENERIC_TREE = {"mistral", "gemma2", "gemma3", "gpt_oss"}
+# Gemma-2/3 with a window of eval's whole context, local and global layers alternating: on the fast engine
+WITHIN_WINDOW = {"sliding_window": CONTEXT, "layer_types": ["sliding_attention", "full_attention"] * (L // 2)}
 
 
 def samples(n: int = 8, seed: int = 0) -> list[list[int]]:
@@ -76,8 +81,8 @@ def run(request, tmp_path_factory, tokenizer):
     target = load_target(str(root / "target"), "cpu", "fp32")
     ds = write_tokenized_dataset(root / "ds", samples())
     with shared_targets(target):
-        extract(ExtractConfig(dataset_dir=ds, target=str(root / "target"), out=root / "store", layers=LAYERS, device="cpu",
-                                dtype="fp32"))
+        extract(ExtractConfig(dataset_dir=ds, target=str(root / "target"), out=root / "store", aux_layer_ids=LAYERS, device="cpu",
+                              dtype="fp32"))
         train(TrainConfig(dataset_dir=ds, target=str(root / "target"), hidden=root / "store", out=root / "train", steps=3,
                           ttt=2, batch_tokens=64, log_every=1, val_fraction=0.25, device="cpu", dtype="fp32"))
     export(ExportConfig(ckpt=root / "train", format="speculators", engine="vllm", out=root / "export", include_embeddings=True))
@@ -88,7 +93,7 @@ def test_extract_equals_output_hidden_states(run):
     _, target, root = run
     reader = StoreReader(root / "store")
     H = target.info.hidden_size
-    assert [int(k) for k in reader.meta["layers"]] == LAYERS and target.info.num_layers == L
+    assert [int(k) for k in reader.meta["aux_layer_ids"]] == LAYERS and target.info.num_layers == L
     for i in range(len(reader)):
         sample = reader[i]
         ids = sample["input_ids"].long()[None]  # [1, T]
@@ -128,12 +133,30 @@ def test_eval_greedy_equals_generate(run, mode):
     layers = drafter.config.aux_layer_ids
     if reason is not None and mode == "tree" and arch in NO_GENERIC_TREE:
         with pytest.raises(UserError, match=f"--mode tree on {type(model).__name__}: .*sliding-window layers"):
-            open_engine(model, layers, 128, mode)
+            open_engine(model, layers, CONTEXT, mode)
         return
-    engine = open_engine(model, layers, 128, mode)
+    engine = open_engine(model, layers, CONTEXT, mode)
     assert isinstance(engine, TargetEngine if reason is None else HFEngine)
     if reason is not None:
         assert reason in engine.reason
+    assert_greedy_equals_generate(model, engine, drafter, mode)
+
+
+@pytest.mark.parametrize("run", ["gemma2", "gemma3"], indirect=True)
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_gemma_within_its_window_decodes_on_the_fast_engine(run, mode, capsys):
+    """The run's Gemma with WITHIN_WINDOW (the same weights: the window shapes no parameter)
+    passes the self-check, and eval's greedy decoding on the fast engine equals `generate`."""
+    arch, _, root = run
+    model = tiny_causal_lm(arch, V, num_hidden_layers=L, **WITHIN_WINDOW)
+    drafter, _ = load_drafter(root / "train")
+    engine = open_engine(model, drafter.config.aux_layer_ids, CONTEXT, mode)
+    assert isinstance(engine, TargetEngine) and capsys.readouterr().err == ""
+    assert_greedy_equals_generate(model, engine, drafter, mode)
+
+
+def assert_greedy_equals_generate(model, engine, drafter, mode: str) -> None:
+    """Plain and speculative greedy decoding (the trained drafter) on `engine` equal `generate`."""
     proposer = DrafterProposer(drafter, Sampling(), engine.max_len, mode=mode, depth=3, top_k=3, total_tokens=8)
     for prompt in samples(2, seed=1):
         ref = hf_greedy(model, prompt, NEW)
