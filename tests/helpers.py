@@ -43,6 +43,7 @@ ARCHS: dict[str, tuple[str, dict]] = {
     "qwen3_moe": ("Qwen3MoeConfig", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
                                      "moe_intermediate_size": 32}),
     "mistral": ("MistralConfig", {"sliding_window": WINDOW}),
+    "gemma": ("GemmaConfig", {"head_dim": 24}),  # head_dim != hidden / heads
     "gemma2": ("Gemma2Config", {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": WINDOW,
                                 "final_logit_softcapping": 0.5, "attn_logit_softcapping": 50.0}),
     "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": WINDOW}),

@@ -52,6 +52,7 @@ LAYERS = [1, 2, 3]  # aux layer ids: the engines capture 1..L-1 only (export ref
 ENGINE = {
     "llama": None, "qwen2": None, "qwen3": None, "qwen3_moe": None,
     "mistral": "sliding_window=8",
+    "gemma": None,
     "gemma2": f"sliding_window={WINDOW}", "gemma3": f"sliding_window={WINDOW}",
     "phi3": "Phi3DecoderLayer is not one", "cohere": "CohereDecoderLayer is not one",
     "granite": "embedding_multiplier=12.0",

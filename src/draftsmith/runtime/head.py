@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from draftsmith.errors import UserError
+from draftsmith.runtime.engine import softcap
 from draftsmith.runtime.selfcheck import TOLERANCE, relative_error
 from draftsmith.target import base_model, text_config
 
@@ -55,7 +56,7 @@ class OutputHead:
         if self.scale != 1.0:
             z = z * self.scale
         if self.softcap is not None:
-            z = self.softcap * torch.tanh(z / self.softcap)
+            z = softcap(z, self.softcap)
         return z
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
