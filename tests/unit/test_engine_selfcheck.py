@@ -1,8 +1,9 @@
 """The engine self-check (runtime/selfcheck.py) and the generic engine (runtime/generic.py) on
-tiny random models: Granite (embedding, residual and logit multipliers) and Mistral with a
-sliding window shorter than the context fail the check, get the generic path, and eval's greedy
-speculative output equals `model.generate`; Llama passes and keeps the fast engine. GPU synth
-refuses or avoids the fast engine for the failing ones."""
+tiny random models: Granite (embedding, residual and logit multipliers) fails the check, gets the
+generic path, and eval's greedy speculative output equals `model.generate`; Llama and Mistral
+(a sliding window shorter than the context) pass and keep the fast engine, whose output equals
+`generate` past the window; the check's prompt goes past the window, so an engine without it
+fails. GPU synth refuses or avoids the fast engine for the failing ones."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 import torch
 
 from draftsmith.errors import UserError
-from draftsmith.evaluate.decode import plain_generate, spec_generate
+from draftsmith.evaluate.decode import decode, plain_generate, spec_generate
 from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, random_drafter
 from draftsmith.layers import default_aux_layers
+from draftsmith.runtime import engine as engine_module
+from draftsmith.runtime import selfcheck
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
@@ -46,42 +49,68 @@ PROMPTS = [torch.randint(3, V, (n,), generator=torch.Generator().manual_seed(n))
 
 def test_llama_passes_and_keeps_the_fast_engine(capsys):
     model = tiny("llama")
-    assert config_gaps(model, 4096) == [] and fast_engine_problem(model, aux_ids(model), 4096) is None
+    assert config_gaps(model) == [] and fast_engine_problem(model, aux_ids(model), 4096) is None
     assert isinstance(open_engine(model, aux_ids(model), 256, mode="tree"), TargetEngine)
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("kind, gap", [("granite", "embedding_multiplier=12.0"), ("mistral", f"sliding_window={WINDOW}")])
-def test_check_fails_on_config_and_on_logits_alone(kind, gap):
-    model = tiny(kind)
-    assert any(g.startswith(gap) for g in config_gaps(model, 64))
+def test_check_fails_on_config_and_on_logits_alone():
+    model = tiny("granite")
+    assert any(g.startswith("embedding_multiplier=12.0") for g in config_gaps(model))
     assert "logits differ" in logits_gap(model, aux_ids(model))  # the guard catches it without the config check
-    assert gap in fast_engine_problem(model, aux_ids(model), 64)
+    assert "embedding_multiplier=12.0" in fast_engine_problem(model, aux_ids(model), 64)
 
 
-def test_window_longer_than_the_run_is_no_gap():
-    assert config_gaps(tiny("mistral"), WINDOW) == []
+def test_the_check_covers_the_sliding_window(monkeypatch):
+    """Mistral's WINDOW-token window passes the check; an engine that ignores the window fails
+    it, on a run longer than the window, because the check's prompt then goes past the window."""
+    model = tiny("mistral")
+    assert config_gaps(model) == [] and fast_engine_problem(model, aux_ids(model), 64) is None
+    monkeypatch.setattr(engine_module, "sliding_layers", lambda m: (None, [False] * len(decoder_layers(m))))
+    assert "logits differ" in fast_engine_problem(model, aux_ids(model), 64)
+    for name in ("CHECK_PREFILL", "CHECK_CHAIN"):  # a prompt of WINDOW tokens, for a run of as many
+        monkeypatch.setattr(selfcheck, name, WINDOW // 2)
+    assert fast_engine_problem(model, aux_ids(model), WINDOW) is None  # within the window, it cannot tell
 
 
-@pytest.mark.parametrize("kind", ["granite", "mistral"])
-def test_fallback_greedy_equals_generate(kind, capsys):
-    """eval's decoding on the engine open_engine picks: plain and speculative (random drafter:
-    every draft rejected; oracle of a corrupted reference: 0..2 of 3 accepted, so the cache is
-    cropped by every amount) equal the model's own greedy `generate`, past the sliding window."""
+@pytest.mark.parametrize("kind, mode", [("granite", "chain"), ("mistral", "chain"), ("mistral", "tree")])
+def test_greedy_equals_generate_on_the_engine_open_engine_picks(kind, mode, capsys):
+    """eval's decoding on the engine open_engine picks (Granite: generic; Mistral: fast, with its
+    window): plain and speculative (random drafter: every draft rejected; oracle of a corrupted
+    reference: 0..2 of 3 accepted, so the cache is cropped or compacted by every amount) equal
+    the model's own greedy `generate`, past the sliding window."""
     model = tiny(kind)
-    engine = open_engine(model, aux_ids(model), 128)
-    assert isinstance(engine, HFEngine)
+    engine = open_engine(model, aux_ids(model), 128, mode=mode)
     err = capsys.readouterr().err
-    assert f"{type(model).__name__}: not on the fast engine" in err and "generic path" in err
-    drafter = DrafterProposer(random_drafter(model), Sampling(), engine.max_len, mode="chain", depth=3)
+    if kind == "granite":
+        assert isinstance(engine, HFEngine)
+        assert f"{type(model).__name__}: not on the fast engine" in err and "generic path" in err
+    else:
+        assert isinstance(engine, TargetEngine) and err == ""
+    drafter = DrafterProposer(random_drafter(model), Sampling(), engine.max_len, mode=mode, depth=3, top_k=3, total_tokens=8)
     for prompt in PROMPTS:
         ref = hf_greedy(model, prompt, NEW)
         assert plain_generate(engine, prompt, NEW, set(), Sampling()).tokens == ref
         assert spec_generate(engine, drafter, prompt, NEW, set(), Sampling()).tokens == ref
         seq = prompt + ref
         wrong = [t if i < len(prompt) or i % 3 else (t + 1) % V for i, t in enumerate(seq)]
-        spec = spec_generate(engine, OracleProposer(wrong, depth=3), prompt, NEW, set(), Sampling())
+        spec = spec_generate(engine, OracleProposer(wrong, mode=mode, depth=3), prompt, NEW, set(), Sampling())
         assert spec.tokens == ref and {0, 1, 2} <= set(spec.accepts)
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_windowed_rows_of_other_lengths_decode_as_generate(mode):
+    """Mistral on the fast engine with two rows (`eval --batch-size 2`): the shorter prompt is
+    left-padded, so its slots and positions differ, and the window goes by position. Each row's
+    plain and speculative greedy answer equals `generate`, past the window."""
+    model = tiny("mistral")
+    engine = open_engine(model, aux_ids(model), 128, mode=mode, batch=2)
+    assert isinstance(engine, TargetEngine)
+    drafter = DrafterProposer(random_drafter(model), Sampling(), engine.max_len, mode=mode, depth=3, top_k=3, total_tokens=8,
+                              batch=2)
+    refs = [hf_greedy(model, prompt, NEW) for prompt in PROMPTS]
+    assert [t.tokens for t in decode(engine, PROMPTS, NEW, set(), Sampling())] == refs
+    assert [t.tokens for t in decode(engine, PROMPTS, NEW, set(), Sampling(), drafter)] == refs
 
 
 @pytest.mark.parametrize("kind", ["granite", "mistral"])
@@ -102,12 +131,12 @@ def test_generic_engine_crops_and_captures_layer_ids(kind):
 
 def test_tree_on_the_generic_path_runs_or_is_refused_with_the_reason():
     """Granite (off the fast engine by its multipliers) verifies trees on the generic path;
-    Gemma-3's sliding-window cache layers cannot, and `--mode tree` says so."""
+    gpt-oss (off it too) has sliding-window cache layers, which cannot, and `--mode tree` says so."""
     granite = tiny("granite")
     assert isinstance(open_engine(granite, aux_ids(granite), 128, mode="tree"), HFEngine)
-    gemma = tiny("gemma3")
-    with pytest.raises(UserError, match="--mode tree on Gemma3ForCausalLM: .*sliding-window layers.*--mode chain"):
-        open_engine(gemma, aux_ids(gemma), 128, mode="tree")
+    gpt_oss = tiny("gpt_oss")
+    with pytest.raises(UserError, match="--mode tree on GptOssForCausalLM: .*sliding-window layers.*--mode chain"):
+        open_engine(gpt_oss, aux_ids(gpt_oss), 128, mode="tree")
 
 
 def test_synth_takes_generate_or_refuses_when_the_check_fails(tokenizer, capsys):

@@ -12,9 +12,11 @@ the cache. Covered (`check_supported`; selfcheck.py holds every model against it
     attention scores soft-capped before the mask (`attn_logit_softcapping`, then a plain
     attention instead of SDPA), logits soft-capped (`final_logit_softcapping`), and Gemma-3's
     q/k norms and per-layer-type rotary (local layers rotate at their own base frequency: the
-    model's rotary embedding called with each layer's type).
-Sliding windows are not implemented: every layer attends over the whole cache, which is exact
-only while the run's context fits the window (selfcheck.config_gaps refuses longer runs).
+    model's rotary embedding called with each layer's type);
+  - sliding windows (Mistral, Gemma-2/3's local layers): the cache keeps every slot, and a
+    sliding layer's mask also drops the slots more than `sliding_window` positions back (each
+    slot's position is kept beside the cache, so left-padded rows and draft trees are windowed
+    by position, not by slot).
 
 With one code path, that gives:
 
@@ -97,6 +99,16 @@ def rotary_types(model: nn.Module) -> list[str | None]:
     return list(text_config(model.config).layer_types)
 
 
+def sliding_layers(model: nn.Module) -> tuple[int | None, list[bool]]:
+    """The sliding window (None without one) and, per decoder layer, whether it slides: the
+    layers that `layer_types` calls `sliding_attention`, or every layer of a model with a
+    window and no layer types (Mistral)."""
+    tc, n = text_config(model.config), len(decoder_layers(model))
+    window, types = getattr(tc, "sliding_window", None), getattr(tc, "layer_types", None)
+    sliding = [False] * n if window is None else [t == "sliding_attention" for t in types] if types else [True] * n
+    return (int(window) if any(sliding) else None), sliding
+
+
 class Graphed:
     """A function of fixed-shape tensors captured in a CUDA graph. Calling it copies the
     arguments into the static input buffers and replays; the outputs are static buffers too,
@@ -148,9 +160,12 @@ class TargetEngine:
         self.logit_cap = getattr(tc, "final_logit_softcapping", None)  # and on the logits
         self._attend = self._sdpa if self.attn_cap is None else self._capped_attention
         self._block = self._sandwich_block if is_sandwich(self.layers[0]) else self._prenorm_block
+        self.window, self.sliding = sliding_layers(model)
         shape = (batch, self.nkv, max_len, self.hd)
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        # with a window: the position of the token in each cache slot, written by every forward
+        self.slot_pos = torch.zeros(batch, max_len, dtype=torch.long, device=self.device) if self.window else None
         self.graphs: dict[tuple[int, int], Graphed] = {}  # (tokens, cache slots attended) -> graph
         self.row_graphs: dict[int, Graphed] = {}  # tokens -> graph of `rows_forward`
         self.compactions: dict[int, Graphed] = {}  # rows moved -> graph of `compact`
@@ -219,12 +234,12 @@ class TargetEngine:
         and aux [B, T, n_aux*H] (n_aux = 0 without aux layers)."""
         h = self.embed(ids)  # [B, T, H] (Gemma's embedding scales by sqrt(H) itself)
         rope = {kind: self._rotary(h, pos, kind) for kind in dict.fromkeys(self.rotary_types)}  # each type once
-        mask = mask.repeat(1, 1, self.nh // self.nkv, 1)  # [B, 1, g*T, S]: one row per grouped query
+        masks = self._masks(pos, slots, mask)  # sliding or not -> [B, 1, g*T, S]
         aux: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in self.aux_layer_ids:
                 aux[i] = h
-            h = self._block(i, layer, h, *rope[self.rotary_types[i]], slots, mask)
+            h = self._block(i, layer, h, *rope[self.rotary_types[i]], slots, masks[self.sliding[i]])
         aux[len(self.layers)] = h
         captured = torch.cat([aux[k] for k in self.aux_layer_ids], dim=-1) if self.aux_layer_ids else h[..., :0]  # [B, T, n_aux*H]
         if last_only:
@@ -233,6 +248,19 @@ class TargetEngine:
         if self.logit_cap is not None:  # in the model's dtype, as its forward caps
             logits = softcap(logits, self.logit_cap)
         return logits.float(), captured
+
+    def _masks(self, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> dict[bool, torch.Tensor]:
+        """{False: the full layers' mask, True: the sliding layers'}, each [B, 1, g*T, S], one row
+        per grouped query. A sliding layer's query at position p sees only the slots whose
+        tokens sit at positions > p - window (transformers' sliding-window overlay); pos, slots
+        [B, T]; mask [B, 1, T, S]."""
+        g = self.nh // self.nkv
+        full = mask.repeat(1, 1, g, 1)
+        if self.slot_pos is None:
+            return {False: full, True: full}
+        self.slot_pos.scatter_(1, slots, pos)  # [B, max_len]: these tokens' positions, at their slots
+        near = self.slot_pos[:, None, None, :mask.shape[-1]] > pos[:, None, :, None] - self.window  # [B, 1, T, S]
+        return {False: full, True: (mask & near).repeat(1, 1, g, 1)}
 
     def _forward_eager(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
                        last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,6 +320,8 @@ class TargetEngine:
 
     def _compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         b, n = src.shape
+        if self.slot_pos is not None:  # the moved tokens keep their positions
+            self.slot_pos.scatter_(1, dst, self.slot_pos.gather(1, src))
         src, dst = (x[:, None, :, None].expand(b, self.nkv, n, self.hd) for x in (src, dst))  # [B, nkv, n, hd]
         for kc, vc in zip(self.k_cache, self.v_cache, strict=True):
             kc.scatter_(2, dst, kc.gather(2, src))

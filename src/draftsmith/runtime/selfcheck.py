@@ -5,14 +5,16 @@ not, they fall back to a generic path and say so: never wrong logits in silence.
 Three checks, cheapest first; the first that fails gives the reason:
   - structure (`engine.check_supported`): decoder layers with q/k/v/o projections, pre-norm or
     with Gemma-2/3's sandwich norms, and a rotary embedding;
-  - the config (`config_gaps`): settings the fast engine does not implement, such as a sliding
-    window shorter than the context the run uses (which the short check prompt never reaches),
-    Granite's multipliers, bidirectional attention, layers without rotary embeddings
-    (Gemma-2's soft-capping of attention scores and logits it implements);
-  - the logits (`logits_gap`), the guard that catches anything else: a short random prompt,
+  - the config (`config_gaps`): settings the fast engine does not implement, such as
+    Granite's multipliers, bidirectional attention, layer types other than full and sliding
+    attention, layers without rotary embeddings (Gemma-2's soft-capping of attention scores and
+    logits and sliding windows it implements);
+  - the logits (`logits_gap`), the guard that catches anything else: a random prompt,
     prefilled through the fast engine and continued by a chain forward from its cache, against
     `model(...)` on the whole prompt. Logits and the aux hidden states must agree within a
-    tolerance of the dtype; the fast engine failing to run at all counts as a gap too.
+    tolerance of the dtype; the fast engine failing to run at all counts as a gap too. When the
+    run goes past the model's sliding window, so does the prompt (a window-long forward), and
+    the windowed masks are checked too.
 
 `open_engine` builds the engine `eval` decodes with: the fast one, or `HFEngine` (generic.py)
 after one log line naming the model class and the reason. `fast_engine_problem` is the verdict
@@ -29,7 +31,7 @@ from torch import nn
 
 from draftsmith.errors import UserError
 from draftsmith.runtime.capture import hooked
-from draftsmith.runtime.engine import TargetEngine, check_supported
+from draftsmith.runtime.engine import TargetEngine, check_supported, sliding_layers
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.target import text_config
 
@@ -42,17 +44,16 @@ TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 ASSUMED: dict[str, Any] = {"embedding_multiplier": 1, "residual_multiplier": 1, "logits_scaling": 1}
 
 
-def config_gaps(model: nn.Module, max_len: int) -> list[str]:
-    """What the model's config asks for that the fast engine does not do, for a run that
-    attends over up to `max_len` tokens. Empty when nothing is known to be missing."""
+def config_gaps(model: nn.Module) -> list[str]:
+    """What the model's config asks for that the fast engine does not do. Empty when nothing
+    is known to be missing."""
     tc = text_config(model.config)
     gaps = [f"{k}={getattr(tc, k)}" for k, v in ASSUMED.items() if getattr(tc, k, v) != v]
     if getattr(tc, "use_bidirectional_attention", None):  # Gemma-3 embedding models: the engine's mask is causal
         gaps.append("use_bidirectional_attention=True")
-    window = getattr(tc, "sliding_window", None)
-    types = getattr(tc, "layer_types", None) or []
-    if window is not None and window < max_len and (not types or any(t != "full_attention" for t in types)):
-        gaps.append(f"sliding_window={window} (shorter than the {max_len} tokens this run attends over)")
+    other = sorted(set(getattr(tc, "layer_types", None) or []) - {"full_attention", "sliding_attention"})
+    if other:
+        gaps.append(f"layer_types {other}")
     no_rope = getattr(tc, "no_rope_layers", None)
     if no_rope and not all(no_rope):
         gaps.append("layers without rotary embeddings (no_rope_layers)")
@@ -66,17 +67,20 @@ def relative_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def logits_gap(model: nn.Module, aux_layer_ids: list[int]) -> str | None:
-    """Run a random prompt of CHECK_PREFILL + CHECK_CHAIN tokens through a small fast engine
-    (prefill, then a chain forward from its cache) and through `model(...)`; the gap between
-    their logits or aux states (layers `aux_layer_ids`), or None within tolerance."""
+def logits_gap(model: nn.Module, aux_layer_ids: list[int], max_len: int = 0) -> str | None:
+    """Run a random prompt through a small fast engine (a prefill of CHECK_PREFILL tokens, plus
+    the sliding window when a run over `max_len` tokens goes past it; then a chain forward of
+    CHECK_CHAIN from its cache) and through `model(...)`; the gap between their logits or aux
+    states (layers `aux_layer_ids`), or None within tolerance."""
     p = next(model.parameters())
     tol = TOLERANCE.get(p.dtype, TOLERANCE[torch.float16])
+    window, _ = sliding_layers(model)
+    prefill = CHECK_PREFILL + (window if window is not None and window < max_len else 0)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, int(text_config(model.config).vocab_size), (CHECK_PREFILL + CHECK_CHAIN,), generator=gen).to(p.device)
-    engine = TargetEngine(model, aux_layer_ids, CHECK_PREFILL + CHECK_CHAIN + 1)
-    head, head_aux = engine.prefill(ids[:CHECK_PREFILL])  # [P, V], [P, n_aux*H]
-    tail, tail_aux = engine.chain(ids[CHECK_PREFILL:], CHECK_PREFILL)  # [C, V], [C, n_aux*H]
+    ids = torch.randint(0, int(text_config(model.config).vocab_size), (prefill + CHECK_CHAIN,), generator=gen).to(p.device)
+    engine = TargetEngine(model, aux_layer_ids, prefill + CHECK_CHAIN + 1)
+    head, head_aux = engine.prefill(ids[:prefill])  # [P, V], [P, n_aux*H]
+    tail, tail_aux = engine.chain(ids[prefill:], prefill)  # [C, V], [C, n_aux*H]
     with hooked(model, aux_layer_ids) as captured:
         ref = model(input_ids=ids[None], use_cache=False).logits[0]  # [P+C, V]
     compared = [("logits", torch.cat([head, tail]), ref)]
@@ -120,11 +124,11 @@ def fast_engine_problem(model: nn.Module, aux_layer_ids: list[int], max_len: int
         check_supported(model)
     except UserError as e:
         return str(e)
-    gaps = config_gaps(model, max_len)
+    gaps = config_gaps(model)
     if gaps:
         return "its config sets what the fast engine ignores: " + ", ".join(gaps)
     try:
-        return logits_gap(model, aux_layer_ids)
+        return logits_gap(model, aux_layer_ids, max_len)
     except Exception as e:  # the fast engine crashing on a model (shapes, missing modules) means it does not cover it
         return f"the fast engine fails on it: {type(e).__name__}: {e}"
 
