@@ -5,6 +5,11 @@
     accept_per_position     P(draft position j accepted), j = 1..max depth, over all steps
     accept_conditional      P(position j accepted | position j-1 accepted)
     tau_distribution        {tokens per step: number of steps}
+    tau_by_turn             {turn number (1 = a question's first turn): tau over those turns}
+    tau_by_answer_half      {"first", "second": tau over the first / second half of each answer's
+                            verification steps}: a target that repeats itself late in its answers
+                            (small models do) lifts the second half, which a validation split of
+                            other answers does not see
     speedup                 spec decode tok/s / plain decode tok/s (same engine, prompts, run,
                             batch size and temperature); null when no plain run was made
 """
@@ -59,6 +64,11 @@ def build_report(turns: list[dict[str, Any]], depth: int, meta: dict[str, Any]) 
         cat: {"turns": len(rows), **speed(rows), "tau": acceptance([a for t in rows for a in t["accepts"]], depth)["tau"]}
         for cat, rows in sorted(by_cat.items())
     }
+    by_turn: dict[int, list[int]] = defaultdict(list)
+    for t in turns:
+        by_turn[t.get("turn", 1)] += t["accepts"]
+    halves = {"first": [a for t in turns for a in t["accepts"][: len(t["accepts"]) // 2]],
+              "second": [a for t in turns for a in t["accepts"][len(t["accepts"]) // 2 :]]}
     greedy_checked = [t["matches_plain"] for t in timed if t.get("matches_plain") is not None]
     wide_checked = [t["wide_matches_plain"] for t in timed if t.get("wide_matches_plain") is not None]
     return {
@@ -70,6 +80,8 @@ def build_report(turns: list[dict[str, Any]], depth: int, meta: dict[str, Any]) 
         "verify_shape_turns_checked": len(wide_checked),  # --kernel-check: plain decoding through the verification forward's shape
         "verify_shape_turns_matching_plain": sum(wide_checked),
         "categories": categories,
+        "tau_by_turn": {str(n): acceptance(a, depth)["tau"] for n, a in sorted(by_turn.items())},
+        "tau_by_answer_half": {half: acceptance(a, depth)["tau"] for half, a in halves.items()},
         **meta,
     }
 
@@ -84,7 +96,9 @@ def markdown(r: dict[str, Any]) -> str:
         f"- {r['questions']} questions, {r['turns']} turns, {r['tokens']} tokens, temperature {r['temperature']}, "
         f"max {r['max_new_tokens']} new tokens per turn, batch size {r.get('batch_size', 1)} (each row its own question; "
         "plain decoding at the same batch size)",
-        f"- **tau {r['tau']:.3f}** tokens per verification ({r['steps']} steps)",
+        f"- **tau {r['tau']:.3f}** tokens per verification ({r['steps']} steps); by turn "
+        + ", ".join(f"{n}: {tau:.2f}" for n, tau in r["tau_by_turn"].items())
+        + f"; first / second half of each answer {r['tau_by_answer_half']['first']:.2f} / {r['tau_by_answer_half']['second']:.2f}",
         f"- decode: speculative {fmt(r['spec_tok_per_s'], '{:.1f}')} tok/s, plain {fmt(r['plain_tok_per_s'], '{:.1f}')} tok/s, "
         f"**speed-up {fmt(r['speedup'], '{:.2f}x')}**",
         f"- capture {r['capture_seconds']:.1f} s and warm-up {r['warmup_seconds']:.1f} s (not in decode time); wall {r['wall_seconds']:.1f} s",

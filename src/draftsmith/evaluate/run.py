@@ -173,8 +173,8 @@ def run(cfg: EvalConfig) -> Path:
         lines: list[str] = []
         for q, spec_q, plain_q, wide_q in zip(questions, spec_turns, plain_turns, wide_turns, strict=True):
             record = {"question_id": q.question_id, "category": q.category, "turns": [], "token_ids": [], "accepts": []}
-            for s, pt, wt in zip(spec_q, plain_q, wide_q, strict=True):
-                row = {"category": q.category, "accepts": s.accepts, "spec_tokens": len(s.tokens), "spec_seconds": s.seconds}
+            for n, (s, pt, wt) in enumerate(zip(spec_q, plain_q, wide_q, strict=True), start=1):
+                row = {"category": q.category, "turn": n, "accepts": s.accepts, "spec_tokens": len(s.tokens), "spec_seconds": s.seconds}
                 if pt is not None:
                     row.update(plain_tokens=len(pt.tokens), plain_seconds=pt.seconds,
                                matches_plain=(s.tokens == pt.tokens) if spec_sampling.greedy else None)
