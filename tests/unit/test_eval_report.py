@@ -48,7 +48,7 @@ def test_acceptance_numbers():
 
 def test_report_speedup_and_categories(tmp_path):
     turns = [
-        {"category": "a", "accepts": [1, 1], "spec_tokens": 4, "spec_seconds": 1.0, "plain_tokens": 4, "plain_seconds": 2.0, "matches_plain": True},
+        {"category": "a", "turn": 1, "accepts": [1, 1], "spec_tokens": 4, "spec_seconds": 1.0, "plain_tokens": 4, "plain_seconds": 2.0, "matches_plain": True},
         {"category": "b", "turn": 2, "accepts": [0], "spec_tokens": 1, "spec_seconds": 1.0, "plain_tokens": 1, "plain_seconds": 0.5, "matches_plain": False},
     ]
     meta = {"mode": "chain", "bench": "x", "target": "t", "drafter": "d", "device": "cpu", "dtype": "float32", "cuda_graphs": False,
@@ -58,7 +58,7 @@ def test_report_speedup_and_categories(tmp_path):
     assert r["spec_tok_per_s"] == 2.5 and r["plain_tok_per_s"] == pytest.approx(2.0) and r["speedup"] == pytest.approx(1.25)
     assert r["categories"]["a"]["speedup"] == 2.0 and r["categories"]["b"]["tau"] == 1.0
     assert r["greedy_turns_checked"] == 2 and r["greedy_turns_matching_plain"] == 1
-    assert r["tau_by_turn"] == {"1": 2.0, "2": 1.0}  # a row without "turn" is a first turn
+    assert r["tau_by_turn"] == {"1": 2.0, "2": 1.0}
     assert r["tau_by_answer_half"] == {"first": 2.0, "second": 1.5}  # [1] | [1] and [0]
     assert "by turn 1: 2.00, 2: 1.00; first / second half of each answer 2.00 / 1.50" in markdown(r)
     no_speed = build_report([{**turns[0], "plain_seconds": None}], depth=2, meta=meta)

@@ -40,7 +40,8 @@ def acceptance(accepts: list[int], depth: int) -> dict[str, Any]:
 
 
 def build_report(turns: list[dict[str, Any]], depth: int, meta: dict[str, Any]) -> dict[str, Any]:
-    """turns: one dict per answered turn with category, accepts, spec_tokens, spec_seconds,
+    """turns: one dict per answered turn with category, turn (1 = the question's first),
+    accepts, spec_tokens, spec_seconds,
     and (when timed) plain_tokens, plain_seconds, matches_plain."""
     all_accepts = [a for t in turns for a in t["accepts"]]
     timed = [t for t in turns if t.get("plain_seconds") is not None]
@@ -66,7 +67,7 @@ def build_report(turns: list[dict[str, Any]], depth: int, meta: dict[str, Any]) 
     }
     by_turn: dict[int, list[int]] = defaultdict(list)
     for t in turns:
-        by_turn[t.get("turn", 1)] += t["accepts"]
+        by_turn[t["turn"]] += t["accepts"]
     halves = {"first": [a for t in turns for a in t["accepts"][: len(t["accepts"]) // 2]],
               "second": [a for t in turns for a in t["accepts"][len(t["accepts"]) // 2 :]]}
     greedy_checked = [t["matches_plain"] for t in timed if t.get("matches_plain") is not None]

@@ -161,6 +161,8 @@ class TargetEngine:
         self._attend = self._sdpa if self.attn_cap is None else self._capped_attention
         self._block = self._sandwich_block if is_sandwich(self.layers[0]) else self._prenorm_block
         self.window, self.sliding = sliding_layers(model)
+        if self.window is not None and self.window >= max_len:  # no two positions of this cache are a window apart
+            self.window = None
         shape = (batch, self.nkv, max_len, self.hd)
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]

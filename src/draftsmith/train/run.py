@@ -197,7 +197,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
 def run(cfg: TrainConfig) -> Path:
     """Train (see the module docstring for what --out holds), --out locked against a second
     writer for the whole run (rank 0 holds the lock for all ranks)."""
-    main = dist_env()[0] == 0
+    main = dist_env().rank == 0
     with output_lock(Path(cfg.out)) if main else contextlib.nullcontext():
         trainer = build_trainer(cfg)
         env, out = trainer.env, trainer.out
