@@ -19,7 +19,7 @@ import yaml
 from draftsmith.train.metrics import read_metrics
 
 KNOBS = ("batch_tokens", "steps", "lr", "optimizer", "schedule", "warmup_ratio", "step_decay", "norm_before_fc",
-         "fc_norm", "norm_output", "head_init", "freeze_head", "aux_noise", "weight_decay")
+         "fc_norm", "norm_output", "head_init", "freeze_head", "aux_noise", "weight_decay", "loss_tokens", "aux_layer_ids")
 
 
 def train_row(folder: Path) -> dict | None:
@@ -66,6 +66,10 @@ def main() -> None:
         if r["step_decay"] != 0.8:
             opts.append(f"step_decay {r['step_decay']}")
         opts += [f"{k} {r[k]:g}" for k in ("aux_noise", "weight_decay") if r[k]]
+        if r["loss_tokens"] not in (None, "answers"):
+            opts.append(f"loss on {r['loss_tokens']} tokens")
+        if r["aux_layer_ids"]:
+            opts.append(f"aux layers {r['aux_layer_ids']}")
         chain = [e["tau"] for e in evals.get(r["name"], {}).values() if e.get("mode") == "chain" and not e.get("temperature")]
         lines.append(f"| {r['name']} | {r['batch_tokens']} × {r['steps']} | {r['lr']:g} | {r['optimizer']} | {r['schedule']} "
                      f"| {', '.join(opts) or '-'} | {r['acc_0']} | {' '.join(f'{c:.2f}' for c in r['cond_acc_k'])} "

@@ -160,3 +160,30 @@ def test_a_second_train_on_one_out_is_refused(dataset, tiny_target_dir, tmp_path
     assert res.exit_code == 2 and "holds no training run" in res.output and not (tmp_path / "fresh").exists()
     assert _train(dataset, tiny_target_dir, out).exit_code == 0
     assert _train(dataset, tiny_target_dir, out, "--overwrite").exit_code == 0 and (out / "drafter").is_dir()
+
+
+def test_loss_tokens_all_trains_the_prompt_too_and_validates_the_answers(dataset, tiny_target_dir):
+    """--loss-tokens all: in training every token of every sample is a trained position (more
+    valid positions than the answer mask gives); in validation the answer mask holds, so val τ
+    stays comparable across runs."""
+    from draftsmith.runtime.head import output_head
+    from draftsmith.train.batching import collate
+    from draftsmith.train.loss import TTTObjective
+
+    target = load_target(str(tiny_target_dir), "cpu", "fp32")
+    ds = load_dataset(dataset)
+    d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=dataset, out=dataset, draft_vocab_size=300), ds, [0, 1], target.info.vocab_size)
+    aux_layer_ids = target.info.default_aux_layers
+    batch = collate(OnlineSource(ds, target.model, aux_layer_ids, 2048, 2048).samples([0, 1]), 96)  # padded row
+    batch["loss_mask"][:, : batch["loss_mask"].shape[1] // 2] = 0  # a "prompt": the row's first half untrained
+    drafter = build_drafter(target, aux_layer_ids, d2t, t2d, TrainConfig(dataset_dir=dataset, out=dataset))
+    n_valid = {}
+    for all_tokens in (False, True):
+        objective = TTTObjective(drafter, output_head(target.model), ttt=2, backend="eager", all_tokens=all_tokens)
+        for mode in ("train", "eval"):
+            getattr(objective, mode)()
+            with torch.no_grad():
+                n_valid[all_tokens, mode] = objective(**batch)[1]["n_valid"].tolist()
+    assert n_valid[True, "eval"] == n_valid[False, "eval"] == n_valid[False, "train"]
+    assert all(a > b for a, b in zip(n_valid[True, "train"], n_valid[False, "train"], strict=True)), n_valid
+    assert TrainConfig(dataset_dir=dataset, out=dataset).loss_tokens == "answers"

@@ -31,6 +31,7 @@ class TrainConfig(CommandConfig):
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps for linear warm-up.")
     weight_decay: float = Field(0.0, ge=0, description="Weight decay.")
     step_decay: float = Field(0.8, gt=0, le=1, description="Loss weight of TTT step k is step_decay**k.")
+    loss_tokens: Literal["answers", "all"] = Field("answers", description="Positions trained on: the answers (prepare's loss mask), or every token of each sample, the prompt's too (the target's distribution there is a teacher as well: more trained positions per row at the same cost). Validation always scores the answers.")
     aux_noise: float = Field(0.0, ge=0, description="Training only: add Gaussian noise of this many RMS (per aux layer and token) to the aux states, a regulariser for small datasets (EAGLE-1's feature noise); 0: none.")
     norm_before_fc: bool = Field(True, description="RMSNorm over the concatenated aux states before fc (served as `input_norm`).")
     fc_norm: bool = Field(False, description="EAGLE-3.1: one RMSNorm per aux layer before fc.")

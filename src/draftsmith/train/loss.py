@@ -7,7 +7,8 @@ Per step k (see `ttt.py` for the alignment), over the valid positions only:
     ce_k     = Σ_t (logsumexp(z) - Σ_v p z) / n_valid_k            = -Σ_v p log softmax(z), as Σ_v p = 1
     loss     = Σ_k step_decay**k ce_k                               (step_decay 0.8 by default)
 
-Valid = same sample × loss_mask[t+2+k] × t2d[argmax of the target's full-vocab logits at t+1+k].
+Valid = same sample × loss_mask[t+2+k] × t2d[argmax of the target's full-vocab logits at t+1+k]
+(loss_mask: prepare's answer mask; in training with --loss-tokens all, every token of the sample).
 
 `head` is the target's own output path (runtime/head.py: final @ lm_headᵀ + bias, then the
 model's scaling or soft-capping), which `train` checks against the model's logits before it
@@ -225,10 +226,11 @@ class TTTObjective(nn.Module):
     """
 
     def __init__(self, drafter: nn.Module, head: OutputHead, ttt: int, backend: str, chunk: int = 4096,
-                 step_decay: float = STEP_WEIGHT, aux_noise: float = 0.0, static: bool = False) -> None:
+                 step_decay: float = STEP_WEIGHT, aux_noise: float = 0.0, static: bool = False,
+                 all_tokens: bool = False) -> None:
         super().__init__()
         self.drafter, self.ttt, self.backend, self.chunk, self.step_decay = drafter, ttt, backend, chunk, step_decay
-        self.aux_noise, self.static = aux_noise, static
+        self.aux_noise, self.static, self.all_tokens = aux_noise, static, all_tokens
         draft_ids = torch.arange(drafter.d2t.numel(), device=drafter.d2t.device) + drafter.d2t  # [Vd] target ids
         self.head = head
         self.draft_head = head.rows(draft_ids.to(head.weight.device))  # [Vd] outputs
@@ -245,7 +247,11 @@ class TTTObjective(nn.Module):
     def forward(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
                 aux: torch.Tensor, final: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """ids, loss_mask, doc, pos [B, T]; aux [B, T, n_aux*H_t]; final [B, T, H_t].
-        Returns the weighted loss and per-step counts {key: [K] float}."""
+        Returns the weighted loss and per-step counts {key: [K] float}. In training with
+        `all_tokens` (train --loss-tokens all), every token of every sample is trained on, the
+        prompt's too; validation keeps the loss mask."""
+        if self.training and self.all_tokens:
+            loss_mask = (doc >= 0).to(loss_mask.dtype)  # [B, T]: all but the row's padding
         step = self.static_step if self.static else self.compacted_step
         return step(ids, loss_mask, doc, pos, aux, final)
 
