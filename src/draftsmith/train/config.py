@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from draftsmith.config import DEFAULT_TARGET, SHARD_HELP, CommandConfig, Shard
 
@@ -25,7 +25,7 @@ class TrainConfig(CommandConfig):
     ttt: int = Field(7, ge=1, description="Training-time-test unroll steps K.")
     steps: int | None = Field(None, gt=0, description="Optimizer steps (overrides --epochs).")
     epochs: float = Field(1.0, gt=0, description="Epochs over the training split.")
-    lr: float = Field(1e-3, gt=0, description="Peak learning rate.")
+    lr: float = Field(2e-3, gt=0, description="Peak learning rate.")
     optimizer: Literal["adamw", "muon"] = Field("muon", description="adamw, or muon (Muon on the hidden weight matrices at AdamW's update RMS, AdamW on norms and lm_head).")
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="Learning-rate decay after the warm-up.")
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps for linear warm-up.")
@@ -33,8 +33,8 @@ class TrainConfig(CommandConfig):
     step_decay: float = Field(0.8, gt=0, le=1, description="Loss weight of TTT step k is step_decay**k.")
     loss_tokens: Literal["answers", "all"] = Field("answers", description="Positions trained on: the answers (prepare's loss mask), or every token of each sample, the prompt's too (the target's distribution there is a teacher as well: more trained positions per row at the same cost). Validation always scores the answers.")
     aux_noise: float = Field(0.0, ge=0, description="Training only: add Gaussian noise of this many RMS (per aux layer and token) to the aux states, a regulariser for small datasets (EAGLE-1's feature noise); 0: none.")
-    norm_before_fc: bool = Field(True, description="RMSNorm over the concatenated aux states before fc (served as `input_norm`).")
-    fc_norm: bool = Field(False, description="EAGLE-3.1: one RMSNorm per aux layer before fc.")
+    norm_before_fc: bool = Field(False, description="One RMSNorm over the concatenated aux states before fc (served as `input_norm`); then --fc-norm is off unless given.")
+    fc_norm: bool | None = Field(None, description="EAGLE-3.1: one RMSNorm per aux layer before fc (served as `fc_norm.{i}`); default: on, unless --norm-before-fc is given.")
     norm_output: bool = Field(True, description="Feed norm(out) instead of out to the next TTT / draft step.")
     norm_before_residual: bool = Field(False, description="The drafter layer's residual is hidden_norm(h) instead of h.")
     head_init: Literal["random", "target"] = Field("target", description="lm_head and final norm: random, or copied from the target (its lm_head rows of the draft vocab, its final norm).")
@@ -59,3 +59,12 @@ class TrainConfig(CommandConfig):
     autocast: bool | None = Field(None, description="bf16 autocast for the drafter; default on for GPU.")
     distributed: Literal["ddp", "fsdp"] = Field("ddp", description="Strategy under torchrun (WORLD_SIZE > 1): DDP, or FSDP2 (fully_shard).")
     overwrite: bool = Field(False, description="Replace an existing output folder (without --resume).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_aux_norm(cls, data: Any) -> Any:
+        """fc_norm not given: the per-layer norm, unless norm_before_fc asks for the other one
+        (each engine serves one aux-state norm; export refuses a drafter with both)."""
+        if isinstance(data, dict) and data.get("fc_norm") is None:
+            data = {**data, "fc_norm": not data.get("norm_before_fc", False)}
+        return data
