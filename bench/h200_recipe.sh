@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The H200 run behind BENCHMARKS.md, on a 2-GPU host (nvidia-h200-x2):
 #   GPU 0  recipes/h200.yaml with today's defaults at its full budget (issue 13's targets): the
-#          data, train_online (31.8M tokens), the vLLM export, then MT-bench chain and tree
+#          data, train_online (31.8M tokens), the vLLM export, then MT-bench chain and tree, then
+#          the store and offline training (the offline reader's throughput at recipe scale)
 #   GPU 1  the GPU tests while the data is made; then recipes/ablation3_h200.yaml's first two
 #          runs side by side and their MT-bench τ; then, with abl3_defaults' drafter on a GPU that
 #          runs nothing else, issue 15's cycle breakdown and batch sizes 1/4/16, `eval
@@ -33,6 +34,8 @@ lane_recipe() {
   step recipe 1800 python3 -m draftsmith pipeline recipes/h200.yaml --only \
     synth,magpie,magpie2,prepare,vocab,train_online,export_vllm,eval_chain || return
   step eval_tree 600 python3 -m draftsmith pipeline recipes/h200.yaml --only eval_tree
+  # issue 13 item 5: the offline reader at recipe scale (a 27 GB store), if the time is left
+  step offline 600 python3 -m draftsmith pipeline recipes/h200.yaml --only extract,train_offline
 }
 lane_gpu1() {
   export CUDA_VISIBLE_DEVICES=1
