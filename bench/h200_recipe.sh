@@ -9,7 +9,7 @@
 #          --kernel-check` and `eval --tree auto`; then the ablation's last two runs
 # The two GPUs share the host's CPUs (online training is host-bound), so tok/s here is lower
 # than on a quiet host.
-#   setsid bash bench/h200_recipe.sh &     # then: draftsmith status /root/runs/h200
+#   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 540
 # Needs the embedded default's GGUF at $GGUF (and `gguf` importable); reruns skip finished steps;
 # no step starts after $DEADLINE and none runs past $HARD_DEADLINE (epoch seconds; default: 22
 # and 25 minutes after the start), so the lease's end cuts nothing unseen.

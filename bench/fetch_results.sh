@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One polling call of a device lease while an H200 driver (h200_recipe.sh, ablation_h200.sh) runs
+# in its own session: wait up to SECONDS for $R/ALL_DONE, print the steps so far and each run's
+# progress, and pack every small result file (logs, metrics, reports, plots; no weights, stores
+# or datasets) into $OUT/res.tgz, which the device tool brings back.
+#   bash bench/fetch_results.sh 540
+# Call it again at once after each return: a lease left idle for 30 s is given back, and what the
+# driver wrote after the last call is lost with it.
+set -uo pipefail
+R=${R:-/root/results}
+wait_s=${1:-540}
+for _ in $(seq $(( wait_s / 5 ))); do [ -f "$R/ALL_DONE" ] && break; sleep 5; done
+cat "$R/steps.log" 2>/dev/null
+for f in /root/runs/*/*/progress.json; do
+  [ -f "$f" ] && python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[1], d.get('status'), d.get('done'), '/', d.get('total'), d.get('tok_per_s'))" "$f"
+done
+cd /root && find runs results eval_* -type f -size -3M ! -name '*.safetensors' ! -name '*.pt' ! -name '*.arrow' \
+  ! -name '*.bin' ! -name '*.jsonl.tmp' 2>/dev/null | tar czf "${OUT:-/tmp}/res.tgz" -T -
+ls -la "${OUT:-/tmp}"
