@@ -67,6 +67,7 @@ def test_head_from_target_frozen_with_muon(dataset, tiny_target_dir, tmp_path):
     assert res.exit_code == 0, res.output
     model, manifest = load_drafter(tmp_path / "run")
     assert model.config.norm_before_fc and model.config.norm_output
+    assert not model.config.fc_norm  # --norm-before-fc alone turns the default per-layer norm off
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
     draft_ids = torch.arange(model.d2t.numel()) + model.d2t
     torch.testing.assert_close(model.lm_head.weight, lm_head_weight(target.model)[draft_ids].float())
@@ -187,3 +188,16 @@ def test_loss_tokens_all_trains_the_prompt_too_and_validates_the_answers(dataset
     assert n_valid[True, "eval"] == n_valid[False, "eval"] == n_valid[False, "train"]
     assert all(a > b for a, b in zip(n_valid[True, "train"], n_valid[False, "train"], strict=True)), n_valid
     assert TrainConfig(dataset_dir=dataset, out=dataset).loss_tokens == "answers"
+
+
+def test_one_aux_norm_by_default():
+    """The per-layer fc_norm is the default; --norm-before-fc alone switches to the one norm over
+    the concatenation (never both unless both are asked for, which export then refuses)."""
+    def arch(**kw):
+        cfg = TrainConfig(dataset_dir="d", out="o", **kw)
+        return cfg.norm_before_fc, cfg.fc_norm
+
+    assert arch() == (False, True)
+    assert arch(norm_before_fc=True) == (True, False)
+    assert arch(fc_norm=False) == (False, False)
+    assert arch(norm_before_fc=True, fc_norm=True) == (True, True)
