@@ -122,27 +122,40 @@ def test_aux_noise_scales_with_each_layer_and_only_trains():
     assert torch.allclose(rel, torch.full((2,), 0.1), rtol=0.05), rel
 
 
-def test_aux_noise_changes_training_not_validation(dataset, tiny_target_dir):
+def _objective_setup(dataset, target_dir, pad_to=None):
+    """A row of the dataset's first two samples through the tiny target (padded to `pad_to`),
+    and `outcome(**options)`: a TTTObjective with those options on that row (one drafter for
+    all), in train and in eval mode from the same seed -> {mode: (loss, per-step counts)}."""
     from draftsmith.runtime.head import output_head
     from draftsmith.train.batching import collate
     from draftsmith.train.loss import TTTObjective
 
-    target = load_target(str(tiny_target_dir), "cpu", "fp32")
+    target = load_target(str(target_dir), "cpu", "fp32")
     ds = load_dataset(dataset)
     d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=dataset, out=dataset, draft_vocab_size=300), ds, [0, 1], target.info.vocab_size)
     aux_layer_ids = target.info.default_aux_layers
-    batch = collate(OnlineSource(ds, target.model, aux_layer_ids, 2048, 2048).samples([0, 1]), None)
+    batch = collate(OnlineSource(ds, target.model, aux_layer_ids, 2048, 2048).samples([0, 1]), pad_to)
     drafter = build_drafter(target, aux_layer_ids, d2t, t2d, TrainConfig(dataset_dir=dataset, out=dataset))
-    losses = {}
-    for noise in (0.0, 0.5):
-        objective = TTTObjective(drafter, output_head(target.model), ttt=2, backend="eager", aux_noise=noise)
+
+    def outcome(**options) -> dict[str, tuple[float, dict[str, torch.Tensor]]]:
+        objective = TTTObjective(drafter, output_head(target.model), ttt=2, backend="eager", **options)
+        out = {}
         for mode in ("train", "eval"):
             getattr(objective, mode)()
             torch.manual_seed(0)
             with torch.no_grad():
-                losses[noise, mode] = float(objective(**batch)[0])
-    assert losses[0.0, "eval"] == losses[0.5, "eval"] == losses[0.0, "train"]
-    assert losses[0.5, "train"] != losses[0.0, "train"]
+                loss, counts = objective(**batch)
+            out[mode] = (float(loss), counts)
+        return out
+
+    return batch, outcome
+
+
+def test_aux_noise_changes_training_not_validation(dataset, tiny_target_dir):
+    _, outcome = _objective_setup(dataset, tiny_target_dir)
+    clean, noisy = outcome(aux_noise=0.0), outcome(aux_noise=0.5)
+    assert clean["eval"][0] == noisy["eval"][0] == clean["train"][0]
+    assert noisy["train"][0] != clean["train"][0]
 
 
 def test_a_second_train_on_one_out_is_refused(dataset, tiny_target_dir, tmp_path):
@@ -167,26 +180,13 @@ def test_loss_tokens_all_trains_the_prompt_too_and_validates_the_answers(dataset
     """--loss-tokens all: in training every token of every sample is a trained position (more
     valid positions than the answer mask gives); in validation the answer mask holds, so val τ
     stays comparable across runs."""
-    from draftsmith.runtime.head import output_head
-    from draftsmith.train.batching import collate
-    from draftsmith.train.loss import TTTObjective
-
-    target = load_target(str(tiny_target_dir), "cpu", "fp32")
-    ds = load_dataset(dataset)
-    d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=dataset, out=dataset, draft_vocab_size=300), ds, [0, 1], target.info.vocab_size)
-    aux_layer_ids = target.info.default_aux_layers
-    batch = collate(OnlineSource(ds, target.model, aux_layer_ids, 2048, 2048).samples([0, 1]), 96)  # padded row
+    batch, outcome = _objective_setup(dataset, tiny_target_dir, pad_to=96)  # a padded row
     batch["loss_mask"][:, : batch["loss_mask"].shape[1] // 2] = 0  # a "prompt": the row's first half untrained
-    drafter = build_drafter(target, aux_layer_ids, d2t, t2d, TrainConfig(dataset_dir=dataset, out=dataset))
-    n_valid = {}
-    for all_tokens in (False, True):
-        objective = TTTObjective(drafter, output_head(target.model), ttt=2, backend="eager", all_tokens=all_tokens)
-        for mode in ("train", "eval"):
-            getattr(objective, mode)()
-            with torch.no_grad():
-                n_valid[all_tokens, mode] = objective(**batch)[1]["n_valid"].tolist()
-    assert n_valid[True, "eval"] == n_valid[False, "eval"] == n_valid[False, "train"]
-    assert all(a > b for a, b in zip(n_valid[True, "train"], n_valid[False, "train"], strict=True)), n_valid
+    answers, everything = outcome(all_tokens=False), outcome(all_tokens=True)
+    n_valid = {(name, mode): r[mode][1]["n_valid"].tolist()
+               for name, r in (("answers", answers), ("all", everything)) for mode in ("train", "eval")}
+    assert n_valid["all", "eval"] == n_valid["answers", "eval"] == n_valid["answers", "train"]
+    assert all(a > b for a, b in zip(n_valid["all", "train"], n_valid["answers", "train"], strict=True)), n_valid
     assert TrainConfig(dataset_dir=dataset, out=dataset).loss_tokens == "answers"
 
 
