@@ -14,21 +14,11 @@
 # $HARD_DEADLINE (epoch seconds; default: 21 and 25 minutes after the start).
 # bench/summarise_ablation.py turns /root/runs/h200 into the table of docs/train.md.
 set -uo pipefail
-R=${R:-/root/results}
-GGUF=${GGUF:-/root/m/SmolLM2-135M-Instruct.Q4_1.gguf}
-HF=/root/smollm2-hf
-RUN=/root/runs/h200
-Y=recipes/ablation2_h200.yaml
-export DEADLINE=${DEADLINE:-$(( $(date +%s) + 21 * 60 ))}
-export HARD_DEADLINE=${HARD_DEADLINE:-$(( DEADLINE + 4 * 60 ))}
-mkdir -p "$R"
-export PYTHONUNBUFFERED=1
 . "$(dirname "$0")/steps.sh"
+Y=recipes/ablation2_h200.yaml
 stage() { step "$1" 900 python3 -m draftsmith pipeline $Y --only "$1"; }
 lane() { for s in "$@"; do stage "$s"; done; }  # one step per stage: the deadline falls between stages
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.txt"
-python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' >> "$R/gpu.txt"
-[ -f $HF/config.json ] || step convert 300 python3 bench/gguf_to_hf.py "$GGUF" $HF
+driver_start 21 4
 
 ( export CUDA_VISIBLE_DEVICES=0
   step data 600 python3 -m draftsmith pipeline $Y --only synth,magpie,magpie2,prepare,vocab

@@ -14,20 +14,10 @@
 # no step starts after $DEADLINE and none runs past $HARD_DEADLINE (epoch seconds; default: 22
 # and 25 minutes after the start), so the lease's end cuts nothing unseen.
 set -uo pipefail
-R=${R:-/root/results}
-GGUF=${GGUF:-/root/m/SmolLM2-135M-Instruct.Q4_1.gguf}
-HF=/root/smollm2-hf
-RUN=/root/runs/h200
-A3=recipes/ablation3_h200.yaml
-export DEADLINE=${DEADLINE:-$(( $(date +%s) + 22 * 60 ))}
-export HARD_DEADLINE=${HARD_DEADLINE:-$(( DEADLINE + 3 * 60 ))}
-mkdir -p "$R"
-export PYTHONUNBUFFERED=1
 . "$(dirname "$0")/steps.sh"
+A3=recipes/ablation3_h200.yaml
 stage3() { step "$1" 900 python3 -m draftsmith pipeline $A3 --only "$1"; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.txt"
-python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' >> "$R/gpu.txt"
-[ -f $HF/config.json ] || step convert 300 python3 bench/gguf_to_hf.py "$GGUF" $HF
+driver_start 22 3
 
 lane_recipe() {
   export CUDA_VISIBLE_DEVICES=0

@@ -1,4 +1,9 @@
-# Sourced by the H200 drivers (h200_recipe.sh, ablation_h200.sh): one resumable step runner.
+# Sourced by the H200 drivers (h200_recipe.sh, ablation_h200.sh): their common start and one
+# resumable step runner.
+#   driver_start START_MIN HARD_MIN  the results folder $R, unbuffered Python, $DEADLINE (START_MIN
+#                                    minutes from now) and $HARD_DEADLINE (HARD_MIN after it) unless
+#                                    set, the GPUs and versions in $R/gpu.txt, and the embedded
+#                                    default's GGUF ($GGUF) as an HF folder at $HF (once)
 #   step NAME TIMEOUT_S COMMAND...   run COMMAND under a timeout, log it to $R/NAME.log, record its
 #                                    start, rc and end in $R/steps.log; a step that ended with rc 0
 #                                    ($R/NAME.ok) is skipped on a rerun, and so is every step that
@@ -20,4 +25,19 @@ step() {
   echo "=== $name rc=$rc end $(date -u +%FT%TZ)" >> "$R/steps.log"
   [ $rc -eq 0 ] && touch "$R/$name.ok"
   return $rc
+}
+
+R=${R:-/root/results}
+GGUF=${GGUF:-/root/m/SmolLM2-135M-Instruct.Q4_1.gguf}
+HF=${HF:-/root/smollm2-hf}
+RUN=${RUN:-/root/runs/h200}
+
+driver_start() {
+  mkdir -p "$R"
+  export PYTHONUNBUFFERED=1
+  export DEADLINE=${DEADLINE:-$(( $(date +%s) + $1 * 60 ))}
+  export HARD_DEADLINE=${HARD_DEADLINE:-$(( DEADLINE + $2 * 60 ))}
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.txt"
+  python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' >> "$R/gpu.txt"
+  [ -f "$HF/config.json" ] || step convert 300 python3 bench/gguf_to_hf.py "$GGUF" "$HF"
 }
