@@ -35,7 +35,7 @@ SMALL: list[tuple[str, str, dict[str, Any]]] = [
     ("extract", "extract", {}),
     # train's defaults, but 512-token rows and lr 3e-3: a few CPU minutes is ~150 optimizer
     # steps, where more and shorter steps at a higher lr measured best (on the 48 GSM8K
-    # answers alone: val tau 1.76, against 1.24 with the defaults' 8k rows and lr 1e-3)
+    # answers alone: val tau 1.76, against 1.24 with 8k rows and lr 1e-3, the defaults then)
     ("train", "train", {"hidden": "@extract", "epochs": 5, "ttt": 3, "batch_tokens": 512, "lr": 3e-3,
                         "draft_vocab_size": 4096, "val_fraction": 0.1, "log_every": 10}),
     # the chain length (1..3) with the best predicted speed-up on this CPU, from a short calibration
