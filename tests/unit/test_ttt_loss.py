@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.runtime.head import OutputHead
+from draftsmith.train import loss as loss_module
 from draftsmith.train.loss import STEP_WEIGHT, STAT_KEYS, TTTObjective, _chunk_ce, _compiled_chunk_ce, _soft_ce_op
 from draftsmith.train.ttt import doc_and_positions, unroll
 
@@ -215,6 +216,37 @@ def test_compiled_static_student_matches_the_compacted_step():
             torch.testing.assert_close(s_g[name], g[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_compiled_static_step_under_autocast_compiles_once_in_bf16(monkeypatch):
+    """The CUDA form of --compile-step, on CPU: the student's region compiled (inductor) with
+    SoftCE's op inside, and the op's chunk kernel compiled too, under bf16 autocast. A second
+    batch recompiles neither (the op's first run leaves other dispatch keys on than its later
+    ones; the chunk kernel once recompiled there, on an H200), and the op's matmuls run in bf16
+    as the compacted step's do (the compiled region runs with autocast off inside)."""
+    seen = []
+
+    def kernel(device):
+        def run(x, w, *rest):
+            seen.append((x.dtype, w.dtype))
+            return _compiled_chunk_ce()(x, w, *rest)
+        return run
+
+    monkeypatch.setattr(loss_module, "_chunk_kernel", kernel)
+    drafter = tiny_drafter()
+    head = OutputHead(teacher_head(drafter))
+    compacted = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=7)
+    static = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=7, static=True)
+    static.static_student = torch.compile(static.static_student, fullgraph=True, dynamic=False)
+    for i, batch in enumerate((static_batch(), packed_batch([[20, 6], [3, 9, 11]], T=32, seed=8))):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _ = compacted(**batch)
+            seen.clear()
+            with torch._dynamo.config.patch(error_on_recompile=i > 0):
+                s_loss, _ = static(**batch)
+        s_loss.backward()
+        assert seen and set(seen) == {(torch.bfloat16, torch.bfloat16)}, seen
+        torch.testing.assert_close(s_loss, loss, rtol=1e-3, atol=1e-4)
+
+
 def test_compiled_chunk_with_keep_matches_eager():
     """The per-chunk kernel with a `keep` mask: rows left out give zero ce and gradient, even
     when their values are not finite; the kept rows are unchanged. The opaque op of SoftCE's
@@ -235,4 +267,4 @@ def test_compiled_chunk_with_keep_matches_eager():
     torch.testing.assert_close(dz_c, dz)
     x[1] = 0.0  # (opcheck compares runs, and NaN differs from itself)
     for with_grad, want_dw in ((True, True), (True, False), (False, False)):
-        torch.library.opcheck(_soft_ce_op, (x, w, t_logits, t_lse, rows, keep, 3, with_grad, want_dw))
+        torch.library.opcheck(_soft_ce_op, (x, w, t_logits, t_lse, rows, keep, 3, with_grad, want_dw, torch.float32))

@@ -122,29 +122,41 @@ def _compiled_chunk_ce():
     return torch.compile(_chunk_ce, dynamic=True)
 
 
+def _chunk_kernel(device: torch.device) -> Callable:
+    """The chunk kernel that `device` runs: compiled on CUDA (a few fused kernels), eager elsewhere."""
+    return _compiled_chunk_ce() if device.type == "cuda" else _chunk_ce
+
+
 def _soft_ce_forward(x: torch.Tensor, weight: torch.Tensor, t_logits: torch.Tensor, t_lse: torch.Tensor,
                      rows: torch.Tensor, keep: torch.Tensor | None, chunk: int, with_grad: bool,
-                     want_dw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """SoftCE's forward pass, `chunk` rows at a time -> (Σ ce fp32 [], student argmax [n], dx [n, H]
-    (empty without `with_grad`), dW [Vd, H] in the weight's dtype (empty without `want_dw`))."""
-    dtype = matmul_dtype(x.device, weight.dtype)
-    w = weight.to(dtype)
-    step = _compiled_chunk_ce() if x.is_cuda else _chunk_ce
+                     want_dw: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SoftCE's forward pass, `chunk` rows at a time, its matmuls in `dtype` -> (Σ ce fp32 [],
+    student argmax [n], dx [n, H] (empty without `with_grad`), dW [Vd, H] in the weight's dtype
+    (empty without `want_dw`)).
+
+    The chunks run in one dispatch context whoever calls (SoftCE eagerly, or the compiled static
+    step's op, whose first run leaves other dispatch keys on than its later ones, and which runs
+    with autocast off): below autograd and ADInplaceOrView, autocast off. So the compiled chunk
+    kernel's guards (the inputs' dispatch keys, the autocast state) see one context, and it
+    compiles once; `dtype` comes from the caller, where autocast is known."""
+    step = _chunk_kernel(x.device)
     n = x.shape[0]
     total = x.new_zeros((), dtype=torch.float32)
     pred = torch.empty(n, dtype=torch.long, device=x.device)
     dx = torch.zeros_like(x) if with_grad else x.new_empty(0)  # [n, H]
     dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if want_dw else None  # [Vd, H]
-    for a in range(0, n, chunk):
-        xc = x[a : a + chunk].to(dtype)  # [c, H]
-        kc = keep[a : a + chunk] if keep is not None else None  # [c]
-        ce, top, dz = step(xc, w, t_logits, t_lse, rows[a : a + chunk], with_grad, kc)
-        total += ce.sum()
-        pred[a : a + chunk] = top
-        if with_grad:
-            dx[a : a + chunk] = dz @ w  # [c, H]
-            if want_dw:
-                dw += dz.T @ xc  # [Vd, H]
+    with torch._C._AutoDispatchBelowADInplaceOrView(), torch.autocast(x.device.type, enabled=False):
+        w = weight.to(dtype)
+        for a in range(0, n, chunk):
+            xc = x[a : a + chunk].to(dtype)  # [c, H]
+            kc = keep[a : a + chunk] if keep is not None else None  # [c]
+            ce, top, dz = step(xc, w, t_logits, t_lse, rows[a : a + chunk], with_grad, kc)
+            total += ce.sum()
+            pred[a : a + chunk] = top
+            if with_grad:
+                dx[a : a + chunk] = dz @ w  # [c, H]
+                if want_dw:
+                    dw += dz.T @ xc  # [Vd, H]
     return total, pred, dx, dw.to(weight.dtype) if want_dw else weight.new_empty(0)
 
 
@@ -157,7 +169,7 @@ _soft_ce_op = torch.library.custom_op("draftsmith::soft_ce", _soft_ce_forward, m
 
 
 @_soft_ce_op.register_fake
-def _(x, weight, t_logits, t_lse, rows, keep, chunk, with_grad, want_dw):  # noqa: ANN001, ANN202 - shapes and dtypes, for tracing
+def _(x, weight, t_logits, t_lse, rows, keep, chunk, with_grad, want_dw, dtype):  # noqa: ANN001, ANN202 - shapes and dtypes, for tracing
     return (x.new_empty((), dtype=torch.float32), x.new_empty(x.shape[0], dtype=torch.long),
             x.new_empty(x.shape if with_grad else (0,)), weight.new_empty(weight.shape if want_dw else (0,)))
 
@@ -178,7 +190,8 @@ class SoftCE(torch.autograd.Function):
                 rows: torch.Tensor, keep: torch.Tensor | None, chunk: int, with_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
         want_dw = with_grad and ctx.needs_input_grad[1]  # not for a frozen lm_head
         run = _soft_ce_op if torch.compiler.is_compiling() else _soft_ce_forward
-        total, pred, dx, dw = run(x, weight, t_logits, t_lse, rows, keep, chunk, with_grad, want_dw)
+        dtype = matmul_dtype(x.device, weight.dtype)  # here, where autocast is on if the step runs under it
+        total, pred, dx, dw = run(x, weight, t_logits, t_lse, rows, keep, chunk, with_grad, want_dw, dtype)
         if with_grad:
             ctx.save_for_backward(dx, dw if want_dw else None)
         ctx.mark_non_differentiable(pred)
