@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The H200 run behind BENCHMARKS.md, on a 2-GPU host (nvidia-h200-x2):
+# The H200 run behind BENCHMARKS.md, on one or two GPUs (nvidia-h200 or nvidia-h200-x2):
 #   GPU 0  recipes/h200.yaml with today's defaults at its full budget (issue 13's targets): the
 #          data, train_online (31.8M tokens), the vLLM export, then MT-bench chain and tree, then
-#          the store and offline training (the offline reader's throughput at recipe scale)
+#          (two GPUs) the store and offline training (the offline reader's throughput at recipe scale)
 #   GPU 1  the GPU tests while the data is made; then recipes/ablation3_h200.yaml's first two
 #          runs side by side and their MT-bench τ; then, with abl3_defaults' drafter on a GPU that
-#          runs nothing else, issue 15's cycle breakdown and batch sizes 1/4/16, `eval
-#          --kernel-check` and `eval --tree auto`; then the ablation's last two runs
-# The two GPUs share the host's CPUs (online training is host-bound), so tok/s here is lower
-# than on a quiet host.
+#          runs nothing else, issue 15's GPU figures (`bench15`: the cycle breakdown, `eval --tree
+#          auto` and `--kernel-check`, batch sizes 1/4/16); then the ablation's last two runs
+#   one GPU: the GPU tests beside the recipe's synth, then the recipe to eval_tree, then issue
+#          15's figures with the recipe's drafter; no ablation, no offline training
+# The GPUs share the host's CPUs (online training is host-bound), so tok/s beside another run is
+# lower than on a quiet host.
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 540
 # Needs the embedded default's GGUF at $GGUF (and `gguf` importable); reruns skip finished steps;
 # no step starts after $DEADLINE and none runs past $HARD_DEADLINE (epoch seconds; default: 22
@@ -19,34 +21,49 @@ A3=recipes/ablation3_h200.yaml
 stage3() { step "$1" 900 python3 -m draftsmith pipeline $A3 --only "$1"; }
 driver_start 22 3
 
-lane_recipe() {
-  export CUDA_VISIBLE_DEVICES=0
+gpu_tests() {
+  DRAFTSMITH_TEST_SMOLLM2=$HF step gpu_tests 300 python3 -m pytest -q --run-gpu tests/gpu/test_train_gpu.py
+}
+recipe() {
   step recipe 1800 python3 -m draftsmith pipeline recipes/h200.yaml --only \
     synth,magpie,magpie2,prepare,vocab,train_online,export_vllm,eval_chain || return
   step eval_tree 600 python3 -m draftsmith pipeline recipes/h200.yaml --only eval_tree
+}
+bench15() {  # issue 15's GPU figures with the drafter $1, on a GPU that runs nothing else
+  step bench_cycle 300 python3 bench/eval_bench.py --parts cycle --target $HF --drafter "$1" \
+    --out-json "$R/bench_cycle.json"
+  step eval_tree_auto 300 python3 -m draftsmith eval --target $HF --drafter "$1" --tree auto \
+    --num-questions 40 --out /root/eval_tree_auto
+  step eval_kernel_check 300 python3 -m draftsmith eval --target $HF --drafter "$1" --mode chain \
+    --k 7 --kernel-check --num-questions 40 --out /root/eval_kernel_check
+  step bench_batch 420 python3 bench/eval_bench.py --parts batch --target $HF --drafter "$1" \
+    --num-questions "${BATCH_Q:-32}" --out-dir /root/batch --out-json "$R/bench_batch.json"
+  cp /root/batch/*.png "$R/" 2>/dev/null
+}
+lane_recipe() {
+  export CUDA_VISIBLE_DEVICES=0
+  recipe || return
   # issue 13 item 5: the offline reader at recipe scale (a 27 GB store), if the time is left
   step offline 600 python3 -m draftsmith pipeline recipes/h200.yaml --only extract,train_offline
 }
 lane_gpu1() {
   export CUDA_VISIBLE_DEVICES=1
-  DRAFTSMITH_TEST_SMOLLM2=$HF step gpu_tests 300 python3 -m pytest -q --run-gpu \
-    tests/gpu/test_train_gpu.py::test_compiled_static_step_8k_memory_and_no_recompile
+  gpu_tests
   while [ ! -f $RUN/.pipeline/vocab.done ] && [ "$(date +%s)" -lt "$DEADLINE" ]; do sleep 5; done
   stage3 abl3_defaults & stage3 abl3_lr4e3 & wait
   stage3 abl3_defaults_chain & stage3 abl3_lr4e3_chain & wait
-  step bench_cycle 300 python3 bench/eval_bench.py --parts cycle --target $HF --drafter $RUN/abl3_defaults \
-    --out-json "$R/bench_cycle.json"
-  step bench_batch 420 python3 bench/eval_bench.py --parts batch --target $HF --drafter $RUN/abl3_defaults \
-    --num-questions 32 --out-dir /root/batch --out-json "$R/bench_batch.json"
-  cp /root/batch/*.png "$R/" 2>/dev/null
-  step eval_kernel_check 300 python3 -m draftsmith eval --target $HF --drafter $RUN/abl3_defaults --mode chain \
-    --k 7 --kernel-check --out /root/eval_kernel_check
-  step eval_tree_auto 300 python3 -m draftsmith eval --target $HF --drafter $RUN/abl3_defaults --tree auto \
-    --out /root/eval_tree_auto
+  bench15 $RUN/abl3_defaults
   (stage3 abl3_alltok && stage3 abl3_alltok_chain) & (stage3 abl3_decay1 && stage3 abl3_decay1_chain) & wait
 }
-lane_recipe & A=$!
-lane_gpu1 & B=$!
-wait $A $B
-python3 bench/summarise_ablation.py $RUN --out "$R/ablation.md" > "$R/summary.log" 2>&1
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  lane_recipe & A=$!
+  lane_gpu1 & B=$!
+  wait $A $B
+  python3 bench/summarise_ablation.py $RUN --out "$R/ablation.md" > "$R/summary.log" 2>&1
+else
+  gpu_tests & T=$!
+  recipe
+  wait $T
+  BATCH_Q=16 bench15 $RUN/train_online
+fi
 touch "$R/ALL_DONE"
