@@ -41,6 +41,7 @@ def test_quickstart_layout_and_report_fields(tmp_path, toy_budget):
     assert report["k_requested"] == "auto" and len(report["accept_per_position"]) == report["shape"]["chosen_k"]
     assert "speedup" in report
     assert "acceptance length tau" in r.output and "speed-up vs plain decoding" in r.output
+    assert f"(a {report['shape']['chosen']} cycle costs" in r.output  # the break-even tau, from the calibration
 
     again = CliRunner().invoke(app, ["quickstart", "--out", str(out), "--budget", "small"])
     assert again.exit_code == 0, again.output

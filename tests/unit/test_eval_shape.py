@@ -15,7 +15,7 @@ from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.evaluate.decode import plain_generate
 from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, random_drafter
 from draftsmith.errors import UserError
-from draftsmith.evaluate.shape import Calibration, Candidate, Shape, calibrate, conditional_acceptance, expected_tokens
+from draftsmith.evaluate.shape import Calibration, Candidate, Shape, calibrate, conditional_acceptance, expected_tokens, summary
 from draftsmith.layers import default_aux_layers
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
@@ -37,6 +37,9 @@ def test_best_k_trades_acceptance_against_cycle_cost():
     assert cal.best().shape == Shape(3)  # the 4th position is accepted too rarely to pay for its cost
     useless = chain_calibration([0.0] * 4)
     assert useless.best().shape == Shape(1) and useless.predicted_speedup(useless.best()) < 1
+    assert "a K=1 cycle costs 1.10 plain tokens here, so it pays from tau 1.10 on, and this drafter's expected tau is 1.00" \
+        in summary(useless)  # why no shape was chosen to pay
+    assert "predicted to beat" not in summary(cal)
     d = cal.to_dict()
     assert d["chosen_k"] == 3 and d["chosen"] == "K=3" and [c["k"] for c in d["candidates"]] == [1, 2, 3, 4]
 

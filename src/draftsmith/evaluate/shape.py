@@ -129,7 +129,11 @@ def summary(cal: Calibration) -> str:
     best = cal.best()
     flag = "--k" if cal.mode == "chain" else "--tree"
     table = ", ".join(f"{c.shape.label} {cal.predicted_speedup(c):.2f}x" for c in cal.candidates)
-    verdict = "" if cal.predicted_speedup(best) > 1 else f" (no {cal.mode} shape is predicted to beat plain decoding)"
+    # a cycle pays when it yields more tokens than plain decoding makes in its time: tau > cycle / plain
+    break_even = best.cycle_seconds / cal.plain_seconds
+    verdict = "" if cal.predicted_speedup(best) > 1 else (
+        f" (no {cal.mode} shape is predicted to beat plain decoding: a {best.shape.label} cycle costs {break_even:.2f} plain "
+        f"tokens here, so it pays from tau {break_even:.2f} on, and this drafter's expected tau is {best.expected_tokens:.2f})")
     accept = f"; acceptance per position {' '.join(f'{a:.2f}' for a in cal.accept_cond)}" if cal.accept_cond else ""
     return (f"eval: {flag} auto chose {best.shape.label}, predicted speed-up {cal.predicted_speedup(best):.2f}x{verdict}"
             f"{accept}; {table}")

@@ -75,9 +75,19 @@ def summarize(report_dir: Path, drafter: Path) -> None:
         "acceptance length tau": f"{report['tau']:.2f} tokens per target call",
         "accept per position": " ".join(f"{a:.2f}" for a in report.get("accept_per_position", [])),
         "speed-up vs plain decoding": f"{speedup:.2f}x" if speedup else "not measured",
+        "break-even tau on this machine": break_even(report.get("shape")),
         "report": str(report_dir / "report.md"),
         "drafter": str(drafter),
     }
     for k, v in rows.items():
         table.add_row(k, v)
     Console().print(table)
+
+
+def break_even(shape: dict[str, Any] | None) -> str:
+    """The tau from which the calibrated cycle pays on this machine: its cost in plain tokens."""
+    if not shape:
+        return "not calibrated (--k auto measures it)"
+    chosen = next(c for c in shape["candidates"] if c["shape"] == shape["chosen"])
+    cost = chosen["cycle_ms"] / 1e3 / shape["plain_seconds"]
+    return f"{cost:.2f} (a {shape['chosen']} cycle costs {cost:.2f} plain tokens)"
