@@ -3,6 +3,7 @@
 - `tokenizer`: the real SmolLM2 tokenizer, vendored in tests/assets (no hub access).
 - `tiny_model` / `tiny_target`: a 2-layer random-weight Llama with that tokenizer's vocab.
 - `smollm2`: the embedded default target (session-scoped, loaded once), for e2e tests.
+- `gguf_cache_dir`: the session's GGUF conversion cache (DRAFTSMITH_CACHE), so no test writes to ~/.cache.
 
 GPU tests (`-m gpu`) and benchmarks (`-m bench`) are skipped unless --run-gpu / --run-bench.
 """
@@ -27,6 +28,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="GPU test: pass --run-gpu"))
         if "bench" in item.keywords and not config.getoption("--run-bench"):
             item.add_marker(pytest.mark.skip(reason="benchmark: pass --run-bench"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def gguf_cache_dir(tmp_path_factory):
+    """The converted copy of the embedded default's GGUF (`draftsmith.gguf_cache`) lives in this
+    session's temporary folder: written by the first load, read by every later one in the session
+    (subprocesses too), and never in the user's own cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        path = tmp_path_factory.mktemp("draftsmith-cache")
+        mp.setenv("DRAFTSMITH_CACHE", str(path))
+        yield path
 
 
 @pytest.fixture(scope="session")

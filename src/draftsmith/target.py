@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from draftsmith import gguf_cache
 from draftsmith.config import DEFAULT_TARGET
 from draftsmith.errors import UserError
 from draftsmith.layers import default_aux_layers
@@ -97,12 +98,21 @@ def resolve_spec(spec: str) -> tuple[Path, str | None]:
     return path, None
 
 
+def source(folder: Path, gguf_file: str | None, part: str) -> tuple[Path, dict[str, Any]]:
+    """Where to read `part` ("model": config and weights, or "tokenizer") of a target from, and
+    the from_pretrained keyword arguments that go with it: a GGUF's converted copy when there is
+    one (`gguf_cache`), else the GGUF, else the model folder."""
+    if gguf_file is None:
+        return folder, {}
+    copy = gguf_cache.cached(folder / gguf_file, part)
+    return (copy, {}) if copy is not None else (folder, {"gguf_file": gguf_file})
+
+
 def load_text_config(spec: str) -> Any:
     """The target's language-model config, read without its weights (a GGUF's from its header)."""
     from transformers import AutoConfig
 
-    folder, gguf_file = resolve_spec(spec)
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    folder, kwargs = source(*resolve_spec(spec), "model")
     try:
         return text_config(AutoConfig.from_pretrained(folder, trust_remote_code=False, **kwargs))
     except (OSError, ValueError) as e:
@@ -157,12 +167,14 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
     shared = _SHARED.get()
     if shared is not None and key in shared:
         return shared[key]
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    src, kwargs = source(folder, gguf_file, "tokenizer")
     try:
-        tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **kwargs)
+        tok = AutoTokenizer.from_pretrained(src, trust_remote_code=False, **kwargs)
     except (OSError, ValueError) as e:  # ValueError: a corrupt or truncated file (UnicodeDecodeError too)
         raise UserError(f"could not load the tokenizer of target {spec!r} ({e}); is the file complete? "
                         "Copy or download it again") from None
+    if "gguf_file" in kwargs:  # the GGUF's own tokenizer, before any template override
+        gguf_cache.store(folder / gguf_file, "tokenizer", tok.save_pretrained)
     if chat_template is not None:
         p = Path(chat_template)
         tok.chat_template = p.read_text() if p.exists() else str(chat_template)
@@ -237,15 +249,16 @@ def check_shard(shard: str) -> None:
 
 def _load(spec: str, folder: Path, gguf_file: str | None, dev: torch.device, dt: torch.dtype,
           chat_template: str | Path | None, shard: str) -> Target:
-    kwargs: dict[str, Any] = {"dtype": dt, "trust_remote_code": False}  # never run a checkpoint's own code
-    if gguf_file:
-        kwargs["gguf_file"] = gguf_file
+    src, kwargs = source(folder, gguf_file, "model")
+    kwargs.update(dtype=dt, trust_remote_code=False)  # never run a checkpoint's own code
     if shard == "auto":
         kwargs["device_map"] = "auto"  # balanced over the visible GPUs, whole decoder layers each
     try:
-        model = _auto_class(folder, gguf_file).from_pretrained(folder, **kwargs)
+        model = _auto_class(src, kwargs.get("gguf_file")).from_pretrained(src, **kwargs)
     except (OSError, ValueError) as e:
         raise UserError(f"could not load target {spec!r}: {e}") from None
+    if "gguf_file" in kwargs and dt == torch.float32 and shard == "none":  # the de-quantised values themselves
+        gguf_cache.store(folder / gguf_file, "model", lambda out: gguf_cache.save_model(model, out))
     if shard == "auto":
         dev = placement(model, spec)
     else:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 SRC = Path(__file__).parents[2] / "src" / "draftsmith"
 STAGES = {"synth", "extract", "train", "export", "evaluate", "status"}
-CORE = {"runtime", "draft", "data", "target", "layers", "config", "progress", "fsutil", "errors", "torchrun", "assets"}
+CORE = {"runtime", "draft", "data", "target", "gguf_cache", "layers", "config", "progress", "fsutil", "errors", "torchrun", "assets"}
 ABOVE = {"cli", "__main__", "commands", "pipeline"}
 
 

@@ -1,0 +1,96 @@
+"""A converted copy of a GGUF target, so that only the first command pays for reading the GGUF.
+
+transformers reads a GGUF by parsing the whole file three times (config, tokenizer, weights)
+and de-quantising it: 20-25 s per process for the embedded default's 98 MB on a 2-core VM,
+against under a second for the same model as a Hugging Face folder. The first load of a GGUF
+therefore writes that folder, and later loads read it:
+
+    <cache>/<gguf stem>-<key>/tokenizer/   the tokenizer as the GGUF gives it (before any
+                                           --chat-template override), written by any load
+    <cache>/<gguf stem>-<key>/model/       config.json + model.safetensors in float32, the
+                                           de-quantised values themselves; written only by a
+                                           float32 load (a bf16 copy would not be them)
+
+`key` hashes the GGUF's absolute path, size and modification time and the transformers version
+(its GGUF conversion defines the result), so a changed file or transformers gets a new copy.
+Each part is written to a temporary folder and renamed into place, so a reader sees a whole
+part or none; two processes converting at once both succeed and one copy stays. A failed
+write (a full disk, a read-only home) only says so: the load it follows has succeeded.
+
+Where: `$DRAFTSMITH_CACHE` (`off` turns the cache off), else `$XDG_CACHE_HOME/draftsmith`,
+else `~/.cache/draftsmith`. The target's identity in stores and drafters (`TargetInfo`) is
+always the GGUF's, whichever copy was read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def cache_root() -> Path | None:
+    """The cache folder, or None when `DRAFTSMITH_CACHE=off`."""
+    env = os.environ.get("DRAFTSMITH_CACHE")
+    if env == "off":
+        return None
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "draftsmith"
+
+
+def copy_dir(gguf: Path) -> Path | None:
+    """The folder that holds (or will hold) the converted copy of the GGUF file `gguf`."""
+    root = cache_root()
+    if root is None:
+        return None
+    import transformers
+
+    st = gguf.stat()
+    ident = f"{gguf.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{transformers.__version__}"
+    return root / f"{gguf.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+
+def cached(gguf: Path, part: str) -> Path | None:
+    """The converted `part` ("model" or "tokenizer") of `gguf` when a whole copy is there."""
+    folder = copy_dir(gguf)
+    return folder / part if folder is not None and (folder / part).is_dir() else None
+
+
+def save_model(model: Any, folder: Path) -> None:
+    """The GGUF-loaded `model` as a plain HF folder: its config without the GGUF quantisation
+    entry (the weights are de-quantised already; transformers' save_pretrained refuses a model
+    loaded from a GGUF) and its weights, tied ones once."""
+    from safetensors.torch import save_model as save_weights
+
+    config = json.loads(model.config.to_json_string(use_diff=False))
+    config.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    save_weights(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def store(gguf: Path, part: str, save: Callable[[Path], None]) -> None:
+    """Write `part` of the converted copy with `save(folder)`, unless it is there already."""
+    folder = copy_dir(gguf)
+    if folder is None or (folder / part).is_dir():
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{part}-", dir=folder))
+        try:
+            save(tmp)
+            tmp.rename(folder / part)  # atomic; fails when another process got there first
+        except OSError:
+            if not (folder / part).is_dir():
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except Exception as e:  # the load succeeded; only its copy failed (a full disk, a read-only home, ...)
+        print(f"[target] could not keep a converted copy of {gguf.name} in {folder} ({e}); every load reads the "
+              "GGUF again. Set DRAFTSMITH_CACHE to a writable folder, or to 'off'", file=sys.stderr, flush=True)
