@@ -21,8 +21,14 @@ A3=recipes/ablation3_h200.yaml
 stage3() { step "$1" 900 python3 -m draftsmith pipeline $A3 --only "$1"; }
 driver_start 22 3
 
-gpu_tests() {
-  DRAFTSMITH_TEST_SMOLLM2=$HF step gpu_tests 300 python3 -m pytest -q --run-gpu tests/gpu/test_train_gpu.py
+gpu_tests() {  # one step per compiled test: each compiles for minutes (alone on the GPU, the file
+  # passed its first two tests and was still compiling the third at 230 s, 2026-12-01)
+  local t=tests/gpu/test_train_gpu.py
+  step gpu_tests 300 python3 -m pytest -q -rA --durations=0 --run-gpu $t -k "not compiled"
+  step gpu_test_compiled_matches 480 python3 -m pytest -q -rA --durations=0 --run-gpu \
+    "$t::test_compiled_static_step_matches_the_compacted_step"
+  step gpu_test_compiled_once 480 python3 -m pytest -q -rA --durations=0 --run-gpu \
+    "$t::test_compiled_static_step_8k_memory_and_no_recompile"
 }
 recipe() {
   step recipe 1800 python3 -m draftsmith pipeline recipes/h200.yaml --only \
