@@ -6,7 +6,7 @@
                  its stages read from the packaged recipe (assets/recipes/h200.yaml, which
                  recipes/h200.yaml links to), so the two cannot drift apart
 
-`--budget small` fits a 2-core CPU in under 10 minutes; `--budget full` is a real run for a
+`--budget small` takes 5 to 16 minutes on a 2-core CPU (BENCHMARKS.md); `--budget full` is a real run for a
 GPU. With a GPU present the default budget is `full`. Reruns resume (see `pipeline`).
 """
 
