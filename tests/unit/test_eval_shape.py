@@ -40,6 +40,7 @@ def test_best_k_trades_acceptance_against_cycle_cost():
     assert "a K=1 cycle costs 1.10 plain tokens here, so it pays from tau 1.10 on, and this drafter's expected tau is 1.00" \
         in summary(useless)  # why no shape was chosen to pay
     assert "predicted to beat" not in summary(cal)
+    assert useless.to_dict()["break_even_tau"] == pytest.approx(1.1)  # what the quickstart's table shows
     d = cal.to_dict()
     assert d["chosen_k"] == 3 and d["chosen"] == "K=3" and [c["k"] for c in d["candidates"]] == [1, 2, 3, 4]
 

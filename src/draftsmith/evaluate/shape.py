@@ -70,8 +70,12 @@ class Calibration:
     tokens: int  # calibration tokens decoded (chain: at K_max; tree: by every shape)
     accept_cond: list[float] | None = None  # chain: a_1..a_Kmax
 
+    def break_even(self, c: Candidate) -> float:
+        """A cycle's cost in plain tokens: the tau from which it pays on this machine."""
+        return c.cycle_seconds / self.plain_seconds
+
     def predicted_speedup(self, c: Candidate) -> float:
-        return c.expected_tokens / c.cycle_seconds * self.plain_seconds
+        return c.expected_tokens / self.break_even(c)
 
     def best(self) -> Candidate:
         return max(self.candidates, key=self.predicted_speedup)
@@ -81,6 +85,7 @@ class Calibration:
         return {"mode": self.mode, "accept_cond": self.accept_cond, "plain_seconds": self.plain_seconds, "tokens": self.tokens,
                 "chosen": best.shape.label, "chosen_shape": asdict(best.shape),
                 "chosen_k": best.shape.depth, "predicted_speedup": round(self.predicted_speedup(best), 4),
+                "break_even_tau": round(self.break_even(best), 4),
                 "candidates": [{"shape": c.shape.label, **asdict(c.shape), "k": c.shape.depth,
                                 "expected_tokens": round(c.expected_tokens, 4), "cycle_ms": round(1e3 * c.cycle_seconds, 3),
                                 "predicted_speedup": round(self.predicted_speedup(c), 4)} for c in self.candidates]}
@@ -129,8 +134,7 @@ def summary(cal: Calibration) -> str:
     best = cal.best()
     flag = "--k" if cal.mode == "chain" else "--tree"
     table = ", ".join(f"{c.shape.label} {cal.predicted_speedup(c):.2f}x" for c in cal.candidates)
-    # a cycle pays when it yields more tokens than plain decoding makes in its time: tau > cycle / plain
-    break_even = best.cycle_seconds / cal.plain_seconds
+    break_even = cal.break_even(best)
     verdict = "" if cal.predicted_speedup(best) > 1 else (
         f" (no {cal.mode} shape is predicted to beat plain decoding: a {best.shape.label} cycle costs {break_even:.2f} plain "
         f"tokens here, so it pays from tau {break_even:.2f} on, and this drafter's expected tau is {best.expected_tokens:.2f})")

@@ -85,9 +85,7 @@ def summarize(report_dir: Path, drafter: Path) -> None:
 
 
 def break_even(shape: dict[str, Any] | None) -> str:
-    """The tau from which the calibrated cycle pays on this machine: its cost in plain tokens."""
+    """The tau from which the calibrated cycle pays on this machine (`Calibration.break_even`)."""
     if not shape:
         return "not calibrated (--k auto measures it)"
-    chosen = next(c for c in shape["candidates"] if c["shape"] == shape["chosen"])
-    cost = chosen["cycle_ms"] / 1e3 / shape["plain_seconds"]
-    return f"{cost:.2f} (a {shape['chosen']} cycle costs {cost:.2f} plain tokens)"
+    return f"{shape['break_even_tau']:.2f} (a {shape['chosen']} cycle costs {shape['break_even_tau']:.2f} plain tokens)"
