@@ -14,6 +14,6 @@ cat "$R/steps.log" 2>/dev/null
 for f in /root/runs/*/*/progress.json; do
   [ -f "$f" ] && python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[1], d.get('status'), d.get('done'), '/', d.get('total'), d.get('tok_per_s'))" "$f"
 done
-cd /root && find runs results eval_* -type f -size -3M ! -name '*.safetensors' ! -name '*.pt' ! -name '*.arrow' \
+cd /root && find runs results eval_* batch -type f -size -3M ! -name '*.safetensors' ! -name '*.pt' ! -name '*.arrow' \
   ! -name '*.bin' ! -name '*.jsonl.tmp' 2>/dev/null | tar czf "${OUT:-/tmp}/res.tgz" -T -
 ls -la "${OUT:-/tmp}"
