@@ -3,8 +3,8 @@
 #   GPU 0  the critical path: recipes/h200.yaml with today's defaults at its full budget (issue
 #          13's targets): GSM8K and two-turn Magpie synth, prepare, vocab, train_online (31.8M
 #          tokens), the vLLM export, MT-bench chain; then the chain at temperature 1
-#   GPU 1  the recipe's one-turn Magpie synth beside GPU 0's (the data is ready minutes sooner);
-#          then the offline reader at recipe scale (extract + train_offline, issue 13 item 5);
+#   GPU 1  the GPU tests that compile nothing, while GPU 0 makes the data (the synth stages share
+#          one output folder, so they cannot run side by side); then the offline reader at recipe scale (extract + train_offline, issue 13 item 5);
 #          then issue 15's GPU figures (`bench15`: the cycle breakdown, `eval --tree auto` and
 #          `--kernel-check`, batch sizes 1/4/16 at temperature 0 and 1) with a frozen copy of
 #          train_online's drafter at its first validation (8M tokens); MT-bench tree with the
@@ -70,13 +70,13 @@ bench15() {  # issue 15's GPU figures with the drafter $1 (questions: $BENCH_Q, 
 }
 lane_recipe() {
   export CUDA_VISIBLE_DEVICES=0
-  stage synth 600 && stage magpie2 600 && wait_for $RUN/.pipeline/magpie.done || return
-  step recipe 1800 python3 -m draftsmith pipeline $Y --only prepare,vocab,train_online,export_vllm,eval_chain || return
+  step recipe 1800 python3 -m draftsmith pipeline $Y --only \
+    synth,magpie,magpie2,prepare,vocab,train_online,export_vllm,eval_chain || return
   stage eval_chain_t1 600
 }
 lane_gpu1() {
   export CUDA_VISIBLE_DEVICES=1
-  stage magpie 600
+  step gpu_tests 300 python3 -m pytest -q -rA --durations=0 --run-gpu tests/gpu/test_train_gpu.py -k "not compiled"
   wait_for $RUN/.pipeline/vocab.done && step offline 330 python3 -m draftsmith pipeline $Y --only extract,train_offline
   freeze_drafter /root/drafter_8m && bench15 /root/drafter_8m
   wait_for $RUN/.pipeline/train_online.done && tree_if_ready

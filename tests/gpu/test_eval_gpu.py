@@ -1,7 +1,8 @@
 """GPU checks of the eval engine (run with --run-gpu on a CUDA machine): CUDA-graphed
 forwards give the eager logits, and graphed speculative decoding (compiled drafter step)
 equals graphed plain decoding on the embedded default, at batch 1 and in a batch of 4 rows
-(fp32, so that batching cannot flip a near-tie)."""
+(fp32, so that batching cannot flip a near-tie); a sampled chain draws in its graph as it
+does without one."""
 
 from __future__ import annotations
 
@@ -73,3 +74,24 @@ def test_graphed_batch_equals_each_alone(target, mode):
     prop.graph()
     assert [t.tokens for t in decode(eng, prompts, 64, set(), Sampling(), prop)] == ref
     assert [t.tokens for t in decode(eng, prompts, 64, set(), Sampling())] == ref
+
+
+def test_graphed_sampled_chain_draws_as_eager(target):
+    """A sampled chain (temperature 1) runs its whole cycle in one CUDA graph, the noise of its
+    draws staged before each replay: from the same seed it emits the same tokens, with the same
+    accepted counts, as the same proposer without graphs."""
+    drafter = random_drafter(target.model, 32000)
+    eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512)
+    eng.graph_rows(1)
+    eng.graph_rows(8)
+    prompt = turn_prompt(target.tokenizer, load_questions("mt_bench", 1)[0].turns[:1], [])
+    runs = []
+    for graphed in (True, False):
+        sampling = Sampling(temperature=1.0, seed=0)
+        prop = DrafterProposer(drafter, sampling, 512, mode="chain", depth=7)
+        if graphed:
+            prop.graph()
+            assert prop.cycle is not None
+        runs.append(spec_generate(eng, prop, prompt, 64, set(), sampling))
+    assert runs[0].tokens == runs[1].tokens and runs[0].accepts == runs[1].accepts
+    assert len(set(runs[0].tokens)) > 8  # sampled, not one token repeated

@@ -136,6 +136,33 @@ def test_two_token_joint_distribution_over_several_steps(mode):
     assert chi2(wrong, ref) > 2 * 66.6
 
 
+def test_sampled_chain_draws_follow_q_at_every_position():
+    """The drafter's own draws in a sampled chain of K=3, proposed again and again from one
+    state, as eval's CUDA graph replays the cycle with the noise staged before it: every
+    proposal draws afresh, and the token at each position follows the distribution q that the
+    proposal reports for it, given the tokens before it (chi-square; a reused or shared noise
+    slice would fail)."""
+    model = tiny_vocab_llama()
+    eng = TargetEngine(model, [0, 1, 2], max_len=64, batch=ROWS)
+    prop = DrafterProposer(tiny_vocab_drafter(model), Sampling(temperature=1.0, seed=0), 64, mode="chain", depth=3, batch=ROWS)
+    prompt, root = [1, 5, 7, 3, 9], 4
+    _, aux, ids, pad = eng.prefill_rows([prompt] * ROWS)
+    prop.observe_prompt(aux, torch.cat([ids[:, 1:], torch.full((ROWS, 1), root)], dim=1), pad)
+    drafts = [prop.propose() for _ in range(500)]
+    tokens = torch.cat([d.tokens for d in drafts])  # [4000, 3]
+    q = torch.cat([d.q for d in drafts])  # [4000, 3, V]
+    for i in range(3):
+        prefix = tokens[:, :i]
+        if i:  # condition on the most frequent prefix: q at position i is then one distribution
+            values, counts = prefix.unique(dim=0, return_counts=True)
+            rows = (prefix == values[counts.argmax()]).all(1)
+        else:
+            rows = torch.ones(len(tokens), dtype=torch.bool)
+        assert torch.allclose(q[rows, i], q[rows, i][:1].expand_as(q[rows, i]))
+        assert rows.sum() > 300
+        assert chi2(torch.bincount(tokens[rows, i], minlength=V).float(), q[rows, i][0]) < CHI2_CRIT_DF11
+
+
 def test_verify_greedy_follows_argmax_through_tree():
     logits = torch.full((5, V), -10.0)
     logits[0, 3] = logits[2, 7] = logits[3, 1] = logits[4, 2] = 0.0  # argmax per row

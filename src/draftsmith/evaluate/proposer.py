@@ -16,10 +16,12 @@ current draft's own entries. A draft node at depth d sits at position n-1+d and 
 row's step-0 slots, its ancestors' slots and its own slot.
 
 Every cycle is one function of fixed-shape device tensors (`_cycle`): step 0 over the staged
-rows, then the draft steps. Greedy chains and trees capture it as one CUDA graph on GPU (eager
-on CPU, same code): no host sync inside the draft. With `compile`, the drafter step inside it
-is `torch.compile`d (inductor): fewer, larger kernels in the same graph. Chain sampling runs
-the cycle eagerly, each 1-token draft step a CUDA graph, drawing on the device.
+rows, then the draft steps. On GPU every cycle is one CUDA graph (eager on CPU, same code): no
+host sync inside the draft. A sampled chain draws its tokens from Exp(1) noise [B, K, Vd] that
+`propose()` stages before the cycle (one kernel outside the graph, from the run's seeded
+generator), so the graph holds no random-number generator and each replay gets fresh draws.
+With `compile`, the drafter step inside it is `torch.compile`d (inductor): fewer, larger
+kernels in the same graph.
 
 EAGLE-2 tree: level 1 is the top-k of the last step-0 output; each later step feeds the k best
 frontier nodes (by cumulative log-prob) and keeps their top-k children; finally the
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.runtime.engine import Graphed
-from draftsmith.runtime.sampling import Sampling
+from draftsmith.runtime.sampling import Sampling, race
 
 
 @dataclass
@@ -84,7 +86,6 @@ class DrafterProposer:
         cfg = drafter.config
         self.drafter, self.sampling, self.max_len, self.batch = drafter, sampling, max_len, batch
         self.mode, self.depth, self.top_k, self.total_tokens = mode, depth, top_k, total_tokens
-        self.whole = mode == "tree" or sampling.greedy  # the whole cycle in one CUDA graph (no random draws inside)
         p = next(drafter.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.draft_slots = depth if mode == "chain" else (depth - 1) * top_k
@@ -94,7 +95,6 @@ class DrafterProposer:
         self.vocab_map = drafter.to_target_ids(torch.arange(cfg.draft_vocab_size, device=self.device))  # [Vd]
         self.vocab_size = cfg.vocab_size
         self.cols = torch.arange(shape[2], device=self.device)  # [S]
-        self.graphs: dict[int, Graphed] = {}
         self.compiled = compile
         self.step_fn = torch.compile(self._step_eager, dynamic=False) if compile else self._step_eager
         if compile:  # dynamo keeps one entry per proposer and step shape, on one code object: --k auto makes up to 16
@@ -105,16 +105,19 @@ class DrafterProposer:
 
         self.n = zeros(batch)  # [B]: positions observed per row
         # the cycle's inputs: staged rows (aux, next tokens) [B, path_len], each row's base slot, n and valid rows m [B]
+        # and, for a sampled chain, the Exp(1) noise of its K draws [B, K, Vd]
         self.stage = (zeros(batch, self.path_len, drafter.fc.in_features, dtype=self.dtype), zeros(batch, self.path_len),
                       zeros(batch), zeros(batch), zeros(batch) + 1)
+        if mode == "chain" and not sampling.greedy:
+            self.stage += (zeros(batch, depth, cfg.draft_vocab_size, dtype=torch.float32),)
         self.cycle: Graphed | None = None
         self.graphed = self.device.type == "cuda"  # False once a capture has failed (`graph`)
 
     def graph(self) -> None:
-        """Capture CUDA graphs (no-op on CPU): the whole cycle for trees and greedy chains,
-        otherwise the 1-token draft step. A drafter step that fails to compile falls back to the
-        eager step in graphs; a capture that fails even so, to drafting without graphs (slower,
-        the same tokens), each with one line on stderr and a flag in the report."""
+        """Capture the cycle in a CUDA graph (no-op on CPU). A drafter step that fails to
+        compile falls back to the eager step in the graph; a capture that fails even so, to
+        drafting without graphs (slower, the same tokens), each with one line on stderr and a
+        flag in the report."""
         if self.device.type != "cuda":
             return
         try:
@@ -124,27 +127,17 @@ class DrafterProposer:
                 print(f"eval: torch.compile of the drafter step failed ({type(e).__name__}: {str(e)[:200]}); "
                       "drafting with the eager step in CUDA graphs", file=sys.stderr, flush=True)
                 self.compiled, self.step_fn = False, self._step_eager
-            self.cycle, self.graphs = None, {}
+            self.cycle = None
             try:
                 self._capture()
             except Exception as e2:  # noqa: BLE001 (a capture hazard in the draft code: keep measuring, say so)
                 print(f"eval: CUDA graph capture of the drafter failed ({type(e2).__name__}: {str(e2)[:200]}); "
                       "drafting without graphs (slower: the speed-up is not the graphed one)", file=sys.stderr, flush=True)
-                self.cycle, self.graphs, self.graphed = None, {}, False
+                self.cycle, self.graphed = None, False
 
     def _capture(self) -> None:
-        if self.whole:
-            if self.cycle is None:  # warm-up writes garbage drafter K/V: capture before decoding
-                self.cycle = Graphed(self._cycle, *self.stage)
-            return
-        if 1 in self.graphs:
-            return
-        b = self.batch
-        slots = self.cols[self.max_len : self.max_len + 1].expand(b, 1)  # [B, 1]
-        example = (torch.zeros(b, 1, self.drafter.config.hidden_size, device=self.device, dtype=self.dtype),
-                   torch.zeros(b, 1, dtype=torch.long, device=self.device), torch.zeros(b, 1, dtype=torch.long, device=self.device),
-                   slots, self.cols == slots[..., None])
-        self.graphs[1] = Graphed(self.step_fn, *example)
+        if self.cycle is None:  # warm-up writes garbage drafter K/V: capture before decoding
+            self.cycle = Graphed(self._cycle, *self.stage)
 
     @property
     def size(self) -> int:
@@ -165,7 +158,7 @@ class DrafterProposer:
     def _step(self, hidden: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
               mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [B, T, H], ids/pos/slots [B, T], mask [B, T, S]. Returns logits [B, T, Vd], out [B, T, H]."""
-        return self.graphs.get(ids.shape[1], self.step_fn)(hidden, ids, pos, slots, mask)
+        return self.step_fn(hidden, ids, pos, slots, mask)
 
     @torch.no_grad()
     def _step_eager(self, hidden: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
@@ -213,7 +206,7 @@ class DrafterProposer:
         """aux [B, L, n_aux*H_t] and next_tokens [B, L] (L <= path_len), of which the first m[b]
         [B] rows are row b's next positions (`start`: at these positions instead); staged for
         propose(), without a host sync. m[b] = 0 parks row b at position 0 (a finished row)."""
-        stage_aux, stage_tokens, _, stage_n, stage_m = self.stage
+        stage_aux, stage_tokens, _, stage_n, stage_m = self.stage[:5]
         length = aux.shape[1]
         stage_aux[:, :length].copy_(aux)
         stage_tokens[:, :length].copy_(next_tokens)
@@ -223,15 +216,18 @@ class DrafterProposer:
         self.n.copy_((stage_n + m) * live)
 
     def propose(self) -> Draft:
+        if len(self.stage) > 5:  # a sampled chain: fresh noise for its K draws
+            self.stage[5].exponential_(generator=self.sampling.generator(self.device))
         out = (self.cycle or self._cycle)(*self.stage)  # a graph's outputs: static buffers, overwritten by the next propose()
         return chain_draft(*out) if self.mode == "chain" else Draft(*out)
 
     @torch.no_grad()
     def _cycle(self, aux: torch.Tensor, next_tokens: torch.Tensor, base: torch.Tensor, n: torch.Tensor,
-               m: torch.Tensor) -> tuple[torch.Tensor, ...]:
+               m: torch.Tensor, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """One cycle, a function of fixed-shape device tensors (one CUDA graph): step 0 over the
         staged rows aux [B, path_len, n_aux*H_t], next_tokens [B, path_len] at positions n.. of
-        which the first m [B] are valid, then the draft. Returns the chain's target ids [B, K]
+        which the first m [B] are valid, then the draft (a sampled chain's draws from noise
+        [B, K, Vd], Exp(1)). Returns the chain's target ids [B, K]
         (and, sampling, their distributions [B, K, V]), or the tree's (tokens, depths, parents
         [B, N], ancestors [B, N+1, N+1]). The padding rows write step-0 slots past n+m, which
         nothing reads before an observe rewrites them (the decode loop keeps base+n + size + 1
@@ -241,22 +237,23 @@ class DrafterProposer:
         logits = logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0]  # [B, Vd]
         hidden = out.gather(1, last.expand(-1, 1, out.shape[-1]))[:, 0]  # [B, H]
         if self.mode == "chain":
-            return self._chain_from(logits, hidden, base, n + m)
+            return self._chain_from(logits, hidden, base, n + m, noise)
         return self._tree_from(logits, hidden, base, n + m)
 
     def _chain_from(self, logits: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor,
-                    n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    n: torch.Tensor, noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """K chain drafts from step 0's output at each row's last observed position (logits
-        [B, Vd], hidden [B, H]); n [B]: positions observed. Returns the target ids [B, K] and,
-        when sampling, the distribution each was drawn from [B, K, V]."""
+        [B, Vd], hidden [B, H]); n [B]: positions observed; noise [B, K, Vd]: Exp(1) for the
+        draws (None: greedy). Returns the target ids [B, K] and, when sampling, the distribution
+        each was drawn from [B, K, V]."""
         tokens, qs = [], []
         context = self._context(base, n)  # [B, S]
         for i in range(self.depth):
-            if self.sampling.greedy:
+            if noise is None:
                 d = logits.argmax(-1)  # [B]
             else:
                 q_d = self.sampling.probs(logits)  # [B, Vd]
-                d = self.sampling.draws(q_d)  # [B], drawn on the device (no host sync)
+                d = race(q_d, noise[:, i])  # [B]: a draw from q_d
                 qs.append(torch.zeros(q_d.shape[0], self.vocab_size, device=self.device).index_copy_(1, self.vocab_map, q_d))
             tokens.append(self.vocab_map.index_select(0, d))  # [B] target ids
             if i < self.depth - 1:  # draft step i: at position n+i and draft slot i, seeing draft slots 0..i

@@ -43,12 +43,16 @@ def target_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: 
     return out / out.sum(-1, keepdim=True)
 
 
-def exponential_race(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """One draw per row of probs [.., V] -> [..], on their device and without a host sync
-    (torch.multinomial syncs to validate p): argmax(p / E) with E ~ Exp(1) picks token x with
-    probability exactly p(x)."""
-    noise = torch.empty(probs.shape, device=probs.device).exponential_(generator=gen)
-    return (probs.float() / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(-1)
+    (torch.multinomial syncs to validate p): argmax(p / E) with E ~ Exp(1) (`noise`, of probs'
+    shape, fresh for each draw) picks token x with probability exactly p(x)."""
+    return (probs.float() / noise.clamp_min(torch.finfo(noise.dtype).tiny)).argmax(-1)
+
+
+def exponential_race(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """`race` with noise drawn from `gen`."""
+    return race(probs, torch.empty(probs.shape, device=probs.device).exponential_(generator=gen))
 
 
 @dataclass
