@@ -63,7 +63,7 @@ def make_proposer(engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampl
                   shape: Shape, graphs: bool) -> DrafterProposer:
     """The drafter proposer of `shape` (a chain or a tree); with `graphs`, CUDA graphs for plain decoding (1 token),
     verification (draft size + 1 tokens) and a tree's KV compaction on the fast engine, and for
-    the drafter (tree and greedy chain: its whole side of a cycle; chain sampling: each step)."""
+    the drafter's whole side of a cycle (greedy or sampled)."""
     compile_step = engine.device.type == "cuda" if cfg.compile_drafter is None else cfg.compile_drafter
     mode = "chain" if shape.top_k is None else "tree"
     proposer = DrafterProposer(drafter, sampling, max_len, mode=mode, depth=shape.depth, top_k=shape.top_k or 1,
