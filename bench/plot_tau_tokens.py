@@ -5,8 +5,8 @@
 
 A run is LABEL=FOLDER (a `draftsmith train` output folder: its metrics.jsonl); a validation
 record's token count is interpolated from the training records around its step. `--point
-LABEL=TOKENS:TAU` adds a single measured point (a run whose curve is not at hand). Prints the
-points it plots.
+LABEL=TOKENS:TAU[,TOKENS:TAU...]` adds measured points of a run whose metrics are not at hand
+(several points: joined by a dashed line). Prints the points it plots.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def val_curve(folder: Path) -> list[tuple[int, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="LABEL=TRAIN_OUTPUT_FOLDER")
-    ap.add_argument("--point", action="append", default=[], help="LABEL=TOKENS:TAU, a single measured point")
+    ap.add_argument("--point", action="append", default=[], help="LABEL=TOKENS:TAU[,TOKENS:TAU...], measured points")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
@@ -59,8 +59,9 @@ def main() -> None:
         ax.plot([t / 1e6 for t, _ in curve], [tau for _, tau in curve], marker="o", label=label)
     for spec in args.point:
         label, _, value = spec.partition("=")
-        tokens, tau = (float(x) for x in value.split(":"))
-        ax.scatter([tokens / 1e6], [tau], marker="*", s=140, zorder=3, label=label)
+        points = [tuple(float(x) for x in pair.split(":")) for pair in value.split(",")]
+        ax.plot([t / 1e6 for t, _ in points], [tau for _, tau in points], marker="*", markersize=12,
+                linestyle="--" if len(points) > 1 else "none", zorder=3, label=label)
     ax.set_xlabel("training tokens (millions)")
     ax.set_ylabel("validation simulated τ (K = 7)")
     ax.grid(alpha=0.3)
