@@ -15,7 +15,7 @@ from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.evaluate.decode import plain_generate
 from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, random_drafter
 from draftsmith.errors import UserError
-from draftsmith.evaluate.shape import Calibration, Candidate, Shape, calibrate, conditional_acceptance, expected_tokens, summary
+from draftsmith.evaluate.shape import Calibration, Candidate, Shape, calibrate, conditional_acceptance, expected_tokens, spread, summary
 from draftsmith.layers import default_aux_layers
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
@@ -43,6 +43,14 @@ def test_best_k_trades_acceptance_against_cycle_cost():
     assert useless.to_dict()["break_even_tau"] == pytest.approx(1.1)  # what the quickstart's table shows
     d = cal.to_dict()
     assert d["chosen_k"] == 3 and d["chosen"] == "K=3" and [c["k"] for c in d["candidates"]] == [1, 2, 3, 4]
+
+
+def test_calibration_questions_spread_over_the_run():
+    assert spread(80, 2) == [20, 60] and spread(80, 8) == [5, 15, 25, 35, 45, 55, 65, 75]  # one per category of 10
+    assert spread(3, 2) == [0, 2] and spread(2, 5) == [0, 1] and spread(7, 1) == [3]
+    for n, m in [(80, 3), (11, 4), (5, 5)]:
+        picks = spread(n, m)
+        assert len(set(picks)) == min(n, m) and picks == sorted(picks) and 0 <= picks[0] and picks[-1] < n
 
 
 def test_tree_shapes_parse_and_compare():
@@ -87,6 +95,7 @@ def test_cli_k_auto_reports_its_choice(tiny_model, tiny_target_dir, tmp_path):
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     shape = report["shape"]
     assert report["k_requested"] == "auto" and report["k"] == shape["chosen_k"] in (1, 2, 3)
+    assert shape["questions"] == [1]  # the middle of the two questions
     assert len(report["accept_per_position"]) == report["k"] and len(shape["candidates"]) == 3
     assert report["greedy_turns_matching_plain"] == report["turns"]
     assert "`--k auto` chose" in (tmp_path / "eval" / "report.md").read_text()

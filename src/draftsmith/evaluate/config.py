@@ -22,7 +22,7 @@ class EvalConfig(CommandConfig):
     k_max: int = Field(7, ge=1, description="--k auto: the longest chain considered.")
     tree: Literal["auto"] | None = Field(None, description="'auto': tree mode, with the shape of --tree-shapes that has the best predicted speed from a short calibration (evaluate/shape.py); replaces --k, --top-k and --total-tokens.")
     tree_shapes: list[str] = Field(["8x4x2", "16x5x4", "32x6x8", "60x7x10"], description="--tree auto: the candidate tree shapes, each TOTALxDEPTHxTOPK (draft tokens verified, depth, children per node).")
-    calibration_questions: int = Field(2, ge=1, description="--k auto / --tree auto: calibrate on the first turns of this many questions.")
+    calibration_questions: int = Field(2, ge=1, description="--k auto / --tree auto: calibrate on the first turns of this many questions, spread evenly over the run's, each decoded to --max-new-tokens.")
     top_k: int = Field(10, ge=1, description="Tree mode: children expanded per node.")
     total_tokens: int = Field(60, ge=1, description="Tree mode: draft tokens verified per step (besides the root).")
     batch_size: int = Field(1, ge=1, description="Rows decoded at once, each its own question (rows finish on their own); plain decoding runs at the same batch size. Above 1 needs the fast engine.")

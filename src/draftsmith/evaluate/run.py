@@ -31,7 +31,7 @@ from draftsmith.evaluate.decode import Turn, decode, decode_all
 from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.evaluate.questions import Question, load_questions, token_bound, turn_prompt
 from draftsmith.evaluate.report import build_report, summary_line, write_report
-from draftsmith.evaluate.shape import Shape, calibrate
+from draftsmith.evaluate.shape import Shape, calibrate, spread
 from draftsmith.evaluate.shape import summary as shape_summary
 from draftsmith.fsutil import atomic_output_dir, atomic_write_text
 from draftsmith.layers import validate_layers
@@ -138,8 +138,9 @@ def run(cfg: EvalConfig) -> Path:
 
         calibration, shape = None, shapes[0]
         if auto:
-            prompts = [turn_prompt(tok, q.turns[:1], [], cfg.completion) for q in questions[: cfg.calibration_questions]]
-            calibration = calibrate(engine, proposer_of, prompts, min(max_new, 64), stops, sampler, shapes)
+            picks = spread(len(questions), cfg.calibration_questions)
+            prompts = [turn_prompt(tok, questions[i].turns[:1], [], cfg.completion) for i in picks]
+            calibration = calibrate(engine, proposer_of, prompts, max_new, stops, sampler, shapes)
             shape = calibration.best().shape
             print(shape_summary(calibration), flush=True)
         proposer = proposer_of(shape)
@@ -188,7 +189,7 @@ def run(cfg: EvalConfig) -> Path:
         atomic_write_text(out / "answers.jsonl", "\n".join(lines) + "\n")
         meta = {
             "mode": mode, "k": shape.depth, "k_requested": cfg.k, "tree_requested": cfg.tree, "top_k": shape.top_k,
-            "shape": calibration.to_dict() if calibration is not None else None,
+            "shape": {**calibration.to_dict(), "questions": picks} if calibration is not None else None,
             "total_tokens": proposer.size if mode == "tree" else None, "depth": shape.depth,
             "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed, "batch_size": cfg.batch_size,
             "bench": cfg.bench, "completion": cfg.completion, "questions": len(questions), "max_new_tokens": max_new,

@@ -15,8 +15,11 @@ the same first tokens. Tree (`--tree auto`, shapes total tokens x depth x top-k 
 set): a smaller tree is not a prefix of a larger one (its frontier differs), so E(s) is each
 shape's own measured tokens per call on the calibration prompts.
 
-The calibration prompts are the first turns of the first question(s) of the run; their answers
-are not part of the reported figures, which come from the full run with the chosen shape.
+The calibration prompts are the first turns of a few of the run's questions, spread evenly over
+its list (question files are often sorted by category), each decoded to the run's own length
+per turn (acceptance changes along an answer: on the H200 run of 2026-12-01 the first 64 tokens
+of two first turns read τ 2.06 where the run measured 3.56). Their answers are not part of the
+reported figures, which come from the full run with the chosen shape.
 """
 
 from __future__ import annotations
@@ -89,6 +92,13 @@ class Calibration:
                 "candidates": [{"shape": c.shape.label, **asdict(c.shape), "k": c.shape.depth,
                                 "expected_tokens": round(c.expected_tokens, 4), "cycle_ms": round(1e3 * c.cycle_seconds, 3),
                                 "predicted_speedup": round(self.predicted_speedup(c), 4)} for c in self.candidates]}
+
+
+def spread(n: int, m: int) -> list[int]:
+    """m indices spread evenly over range(n), the middle of each of m equal parts (all n when m >= n)."""
+    if m >= n:
+        return list(range(n))
+    return [(2 * i + 1) * n // (2 * m) for i in range(m)]
 
 
 def expected_tokens(accept_cond: list[float], k: int) -> float:
