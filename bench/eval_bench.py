@@ -7,12 +7,13 @@
           prefill included on all sides; plus how many outputs equal HF's.
   verify  verification cost: one target forward of 1, 8, 32, 64 tokens after a 512-token
           context, graphed and eager (median ms).
-  cycle   the cost of one draft-and-verify cycle, chain K=7 and tree (60 tokens, depth 7, top-k
-          10), drafter step eager and compiled: cycle ms (decode time over cycles, greedy, MT-bench
+  cycle   the cost of one draft-and-verify cycle, chain K=7 (greedy and at temperature 1) and
+          tree (60 tokens, depth 7, top-k 10), drafter step eager and compiled: cycle ms (decode time over cycles, greedy, MT-bench
           first turns), draft ms (the drafter's side alone: one `propose`, a graph replay on GPU),
           verify ms (the target's forward of the draft alone), glue ms = cycle - draft - verify
           (acceptance, KV compaction, staging the accepted rows, the host read, Python), and the
-          plain decoding ms per token of the same engine
+          plain decoding ms per token of the same engine (greedy; the temperature-1 chain's
+          speed-up is against it too)
   chain   `draftsmith eval` on MT-bench, chain K=7: tau, acceptance per position, speed-up
   tree    `draftsmith eval` on MT-bench, EAGLE-2 tree (60 tokens, depth 7, top-k 10): the same
   batch   (not in the default parts) `draftsmith eval` at each of --batch-sizes (default 1,4,16)
@@ -155,13 +156,14 @@ def cycle_breakdown(target, drafter_path: Path, prompts: list[list[int]], new_to
                  "plain_ms_per_token": round(1000 * sum(t.seconds for t in plain) / sum(len(t.tokens) - 1 for t in plain), 3)}
     for name, shape in shapes.items():
         for compiled in compile_modes:
-            prop = DrafterProposer(drafter, Sampling(), max_len, compile=compiled, **shape)
+            sampling = Sampling(temperature=shape.get("temperature", 0.0), seed=0)  # the proposer's and the verification's
+            prop = DrafterProposer(drafter, sampling, max_len, compile=compiled, **{k: v for k, v in shape.items() if k != "temperature"})
             if graphs:
                 engine.graph_rows(prop.size + 1)
                 if prop.mode == "tree":
                     engine.graph_compact(prop.path_len)
                 prop.graph()
-            turns = [spec_generate(engine, prop, p, new_tokens, set(), Sampling()) for p in [prompts[0], *prompts]][1:]
+            turns = [spec_generate(engine, prop, p, new_tokens, set(), sampling) for p in [prompts[0], *prompts]][1:]
             cycles = sum(len(t.accepts) for t in turns)
             row = {"drafter_compiled": prop.compiled, "tau": round(sum(a + 1 for t in turns for a in t.accepts) / cycles, 3),
                    "cycle_ms": round(1000 * sum(t.seconds for t in turns) / cycles, 3)}
@@ -266,7 +268,8 @@ def main() -> None:
     if "cycle" in parts:
         prompts = [turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", args.plain_prompts)]
         compile_modes = [False, True] if device.type == "cuda" else [False]
-        result["cycle"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, shapes, compile_modes, 3 if args.smoke else 50)
+        cycle_shapes = {**shapes, "chain_t1": {**shapes["chain"], "temperature": 1.0}}
+        result["cycle"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, cycle_shapes, compile_modes, 3 if args.smoke else 50)
     del target
     evals = {name: {k.replace("depth", "k"): v for k, v in shape.items()} for name, shape in shapes.items()}  # EvalConfig's names
     if "chain" in parts:
