@@ -106,10 +106,10 @@ class DrafterProposer:
         self.n = zeros(batch)  # [B]: positions observed per row
         # the cycle's inputs: staged rows (aux, next tokens) [B, path_len], each row's base slot, n and valid rows m [B]
         # and, for a sampled chain, the Exp(1) noise of its K draws [B, K, Vd]
+        sampled_chain = mode == "chain" and not sampling.greedy
+        self.noise = zeros(batch, depth, cfg.draft_vocab_size, dtype=torch.float32) if sampled_chain else None
         self.stage = (zeros(batch, self.path_len, drafter.fc.in_features, dtype=self.dtype), zeros(batch, self.path_len),
-                      zeros(batch), zeros(batch), zeros(batch) + 1)
-        if mode == "chain" and not sampling.greedy:
-            self.stage += (zeros(batch, depth, cfg.draft_vocab_size, dtype=torch.float32),)
+                      zeros(batch), zeros(batch), zeros(batch) + 1, *([self.noise] if sampled_chain else []))
         self.cycle: Graphed | None = None
         self.graphed = self.device.type == "cuda"  # False once a capture has failed (`graph`)
 
@@ -216,8 +216,8 @@ class DrafterProposer:
         self.n.copy_((stage_n + m) * live)
 
     def propose(self) -> Draft:
-        if len(self.stage) > 5:  # a sampled chain: fresh noise for its K draws
-            self.stage[5].exponential_(generator=self.sampling.generator(self.device))
+        if self.noise is not None:  # a sampled chain: fresh noise for its K draws
+            self.noise.exponential_(generator=self.sampling.generator(self.device))
         out = (self.cycle or self._cycle)(*self.stage)  # a graph's outputs: static buffers, overwritten by the next propose()
         return chain_draft(*out) if self.mode == "chain" else Draft(*out)
 
