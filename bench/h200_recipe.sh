@@ -2,28 +2,27 @@
 # The H200 run behind BENCHMARKS.md, on one or two GPUs (nvidia-h200 or nvidia-h200-x2). What the
 # run of 2026-12-01 (BENCHMARKS.md) left owed:
 #   GPU 0  recipes/h200.yaml with today's defaults at its full budget (the data, train_online, the
-#          vLLM export), then MT-bench tree with that drafter alone on the GPU (its speed-up)
+#          vLLM export), then with that drafter: the chain at temperature 1 (one CUDA graph since
+#          6e6bbb3; 40 questions), the cycle breakdown (also at temperature 1), `eval --k auto`,
+#          MT-bench tree (its speed-up), as far as the deadline allows
 #   GPU 1  the GPU tests that compile nothing (eval's, with the graphed sampled chain, and
-#          train's) while GPU 0 makes the data; then recipes/ablation3_h200.yaml, two runs at a
-#          time, each with its MT-bench chain τ; then, with train_online's drafter: the chain at
-#          temperature 1 (one CUDA graph since 6e6bbb3), the cycle breakdown (also at temperature
-#          1) and `eval --k auto`
+#          train's) while GPU 0 makes the data; then the first full-budget run of
+#          recipes/ablation3_h200.yaml beside train_online, and its MT-bench chain τ
 #   one GPU: the GPU tests beside the recipe's synth, then the recipe with MT-bench chain, then
-#          the evaluations of GPU 1's last line
+#          GPU 0's evaluations
 # The GPUs share the host's CPUs (online training is host-bound), so tok/s beside another run is
 # lower than on a quiet host.
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 540
 # Needs the embedded default's GGUF at $GGUF and the wheels the image lacks importable
 # (bench/h200_wheels.sh fetches them into .whl); reruns skip finished steps; no step starts
-# after $DEADLINE and none runs past $HARD_DEADLINE (epoch seconds; default: 21 and 24 minutes
+# after $DEADLINE and none runs past $HARD_DEADLINE (epoch seconds; default: 22 and 25 minutes
 # after the start), so the lease's end cuts nothing unseen.
 set -uo pipefail
 . "$(dirname "$0")/steps.sh"
 Y=recipes/h200.yaml
 A3=recipes/ablation3_h200.yaml
 stage() { step "$1" "$2" python3 -m draftsmith pipeline $Y --only "$1"; }
-stage3() { step "$1" 900 python3 -m draftsmith pipeline $A3 --only "$1"; }
-driver_start 21 3
+driver_start 22 3
 
 gpu_tests() {  # the GPU tests that compile nothing (the compiled-step tests, minutes of compiling
   # each: pytest --run-gpu tests/gpu/test_train_gpu.py -k compiled, alone on a GPU)
@@ -40,23 +39,22 @@ recipe() {  # the data, the 32M-token training and its export (and $1: more reci
 }
 owed15() {  # issue 15's owed figures with train_online's drafter
   local d=$RUN/train_online
-  stage eval_chain_t1 600
+  step eval_chain_t1 300 python3 -m draftsmith eval --target $HF --drafter $d --mode chain --k 7 \
+    --temperature 1 --num-questions 40 --out /root/eval_chain_t1
   step bench_cycle 300 python3 bench/eval_bench.py --parts cycle --target $HF --drafter $d \
     --out-json "$R/bench_cycle.json"
   step eval_k_auto 300 python3 -m draftsmith eval --target $HF --drafter $d --k auto \
     --num-questions 40 --out /root/eval_k_auto
+  stage eval_tree 600
 }
 lane_gpu1() {
   export CUDA_VISIBLE_DEVICES=1
   gpu_tests
   wait_for $RUN/.pipeline/vocab.done || return
-  stage3 abl3_defaults & stage3 abl3_lr4e3 & wait
-  stage3 abl3_defaults_chain & stage3 abl3_lr4e3_chain & wait
-  (stage3 abl3_alltok && stage3 abl3_alltok_chain) & (stage3 abl3_decay1 && stage3 abl3_decay1_chain) & wait
-  wait_for $RUN/.pipeline/train_online.done && owed15
+  step abl3_alltok_noise 1800 python3 -m draftsmith pipeline $A3 --only abl3_alltok_noise,abl3_alltok_noise_chain
 }
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  (export CUDA_VISIBLE_DEVICES=0; recipe && stage eval_tree 600) & A=$!
+  (export CUDA_VISIBLE_DEVICES=0; recipe && owed15) & A=$!
   lane_gpu1 & B=$!
   wait $A $B
   python3 bench/summarise_ablation.py $RUN --out "$R/ablation.md" > "$R/summary.log" 2>&1
