@@ -105,11 +105,12 @@ class DrafterProposer:
 
         self.n = zeros(batch)  # [B]: positions observed per row
         # the cycle's inputs: staged rows (aux, next tokens) [B, path_len], each row's base slot, n and valid rows m [B]
-        # and, for a sampled chain, the Exp(1) noise of its K draws [B, K, Vd]
+        self.stage = (zeros(batch, self.path_len, drafter.fc.in_features, dtype=self.dtype), zeros(batch, self.path_len),
+                      zeros(batch), zeros(batch), zeros(batch) + 1)
+        # a sampled chain's Exp(1) noise for its K draws [B, K, Vd], refilled in place before each cycle (the
+        # graph reads it where it lies, like the KV cache)
         sampled_chain = mode == "chain" and not sampling.greedy
         self.noise = zeros(batch, depth, cfg.draft_vocab_size, dtype=torch.float32) if sampled_chain else None
-        self.stage = (zeros(batch, self.path_len, drafter.fc.in_features, dtype=self.dtype), zeros(batch, self.path_len),
-                      zeros(batch), zeros(batch), zeros(batch) + 1, *([self.noise] if sampled_chain else []))
         self.cycle: Graphed | None = None
         self.graphed = self.device.type == "cuda"  # False once a capture has failed (`graph`)
 
@@ -206,7 +207,7 @@ class DrafterProposer:
         """aux [B, L, n_aux*H_t] and next_tokens [B, L] (L <= path_len), of which the first m[b]
         [B] rows are row b's next positions (`start`: at these positions instead); staged for
         propose(), without a host sync. m[b] = 0 parks row b at position 0 (a finished row)."""
-        stage_aux, stage_tokens, _, stage_n, stage_m = self.stage[:5]
+        stage_aux, stage_tokens, _, stage_n, stage_m = self.stage
         length = aux.shape[1]
         stage_aux[:, :length].copy_(aux)
         stage_tokens[:, :length].copy_(next_tokens)
@@ -223,11 +224,11 @@ class DrafterProposer:
 
     @torch.no_grad()
     def _cycle(self, aux: torch.Tensor, next_tokens: torch.Tensor, base: torch.Tensor, n: torch.Tensor,
-               m: torch.Tensor, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+               m: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One cycle, a function of fixed-shape device tensors (one CUDA graph): step 0 over the
         staged rows aux [B, path_len, n_aux*H_t], next_tokens [B, path_len] at positions n.. of
-        which the first m [B] are valid, then the draft (a sampled chain's draws from noise
-        [B, K, Vd], Exp(1)). Returns the chain's target ids [B, K]
+        which the first m [B] are valid, then the draft (a sampled chain's draws from
+        `self.noise`). Returns the chain's target ids [B, K]
         (and, sampling, their distributions [B, K, V]), or the tree's (tokens, depths, parents
         [B, N], ancestors [B, N+1, N+1]). The padding rows write step-0 slots past n+m, which
         nothing reads before an observe rewrites them (the decode loop keeps base+n + size + 1
@@ -237,23 +238,23 @@ class DrafterProposer:
         logits = logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0]  # [B, Vd]
         hidden = out.gather(1, last.expand(-1, 1, out.shape[-1]))[:, 0]  # [B, H]
         if self.mode == "chain":
-            return self._chain_from(logits, hidden, base, n + m, noise)
+            return self._chain_from(logits, hidden, base, n + m)
         return self._tree_from(logits, hidden, base, n + m)
 
     def _chain_from(self, logits: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor,
-                    n: torch.Tensor, noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """K chain drafts from step 0's output at each row's last observed position (logits
-        [B, Vd], hidden [B, H]); n [B]: positions observed; noise [B, K, Vd]: Exp(1) for the
-        draws (None: greedy). Returns the target ids [B, K] and, when sampling, the distribution
+        [B, Vd], hidden [B, H]); n [B]: positions observed; sampled, each draw races q against
+        `self.noise` [B, K, Vd]. Returns the target ids [B, K] and, when sampling, the distribution
         each was drawn from [B, K, V]."""
         tokens, qs = [], []
         context = self._context(base, n)  # [B, S]
         for i in range(self.depth):
-            if noise is None:
+            if self.noise is None:
                 d = logits.argmax(-1)  # [B]
             else:
                 q_d = self.sampling.probs(logits)  # [B, Vd]
-                d = race(q_d, noise[:, i])  # [B]: a draw from q_d
+                d = race(q_d, self.noise[:, i])  # [B]: a draw from q_d
                 qs.append(torch.zeros(q_d.shape[0], self.vocab_size, device=self.device).index_copy_(1, self.vocab_map, q_d))
             tokens.append(self.vocab_map.index_select(0, d))  # [B] target ids
             if i < self.depth - 1:  # draft step i: at position n+i and draft slot i, seeing draft slots 0..i
