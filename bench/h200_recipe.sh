@@ -8,8 +8,10 @@
 #   GPU 1  the GPU tests that compile nothing (eval's, with the graphed sampled chain, and
 #          train's) while GPU 0 makes the data; then the first full-budget run of
 #          recipes/ablation3_h200.yaml beside train_online, and its MT-bench chain τ
-#   one GPU: the GPU tests beside the recipe's synth, then the recipe with MT-bench chain, then
-#          GPU 0's evaluations
+#   one GPU (nvidia-h200; today's defaults at the full budget were measured on 2026-12-01): the GPU
+#          tests beside the recipe's data, then the third ablation's first run at the full budget
+#          (abl3_alltok_noise; abl3_lr4e3 if it fails), then with its drafter: MT-bench chain
+#          (τ and speed-up) and GPU 0's evaluations, as far as the deadline allows
 # The GPUs share the host's CPUs (online training is host-bound), so tok/s beside another run is
 # lower than on a quiet host.
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 540
@@ -37,15 +39,16 @@ recipe() {  # the data, the 32M-token training and its export (and $1: more reci
   step recipe 1800 python3 -m draftsmith pipeline $Y --only \
     synth,magpie,magpie2,prepare,vocab,train_online,export_vllm${1:+,$1}
 }
-owed15() {  # issue 15's owed figures with train_online's drafter
-  local d=$RUN/train_online
+owed15() {  # issue 15's owed figures with the drafter $1 (train_online's unless given) on $2 questions
+  local d=${1:-$RUN/train_online} n=${2:-40}
   step eval_chain_t1 300 python3 -m draftsmith eval --target $HF --drafter $d --mode chain --k 7 \
-    --temperature 1 --num-questions 40 --out /root/eval_chain_t1
+    --temperature 1 --num-questions $n --out /root/eval_chain_t1
   step bench_cycle 300 python3 bench/eval_bench.py --parts cycle --target $HF --drafter $d \
     --out-json "$R/bench_cycle.json"
   step eval_k_auto 300 python3 -m draftsmith eval --target $HF --drafter $d --k auto \
-    --num-questions 40 --out /root/eval_k_auto
-  stage eval_tree 600
+    --num-questions $n --out /root/eval_k_auto
+  step eval_tree 600 python3 -m draftsmith eval --target $HF --drafter $d --mode tree --k 7 --top-k 10 \
+    --total-tokens 60 --num-questions 80 --out /root/eval_tree
 }
 lane_gpu1() {
   export CUDA_VISIBLE_DEVICES=1
@@ -60,8 +63,14 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   python3 bench/summarise_ablation.py $RUN --out "$R/ablation.md" > "$R/summary.log" 2>&1
 else
   gpu_tests & T=$!
-  recipe eval_chain
+  step data 900 python3 -m draftsmith pipeline $Y --only synth,magpie,magpie2,prepare,vocab
+  step abl3_alltok_noise 1200 python3 -m draftsmith pipeline $A3 --only abl3_alltok_noise &&
+    d=$RUN/abl3_alltok_noise ||
+    { step abl3_lr4e3 1200 python3 -m draftsmith pipeline $A3 --only abl3_lr4e3 && d=$RUN/abl3_lr4e3; }
   wait $T
-  owed15
+  step eval_abl3_chain 300 python3 -m draftsmith eval --target $HF --drafter $d --mode chain --k 7 \
+    --num-questions 80 --out /root/eval_abl3_chain
+  owed15 $d 24
+  python3 bench/summarise_ablation.py $RUN --out "$R/ablation.md" > "$R/summary.log" 2>&1
 fi
 touch "$R/ALL_DONE"
