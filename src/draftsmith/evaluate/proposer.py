@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.runtime.engine import Graphed
+from draftsmith.runtime.linear import prepacked
 from draftsmith.runtime.sampling import Sampling, race
 
 
@@ -84,7 +85,9 @@ class DrafterProposer:
     def __init__(self, drafter: Eagle3Drafter, sampling: Sampling, max_len: int, mode: str = "chain",
                  depth: int = 7, top_k: int = 10, total_tokens: int = 60, compile: bool = False, batch: int = 1) -> None:
         cfg = drafter.config
-        self.drafter, self.sampling, self.max_len, self.batch = drafter, sampling, max_len, batch
+        # eager on CPU: its linear layers over prepacked weights (runtime/linear.py); inductor lowers nn.Linear itself
+        self.drafter = drafter if compile else prepacked(drafter)
+        self.sampling, self.max_len, self.batch = sampling, max_len, batch
         self.mode, self.depth, self.top_k, self.total_tokens = mode, depth, top_k, total_tokens
         p = next(drafter.parameters())
         self.device, self.dtype = p.device, p.dtype

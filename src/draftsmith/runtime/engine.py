@@ -1,7 +1,8 @@
 """A gpt-fast-style forward of a Llama-family HF target with a static KV cache.
 
 The forward runs the HF model's own modules (embedding, norms, q/k/v/o projections, optional
-q/k norms, MLP, rotary embedding), but owns the attention: keys and values go into a
+q/k norms, MLP, rotary embedding; on CPU their linear layers over weights prepacked once for
+oneDNN, runtime/linear.py), but owns the attention: keys and values go into a
 preallocated cache at given slots, and every query attends under an explicit boolean mask over
 the cache. Covered (`check_supported`; selfcheck.py holds every model against its own forward):
 
@@ -50,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.errors import UserError
+from draftsmith.runtime.linear import prepacked
 from draftsmith.target import base_model, decoder_layers, final_norm, text_config
 
 
@@ -144,8 +146,9 @@ class TargetEngine:
         check_supported(model)
         tc = text_config(model.config)
         self.model, self.base = model, base_model(model)
-        self.layers, self.norm = decoder_layers(model), final_norm(model)
-        self.embed, self.lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+        # the model's own modules; on CPU their linear layers over prepacked weights (runtime/linear.py)
+        self.layers, self.norm = [prepacked(layer) for layer in decoder_layers(model)], final_norm(model)
+        self.embed, self.lm_head = model.get_input_embeddings(), prepacked(model.get_output_embeddings())
         self.aux_layer_ids = list(aux_layer_ids)
         self.max_len, self.batch = max_len, batch
         p = next(model.parameters())
