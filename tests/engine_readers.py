@@ -66,6 +66,7 @@ class EngineView:
     norm_output: bool  # the next draft step reads the post-norm output
     draft_vocab_size: int
     fc_in_features: int
+    intermediate_size: int  # the MLP width the engine allocates (from the config)
     draft_to_target: torch.Tensor  # [draft_vocab] target id of each draft id
     loaded: dict[str, list[str]] = field(default_factory=dict)  # engine param -> checkpoint names
     skipped: list[str] = field(default_factory=list)  # checkpoint names the loader drops silently
@@ -76,6 +77,17 @@ def never_captured(view: EngineView, num_layers: int) -> list[int]:
     """Layers the loop `if i in layers: aux.append(hidden_states + residual)` before layer i never
     yields: 0 (residual is still None) and anything >= L (the loop has ended)."""
     return [i for i in view.captured_layers if not 1 <= i < num_layers]
+
+
+def _mlp_width(weights: dict[str, torch.Tensor], config: dict) -> int:
+    """The MLP width the engine allocates from `config`; like its weight loaders (which assert
+    each parameter's shape), an error if the checkpoint's MLP weights have another."""
+    width = int(config["intermediate_size"])
+    for name, value in weights.items():
+        rows = value.shape[1] if "down_proj" in name else value.shape[0]
+        if ("gate_proj" in name or "up_proj" in name or "down_proj" in name) and rows != width:
+            raise ValueError(f"{name} has shape {tuple(value.shape)}; the config's intermediate_size is {width}")
+    return width
 
 
 def _stacked(name: str) -> str:
@@ -139,6 +151,7 @@ def vllm_view(folder: Path, num_target_layers: int) -> EngineView:
         norm_output=bool(hf.get("norm_output", False)),
         draft_vocab_size=int(draft_vocab),
         fc_in_features=int(hf.get("target_hidden_size") or hf["hidden_size"]) * num_aux,
+        intermediate_size=_mlp_width(weights, hf),
         draft_to_target=torch.arange(int(draft_vocab)) + weights["d2t"],
         loaded=loaded,
         skipped=skipped,
@@ -178,6 +191,7 @@ def sglang_view(folder: Path, num_target_layers: int) -> EngineView:
         norm_output=False,
         draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
         fc_in_features=int(raw.get("target_hidden_size") or raw["hidden_size"]) * 3,
+        intermediate_size=_mlp_width(weights, raw),
         draft_to_target=hot,
         loaded=loaded,
         skipped=skipped,

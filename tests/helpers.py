@@ -87,12 +87,12 @@ def write_tokenized_dataset(path: Path, samples: list[list[int]], sample_ids: li
     return path
 
 
-def make_tiny_drafter(aux_layer_ids=(2, 15, 27), seed: int = 0, **options: bool):
+def make_tiny_drafter(aux_layer_ids=(2, 15, 27), seed: int = 0, intermediate_size: int = 128, **options: bool):
     """A random-weight EAGLE-3 drafter (H=64, vocab 300, draft vocab 100) with a valid d2t/t2d;
     `options` are DrafterConfig's architecture options (norm_before_residual=True, ...)."""
     torch.manual_seed(seed)
     model = Eagle3Drafter(DrafterConfig(
-        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        hidden_size=64, intermediate_size=intermediate_size, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         vocab_size=300, draft_vocab_size=100, target_hidden_size=64, aux_layer_ids=list(aux_layer_ids), **options,
     ))
     with torch.no_grad():

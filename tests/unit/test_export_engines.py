@@ -122,3 +122,17 @@ def test_norm_before_fc_missing_means_input_norm_skipped_in_vllm(tmp_path):
     (out / "config.json").write_text(json.dumps(config))
     view = vllm_view(out, L)
     assert view.norm_before_fc is False and view.skipped == ["input_norm.weight"]
+
+
+@pytest.mark.parametrize("fmt,engine", [("eagle", "vllm"), ("eagle", "sglang"), ("speculators", "vllm")])
+def test_a_wider_mlp_is_allocated_at_its_width(tmp_path, fmt, engine):
+    """--intermediate-size: each engine sizes the drafter's MLP from the exported config, so a
+    width other than the target's must be written there (else its loader fails on the shapes)."""
+    out = export(make_tiny_drafter(aux_layer_ids=TRAINED, intermediate_size=200), tmp_path, fmt, engine)
+    assert READERS[engine](out, L).intermediate_size == 200
+    config = json.loads((out / "config.json").read_text())
+    layer = config.get("transformer_layer_config", config)
+    layer["intermediate_size"] = 128  # a config that kept the target's width
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="intermediate_size is 128"):
+        READERS[engine](out, L)

@@ -67,6 +67,16 @@ def test_architecture_options_round_trip(tmp_path, fmt, option):
     assert torch.equal(draft_logits(reloaded), draft_logits(model))
 
 
+@pytest.mark.parametrize("fmt", ["eagle", "speculators"])
+def test_a_wider_mlp_round_trips(tmp_path, fmt):
+    model = make_tiny_drafter(intermediate_size=200)
+    save_drafter(model, tmp_path / "ckpt", target=TARGET)
+    out = run(ExportConfig(ckpt=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True))
+    reloaded, _ = load_drafter(out)
+    assert reloaded.config.intermediate_size == 200 and reloaded.midlayer.mlp.down_proj.weight.shape == (64, 200)
+    assert torch.equal(draft_logits(reloaded), draft_logits(model))
+
+
 def test_bf16_export_matches_bf16_weights(ckpt, tmp_path):
     model, path = ckpt
     out = run(ExportConfig(ckpt=path, out=tmp_path / "out", dtype="bfloat16", include_embeddings=True))

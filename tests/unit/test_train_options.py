@@ -76,6 +76,16 @@ def test_head_from_target_frozen_with_muon(dataset, tiny_target_dir, tmp_path):
     assert lrs == sorted(lrs, reverse=True) and lrs[-1] == pytest.approx(0.0, abs=1e-12)  # linear decay to 0
 
 
+def test_intermediate_size_widens_the_drafter_mlp(dataset, tiny_target_dir, tmp_path):
+    res = _train(dataset, tiny_target_dir, tmp_path / "run", "--intermediate-size", "72")
+    assert res.exit_code == 0, res.output
+    model, _ = load_drafter(tmp_path / "run")
+    target = load_target(str(tiny_target_dir), "cpu", "fp32")
+    assert target.model.config.intermediate_size != 72  # the default would have been the target's
+    assert model.config.intermediate_size == 72
+    assert model.midlayer.mlp.gate_proj.weight.shape[0] == 72 and model.midlayer.mlp.down_proj.weight.shape[1] == 72
+
+
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
 def test_schedules_warm_up_then_decay_as_named(schedule):
     f = lr_factor(schedule, total=10, warmup=2)

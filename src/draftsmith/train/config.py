@@ -37,6 +37,7 @@ class TrainConfig(CommandConfig):
     fc_norm: bool | None = Field(None, description="EAGLE-3.1: one RMSNorm per aux layer before fc (served as `fc_norm.{i}`); default: on, unless --norm-before-fc is given.")
     norm_output: bool = Field(True, description="Feed norm(out) instead of out to the next TTT / draft step.")
     norm_before_residual: bool = Field(False, description="The drafter layer's residual is hidden_norm(h) instead of h.")
+    intermediate_size: int | None = Field(None, gt=0, description="Width of the drafter layer's MLP; default: the target's (one decoder layer's shape). Served by vLLM and SGLang, which read `intermediate_size` from the exported config.")
     head_init: Literal["random", "target"] = Field("target", description="lm_head and final norm: random, or copied from the target (its lm_head rows of the draft vocab, its final norm).")
     freeze_head: bool = Field(False, description="Keep lm_head and the final norm fixed (with --head-init target: the target's own).")
     grad_clip: float = Field(0.5, gt=0, description="Gradient-norm clip.")
