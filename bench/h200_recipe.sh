@@ -3,7 +3,9 @@
 # runs of 2026-12-01 (BENCHMARKS.md) left owed, issue 13 first:
 #   GPU 0  recipes/ablation4_h200.yaml: twice the recipe's distinct data (about 6 GPU-minutes of
 #          synth), today's defaults on it for the same 31.8M tokens, its MT-bench chain τ; then
-#          `eval --k auto` with that drafter (issue 15), as far as the deadline allows
+#          its chain τ on its own held-out prompts (bench/val_questions.py: issue 17's ratio split
+#          into simulation and distribution shift) and `eval --k auto` (issue 15), as far as the
+#          deadline allows
 #   GPU 1  recipes/h200.yaml's data, then recipes/ablation3_h200.yaml's `abl3_wide` (the drafter's
 #          MLP 4x wider) at the full budget and its MT-bench chain τ; then the compiled-step
 #          training tests (minutes of compiling, alone on their GPU)
@@ -22,9 +24,13 @@ A3=recipes/ablation3_h200.yaml
 A4=recipes/ablation4_h200.yaml
 driver_start 24 2
 
-lane_data2x() {  # the fourth ablation, then --k auto with its drafter
+lane_data2x() {  # the fourth ablation, its chain τ on its own held-out prompts, then --k auto
+  local run=/root/runs/h200_2x
   step abl4_data2x 1500 python3 -m draftsmith pipeline $A4 || return
-  step eval_k_auto 300 python3 -m draftsmith eval --target $HF --drafter /root/runs/h200_2x/abl4_data2x \
+  python3 bench/val_questions.py $run/prepare --target $HF --out "$R/val_questions.jsonl" > "$R/val_questions.log" 2>&1
+  step eval_held_out 300 python3 -m draftsmith eval --target $HF --drafter $run/abl4_data2x --bench "$R/val_questions.jsonl" \
+    --mode chain --k 7 --num-questions 80 --no-speed --out /root/eval_held_out
+  step eval_k_auto 300 python3 -m draftsmith eval --target $HF --drafter $run/abl4_data2x \
     --k auto --num-questions 24 --out /root/eval_k_auto
 }
 lane_wide() {  # the recipe's data, the wider drafter, then the compiled-step training tests

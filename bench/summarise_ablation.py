@@ -19,7 +19,7 @@ import yaml
 from draftsmith.train.metrics import read_metrics
 
 KNOBS = ("batch_tokens", "steps", "lr", "optimizer", "schedule", "warmup_ratio", "step_decay", "norm_before_fc",
-         "fc_norm", "norm_output", "head_init", "freeze_head", "aux_noise", "weight_decay", "loss_tokens", "aux_layer_ids")
+         "fc_norm", "norm_output", "head_init", "freeze_head", "aux_noise", "weight_decay", "loss_tokens", "aux_layer_ids", "intermediate_size")
 
 
 def train_row(folder: Path) -> dict | None:
@@ -70,6 +70,8 @@ def main() -> None:
             opts.append(f"loss on {r['loss_tokens']} tokens")
         if r["aux_layer_ids"]:
             opts.append(f"aux layers {r['aux_layer_ids']}")
+        if r["intermediate_size"]:
+            opts.append(f"MLP width {r['intermediate_size']}")
         chain = [e["tau"] for e in evals.get(r["name"], {}).values() if e.get("mode") == "chain" and not e.get("temperature")]
         lines.append(f"| {r['name']} | {r['batch_tokens']} × {r['steps']} | {r['lr']:g} | {r['optimizer']} | {r['schedule']} "
                      f"| {', '.join(opts) or '-'} | {r['acc_0']} | {' '.join(f'{c:.2f}' for c in r['cond_acc_k'])} "
