@@ -196,7 +196,7 @@ class Trainer:
         model = Eagle3Drafter(self.objective.drafter.config)
         model.load_state_dict(state)
         meta = {**self.meta, "simulated_tau": record["tau"], "step": record["step"], "epoch": record["epoch"],
-                "val": {k: record[k] for k in ("loss", "acc_k", "cond_acc_k", "tau")}}
+                "val": {k: record[k] for k in ("loss", "acc_k", "cond_acc_k", "tau", "walk_accept_k", "tau_walk") if k in record}}
         tmp, final = self.out / ".drafter.tmp", self.out / "drafter"
         shutil.rmtree(tmp, ignore_errors=True)
         save_drafter(model, tmp, target=self.meta.get("target"), meta=meta)
@@ -239,7 +239,7 @@ class Trainer:
             return None
         pending = zero_stats(cfg.ttt)
         if self.pos.pending and self.env.main:  # saved summed over ranks: rank 0 carries them
-            pending = {k: torch.tensor(v, dtype=torch.float64) for k, v in self.pos.pending.items()}
+            pending.update({k: torch.tensor(v, dtype=torch.float64) for k, v in self.pos.pending.items()})
         last_val = None
         if self.env.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()  # (the current device) this run's peak, not an earlier stage's

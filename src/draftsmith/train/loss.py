@@ -30,7 +30,9 @@ indexing. On CUDA the student's part (unroll, loss, backward) is one torch.compi
 SoftCE's forward pass an opaque op in it (`_soft_ce_op`), so the chunking holds there too.
 
 Counts per step (for metrics): n_valid, n_correct (student argmax == teacher argmax), and the
-chained counts for cond_acc: positions whose steps 0..k-1 were all valid and correct.
+chained counts for cond_acc: positions whose steps 0..k-1 were all valid and correct. In
+validation also the walked counts (`metrics.walk_counts`: the answers decoded as a chain of K
+drafts would decode them, cycle by cycle); zero in training.
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ from torch import nn
 
 from draftsmith.runtime.head import OutputHead
 from draftsmith.train.ttt import shift_left, unroll, valid_steps
+from draftsmith.train.walk import walk_counts
 
 STEP_WEIGHT = 0.8  # the default step_decay, and the weighting of the logged `loss`
-STAT_KEYS = ("ce_sum", "n_valid", "n_correct", "n_chain", "n_chain_correct")
+STEP_KEYS = ("ce_sum", "n_valid", "n_correct", "n_chain", "n_chain_correct")  # counted at every step's positions
+STAT_KEYS = (*STEP_KEYS, "walk_cycles", "walk_reach")
 
 
 def matmul_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
@@ -266,7 +270,15 @@ class TTTObjective(nn.Module):
         if self.training and self.all_tokens:
             loss_mask = (doc >= 0).to(loss_mask.dtype)  # [B, T]: all but the row's padding
         step = self.static_step if self.static else self.compacted_step
-        return step(ids, loss_mask, doc, pos, aux, final)
+        loss, stats = step(ids, loss_mask, doc, pos, aux, final)
+        runs = stats.pop("runs", None)  # [B, T], validation only: drafts accepted from each position
+        if runs is None:
+            stats["walk_cycles"] = stats["walk_reach"] = torch.zeros_like(stats["n_valid"])
+        else:
+            answer = (shift_left(doc, 2, fill=-2) == doc) & (doc >= 0) & shift_left(loss_mask, 2).bool()  # [B, T]
+            cycles, reach = walk_counts(runs, answer, self.ttt)
+            stats["walk_cycles"], stats["walk_reach"] = (x.to(stats["n_valid"]) for x in (cycles, reach))
+        return loss, stats
 
     def compacted_step(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
                        aux: torch.Tensor, final: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -330,8 +342,9 @@ class TTTObjective(nn.Module):
             aux = noisy(aux, len(d.config.aux_layer_ids), self.aux_noise)
         hidden0 = d.project(aux)  # [B, T, H]
         chain = torch.ones_like(valid[0])  # [B, T]: steps so far all valid and correct
+        runs = torch.zeros(valid.shape[1:], dtype=torch.long, device=valid.device)  # [B, T]: leading correct steps
         loss = hidden0.new_zeros((), dtype=torch.float32)
-        stats = {key: [] for key in STAT_KEYS}
+        stats = {key: [] for key in STEP_KEYS}
         for k, out in unroll(d, hidden0, ids, pos, doc, self.ttt, self.backend):
             v = valid[k]
             ce_sum, hit = score(k, out, v)
@@ -343,4 +356,8 @@ class TTTObjective(nn.Module):
             stats["n_chain"].append((chain & v).sum())
             stats["n_chain_correct"].append((chain & hit).sum())
             chain = chain & hit
-        return loss, {key: torch.stack(vals).float() for key, vals in stats.items()}
+            runs = runs + chain
+        out = {key: torch.stack(vals).float() for key, vals in stats.items()}
+        if not self.training:
+            out["runs"] = runs
+        return loss, out

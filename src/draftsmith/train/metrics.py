@@ -3,7 +3,11 @@
 
     acc_k       student argmax == teacher argmax at step k, over step k's valid positions
     cond_acc_k  the same, over positions whose steps 0..k-1 were all valid and correct
-    tau         1 + Σ_k Π_{j<=k} cond_acc_j   (the acceptance length a chain of K drafts would get)
+    tau         1 + Σ_k Π_{j<=k} cond_acc_j   (the acceptance length a chain of K drafts would get,
+                averaged over every answer position: the simulated τ)
+    walk_accept_k, tau_walk   validation only: the answers walked cycle by cycle as decoding
+                walks them (walk.py); accepted drafts per cycle at position k, and 1 + their sum
+                (tokens per target call, what `draftsmith eval` measures, on this split)
 
 A record: {"split": "train"|"val", "step", "epoch", "tokens", "lr", "loss", "loss_k": [..],
 "acc_k": [..], "cond_acc_k": [..], "tau", "acc_0", ...}.
@@ -47,11 +51,15 @@ def summarise(stats: dict[str, torch.Tensor]) -> dict[str, Any]:
     loss_k = (stats["ce_sum"] / n).tolist()
     acc_k = (stats["n_correct"] / n).tolist()
     cond_k = (stats["n_chain_correct"] / stats["n_chain"].clamp(min=1)).tolist()
-    return {
+    record = {
         "loss": sum(STEP_WEIGHT**k * v for k, v in enumerate(loss_k)),
         "loss_k": loss_k, "acc_k": acc_k, "cond_acc_k": cond_k,
         "tau": simulated_tau(cond_k), "acc_0": acc_k[0], "valid_tokens": int(stats["n_valid"][0]),
     }
+    if stats["walk_cycles"][0] > 0:
+        walk_k = (stats["walk_reach"] / stats["walk_cycles"]).tolist()
+        record.update(walk_accept_k=walk_k, tau_walk=1.0 + sum(walk_k))
+    return record
 
 
 class MetricsLog:
