@@ -1,7 +1,7 @@
 """The ablation table of docs/train.md from a run folder of recipes/ablation_h200.yaml.
 
 For every train stage: its options (from run.yaml), the final validation record (acc_0,
-cond_acc per step, simulated τ), training tokens, wall time and tok/s (progress.json), peak GPU
+cond_acc per step, simulated τ and, since 5a37c46, the walked τ), training tokens, wall time and tok/s (progress.json), peak GPU
 memory and data_wait (the last progress gauges), τ gained per GPU-minute, and the MT-bench
 chain τ of any eval stage that read its drafter.
 
@@ -33,6 +33,7 @@ def train_row(folder: Path) -> dict | None:
     return {"name": folder.name, **{k: cfg.get(k) for k in KNOBS}, "tokens": progress["tokens"],
             "minutes": round(minutes, 2), "tok_per_s": progress["tok_per_s"], "acc_0": round(last["acc_0"], 3),
             "cond_acc_k": [round(c, 2) for c in last["cond_acc_k"]], "val_tau": round(last["tau"], 3),
+            "val_tau_walk": round(last["tau_walk"], 3) if "tau_walk" in last else None,
             "best_val_tau": round(max(r["tau"] for r in val), 3),
             "tau_gain_per_gpu_min": round((last["tau"] - 1) / max(minutes, 1e-9), 3),
             "gpu_mem_gb": progress["counters"].get("gpu_mem_gb"), "data_wait": progress["counters"].get("data_wait"),
@@ -72,10 +73,11 @@ def main() -> None:
             opts.append(f"aux layers {r['aux_layer_ids']}")
         if r["intermediate_size"]:
             opts.append(f"MLP width {r['intermediate_size']}")
+        walked = f" (walked {r['val_tau_walk']})" if r["val_tau_walk"] else ""
         chain = [e["tau"] for e in evals.get(r["name"], {}).values() if e.get("mode") == "chain" and not e.get("temperature")]
         lines.append(f"| {r['name']} | {r['batch_tokens']} × {r['steps']} | {r['lr']:g} | {r['optimizer']} | {r['schedule']} "
                      f"| {', '.join(opts) or '-'} | {r['acc_0']} | {' '.join(f'{c:.2f}' for c in r['cond_acc_k'])} "
-                     f"| **{r['val_tau']}** | {f'{chain[0]:.2f}' if chain else '-'} | {r['minutes']} | {r['tok_per_s']:.0f} "
+                     f"| **{r['val_tau']}**{walked} | {f'{chain[0]:.2f}' if chain else '-'} | {r['minutes']} | {r['tok_per_s']:.0f} "
                      f"| {r['tau_gain_per_gpu_min']} | {r['gpu_mem_gb']} | {r['data_wait']} |")
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
