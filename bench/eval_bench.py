@@ -13,7 +13,8 @@
           verify ms (the target's forward of the draft alone), glue ms = cycle - draft - verify
           (acceptance, KV compaction, staging the accepted rows, the host read, Python), and the
           plain decoding ms per token of the same engine (greedy; the temperature-1 chain's
-          speed-up is against it too)
+          speed-up is against it too); with --compile-target, again with the target's forward
+          compiled inside its CUDA graphs (plain decoding and verification alike)
   chain   `draftsmith eval` on MT-bench, chain K=7: tau, acceptance per position, speed-up
   tree    `draftsmith eval` on MT-bench, EAGLE-2 tree (60 tokens, depth 7, top-k 10): the same
   batch   (not in the default parts) `draftsmith eval` at each of --batch-sizes (default 1,4,16)
@@ -141,18 +142,19 @@ def median_ms(fn, device: torch.device, reps: int) -> float:  # noqa: ANN001
 
 
 def cycle_breakdown(target, drafter_path: Path, prompts: list[list[int]], new_tokens: int, shapes: dict[str, dict],  # noqa: ANN001
-                    compile_modes: list[bool], reps: int) -> dict:
-    """Per shape and drafter-step compilation: cycle, draft, verify and glue ms (see the docstring)."""
+                    compile_modes: list[bool], reps: int, compile_target: bool = False) -> dict:
+    """Per shape and drafter-step compilation: cycle, draft, verify and glue ms (see the docstring);
+    with `compile_target`, the target's forward compiled inside its graphs (eval --compile-target)."""
     dev, model = target.device, target.model
     drafter, _ = load_drafter(drafter_path, dev)
     drafter.to(dtype=target.dtype)
     graphs = dev.type == "cuda"
     max_len = max(map(len, prompts)) + new_tokens + 80
-    engine = TargetEngine(model, drafter.config.aux_layer_ids, max_len)
+    engine = TargetEngine(model, drafter.config.aux_layer_ids, max_len, compile=compile_target)
     if graphs:
         engine.graph_rows(1)
     plain = [plain_generate(engine, p, new_tokens, set(), Sampling()) for p in [prompts[0], *prompts]][1:]  # a warm-up first
-    out: dict = {"prompts": len(prompts), "new_tokens": new_tokens,
+    out: dict = {"prompts": len(prompts), "new_tokens": new_tokens, "target_compiled": engine.compiled,
                  "plain_ms_per_token": round(1000 * sum(t.seconds for t in plain) / sum(len(t.tokens) - 1 for t in plain), 3)}
     for name, shape in shapes.items():
         for compiled in compile_modes:
@@ -234,6 +236,8 @@ def main() -> None:
     ap.add_argument("--batch-modes", default="chain,tree,chain_t1", help="--parts batch: chain, tree, chain_t1 (temperature 1)")
     ap.add_argument("--out-dir", type=Path, default=None, help="where the eval reports go (default: a temp folder)")
     ap.add_argument("--out-json", type=Path, default=None)
+    ap.add_argument("--compile-target", action="store_true",
+                    help="--parts cycle: also the cycle with the target's forward compiled in its graphs (eval --compile-target)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: checks that the script runs")
     args = ap.parse_args()
     if args.smoke:
@@ -270,6 +274,9 @@ def main() -> None:
         compile_modes = [False, True] if device.type == "cuda" else [False]
         cycle_shapes = {**shapes, "chain_t1": {**shapes["chain"], "temperature": 1.0}}
         result["cycle"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, cycle_shapes, compile_modes, 3 if args.smoke else 50)
+        if args.compile_target:  # side by side in the same process: the compiled drafter step only
+            result["cycle_target_compiled"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, cycle_shapes,
+                                                              compile_modes[-1:], 3 if args.smoke else 50, compile_target=True)
     del target
     evals = {name: {k.replace("depth", "k"): v for k, v in shape.items()} for name, shape in shapes.items()}  # EvalConfig's names
     if "chain" in parts:

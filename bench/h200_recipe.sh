@@ -9,7 +9,11 @@
 #   GPU 1  recipes/h200.yaml's data, then recipes/ablation3_h200.yaml's `abl3_wide` (the drafter's
 #          MLP 4x wider) at the full budget and its MT-bench chain τ; then the compiled-step
 #          training tests (minutes of compiling, alone on their GPU)
-#   one GPU: GPU 0's lane
+#   before (drafter-independent, so with a random drafter; GPU 1 on two GPUs): eval's GPU test of a
+#          compiled target, then the cycle breakdown with the target's forward compiled in its
+#          graphs beside the uncompiled one (eval --compile-target, issue 15's lever: the plain and
+#          verification forwards are launch-bound)
+#   one GPU: that breakdown, then GPU 0's lane (its MT-bench τ may fall past the deadline)
 # The GPUs share the host's CPUs (online training is host-bound), so tok/s beside another run is
 # lower than on a quiet host.
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 540
@@ -38,11 +42,18 @@ lane_wide() {  # the recipe's data, the wider drafter, then the compiled-step tr
   step abl3_wide 1500 python3 -m draftsmith pipeline $A3 --only abl3_wide,abl3_wide_chain
   step gpu_tests_compiled 420 python3 -m pytest -q -rA --durations=0 --run-gpu tests/gpu/test_train_gpu.py -k compiled
 }
+compiled_target() {  # issue 15: its GPU test, then the cycle with and without the target's forward compiled
+  DRAFTSMITH_TEST_TARGET=$HF step gpu_test_compiled_target 240 python3 -m pytest -q -rA --run-gpu \
+    tests/gpu/test_eval_gpu.py -k compiled_target
+  step bench_cycle_compiled 360 python3 bench/eval_bench.py --parts cycle --compile-target --target $HF \
+    --out-json "$R/bench_cycle_compiled.json"
+}
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=0; lane_data2x) & A=$!
-  (export CUDA_VISIBLE_DEVICES=1; lane_wide) & B=$!
+  (export CUDA_VISIBLE_DEVICES=1; compiled_target; lane_wide) & B=$!
   wait $A $B
 else
+  compiled_target
   lane_data2x
 fi
 for run in /root/runs/h200 /root/runs/h200_2x; do

@@ -2,7 +2,8 @@
 forwards give the eager logits, and graphed speculative decoding (compiled drafter step)
 equals graphed plain decoding on the embedded default, at batch 1 and in a batch of 4 rows
 (fp32, so that batching cannot flip a near-tie); a sampled chain draws in its graph as it
-does without one."""
+does without one; the target's forward compiled inside its graphs (eval --compile-target)
+gives the eager logits."""
 
 from __future__ import annotations
 
@@ -57,6 +58,29 @@ def test_graphed_spec_equals_plain(target, mode):
     eng.graph_compact(prop.path_len)
     prop.graph()
     assert prop.compiled  # the compiled drafter step inside the captured cycle
+    for q in load_questions("mt_bench", 4):
+        p = turn_prompt(target.tokenizer, q.turns[:1], [])
+        assert spec_generate(eng, prop, p, 64, set(), Sampling()).tokens == plain_generate(eng, p, 64, set(), Sampling()).tokens
+
+
+def test_compiled_target_forward_equals_eager(target):
+    """eval --compile-target: the target's forward compiled (inductor) inside its CUDA graph
+    gives the eager logits and aux states, and speculative decoding on it equals plain decoding
+    on it."""
+    drafter = random_drafter(target.model, 32000)
+    eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512, compile=True)
+    eng.graph_rows(1)
+    eng.graph_rows(8)
+    assert eng.compiled  # no fallback to the eager forward
+    ids = torch.randint(0, 1000, (1, 40), device="cuda")
+    eng.prefill(ids[0, :32])
+    base, n = torch.zeros(1, dtype=torch.long, device="cuda"), torch.full((1,), 32, device="cuda")
+    compiled, aux_c = (x.clone() for x in eng.rows_forward(ids[:, 32:], base, n))
+    slots = torch.arange(32, 40, device="cuda")
+    eager, aux_e = eng._forward(ids[:, 32:], slots[None], slots[None], eng.causal_mask(32, 8)[None, None])
+    assert torch.allclose(compiled, eager, atol=1e-4) and torch.allclose(aux_c, aux_e, atol=1e-4)
+    prop = DrafterProposer(drafter, Sampling(), 512, mode="chain", depth=7, compile=True)
+    prop.graph()
     for q in load_questions("mt_bench", 4):
         p = turn_prompt(target.tokenizer, q.turns[:1], [])
         assert spec_generate(eng, prop, p, 64, set(), Sampling()).tokens == plain_generate(eng, p, 64, set(), Sampling()).tokens

@@ -93,7 +93,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"# draftsmith eval: {r['mode']} on {r['bench']}",
         "",
         f"- target `{r['target']}`, drafter `{r['drafter']}`, device {r['device']} ({r['dtype']}), CUDA graphs {r['cuda_graphs']}, "
-        f"target engine {r.get('target_engine', 'fast')}",
+        f"target engine {r.get('target_engine', 'fast')}{' (compiled)' if r.get('target_compiled') else ''}",
         f"- {r['questions']} questions, {r['turns']} turns, {r['tokens']} tokens, temperature {r['temperature']}, "
         f"max {r['max_new_tokens']} new tokens per turn, batch size {r.get('batch_size', 1)} (each row its own question; "
         "plain decoding at the same batch size)",

@@ -131,7 +131,7 @@ def run(cfg: EvalConfig) -> Path:
             return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
 
         spec_sampling, plain_sampling = sampler(), sampler()
-        engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, mode, cfg.batch_size)
+        engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, mode, cfg.batch_size, cfg.compile_target)
 
         def proposer_of(shape: Shape) -> DrafterProposer:
             return make_proposer(engine, drafter, cfg, spec_sampling, max_len, shape, graphs)
@@ -197,7 +197,7 @@ def run(cfg: EvalConfig) -> Path:
             "drafter_meta": manifest.get("meta", {}), "aux_layer_ids": drafter.config.aux_layer_ids,
             "device": torch.cuda.get_device_name(device) if on_gpu else "cpu", "dtype": str(target.dtype).removeprefix("torch."),
             "cuda_graphs": bool(graphs), "drafter_graphed": bool(graphs) and proposer.graphed, "drafter_compiled": proposer.compiled, "kv_cache_len": max_len,
-            "target_engine": engine.name, "generic_engine_reason": engine.reason if isinstance(engine, HFEngine) else None,
+            "target_engine": engine.name, "target_compiled": engine.compiled, "generic_engine_reason": engine.reason if isinstance(engine, HFEngine) else None,
             "capture_seconds": round(engine.capture_seconds, 3), "warmup_seconds": round(warmup_s, 3),
         }
         meta["wall_seconds"] = round(time.perf_counter() - t_start, 3)

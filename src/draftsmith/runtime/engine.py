@@ -38,11 +38,17 @@ slots in a CUDA graph (static input buffers; the cache is written in place), use
 decoding (t=1), verification (t = draft size + 1) and synth's batched decoding alike;
 `graph_rows(t)` captures `rows_forward` with its mask building (eval), `graph_compact(n)` the
 compaction of a tree's accepted path. On CPU the same code runs eagerly.
+
+With `compile` (eval --compile-target), each captured forward is first `torch.compile`d
+(inductor, one static shape per graph): a small target's graphed forward is ~35 kernels per
+layer, launch-bound, and fusing its norms, rotary and elementwise work cuts that count. A
+forward that fails to compile is captured eagerly instead, with one line on stderr.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 import time
 from typing import Any
 
@@ -142,7 +148,8 @@ class TargetEngine:
 
     name = "fast"
 
-    def __init__(self, model: nn.Module, aux_layer_ids: list[int], max_len: int, batch: int = 1) -> None:
+    def __init__(self, model: nn.Module, aux_layer_ids: list[int], max_len: int, batch: int = 1,
+                 compile: bool = False) -> None:
         check_supported(model)
         tc = text_config(model.config)
         self.model, self.base = model, base_model(model)
@@ -174,6 +181,7 @@ class TargetEngine:
         self.graphs: dict[tuple[int, int], Graphed] = {}  # (tokens, cache slots attended) -> graph
         self.row_graphs: dict[int, Graphed] = {}  # tokens -> graph of `rows_forward`
         self.compactions: dict[int, Graphed] = {}  # rows moved -> graph of `compact`
+        self.compiled = compile and self.device.type == "cuda"  # each graph's forward torch.compiled first
         self.capture_seconds = 0.0
 
     # -- the forward -----------------------------------------------------------------------
@@ -392,7 +400,7 @@ class TargetEngine:
         b, step = self.batch, torch.arange(t, device=self.device)
         zeros = torch.zeros(b, dtype=torch.long, device=self.device)
         example = (zeros[:, None].expand(b, t), zeros, zeros, (step[:, None] >= step).expand(b, t, t), step.expand(b, t))
-        self.row_graphs[t] = Graphed(self._rows_graphed, *example)  # ids; base, n; block, offsets
+        self.row_graphs[t] = self._capture(self._rows_graphed, *example)  # ids; base, n; block, offsets
         self.capture_seconds += time.perf_counter() - t0
 
     def graph(self, t: int, width: int | None = None) -> None:
@@ -406,8 +414,21 @@ class TargetEngine:
         b, arange = self.batch, torch.arange(t, device=self.device)
         example = (torch.zeros(b, t, dtype=torch.long, device=self.device), arange.repeat(b, 1), arange.repeat(b, 1),
                    self.causal_mask(0, t)[:, :width].repeat(b, 1, 1, 1))  # ids, pos, slots [B, t]; mask [B, 1, t, width]
-        self.graphs[(t, width)] = Graphed(self._forward, *example)
+        self.graphs[(t, width)] = self._capture(self._forward, *example)
         self.capture_seconds += time.perf_counter() - t0
+
+    def _capture(self, fn: Any, *example: torch.Tensor) -> Graphed:
+        """`fn` in a CUDA graph, compiled first (inductor, this shape only) when `compiled`; a
+        compile that fails leaves the engine uncompiled from then on, the reason on stderr."""
+        if self.compiled:
+            try:  # every graph's shape is its own compile of the same forward: more than dynamo's default 8
+                with torch._dynamo.config.patch(recompile_limit=64):
+                    return Graphed(torch.compile(fn, dynamic=False), *example)
+            except Exception as e:  # noqa: BLE001 (inductor/triton missing or failing: any error of the compiler)
+                print(f"eval: torch.compile of the target's forward failed ({type(e).__name__}: {str(e)[:200]}); "
+                      "capturing the eager forward", file=sys.stderr, flush=True)
+                self.compiled = False
+        return Graphed(fn, *example)
 
     def graph_compact(self, n: int) -> None:
         """Capture `compact` of n rows (a tree's accepted path, padded) in a CUDA graph (no-op on

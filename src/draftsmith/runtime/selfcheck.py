@@ -133,13 +133,15 @@ def fast_engine_problem(model: nn.Module, aux_layer_ids: list[int], max_len: int
         return f"the fast engine fails on it: {type(e).__name__}: {e}"
 
 
-def open_engine(model: nn.Module, aux_layer_ids: list[int], max_len: int, mode: str = "chain", batch: int = 1) -> Engine:
-    """The engine `eval` decodes with: the fast engine (of `batch` rows) when it passes the
-    self-check, else the generic one (one row: `batch > 1` is refused; `mode == "tree"` where
-    `generic_tree_problem` finds one), announced on stderr."""
+def open_engine(model: nn.Module, aux_layer_ids: list[int], max_len: int, mode: str = "chain", batch: int = 1,
+                compile: bool = False) -> Engine:
+    """The engine `eval` decodes with: the fast engine (of `batch` rows; its graphed forwards
+    compiled with `compile`) when it passes the self-check, else the generic one (one row:
+    `batch > 1` is refused; `mode == "tree"` where `generic_tree_problem` finds one), announced
+    on stderr."""
     problem = fast_engine_problem(model, aux_layer_ids, max_len)
     if problem is None:
-        return TargetEngine(model, aux_layer_ids, max_len, batch=batch)
+        return TargetEngine(model, aux_layer_ids, max_len, batch=batch, compile=compile)
     name = type(model).__name__
     if batch > 1:
         raise UserError(f"--batch-size {batch} needs draftsmith's fast engine, which does not cover {name}: {problem}. "
