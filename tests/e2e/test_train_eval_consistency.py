@@ -1,6 +1,6 @@
 """Training and evaluation agree: a drafter trained on the target's own greedy answers to a few
 prompts reaches, when `draftsmith eval` decodes those prompts again, a measured τ close to the
-simulated τ that training reported. This ties the two alignments together (training's TTT
+simulated τ (and the walked τ) that training reported. This ties the two alignments together (training's TTT
 positions and targets, and eval's drafter KV cache, positions and verification): a shift of one
 position in either would leave the simulated τ high and the measured τ near 1."""
 
@@ -42,7 +42,8 @@ def test_measured_tau_matches_simulated_tau(tmp_path, smollm2):
         "save_every": 1000})
     with shared_targets(smollm2):  # the session target, not a second copy
         train(cfg)
-    simulated = load_drafter(tmp_path / "run")[1]["meta"]["simulated_tau"]
+    val = load_drafter(tmp_path / "run")[1]["meta"]["val"]
+    simulated, walked = val["tau"], val["tau_walk"]
 
     bench = tmp_path / "prompts.jsonl"
     bench.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
@@ -51,3 +52,4 @@ def test_measured_tau_matches_simulated_tau(tmp_path, smollm2):
     measured = json.loads((out / "report.json").read_text())["tau"]
     assert simulated > 2.2, simulated
     assert abs(measured - simulated) < 0.4, (measured, simulated)
+    assert abs(measured - walked) < 0.4, (measured, walked)  # 2026-12-01: simulated 2.97, walked 2.92, measured 2.98
