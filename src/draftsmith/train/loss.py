@@ -31,7 +31,7 @@ SoftCE's forward pass an opaque op in it (`_soft_ce_op`), so the chunking holds 
 
 Counts per step (for metrics): n_valid, n_correct (student argmax == teacher argmax), and the
 chained counts for cond_acc: positions whose steps 0..k-1 were all valid and correct. In
-validation also the walked counts (`metrics.walk_counts`: the answers decoded as a chain of K
+validation also the walked counts (`walk.walk_counts`: the answers decoded as a chain of K
 drafts would decode them, cycle by cycle); zero in training.
 """
 
@@ -273,7 +273,7 @@ class TTTObjective(nn.Module):
         loss, stats = step(ids, loss_mask, doc, pos, aux, final)
         runs = stats.pop("runs", None)  # [B, T], validation only: drafts accepted from each position
         if runs is None:
-            stats["walk_cycles"] = stats["walk_reach"] = torch.zeros_like(stats["n_valid"])
+            stats["walk_cycles"], stats["walk_reach"] = torch.zeros_like(stats["n_valid"]), torch.zeros_like(stats["n_valid"])
         else:
             answer = (shift_left(doc, 2, fill=-2) == doc) & (doc >= 0) & shift_left(loss_mask, 2).bool()  # [B, T]
             cycles, reach = walk_counts(runs, answer, self.ttt)
