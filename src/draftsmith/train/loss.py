@@ -275,7 +275,7 @@ class TTTObjective(nn.Module):
         if runs is None:
             stats["walk_cycles"], stats["walk_reach"] = torch.zeros_like(stats["n_valid"]), torch.zeros_like(stats["n_valid"])
         else:
-            answer = (shift_left(doc, 2, fill=-2) == doc) & (doc >= 0) & shift_left(loss_mask, 2).bool()  # [B, T]
+            answer = valid_steps(doc, loss_mask, torch.ones_like(loss_mask), 1)[0]  # [B, T]: t drafts answer token t+2
             cycles, reach = walk_counts(runs, answer, self.ttt)
             stats["walk_cycles"], stats["walk_reach"] = (x.to(stats["n_valid"]) for x in (cycles, reach))
         return loss, stats
@@ -342,7 +342,8 @@ class TTTObjective(nn.Module):
             aux = noisy(aux, len(d.config.aux_layer_ids), self.aux_noise)
         hidden0 = d.project(aux)  # [B, T, H]
         chain = torch.ones_like(valid[0])  # [B, T]: steps so far all valid and correct
-        runs = torch.zeros(valid.shape[1:], dtype=torch.long, device=valid.device)  # [B, T]: leading correct steps
+        # validation: the leading correct steps at each position [B, T], for the walked counts
+        runs = None if self.training else torch.zeros(valid.shape[1:], dtype=torch.long, device=valid.device)
         loss = hidden0.new_zeros((), dtype=torch.float32)
         stats = {key: [] for key in STEP_KEYS}
         for k, out in unroll(d, hidden0, ids, pos, doc, self.ttt, self.backend):
@@ -356,8 +357,9 @@ class TTTObjective(nn.Module):
             stats["n_chain"].append((chain & v).sum())
             stats["n_chain_correct"].append((chain & hit).sum())
             chain = chain & hit
-            runs = runs + chain
+            if runs is not None:
+                runs = runs + chain
         out = {key: torch.stack(vals).float() for key, vals in stats.items()}
-        if not self.training:
+        if runs is not None:
             out["runs"] = runs
         return loss, out

@@ -133,9 +133,9 @@ def build_drafter(target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t
     target, its final norm and the draft rows of its lm_head times the head's logit scale (the
     drafter's head has no bias or soft-cap)."""
     arch = {k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")}
-    dcfg = replace(DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), aux_layer_ids), **arch)
     if cfg.intermediate_size is not None:
-        dcfg = replace(dcfg, intermediate_size=cfg.intermediate_size)
+        arch["intermediate_size"] = cfg.intermediate_size
+    dcfg = replace(DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), aux_layer_ids), **arch)
     drafter = Eagle3Drafter(dcfg)
     drafter.load_target_embeddings(embed_weight(target.model).detach().float())
     drafter.set_vocab(d2t, t2d)
