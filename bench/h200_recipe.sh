@@ -13,7 +13,9 @@
 #          compiled target, then the cycle breakdown with the target's forward compiled in its
 #          graphs beside the uncompiled one (eval --compile-target, issue 15's lever: the plain and
 #          verification forwards are launch-bound)
-#   one GPU: that breakdown, then GPU 0's lane (its MT-bench τ may fall past the deadline)
+#   one GPU: the compiled target's GPU test beside the fourth ablation's synth (a correctness test,
+#          not a timing), then GPU 0's lane, with the cycle breakdown on the quiet GPU after its
+#          MT-bench τ and before its held-out τ, as far as the deadline allows
 # The GPUs share the host's CPUs (online training is host-bound), so tok/s beside another run is
 # lower than on a quiet host.
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 540
@@ -28,9 +30,10 @@ A3=recipes/ablation3_h200.yaml
 A4=recipes/ablation4_h200.yaml
 driver_start 24 2
 
-lane_data2x() {  # the fourth ablation, its chain τ on its own held-out prompts, then --k auto
+ablation4() { step abl4_data2x 1500 python3 -m draftsmith pipeline $A4; }
+held_out() {  # the fourth ablation's chain τ on its own held-out prompts, then --k auto
   local run=/root/runs/h200_2x
-  step abl4_data2x 1500 python3 -m draftsmith pipeline $A4 || return
+  [ -f "$R/abl4_data2x.ok" ] || return
   python3 bench/val_questions.py $run/prepare --target $HF --out "$R/val_questions.jsonl" > "$R/val_questions.log" 2>&1
   step eval_held_out 300 python3 -m draftsmith eval --target $HF --drafter $run/abl4_data2x --bench "$R/val_questions.jsonl" \
     --mode chain --k 7 --num-questions 80 --no-speed --out /root/eval_held_out
@@ -42,19 +45,24 @@ lane_wide() {  # the recipe's data, the wider drafter, then the compiled-step tr
   step abl3_wide 1500 python3 -m draftsmith pipeline $A3 --only abl3_wide,abl3_wide_chain
   step gpu_tests_compiled 420 python3 -m pytest -q -rA --durations=0 --run-gpu tests/gpu/test_train_gpu.py -k compiled
 }
-compiled_target() {  # issue 15: its GPU test, then the cycle with and without the target's forward compiled
+test_compiled_target() {
   DRAFTSMITH_TEST_TARGET=$HF step gpu_test_compiled_target 240 python3 -m pytest -q -rA --run-gpu \
     tests/gpu/test_eval_gpu.py -k compiled_target
+}
+bench_compiled_target() {  # issue 15: the cycle with and without the target's forward compiled
   step bench_cycle_compiled 360 python3 bench/eval_bench.py --parts cycle --compile-target --target $HF \
     --out-json "$R/bench_cycle_compiled.json"
 }
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  (export CUDA_VISIBLE_DEVICES=0; lane_data2x) & A=$!
-  (export CUDA_VISIBLE_DEVICES=1; compiled_target; lane_wide) & B=$!
+  (export CUDA_VISIBLE_DEVICES=0; ablation4; held_out) & A=$!
+  (export CUDA_VISIBLE_DEVICES=1; test_compiled_target; bench_compiled_target; lane_wide) & B=$!
   wait $A $B
 else
-  compiled_target
-  lane_data2x
+  test_compiled_target & T=$!
+  ablation4
+  wait $T
+  bench_compiled_target
+  held_out
 fi
 for run in /root/runs/h200 /root/runs/h200_2x; do
   [ -d $run ] && python3 bench/summarise_ablation.py $run --out "$R/ablation_$(basename $run).md" >> "$R/summary.log" 2>&1
