@@ -8,7 +8,7 @@ so that `draftsmith eval --bench` measures τ on the training distribution itsel
 
     MT-bench τ / val τ = (held-out measured τ / val τ) × (MT-bench τ / held-out measured τ)
 
-    python bench/val_questions.py RUN/prepare --target T --out val_questions.jsonl [--num 80]
+    python bench/val_questions.py RUN/prepare --target T --out val_questions.jsonl [--num 80]  # spread over the split
     draftsmith eval --target T --drafter RUN/train --bench val_questions.jsonl --no-speed ...
 
 A turn's text is recovered from the sample's tokens: the chat template applied to one sentinel
@@ -61,6 +61,14 @@ def held_out_turns(dataset_dir: Path, tokenizer: Any, val_fraction: float = 0.05
     return questions, unmatched
 
 
+def spread(questions: list[dict], num: int) -> list[dict]:
+    """`num` questions evenly spaced over the split. `prepare` keeps its sources in the order
+    they were synthesised (GSM8K first, then Magpie...), so the first N would be one source only."""
+    if num >= len(questions):
+        return questions
+    return [questions[i * len(questions) // num] for i in range(num)]
+
+
 def main() -> None:
     from draftsmith.target import load_tokenizer
 
@@ -68,12 +76,12 @@ def main() -> None:
     ap.add_argument("dataset", type=Path, help="the dataset `prepare` wrote (the one the drafter trained on)")
     ap.add_argument("--target", required=True, help="the target (its tokenizer decodes the samples)")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--num", type=int, default=80, help="the first N validation samples that decode")
+    ap.add_argument("--num", type=int, default=80, help="N validation samples that decode, evenly spaced over the split")
     ap.add_argument("--val-fraction", type=float, default=0.05, help="train's --val-fraction")
     ap.add_argument("--seed", type=int, default=0, help="train's --seed")
     args = ap.parse_args()
     questions, unmatched = held_out_turns(args.dataset, load_tokenizer(args.target), args.val_fraction, args.seed)
-    args.out.write_text("".join(json.dumps(q) + "\n" for q in questions[: args.num]))
+    args.out.write_text("".join(json.dumps(q) + "\n" for q in spread(questions, args.num)))
     print(f"[val_questions] {min(len(questions), args.num)} of {len(questions)} held-out first turns written to "
           f"{args.out}; {unmatched} samples left out (their prefix is not the template's first turn)", flush=True)
 

@@ -7,7 +7,7 @@ import json
 
 from typer.testing import CliRunner
 
-from bench.val_questions import held_out_turns
+from bench.val_questions import held_out_turns, spread
 from draftsmith.cli import app
 from draftsmith.target import load_tokenizer
 from draftsmith.train.batching import split_indices
@@ -27,3 +27,10 @@ def test_held_out_first_turns_are_the_samples_prompts(tmp_path, tiny_target_dir)
     _, val_idx = split_indices(len(PROMPTS), 0.25, 3)
     assert unmatched == 0
     assert [q["turns"] for q in questions] == [[PROMPTS[i]] for i in val_idx]  # train's split, the first turns only
+
+
+def test_spread_samples_every_part_of_the_split():
+    questions = [{"question_id": i} for i in range(100)]  # e.g. 0-29 GSM8K, then Magpie
+    picked = [q["question_id"] for q in spread(questions, 10)]
+    assert picked == list(range(0, 100, 10))
+    assert spread(questions[:5], 10) == questions[:5]
