@@ -43,7 +43,7 @@ SMALL: list[tuple[str, str, dict[str, Any]]] = [
                       "max_new_tokens": 48}),
 ]
 # the H200 recipe's stages that `full` runs (about 30 minutes on one H200)
-FULL = ("synth", "magpie", "magpie2", "prepare", "vocab", "train_online", "eval_chain")
+FULL = ("synth", "magpie", "magpie_b", "magpie2", "magpie2_b", "prepare", "vocab", "train_online", "eval_chain")
 
 
 def budget_stages(budget: str) -> list[tuple[str, str, dict[str, Any]]]:
