@@ -9,7 +9,8 @@
 #          15: end to end, before it can be the default), then eval_tree, as the deadline allows
 #   GPU 1  eval's compiled-target GPU test, then, once GPU 0's vocab is done, recipes/
 #          ablation3_h200.yaml's `abl3_wide` (the drafter's MLP 4x wider) on the same data and its
-#          MT-bench chain τ; then the compiled-step training tests (minutes of compiling)
+#          MT-bench chain τ; then the compiled-step training tests (minutes of compiling) and
+#          `eval --k auto` with GPU 0's drafter (issue 15, after the spread calibration)
 #   one GPU: the compiled-target test beside GPU 0's synth (a correctness test, not a timing),
 #          then GPU 0's lane
 # The GPUs share the host's CPUs (online training is host-bound), so tok/s beside another run is
@@ -43,6 +44,8 @@ lane_wide() {  # the wider drafter on GPU 0's data, then the compiled-step train
   while [ ! -f $RUN/.pipeline/vocab.done ] && [ "$(date +%s)" -lt "$DEADLINE" ]; do sleep 5; done
   step abl3_wide 1500 python3 -m draftsmith pipeline $A3 --only abl3_wide,abl3_wide_chain
   step gpu_tests_compiled 420 python3 -m pytest -q -rA --durations=0 --run-gpu tests/gpu/test_train_gpu.py -k compiled
+  [ -f $RUN/.pipeline/train_online.done ] && step eval_k_auto 300 python3 -m draftsmith eval --target $HF \
+    --drafter $RUN/train_online --k auto --num-questions 24 --out /root/eval_k_auto
 }
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=0; lane_recipe) & A=$!
