@@ -140,9 +140,9 @@ def test_tree_on_the_generic_path_runs_or_is_refused_with_the_reason():
 
 
 def test_synth_takes_generate_or_refuses_when_the_check_fails(tokenizer, capsys):
-    """GPU synth never writes the fast engine's tokens for a target that fails the check: `auto`
-    takes HF `generate` and says why, `--generator engine` is refused. (A target that claims a
-    CUDA device: `auto` only considers the engine there.)"""
+    """Synth never writes the fast engine's tokens for a target that fails the check: `auto`
+    takes HF `generate` and says why, `--generator engine` is refused; a target that passes it
+    gets the engine, on a GPU as on the CPU."""
     on_cuda = lambda model: dataclasses.replace(target_from_model(model, tokenizer), device=torch.device("cuda"))  # noqa: E731
     granite = on_cuda(tiny("granite", len(tokenizer)))
     assert not uses_engine(granite, "auto")
@@ -150,6 +150,7 @@ def test_synth_takes_generate_or_refuses_when_the_check_fails(tokenizer, capsys)
     with pytest.raises(UserError, match="--generator engine: .*GraniteForCausalLM"):
         uses_engine(granite, "engine")
     assert uses_engine(on_cuda(tiny("llama", len(tokenizer))), "auto")
+    assert uses_engine(target_from_model(tiny("llama", len(tokenizer)), tokenizer), "auto")  # CPU
 
 
 def test_cli_eval_on_the_generic_path(tmp_path, tokenizer):

@@ -91,7 +91,8 @@ def _chat(q: str) -> Request:
 
 
 def test_backend_picks_and_reuses_the_engine(tiny_target, tokenizer, monkeypatch):
-    assert not LocalBackend(tiny_target).use_engine  # auto: HF generate on CPU
+    assert LocalBackend(tiny_target).use_engine  # auto: the engine on CPU too
+    assert not LocalBackend(tiny_target, generator="hf").use_engine
     backend = LocalBackend(tiny_target, batch_size=3, generator="engine")
     requests = [_chat(q) for q in ("hi", "x", "What is two plus two?", "Tell me a story about owls.")]
     backend.generate(requests[:2], _greedy(4))

@@ -41,7 +41,7 @@ class SynthConfig(CommandConfig):
     retries: int = Field(5, ge=0, description="Remote backend: retries per request, with exponential backoff.")
     backoff: float = Field(1.0, ge=0, description="Remote backend: seconds before the first retry (doubled each retry, at most 30).")
     batch_size: int = Field(32, ge=1, description="Local backend: prompts per generation batch.")
-    generator: Literal["auto", "engine", "hf"] = Field("auto", description="Local backend: engine = draftsmith's static-KV engine, batched, decode step in a CUDA graph (Llama-family targets); hf = HF generate (any model); auto = engine on CUDA when the target is supported (and its generation config has no repetition penalty or the like), else hf.")
+    generator: Literal["auto", "engine", "hf"] = Field("auto", description="Local backend: engine = draftsmith's static-KV engine, batched, decode step in a CUDA graph (Llama-family targets); hf = HF generate (any model); auto = engine (GPU or CPU) when the target passes its self-check (and its generation config has no repetition penalty or the like), else hf.")
     cache: Literal["dynamic", "static"] = Field("dynamic", description="Local backend with --generator hf: KV cache; static preallocates it and pads prompts to a multiple of 64.")
     device: str | None = Field(None, description="Device; default cuda when available (cuda:LOCAL_RANK under torchrun).")
     shard: Shard = Field("none", description="Local backend: " + SHARD_HELP + " Generates with HF generate.")
