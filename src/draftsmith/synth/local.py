@@ -75,7 +75,7 @@ HF_ONLY = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_p": 0.0, "
 def uses_engine(target: Target, generator: str) -> bool:
     """Whether `generator` ("auto", "engine" or "hf") means the static-KV engine for this target:
     auto takes it for a target on one device (a GPU, or the CPU: there its prepacked linear
-    layers make it 5x HF `generate`'s rate, BENCHMARKS.md) that passes the engine's self-check
+    layers make it 1.25x HF `generate`'s rate, BENCHMARKS.md) that passes the engine's self-check
     (over the whole context) and whose generation config sets nothing that only HF `generate`
     applies (e.g. a repetition penalty)."""
     cfg = target.model.generation_config
