@@ -7,7 +7,8 @@
 #          over the validation split (issue 17's ratio, split into simulation and distribution
 #          shift), eval_chain again with the target's forward compiled (`--compile-target`, issue
 #          15: end to end, before it can be the default), then eval_tree, as the deadline allows
-#   GPU 1  eval's compiled-target GPU test, then, once GPU 0's vocab is done, recipes/
+#   GPU 1  eval's compiled-target GPU test and the cycle breakdown (a random drafter: the chain's
+#          draft masks are made once per cycle since 2026-12-01 17:10, unmeasured), then, once GPU 0's vocab is done, recipes/
 #          ablation3_h200.yaml's `abl3_wide` (the drafter's MLP 4x wider) on the same data and its
 #          MT-bench chain τ; then the compiled-step training tests (minutes of compiling) and
 #          `eval --k auto` with GPU 0's drafter (issue 15, after the spread calibration)
@@ -40,6 +41,10 @@ test_compiled_target() {
   DRAFTSMITH_TEST_TARGET=$HF step gpu_test_compiled_target 240 python3 -m pytest -q -rA --run-gpu \
     tests/gpu/test_eval_gpu.py -k compiled_target
 }
+bench_cycle() {  # issue 15: the cycle breakdown with and without the target's forward compiled (a random drafter)
+  step bench_cycle_compiled 360 python3 bench/eval_bench.py --parts cycle --compile-target --target $HF \
+    --out-json "$R/bench_cycle_compiled.json"
+}
 lane_wide() {  # the wider drafter on GPU 0's data, then the compiled-step training tests
   while [ ! -f $RUN/.pipeline/vocab.done ] && [ "$(date +%s)" -lt "$DEADLINE" ]; do sleep 5; done
   step abl3_wide 1500 python3 -m draftsmith pipeline $A3 --only abl3_wide,abl3_wide_chain
@@ -49,7 +54,7 @@ lane_wide() {  # the wider drafter on GPU 0's data, then the compiled-step train
 }
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=0; lane_recipe) & A=$!
-  (export CUDA_VISIBLE_DEVICES=1; test_compiled_target; lane_wide) & B=$!
+  (export CUDA_VISIBLE_DEVICES=1; test_compiled_target; bench_cycle; lane_wide) & B=$!
   wait $A $B
 else
   test_compiled_target & T=$!
