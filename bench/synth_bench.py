@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--cache", choices=["dynamic", "static"], default="dynamic", help="KV cache of --generator hf")
     ap.add_argument("--generator", choices=["auto", "engine", "hf"], default="auto",
-                    help="local generator (auto: the static-KV engine on CUDA, else HF generate)")
+                    help="local generator (auto: the static-KV engine where the target passes its self-check, else HF generate)")
     ap.add_argument("--baseline-prompts", type=int, default=3, help="prompts for the single-stream baseline")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default="auto")
