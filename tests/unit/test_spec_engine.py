@@ -144,3 +144,23 @@ def test_a_failed_graph_capture_drafts_without_graphs(tiny_model, mode, monkeypa
     prompt = [1, 5, 7, 3, 9]
     plain = plain_generate(eng, prompt, 12, set(), Sampling())
     assert spec_generate(eng, prop, prompt, 12, set(), Sampling()).tokens == plain.tokens
+
+
+@pytest.mark.parametrize("max_len", [128, 130])
+def test_chain_draft_step_inputs_start_on_16_bytes(tiny_model, max_len):
+    """A chain cycle's per-step masks, positions and slots are slices of tensors made once per
+    cycle; each slice starts on a 16-byte boundary, since inductor clones (one more kernel in the
+    graph) a compiled step's input that does not. The steps see what the unsliced rule gives."""
+    prop = DrafterProposer(random_drafter(tiny_model), Sampling(), max_len, mode="chain", depth=4)
+    seen = []
+    prop._step = lambda hidden, ids, pos, slots, mask: seen.append((pos, slots, mask)) or (
+        torch.zeros(hidden.shape[0], 1, prop.chain_masks.shape[0] + 1000), hidden)
+    n, base = torch.tensor([5, 9]), torch.tensor([0, 2])
+    prop._chain_from(torch.zeros(2, 1000), torch.zeros(2, tiny_model.config.hidden_size), base, n)
+    assert len(seen) == 3
+    cols = prop.cols
+    for i, (pos, slots, mask) in enumerate(seen):
+        assert all(t.data_ptr() % 16 == 0 for t in (pos, slots, mask))
+        assert pos.tolist() == [[5 + i], [9 + i]] and slots.tolist() == [[max_len + i]] * 2
+        want = ((cols >= base[:, None]) & (cols < (base + n)[:, None])) | ((cols >= max_len) & (cols <= max_len + i))
+        assert torch.equal(mask[:, 0], want)

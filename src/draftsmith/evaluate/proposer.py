@@ -98,11 +98,16 @@ class DrafterProposer:
         self.vocab_map = drafter.to_target_ids(torch.arange(cfg.draft_vocab_size, device=self.device))  # [Vd]
         self.vocab_size = cfg.vocab_size
         self.cols = torch.arange(shape[2], device=self.device)  # [S]
-        # a chain's draft step i (0..K-2) writes draft slot i and sees draft slots 0..i: made once,
-        # so that a cycle's graph builds no per-step masks, positions or slots
-        self.chain_steps = torch.arange(max(depth - 1, 0), device=self.device)  # [K-1]
-        self.chain_slots = max_len + self.chain_steps  # [K-1]
-        self.chain_masks = (self.cols >= max_len) & (self.cols <= self.chain_slots[:, None])  # [K-1, S]
+        # A chain's draft step i (0..K-2) writes draft slot i and sees draft slots 0..i. Its mask,
+        # position and slot are made once per cycle, not per step (fewer kernels in the graph),
+        # each step's slice on a 16-byte boundary: inductor clones a misaligned input of the
+        # compiled step. Hence masks padded to S16 columns and offsets stored twice (2 x int64).
+        padded = -(-shape[2] // 16) * 16  # S16
+        steps = torch.arange(max(depth - 1, 0), device=self.device)[:, None].expand(-1, 2)  # [K-1, 2]
+        self.chain_steps = steps.contiguous()  # [K-1, 2]: step i's position offset, twice
+        self.chain_slots = (max_len + steps).contiguous()  # [K-1, 2]: step i's slot, twice
+        cols = torch.arange(padded, device=self.device)  # [S16]
+        self.chain_masks = (cols >= max_len) & (cols <= self.chain_slots[:, :1])  # [K-1, S16]: draft slots 0..i
         self.compiled = compile
         self.step_fn = torch.compile(self._step_eager, dynamic=False) if compile else self._step_eager
         if compile:  # dynamo keeps one entry per proposer and step shape, on one code object: --k auto makes up to 16
@@ -256,9 +261,10 @@ class DrafterProposer:
         `self.noise` [B, K, Vd]. Returns the target ids [B, K] and, when sampling, the distribution
         each was drawn from [B, K, V]."""
         tokens, qs = [], []
-        masks = self._context(base, n)[:, None] | self.chain_masks  # [B, K-1, S]
-        pos = n[:, None] + self.chain_steps  # [B, K-1]: draft step i at position n+i
-        slots = self.chain_slots.expand(n.shape[0], -1)  # [B, K-1]
+        b, s = n.shape[0], self.cols.shape[0]
+        context = self._context(base, n)  # [B, S]
+        masks = F.pad(context, (0, self.chain_masks.shape[1] - s))[:, None] | self.chain_masks  # [B, K-1, S16]
+        pos = n[:, None, None] + self.chain_steps  # [B, K-1, 2]: draft step i at position n+i
         for i in range(self.depth):
             if self.noise is None:
                 d = logits.argmax(-1)  # [B]
@@ -267,9 +273,9 @@ class DrafterProposer:
                 d = race(q_d, self.noise[:, i])  # [B]: a draw from q_d
                 qs.append(torch.zeros(q_d.shape[0], self.vocab_size, device=self.device).index_copy_(1, self.vocab_map, q_d))
             tokens.append(self.vocab_map.index_select(0, d))  # [B] target ids
-            if i < self.depth - 1:  # draft step i
-                step = slice(i, i + 1)
-                logits, out = self._step(hidden[:, None], tokens[-1][:, None], pos[:, step], slots[:, step], masks[:, step])
+            if i < self.depth - 1:  # draft step i: [B, 1] position and slot, [B, 1, S] mask
+                logits, out = self._step(hidden[:, None], tokens[-1][:, None], pos[:, i, :1],
+                                         self.chain_slots[i, :1].expand(b, 1), masks[:, i : i + 1, :s])
                 logits, hidden = logits[:, 0], out[:, 0]  # [B, Vd], [B, H]
         q = torch.stack(qs, dim=1) if qs else None  # [B, K, V]
         return torch.stack(tokens, dim=1), q  # [B, K]
