@@ -19,16 +19,18 @@
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 540
 # Needs the embedded default's GGUF at $GGUF and the wheels the image lacks importable
 # (bench/h200_wheels.sh fetches them into .whl); reruns skip finished steps; no step starts
-# after $DEADLINE and none runs past $HARD_DEADLINE (epoch seconds; default: 24 and 2 minutes
-# after the start), so the lease's end cuts nothing unseen.
+# after $DEADLINE and none runs past $HARD_DEADLINE (epoch seconds; default: 25 and 2 minutes
+# after the start), so the lease's end cuts nothing unseen. On one GPU the recipe step (data 5.4
+# min, training 14-16, eval_chain with its speed run about 4, on 2026-12-01's figures) needs most
+# of that: start it within a minute of the lease and poll back to back.
 set -uo pipefail
 . "$(dirname "$0")/steps.sh"
 Y=recipes/h200.yaml
 A3=recipes/ablation3_h200.yaml
-driver_start 24 2
+driver_start 25 2
 
 lane_recipe() {  # the recipe, then what its drafter still owes
-  step recipe 1500 python3 -m draftsmith pipeline $Y \
+  step recipe 1560 python3 -m draftsmith pipeline $Y \
     --only synth,magpie,magpie_b,magpie2,magpie2_b,prepare,vocab,train_online,eval_chain || return
   python3 bench/val_questions.py $RUN/prepare --target $HF --out "$R/val_questions.jsonl" > "$R/val_questions.log" 2>&1
   step eval_held_out 240 python3 -m draftsmith eval --target $HF --drafter $RUN/train_online --bench "$R/val_questions.jsonl" \
