@@ -80,6 +80,8 @@ def main() -> None:
     ap.add_argument("--val-fraction", type=float, default=0.05, help="train's --val-fraction")
     ap.add_argument("--seed", type=int, default=0, help="train's --seed")
     args = ap.parse_args()
+    if args.num < 1:
+        ap.error(f"--num must be at least 1 (got {args.num})")
     questions, unmatched = held_out_turns(args.dataset, load_tokenizer(args.target), args.val_fraction, args.seed)
     args.out.write_text("".join(json.dumps(q) + "\n" for q in spread(questions, args.num)))
     print(f"[val_questions] {min(len(questions), args.num)} of {len(questions)} held-out first turns written to "

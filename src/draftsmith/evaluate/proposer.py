@@ -97,17 +97,16 @@ class DrafterProposer:
         self.v_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
         self.vocab_map = drafter.to_target_ids(torch.arange(cfg.draft_vocab_size, device=self.device))  # [Vd]
         self.vocab_size = cfg.vocab_size
-        self.cols = torch.arange(shape[2], device=self.device)  # [S]
         # A chain's draft step i (0..K-2) writes draft slot i and sees draft slots 0..i. Its mask,
         # position and slot are made once per cycle, not per step (fewer kernels in the graph),
         # each step's slice on a 16-byte boundary: inductor clones a misaligned input of the
-        # compiled step. Hence masks padded to S16 columns and offsets stored twice (2 x int64).
-        padded = -(-shape[2] // 16) * 16  # S16
+        # compiled step. Hence mask rows of S16 columns and offsets stored twice (2 x int64).
+        self.cols16 = torch.arange(-(-shape[2] // 16) * 16, device=self.device)  # [S16]: cache slots, then padding
+        self.cols = self.cols16[: shape[2]]  # [S]
         steps = torch.arange(max(depth - 1, 0), device=self.device)[:, None].expand(-1, 2)  # [K-1, 2]
         self.chain_steps = steps.contiguous()  # [K-1, 2]: step i's position offset, twice
         self.chain_slots = (max_len + steps).contiguous()  # [K-1, 2]: step i's slot, twice
-        cols = torch.arange(padded, device=self.device)  # [S16]
-        self.chain_masks = (cols >= max_len) & (cols <= self.chain_slots[:, :1])  # [K-1, S16]: draft slots 0..i
+        self.chain_masks = (self.cols16 >= max_len) & (self.cols16 <= self.chain_slots[:, :1])  # [K-1, S16]
         self.compiled = compile
         self.step_fn = torch.compile(self._step_eager, dynamic=False) if compile else self._step_eager
         if compile:  # dynamo keeps one entry per proposer and step shape, on one code object: --k auto makes up to 16
@@ -201,8 +200,9 @@ class DrafterProposer:
         return (self._step_eager if eager else self._step)(hidden, next_tokens, pos.clamp(min=0), slots, mask)
 
     def _context(self, base: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-        """[B, S]: the step-0 slots that a draft of each row sees (its n observed positions)."""
-        return (self.cols >= base[:, None]) & (self.cols < (base + n)[:, None])
+        """[B, S16]: the step-0 slots that a draft of each row sees (its n observed positions;
+        never a draft slot or the padding past S)."""
+        return (self.cols16 >= base[:, None]) & (self.cols16 < (base + n)[:, None])
 
     @torch.no_grad()
     def observe_prompt(self, aux: torch.Tensor, next_tokens: torch.Tensor, pad: torch.Tensor) -> None:
@@ -262,8 +262,7 @@ class DrafterProposer:
         each was drawn from [B, K, V]."""
         tokens, qs = [], []
         b, s = n.shape[0], self.cols.shape[0]
-        context = self._context(base, n)  # [B, S]
-        masks = F.pad(context, (0, self.chain_masks.shape[1] - s))[:, None] | self.chain_masks  # [B, K-1, S16]
+        masks = self._context(base, n)[:, None] | self.chain_masks  # [B, K-1, S16]
         pos = n[:, None, None] + self.chain_steps  # [B, K-1, 2]: draft step i at position n+i
         for i in range(self.depth):
             if self.noise is None:

@@ -42,16 +42,19 @@ SMALL: list[tuple[str, str, dict[str, Any]]] = [
     ("eval", "eval", {"bench": "mt_bench", "mode": "chain", "k": "auto", "k_max": 3, "num_questions": 3,
                       "max_new_tokens": 48}),
 ]
-# the H200 recipe's stages that `full` runs (about 30 minutes on one H200)
-FULL = ("synth", "magpie", "magpie_b", "magpie2", "magpie2_b", "prepare", "vocab", "train_online", "eval_chain")
+# what `full` runs of the H200 recipe (about 30 minutes on one H200): its data stages, whatever
+# they are, then these two
+DATA_COMMANDS = ("synth", "prepare", "vocab")
+FULL_AFTER_DATA = ("train_online", "eval_chain")
 
 
 def budget_stages(budget: str) -> list[tuple[str, str, dict[str, Any]]]:
-    """The stages of a budget: SMALL, or the FULL stages of the packaged H200 recipe."""
+    """The stages of a budget: SMALL, or the packaged H200 recipe's data stages (every synth,
+    prepare and vocab) and FULL_AFTER_DATA, in the recipe's order."""
     if budget == "small":
         return SMALL
-    recipe = {stage[0]: stage for stage in parse_stages(load_yaml_mapping(H200_RECIPE, "recipe")["stages"])}
-    return [recipe[name] for name in FULL]
+    stages = parse_stages(load_yaml_mapping(H200_RECIPE, "recipe")["stages"])
+    return [stage for stage in stages if stage[1] in DATA_COMMANDS or stage[0] in FULL_AFTER_DATA]
 
 
 def run(cfg: QuickstartConfig) -> Path:
