@@ -30,8 +30,9 @@ A3=recipes/ablation3_h200.yaml
 driver_start 25 2
 
 lane_recipe() {  # the recipe, then what its drafter still owes
-  step recipe 1560 python3 -m draftsmith pipeline $Y \
-    --only synth,magpie,magpie_b,magpie2,magpie2_b,prepare,vocab,train_online,eval_chain || return
+  local full  # quickstart --budget full's stages of the recipe: its data stages, train_online, eval_chain
+  full=$(python3 -c "from draftsmith.pipeline.quickstart import budget_stages; print(','.join(s[0] for s in budget_stages('full')))")
+  step recipe 1560 python3 -m draftsmith pipeline $Y --only "$full" || return
   python3 bench/val_questions.py $RUN/prepare --target $HF --out "$R/val_questions.jsonl" > "$R/val_questions.log" 2>&1
   step eval_held_out 240 python3 -m draftsmith eval --target $HF --drafter $RUN/train_online --bench "$R/val_questions.jsonl" \
     --mode chain --k 7 --num-questions 80 --no-speed --out /root/eval_held_out
