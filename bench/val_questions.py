@@ -3,7 +3,7 @@
 Training reports a *simulated* τ on its validation split; eval *measures* τ on MT-bench. Their
 ratio mixes two things: how well the simulation predicts real decoding, and how far MT-bench
 is from the training distribution. This writes the first user turn of each validation sample
-(the split `train` holds out: same dataset, --val-fraction and --seed) as a JSONL question set,
+(the split `train` holds out: same dataset, --val-fraction and --val-seed) as a JSONL question set,
 so that `draftsmith eval --bench` measures τ on the training distribution itself:
 
     MT-bench τ / val τ = (held-out measured τ / val τ) × (MT-bench τ / held-out measured τ)
@@ -39,11 +39,11 @@ def user_wrap(tokenizer: Any) -> tuple[str, str]:
     return before, after
 
 
-def held_out_turns(dataset_dir: Path, tokenizer: Any, val_fraction: float = 0.05, seed: int = 0) -> tuple[list[dict], int]:
+def held_out_turns(dataset_dir: Path, tokenizer: Any, val_fraction: float = 0.05, val_seed: int = 0) -> tuple[list[dict], int]:
     """The validation samples' first user turns as questions, and how many samples did not
     decode to the template's first-turn shape (left out)."""
     ds = load_dataset(dataset_dir)
-    _, val_idx = split_indices(len(ds), val_fraction, seed)
+    _, val_idx = split_indices(len(ds), val_fraction, val_seed)
     before, after = user_wrap(tokenizer)
     questions, unmatched = [], 0
     for i in val_idx:
@@ -78,11 +78,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--num", type=int, default=80, help="N validation samples that decode, evenly spaced over the split")
     ap.add_argument("--val-fraction", type=float, default=0.05, help="train's --val-fraction")
-    ap.add_argument("--seed", type=int, default=0, help="train's --seed")
+    ap.add_argument("--val-seed", type=int, default=0, help="train's --val-seed")
     args = ap.parse_args()
     if args.num < 1:
         ap.error(f"--num must be at least 1 (got {args.num})")
-    questions, unmatched = held_out_turns(args.dataset, load_tokenizer(args.target), args.val_fraction, args.seed)
+    questions, unmatched = held_out_turns(args.dataset, load_tokenizer(args.target), args.val_fraction, args.val_seed)
     args.out.write_text("".join(json.dumps(q) + "\n" for q in spread(questions, args.num)))
     print(f"[val_questions] {min(len(questions), args.num)} of {len(questions)} held-out first turns written to "
           f"{args.out}; {unmatched} samples left out (their prefix is not the template's first turn)", flush=True)

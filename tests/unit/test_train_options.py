@@ -86,6 +86,20 @@ def test_intermediate_size_widens_the_drafter_mlp(dataset, tiny_target_dir, tmp_
     assert model.midlayer.mlp.gate_proj.weight.shape[0] == 72 and model.midlayer.mlp.down_proj.weight.shape[1] == 72
 
 
+def test_seeds_share_the_validation_split_and_val_seed_moves_it(dataset, tiny_target_dir, tmp_path):
+    """--seed changes the initialisation and the row order, not the held-out samples (so that
+    runs of several seeds validate on the same samples); --val-seed changes the split."""
+    runs = {}
+    for name, extra in {"seed0": [], "seed5": ["--seed", "5"], "val_seed3": ["--val-seed", "3"]}.items():
+        res = _train(dataset, tiny_target_dir, tmp_path / name, *extra)
+        assert res.exit_code == 0, res.output
+        runs[name] = read_metrics(tmp_path / name)
+    val_tokens = {name: [r["valid_tokens"] for r in recs if r["split"] == "val"] for name, recs in runs.items()}
+    assert val_tokens["seed0"] == val_tokens["seed5"] != val_tokens["val_seed3"], val_tokens
+    train_loss = {name: [r["loss"] for r in recs if r["split"] == "train"] for name, recs in runs.items()}
+    assert train_loss["seed0"] != train_loss["seed5"]  # another initialisation and row order
+
+
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
 def test_schedules_warm_up_then_decay_as_named(schedule):
     f = lr_factor(schedule, total=10, warmup=2)

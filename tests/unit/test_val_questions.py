@@ -23,7 +23,7 @@ def test_held_out_first_turns_are_the_samples_prompts(tmp_path, tiny_target_dir)
         for i, p in enumerate(PROMPTS)))
     res = CliRunner().invoke(app, ["prepare", str(chats), "--target", str(tiny_target_dir), "--out", str(tmp_path / "ds")])
     assert res.exit_code == 0, res.output
-    questions, unmatched = held_out_turns(tmp_path / "ds", load_tokenizer(str(tiny_target_dir)), val_fraction=0.25, seed=3)
+    questions, unmatched = held_out_turns(tmp_path / "ds", load_tokenizer(str(tiny_target_dir)), val_fraction=0.25, val_seed=3)
     _, val_idx = split_indices(len(PROMPTS), 0.25, 3)
     assert unmatched == 0
     assert [q["turns"] for q in questions] == [[PROMPTS[i]] for i in val_idx]  # train's split, the first turns only

@@ -170,7 +170,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     check_output_head(target.model, head)  # checked against its logits (a UserError, before any output)
     dataset = load_dataset(cfg.dataset_dir)
     source, aux_layer_ids, dataset_rows = build_source(cfg, target, dataset)
-    train_idx, val_idx = split_indices(len(source), cfg.val_fraction, cfg.seed)
+    train_idx, val_idx = split_indices(len(source), cfg.val_fraction, cfg.val_seed)
     d2t, t2d = resolve_vocab(cfg, dataset, [dataset_rows[i] for i in train_idx], target.info.vocab_size)
     drafter = build_drafter(target, aux_layer_ids, d2t, t2d, cfg)
     checkpoint = load_checkpoint(resume_from, drafter) if resume_from is not None else None
