@@ -94,6 +94,9 @@ def test_seeds_share_the_validation_split_and_val_seed_moves_it(dataset, tiny_ta
         res = _train(dataset, tiny_target_dir, tmp_path / name, *extra)
         assert res.exit_code == 0, res.output
         runs[name] = read_metrics(tmp_path / name)
+        val = [r for r in runs[name] if r["split"] == "val"][-1]  # and each validation says what it measured
+        assert (f"[train] validation at step 4: acc_0 {val['acc_0']:.4f}, simulated τ {val['tau']:.3f}, "
+                f"walked τ {val['tau_walk']:.3f}") in res.output, res.output
     val_tokens = {name: [r["valid_tokens"] for r in recs if r["split"] == "val"] for name, recs in runs.items()}
     assert val_tokens["seed0"] == val_tokens["seed5"] != val_tokens["val_seed3"], val_tokens
     train_loss = {name: [r["loss"] for r in recs if r["split"] == "train"] for name, recs in runs.items()}

@@ -183,6 +183,10 @@ class Trainer:
         record = {"split": "val", "step": self.pos.step, "epoch": self.pos.epoch,
                   **summarise(all_reduce_stats(stats, self.env.device))}
         self.log.write(record)
+        if self.env.main:
+            walked = f", walked τ {record['tau_walk']:.3f} (what eval measures on this distribution)" if "tau_walk" in record else ""
+            print(f"[train] validation at step {record['step']}: acc_0 {record['acc_0']:.4f}, simulated τ {record['tau']:.3f}"
+                  f"{walked}", flush=True)
         if record["tau"] > self.pos.best_tau:
             self.pos.best_tau = record["tau"]
             self.save_best(record)
