@@ -6,15 +6,18 @@
 #      drafter; the chain's draft masks are made once per cycle since 17:10, untimed): first,
 #      alone on the GPU, so that nothing else shares it while it times
 #   2. the recipe's data (its synth, prepare and vocab stages)
-#   3. issue 13: recipes/ablation3_h200.yaml's `abl3_wide` (the drafter's MLP 4x wider) and
-#      `abl3_seed2` (the recipe with --seed 2: the seed-to-seed spread; --val-seed keeps the
-#      recipe's validation split, so both compare with the recipe's validations at steps 975,
-#      1950, 2925, 3900 = 3.93 / 4.25 / 4.45 / 4.50). One GPU: the two side by side on it (the
-#      step is host-bound, `data_wait` ~0.45; each is slower than alone), until 90 s before the
-#      deadline; a run stopped there keeps the drafter of its best validation so far
+#   3. issue 13, recipes/ablation3_h200.yaml: `abl3_wide` (the drafter's MLP 4x wider) and
+#      `abl3_lr4e3` (lr 4e-3: the second ablation's largest gain was lr 1e-3 -> 2e-3), both at
+#      the recipe's seed, split and row order, so that their validations (steps 975, 1950,
+#      2925, 3900) and their training τ (every 100 steps; unseen rows in the first epoch,
+#      ~1,200 steps) compare with the recipe's (val 3.93 / 4.25 / 4.45 / 4.50). One GPU: the
+#      two side by side on it (the step is host-bound, `data_wait` ~0.45: each runs slower than
+#      alone), until 90 s before the deadline; a run stopped there keeps the drafter of its best
+#      validation so far
 #   4. each one's MT-bench chain τ (K=7, 80 questions, τ only)
-#   two GPUs: 1 on GPU 1 while GPU 0 makes the data; then abl3_wide on GPU 0 and abl3_seed2 on
-#             GPU 1, each alone on its GPU
+#   two GPUs: 1 on GPU 1 while GPU 0 makes the data; then abl3_wide beside `abl3_seed2` (the
+#             recipe at --seed 2, the same validation split: the seed-to-seed spread) on GPU 0,
+#             abl3_lr4e3 alone on GPU 1
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
 # Needs the embedded default's GGUF at $GGUF and the wheels the image lacks importable
 # (bench/h200_wheels.sh fetches them into .whl); reruns skip finished steps; no step starts
@@ -46,19 +49,22 @@ chain_tau() {  # MT-bench chain τ of a training run's best drafter so far (stop
   [ -d "$RUN/$1/drafter" ] && step "$1_chain" 150 python3 -m draftsmith eval --target $HF --drafter "$RUN/$1" \
     --mode chain --k 7 --num-questions 80 --max-new-tokens 256 --no-speed --out "$RUN/$1_mtbench"
 }
+side_by_side() {  # training runs side by side on this lane's GPU, then each one's MT-bench chain τ
+  local name pids=()
+  for name in "$@"; do train_to_deadline "$name" & pids+=($!); done
+  wait "${pids[@]}"
+  pids=()
+  for name in "$@"; do chain_tau "$name" & pids+=($!); done
+  wait "${pids[@]}"
+}
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  (export CUDA_VISIBLE_DEVICES=0; data; train_to_deadline abl3_wide; chain_tau abl3_wide) & A=$!
-  (export CUDA_VISIBLE_DEVICES=1; bench_cycle; train_to_deadline abl3_seed2; chain_tau abl3_seed2) & B=$!
+  (export CUDA_VISIBLE_DEVICES=0; data; side_by_side abl3_wide abl3_seed2) & A=$!
+  (export CUDA_VISIBLE_DEVICES=1; bench_cycle; side_by_side abl3_lr4e3) & B=$!
   wait $A $B
 else
   bench_cycle
   data
-  train_to_deadline abl3_wide & A=$!
-  train_to_deadline abl3_seed2 & B=$!
-  wait $A $B
-  chain_tau abl3_wide & A=$!
-  chain_tau abl3_seed2 & B=$!
-  wait $A $B
+  side_by_side abl3_wide abl3_lr4e3
 fi
 [ -d $RUN ] && python3 bench/summarise_ablation.py $RUN --out "$R/ablation_h200.md" >> "$R/summary.log" 2>&1
 touch "$R/ALL_DONE"
