@@ -16,7 +16,7 @@ class EvalConfig(CommandConfig):
     out: Path = Field(description="Output folder for report.json, report.md, plots and answers.jsonl.")
     chat_template: Path | None = Field(None, description="Jinja chat template file to use instead of the tokenizer's own (a base model has none).")
     completion: bool = Field(False, description="Completion mode, for base models: raw prompts, no chat template; a later turn continues the text so far (as `prepare --completion` tokenizes).")
-    bench: str = Field("mt_bench", description="Question set: 'mt_bench' (bundled) or a JSONL file of prompts or multi-turn 'turns'.")
+    bench: str = Field("mt_bench", description="Question set: 'mt_bench' (bundled), 'held-out' (the first user turns of the validation split of the run that trained --drafter, a `draftsmith train` folder: eval's τ on the training distribution), or a JSONL file of prompts or multi-turn 'turns'.")
     mode: Literal["chain", "tree"] = Field("chain", description="Drafting mode.")
     k: int | Literal["auto"] = Field(7, description="Draft tokens per step (chain mode) or tree depth (tree mode); chain mode also takes 'auto': the K in 1..--k-max with the best predicted speed from a short calibration (evaluate/shape.py).")
     k_max: int = Field(7, ge=1, description="--k auto: the longest chain considered.")

@@ -48,7 +48,7 @@ def load_questions(bench: str, limit: int | None = None) -> list[Question]:
     """The first `limit` questions of 'mt_bench' or a JSONL file."""
     path = MT_BENCH if bench == "mt_bench" else Path(bench)
     if bench != "mt_bench" and not path.exists():
-        raise UserError(f"--bench {bench}: no such file; give 'mt_bench' or a JSONL file of prompts or 'turns'")
+        raise UserError(f"--bench {bench}: no such file; give 'mt_bench', 'held-out' or a JSONL file of prompts or 'turns'")
     questions = []
     for line, record in read_jsonl(path):
         where = f"{path}:{line}"

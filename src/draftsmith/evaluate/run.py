@@ -28,6 +28,7 @@ from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.decode import Turn, decode, decode_all
+from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
 from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.evaluate.questions import Question, load_questions, token_bound, turn_prompt
 from draftsmith.evaluate.report import build_report, summary_line, write_report
@@ -40,7 +41,7 @@ from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import Engine, open_engine
-from draftsmith.target import Target, default_device, embed_weight, load_target
+from draftsmith.target import Target, default_device, embed_weight, load_target, load_tokenizer
 
 
 def stop_ids(target: Target) -> set[int]:
@@ -101,7 +102,11 @@ def run(cfg: EvalConfig) -> Path:
     device = torch.device(cfg.device) if cfg.device else default_device()
     on_gpu = device.type == "cuda"
     max_new = cfg.max_new_tokens or (256 if on_gpu else 48)
-    questions = load_questions(cfg.bench, cfg.num_questions or (None if on_gpu else 4))
+    limit = cfg.num_questions or (None if on_gpu else 4)
+    if cfg.bench == HELD_OUT:  # as many as MT-bench has, unless told
+        questions = held_out_questions(Path(cfg.drafter), load_tokenizer(cfg.target, cfg.chat_template), limit or 80)
+    else:
+        questions = load_questions(cfg.bench, limit)
     graphs = on_gpu if cfg.compile is None else cfg.compile
     if graphs and not on_gpu:
         raise UserError("--compile needs a CUDA device (CUDA graphs); drop it on CPU")
