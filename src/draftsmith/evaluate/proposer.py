@@ -21,7 +21,9 @@ host sync inside the draft. A sampled chain draws its tokens from Exp(1) noise [
 `propose()` stages before the cycle (one kernel outside the graph, from the run's seeded
 generator), so the graph holds no random-number generator and each replay gets fresh draws.
 With `compile`, the drafter step inside it is `torch.compile`d (inductor): fewer, larger
-kernels in the same graph.
+kernels in the same graph. A chain's K-1 draft steps and the argmax and id lookups between them
+are compiled as one region, so that inductor also fuses across the steps' boundaries; should
+that fail, its steps are compiled one by one, and should that fail too, the step runs eagerly.
 
 EAGLE-2 tree: level 1 is the top-k of the last step-0 output; each later step feeds the k best
 frontier nodes (by cumulative log-prob) and keeps their top-k children; finally the
@@ -31,7 +33,9 @@ order). Top-k, selection, parent rows and the ancestor mask are all fixed-shape 
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -109,6 +113,11 @@ class DrafterProposer:
         self.chain_masks = (self.cols16 >= max_len) & (self.cols16 <= self.chain_slots[:, :1])  # [K-1, S16]
         self.compiled = compile
         self.step_fn = torch.compile(self._step_eager, dynamic=False) if compile else self._step_eager
+        # a chain's draft steps and the glue between them as one compiled region (calling the eager step inside it)
+        self.chain_compiled = compile and mode == "chain"
+        self.chain_fn = self._chain_from
+        if self.chain_compiled:
+            self.chain_fn = torch.compile(functools.partial(self._chain_from, step=self._step_eager), dynamic=False)
         if compile:  # dynamo keeps one entry per proposer and step shape, on one code object: --k auto makes up to 16
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
@@ -127,26 +136,33 @@ class DrafterProposer:
         self.graphed = self.device.type == "cuda"  # False once a capture has failed (`graph`)
 
     def graph(self) -> None:
-        """Capture the cycle in a CUDA graph (no-op on CPU). A drafter step that fails to
-        compile falls back to the eager step in the graph; a capture that fails even so, to
-        drafting without graphs (slower, the same tokens), each with one line on stderr and a
-        flag in the report."""
+        """Capture the cycle in a CUDA graph (no-op on CPU). A capture that fails falls back one
+        level at a time, each time with one line on stderr: from the chain compiled as one region
+        to its steps compiled one by one, to the eager step in the graph, to drafting without
+        graphs (slower, the same tokens; the report's `drafter_compiled` and `drafter_graphed`
+        say where it ended)."""
         if self.device.type != "cuda":
             return
-        try:
-            self._capture()
-        except Exception as e:  # noqa: BLE001 (inductor/triton missing or failing: any error of the compiler)
-            if self.compiled:
-                print(f"eval: torch.compile of the drafter step failed ({type(e).__name__}: {str(e)[:200]}); "
-                      "drafting with the eager step in CUDA graphs", file=sys.stderr, flush=True)
-                self.compiled, self.step_fn = False, self._step_eager
-            self.cycle = None
+        while True:
             try:
                 self._capture()
-            except Exception as e2:  # noqa: BLE001 (a capture hazard in the draft code: keep measuring, say so)
-                print(f"eval: CUDA graph capture of the drafter failed ({type(e2).__name__}: {str(e2)[:200]}); "
-                      "drafting without graphs (slower: the speed-up is not the graphed one)", file=sys.stderr, flush=True)
-                self.cycle, self.graphed = None, False
+                return
+            except Exception as e:  # noqa: BLE001 (inductor/triton missing or failing, a capture hazard: any error)
+                self.cycle = None
+                why = f"({type(e).__name__}: {str(e)[:200]})"
+                if self.chain_compiled:
+                    print(f"eval: torch.compile of the chain draft as one region failed {why}; compiling its steps one by one",
+                          file=sys.stderr, flush=True)
+                    self.chain_compiled, self.chain_fn = False, self._chain_from
+                elif self.compiled:
+                    print(f"eval: torch.compile of the drafter step failed {why}; drafting with the eager step in CUDA graphs",
+                          file=sys.stderr, flush=True)
+                    self.compiled, self.step_fn = False, self._step_eager
+                else:
+                    print(f"eval: CUDA graph capture of the drafter failed {why}; drafting without graphs (slower: the "
+                          "speed-up is not the graphed one)", file=sys.stderr, flush=True)
+                    self.graphed = False
+                    return
 
     def _capture(self) -> None:
         if self.cycle is None:  # warm-up writes garbage drafter K/V: capture before decoding
@@ -251,15 +267,16 @@ class DrafterProposer:
         logits = logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0]  # [B, Vd]
         hidden = out.gather(1, last.expand(-1, 1, out.shape[-1]))[:, 0]  # [B, H]
         if self.mode == "chain":
-            return self._chain_from(logits, hidden, base, n + m)
+            return self.chain_fn(logits, hidden, base, n + m)
         return self._tree_from(logits, hidden, base, n + m)
 
     def _chain_from(self, logits: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor,
-                    n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    n: torch.Tensor, step: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """K chain drafts from step 0's output at each row's last observed position (logits
         [B, Vd], hidden [B, H]); n [B]: positions observed; sampled, each draw races q against
-        `self.noise` [B, K, Vd]. Returns the target ids [B, K] and, when sampling, the distribution
-        each was drawn from [B, K, V]."""
+        `self.noise` [B, K, Vd]. `step`: the drafter step (default `_step`). Returns the target
+        ids [B, K] and, when sampling, the distribution each was drawn from [B, K, V]."""
+        step = step or self._step
         tokens, qs = [], []
         b, s = n.shape[0], self.cols.shape[0]
         masks = self._context(base, n)[:, None] | self.chain_masks  # [B, K-1, S16]
@@ -273,8 +290,8 @@ class DrafterProposer:
                 qs.append(torch.zeros(q_d.shape[0], self.vocab_size, device=self.device).index_copy_(1, self.vocab_map, q_d))
             tokens.append(self.vocab_map.index_select(0, d))  # [B] target ids
             if i < self.depth - 1:  # draft step i: [B, 1] position and slot, [B, 1, S] mask
-                logits, out = self._step(hidden[:, None], tokens[-1][:, None], pos[:, i, :1],
-                                         self.chain_slots[i, :1].expand(b, 1), masks[:, i : i + 1, :s])
+                logits, out = step(hidden[:, None], tokens[-1][:, None], pos[:, i, :1],
+                                   self.chain_slots[i, :1].expand(b, 1), masks[:, i : i + 1, :s])
                 logits, hidden = logits[:, 0], out[:, 0]  # [B, Vd], [B, H]
         q = torch.stack(qs, dim=1) if qs else None  # [B, K, V]
         return torch.stack(tokens, dim=1), q  # [B, K]
