@@ -41,6 +41,8 @@ def test_quickstart_layout_and_report_fields(tmp_path, toy_budget):
     assert report["k_requested"] == "auto" and len(report["accept_per_position"]) == report["shape"]["chosen_k"]
     assert "speedup" in report
     assert "acceptance length tau" in r.output and "speed-up vs plain decoding" in r.output
+    val = json.loads((out / "train" / "drafter" / "drafter.json").read_text())["meta"]["val"]
+    assert f"simulated {val['tau']:.2f}, walked {val['tau_walk']:.2f}" in r.output  # the validation that chose the drafter
     assert f"(a {report['shape']['chosen']} cycle costs" in r.output  # the break-even tau, from the calibration
 
     again = CliRunner().invoke(app, ["quickstart", "--out", str(out), "--budget", "small"])

@@ -14,7 +14,7 @@ from draftsmith.cli import app
 from draftsmith.errors import UserError
 from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
 from draftsmith.target import load_tokenizer
-from draftsmith.train.batching import split_indices
+from draftsmith.data.dataset import split_indices
 
 PROMPTS = [f"Question {i}: what is {i} plus {i}?\nThink  twice." for i in range(20)]  # newlines, double spaces
 
@@ -58,7 +58,8 @@ def test_held_out_turns_are_the_prompts_of_the_runs_split(dataset, tiny_target_d
 def test_offline_runs_split_the_stores_samples(dataset, tiny_target_dir, tmp_path):
     """Offline training splits the store's samples, in the store's order: the held-out prompts
     are those of the store samples at the split's indices (found by their sample ids)."""
-    from draftsmith.data.store import StoreReader
+    from draftsmith.data.dataset import load_dataset
+    from draftsmith.data.store import StoreReader, dataset_rows
 
     res = CliRunner().invoke(app, ["extract", str(dataset), "--target", str(tiny_target_dir), "--out", str(tmp_path / "store"),
                                    "--device", "cpu"])
@@ -69,6 +70,8 @@ def test_offline_runs_split_the_stores_samples(dataset, tiny_target_dir, tmp_pat
     questions = held_out_questions(run, load_tokenizer(str(tiny_target_dir)), 80)
     assert [q.question_id for q in questions] == [ids[i] for i in val_idx]
     assert [q.turns[0] for q in questions] == [PROMPTS[ids[i]] for i in val_idx]  # prepare numbers the chats 0..19
+    with pytest.raises(UserError, match=r"holds samples \[999\] that the dataset .* lacks"):  # a store of other data
+        dataset_rows(tmp_path / "store", [*ids, 999], load_dataset(dataset))
 
 
 def test_held_out_refuses_what_has_no_split(dataset, tiny_target_dir, tmp_path):

@@ -16,7 +16,8 @@ from draftsmith.data.store import StoreReader
 from draftsmith.draft.checkpoint import load_drafter
 from draftsmith.runtime.head import output_head
 from draftsmith.target import load_target
-from draftsmith.train.batching import OfflineSource, OnlineSource, collate, pack_rows, shard_rows, split_indices
+from draftsmith.data.dataset import split_indices
+from draftsmith.train.batching import OfflineSource, OnlineSource, collate, pack_rows, shard_rows
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.loss import TTTObjective
 from draftsmith.train.metrics import read_metrics, simulated_tau

@@ -10,6 +10,7 @@ Folder layout:
     ds = load_dataset(path)
     ds[i] -> {"sample_id": int, "input_ids": LongTensor [T], "loss_mask": LongTensor [T]}
     ds.lengths -> np.ndarray [N]
+    split_indices(N, val_fraction, seed) -> (train, validation) indices, as `train` splits
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ class TokenizedDataset:
         for column, dtype in ((self.sample_ids, np.int64), (self.lengths, np.int64), (self.ids, np.int32), (self.mask, np.uint8)):
             h.update(np.ascontiguousarray(column, dtype=dtype).data)  # no copy when already so
         return h.hexdigest()[:16]
+
+
+def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Deterministic split: a seeded permutation, the last round(n*f) samples (at least one
+    when f > 0 and n > 1) held out for validation."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_val = min(max(round(n * val_fraction), 1 if val_fraction > 0 and n > 1 else 0), n - 1)
+    return sorted(perm[: n - n_val]), sorted(perm[n - n_val :])
 
 
 def load_dataset(path: Path) -> TokenizedDataset:

@@ -115,6 +115,17 @@ def source_mismatches(meta: dict[str, Any], target: dict[str, Any], dataset: dic
     return found
 
 
+def dataset_rows(store: Path, store_ids: list[int], dataset: TokenizedDataset) -> list[int]:
+    """The dataset row of each of a store's samples (`store_ids`, the reader's order): offline
+    training splits the store's samples, and held-out evaluation finds their prompts."""
+    row_of = {int(s): i for i, s in enumerate(dataset.sample_ids)}
+    missing = [s for s in store_ids if s not in row_of]
+    if missing:
+        raise UserError(f"store {store} holds samples {missing[:5]} that the dataset {dataset.path} lacks: "
+                        "give the dataset the store was extracted from")
+    return [row_of[s] for s in store_ids]
+
+
 def check_store_matches(store: Path, dataset: TokenizedDataset, target: TargetInfo) -> None:
     """Refuse a store that was not extracted from `dataset` with `target` (its hidden states
     would not belong to the tokens they are trained with), or at layer ids no engine serves."""

@@ -29,11 +29,10 @@ from typing import Any
 import yaml
 
 from draftsmith.data.chat import chat_template
-from draftsmith.data.dataset import TokenizedDataset, load_dataset
+from draftsmith.data.dataset import TokenizedDataset, load_dataset, split_indices
 from draftsmith.errors import UserError
 from draftsmith.evaluate.questions import Question
 from draftsmith.evaluate.shape import spread
-from draftsmith.train.batching import split_indices
 
 HELD_OUT = "held-out"
 SENTINEL = "\x00draftsmith-user-turn\x00"
@@ -58,14 +57,9 @@ def held_out_rows(config: dict[str, Any], dataset: TokenizedDataset) -> list[int
         raise UserError(f"--bench {HELD_OUT}: the run held nothing out (--val-fraction 0); train with a validation split")
     rows = list(range(len(dataset)))  # online training: the source's i-th sample is the dataset's i-th
     if config.get("hidden"):  # offline: the store's samples, mapped back to the dataset's rows
-        from draftsmith.data.store import StoreReader
+        from draftsmith.data.store import StoreReader, dataset_rows
 
-        row_of = {int(s): i for i, s in enumerate(dataset.sample_ids)}
-        try:
-            rows = [row_of[int(s)] for s in StoreReader(config["hidden"]).sample_ids]
-        except KeyError as e:
-            raise UserError(f"--bench {HELD_OUT}: the store {config['hidden']} holds sample {e} that the dataset "
-                            f"{config['dataset_dir']} lacks (changed since training?)") from None
+        rows = dataset_rows(config["hidden"], StoreReader(config["hidden"]).sample_ids, dataset)
     seed = config.get("val_seed", config.get("seed", 0))  # runs before --val-seed split by --seed
     _, val_idx = split_indices(len(rows), config["val_fraction"], seed)
     return [rows[i] for i in val_idx]

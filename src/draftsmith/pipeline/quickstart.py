@@ -22,6 +22,7 @@ from rich.table import Table
 
 from draftsmith.assets import H200_RECIPE
 from draftsmith.config import DEFAULT_TARGET, load_yaml_mapping
+from draftsmith.draft.checkpoint import read_drafter_record
 from draftsmith.pipeline.config import QuickstartConfig
 from draftsmith.pipeline.run import parse_stages, run_stages
 
@@ -75,6 +76,7 @@ def summarize(report_dir: Path, drafter: Path) -> None:
     table.add_column("")
     speedup = report.get("speedup")
     rows = {
+        "validation tau": validation(drafter),
         "acceptance length tau": f"{report['tau']:.2f} tokens per target call",
         "accept per position": " ".join(f"{a:.2f}" for a in report.get("accept_per_position", [])),
         "speed-up vs plain decoding": f"{speedup:.2f}x" if speedup else "not measured",
@@ -85,6 +87,16 @@ def summarize(report_dir: Path, drafter: Path) -> None:
     for k, v in rows.items():
         table.add_row(k, v)
     Console().print(table)
+
+
+def validation(drafter: Path) -> str:
+    """The validation that chose the drafter (drafter.json's `meta.val`): simulated τ and, when
+    recorded, the walked one."""
+    val = read_drafter_record(drafter).get("meta", {}).get("val") or {}
+    if "tau" not in val:
+        return "not recorded"
+    walked = f", walked {val['tau_walk']:.2f} (eval's τ on such prompts)" if "tau_walk" in val else ""
+    return f"simulated {val['tau']:.2f}{walked}"
 
 
 def break_even(shape: dict[str, Any] | None) -> str:

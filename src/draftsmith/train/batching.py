@@ -1,4 +1,5 @@
-"""Training data: the train/validation split, sequence packing, and the two sample sources.
+"""Training data: sequence packing and the two sample sources (the train/validation split is
+`data.dataset.split_indices`).
 
 Both sources return the same per-sample tensors, so everything after them is shared code:
 
@@ -31,14 +32,6 @@ from draftsmith.runtime.capture import capture, packed_positions, packs_sequence
 from draftsmith.train.ttt import doc_and_positions
 
 OPEN_ROWS = 8
-
-
-def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Deterministic split: a seeded permutation, the last round(n*f) samples (at least one
-    when f > 0 and n > 1) held out for validation."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-    n_val = min(max(round(n * val_fraction), 1 if val_fraction > 0 and n > 1 else 0), n - 1)
-    return sorted(perm[: n - n_val]), sorted(perm[n - n_val :])
 
 
 def pack_rows(lengths: np.ndarray, indices: list[int], capacity: int, seed: int | None) -> list[list[int]]:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from draftsmith.config import write_run_record
-from draftsmith.data.dataset import TokenizedDataset, load_dataset
+from draftsmith.data.dataset import TokenizedDataset, load_dataset, split_indices
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
@@ -34,7 +34,7 @@ from draftsmith.progress import Progress
 from draftsmith.runtime.head import check_output_head, output_head
 from draftsmith.target import Target, default_device, embed_weight, final_norm, load_target, text_config
 from draftsmith.torchrun import dist_env
-from draftsmith.train.batching import OfflineSource, OnlineSource, split_indices
+from draftsmith.train.batching import OfflineSource, OnlineSource
 from draftsmith.train.checkpointing import CKPT_DIR, latest_checkpoint, load_checkpoint
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.loop import Env, TrainData, Trainer
@@ -108,7 +108,7 @@ def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) ->
         aux_layer_ids = validate_layers(cfg.aux_layer_ids or target.info.default_aux_layers, n_layers)
         source = OnlineSource(dataset, target.model, aux_layer_ids, max_len, token_budget=max(cfg.batch_tokens, max_len))
         return source, aux_layer_ids, list(range(len(dataset)))
-    from draftsmith.data.store import StoreReader, check_store_matches
+    from draftsmith.data.store import StoreReader, check_store_matches, dataset_rows
 
     check_store_matches(cfg.hidden, dataset, target.info)  # made from this dataset, for this target
     reader = StoreReader(cfg.hidden)
@@ -119,12 +119,7 @@ def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) ->
         raise UserError(f"store {cfg.hidden} has hidden size {reader.hidden_size}, target {cfg.target!r} has {target.info.hidden_size}: wrong target?")
     if len(reader) == 0:
         raise UserError(f"store {cfg.hidden} holds no samples yet; run `draftsmith extract` first")
-    row_of = {int(s): i for i, s in enumerate(dataset.sample_ids)}
-    missing = [s for s in reader.sample_ids if s not in row_of]
-    if missing:
-        raise UserError(f"store {cfg.hidden} holds samples {missing[:5]} that the dataset {cfg.dataset_dir} lacks: "
-                        "give the dataset the store was extracted from")
-    return OfflineSource(reader, max_len), aux_layer_ids, [row_of[s] for s in reader.sample_ids]
+    return OfflineSource(reader, max_len), aux_layer_ids, dataset_rows(cfg.hidden, reader.sample_ids, dataset)
 
 
 def build_drafter(target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t2d: torch.Tensor, cfg: TrainConfig) -> Eagle3Drafter:
