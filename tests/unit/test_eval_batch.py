@@ -50,3 +50,33 @@ def test_temperature_one_batches_with_their_own_plain_pass(setup):
     r = evaluate(setup, "t1", "--temperature", "1", "--batch-size", "2")["report"]
     assert r["temperature"] == 1 and r["batch_size"] == 2 and r["plain_tok_per_s"] and r["speedup"] is not None
     assert r["greedy_turns_checked"] == 0  # sampled answers are not compared token for token
+
+
+def test_generators_take_turns_a_batch_at_a_time(tiny_target_dir):
+    """eval's passes (speculative, plain, plain through the verification shape) alternate a batch
+    of questions at a time, each following its own earlier answers: a machine whose speed drifts
+    during the run slows them alike."""
+    from draftsmith.evaluate.decode import Turn
+    from draftsmith.evaluate.questions import Question
+    from draftsmith.evaluate.run import answer
+    from draftsmith.target import load_tokenizer
+
+    tok = load_tokenizer(str(tiny_target_dir))
+    questions = [Question(i, "all", [f"question {i}", f"follow-up {i}"][: 1 + (i != 1)]) for i in range(3)]
+    calls: list[tuple[str, int, list[bool]]] = []
+
+    def generator(name: str, word: str):
+        ids = tok.encode(f" {word}", add_special_tokens=False)
+
+        def generate(prompts: list[list[int]]) -> list[Turn]:
+            calls.append((name, len(prompts), [tok.decode(p).count(word) == 1 for p in prompts]))  # its own answer, once
+            return [Turn(ids, 0.0) for _ in prompts]
+
+        return generate
+
+    out = answer(tok, questions, [generator("spec", "apple"), generator("plain", "pear")], chunk=2)
+    assert [(name, n) for name, n, _ in calls] == [("spec", 2), ("plain", 2), ("spec", 1), ("plain", 1),  # first turns
+                                                   ("spec", 2), ("plain", 2)]  # second turns: questions 0 and 2
+    assert all(calls[i][2] == [False] * calls[i][1] for i in range(4))  # no answer yet in a first turn's history
+    assert calls[4][2] == calls[5][2] == [True, True]  # each pass's second turns carry its own first answer
+    assert [len(t) for t in out[0]] == [len(t) for t in out[1]] == [2, 1, 2]

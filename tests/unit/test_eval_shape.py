@@ -84,6 +84,27 @@ def test_calibration_on_the_engine(tiny_model):
     assert [c.expected_tokens for c in tree.candidates] == pytest.approx([3, 5], abs=0.4)
 
 
+def test_shapes_and_plain_take_turns_a_batch_at_a_time(monkeypatch):
+    """The calibration decodes each batch of prompts with every shape and then plainly before the
+    next batch, so that a drift in the machine's speed slows them alike."""
+    import types
+
+    from draftsmith.evaluate import shape as shape_module
+    from draftsmith.evaluate.decode import Turn
+
+    calls = []
+
+    def fake_decode_all(engine, prompts, max_new, stops, sampling, proposer=None):
+        calls.append((proposer, [p[0] for p in prompts]))
+        return [Turn([1, 2, 3], 0.3, [1, 0]) for _ in prompts]
+
+    monkeypatch.setattr(shape_module, "decode_all", fake_decode_all)
+    engine = types.SimpleNamespace(batch=2)
+    cal = calibrate(engine, lambda s: f"K={s.depth}", [[10], [11], [12]], 8, set(), Sampling, [Shape(2), Shape(1)])
+    assert calls == [("K=2", [10, 11]), ("K=1", [10, 11]), (None, [10, 11]), ("K=2", [12]), ("K=1", [12]), (None, [12])]
+    assert cal.plain_seconds == pytest.approx(0.3 * 3 / (2 * 3)) and cal.accept_cond == [0.5, 0.0]
+
+
 def test_cli_k_auto_reports_its_choice(tiny_model, tiny_target_dir, tmp_path):
     drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter")
     (tmp_path / "q.jsonl").write_text("\n".join(json.dumps({"turns": [t]}) for t in ("What is 2+2?", "Name a colour.")) + "\n")

@@ -81,19 +81,25 @@ def make_proposer(engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampl
     return proposer
 
 
-def answer(tokenizer: Any, questions: list[Question], generate: Callable[[list[list[int]]], list[Turn]],
-           completion: bool = False) -> list[list[Turn]]:
-    """Answer every turn of every question with `generate(prompts) -> turns` (turn i of all the
-    questions that have one, in batches), each question's own answers in its history (raw text
-    with `completion`). Returns the turns of each question."""
-    out: list[list[Turn]] = [[] for _ in questions]
-    texts: list[list[str]] = [[] for _ in questions]
+def answer(tokenizer: Any, questions: list[Question], generators: list[Callable[[list[list[int]]], list[Turn]]],
+           completion: bool = False, chunk: int = 1) -> list[list[list[Turn]]]:
+    """Answer every turn of every question with each `generate(prompts) -> turns`, each with its
+    own earlier answers in the history (raw text with `completion`). The generators take turns
+    `chunk` questions at a time (the engine's batch): turn i of the first chunk by each of them,
+    then of the next chunk, so that a machine whose speed drifts during the run (a shared CPU)
+    slows each of them alike, and their ratio stays side by side. Returns, per generator, the
+    turns of each question."""
+    out: list[list[list[Turn]]] = [[[] for _ in questions] for _ in generators]
+    texts: list[list[list[str]]] = [[[] for _ in questions] for _ in generators]
     for i in range(max(len(q.turns) for q in questions)):
         asked = [j for j, q in enumerate(questions) if len(q.turns) > i]
-        prompts = [turn_prompt(tokenizer, questions[j].turns[: i + 1], texts[j], completion) for j in asked]
-        for j, turn in zip(asked, generate(prompts), strict=True):
-            out[j].append(turn)
-            texts[j].append(tokenizer.decode(turn.tokens, skip_special_tokens=True))
+        for c in range(0, len(asked), chunk):
+            part = asked[c : c + chunk]
+            for g, generate in enumerate(generators):
+                prompts = [turn_prompt(tokenizer, questions[j].turns[: i + 1], texts[g][j], completion) for j in part]
+                for j, turn in zip(part, generate(prompts), strict=True):
+                    out[g][j].append(turn)
+                    texts[g][j].append(tokenizer.decode(turn.tokens, skip_special_tokens=True))
     return out
 
 
@@ -172,9 +178,13 @@ def run(cfg: EvalConfig) -> Path:
             def plain_wide(prompts: list[list[int]]) -> list[Turn]:  # plain decoding through the verification forward's shape
                 return decode_all(engine, prompts, max_new, stops, sampler(), None, answered, proposer.size + 1)
 
-            spec_turns = answer(tok, questions, spec, cfg.completion)
-            plain_turns = answer(tok, questions, plain, cfg.completion) if cfg.speed else [[None] * len(t) for t in spec_turns]
-            wide_turns = answer(tok, questions, plain_wide, cfg.completion) if wide else [[None] * len(t) for t in spec_turns]
+            # speculative, plain and plain-through-the-verification-shape decoding take turns, a batch of questions at a time
+            generators = [spec, *([plain] if cfg.speed else []), *([plain_wide] if wide else [])]
+            answered_by = answer(tok, questions, generators, cfg.completion, cfg.batch_size)
+            spec_turns = answered_by[0]
+            none = [[None] * len(t) for t in spec_turns]
+            plain_turns = answered_by[1] if cfg.speed else none
+            wide_turns = answered_by[-1] if wide else none
         turns: list[dict[str, Any]] = []
         lines: list[str] = []
         for q, spec_q, plain_q, wide_q in zip(questions, spec_turns, plain_turns, wide_turns, strict=True):

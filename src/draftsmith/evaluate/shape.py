@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from draftsmith.errors import UserError
-from draftsmith.evaluate.decode import Proposer, decode_all
+from draftsmith.evaluate.decode import Proposer, Turn, decode_all
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import Engine
 
@@ -121,16 +121,25 @@ def calibrate(engine: Engine, make_proposer: Callable[[Shape], Proposer], prompt
               stops: set[int], sampling: Callable[[], Sampling], shapes: list[Shape]) -> Calibration:
     """The cycle time and tokens per call of every shape over `prompts` (greedy or sampled as
     `sampling()` says; each call gives a fresh sampler with the run's seed), and plain decoding's
-    time per token. Chains: `shapes` are K_max first, whose accepted counts give E(K) for all."""
+    time per token. Chains: `shapes` are K_max first, whose accepted counts give E(K) for all.
+    The shapes and plain decoding take turns a batch of prompts at a time, so that a machine
+    whose speed drifts during the calibration (a shared CPU) slows each of them alike."""
     chain = shapes[0].top_k is None
+    proposers = [make_proposer(shape) for shape in shapes]
+    spec: list[list[Turn]] = [[] for _ in shapes]  # per shape, its turns
+    plain: list[Turn] = []
+    rows = getattr(engine, "batch", 1)
+    for c in range(0, len(prompts), rows):
+        part = prompts[c : c + rows]
+        for turns, proposer in zip(spec, proposers, strict=True):
+            turns += decode_all(engine, part, max_new, stops, sampling(), proposer)
+        plain += decode_all(engine, part, max_new, stops, sampling())
     measured: list[tuple[Shape, list[int], float]] = []  # shape, accepted counts, seconds per cycle
     tokens = 0
-    for shape in shapes:
-        turns = decode_all(engine, prompts, max_new, stops, sampling(), make_proposer(shape))  # in batches of the engine's rows
+    for shape, turns in zip(shapes, spec, strict=True):
         accepts = [a for t in turns for a in t.accepts]  # a row's cycle: its share of a batch's cycle
         measured.append((shape, accepts, sum(t.seconds for t in turns) / max(len(accepts), 1)))
         tokens += sum(len(t.tokens) for t in turns) if not chain or shape == shapes[0] else 0
-    plain = decode_all(engine, prompts, max_new, stops, sampling())
     plain_seconds = sum(t.seconds for t in plain) / max(sum(len(t.tokens) - 1 for t in plain), 1)  # the first token is the prefill's
     if not chain:
         candidates = [Candidate(s, sum(a + 1 for a in acc) / max(len(acc), 1), c) for s, acc, c in measured]
