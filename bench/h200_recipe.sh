@@ -3,7 +3,7 @@
 # of 2026-12-01 18:28 measured the recipe (recipes/h200.yaml) on its new data: val τ 4.50, MT-bench
 # chain τ 3.69, 2.66x. What it left owed, in this order:
 #   1. the cycle breakdown with and without the target's forward compiled (issue 15, a random
-#      drafter; untimed since 17:10 and 19:20: the chain's draft masks made once per cycle, its
+#      drafter; untimed since 17:10 and 19:16: the chain's draft masks made once per cycle, its
 #      draft steps and the glue between them compiled as one region): first,
 #      alone on the GPU, so that nothing else shares it while it times
 #   2. the recipe's data (its synth, prepare and vocab stages)
