@@ -16,5 +16,6 @@ for f in /root/runs/*/*/progress.json; do
 done
 cd /root && find runs results eval_* batch -type f -size -3M ! -name '*.safetensors' ! -name '*.pt' ! -name '*.arrow' \
   ! -name '*.bin' ! -name '*.jsonl.tmp' 2>/dev/null | tar czf "${OUT:-/tmp}/res.tgz" -T -
-cp ${CARRY:-/root/carry}/h200_synth.tgz.part* "${OUT:-/tmp}/" 2> /dev/null  # the synth answers for the next lease (h200_recipe.sh)
+C=${CARRY:-/root/carry}  # the synth answers for the next lease (h200_recipe.sh), brought back once
+[ -f "$C/.sent" ] || { cp "$C"/h200_synth.tgz.part* "${OUT:-/tmp}/" 2> /dev/null && touch "$C/.sent"; }
 ls -la "${OUT:-/tmp}"

@@ -46,8 +46,11 @@ bench_cycle() {  # issue 15: the cycle breakdown with and without the target's f
 }
 data() {  # the recipe's data stages: those quickstart --budget full runs before training
   local stages synths files=() name
-  stages=$(python3 -c "from draftsmith.pipeline.quickstart import DATA_COMMANDS, budget_stages as b; print(','.join(s[0] for s in b('full') if s[1] in DATA_COMMANDS))")
-  synths=$(python3 -c "from draftsmith.pipeline.quickstart import budget_stages as b; print(' '.join(s[0] for s in b('full') if s[1] == 'synth'))")
+  {  # line 1: the data stages, comma-separated; line 2: the synth ones among them
+    read -r stages; read -r synths
+  } < <(python3 -c "from draftsmith.pipeline.quickstart import DATA_COMMANDS, budget_stages as b
+data = [s for s in b('full') if s[1] in DATA_COMMANDS]
+print(','.join(s[0] for s in data)); print(' '.join(s[0] for s in data if s[1] == 'synth'))")
   if ls .data/h200_synth.tgz.part* > /dev/null 2>&1 && [ ! -f "$RUN/.pipeline/synth.done" ]; then
     # a lease before made these answers (synth is deterministic: the same recipe gives the same
     # file, BENCHMARKS 2026-12-01 18:28); pipeline then skips the synth stages as done earlier

@@ -86,6 +86,20 @@ def renderer(tokenizer: Any) -> Callable[..., str]:
     return render
 
 
+SENTINEL = "@@draftsmith-sentinel-5f1c@@"
+
+
+def around_message(tokenizer: Any, history: list[dict[str, str]], role: str,
+                   add_generation_prompt: bool = False) -> tuple[str, str]:
+    """The template's text before and after the content of a `role` message that follows
+    `history`: a conversation whose last message is a sentinel, rendered and cut at it."""
+    text = renderer(tokenizer)([*history, {"role": role, "content": SENTINEL}], add_generation_prompt)
+    i = text.find(SENTINEL)
+    if i < 0:
+        raise UserError("the target's chat template drops message content; cannot derive its turn markers")
+    return text[:i], text[i + len(SENTINEL):]
+
+
 def _special_texts(tokenizer: Any) -> set[str]:
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
     return set(tokenizer.all_special_tokens) | {t.content for t in added.values() if getattr(t, "special", False)}

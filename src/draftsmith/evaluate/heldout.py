@@ -14,7 +14,7 @@ The split is the run's own: `--drafter` must be a `draftsmith train` output fold
 from before `--val-seed` split by `--seed`), and, for offline training, the store whose samples
 were split. A turn's text is recovered from the sample's tokens: the chat template applied to
 one sentinel user message gives the text around a first user turn (system prompt, role
-markers); the tokens before the sample's first answer token decode to that text with the
+markers; `data.chat.around_message`); the tokens before the sample's first answer token decode to that text with the
 user's words in place of the sentinel. Samples whose prefix does not decode that way (another
 template, a completion-mode sample) are counted and left out. `--num-questions N` takes N
 spread evenly over the split: `prepare` keeps its sources in the order they were synthesised
@@ -26,16 +26,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from draftsmith.data.chat import chat_template
+from draftsmith.config import load_yaml_mapping
+from draftsmith.data.chat import around_message
 from draftsmith.data.dataset import TokenizedDataset, load_dataset, split_indices
 from draftsmith.errors import UserError
 from draftsmith.evaluate.questions import Question
 from draftsmith.evaluate.shape import spread
 
 HELD_OUT = "held-out"
-SENTINEL = "\x00draftsmith-user-turn\x00"
 
 
 def training_config(drafter: Path) -> dict[str, Any]:
@@ -44,8 +42,8 @@ def training_config(drafter: Path) -> dict[str, Any]:
     for folder in (drafter, drafter.parent):
         record = folder / "run.yaml"
         if record.exists() and (folder / "drafter").is_dir():
-            config = (yaml.safe_load(record.read_text(encoding="utf-8")) or {}).get("config") or {}
-            if "dataset_dir" in config and "val_fraction" in config:
+            config = load_yaml_mapping(record, "training run record").get("config") or {}
+            if isinstance(config, dict) and "dataset_dir" in config and "val_fraction" in config:
                 return config
     raise UserError(f"--bench {HELD_OUT} needs the drafter's training run: give --drafter a `draftsmith train` output "
                     f"folder (its run.yaml names the dataset and the validation split); {drafter} is not one")
@@ -65,18 +63,10 @@ def held_out_rows(config: dict[str, Any], dataset: TokenizedDataset) -> list[int
     return [rows[i] for i in val_idx]
 
 
-def user_wrap(tokenizer: Any) -> tuple[str, str]:
-    """The chat template's text before and after a first user turn (generation prompt included)."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": SENTINEL}], chat_template=chat_template(tokenizer),
-                                         add_generation_prompt=True, tokenize=False)
-    before, after = text.split(SENTINEL)
-    return before, after
-
-
 def first_turns(dataset: TokenizedDataset, rows: list[int], tokenizer: Any) -> tuple[list[Question], int]:
     """The first user turn of each sample in `rows` as a question, and how many samples did not
     decode to the template's first-turn shape (left out)."""
-    before, after = user_wrap(tokenizer)
+    before, after = around_message(tokenizer, [], "user", add_generation_prompt=True)  # a first turn's text around it
     questions, unmatched = [], 0
     for i in rows:
         sample = dataset[i]

@@ -114,10 +114,8 @@ class DrafterProposer:
         self.compiled = compile
         self.step_fn = torch.compile(self._step_eager, dynamic=False) if compile else self._step_eager
         # a chain's draft steps and the glue between them as one compiled region (calling the eager step inside it)
-        self.chain_compiled = compile and mode == "chain"
-        self.chain_fn = self._chain_from
-        if self.chain_compiled:
-            self.chain_fn = torch.compile(functools.partial(self._chain_from, step=self._step_eager), dynamic=False)
+        self.chain_region = (torch.compile(functools.partial(self._chain_from, step=self._step_eager), dynamic=False)
+                             if compile and mode == "chain" else None)
         if compile:  # dynamo keeps one entry per proposer and step shape, on one code object: --k auto makes up to 16
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
@@ -150,10 +148,10 @@ class DrafterProposer:
             except Exception as e:  # noqa: BLE001 (inductor/triton missing or failing, a capture hazard: any error)
                 self.cycle = None
                 why = f"({type(e).__name__}: {str(e)[:200]})"
-                if self.chain_compiled:
+                if self.chain_region is not None:
                     print(f"eval: torch.compile of the chain draft as one region failed {why}; compiling its steps one by one",
                           file=sys.stderr, flush=True)
-                    self.chain_compiled, self.chain_fn = False, self._chain_from
+                    self.chain_region = None
                 elif self.compiled:
                     print(f"eval: torch.compile of the drafter step failed {why}; drafting with the eager step in CUDA graphs",
                           file=sys.stderr, flush=True)
@@ -267,7 +265,7 @@ class DrafterProposer:
         logits = logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0]  # [B, Vd]
         hidden = out.gather(1, last.expand(-1, 1, out.shape[-1]))[:, 0]  # [B, H]
         if self.mode == "chain":
-            return self.chain_fn(logits, hidden, base, n + m)
+            return (self.chain_region or self._chain_from)(logits, hidden, base, n + m)
         return self._tree_from(logits, hidden, base, n + m)
 
     def _chain_from(self, logits: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor,

@@ -11,31 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftsmith.data.chat import chat_template
+from draftsmith.data.chat import around_message
 from draftsmith.errors import UserError
-
-SENTINEL = "@@draftsmith-sentinel-5f1c@@"
-
-
-def _render(tokenizer: Any, messages: list[dict[str, str]]) -> str:
-    return tokenizer.apply_chat_template(messages, chat_template=chat_template(tokenizer), tokenize=False,
-                                         add_generation_prompt=False)
-
-
-def _split_at_sentinel(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, str]:
-    text = _render(tokenizer, messages)
-    i = text.find(SENTINEL)
-    if i < 0:
-        raise UserError("the target's chat template drops message content; cannot derive its turn markers")
-    return text[:i], text[i + len(SENTINEL):]
 
 
 def user_turn_prefix(tokenizer: Any, history: list[dict[str, str]]) -> str:
     """The rendered text of `history` followed by the opening of a new user turn: the prompt a
     model completes to write the next user message (the template's default system prompt, if
     it has one, is included as the template renders it)."""
-    prefix, _ = _split_at_sentinel(tokenizer, [*history, {"role": "user", "content": SENTINEL}])
-    return prefix
+    return around_message(tokenizer, history, "user")[0]
 
 
 def special_tokens(tokenizer: Any) -> list[str]:
@@ -51,8 +35,7 @@ def end_of_turn(tokenizer: Any, role: str = "user") -> str:
     """The marker that closes a `role` message in this template (`<|im_end|>`, `<|eot_id|>`...):
     the special token right after the message content, else the template's eos token."""
     history = [{"role": "user", "content": "Hi."}] if role == "assistant" else []
-    _, after = _split_at_sentinel(tokenizer, [*history, {"role": role, "content": SENTINEL}])
-    after = after.lstrip(" ")
+    after = around_message(tokenizer, history, role)[1].lstrip(" ")
     for name in special_tokens(tokenizer):
         if after.startswith(name):
             return name
