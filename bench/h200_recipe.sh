@@ -1,24 +1,21 @@
 #!/usr/bin/env bash
 # The H200 run behind BENCHMARKS.md, on one or two GPUs (nvidia-h200 or nvidia-h200-x2). The run
-# of 2026-12-01 18:28 measured the recipe (recipes/h200.yaml) on its new data: val τ 4.50, MT-bench
-# chain τ 3.69, 2.66x. What it left owed, in this order:
-#   1. the cycle breakdown with and without the target's forward compiled (issue 15, a random
-#      drafter; untimed since 17:10 and 19:16: the chain's draft masks made once per cycle, its
-#      draft steps and the glue between them compiled as one region): first,
-#      alone on the GPU, so that nothing else shares it while it times
-#   2. the recipe's data (its synth, prepare and vocab stages)
-#   3. issue 13, recipes/ablation3_h200.yaml: `abl3_wide` (the drafter's MLP 4x wider) and
-#      `abl3_lr4e3` (lr 4e-3: the second ablation's largest gain was lr 1e-3 -> 2e-3), both at
-#      the recipe's seed, split and row order, so that their validations (steps 975, 1950,
-#      2925, 3900) and their training τ (every 100 steps; unseen rows in the first epoch,
-#      ~1,200 steps) compare with the recipe's (val 3.93 / 4.25 / 4.45 / 4.50). One GPU: the
-#      two side by side on it (the step is host-bound, `data_wait` ~0.45: each runs slower than
-#      alone), until 90 s before the deadline; a run stopped there keeps the drafter of its best
-#      validation so far
-#   4. each one's MT-bench chain τ (K=7, 80 questions, τ only)
-#   two GPUs: 1 on GPU 1 while GPU 0 makes the data; then abl3_wide beside `abl3_seed2` (the
-#             recipe at --seed 2, the same validation split: the seed-to-seed spread) on GPU 0,
-#             abl3_lr4e3 alone on GPU 1
+# of 2026-12-01 21:38 timed the cycle (draft 0.57 ms) and ran abl3_wide and abl3_lr4e3 to step
+# ~1,780 (BENCHMARKS.md). What it left owed, in this order:
+#   1. the recipe's data (its synth answers restored from .data: see below)
+#   2. issue 13, recipes/ablation3_h200.yaml: `abl3_seed2` (the recipe at --seed 2, the same
+#      validation split: the seed-to-seed spread) beside `abl3_wide_seed2` (the wide drafter,
+#      3.96 against 3.93 at step 975, at seed 2 too): whether the wide drafter's lead is more
+#      than a seed's worth. Side by side on one GPU (the step is host-bound: 20.6k tok/s each
+#      against 34.4k alone), until $EVAL_S before the deadline; a run stopped there keeps the
+#      drafter of its best validation so far. Their validations (steps 975, 1950, ...) and train
+#      τ (every 100 steps) compare step for step with the recipe's and abl3_wide's
+#   3. issue 15: `eval --compile-target` end to end, never run: MT-bench chain K=7, 80 questions,
+#      with its speed run, on abl3_seed2's drafter; then the same without --compile-target
+#      (same drafter), so that the two compare in one lease
+#   4. abl3_wide_seed2's MT-bench chain τ (τ only), if time is left
+#   two GPUs: 1 and 2 on GPU 0; on GPU 1, `abl3_decay1` (every TTT step's loss weighted alike)
+#             once the data is made, then 3 on its drafter, then its chain τ
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
 # The recipe's synth answers (5 of its ~5.4 data minutes) travel between leases: the driver packs
 # them into /root/carry/h200_synth.tgz.part* (15 MB parts), fetch_results.sh brings those back;
@@ -40,10 +37,6 @@ CARRY=${CARRY:-/root/carry}  # what the next lease should get back (fetch_result
 A3=recipes/ablation3_h200.yaml
 driver_start 25 2
 
-bench_cycle() {  # issue 15: the cycle breakdown with and without the target's forward compiled (a random drafter)
-  step bench_cycle_compiled 300 python3 bench/eval_bench.py --parts cycle --compile-target --target $HF \
-    --out-json "$R/bench_cycle_compiled.json"
-}
 data() {  # the recipe's data stages: those quickstart --budget full runs before training
   local stages synths files=() name
   {  # line 1: the data stages, comma-separated; line 2: the synth ones among them
@@ -63,9 +56,9 @@ print(','.join(s[0] for s in data)); print(' '.join(s[0] for s in data if s[1] =
     mkdir -p "$CARRY" && tar -C / -czf - "${files[@]}" | split -b 15m - "$CARRY/h200_synth.tgz.part"
   fi
 }
-train_to_deadline() {  # one of ablation3's training stages, stopped 90 s before the deadline at the latest
+train_to_deadline() {  # one of ablation3's training stages, stopped $EVAL_S before the deadline at the latest
   while [ ! -f $RUN/.pipeline/vocab.done ] && [ "$(date +%s)" -lt "$DEADLINE" ]; do sleep 5; done
-  local left=$(( DEADLINE - 90 - $(date +%s) ))
+  local left=$(( DEADLINE - EVAL_S - $(date +%s) ))
   [ "$left" -ge 60 ] || { echo "=== $1 skipped: less than a minute before the deadline" >> "$R/steps.log"; return 1; }
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "$1" "$left" python3 -m draftsmith pipeline $A3 --only "$1"
 }
@@ -73,22 +66,28 @@ chain_tau() {  # MT-bench chain τ of a training run's best drafter so far (stop
   [ -d "$RUN/$1/drafter" ] && step "$1_chain" 150 python3 -m draftsmith eval --target $HF --drafter "$RUN/$1" \
     --mode chain --k 7 --num-questions 80 --max-new-tokens 256 --no-speed --out "$RUN/$1_mtbench"
 }
-side_by_side() {  # training runs side by side on this lane's GPU, then each one's MT-bench chain τ
+chain_speed() {  # issue 15: MT-bench chain with its speed run on $1's drafter, the target compiled, then eager
+  [ -d "$RUN/$1/drafter" ] || return
+  step "$1_compiled" 360 python3 -m draftsmith eval --target $HF --drafter "$RUN/$1" --mode chain --k 7 \
+    --num-questions 80 --max-new-tokens 256 --compile-target --out "$RUN/$1_mtbench_compiled"
+  step "$1_eager" 240 python3 -m draftsmith eval --target $HF --drafter "$RUN/$1" --mode chain --k 7 \
+    --num-questions 80 --max-new-tokens 256 --out "$RUN/$1_mtbench_eager"
+}
+side_by_side() {  # training runs side by side on this lane's GPU
   local name pids=()
   for name in "$@"; do train_to_deadline "$name" & pids+=($!); done
   wait "${pids[@]}"
-  pids=()
-  for name in "$@"; do chain_tau "$name" & pids+=($!); done
-  wait "${pids[@]}"
 }
+EVAL_S=${EVAL_S:-690}  # the two chain_speed runs after the training (360 + 240 s) and a margin; chain_tau runs if time is left
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  (export CUDA_VISIBLE_DEVICES=0; data; side_by_side abl3_wide abl3_seed2) & A=$!
-  (export CUDA_VISIBLE_DEVICES=1; bench_cycle; side_by_side abl3_lr4e3) & B=$!
+  (export CUDA_VISIBLE_DEVICES=0; data; side_by_side abl3_seed2 abl3_wide_seed2; chain_tau abl3_seed2 & chain_tau abl3_wide_seed2; wait) & A=$!
+  (export CUDA_VISIBLE_DEVICES=1; side_by_side abl3_decay1; chain_speed abl3_decay1; chain_tau abl3_decay1) & B=$!
   wait $A $B
 else
-  bench_cycle
   data
-  side_by_side abl3_wide abl3_lr4e3
+  side_by_side abl3_seed2 abl3_wide_seed2
+  chain_speed abl3_seed2
+  chain_tau abl3_wide_seed2
 fi
 [ -d $RUN ] && python3 bench/summarise_ablation.py $RUN --out "$R/ablation_h200.md" >> "$R/summary.log" 2>&1
 touch "$R/ALL_DONE"
