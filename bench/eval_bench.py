@@ -232,6 +232,7 @@ def main() -> None:
     ap.add_argument("--plain-prompts", type=int, default=5)
     ap.add_argument("--plain-tokens", type=int, default=256)
     ap.add_argument("--parts", default="plain,verify,cycle,chain,tree", help="also: batch")
+    ap.add_argument("--cycle-shapes", default="chain,tree,chain_t1", help="--parts cycle: the shapes it times")
     ap.add_argument("--batch-sizes", default="1,4,16", help="--parts batch: the batch sizes")
     ap.add_argument("--batch-modes", default="chain,tree,chain_t1", help="--parts batch: chain, tree, chain_t1 (temperature 1)")
     ap.add_argument("--out-dir", type=Path, default=None, help="where the eval reports go (default: a temp folder)")
@@ -273,6 +274,7 @@ def main() -> None:
         prompts = [turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", args.plain_prompts)]
         compile_modes = [False, True] if device.type == "cuda" else [False]
         cycle_shapes = {**shapes, "chain_t1": {**shapes["chain"], "temperature": 1.0}}
+        cycle_shapes = {name: cycle_shapes[name] for name in args.cycle_shapes.split(",")}
         result["cycle"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, cycle_shapes, compile_modes, 3 if args.smoke else 50)
         if args.compile_target:  # side by side in the same process: the compiled drafter step only
             result["cycle_target_compiled"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, cycle_shapes,

@@ -2,6 +2,8 @@
 # The H200 run behind BENCHMARKS.md, on one or two GPUs (nvidia-h200 or nvidia-h200-x2). The run
 # of 2026-12-01 21:38 timed the cycle (draft 0.57 ms) and ran abl3_wide and abl3_lr4e3 to step
 # ~1,780 (BENCHMARKS.md). What it left owed, in this order:
+#   0. issue 15: the tree's draft, compiled as one region since 22:40 (1.48 ms before): the tree
+#      shape's cycle breakdown (a random drafter), first and alone on the GPU
 #   1. the recipe's data (its synth answers restored from .data: see below)
 #   2. issue 13, recipes/ablation3_h200.yaml: `abl3_seed2` (the recipe at --seed 2, the same
 #      validation split: the seed-to-seed spread) beside `abl3_wide_seed2` (the wide drafter,
@@ -14,7 +16,7 @@
 #      with its speed run, on abl3_seed2's drafter; then the same without --compile-target
 #      (same drafter), so that the two compare in one lease
 #   4. abl3_wide_seed2's MT-bench chain τ (τ only), if time is left
-#   two GPUs: 1 and 2 on GPU 0; on GPU 1, `abl3_decay1` (every TTT step's loss weighted alike)
+#   two GPUs: 1 and 2 on GPU 0; on GPU 1, 0, then `abl3_decay1` (every TTT step's loss weighted alike)
 #             once the data is made, then 3 on its drafter, then its chain τ
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
 # The recipe's synth answers (5 of its ~5.4 data minutes) travel between leases: the driver packs
@@ -37,6 +39,10 @@ CARRY=${CARRY:-/root/carry}  # what the next lease should get back (fetch_result
 A3=recipes/ablation3_h200.yaml
 driver_start 25 2
 
+bench_tree_cycle() {  # issue 15: the tree's cycle breakdown, its draft compiled as one region (a random drafter)
+  step bench_tree_cycle 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes tree --target $HF \
+    --out-json "$R/bench_tree_cycle.json"
+}
 data() {  # the recipe's data stages: those quickstart --budget full runs before training
   local stages synths files=() name
   {  # line 1: the data stages, comma-separated; line 2: the synth ones among them
@@ -81,9 +87,10 @@ side_by_side() {  # training runs side by side on this lane's GPU
 EVAL_S=${EVAL_S:-690}  # the two chain_speed runs after the training (360 + 240 s) and a margin; chain_tau runs if time is left
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=0; data; side_by_side abl3_seed2 abl3_wide_seed2; chain_tau abl3_seed2 & chain_tau abl3_wide_seed2; wait) & A=$!
-  (export CUDA_VISIBLE_DEVICES=1; side_by_side abl3_decay1; chain_speed abl3_decay1; chain_tau abl3_decay1) & B=$!
+  (export CUDA_VISIBLE_DEVICES=1; bench_tree_cycle; side_by_side abl3_decay1; chain_speed abl3_decay1; chain_tau abl3_decay1) & B=$!
   wait $A $B
 else
+  bench_tree_cycle
   data
   side_by_side abl3_seed2 abl3_wide_seed2
   chain_speed abl3_seed2

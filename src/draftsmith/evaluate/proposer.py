@@ -21,9 +21,10 @@ host sync inside the draft. A sampled chain draws its tokens from Exp(1) noise [
 `propose()` stages before the cycle (one kernel outside the graph, from the run's seeded
 generator), so the graph holds no random-number generator and each replay gets fresh draws.
 With `compile`, the drafter step inside it is `torch.compile`d (inductor): fewer, larger
-kernels in the same graph. A chain's K-1 draft steps and the argmax and id lookups between them
-are compiled as one region, so that inductor also fuses across the steps' boundaries; should
-that fail, its steps are compiled one by one, and should that fail too, the step runs eagerly.
+kernels in the same graph. The whole draft is compiled as one region (a chain's K-1 steps and
+the argmax and id lookups between them; a tree's steps, top-k expansion, selection and ancestor
+mask), so that inductor also fuses across the steps' boundaries; should that fail, its steps are
+compiled one by one, and should that fail too, the step runs eagerly.
 
 EAGLE-2 tree: level 1 is the top-k of the last step-0 output; each later step feeds the k best
 frontier nodes (by cumulative log-prob) and keeps their top-k children; finally the
@@ -113,9 +114,10 @@ class DrafterProposer:
         self.chain_masks = (self.cols16 >= max_len) & (self.cols16 <= self.chain_slots[:, :1])  # [K-1, S16]
         self.compiled = compile
         self.step_fn = torch.compile(self._step_eager, dynamic=False) if compile else self._step_eager
-        # a chain's draft steps and the glue between them as one compiled region (calling the eager step inside it)
-        self.chain_region = (torch.compile(functools.partial(self._chain_from, step=self._step_eager), dynamic=False)
-                             if compile and mode == "chain" else None)
+        # the draft as one compiled region, calling the eager step inside it: a chain's K-1 steps and the argmax
+        # and id lookups between them, or a tree's expansions, top-k and selection
+        draft = self._chain_from if mode == "chain" else self._tree_from
+        self.draft_region = torch.compile(functools.partial(draft, step=self._step_eager), dynamic=False) if compile else None
         if compile:  # dynamo keeps one entry per proposer and step shape, on one code object: --k auto makes up to 16
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
@@ -135,7 +137,7 @@ class DrafterProposer:
 
     def graph(self) -> None:
         """Capture the cycle in a CUDA graph (no-op on CPU). A capture that fails falls back one
-        level at a time, each time with one line on stderr: from the chain compiled as one region
+        level at a time, each time with one line on stderr: from the draft compiled as one region
         to its steps compiled one by one, to the eager step in the graph, to drafting without
         graphs (slower, the same tokens; the report's `drafter_compiled` and `drafter_graphed`
         say where it ended)."""
@@ -148,10 +150,10 @@ class DrafterProposer:
             except Exception as e:  # noqa: BLE001 (inductor/triton missing or failing, a capture hazard: any error)
                 self.cycle = None
                 why = f"({type(e).__name__}: {str(e)[:200]})"
-                if self.chain_region is not None:
-                    print(f"eval: torch.compile of the chain draft as one region failed {why}; compiling its steps one by one",
-                          file=sys.stderr, flush=True)
-                    self.chain_region = None
+                if self.draft_region is not None:
+                    print(f"eval: torch.compile of the {self.mode} draft as one region failed {why}; compiling its steps one "
+                          "by one", file=sys.stderr, flush=True)
+                    self.draft_region = None
                 elif self.compiled:
                     print(f"eval: torch.compile of the drafter step failed {why}; drafting with the eager step in CUDA graphs",
                           file=sys.stderr, flush=True)
@@ -264,9 +266,8 @@ class DrafterProposer:
         last = (m - 1)[:, None, None]  # [B, 1, 1]: each row's last valid row, by a device index (no host sync)
         logits = logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0]  # [B, Vd]
         hidden = out.gather(1, last.expand(-1, 1, out.shape[-1]))[:, 0]  # [B, H]
-        if self.mode == "chain":
-            return (self.chain_region or self._chain_from)(logits, hidden, base, n + m)
-        return self._tree_from(logits, hidden, base, n + m)
+        draft = self.draft_region or (self._chain_from if self.mode == "chain" else self._tree_from)
+        return draft(logits, hidden, base, n + m)
 
     def _chain_from(self, logits: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor,
                     n: torch.Tensor, step: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -294,12 +295,13 @@ class DrafterProposer:
         q = torch.stack(qs, dim=1) if qs else None  # [B, K, V]
         return torch.stack(tokens, dim=1), q  # [B, K]
 
-    def _tree_from(self, logits: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor,
-                   n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _tree_from(self, logits: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor, n: torch.Tensor,
+                   step: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The EAGLE-2 tree from step 0's output at each row's last observed position (logits
         [B, Vd], hidden [B, H]); n [B] positions observed. Fixed shapes throughout: a pool of
-        P = k + (depth-1)k² candidates, then the N best. Returns tokens, depths, parents [B, N]
-        and ancestors [B, N+1, N+1]."""
+        P = k + (depth-1)k² candidates, then the N best. `step`: the drafter step (default
+        `_step`). Returns tokens, depths, parents [B, N] and ancestors [B, N+1, N+1]."""
+        step = step or self._step
         width, dev, b = self.top_k, self.device, logits.shape[0]
         arange = torch.arange(width, device=dev)  # [k]
         scores, d_ids = torch.log_softmax(logits, -1).topk(width)  # [B, k]
@@ -319,7 +321,7 @@ class DrafterProposer:
             anc = f_anc | (slot_ids == own[:, None])  # [B, k, draft slots]
             mask = torch.cat([context, anc], dim=2)  # [B, k, S]
             pos = (n - 1 + d)[:, None].expand(b, width)  # [B, k]
-            logits, out = self._step(f_hidden, f_tokens, pos, (self.max_len + own).expand(b, width), mask)  # [B, k, Vd], [B, k, H]
+            logits, out = step(f_hidden, f_tokens, pos, (self.max_len + own).expand(b, width), mask)  # [B, k, Vd], [B, k, H]
             s, t = torch.log_softmax(logits, -1).topk(width, dim=-1)  # [B, k, k]
             cand = (scores[..., None] + s).flatten(1)  # [B, k*k] cumulative log-probs
             pool_scores.append(cand)
