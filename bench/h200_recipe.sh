@@ -16,7 +16,9 @@
 #      with its speed run, on abl3_seed2's drafter; then the same without --compile-target
 #      (same drafter), so that the two compare in one lease
 #   4. abl3_wide_seed2's MT-bench chain τ (τ only), if time is left
-#   two GPUs: 1 and 2 on GPU 0; on GPU 1, 0, then `abl3_decay1` (every TTT step's loss weighted alike)
+#   two GPUs: 1 and 2 on GPU 0; on GPU 1, 0, then the trainer's step with and without
+#             --compile-step (never timed on a GPU) and a profile of where online training's
+#             time goes (bench/train_bench.py), then `abl3_decay1` (every TTT step's loss weighted alike)
 #             once the data is made, then 3 on its drafter, then its chain τ
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
 # The recipe's synth answers (5 of its ~5.4 data minutes) travel between leases: the driver packs
@@ -42,6 +44,11 @@ driver_start 25 2
 bench_tree_cycle() {  # issue 15: the tree's cycle breakdown, its draft compiled as one region (a random drafter)
   step bench_tree_cycle 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes tree --target $HF \
     --out-json "$R/bench_tree_cycle.json"
+}
+train_bench() {  # issue 13: the default and the compiled (--compile-step) training step, online, same rows, profiled
+  while [ ! -f $RUN/.pipeline/vocab.done ] && [ "$(date +%s)" -lt "$DEADLINE" ]; do sleep 5; done
+  step train_bench 360 python3 bench/train_bench.py $RUN/prepare --target $HF --variant default: \
+    --variant compiled:compile_step=true --out-json "$R/train_bench.json"
 }
 data() {  # the recipe's data stages: those quickstart --budget full runs before training
   local stages synths files=() name
@@ -87,7 +94,7 @@ side_by_side() {  # training runs side by side on this lane's GPU
 EVAL_S=${EVAL_S:-690}  # the two chain_speed runs after the training (360 + 240 s) and a margin; chain_tau runs if time is left
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=0; data; side_by_side abl3_seed2 abl3_wide_seed2; chain_tau abl3_seed2 & chain_tau abl3_wide_seed2; wait) & A=$!
-  (export CUDA_VISIBLE_DEVICES=1; bench_tree_cycle; side_by_side abl3_decay1; chain_speed abl3_decay1; chain_tau abl3_decay1) & B=$!
+  (export CUDA_VISIBLE_DEVICES=1; bench_tree_cycle; train_bench; side_by_side abl3_decay1; chain_speed abl3_decay1; chain_tau abl3_decay1) & B=$!
   wait $A $B
 else
   bench_tree_cycle
