@@ -2,7 +2,7 @@
 # The H200 run behind BENCHMARKS.md, on one or two GPUs (nvidia-h200 or nvidia-h200-x2). The run
 # of 2026-12-01 21:38 timed the cycle (draft 0.57 ms) and ran abl3_wide and abl3_lr4e3 to step
 # ~1,780 (BENCHMARKS.md). What it left owed, in this order:
-#   0. issue 15: the tree's draft, compiled as one region since 22:40 (1.48 ms before): the tree
+#   0. issue 15: the tree's draft, compiled as one region since 22:11 (1.48 ms before): the tree
 #      shape's cycle breakdown (a random drafter), first and alone on the GPU
 #   1. the recipe's data (its synth answers restored from .data: see below)
 #   2. issue 13, recipes/ablation3_h200.yaml: `abl3_seed2` (the recipe at --seed 2, the same
@@ -13,13 +13,13 @@
 #      drafter of its best validation so far. Their validations (steps 975, 1950, ...) and train
 #      τ (every 100 steps) compare step for step with the recipe's and abl3_wide's
 #   3. issue 15: `eval --compile-target` end to end, never run: MT-bench chain K=7, 80 questions,
-#      with its speed run, on abl3_seed2's drafter; then the same without --compile-target
-#      (same drafter), so that the two compare in one lease
+#      with its speed run (plain decoding compiled the same way), on abl3_seed2's drafter
 #   4. abl3_wide_seed2's MT-bench chain τ (τ only), if time is left
-#   two GPUs: 1 and 2 on GPU 0; on GPU 1, 0, then the trainer's step with and without
-#             --compile-step (never timed on a GPU) and a profile of where online training's
-#             time goes (bench/train_bench.py), then `abl3_decay1` (every TTT step's loss weighted alike)
-#             once the data is made, then 3 on its drafter, then its chain τ
+#   before 2, alone on the GPU once the data is made: the trainer's step with and without
+#   --compile-step (never timed on a GPU) and a profile of where online training's time goes
+#   (bench/train_bench.py: 20 timed steps each)
+#   two GPUs: 1 and 2 on GPU 0; on GPU 1, 0 and the trainer's step, then `abl3_decay1` (every
+#             TTT step's loss weighted alike), then 3 on its drafter, then its chain τ
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
 # The recipe's synth answers (5 of its ~5.4 data minutes) travel between leases: the driver packs
 # them into /root/carry/h200_synth.tgz.part* (15 MB parts), fetch_results.sh brings those back;
@@ -48,7 +48,7 @@ bench_tree_cycle() {  # issue 15: the tree's cycle breakdown, its draft compiled
 train_bench() {  # issue 13: the default and the compiled (--compile-step) training step, online, same rows, profiled
   while [ ! -f $RUN/.pipeline/vocab.done ] && [ "$(date +%s)" -lt "$DEADLINE" ]; do sleep 5; done
   step train_bench 360 python3 bench/train_bench.py $RUN/prepare --target $HF --variant default: \
-    --variant compiled:compile_step=true --out-json "$R/train_bench.json"
+    --variant compiled:compile_step=true --steps 20 --out-json "$R/train_bench.json"
 }
 data() {  # the recipe's data stages: those quickstart --budget full runs before training
   local stages synths files=() name
@@ -79,19 +79,16 @@ chain_tau() {  # MT-bench chain τ of a training run's best drafter so far (stop
   [ -d "$RUN/$1/drafter" ] && step "$1_chain" 150 python3 -m draftsmith eval --target $HF --drafter "$RUN/$1" \
     --mode chain --k 7 --num-questions 80 --max-new-tokens 256 --no-speed --out "$RUN/$1_mtbench"
 }
-chain_speed() {  # issue 15: MT-bench chain with its speed run on $1's drafter, the target compiled, then eager
-  [ -d "$RUN/$1/drafter" ] || return
-  step "$1_compiled" 360 python3 -m draftsmith eval --target $HF --drafter "$RUN/$1" --mode chain --k 7 \
-    --num-questions 80 --max-new-tokens 256 --compile-target --out "$RUN/$1_mtbench_compiled"
-  step "$1_eager" 240 python3 -m draftsmith eval --target $HF --drafter "$RUN/$1" --mode chain --k 7 \
-    --num-questions 80 --max-new-tokens 256 --out "$RUN/$1_mtbench_eager"
+chain_speed() {  # issue 15: MT-bench chain with its speed run on $1's drafter, the target's forward compiled
+  [ -d "$RUN/$1/drafter" ] && step "$1_compiled" 360 python3 -m draftsmith eval --target $HF --drafter "$RUN/$1" \
+    --mode chain --k 7 --num-questions 80 --max-new-tokens 256 --compile-target --out "$RUN/$1_mtbench_compiled"
 }
 side_by_side() {  # training runs side by side on this lane's GPU
   local name pids=()
   for name in "$@"; do train_to_deadline "$name" & pids+=($!); done
   wait "${pids[@]}"
 }
-EVAL_S=${EVAL_S:-690}  # the two chain_speed runs after the training (360 + 240 s) and a margin; chain_tau runs if time is left
+EVAL_S=${EVAL_S:-450}  # chain_speed after the training (360 s) and a margin; chain_tau runs if time is left
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=0; data; side_by_side abl3_seed2 abl3_wide_seed2; chain_tau abl3_seed2 & chain_tau abl3_wide_seed2; wait) & A=$!
   (export CUDA_VISIBLE_DEVICES=1; bench_tree_cycle; train_bench; side_by_side abl3_decay1; chain_speed abl3_decay1; chain_tau abl3_decay1) & B=$!
@@ -99,6 +96,7 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
 else
   bench_tree_cycle
   data
+  train_bench
   side_by_side abl3_seed2 abl3_wide_seed2
   chain_speed abl3_seed2
   chain_tau abl3_wide_seed2
