@@ -8,7 +8,7 @@
 #   2. issue 13, recipes/ablation3_h200.yaml: `abl3_seed2` (the recipe at --seed 2, the same
 #      validation split: the seed-to-seed spread) beside `abl3_wide_seed2` (the wide drafter,
 #      3.96 against 3.93 at step 975, at seed 2 too): whether the wide drafter's lead is more
-#      than a seed's worth. Side by side on one GPU (the step is host-bound: 20.6k tok/s each
+#      than a seed's worth. Side by side on one GPU (20.6k tok/s each
 #      against 34.4k alone), until $EVAL_S before the deadline; a run stopped there keeps the
 #      drafter of its best validation so far. Their validations (steps 975, 1950, ...) and train
 #      τ (every 100 steps) compare step for step with the recipe's and abl3_wide's
