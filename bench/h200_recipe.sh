@@ -42,7 +42,7 @@ A3=recipes/ablation3_h200.yaml
 driver_start 25 2
 
 bench_tree_cycle() {  # issue 15: the tree's cycle breakdown, its draft compiled as one region (a random drafter)
-  step bench_tree_cycle 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes tree --target $HF \
+  step bench_tree_cycle 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes tree --target $HF \
     --out-json "$R/bench_tree_cycle.json"
 }
 train_bench() {  # issue 13: the default and the compiled (--compile-step) training step, online, same rows, profiled
