@@ -260,11 +260,11 @@ def test_fused_tree_equals_plain(device):
 @pytest.mark.skipif(shutil.which("g++") is None, reason="inductor's CPU backend needs a C++ compiler")
 @pytest.mark.parametrize("mode", ["tree", "chain"])
 def test_compiled_drafter_step_drafts_the_same(mode):
-    """`torch.compile` (inductor; on CPU its C++ backend) of the drafter step inside the fused
-    cycle (the draft and the glue between its steps as one compiled region: a chain's argmax
-    and id lookups, a tree's top-k expansion and selection): the same
-    drafts as the eager step, and greedy decoding still equals plain decoding. A prompt's prefix
-    of any length runs through the eager step, so nothing recompiles."""
+    """`torch.compile` (inductor; on CPU its C++ backend) of the draft inside the fused cycle,
+    as one region with the glue between its steps (a chain's argmax and id lookups; a tree's
+    top-k expansion, selection and ancestor mask): the same drafts as the eager step, and greedy
+    decoding still equals plain decoding. A prompt's prefix of any length runs through the eager
+    step, so nothing recompiles."""
     model = tiny_vocab_llama()
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
     drafter = echo_drafter(model)
