@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -273,8 +274,11 @@ def main() -> None:
     if "cycle" in parts:
         prompts = [turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", args.plain_prompts)]
         compile_modes = [False, True] if device.type == "cuda" else [False]
-        cycle_shapes = {**shapes, "chain_t1": {**shapes["chain"], "temperature": 1.0}}
-        cycle_shapes = {name: cycle_shapes[name] for name in args.cycle_shapes.split(",")}
+        known = {**shapes, "chain_t1": {**shapes["chain"], "temperature": 1.0}}
+        names = args.cycle_shapes.split(",")
+        if not set(names) <= known.keys():
+            sys.exit(f"--cycle-shapes: {', '.join(sorted(set(names) - known.keys()))} unknown; choose from {', '.join(known)}")
+        cycle_shapes = {name: known[name] for name in names}
         result["cycle"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, cycle_shapes, compile_modes, 3 if args.smoke else 50)
         if args.compile_target:  # side by side in the same process: the compiled drafter step only
             result["cycle_target_compiled"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, cycle_shapes,

@@ -114,10 +114,11 @@ class DrafterProposer:
         self.chain_masks = (self.cols16 >= max_len) & (self.cols16 <= self.chain_slots[:, :1])  # [K-1, S16]
         self.compiled = compile
         self.step_fn = torch.compile(self._step_eager, dynamic=False) if compile else self._step_eager
+        self.draft = self._chain_from if mode == "chain" else self._tree_from  # from step 0's output, through `_step`
         # the draft as one compiled region, calling the eager step inside it: a chain's K-1 steps and the argmax
         # and id lookups between them, or a tree's expansions, top-k and selection
-        draft = self._chain_from if mode == "chain" else self._tree_from
-        self.draft_region = torch.compile(functools.partial(draft, step=self._step_eager), dynamic=False) if compile else None
+        self.draft_region = (torch.compile(functools.partial(self.draft, step=self._step_eager), dynamic=False)
+                             if compile else None)
         if compile:  # dynamo keeps one entry per proposer and step shape, on one code object: --k auto makes up to 16
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
@@ -266,8 +267,7 @@ class DrafterProposer:
         last = (m - 1)[:, None, None]  # [B, 1, 1]: each row's last valid row, by a device index (no host sync)
         logits = logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0]  # [B, Vd]
         hidden = out.gather(1, last.expand(-1, 1, out.shape[-1]))[:, 0]  # [B, H]
-        draft = self.draft_region or (self._chain_from if self.mode == "chain" else self._tree_from)
-        return draft(logits, hidden, base, n + m)
+        return (self.draft_region or self.draft)(logits, hidden, base, n + m)
 
     def _chain_from(self, logits: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor,
                     n: torch.Tensor, step: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -180,11 +180,11 @@ def run(cfg: EvalConfig) -> Path:
 
             # speculative, plain and plain-through-the-verification-shape decoding take turns, a batch of questions at a time
             generators = [spec, *([plain] if cfg.speed else []), *([plain_wide] if wide else [])]
-            answered_by = answer(tok, questions, generators, cfg.completion, cfg.batch_size)
-            spec_turns = answered_by[0]
+            answered_by = iter(answer(tok, questions, generators, cfg.completion, cfg.batch_size))  # in `generators` order
+            spec_turns = next(answered_by)
             none = [[None] * len(t) for t in spec_turns]
-            plain_turns = answered_by[1] if cfg.speed else none
-            wide_turns = answered_by[-1] if wide else none
+            plain_turns = next(answered_by) if cfg.speed else none
+            wide_turns = next(answered_by) if wide else none
         turns: list[dict[str, Any]] = []
         lines: list[str] = []
         for q, spec_q, plain_q, wide_q in zip(questions, spec_turns, plain_turns, wide_turns, strict=True):
