@@ -40,16 +40,18 @@ def data_and_store(tmp_path_factory, tiny_target_dir):
     return root, ds, root / "store"
 
 
-@pytest.mark.parametrize("capture", ["packed", "packed-split", "padded"])
+@pytest.mark.parametrize("capture", ["packed", "packed-split", "padded", "packed-flex"])
 def test_offline_and_online_give_the_same_loss(capture, data_and_store, tiny_target_dir, monkeypatch):
     """Online capture, whichever way (a row's samples packed in one forward; packed rows split
-    at PACKED_ROW with a padding tail; length-bucketed padded batches), gives the loss of the
-    stored states."""
+    at PACKED_ROW with a padding tail; length-bucketed padded batches; packed with flex attention,
+    --capture-attention flex, in a row padded to FLEX_WIDTH), gives the loss of the stored states."""
     _, ds_path, store = data_and_store
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
     ds, reader = load_dataset(ds_path), StoreReader(store)
     aux_layer_ids = [int(k) for k in reader.meta["aux_layer_ids"]]
-    online = OnlineSource(ds, target.model, aux_layer_ids, max_len=2048, token_budget=64)  # several padded sub-batches
+    attention = "flex_attention" if capture == "packed-flex" else None
+    online = OnlineSource(ds, target.model, aux_layer_ids, max_len=2048, token_budget=64,  # several padded sub-batches
+                          attention=attention)
     assert online.packed  # the tiny Llama keeps packed samples apart
     online.packed = capture != "padded"
     if capture == "packed-split":
@@ -65,6 +67,7 @@ def test_offline_and_online_give_the_same_loss(capture, data_and_store, tiny_tar
     loss_on, st_on = objective(**a)
     loss_off, st_off = objective(**b)
     assert st_on["n_valid"][0] > 10
+    assert target.model.config._attn_implementation == "sdpa"  # flex only for the capture's forward
     torch.testing.assert_close(loss_on, loss_off, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(st_on["n_correct"], st_off["n_correct"])
     loss_on.backward()  # the chunked SoftCE loss has a gradient
@@ -110,7 +113,10 @@ def test_train_command_online_and_offline(data_and_store, tiny_target_dir):
 
 def test_train_compile_step_trains_as_the_default_step(data_and_store, tiny_target_dir):
     """`--compile-step` on CPU (the static-shape step, eager; rows padded to --batch-tokens) runs
-    and logs the default step's metrics, step by step."""
+    and logs the dynamic step's metrics, step by step; the default resolves to the dynamic step
+    on CPU (the static one on GPU) and run.yaml records which ran."""
+    import yaml
+
     root, ds, _ = data_and_store
     runs = {}
     for name, extra in (("default", []), ("compile-step", ["--compile-step"])):
@@ -119,6 +125,7 @@ def test_train_compile_step_trains_as_the_default_step(data_and_store, tiny_targ
                                        "--ttt", "2", "--batch-tokens", "96", "--draft-vocab-size", "300", "--log-every", "1",
                                        "--val-fraction", "0.2", "--device", "cpu", *extra])
         assert res.exit_code == 0, res.output
+        assert yaml.safe_load((out / "run.yaml").read_text())["config"]["compile_step"] is (name == "compile-step")
         runs[name] = read_metrics(out)
     assert [r["split"] for r in runs["compile-step"]] == [r["split"] for r in runs["default"]]
     for a, b in zip(runs["default"], runs["compile-step"], strict=True):

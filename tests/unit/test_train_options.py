@@ -228,3 +228,22 @@ def test_one_aux_norm_by_default():
     assert arch(norm_before_fc=True) == (True, False)
     assert arch(fc_norm=False) == (False, False)
     assert arch(norm_before_fc=True, fc_norm=True) == (True, True)
+
+
+def test_capture_attention_resolves_per_device_and_refuses_a_model_without_flex(tiny_target_dir, monkeypatch):
+    """--capture-attention: auto is flex on CUDA only (on CPU the model's own, dense); flex is
+    asked of transformers whatever the device; a model class without flex support is refused
+    with the option named, and auto falls back to dense for it."""
+    import dataclasses
+
+    from draftsmith.errors import UserError
+    from draftsmith.train.run import capture_attention
+
+    target = load_target(str(tiny_target_dir), "cpu", "fp32")
+    assert [capture_attention(c, target) for c in ("auto", "dense", "flex")] == [None, None, "flex_attention"]
+    on_cuda = dataclasses.replace(target, device=torch.device("cuda", 0))  # resolution only: nothing runs
+    assert capture_attention("auto", on_cuda) == "flex_attention"
+    monkeypatch.setattr(type(target.model), "_supports_flex_attn", False)
+    assert capture_attention("auto", on_cuda) is None
+    with pytest.raises(UserError, match="--capture-attention dense"):
+        capture_attention("flex", target)

@@ -52,6 +52,27 @@ def hooked(model: nn.Module, aux_layer_ids: list[int]) -> Iterator[dict[int, tor
             h.remove()
 
 
+def supports_flex(model: nn.Module) -> bool:
+    """Whether transformers can run `model`'s attention with flex_attention (`capture`'s "flex")."""
+    return bool(getattr(model, "_supports_flex_attn", False)) and model._can_set_attn_implementation()
+
+
+@contextlib.contextmanager
+def attention_implementation(model: nn.Module, name: str | None) -> Iterator[None]:
+    """Run the block with transformers' attention implementation `name` ("sdpa",
+    "flex_attention", ...; None: the model's own), and give the model its own back after it: the
+    target may be shared with later stages (a pipeline's eval) that expect what it was loaded with."""
+    own = model.config._attn_implementation
+    if name is None or name == own:
+        yield
+        return
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(own)
+
+
 @torch.no_grad()
 def capture(
     model: nn.Module,
@@ -59,6 +80,7 @@ def capture(
     attention_mask: torch.Tensor | None,
     aux_layer_ids: list[int],
     position_ids: torch.Tensor | None = None,
+    attention: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward of the target without KV cache.
 
@@ -66,10 +88,14 @@ def capture(
     position_ids [B, T] (optional, with no attention_mask): several samples laid end to end in a
     row, each restarting at 0; transformers then attends within each sample only (its packed-
     sequence masks), which `packs_sequences` checks for the model at hand
+    attention: transformers' attention implementation for this forward (None: the model's own).
+    "flex_attention" computes a packed row's attention block by block, skipping the blocks
+    between samples; sdpa's packed mask is a dense [T, T] tensor and every score is computed
     returns aux [B, T, n_aux*H] (layers concatenated in `aux_layer_ids` order), final [B, T, H],
     both on input_ids' device
     """
-    with hooked(model, aux_layer_ids) as captured, sdpa_kernel(VARIABLE_SHAPE_SDPA):
+    with hooked(model, aux_layer_ids) as captured, sdpa_kernel(VARIABLE_SHAPE_SDPA), \
+            attention_implementation(model, attention):
         out = base_model(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                 use_cache=False)
     # on the inputs' device: a target split over GPUs (`load_target(shard="auto")`) hands each layer's
@@ -86,16 +112,16 @@ def packed_positions(lengths: list[int], device: torch.device | str = "cpu") -> 
 
 
 @torch.no_grad()
-def packs_sequences(model: nn.Module, aux_layer_ids: list[int]) -> bool:
+def packs_sequences(model: nn.Module, aux_layer_ids: list[int], attention: str | None = None) -> bool:
     """Whether `capture` of samples packed in one row (position_ids restarting per sample, no
-    mask) gives each sample's own states, as capturing it alone does: two short samples, both
-    ways, within the dtype's tolerance. A model whose forward ignores the packing (its own mask
+    mask; with `attention`, see `capture`) gives each sample's own states, as capturing it alone
+    does: two short samples, both ways, within the dtype's tolerance. A model whose forward ignores the packing (its own mask
     code, remote code) lets the second sample attend to the first and fails the check."""
     device = next(model.parameters()).device
     vocab = int(model.get_input_embeddings().weight.shape[0])
     lengths = [5, 7]
     ids = (torch.arange(sum(lengths), device=device) * 7919 + 11) % (vocab - 3) + 3  # [12], deterministic tokens
-    packed = capture(model, ids[None], None, aux_layer_ids, packed_positions(lengths, device)[None])
+    packed = capture(model, ids[None], None, aux_layer_ids, packed_positions(lengths, device)[None], attention)
     start, tol = 0, 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
     for n in lengths:
         alone = capture(model, ids[None, start : start + n], None, aux_layer_ids)

@@ -121,16 +121,23 @@ class OnlineSource:
     A training row's samples are captured packed: laid end to end in rows of at most
     `PACKED_ROW` tokens, positions restarting per sample, one forward for the lot (transformers
     keeps each sample's attention to itself). A model that does not pack (`packs_sequences`,
-    checked once here) is captured in length-bucketed, right-padded batches instead."""
+    checked once here) is captured in length-bucketed, right-padded batches instead.
+
+    `attention` is the packed forward's attention implementation (`capture`): None, the model's
+    own (sdpa: a dense [W, W] mask, every score computed), or "flex_attention" (block by block,
+    the blocks between samples skipped). Under flex the row's width is rounded up to a multiple of
+    FLEX_WIDTH, so that its compiled kernels see few shapes."""
 
     PACKED_ROW = 8192  # tokens per packed capture row: its attention costs O(row²), so longer rows are split
+    FLEX_WIDTH = 1024  # under flex, packed rows are this many tokens wide, or a multiple of it
 
-    def __init__(self, dataset: Any, model: torch.nn.Module, aux_layer_ids: list[int], max_len: int, token_budget: int) -> None:
+    def __init__(self, dataset: Any, model: torch.nn.Module, aux_layer_ids: list[int], max_len: int, token_budget: int,
+                 attention: str | None = None) -> None:
         self.dataset, self.model, self.aux_layer_ids, self.max_len = dataset, model, aux_layer_ids, max_len
-        self.token_budget = token_budget
+        self.token_budget, self.attention = token_budget, attention
         self.device = next(model.parameters()).device
         self.lengths = np.minimum(dataset.lengths, max_len)
-        self.packed = packs_sequences(model, aux_layer_ids)
+        self.packed = packs_sequences(model, aux_layer_ids, attention)
         if not self.packed:
             print(f"[train] {type(model).__name__} does not keep packed samples apart in one forward: its hidden "
                   "states are captured in padded batches instead (slower, same values)", flush=True)
@@ -163,13 +170,16 @@ class OnlineSource:
             used += n
         sizes = [[int(self.lengths[i]) for i in g] for g in groups]
         width = max(map(sum, sizes))
+        if self.attention == "flex_attention":
+            width = -(-width // self.FLEX_WIDTH) * self.FLEX_WIDTH
         ids = torch.zeros(len(groups), width, dtype=torch.long)  # [G, W]; a row's tail is a padding "sample"
         pos = torch.zeros(len(groups), width, dtype=torch.long)  # [G, W]: restarting at 0 per sample
         for r, (g, lengths) in enumerate(zip(groups, sizes, strict=True)):
             tail = [width - sum(lengths)] if width > sum(lengths) else []
             ids[r, : sum(lengths)] = torch.cat([items[i]["input_ids"][:n] for i, n in zip(g, lengths, strict=True)])
             pos[r] = packed_positions(lengths + tail)
-        aux, final = capture(self.model, ids.to(self.device), None, self.aux_layer_ids, pos.to(self.device))  # [G, W, n*H], [G, W, H]
+        aux, final = capture(self.model, ids.to(self.device), None, self.aux_layer_ids, pos.to(self.device),
+                             self.attention)  # [G, W, n*H], [G, W, H]
         for r, (g, lengths) in enumerate(zip(groups, sizes, strict=True)):
             start = 0
             for i, n in zip(g, lengths, strict=True):

@@ -31,6 +31,7 @@ from draftsmith.errors import UserError
 from draftsmith.fsutil import LOCK_FILE, output_lock
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
+from draftsmith.runtime.capture import supports_flex
 from draftsmith.runtime.head import check_output_head, output_head
 from draftsmith.target import Target, default_device, embed_weight, final_norm, load_target, text_config
 from draftsmith.torchrun import dist_env
@@ -100,13 +101,25 @@ def resolve_vocab(cfg: TrainConfig, dataset: TokenizedDataset, dataset_rows: lis
     return build_vocab(counts, min(draft_vocab_size(cfg.draft_vocab_size, vocab_size), vocab_size))
 
 
+def capture_attention(choice: str, target: Target) -> str | None:
+    """--capture-attention as the attention implementation `capture` takes (None: the model's own)."""
+    flex = supports_flex(target.model)
+    if choice == "flex" and not flex:
+        raise UserError(f"--capture-attention flex: transformers runs {type(target.model).__name__} without flex_attention; "
+                        "use --capture-attention dense")
+    if choice == "flex" or (choice == "auto" and flex and target.device.type == "cuda"):
+        return "flex_attention"
+    return None
+
+
 def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) -> tuple[OnlineSource | OfflineSource, list[int], list[int]]:
     """The sample source, the aux layer ids, and the dataset rows of the source's samples."""
     max_len = min(cfg.max_len, cfg.batch_tokens)
     n_layers = target.info.num_layers
     if cfg.hidden is None:
         aux_layer_ids = validate_layers(cfg.aux_layer_ids or target.info.default_aux_layers, n_layers)
-        source = OnlineSource(dataset, target.model, aux_layer_ids, max_len, token_budget=max(cfg.batch_tokens, max_len))
+        source = OnlineSource(dataset, target.model, aux_layer_ids, max_len, token_budget=max(cfg.batch_tokens, max_len),
+                              attention=capture_attention(cfg.capture_attention, target))
         return source, aux_layer_ids, list(range(len(dataset)))
     from draftsmith.data.store import StoreReader, check_store_matches, dataset_rows
 
@@ -156,8 +169,8 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         raise UserError("--optimizer muon works on whole weight matrices and cannot run under --distributed fsdp; use ddp or adamw")
     out = Path(cfg.out)
     resume_from = check_out(cfg)
-    if cfg.autocast is None:
-        cfg = cfg.model_copy(update={"autocast": env.device.type == "cuda"})
+    on_gpu = env.device.type == "cuda"  # what the GPU defaults resolve to, recorded in run.yaml as such
+    cfg = cfg.model_copy(update={k: on_gpu for k in ("autocast", "compile_step") if getattr(cfg, k) is None})
     torch.manual_seed(cfg.seed)
 
     target = load_target(cfg.target, env.device, cfg.dtype, shard=cfg.shard)
