@@ -142,7 +142,8 @@ def run(cfg: EvalConfig) -> Path:
             return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
 
         spec_sampling, plain_sampling = sampler(), sampler()
-        engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, mode, cfg.batch_size, cfg.compile_target)
+        compile_target = target.device.type == "cuda" if cfg.compile_target is None else cfg.compile_target
+        engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, mode, cfg.batch_size, compile_target)
 
         def proposer_of(shape: Shape) -> DrafterProposer:
             return make_proposer(engine, drafter, cfg, spec_sampling, max_len, shape, graphs)
