@@ -12,11 +12,12 @@ host time and the top GPU kernels.
         --variant online: --variant adamw:optimizer=adamw --variant rows32k:batch_tokens=32768 \\
         --variant offline:hidden=runs/h200/extract --out-json train_bench.json
 
-The static-shape, compiled drafter step (`--compile-step`, off by default) beside the default
-step, same rows (its first steps compile: keep --warmup at 10 or more):
+Today's GPU defaults (the static-shape, compiled drafter step and flex capture) beside the
+dynamic step and dense capture of before 2026-12-02, same rows (the first steps compile: keep
+--warmup at 10 or more):
 
     python bench/train_bench.py runs/h200/prepare --target /root/smollm2-hf \\
-        --variant default: --variant compiled:compile_step=true --out-json train_bench_compile.json
+        --variant defaults: --variant before:compile_step=false,capture_attention=dense
 
 A variant is NAME:KEY=VALUE,KEY=VALUE,... over `draftsmith train`'s options (values as YAML), plus
 `capture=padded` to capture online rows in padded length buckets instead of packed.
