@@ -39,7 +39,7 @@ decoding (t=1), verification (t = draft size + 1) and synth's batched decoding a
 `graph_rows(t)` captures `rows_forward` with its mask building (eval), `graph_compact(n)` the
 compaction of a tree's accepted path. On CPU the same code runs eagerly.
 
-With `compile` (eval --compile-target), each captured forward is first `torch.compile`d
+With `compile` (eval's default on GPU, `--compile-target`), each captured forward is first `torch.compile`d
 (inductor, one static shape per graph): a small target's graphed forward is ~35 kernels per
 layer, launch-bound, and fusing its norms, rotary and elementwise work cuts that count. A
 forward that fails to compile is captured eagerly instead, with one line on stderr.
