@@ -13,7 +13,8 @@
 #      compiled target (eval's GPU default now): the chain's 2.0x and the tree's 2.5x goals
 #   4. issue 13, if time is left: the trainer's step at the new defaults against the old ones
 #      (--no-compile-step --capture-attention dense), same rows, profiled (bench/train_bench.py)
-#   two GPUs: 1, 2 and 3 on GPU 0; on GPU 1, 4, then `abl3_decay1` (every TTT step's loss
+#   5. the training GPU tests (tests/gpu/test_train_gpu.py: flex capture, the compiled step), if time is left
+#   two GPUs: 1, 2 and 3 on GPU 0; on GPU 1, 4 and 5, then `abl3_decay1` (every TTT step's loss
 #             weighted alike) until the deadline, then its chain τ
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
 # The recipe's synth answers (5 of its ~5.4 data minutes) travel between leases: the driver packs
@@ -72,6 +73,9 @@ chain_tau() {  # MT-bench chain τ of a training run's best drafter so far (stop
   [ -d "$RUN/$1/drafter" ] && step "$1_chain" 150 python3 -m draftsmith eval --target $HF --drafter "$RUN/$1" \
     --mode chain --k 7 --num-questions 80 --max-new-tokens 256 --no-speed --out "$RUN/$1_mtbench"
 }
+gpu_tests() {  # training's GPU tests: flex capture against dense, the compiled step's no-recompile and memory
+  step gpu_tests 300 python3 -m pytest -q --run-gpu tests/gpu/test_train_gpu.py
+}
 speed() {  # issue 15: MT-bench with its speed run ($2: chain or tree) on $1's drafter, the target compiled (the default)
   local shape=(--k 7)
   [ "$2" = tree ] && shape=(--k 7 --top-k 10 --total-tokens 60)
@@ -81,7 +85,7 @@ speed() {  # issue 15: MT-bench with its speed run ($2: chain or tree) on $1's d
 EVAL_S=${EVAL_S:-660}  # both speed runs after the training (about 4 and 5 minutes) and a margin
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=0; data; train_to_deadline $Y train_online; speed train_online chain; speed train_online tree) & A=$!
-  (export CUDA_VISIBLE_DEVICES=1; train_bench; EVAL_S=180 train_to_deadline $A3 abl3_decay1; chain_tau abl3_decay1) & B=$!
+  (export CUDA_VISIBLE_DEVICES=1; train_bench; gpu_tests; EVAL_S=180 train_to_deadline $A3 abl3_decay1; chain_tau abl3_decay1) & B=$!
   wait $A $B
 else  # the step bench last: the recipe's own run gives the new defaults' tok/s too
   data
@@ -89,6 +93,7 @@ else  # the step bench last: the recipe's own run gives the new defaults' tok/s 
   speed train_online chain
   speed train_online tree
   train_bench
+  gpu_tests
 fi
 [ -d $RUN ] && python3 bench/summarise_ablation.py $RUN --out "$R/ablation_h200.md" >> "$R/summary.log" 2>&1
 touch "$R/ALL_DONE"

@@ -92,3 +92,43 @@ def test_compiled_static_step_8k_memory_and_no_recompile():
             obj.drafter.zero_grad(set_to_none=True)
             peaks[static] = torch.cuda.max_memory_allocated() / 2**30
     assert peaks[True] <= 1.25 * peaks[False], peaks
+
+
+def test_flex_capture_gives_the_dense_capture_states():
+    """--capture-attention flex on CUDA (bf16, compiled flex kernels, a row padded to FLEX_WIDTH)
+    captures each packed sample's states as sdpa's dense packed mask does, within bf16's
+    tolerance, and leaves the model's own attention in place after it; a second row of other
+    lengths reuses the compiled kernels."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from draftsmith.train.batching import OnlineSource
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
+    model = LlamaForCausalLM(cfg).cuda().to(torch.bfloat16).eval().requires_grad_(False)
+    lengths = [300, 41, 700, 129, 512, 90, 333]
+
+    class Rows:  # a tokenized dataset as OnlineSource reads it
+        def __init__(self) -> None:
+            g = torch.Generator().manual_seed(1)
+            self.lengths = torch.tensor(lengths).numpy()
+            self.ids = [torch.randint(3, 1024, (n,), generator=g) for n in lengths]
+
+        def __len__(self) -> int:
+            return len(self.ids)
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {"input_ids": self.ids[i], "loss_mask": torch.ones_like(self.ids[i])}
+
+    data = Rows()
+    dense = OnlineSource(data, model, [1, 2, 4], max_len=2048, token_budget=4096)
+    flex = OnlineSource(data, model, [1, 2, 4], max_len=2048, token_budget=4096, attention="flex_attention")
+    assert dense.packed and flex.packed
+    for row in ([0, 1, 2], [3, 4, 5, 6]):
+        with torch._dynamo.config.patch(error_on_recompile=row[0] > 0):
+            got = flex.samples(row)
+        for a, b in zip(dense.samples(row), got, strict=True):
+            for key in ("aux", "final"):
+                torch.testing.assert_close(b[key].float(), a[key].float(), rtol=5e-2, atol=5e-2 * a[key].float().abs().max().item())
+    assert model.config._attn_implementation == "sdpa"
