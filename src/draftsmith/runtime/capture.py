@@ -115,8 +115,9 @@ def packed_positions(lengths: list[int], device: torch.device | str = "cpu") -> 
 def packs_sequences(model: nn.Module, aux_layer_ids: list[int], attention: str | None = None) -> bool:
     """Whether `capture` of samples packed in one row (position_ids restarting per sample, no
     mask; with `attention`, see `capture`) gives each sample's own states, as capturing it alone
-    does: two short samples, both ways, within the dtype's tolerance. A model whose forward ignores the packing (its own mask
-    code, remote code) lets the second sample attend to the first and fails the check."""
+    does: two short samples, both ways, within the dtype's tolerance. A model whose forward
+    ignores the packing (its own mask code, remote code) lets the second sample attend to the
+    first and fails the check."""
     device = next(model.parameters()).device
     vocab = int(model.get_input_embeddings().weight.shape[0])
     lengths = [5, 7]
