@@ -126,6 +126,9 @@ def test_train_compile_step_trains_as_the_default_step(data_and_store, tiny_targ
                                        "--val-fraction", "0.2", "--device", "cpu", *extra])
         assert res.exit_code == 0, res.output
         assert yaml.safe_load((out / "run.yaml").read_text())["config"]["compile_step"] is (name == "compile-step")
+        step = "static, eager" if name == "compile-step" else "dynamic"
+        assert (f"online, packed capture with the model's own attention; drafter step {step}, TTT attention eager, "
+                "autocast off") in res.output, res.output  # the run's first line: the CPU defaults resolved
         runs[name] = read_metrics(out)
     assert [r["split"] for r in runs["compile-step"]] == [r["split"] for r in runs["default"]]
     for a, b in zip(runs["default"], runs["compile-step"], strict=True):

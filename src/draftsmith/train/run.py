@@ -112,6 +112,21 @@ def capture_attention(choice: str, target: Target) -> str | None:
     return None
 
 
+def source_summary(source: OnlineSource | OfflineSource, cfg: TrainConfig) -> str:
+    """Where the run's hidden states come from, for its first log line."""
+    if isinstance(source, OfflineSource):
+        return f"offline from {cfg.hidden}"
+    attention = source.attention or "the model's own"
+    return f"online, {'packed' if source.packed else 'padded'} capture with {attention} attention"
+
+
+def step_summary(cfg: TrainConfig, device: torch.device) -> str:
+    """The drafter step this run takes (`--compile-step` resolved), for its first log line."""
+    if not cfg.compile_step:
+        return "dynamic"
+    return "static, compiled" if device.type == "cuda" else "static, eager"
+
+
 def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) -> tuple[OnlineSource | OfflineSource, list[int], list[int]]:
     """The sample source, the aux layer ids, and the dataset rows of the source's samples."""
     max_len = min(cfg.max_len, cfg.batch_tokens)
@@ -196,6 +211,10 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
             "train_samples": len(train_idx), "val_samples": len(val_idx)}
     if dataset.meta.get("mix"):
         meta["data_mix"] = dataset.meta["mix"]  # synth --mix's sources and licenses, for the model card
+    if env.main:  # how this run trains, where the GPU and CPU defaults differ
+        print(f"[train] {len(train_idx)} training / {len(val_idx)} validation samples; {source_summary(source, cfg)}; "
+              f"drafter step {step_summary(cfg, env.device)}, TTT attention {backend}, "
+              f"autocast {'bf16' if cfg.autocast else 'off'}", flush=True)
     log = MetricsLog(out, enabled=env.main)
     trainer = Trainer(cfg, env, objective, TrainData(source, train_idx, val_idx), log, meta)
     if checkpoint is not None:
