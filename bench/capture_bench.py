@@ -5,7 +5,8 @@ The target is a Llama of the embedded default's shape (SmolLM2-135M: 30 layers, 
 heads, 3 KV heads, MLP 1,536, vocab 49,152) with random weights, or `--target`: the capture's
 cost does not depend on the weights, so the bench needs no model files. Rows are `--row-tokens`
 of samples whose lengths are drawn from a gamma distribution of mean `--mean-length` (the H200
-recipe's prepared data: mean 315, longest 1,070), packed next-fit as training packs them.
+recipe's prepared data: mean 315, longest 1,070), packed into rows as training packs them
+(`pack_rows`).
 Each variant captures `--warmup` rows (flex compiles here), then times `--rows` rows (the host
 packing, the forward, the split into samples) and reports ms per row, tok/s and peak memory;
 the first timed row's states are compared between variants (the largest difference relative to
@@ -28,7 +29,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftsmith.target import load_target
-from draftsmith.train.batching import OnlineSource
+from draftsmith.train.batching import OnlineSource, pack_rows
 
 VARIANTS = {"dense": None, "flex": "flex_attention"}
 
@@ -46,17 +47,6 @@ class Rows:
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.ids[i], "loss_mask": torch.ones_like(self.ids[i])}
-
-
-def training_rows(lengths: np.ndarray, row_tokens: int) -> list[list[int]]:
-    rows, used = [[]], 0
-    for i, n in enumerate(lengths):
-        if rows[-1] and used + n > row_tokens:
-            rows.append([])
-            used = 0
-        rows[-1].append(i)
-        used += int(n)
-    return rows
 
 
 def main() -> None:
@@ -85,7 +75,7 @@ def main() -> None:
     n = int((args.rows + args.warmup + 2) * args.row_tokens / args.mean_length * 1.2)
     lengths = np.clip(g.gamma(2.0, args.mean_length / 2.0, size=n), 16, 2048).astype(int)
     data = Rows(lengths, vocab, args.seed)
-    rows = training_rows(lengths, args.row_tokens)[: args.warmup + args.rows]
+    rows = pack_rows(lengths, list(range(len(lengths))), args.row_tokens, seed=None)[: args.warmup + args.rows]
     aux_ids = [2, len(model.model.layers) // 2, len(model.model.layers) - 3]
 
     results, first = [], {}

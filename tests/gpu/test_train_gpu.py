@@ -94,14 +94,16 @@ def test_compiled_static_step_8k_memory_and_no_recompile():
     assert peaks[True] <= 1.25 * peaks[False], peaks
 
 
-def test_flex_capture_gives_the_dense_capture_states():
+def test_flex_capture_gives_the_dense_capture_states(tmp_path):
     """--capture-attention flex on CUDA (bf16, compiled flex kernels, a row padded to FLEX_WIDTH)
     captures each packed sample's states as sdpa's dense packed mask does, within bf16's
     tolerance, and leaves the model's own attention in place after it; a second row of other
     lengths reuses the compiled kernels."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from draftsmith.data.dataset import load_dataset
     from draftsmith.train.batching import OnlineSource
+    from tests.helpers import write_tokenized_dataset
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
@@ -109,19 +111,9 @@ def test_flex_capture_gives_the_dense_capture_states():
     model = LlamaForCausalLM(cfg).cuda().to(torch.bfloat16).eval().requires_grad_(False)
     lengths = [300, 41, 700, 129, 512, 90, 333]
 
-    class Rows:  # a tokenized dataset as OnlineSource reads it
-        def __init__(self) -> None:
-            g = torch.Generator().manual_seed(1)
-            self.lengths = torch.tensor(lengths).numpy()
-            self.ids = [torch.randint(3, 1024, (n,), generator=g) for n in lengths]
-
-        def __len__(self) -> int:
-            return len(self.ids)
-
-        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-            return {"input_ids": self.ids[i], "loss_mask": torch.ones_like(self.ids[i])}
-
-    data = Rows()
+    g = torch.Generator().manual_seed(1)
+    data = load_dataset(write_tokenized_dataset(tmp_path / "ds", [torch.randint(3, 1024, (n,), generator=g).tolist()
+                                                                  for n in lengths]))
     dense = OnlineSource(data, model, [1, 2, 4], max_len=2048, token_budget=4096)
     flex = OnlineSource(data, model, [1, 2, 4], max_len=2048, token_budget=4096, attention="flex_attention")
     assert dense.packed and flex.packed

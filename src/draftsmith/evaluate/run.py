@@ -61,20 +61,19 @@ def check_compatible(drafter: Eagle3Drafter, target: Target, path: Path) -> None
 
 
 def make_proposer(engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampling: Sampling, max_len: int,
-                  shape: Shape, graphs: bool) -> DrafterProposer:
-    """The drafter proposer of `shape` (a chain or a tree); with `graphs`, CUDA graphs for plain decoding (1 token),
+                  shape: Shape) -> DrafterProposer:
+    """The drafter proposer of `shape` (a chain or a tree); with `cfg.compile`, CUDA graphs for plain decoding (1 token),
     verification (draft size + 1 tokens) and a tree's KV compaction on the fast engine, and for
     the drafter's whole side of a cycle (greedy or sampled)."""
-    compile_step = engine.device.type == "cuda" if cfg.compile_drafter is None else cfg.compile_drafter
     mode = "chain" if shape.top_k is None else "tree"
     proposer = DrafterProposer(drafter, sampling, max_len, mode=mode, depth=shape.depth, top_k=shape.top_k or 1,
-                               total_tokens=shape.total_tokens or shape.depth, compile=compile_step, batch=cfg.batch_size)
-    if graphs and isinstance(engine, TargetEngine):  # the generic engine has no graphs
+                               total_tokens=shape.total_tokens or shape.depth, compile=cfg.compile_drafter, batch=cfg.batch_size)
+    if cfg.compile and isinstance(engine, TargetEngine):  # the generic engine has no graphs
         for t in (1, proposer.size + 1):
             engine.graph_rows(t)  # counts its own capture time
         if mode == "tree":
             engine.graph_compact(proposer.path_len)
-    if graphs:
+    if cfg.compile:
         t0 = time.perf_counter()
         proposer.graph()
         engine.capture_seconds += time.perf_counter() - t0
@@ -107,14 +106,15 @@ def run(cfg: EvalConfig) -> Path:
     t_start = time.perf_counter()
     device = torch.device(cfg.device) if cfg.device else default_device()
     on_gpu = device.type == "cuda"
+    # the GPU defaults resolved (CUDA graphs, the drafter and the target compiled), recorded in run.yaml as such
+    cfg = cfg.model_copy(update={k: on_gpu for k in ("compile", "compile_drafter", "compile_target") if getattr(cfg, k) is None})
     max_new = cfg.max_new_tokens or (256 if on_gpu else 48)
     limit = cfg.num_questions or (None if on_gpu else 4)
     if cfg.bench == HELD_OUT:  # as many as MT-bench has, unless told
         questions = held_out_questions(Path(cfg.drafter), load_tokenizer(cfg.target, cfg.chat_template), limit or 80)
     else:
         questions = load_questions(cfg.bench, limit)
-    graphs = on_gpu if cfg.compile is None else cfg.compile
-    if graphs and not on_gpu:
+    if cfg.compile and not on_gpu:
         raise UserError("--compile needs a CUDA device (CUDA graphs); drop it on CPU")
     mode, auto = cfg.drafting, cfg.k == "auto" or cfg.tree == "auto"
     if cfg.tree == "auto":
@@ -142,11 +142,10 @@ def run(cfg: EvalConfig) -> Path:
             return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
 
         spec_sampling, plain_sampling = sampler(), sampler()
-        compile_target = target.device.type == "cuda" if cfg.compile_target is None else cfg.compile_target
-        engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, mode, cfg.batch_size, compile_target)
+        engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, mode, cfg.batch_size, cfg.compile_target)
 
         def proposer_of(shape: Shape) -> DrafterProposer:
-            return make_proposer(engine, drafter, cfg, spec_sampling, max_len, shape, graphs)
+            return make_proposer(engine, drafter, cfg, spec_sampling, max_len, shape)
 
         calibration, shape = None, shapes[0]
         if auto:
@@ -212,7 +211,7 @@ def run(cfg: EvalConfig) -> Path:
             "target": target.info.name, "target_info": target.info.to_dict(), "drafter": str(cfg.drafter),
             "drafter_meta": manifest.get("meta", {}), "aux_layer_ids": drafter.config.aux_layer_ids,
             "device": torch.cuda.get_device_name(device) if on_gpu else "cpu", "dtype": str(target.dtype).removeprefix("torch."),
-            "cuda_graphs": bool(graphs), "drafter_graphed": bool(graphs) and proposer.graphed, "drafter_compiled": proposer.compiled, "kv_cache_len": max_len,
+            "cuda_graphs": bool(cfg.compile), "drafter_graphed": bool(cfg.compile) and proposer.graphed, "drafter_compiled": proposer.compiled, "kv_cache_len": max_len,
             "target_engine": engine.name, "target_compiled": engine.compiled, "generic_engine_reason": engine.reason if isinstance(engine, HFEngine) else None,
             "capture_seconds": round(engine.capture_seconds, 3), "warmup_seconds": round(warmup_s, 3),
         }
