@@ -19,7 +19,8 @@ import yaml
 from draftsmith.train.metrics import read_metrics
 
 KNOBS = ("batch_tokens", "steps", "lr", "optimizer", "schedule", "warmup_ratio", "step_decay", "norm_before_fc",
-         "fc_norm", "norm_output", "head_init", "freeze_head", "aux_noise", "weight_decay", "loss_tokens", "aux_layer_ids", "intermediate_size")
+         "fc_norm", "norm_output", "head_init", "freeze_head", "aux_noise", "weight_decay", "loss_tokens", "aux_layer_ids", "intermediate_size",
+         "ttt_positions", "seed", "compile_step", "capture_attention")
 
 
 def train_row(folder: Path) -> dict | None:

@@ -49,8 +49,9 @@ def packed_batch(rows: list[list[int]], T: int, seed: int = 1) -> dict[str, torc
             "final": 2 * torch.randn(B, T, HT, generator=g)}
 
 
-def reference(drafter, w_full, K, ids, loss_mask, doc, pos, aux, final):
-    """Loss and stats, one (step, row, position) at a time."""
+def reference(drafter, w_full, K, ids, loss_mask, doc, pos, aux, final, reached_only=False):
+    """Loss and stats, one (step, row, position) at a time. `reached_only`: step k's loss is the
+    mean over the positions whose steps 0..k-1 were all valid and correct."""
     B, T = ids.shape
     w_draft = w_full[torch.arange(VD) + drafter.d2t]  # [Vd, H_t]
     outs = [out for _, out in unroll(drafter, drafter.project(aux), ids, pos, doc, K, "eager")]
@@ -69,7 +70,8 @@ def reference(drafter, w_full, K, ids, loss_mask, doc, pos, aux, final):
                     continue
                 teacher = w_draft @ final[b, s - 1]  # [Vd]
                 logits = drafter.lm_head(drafter.norm(outs[k][b, t]))  # [Vd]
-                ces.append(-(F.softmax(teacher, -1) * F.log_softmax(logits, -1)).sum())
+                if chain[b][t] or not reached_only:
+                    ces.append(-(F.softmax(teacher, -1) * F.log_softmax(logits, -1)).sum())
                 correct = bool(logits.argmax() == teacher.argmax())
                 stats["n_valid"][k] += 1
                 stats["n_correct"][k] += correct
@@ -78,6 +80,7 @@ def reference(drafter, w_full, K, ids, loss_mask, doc, pos, aux, final):
                 chain[b][t] = chain[b][t] and correct
         ce_sum = torch.stack(ces).sum() if ces else torch.zeros(())
         stats["ce_sum"][k] = float(ce_sum.detach())
+        stats["n_trained"][k] = float(len(ces))
         loss = loss + STEP_WEIGHT**k * ce_sum / max(len(ces), 1)
     return loss, {key: torch.tensor(vals) for key, vals in stats.items()}
 
@@ -88,18 +91,23 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("chunk", [3, 4096])
-def test_loss_stats_and_grads_match_the_reference(chunk):
+@pytest.mark.parametrize(("chunk", "reached_only"), [(3, False), (4096, False), (3, True)])
+def test_loss_stats_and_grads_match_the_reference(chunk, reached_only):
     drafter = tiny_drafter()
     w_full = teacher_head(drafter)
     batch = packed_batch([[7, 5, 9], [10, 14]], T=24, seed=11)  # row 0 ends with 3 padding positions
-    ref_loss, ref_stats = reference(drafter, w_full, 3, **batch)
+    ref_loss, ref_stats = reference(drafter, w_full, 3, **batch, reached_only=reached_only)
     ref_loss.backward()
     ref_grads = grads(drafter)
-    loss, stats = TTTObjective(drafter, OutputHead(w_full), ttt=3, backend="eager", chunk=chunk)(**batch)
+    loss, stats = TTTObjective(drafter, OutputHead(w_full), ttt=3, backend="eager", chunk=chunk,
+                               reached_only=reached_only)(**batch)
     loss.backward()
     assert ref_stats["n_valid"].min() > 3 and ref_stats["n_valid"].max() < 2 * 24 - 10  # several chunks; many invalid
     assert ref_stats["n_chain_correct"][1] > 0  # the chained counts are exercised
+    if reached_only:  # step 0 trains on every valid position, later steps on the reached ones only
+        assert ref_stats["n_trained"][0] == ref_stats["n_valid"][0] and 0 < ref_stats["n_trained"][1] < ref_stats["n_valid"][1]
+    else:
+        assert torch.equal(ref_stats["n_trained"], ref_stats["n_valid"])
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
     for key in STAT_KEYS:
         torch.testing.assert_close(stats[key], ref_stats[key], rtol=1e-5, atol=1e-5, msg=key)
@@ -154,17 +162,19 @@ def static_batch() -> dict[str, torch.Tensor]:
     return packed_batch([[7, 5, 9, 3], [10, 14, 2]], T=32, seed=6)
 
 
-@pytest.mark.parametrize("chunk", [5, 4096])
-def test_static_step_matches_the_compacted_step(chunk):
+@pytest.mark.parametrize(("chunk", "reached_only"), [(5, False), (4096, False), (5, True)])
+def test_static_step_matches_the_compacted_step(chunk, reached_only):
     """--compile-step's static form (every position, the valid ones masked; CPU: eager) gives the
     default step's loss, counts and gradients: padding, several samples per row, two rows,
-    positions whose teacher argmax is not a draft token, one or several chunks per step."""
+    positions whose teacher argmax is not a draft token, one or several chunks per step; also
+    with --ttt-positions reached."""
     drafter = tiny_drafter()
     head = OutputHead(teacher_head(drafter))
     batch = static_batch()
     out = {}
     for static in (False, True):
-        loss, stats = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=chunk, static=static)(**batch)
+        loss, stats = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=chunk, static=static,
+                                   reached_only=reached_only)(**batch)
         loss.backward()
         out[static] = loss, stats, grads(drafter)
     (loss, stats, g), (s_loss, s_stats, s_g) = out[False], out[True]

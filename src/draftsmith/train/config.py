@@ -32,6 +32,7 @@ class TrainConfig(CommandConfig):
     weight_decay: float = Field(0.0, ge=0, description="Weight decay.")
     step_decay: float = Field(0.8, gt=0, le=1, description="Loss weight of TTT step k is step_decay**k.")
     loss_tokens: Literal["answers", "all"] = Field("answers", description="Positions trained on: the answers (prepare's loss mask), or every token of each sample, the prompt's too (the target's distribution there is a teacher as well: more trained positions per row at the same cost). Validation always scores the answers.")
+    ttt_positions: Literal["all", "reached"] = Field("all", description="Positions TTT step k trains on: every valid one, or only those a greedy chain of drafts reaches (steps 0..k-1 drafted the target's token there: the positions whose step-k acceptance counts in τ; GRIFFIN's token alignment). Step 0 trains on every valid position either way.")
     aux_noise: float = Field(0.0, ge=0, description="Training only: add Gaussian noise of this many RMS (per aux layer and token) to the aux states, a regulariser for small datasets (EAGLE-1's feature noise); 0: none.")
     norm_before_fc: bool = Field(False, description="One RMSNorm over the concatenated aux states before fc (served as `input_norm`); then --fc-norm is off unless given.")
     fc_norm: bool | None = Field(None, description="EAGLE-3.1: one RMSNorm per aux layer before fc (served as `fc_norm.{i}`); default: on, unless --norm-before-fc is given.")

@@ -9,6 +9,10 @@ Per step k (see `ttt.py` for the alignment), over the valid positions only:
 
 Valid = same sample × loss_mask[t+2+k] × t2d[argmax of the target's full-vocab logits at t+1+k]
 (loss_mask: prepare's answer mask; in training with --loss-tokens all, every token of the sample).
+ce_k sums over the trained positions: every valid one, or with --ttt-positions reached only those
+that a greedy chain reaches at step k (steps 0..k-1 valid and drafting the teacher's argmax
+there: the positions whose step-k acceptance counts in τ, GRIFFIN's token alignment), over
+their count n_trained_k.
 
 `head` is the target's own output path (runtime/head.py: final @ lm_headᵀ + bias, then the
 model's scaling or soft-capping), which `train` checks against the model's logits before it
@@ -29,8 +33,9 @@ the valid ones selected (`keep`) inside SoftCE's chunks instead of compacted by 
 indexing. On CUDA the student's part (unroll, loss, backward) is one torch.compile region, with
 SoftCE's forward pass an opaque op in it (`_soft_ce_op`), so the chunking holds there too.
 
-Counts per step (for metrics): n_valid, n_correct (student argmax == teacher argmax), and the
-chained counts for cond_acc: positions whose steps 0..k-1 were all valid and correct. In
+Counts per step (for metrics): n_valid, n_correct (student argmax == teacher argmax), n_trained
+(the positions ce_sum sums over), and the chained counts for cond_acc: positions whose steps
+0..k-1 were all valid and correct. In
 validation also the walked counts (`walk.walk_counts`: the answers decoded as a chain of K
 drafts would decode them, cycle by cycle); zero in training.
 """
@@ -49,7 +54,7 @@ from draftsmith.train.ttt import shift_left, unroll, valid_steps
 from draftsmith.train.walk import walk_counts
 
 STEP_WEIGHT = 0.8  # the default step_decay, and the weighting of the logged `loss`
-STEP_KEYS = ("ce_sum", "n_valid", "n_correct", "n_chain", "n_chain_correct")  # counted at every step's positions
+STEP_KEYS = ("ce_sum", "n_valid", "n_trained", "n_correct", "n_chain", "n_chain_correct")  # counted at every step's positions
 STAT_KEYS = (*STEP_KEYS, "walk_cycles", "walk_reach")
 
 
@@ -244,10 +249,10 @@ class TTTObjective(nn.Module):
 
     def __init__(self, drafter: nn.Module, head: OutputHead, ttt: int, backend: str, chunk: int = 4096,
                  step_decay: float = STEP_WEIGHT, aux_noise: float = 0.0, static: bool = False,
-                 all_tokens: bool = False) -> None:
+                 all_tokens: bool = False, reached_only: bool = False) -> None:
         super().__init__()
         self.drafter, self.ttt, self.backend, self.chunk, self.step_decay = drafter, ttt, backend, chunk, step_decay
-        self.aux_noise, self.static, self.all_tokens = aux_noise, static, all_tokens
+        self.aux_noise, self.static, self.all_tokens, self.reached_only = aux_noise, static, all_tokens, reached_only
         draft_ids = torch.arange(drafter.d2t.numel(), device=drafter.d2t.device) + drafter.d2t  # [Vd] target ids
         self.head = head
         self.draft_head = head.rows(draft_ids.to(head.weight.device))  # [Vd] outputs
@@ -291,9 +296,10 @@ class TTTObjective(nn.Module):
         slot = used.flatten().cumsum(0).view(used.shape) - 1  # [B, T]: row of final[b, s] in the table
         teacher = teacher_table(final[used], self.draft_head, self.chunk)  # [m, Vd]
 
-        def score(k: int, out: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def score(k: int, out: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
             rows = torch.roll(slot, -(1 + k), dims=1)[v]  # [n]: the table rows of final[t+1+k]
-            ce_sum, pred = soft_ce(d.norm(out[v]), d.lm_head.weight, teacher, rows, self.chunk)
+            ce_sum, pred = soft_ce(d.norm(out[v]), d.lm_head.weight, teacher, rows, self.chunk,
+                                   keep=keep[v] if keep is not None else None)
             hit = torch.zeros_like(v)  # [B, T]
             hit[v] = pred == teacher.top[rows]
             return ce_sum, hit
@@ -322,11 +328,11 @@ class TTTObjective(nn.Module):
         valid = valid_steps(doc, loss_mask, ok, self.ttt)  # [K, B, T]
         flat = torch.arange(b * t, device=ids.device)  # [B*T]
 
-        def score(k: int, out: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def score(k: int, out: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
             # the table row of final[t+1+k]; where v is False (the last 1+k positions among them), any row
             rows = (flat + 1 + k).clamp(max=b * t - 1)  # [B*T]
             ce_sum, pred = soft_ce(d.norm(out).flatten(0, 1), d.lm_head.weight, teacher, rows, self.chunk,
-                                   keep=v.flatten())  # pred [B*T]
+                                   keep=(keep if keep is not None else v).flatten())  # pred [B*T]
             return ce_sum, v & (pred == teacher.top[rows]).view(b, t)  # hit [B, T]
 
         return self.unrolled(ids, doc, pos, aux, valid, score)
@@ -335,7 +341,8 @@ class TTTObjective(nn.Module):
                  score: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The unroll, the weighted loss and the counts, given valid [K, B, T] and `score`(k, out_k
-        [B, T, H], valid[k]) -> (Σ ce over valid[k], hit [B, T]: valid and the argmaxes agree)."""
+        [B, T, H], valid[k], keep [B, T] ⊆ valid[k] or None: all of it) -> (Σ ce over keep,
+        hit [B, T]: valid and the argmaxes agree)."""
         d = self.drafter
         aux = aux.to(d.fc.weight.dtype)
         if self.training and self.aux_noise > 0:
@@ -348,11 +355,13 @@ class TTTObjective(nn.Module):
         stats = {key: [] for key in STEP_KEYS}
         for k, out in unroll(d, hidden0, ids, pos, doc, self.ttt, self.backend):
             v = valid[k]
-            ce_sum, hit = score(k, out, v)
-            n = v.sum()
-            loss = loss + self.step_decay**k * ce_sum / n.clamp(min=1)
+            keep = v & chain if self.reached_only else None  # [B, T]: the positions trained on, None: all of v
+            ce_sum, hit = score(k, out, v, keep)
+            n_trained = (keep if keep is not None else v).sum()
+            loss = loss + self.step_decay**k * ce_sum / n_trained.clamp(min=1)
             stats["ce_sum"].append(ce_sum.detach())
-            stats["n_valid"].append(n)
+            stats["n_valid"].append(v.sum())
+            stats["n_trained"].append(n_trained)
             stats["n_correct"].append(hit.sum())
             stats["n_chain"].append((chain & v).sum())
             stats["n_chain_correct"].append((chain & hit).sum())

@@ -48,7 +48,7 @@ def simulated_tau(cond_acc: list[float]) -> float:
 def summarise(stats: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Counts summed over some batches -> the metric record (without step/split fields)."""
     n = stats["n_valid"].clamp(min=1)
-    loss_k = (stats["ce_sum"] / n).tolist()
+    loss_k = (stats["ce_sum"] / stats["n_trained"].clamp(min=1)).tolist()  # per trained position
     acc_k = (stats["n_correct"] / n).tolist()
     cond_k = (stats["n_chain_correct"] / stats["n_chain"].clamp(min=1)).tolist()
     record = {
