@@ -247,30 +247,3 @@ def test_capture_attention_resolves_per_device_and_refuses_a_model_without_flex(
     assert capture_attention("auto", on_cuda) is None
     with pytest.raises(UserError, match="--capture-attention dense"):
         capture_attention("flex", target)
-
-
-@pytest.mark.parametrize("norm", ["fc_norm", "norm_before_fc"])
-def test_lens_init_drafts_the_targets_own_prediction_from_its_highest_aux_layer(norm, dataset, tiny_target_dir):
-    """--drafter-init lens: before any training, step 0's logits are the target's head (its final
-    norm and the draft rows of its lm_head) on the state entering its highest aux layer, with
-    either aux-state norm; and a lens without the target's head is refused."""
-    from draftsmith.runtime.capture import capture
-
-    target = load_target(str(tiny_target_dir), "cpu", "fp32")
-    ds = load_dataset(dataset)
-    cfg = TrainConfig(dataset_dir=dataset, out=dataset, draft_vocab_size=300, drafter_init="lens", **{norm: True})
-    d2t, t2d = resolve_vocab(cfg, ds, [0, 1], target.info.vocab_size)
-    layers = target.info.default_aux_layers
-    drafter = build_drafter(target, layers, d2t, t2d, cfg)
-    ids = ds[0]["input_ids"][None]  # [1, T]
-    aux, _ = capture(target.model, ids, None, layers)  # [1, T, 3*H]
-    with torch.no_grad():
-        logits, _ = drafter(drafter.project(aux), ids, torch.arange(ids.shape[1])[None])  # [1, T, Vd]
-        top = aux.chunk(3, dim=-1)[layers.index(max(layers))]  # [1, T, H]
-        draft_ids = torch.arange(d2t.numel()) + d2t
-        lens = final_norm(target.model)(top) @ lm_head_weight(target.model)[draft_ids].T  # [1, T, Vd]
-    # equal up to the norms' eps: the aux norm's output is normed again by the final norm
-    torch.testing.assert_close(logits, lens, rtol=5e-3, atol=1e-3)
-    assert (logits.argmax(-1) == lens.argmax(-1)).float().mean() > 0.95
-    with pytest.raises(ValueError, match="--head-init target"):
-        TrainConfig(dataset_dir=dataset, out=dataset, drafter_init="lens", head_init="random")

@@ -208,24 +208,6 @@ class Eagle3Drafter(nn.Module):
         out = self.midlayer(embeds, hidden, position_ids, attend)  # [B, T, H]
         return self.lm_head(self.norm(out)), self.next_hidden(out)
 
-    def init_as_lens(self) -> None:
-        """Make the layer the identity and `fc` pass the highest aux layer's state through: the
-        layer's attention and MLP outputs (o_proj, down_proj) start at zero, and fc's block of
-        that layer is the identity, its other blocks zero. With the target's final norm and
-        lm_head (train --head-init target), step 0 then drafts what the target's own head makes
-        of that state (the "logit lens" of layer L-3, before any training). The per-layer or
-        concatenated norm before fc scales the state, which the final RMSNorm undoes."""
-        h = self.config.hidden_size
-        if self.config.target_hidden_size != h:
-            raise ValueError(f"a lens init needs the drafter's hidden size ({h}) equal to the target's "
-                             f"({self.config.target_hidden_size})")
-        top = max(range(len(self.config.aux_layer_ids)), key=lambda i: self.config.aux_layer_ids[i])  # its block in aux
-        with torch.no_grad():
-            self.fc.weight.zero_()  # [H, n_aux*H_t]
-            self.fc.weight[:, top * h : (top + 1) * h] = torch.eye(h)
-            self.midlayer.self_attn.o_proj.weight.zero_()
-            self.midlayer.mlp.down_proj.weight.zero_()
-
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft vocab ids -> target vocab ids (target = draft + d2t[draft])."""
         return draft_ids + self.d2t[draft_ids]

@@ -40,7 +40,6 @@ class TrainConfig(CommandConfig):
     norm_before_residual: bool = Field(False, description="The drafter layer's residual is hidden_norm(h) instead of h.")
     intermediate_size: int | None = Field(None, gt=0, description="Width of the drafter layer's MLP; default: the target's (one decoder layer's shape). Served by vLLM and SGLang, which read `intermediate_size` from the exported config.")
     head_init: Literal["random", "target"] = Field("target", description="lm_head and final norm: random, or copied from the target (its lm_head rows of the draft vocab, its final norm).")
-    drafter_init: Literal["random", "lens"] = Field("random", description="The drafter layer and fc: random (PyTorch's default init), or lens: fc passes the highest aux layer's state through and the layer starts as the identity (its attention and MLP outputs zero), so that with the target's head (--head-init target) the untrained drafter drafts the target's own prediction from that layer (for the embedded default, layer 27 of 30 agrees with the target's next token on 49% of MT-bench answer tokens).")
     freeze_head: bool = Field(False, description="Keep lm_head and the final norm fixed (with --head-init target: the target's own).")
     grad_clip: float = Field(0.5, gt=0, description="Gradient-norm clip.")
     batch_tokens: int = Field(8192, gt=0, description="Tokens per packed row (one micro-batch); samples are packed end to end, longer ones truncated.")
@@ -64,12 +63,6 @@ class TrainConfig(CommandConfig):
     autocast: bool | None = Field(None, description="bf16 autocast for the drafter; default on for GPU.")
     distributed: Literal["ddp", "fsdp"] = Field("ddp", description="Strategy under torchrun (WORLD_SIZE > 1): DDP, or FSDP2 (fully_shard).")
     overwrite: bool = Field(False, description="Replace an existing output folder (without --resume).")
-
-    @model_validator(mode="after")
-    def _lens_reads_the_target_head(self) -> TrainConfig:
-        if self.drafter_init == "lens" and self.head_init != "target":
-            raise ValueError("--drafter-init lens drafts through the target's head: use it with --head-init target")
-        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -154,8 +154,7 @@ def build_drafter(target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t
     """A drafter shaped like one target layer (its MLP --intermediate-size wide, if given), with
     the architecture options of `cfg`, the target's embeddings (frozen) and, with --head-init
     target, its final norm and the draft rows of its lm_head times the head's logit scale (the
-    drafter's head has no bias or soft-cap); with --drafter-init lens, the target's own
-    prediction from its highest aux layer before any training (`Eagle3Drafter.init_as_lens`)."""
+    drafter's head has no bias or soft-cap)."""
     arch = {k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")}
     if cfg.intermediate_size is not None:
         arch["intermediate_size"] = cfg.intermediate_size
@@ -169,8 +168,6 @@ def build_drafter(target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t
         with torch.no_grad():
             drafter.lm_head.weight.copy_(head.scale * head.weight[draft_ids.to(head.weight.device)].float())
             drafter.norm.weight.copy_(final_norm(target.model).weight.detach().float())
-    if cfg.drafter_init == "lens":
-        drafter.init_as_lens()
     if cfg.freeze_head:
         drafter.lm_head.weight.requires_grad_(False)
         drafter.norm.weight.requires_grad_(False)
