@@ -16,6 +16,8 @@ for f in /root/runs/*/*/progress.json; do
 done
 cd /root && find runs results eval_* batch -type f -size -3M ! -name '*.safetensors' ! -name '*.pt' ! -name '*.arrow' \
   ! -name '*.bin' ! -name '*.jsonl.tmp' 2>/dev/null | tar czf "${OUT:-/tmp}/res.tgz" -T -
-C=${CARRY:-/root/carry}  # the synth answers for the next lease (h200_recipe.sh), brought back once
-[ -f "$C/.sent" ] || { cp "$C"/h200_synth.tgz.part* "${OUT:-/tmp}/" 2> /dev/null && touch "$C/.sent"; }
+C=${CARRY:-/root/carry}  # the synth answers for the next lease (h200_recipe.sh), each part brought back once
+for part in "$C"/*_synth.tgz.part*; do
+  [ -f "$part" ] && [ ! -f "$part.sent" ] && cp "$part" "${OUT:-/tmp}/" && touch "$part.sent"
+done
 ls -la "${OUT:-/tmp}"
