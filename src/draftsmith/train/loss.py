@@ -35,9 +35,8 @@ SoftCE's forward pass an opaque op in it (`_soft_ce_op`), so the chunking holds 
 
 Counts per step (for metrics): n_valid, n_correct (student argmax == teacher argmax), n_trained
 (the positions ce_sum sums over), and the chained counts for cond_acc: positions whose steps
-0..k-1 were all valid and correct. In
-validation also the walked counts (`walk.walk_counts`: the answers decoded as a chain of K
-drafts would decode them, cycle by cycle); zero in training.
+0..k-1 were all valid and correct. In validation also the walked counts (`walk.walk_counts`:
+the answers decoded as a chain of K drafts would decode them, cycle by cycle); zero in training.
 """
 
 from __future__ import annotations
@@ -338,7 +337,7 @@ class TTTObjective(nn.Module):
         return self.unrolled(ids, doc, pos, aux, valid, score)
 
     def unrolled(self, ids: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor, aux: torch.Tensor, valid: torch.Tensor,
-                 score: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                 score: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]],
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The unroll, the weighted loss and the counts, given valid [K, B, T] and `score`(k, out_k
         [B, T, H], valid[k], keep [B, T] ⊆ valid[k] or None: all of it) -> (Σ ce over keep,
