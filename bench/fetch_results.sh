@@ -17,7 +17,7 @@ done
 cd /root && find runs results eval_* batch -type f -size -3M ! -name '*.safetensors' ! -name '*.pt' ! -name '*.arrow' \
   ! -name '*.bin' ! -name '*.jsonl.tmp' 2>/dev/null | tar czf "${OUT:-/tmp}/res.tgz" -T -
 C=${CARRY:-/root/carry}  # the synth answers for the next lease (h200_recipe.sh), each part brought back once
-for part in "$C"/*_synth.tgz.part*; do
+for part in "$C"/*_synth.tgz.part??; do  # partaa, partab, ...: not their .sent markers
   [ -f "$part" ] && [ ! -f "$part.sent" ] && cp "$part" "${OUT:-/tmp}/" && touch "$part.sent"
 done
 ls -la "${OUT:-/tmp}"
