@@ -74,6 +74,10 @@ def main() -> None:
             opts.append(f"aux layers {r['aux_layer_ids']}")
         if r["intermediate_size"]:
             opts.append(f"MLP width {r['intermediate_size']}")
+        if r["ttt_positions"] not in (None, "all"):
+            opts.append(f"TTT positions {r['ttt_positions']}")
+        if r["seed"]:
+            opts.append(f"seed {r['seed']}")
         walked = f" (walked {r['val_tau_walk']})" if r["val_tau_walk"] else ""
         chain = [e["tau"] for e in evals.get(r["name"], {}).values() if e.get("mode") == "chain" and not e.get("temperature")]
         lines.append(f"| {r['name']} | {r['batch_tokens']} × {r['steps']} | {r['lr']:g} | {r['optimizer']} | {r['schedule']} "
