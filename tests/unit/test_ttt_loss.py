@@ -12,6 +12,7 @@ from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.runtime.head import OutputHead
 from draftsmith.train import loss as loss_module
 from draftsmith.train.loss import STEP_WEIGHT, STAT_KEYS, TTTObjective, _chunk_ce, _compiled_chunk_ce, _soft_ce_op
+from draftsmith.train.metrics import summarise
 from draftsmith.train.ttt import doc_and_positions, unroll
 
 V, VD, HT = 50, 6, 24
@@ -57,6 +58,7 @@ def reference(drafter, w_full, K, ids, loss_mask, doc, pos, aux, final, reached_
     outs = [out for _, out in unroll(drafter, drafter.project(aux), ids, pos, doc, K, "eager")]
     loss = torch.zeros(())
     stats = {key: [0.0] * K for key in STAT_KEYS}
+    trained = [0] * K  # the positions each step's loss averages over
     chain = [[True] * T for _ in range(B)]
     for k in range(K):
         ces = []
@@ -80,9 +82,9 @@ def reference(drafter, w_full, K, ids, loss_mask, doc, pos, aux, final, reached_
                 chain[b][t] = chain[b][t] and correct
         ce_sum = torch.stack(ces).sum() if ces else torch.zeros(())
         stats["ce_sum"][k] = float(ce_sum.detach())
-        stats["n_trained"][k] = float(len(ces))
+        trained[k] = len(ces)
         loss = loss + STEP_WEIGHT**k * ce_sum / max(len(ces), 1)
-    return loss, {key: torch.tensor(vals) for key, vals in stats.items()}
+    return loss, {key: torch.tensor(vals) for key, vals in stats.items()}, trained
 
 
 def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -96,7 +98,7 @@ def test_loss_stats_and_grads_match_the_reference(chunk, reached_only):
     drafter = tiny_drafter()
     w_full = teacher_head(drafter)
     batch = packed_batch([[7, 5, 9], [10, 14]], T=24, seed=11)  # row 0 ends with 3 padding positions
-    ref_loss, ref_stats = reference(drafter, w_full, 3, **batch, reached_only=reached_only)
+    ref_loss, ref_stats, trained = reference(drafter, w_full, 3, **batch, reached_only=reached_only)
     ref_loss.backward()
     ref_grads = grads(drafter)
     loss, stats = TTTObjective(drafter, OutputHead(w_full), ttt=3, backend="eager", chunk=chunk,
@@ -104,10 +106,12 @@ def test_loss_stats_and_grads_match_the_reference(chunk, reached_only):
     loss.backward()
     assert ref_stats["n_valid"].min() > 3 and ref_stats["n_valid"].max() < 2 * 24 - 10  # several chunks; many invalid
     assert ref_stats["n_chain_correct"][1] > 0  # the chained counts are exercised
+    # the loss averages over n_chain (reached) or n_valid positions per step, as `summarise` divides
+    assert trained == ref_stats["n_chain" if reached_only else "n_valid"].long().tolist()
     if reached_only:  # step 0 trains on every valid position, later steps on the reached ones only
-        assert ref_stats["n_trained"][0] == ref_stats["n_valid"][0] and 0 < ref_stats["n_trained"][1] < ref_stats["n_valid"][1]
-    else:
-        assert torch.equal(ref_stats["n_trained"], ref_stats["n_valid"])
+        assert trained[0] == ref_stats["n_valid"][0] and 0 < trained[1] < ref_stats["n_valid"][1]
+    per_position = [c / max(n, 1) for c, n in zip(ref_stats["ce_sum"].tolist(), trained, strict=True)]
+    assert summarise(stats, reached_only)["loss_k"] == pytest.approx(per_position, rel=1e-5)  # the logged loss_k
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
     for key in STAT_KEYS:
         torch.testing.assert_close(stats[key], ref_stats[key], rtol=1e-5, atol=1e-5, msg=key)

@@ -181,7 +181,7 @@ class Trainer:
             if i < len(mine):  # a padding forward's counts are not kept
                 add_stats(stats, st)
         record = {"split": "val", "step": self.pos.step, "epoch": self.pos.epoch,
-                  **summarise(all_reduce_stats(stats, self.env.device))}
+                  **summarise(all_reduce_stats(stats, self.env.device), self.objective.reached_only)}
         self.log.write(record)
         if self.env.main:
             walked = f", walked τ {record['tau_walk']:.3f} (what eval measures on this distribution)" if "tau_walk" in record else ""
@@ -263,7 +263,7 @@ class Trainer:
                 rec = {"split": "train", "step": self.pos.step, "epoch": self.pos.epoch, "tokens": self.pos.tokens,
                        "lr": self.optim.lr,
                        "tok_per_s": (self.pos.tokens - tokens0) / max(now - t0, 1e-9),
-                       **summarise(all_reduce_stats(pending, self.env.device))}
+                       **summarise(all_reduce_stats(pending, self.env.device), self.objective.reached_only)}
                 self.log.write(rec)
                 pending = zero_stats(cfg.ttt)
                 if progress is not None:

@@ -11,8 +11,8 @@ Valid = same sample × loss_mask[t+2+k] × t2d[argmax of the target's full-vocab
 (loss_mask: prepare's answer mask; in training with --loss-tokens all, every token of the sample).
 ce_k sums over the trained positions: every valid one, or with --ttt-positions reached only those
 that a greedy chain reaches at step k (steps 0..k-1 valid and drafting the teacher's argmax
-there: the positions whose step-k acceptance counts in τ, GRIFFIN's token alignment), over
-their count n_trained_k.
+there: the positions whose step-k acceptance counts in τ, GRIFFIN's token alignment), and is
+divided by their count: n_valid_k, or n_chain_k below.
 
 `head` is the target's own output path (runtime/head.py: final @ lm_headᵀ + bias, then the
 model's scaling or soft-capping), which `train` checks against the model's logits before it
@@ -33,9 +33,9 @@ the valid ones selected (`keep`) inside SoftCE's chunks instead of compacted by 
 indexing. On CUDA the student's part (unroll, loss, backward) is one torch.compile region, with
 SoftCE's forward pass an opaque op in it (`_soft_ce_op`), so the chunking holds there too.
 
-Counts per step (for metrics): n_valid, n_correct (student argmax == teacher argmax), n_trained
-(the positions ce_sum sums over), and the chained counts for cond_acc: positions whose steps
-0..k-1 were all valid and correct. In validation also the walked counts (`walk.walk_counts`:
+Counts per step (for metrics): n_valid, n_correct (student argmax == teacher argmax), and the
+chained counts for cond_acc: positions whose steps 0..k-1 were all valid and correct (n_chain,
+also the count of the positions that --ttt-positions reached trains on). In validation also the walked counts (`walk.walk_counts`:
 the answers decoded as a chain of K drafts would decode them, cycle by cycle); zero in training.
 """
 
@@ -53,7 +53,7 @@ from draftsmith.train.ttt import shift_left, unroll, valid_steps
 from draftsmith.train.walk import walk_counts
 
 STEP_WEIGHT = 0.8  # the default step_decay, and the weighting of the logged `loss`
-STEP_KEYS = ("ce_sum", "n_valid", "n_trained", "n_correct", "n_chain", "n_chain_correct")  # counted at every step's positions
+STEP_KEYS = ("ce_sum", "n_valid", "n_correct", "n_chain", "n_chain_correct")  # counted at every step's positions
 STAT_KEYS = (*STEP_KEYS, "walk_cycles", "walk_reach")
 
 
@@ -354,15 +354,15 @@ class TTTObjective(nn.Module):
         stats = {key: [] for key in STEP_KEYS}
         for k, out in unroll(d, hidden0, ids, pos, doc, self.ttt, self.backend):
             v = valid[k]
-            keep = v & chain if self.reached_only else None  # [B, T]: the positions trained on, None: all of v
+            reached = chain & v  # [B, T]: the positions a greedy chain reaches at step k
+            keep = reached if self.reached_only else None  # the positions trained on; None: all of v
             ce_sum, hit = score(k, out, v, keep)
-            n_trained = (keep if keep is not None else v).sum()
-            loss = loss + self.step_decay**k * ce_sum / n_trained.clamp(min=1)
+            n_valid, n_chain = v.sum(), reached.sum()
+            loss = loss + self.step_decay**k * ce_sum / (n_chain if self.reached_only else n_valid).clamp(min=1)
             stats["ce_sum"].append(ce_sum.detach())
-            stats["n_valid"].append(v.sum())
-            stats["n_trained"].append(n_trained)
+            stats["n_valid"].append(n_valid)
             stats["n_correct"].append(hit.sum())
-            stats["n_chain"].append((chain & v).sum())
+            stats["n_chain"].append(n_chain)
             stats["n_chain_correct"].append((chain & hit).sum())
             chain = chain & hit
             if runs is not None:

@@ -45,10 +45,11 @@ def simulated_tau(cond_acc: list[float]) -> float:
     return tau
 
 
-def summarise(stats: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Counts summed over some batches -> the metric record (without step/split fields)."""
+def summarise(stats: dict[str, torch.Tensor], reached_only: bool = False) -> dict[str, Any]:
+    """Counts summed over some batches -> the metric record (without step/split fields).
+    `reached_only` (train --ttt-positions reached): ce_sum covers the reached positions, n_chain."""
     n = stats["n_valid"].clamp(min=1)
-    loss_k = (stats["ce_sum"] / stats["n_trained"].clamp(min=1)).tolist()  # per trained position
+    loss_k = (stats["ce_sum"] / (stats["n_chain"] if reached_only else stats["n_valid"]).clamp(min=1)).tolist()  # per trained position
     acc_k = (stats["n_correct"] / n).tolist()
     cond_k = (stats["n_chain_correct"] / stats["n_chain"].clamp(min=1)).tolist()
     record = {
