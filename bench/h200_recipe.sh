@@ -40,29 +40,37 @@ RUN4=${RUN4:-/root/runs/h200x4}  # recipes/ablation5_h200.yaml's out
 out_of() { if [ "$1" = "$A5" ]; then echo "$RUN4"; else echo "$RUN"; fi; }  # a recipe's run folder
 driver_start 25 2
 
+wait_for_data() {  # until run folder $1 has its draft vocab (its data stages done), or the deadline
+  while [ ! -f "$1/.pipeline/vocab.done" ] && [ "$(date +%s)" -lt "$DEADLINE" ]; do sleep 5; done
+}
+restore_answers() {  # restore_answers NAME: the synth answers a lease before packed into .data/NAME_synth.tgz.part*
+  ls .data/"$1"_synth.tgz.part* > /dev/null 2>&1 || return 0
+  cat .data/"$1"_synth.tgz.part* | tar -C / -xzf - && echo "=== $1 synth answers: restored from .data" >> "$R/steps.log"
+}
+pack_answers() {  # pack_answers NAME DIR STAGE...: DIR's synth answers and those stages' markers, for the next lease
+  local name=$1 dir=${2#/} stage files; shift 2
+  [ -f "$CARRY/${name}_synth.tgz.partaa" ] && return 0  # packed already (fetch_results.sh brings each part back once)
+  files=("$dir/synth/conversations.jsonl" "$dir/synth/conversations.run.yaml")
+  for stage in "$@"; do files+=("$dir/.pipeline/$stage.started" "$dir/.pipeline/$stage.done"); done
+  mkdir -p "$CARRY" && tar -C / -czf - "${files[@]}" | split -b 15m - "$CARRY/${name}_synth.tgz.part"
+}
 train_bench() {  # issue 13: the training step at today's GPU defaults against the old ones, online, same rows, profiled
-  while [ ! -f $RUN/.pipeline/vocab.done ] && [ "$(date +%s)" -lt "$DEADLINE" ]; do sleep 5; done
+  wait_for_data "$RUN"
   step train_bench 360 python3 bench/train_bench.py $RUN/prepare --target $HF --variant defaults: \
     --variant before:compile_step=false,capture_attention=dense --steps 20 --out-json "$R/train_bench.json"
 }
 data() {  # the recipe's data stages: those quickstart --budget full runs before training
-  local stages synths files=() name
+  local stages synths
   {  # line 1: the data stages, comma-separated; line 2: the synth ones among them
     read -r stages; read -r synths
   } < <(python3 -c "from draftsmith.pipeline.quickstart import DATA_COMMANDS, budget_stages as b
 data = [s for s in b('full') if s[1] in DATA_COMMANDS]
 print(','.join(s[0] for s in data)); print(' '.join(s[0] for s in data if s[1] == 'synth'))")
-  if ls .data/h200_synth.tgz.part* > /dev/null 2>&1 && [ ! -f "$RUN/.pipeline/synth.done" ]; then
-    # a lease before made these answers (synth is deterministic: the same recipe gives the same
-    # file, BENCHMARKS 2026-12-01 18:28); pipeline then skips the synth stages as done earlier
-    cat .data/h200_synth.tgz.part* | tar -C / -xzf - && echo "=== synth: restored from .data" >> "$R/steps.log"
-  fi
+  # a lease before made these answers (synth is deterministic: the same recipe gives the same file,
+  # BENCHMARKS 2026-12-01 18:28); pipeline then skips the synth stages as done earlier
+  [ -f "$RUN/.pipeline/synth.done" ] || restore_answers h200
   step data 600 python3 -m draftsmith pipeline $Y --only "$stages" || return
-  if [ ! -d "$CARRY" ]; then  # the synth answers for the next lease (fetch_results.sh brings them back)
-    files=("${RUN#/}/synth/conversations.jsonl" "${RUN#/}/synth/conversations.run.yaml")
-    for name in $synths; do files+=("${RUN#/}/.pipeline/$name.started" "${RUN#/}/.pipeline/$name.done"); done
-    mkdir -p "$CARRY" && tar -C / -czf - "${files[@]}" | split -b 15m - "$CARRY/h200_synth.tgz.part"
-  fi
+  pack_answers h200 "$RUN" $synths
 }
 data4() {  # the fifth ablation's data in $RUN4: the recipe's synth answers and markers, then four more Magpie sets
   local name m new=magpie_c,magpie_d,magpie2_c,magpie2_d
@@ -72,20 +80,14 @@ data4() {  # the fifth ablation's data in $RUN4: the recipe's synth answers and 
     for name in synth magpie magpie_b magpie2 magpie2_b; do
       for m in started done; do sed "s#$RUN/#$RUN4/#g" "$RUN/.pipeline/$name.$m" > "$RUN4/.pipeline/$name.$m"; done
     done
-    if ls .data/h200x4_synth.tgz.part* > /dev/null 2>&1; then  # a lease before made the four added sets
-      cat .data/h200x4_synth.tgz.part* | tar -C / -xzf - && echo "=== data4 synth: restored from .data" >> "$R/steps.log"
-    fi
+    restore_answers h200x4  # a lease before made the four added sets: the whole answer file and their markers
   fi
   step data4 900 python3 -m draftsmith pipeline $A5 --only "$new,prepare,vocab" || return
-  if [ ! -f "$CARRY/h200x4_synth.tgz.partaa" ]; then  # for the next lease: the whole answer file and the added markers
-    local files=("${RUN4#/}/synth/conversations.jsonl" "${RUN4#/}/synth/conversations.run.yaml")
-    for name in ${new//,/ }; do files+=("${RUN4#/}/.pipeline/$name.started" "${RUN4#/}/.pipeline/$name.done"); done
-    mkdir -p "$CARRY" && tar -C / -czf - "${files[@]}" | split -b 15m - "$CARRY/h200x4_synth.tgz.part"
-  fi
+  pack_answers h200x4 "$RUN4" ${new//,/ }
   return 0  # the data is made; packing it for the next lease is not this lease's business
 }
 train_to_deadline() {  # training stage $2 of recipe $1, stopped $EVAL_S before the deadline at the latest
-  while [ ! -f "$(out_of "$1")/.pipeline/vocab.done" ] && [ "$(date +%s)" -lt "$DEADLINE" ]; do sleep 5; done
+  wait_for_data "$(out_of "$1")"
   local left=$(( DEADLINE - EVAL_S - $(date +%s) ))
   [ "$left" -ge 60 ] || { echo "=== $2 skipped: less than a minute before the deadline" >> "$R/steps.log"; return 1; }
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "$2" "$left" python3 -m draftsmith pipeline "$1" --only "$2"
