@@ -14,7 +14,9 @@
           (acceptance, KV compaction, staging the accepted rows, the host read, Python), and the
           plain decoding ms per token of the same engine (greedy; the temperature-1 chain's
           speed-up is against it too); with --compile-target, again with the target's forward
-          compiled inside its CUDA graphs (plain decoding and verification alike)
+          compiled inside its CUDA graphs (plain decoding and verification alike); with
+          --drafter-widths, once per random drafter of each MLP width, all in one process (the
+          drafting cost of a wider drafter: weights do not change it)
   chain   `draftsmith eval` on MT-bench, chain K=7: tau, acceptance per position, speed-up
   tree    `draftsmith eval` on MT-bench, EAGLE-2 tree (60 tokens, depth 7, top-k 10): the same
   batch   (not in the default parts) `draftsmith eval` at each of --batch-sizes (default 1,4,16)
@@ -24,6 +26,7 @@
     python bench/eval_bench.py --target /root/m/SmolLM2-135M-Instruct.Q4_1.gguf --drafter DRAFTER --out-json bench_eval.json
     python bench/eval_bench.py --parts cycle --target ... --drafter DRAFTER   # the cycle breakdown alone (a few minutes)
     python bench/eval_bench.py --parts batch --target ... --drafter DRAFTER --out-dir runs/batch --num-questions 80
+    python bench/eval_bench.py --parts cycle --cycle-shapes chain --drafter-widths 1536,6144 --target ...   # the cycle per MLP width
     python bench/eval_bench.py --smoke --parts cycle,chain,tree,batch   # CPU, small sizes, random drafter: checks the script works
 
 Without --drafter a random drafter is used (tau ~ 1: a speed-up floor, not a drafter's worth).
@@ -234,6 +237,8 @@ def main() -> None:
     ap.add_argument("--plain-tokens", type=int, default=256)
     ap.add_argument("--parts", default="plain,verify,cycle,chain,tree", help="also: batch")
     ap.add_argument("--cycle-shapes", default="chain,tree,chain_t1", help="--parts cycle: the shapes it times")
+    ap.add_argument("--drafter-widths", default=None,
+                    help="--parts cycle: comma-separated MLP widths; times a random drafter of each (no --drafter)")
     ap.add_argument("--batch-sizes", default="1,4,16", help="--parts batch: the batch sizes")
     ap.add_argument("--batch-modes", default="chain,tree,chain_t1", help="--parts batch: chain, tree, chain_t1 (temperature 1)")
     ap.add_argument("--out-dir", type=Path, default=None, help="where the eval reports go (default: a temp folder)")
@@ -264,6 +269,9 @@ def main() -> None:
     if "verify" in parts:
         sizes, context, reps = ([1, 8], 64, 3) if args.smoke else ([1, 8, 32, 64], 512, 50)
         result["verification_cost"] = verification_cost(target, sizes, context, reps)
+    widths = [int(w) for w in args.drafter_widths.split(",")] if args.drafter_widths else []
+    if widths and (args.drafter or parts != {"cycle"}):
+        sys.exit("--drafter-widths times random drafters in --parts cycle alone: leave out --drafter and the other parts")
     drafter = args.drafter
     if drafter is None and parts & {"chain", "tree", "cycle", "batch"}:
         drafter = save_drafter(random_drafter(target.model, 32000).cpu(), out_dir / "random_drafter", target=target.info.to_dict())
@@ -279,10 +287,16 @@ def main() -> None:
         if not set(names) <= known.keys():
             sys.exit(f"--cycle-shapes: {', '.join(sorted(set(names) - known.keys()))} unknown; choose from {', '.join(known)}")
         cycle_shapes = {name: known[name] for name in names}
-        result["cycle"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, cycle_shapes, compile_modes, 3 if args.smoke else 50)
+        reps = 3 if args.smoke else 50
+        for width in widths:  # side by side in the same process, each against its own plain decoding
+            path = save_drafter(random_drafter(target.model, 32000, intermediate_size=width).cpu(), out_dir / f"random_drafter_{width}",
+                                target=target.info.to_dict())
+            result[f"cycle_mlp_{width}"] = cycle_breakdown(target, path, prompts, args.plain_tokens, cycle_shapes, compile_modes, reps)
+        if not widths:
+            result["cycle"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, cycle_shapes, compile_modes, reps)
         if args.compile_target:  # side by side in the same process: the compiled drafter step only
             result["cycle_target_compiled"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, cycle_shapes,
-                                                              compile_modes[-1:], 3 if args.smoke else 50, compile_target=True)
+                                                              compile_modes[-1:], reps, compile_target=True)
     del target
     evals = {name: {k.replace("depth", "k"): v for k, v in shape.items()} for name, shape in shapes.items()}  # EvalConfig's names
     if "chain" in parts:

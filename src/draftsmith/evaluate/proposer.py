@@ -385,10 +385,12 @@ class OracleProposer:
 
 
 def random_drafter(model: torch.nn.Module, draft_vocab_size: int | None = None, seed: int = 0,
-                   stride: int = 1) -> Eagle3Drafter:
-    """An untrained drafter for `model` (default aux layers, target embeddings; draft id i is target
-    id stride*i, so stride 1 is the identity over the first `draft_vocab_size` ids): tau ~ 1, for
-    tests and smoke benchmarks."""
+                   stride: int = 1, intermediate_size: int | None = None) -> Eagle3Drafter:
+    """An untrained drafter for `model` (default aux layers, target embeddings, its MLP the
+    target's width or `intermediate_size`; draft id i is target id stride*i, so stride 1 is the
+    identity over the first `draft_vocab_size` ids): tau ~ 1, for tests and smoke benchmarks."""
+    from dataclasses import replace
+
     from draftsmith.draft.model import DrafterConfig
     from draftsmith.layers import default_aux_layers
     from draftsmith.target import decoder_layers, embed_weight, text_config
@@ -397,7 +399,7 @@ def random_drafter(model: torch.nn.Module, draft_vocab_size: int | None = None, 
     torch.manual_seed(seed)
     cfg = DrafterConfig.from_target(tc, draft_vocab_size=min(draft_vocab_size or tc.vocab_size, tc.vocab_size),
                                     aux_layer_ids=default_aux_layers(len(decoder_layers(model))))
-    drafter = Eagle3Drafter(cfg)
+    drafter = Eagle3Drafter(replace(cfg, intermediate_size=intermediate_size or cfg.intermediate_size))
     drafter.load_target_embeddings(embed_weight(model))
     target_ids = torch.arange(cfg.draft_vocab_size) * stride  # [Vd]
     drafter.set_vocab(target_ids - torch.arange(cfg.draft_vocab_size),
