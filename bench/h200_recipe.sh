@@ -3,15 +3,16 @@
 # of 2026-12-02 07:25 trained the 4x-wide MLP to the full budget (val τ 4.566 against 4.501; the
 # recipe now trains it) and, on four times the distinct data, found train and val τ within 0.04:
 # fit, not data, now limits. This lease, for issue 13 (val τ 4.8):
-#   1. the chain cycle of random drafters at the target's MLP width, 4x and 8x (bench/eval_bench.py
-#      --drafter-widths), the GPU alone: what the wider drafters cost per cycle
-#   2. the recipe's data and the fifth ablation's (recipes/ablation5_h200.yaml, in $RUN4), both
+#   1. the recipe's data and the fifth ablation's (recipes/ablation5_h200.yaml, in $RUN4), both
 #      restored from .data (see below; made again if .data lacks them, ~7 GPU-minutes)
-#   3. abl5_data4_wide (4x MLP) and abl5_data4_wide8 (8x) on the 4x data at the full budget (3,900
+#   2. abl5_data4_wide (4x MLP) and abl5_data4_wide8 (8x) on the 4x data at the full budget (3,900
 #      steps x 8,192 tokens), side by side, each until $EVAL_S before the deadline at the latest
-#   4. the MT-bench chain τ (K=7, 80 q, τ only, eager target) of each run's best drafter
-#   two GPUs: GPU 0 runs 2, abl5_data4_wide and abl5_data4 (the narrow run at the full budget) and
-#             their chain τ; GPU 1 runs 1, abl5_data4_wide8 and its chain τ
+#   3. the MT-bench chain τ (K=7, 80 q, τ only, eager target) of each run's best drafter
+#   4. in the minutes between the chain τ and the hard deadline, the GPU alone: the chain cycle of
+#      random drafters at the target's MLP width, 4x and 8x (bench/eval_bench.py --drafter-widths),
+#      what the wider drafters cost per cycle
+#   two GPUs: GPU 0 runs 1, abl5_data4_wide and abl5_data4 (the narrow run at the full budget) and
+#             their chain τ; GPU 1 runs abl5_data4_wide8, its chain τ, then 4
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
 # The recipe's synth answers (5 of its ~5.4 data minutes) travel between leases: the driver packs
 # them into /root/carry/h200_synth.tgz.part* (15 MB parts; the fifth ablation's added answers into
@@ -53,7 +54,7 @@ pack_answers() {  # pack_answers NAME DIR STAGE...: DIR's synth answers and thos
   for stage in "$@"; do files+=("$dir/.pipeline/$stage.started" "$dir/.pipeline/$stage.done"); done
   mkdir -p "$CARRY" && tar -C / -czf - "${files[@]}" | split -b 15m - "$CARRY/${name}_synth.tgz.part"
 }
-cycle_widths() {  # issue 13: the chain cycle of a random drafter at the target's MLP width, 4x and 8x, in one process
+cycle_widths() {  # issue 13: the chain cycle of a random drafter at the target's MLP width, 4x and 8x, in one process (~3 min)
   step cycle_widths 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain --drafter-widths 1536,6144,12288 \
     --plain-prompts 3 --plain-tokens 128 --target $HF --out-json "$R/cycle_widths.json"
 }
@@ -104,13 +105,13 @@ EVAL_S=${EVAL_S:-300}  # the chain τ runs after the training (side by side, ~3 
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=0; data; data4 && each train_to_deadline $A5:abl5_data4_wide $A5:abl5_data4
    each chain_tau $A5:abl5_data4_wide $A5:abl5_data4) & A=$!
-  (export CUDA_VISIBLE_DEVICES=1; cycle_widths; train_to_deadline $A5 abl5_data4_wide8; chain_tau $A5 abl5_data4_wide8) & B=$!
+  (export CUDA_VISIBLE_DEVICES=1; train_to_deadline $A5 abl5_data4_wide8; chain_tau $A5 abl5_data4_wide8; cycle_widths) & B=$!
   wait $A $B
 else
-  cycle_widths  # first, the GPU and the host to itself
   data
   data4 && each train_to_deadline $A5:abl5_data4_wide $A5:abl5_data4_wide8
   each chain_tau $A5:abl5_data4_wide $A5:abl5_data4_wide8
+  cycle_widths  # before the deadline, so it starts; the hard deadline cuts it at the latest
 fi
 for run in $RUN $RUN4; do  # the ablation tables
   [ -d "$run" ] && python3 bench/summarise_ablation.py "$run" --out "$R/ablation_$(basename "$run").md" >> "$R/summary.log" 2>&1
