@@ -20,7 +20,7 @@ from draftsmith.train.metrics import read_metrics
 
 KNOBS = ("batch_tokens", "steps", "lr", "optimizer", "schedule", "warmup_ratio", "step_decay", "norm_before_fc",
          "fc_norm", "norm_output", "head_init", "freeze_head", "aux_noise", "weight_decay", "loss_tokens", "aux_layer_ids", "intermediate_size",
-         "ttt_positions", "seed", "compile_step", "capture_attention")
+         "ttt_positions", "teacher_temperature", "seed", "compile_step", "capture_attention")
 
 
 def train_row(folder: Path) -> dict | None:
@@ -76,6 +76,8 @@ def main() -> None:
             opts.append(f"MLP width {r['intermediate_size']}")
         if r["ttt_positions"] not in (None, "all"):
             opts.append(f"TTT positions {r['ttt_positions']}")
+        if r["teacher_temperature"] not in (None, 1.0):
+            opts.append(f"teacher temperature {r['teacher_temperature']:g}")
         if r["seed"]:
             opts.append(f"seed {r['seed']}")
         walked = f" (walked {r['val_tau_walk']})" if r["val_tau_walk"] else ""

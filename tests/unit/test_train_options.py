@@ -185,6 +185,18 @@ def test_aux_noise_changes_training_not_validation(dataset, tiny_target_dir):
     assert noisy["train"][0] != clean["train"][0]
 
 
+def test_teacher_temperature_changes_training_not_validation(dataset, tiny_target_dir):
+    """--teacher-temperature sharpens the distribution the drafter learns in training only:
+    validation's loss is against the target's own, and no count changes (the argmax is the same)."""
+    _, outcome = _objective_setup(dataset, tiny_target_dir)
+    plain, sharp = outcome(teacher_temperature=1.0), outcome(teacher_temperature=0.5)
+    assert sharp["eval"][0] == plain["eval"][0] == plain["train"][0]
+    assert sharp["train"][0] != plain["train"][0]
+    for mode in ("train", "eval"):
+        for key in ("n_valid", "n_correct", "n_chain"):
+            assert torch.equal(sharp[mode][1][key], plain[mode][1][key]), (mode, key)
+
+
 def test_a_second_train_on_one_out_is_refused(dataset, tiny_target_dir, tmp_path):
     """train holds --out's lock for its whole run: a second writer gets a clean error (rc 2)
     naming the holder, and a failed start leaves no folder behind."""

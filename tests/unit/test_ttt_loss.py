@@ -50,9 +50,10 @@ def packed_batch(rows: list[list[int]], T: int, seed: int = 1) -> dict[str, torc
             "final": 2 * torch.randn(B, T, HT, generator=g)}
 
 
-def reference(drafter, w_full, K, ids, loss_mask, doc, pos, aux, final, reached_only=False):
+def reference(drafter, w_full, K, ids, loss_mask, doc, pos, aux, final, reached_only=False, temperature=1.0):
     """Loss and stats, one (step, row, position) at a time. `reached_only`: step k's loss is the
-    mean over the positions whose steps 0..k-1 were all valid and correct."""
+    mean over the positions whose steps 0..k-1 were all valid and correct; `temperature`: the
+    teacher's logits are divided by it."""
     B, T = ids.shape
     w_draft = w_full[torch.arange(VD) + drafter.d2t]  # [Vd, H_t]
     outs = [out for _, out in unroll(drafter, drafter.project(aux), ids, pos, doc, K, "eager")]
@@ -73,7 +74,7 @@ def reference(drafter, w_full, K, ids, loss_mask, doc, pos, aux, final, reached_
                 teacher = w_draft @ final[b, s - 1]  # [Vd]
                 logits = drafter.lm_head(drafter.norm(outs[k][b, t]))  # [Vd]
                 if chain[b][t] or not reached_only:
-                    ces.append(-(F.softmax(teacher, -1) * F.log_softmax(logits, -1)).sum())
+                    ces.append(-(F.softmax(teacher / temperature, -1) * F.log_softmax(logits, -1)).sum())
                 correct = bool(logits.argmax() == teacher.argmax())
                 stats["n_valid"][k] += 1
                 stats["n_correct"][k] += correct
@@ -93,16 +94,16 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize(("chunk", "reached_only"), [(3, False), (4096, False), (3, True)])
-def test_loss_stats_and_grads_match_the_reference(chunk, reached_only):
+@pytest.mark.parametrize(("chunk", "reached_only", "temperature"), [(3, False, 1.0), (4096, False, 1.0), (3, True, 1.0), (3, False, 0.5)])
+def test_loss_stats_and_grads_match_the_reference(chunk, reached_only, temperature):
     drafter = tiny_drafter()
     w_full = teacher_head(drafter)
     batch = packed_batch([[7, 5, 9], [10, 14]], T=24, seed=11)  # row 0 ends with 3 padding positions
-    ref_loss, ref_stats, trained = reference(drafter, w_full, 3, **batch, reached_only=reached_only)
+    ref_loss, ref_stats, trained = reference(drafter, w_full, 3, **batch, reached_only=reached_only, temperature=temperature)
     ref_loss.backward()
     ref_grads = grads(drafter)
     loss, stats = TTTObjective(drafter, OutputHead(w_full), ttt=3, backend="eager", chunk=chunk,
-                               reached_only=reached_only)(**batch)
+                               reached_only=reached_only, teacher_temperature=temperature)(**batch)  # training mode
     loss.backward()
     assert ref_stats["n_valid"].min() > 3 and ref_stats["n_valid"].max() < 2 * 24 - 10  # several chunks; many invalid
     assert ref_stats["n_chain_correct"][1] > 0  # the chained counts are exercised
@@ -166,19 +167,19 @@ def static_batch() -> dict[str, torch.Tensor]:
     return packed_batch([[7, 5, 9, 3], [10, 14, 2]], T=32, seed=6)
 
 
-@pytest.mark.parametrize(("chunk", "reached_only"), [(5, False), (4096, False), (5, True)])
-def test_static_step_matches_the_compacted_step(chunk, reached_only):
+@pytest.mark.parametrize(("chunk", "reached_only", "temperature"), [(5, False, 1.0), (4096, False, 1.0), (5, True, 1.0), (5, False, 0.5)])
+def test_static_step_matches_the_compacted_step(chunk, reached_only, temperature):
     """--compile-step's static form (every position, the valid ones masked; CPU: eager) gives the
     default step's loss, counts and gradients: padding, several samples per row, two rows,
     positions whose teacher argmax is not a draft token, one or several chunks per step; also
-    with --ttt-positions reached."""
+    with --ttt-positions reached and with a teacher temperature."""
     drafter = tiny_drafter()
     head = OutputHead(teacher_head(drafter))
     batch = static_batch()
     out = {}
     for static in (False, True):
         loss, stats = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=chunk, static=static,
-                                   reached_only=reached_only)(**batch)
+                                   reached_only=reached_only, teacher_temperature=temperature)(**batch)
         loss.backward()
         out[static] = loss, stats, grads(drafter)
     (loss, stats, g), (s_loss, s_stats, s_g) = out[False], out[True]

@@ -2,7 +2,9 @@
 
 Per step k (see `ttt.py` for the alignment), over the valid positions only:
 
-    teacher  p = softmax(head(final[t+1+k])[draft ids])            the target, on the draft vocab
+    teacher  p = softmax(head(final[t+1+k])[draft ids] / τ_T)      the target, on the draft vocab
+                                                                   (τ_T: --teacher-temperature in
+                                                                   training, 1 in validation)
     student  z = lm_head_draft(norm(out_k[t]))
     ce_k     = Σ_t (logsumexp(z) - Σ_v p z) / n_valid_k            = -Σ_v p log softmax(z), as Σ_v p = 1
     loss     = Σ_k step_decay**k ce_k                               (step_decay 0.8 by default)
@@ -91,15 +93,16 @@ class Teacher(NamedTuple):
 
 
 @torch.no_grad()
-def teacher_table(rows: torch.Tensor, draft_head: OutputHead, chunk: int) -> Teacher:
+def teacher_table(rows: torch.Tensor, draft_head: OutputHead, chunk: int, temperature: float = 1.0) -> Teacher:
     """rows [m, H_t] target final states -> their `Teacher` through the target's head on the
-    draft rows (`draft_head`, [Vd] outputs), `chunk` rows at a time. The transform runs in fp32."""
+    draft rows (`draft_head`, [Vd] outputs), its logits divided by `temperature` (below 1: a
+    sharper teacher; the argmax is the same), `chunk` rows at a time. The transform runs in fp32."""
     m = rows.shape[0]
     logits = rows.new_empty((m, draft_head.weight.shape[0]), dtype=matmul_dtype(rows.device, draft_head.weight.dtype))
     lse = rows.new_empty(m, dtype=torch.float32)
     top = rows.new_empty(m, dtype=torch.long)
     for a in range(0, m, chunk):
-        logits[a : a + chunk] = draft_head.transform(draft_head.linear(rows[a : a + chunk]).float())  # [c, Vd]
+        logits[a : a + chunk] = draft_head.transform(draft_head.linear(rows[a : a + chunk]).float()) / temperature  # [c, Vd]
         z = logits[a : a + chunk].float()  # as stored, so that the teacher's probabilities sum to 1
         lse[a : a + chunk] = torch.logsumexp(z, dim=-1)
         top[a : a + chunk] = z.argmax(-1)
@@ -248,10 +251,11 @@ class TTTObjective(nn.Module):
 
     def __init__(self, drafter: nn.Module, head: OutputHead, ttt: int, backend: str, chunk: int = 4096,
                  step_decay: float = STEP_WEIGHT, aux_noise: float = 0.0, static: bool = False,
-                 all_tokens: bool = False, reached_only: bool = False) -> None:
+                 all_tokens: bool = False, reached_only: bool = False, teacher_temperature: float = 1.0) -> None:
         super().__init__()
         self.drafter, self.ttt, self.backend, self.chunk, self.step_decay = drafter, ttt, backend, chunk, step_decay
         self.aux_noise, self.static, self.all_tokens, self.reached_only = aux_noise, static, all_tokens, reached_only
+        self.teacher_temperature = teacher_temperature
         draft_ids = torch.arange(drafter.d2t.numel(), device=drafter.d2t.device) + drafter.d2t  # [Vd] target ids
         self.head = head
         self.draft_head = head.rows(draft_ids.to(head.weight.device))  # [Vd] outputs
@@ -284,6 +288,11 @@ class TTTObjective(nn.Module):
             stats["walk_cycles"], stats["walk_reach"] = (x.to(stats["n_valid"]) for x in (cycles, reach))
         return loss, stats
 
+    def temperature(self) -> float:
+        """The teacher's temperature: --teacher-temperature in training; 1 in validation, so that
+        val loss compares across runs."""
+        return self.teacher_temperature if self.training else 1.0
+
     def compacted_step(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
                        aux: torch.Tensor, final: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         d = self.drafter
@@ -293,7 +302,7 @@ class TTTObjective(nn.Module):
         # step k at t reads final[t+1+k] (valid[k] is False at the last 1+k positions: nothing wraps)
         used = torch.stack([torch.roll(valid[k], 1 + k, dims=1) for k in range(self.ttt)]).any(0)  # [B, T]
         slot = used.flatten().cumsum(0).view(used.shape) - 1  # [B, T]: row of final[b, s] in the table
-        teacher = teacher_table(final[used], self.draft_head, self.chunk)  # [m, Vd]
+        teacher = teacher_table(final[used], self.draft_head, self.chunk, self.temperature())  # [m, Vd]
 
         def score(k: int, out: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
             rows = torch.roll(slot, -(1 + k), dims=1)[v]  # [n]: the table rows of final[t+1+k]
@@ -314,7 +323,7 @@ class TTTObjective(nn.Module):
         needed = shift_left(loss_mask, 1).bool() & (doc >= 0)  # the next token is trained on
         states = final.flatten(0, 1)  # [B*T, H_t]
         ok = argmax_in_draft_vocab(states, self.head, self.drafter.t2d, self.chunk).view(b, t) & needed  # [B, T]
-        teacher = teacher_table(states, self.draft_head, self.chunk)  # [B*T, Vd]: every position's
+        teacher = teacher_table(states, self.draft_head, self.chunk, self.temperature())  # [B*T, Vd]: every position's
         student = self.compiled_student if final.is_cuda else self.static_student
         return student(ids, loss_mask, doc, pos, aux, ok, teacher)
 

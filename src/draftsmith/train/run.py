@@ -206,7 +206,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
     objective = TTTObjective(drafter.to(env.device), head.to(env.device), cfg.ttt, backend, cfg.loss_chunk, cfg.step_decay,
                              cfg.aux_noise, static=cfg.compile_step, all_tokens=cfg.loss_tokens == "all",
-                             reached_only=cfg.ttt_positions == "reached")
+                             reached_only=cfg.ttt_positions == "reached", teacher_temperature=cfg.teacher_temperature)
     meta = {"target": target.info.to_dict(), "mode": "online" if cfg.hidden is None else "offline",
             "data": str(cfg.dataset_dir), "hidden": str(cfg.hidden) if cfg.hidden else None, "ttt": cfg.ttt,
             "train_samples": len(train_idx), "val_samples": len(val_idx)}
