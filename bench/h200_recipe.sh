@@ -5,14 +5,17 @@
 # fit, not data, now limits. This lease, for issue 13 (val τ 4.8):
 #   1. the recipe's data and the fifth ablation's (recipes/ablation5_h200.yaml, in $RUN4), both
 #      restored from .data (see below; made again if .data lacks them, ~7 GPU-minutes)
-#   2. abl5_data4_wide (4x MLP) and abl5_data4_wide8 (8x) on the 4x data at the full budget (3,900
-#      steps x 8,192 tokens), side by side, each until $EVAL_S before the deadline at the latest
-#   3. the MT-bench chain τ (K=7, 80 q, τ only, eager target) of each run's best drafter
+#   2. on the 4x data at the full budget (3,900 steps x 8,192 tokens), side by side, each until
+#      $EVAL_S before the deadline at the latest: abl5_data4_wide (4x MLP), abl5_data4_wide8 (8x)
+#      and abl5_data4_wide_t05 (4x MLP, --teacher-temperature 0.5)
+#   3. the MT-bench chain τ (K=7, 80 q, τ only, eager target) of each run's best drafter, greedy,
+#      and at temperature 1 for abl5_data4_wide and abl5_data4_wide_t05, all side by side
 #   4. in the minutes between the chain τ and the hard deadline, the GPU alone: the chain cycle of
 #      random drafters at the target's MLP width, 4x and 8x (bench/eval_bench.py --drafter-widths),
 #      what the wider drafters cost per cycle
-#   two GPUs: GPU 0 runs 1, abl5_data4_wide and abl5_data4 (the narrow run at the full budget) and
-#             their chain τ; GPU 1 runs abl5_data4_wide8, its chain τ, then 4
+#   two GPUs: GPU 0 runs 1, abl5_data4_wide and abl5_data4_wide_t05 and their chain τ; GPU 1 runs
+#             abl5_data4_wide8 beside abl5_data4 (the narrow run at the full budget), their
+#             chain τ, then 4
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
 # The recipe's synth answers (5 of its ~5.4 data minutes) travel between leases: the driver packs
 # them into /root/carry/h200_synth.tgz.part* (15 MB parts; the fifth ablation's added answers into
@@ -91,26 +94,32 @@ train_to_deadline() {  # training stage $2 of recipe $1, stopped $EVAL_S before 
   [ "$left" -ge 60 ] || { echo "=== $2 skipped: less than a minute before the deadline" >> "$R/steps.log"; return 1; }
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "$2" "$left" python3 -m draftsmith pipeline "$1" --only "$2"
 }
-chain_tau() {  # MT-bench chain τ of training stage $2 (of recipe $1): its best drafter so far; τ only, the target eager
-  local run; run=$(out_of "$1")/$2
-  [ -d "$run/drafter" ] && step "$2_chain" 270 python3 -m draftsmith eval --target $HF --drafter "$run" \
-    --mode chain --k 7 --num-questions 80 --max-new-tokens 256 --no-speed --no-compile-target --out "${run}_mtbench"
+chain_tau() {  # MT-bench chain τ of training stage $2 (of recipe $1) at temperature $3 (default 0: greedy): its best drafter so far; τ only, the target eager
+  local run temp=${3:-0} tag=""; run=$(out_of "$1")/$2
+  [ "$temp" = 0 ] || tag=_t$temp
+  [ -d "$run/drafter" ] && step "$2_chain$tag" 270 python3 -m draftsmith eval --target $HF --drafter "$run" \
+    --mode chain --k 7 --temperature "$temp" --num-questions 80 --max-new-tokens 256 --no-speed --no-compile-target --out "${run}_mtbench$tag"
 }
+chain_tau_t1() { chain_tau "$1" "$2" 1.0; }  # for each()
 each() {  # each() FUNCTION recipe:stage...: FUNCTION recipe stage for all of them side by side on this lane's GPU
   local fn=$1 run pids=(); shift
   for run in "$@"; do "$fn" "${run%%:*}" "${run#*:}" & pids+=($!); done
   wait "${pids[@]}"
 }
-EVAL_S=${EVAL_S:-300}  # the chain τ runs after the training (side by side, ~3 minutes) and a margin
+EVAL_S=${EVAL_S:-300}  # the chain τ runs after the training (five side by side, ~3.5 minutes) and a margin
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  (export CUDA_VISIBLE_DEVICES=0; data; data4 && each train_to_deadline $A5:abl5_data4_wide $A5:abl5_data4
-   each chain_tau $A5:abl5_data4_wide $A5:abl5_data4) & A=$!
-  (export CUDA_VISIBLE_DEVICES=1; train_to_deadline $A5 abl5_data4_wide8; chain_tau $A5 abl5_data4_wide8; cycle_widths) & B=$!
+  (export CUDA_VISIBLE_DEVICES=0; data; data4 && each train_to_deadline $A5:abl5_data4_wide $A5:abl5_data4_wide_t05
+   each chain_tau $A5:abl5_data4_wide $A5:abl5_data4_wide_t05 & each chain_tau_t1 $A5:abl5_data4_wide $A5:abl5_data4_wide_t05
+   wait) & A=$!
+  (export CUDA_VISIBLE_DEVICES=1; each train_to_deadline $A5:abl5_data4_wide8 $A5:abl5_data4
+   each chain_tau $A5:abl5_data4_wide8 $A5:abl5_data4; cycle_widths) & B=$!
   wait $A $B
 else
   data
-  data4 && each train_to_deadline $A5:abl5_data4_wide $A5:abl5_data4_wide8
-  each chain_tau $A5:abl5_data4_wide $A5:abl5_data4_wide8
+  data4 && each train_to_deadline $A5:abl5_data4_wide $A5:abl5_data4_wide8 $A5:abl5_data4_wide_t05
+  each chain_tau $A5:abl5_data4_wide $A5:abl5_data4_wide8 $A5:abl5_data4_wide_t05 &
+  each chain_tau_t1 $A5:abl5_data4_wide $A5:abl5_data4_wide_t05
+  wait
   cycle_widths  # before the deadline, so it starts; the hard deadline cuts it at the latest
 fi
 for run in $RUN $RUN4; do  # the ablation tables
