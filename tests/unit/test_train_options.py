@@ -76,14 +76,33 @@ def test_head_from_target_frozen_with_muon(dataset, tiny_target_dir, tmp_path):
     assert lrs == sorted(lrs, reverse=True) and lrs[-1] == pytest.approx(0.0, abs=1e-12)  # linear decay to 0
 
 
-def test_intermediate_size_widens_the_drafter_mlp(dataset, tiny_target_dir, tmp_path):
-    res = _train(dataset, tiny_target_dir, tmp_path / "run", "--intermediate-size", "72")
+@pytest.mark.parametrize("width", ["72", "1.5x"])
+def test_intermediate_size_widens_the_drafter_mlp(dataset, tiny_target_dir, tmp_path, width):
+    """--intermediate-size: a width, or a multiple of the target's MLP width (what a recipe written
+    for one target means for another)."""
+    res = _train(dataset, tiny_target_dir, tmp_path / "run", "--intermediate-size", width)
     assert res.exit_code == 0, res.output
     model, _ = load_drafter(tmp_path / "run")
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
-    assert target.model.config.intermediate_size != 72  # the default would have been the target's
-    assert model.config.intermediate_size == 72
-    assert model.midlayer.mlp.gate_proj.weight.shape[0] == 72 and model.midlayer.mlp.down_proj.weight.shape[1] == 72
+    wide = 72 if width == "72" else round(1.5 * target.model.config.intermediate_size)
+    assert target.model.config.intermediate_size != wide  # the default would have been the target's
+    assert model.config.intermediate_size == wide
+    assert model.midlayer.mlp.gate_proj.weight.shape[0] == wide and model.midlayer.mlp.down_proj.weight.shape[1] == wide
+
+
+@pytest.mark.parametrize(("given", "parsed"), [(6144, 6144), ("6144", 6144), ("4x", "4x"), (" 1.5x", "1.5x"), (None, None)])
+def test_intermediate_size_reads_a_width_or_a_multiple(given, parsed, tmp_path):
+    cfg = TrainConfig(dataset_dir=tmp_path, out=tmp_path, intermediate_size=given)
+    assert cfg.intermediate_size == parsed
+    assert cfg.mlp_width(1536) == {6144: 6144, "4x": 6144, "1.5x": 2304, None: None}[parsed]
+
+
+@pytest.mark.parametrize("given", [0, "0", "-1", "0x", "4y", "x", "4.x", 2.5])
+def test_intermediate_size_refuses_what_is_neither(given, tmp_path):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="give a width"):
+        TrainConfig(dataset_dir=tmp_path, out=tmp_path, intermediate_size=given)
 
 
 def test_seeds_share_the_validation_split_and_val_seed_moves_it(dataset, tiny_target_dir, tmp_path):

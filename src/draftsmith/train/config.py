@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from draftsmith.config import DEFAULT_TARGET, SHARD_HELP, CommandConfig, Shard
 
@@ -39,7 +40,7 @@ class TrainConfig(CommandConfig):
     fc_norm: bool | None = Field(None, description="EAGLE-3.1: one RMSNorm per aux layer before fc (served as `fc_norm.{i}`); default: on, unless --norm-before-fc is given.")
     norm_output: bool = Field(True, description="Feed norm(out) instead of out to the next TTT / draft step.")
     norm_before_residual: bool = Field(False, description="The drafter layer's residual is hidden_norm(h) instead of h.")
-    intermediate_size: int | None = Field(None, gt=0, description="Width of the drafter layer's MLP; default: the target's (one decoder layer's shape). Served by vLLM and SGLang, which read `intermediate_size` from the exported config.")
+    intermediate_size: int | str | None = Field(None, description="Width of the drafter layer's MLP: a number (6144), or a multiple of the target's MLP width (4x); default: the target's (one decoder layer's shape). Served by vLLM and SGLang, which read `intermediate_size` from the exported config.")
     head_init: Literal["random", "target"] = Field("target", description="lm_head and final norm: random, or copied from the target (its lm_head rows of the draft vocab, its final norm).")
     freeze_head: bool = Field(False, description="Keep lm_head and the final norm fixed (with --head-init target: the target's own).")
     grad_clip: float = Field(0.5, gt=0, description="Gradient-norm clip.")
@@ -64,6 +65,23 @@ class TrainConfig(CommandConfig):
     autocast: bool | None = Field(None, description="bf16 autocast for the drafter; default on for GPU.")
     distributed: Literal["ddp", "fsdp"] = Field("ddp", description="Strategy under torchrun (WORLD_SIZE > 1): DDP, or FSDP2 (fully_shard).")
     overwrite: bool = Field(False, description="Replace an existing output folder (without --resume).")
+
+    @field_validator("intermediate_size", mode="before")
+    @classmethod
+    def _width(cls, v: Any) -> int | str | None:
+        """A positive width (an int, or its digits), or a positive multiple of the target's: "4x", "1.5x"."""
+        s = None if v is None else str(v).strip()
+        if s is None or (s.isdigit() and int(s) > 0):
+            return None if s is None else int(s)
+        if re.fullmatch(r"\d+(\.\d+)?x", s) and float(s[:-1]) > 0:
+            return s
+        raise ValueError(f"{v!r}: give a width (6144) or a multiple of the target's MLP width (4x)")
+
+    def mlp_width(self, target_width: int) -> int | None:
+        """--intermediate-size for a target whose MLP is `target_width` wide; None: the target's."""
+        if isinstance(self.intermediate_size, str):
+            return round(float(self.intermediate_size[:-1]) * target_width)
+        return self.intermediate_size
 
     @model_validator(mode="before")
     @classmethod
