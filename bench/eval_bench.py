@@ -254,6 +254,9 @@ def main() -> None:
     args.device = str(device)
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="eval_bench_"))
     parts = set(args.parts.split(","))
+    widths = [int(w) for w in args.drafter_widths.split(",")] if args.drafter_widths else []
+    if widths and (args.drafter or args.compile_target or parts != {"cycle"}):
+        sys.exit("--drafter-widths times random drafters in --parts cycle alone: leave out --drafter, --compile-target and the other parts")
 
     t0 = time.perf_counter()
     target = load_target(args.target, device)
@@ -269,14 +272,11 @@ def main() -> None:
     if "verify" in parts:
         sizes, context, reps = ([1, 8], 64, 3) if args.smoke else ([1, 8, 32, 64], 512, 50)
         result["verification_cost"] = verification_cost(target, sizes, context, reps)
-    widths = [int(w) for w in args.drafter_widths.split(",")] if args.drafter_widths else []
-    if widths and (args.drafter or parts != {"cycle"}):
-        sys.exit("--drafter-widths times random drafters in --parts cycle alone: leave out --drafter and the other parts")
     drafter = args.drafter
-    if drafter is None and parts & {"chain", "tree", "cycle", "batch"}:
+    if drafter is None and not widths and parts & {"chain", "tree", "cycle", "batch"}:
         drafter = save_drafter(random_drafter(target.model, 32000).cpu(), out_dir / "random_drafter", target=target.info.to_dict())
         result["drafter_note"] = "random drafter (tau ~ 1)"
-    result["drafter"] = str(drafter)
+    result["drafter"] = f"random drafters of MLP widths {widths} (tau ~ 1)" if widths else str(drafter)
     shapes = {"chain": dict(mode="chain", depth=2 if args.smoke else 7),
               "tree": dict(mode="tree", depth=3, top_k=3, total_tokens=8) if args.smoke else dict(mode="tree", depth=7, top_k=10, total_tokens=60)}
     if "cycle" in parts:
@@ -288,12 +288,11 @@ def main() -> None:
             sys.exit(f"--cycle-shapes: {', '.join(sorted(set(names) - known.keys()))} unknown; choose from {', '.join(known)}")
         cycle_shapes = {name: known[name] for name in names}
         reps = 3 if args.smoke else 50
-        for width in widths:  # side by side in the same process, each against its own plain decoding
-            path = save_drafter(random_drafter(target.model, 32000, intermediate_size=width).cpu(), out_dir / f"random_drafter_{width}",
-                                target=target.info.to_dict())
-            result[f"cycle_mlp_{width}"] = cycle_breakdown(target, path, prompts, args.plain_tokens, cycle_shapes, compile_modes, reps)
-        if not widths:
-            result["cycle"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, cycle_shapes, compile_modes, reps)
+        timed = {f"cycle_mlp_{w}": save_drafter(random_drafter(target.model, 32000, intermediate_size=w).cpu(),
+                                                out_dir / f"random_drafter_{w}", target=target.info.to_dict())
+                 for w in widths} or {"cycle": drafter}
+        for key, path in timed.items():  # several: side by side in the same process, each against its own plain decoding
+            result[key] = cycle_breakdown(target, path, prompts, args.plain_tokens, cycle_shapes, compile_modes, reps)
         if args.compile_target:  # side by side in the same process: the compiled drafter step only
             result["cycle_target_compiled"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, cycle_shapes,
                                                               compile_modes[-1:], reps, compile_target=True)

@@ -94,7 +94,7 @@ def test_intermediate_size_widens_the_drafter_mlp(dataset, tiny_target_dir, tmp_
 def test_intermediate_size_reads_a_width_or_a_multiple(given, parsed, tmp_path):
     cfg = TrainConfig(dataset_dir=tmp_path, out=tmp_path, intermediate_size=given)
     assert cfg.intermediate_size == parsed
-    assert cfg.mlp_width(1536) == {6144: 6144, "4x": 6144, "1.5x": 2304, None: None}[parsed]
+    assert cfg.mlp_width(1536) == {6144: 6144, "4x": 6144, "1.5x": 2304, None: 1536}[parsed]  # None: the target's
 
 
 @pytest.mark.parametrize("given", [0, "0", "-1", "0x", "4y", "x", "4.x", 2.5])

@@ -70,15 +70,19 @@ class TrainConfig(CommandConfig):
     @classmethod
     def _width(cls, v: Any) -> int | str | None:
         """A positive width (an int, or its digits), or a positive multiple of the target's: "4x", "1.5x"."""
-        s = None if v is None else str(v).strip()
-        if s is None or (s.isdigit() and int(s) > 0):
-            return None if s is None else int(s)
+        if v is None:
+            return None
+        s = str(v).strip()
+        if s.isdigit() and int(s) > 0:
+            return int(s)
         if re.fullmatch(r"\d+(\.\d+)?x", s) and float(s[:-1]) > 0:
             return s
         raise ValueError(f"{v!r}: give a width (6144) or a multiple of the target's MLP width (4x)")
 
-    def mlp_width(self, target_width: int) -> int | None:
-        """--intermediate-size for a target whose MLP is `target_width` wide; None: the target's."""
+    def mlp_width(self, target_width: int) -> int:
+        """The drafter's MLP width for a target whose MLP is `target_width` wide."""
+        if self.intermediate_size is None:
+            return target_width
         if isinstance(self.intermediate_size, str):
             return round(float(self.intermediate_size[:-1]) * target_width)
         return self.intermediate_size

@@ -102,7 +102,8 @@ def teacher_table(rows: torch.Tensor, draft_head: OutputHead, chunk: int, temper
     lse = rows.new_empty(m, dtype=torch.float32)
     top = rows.new_empty(m, dtype=torch.long)
     for a in range(0, m, chunk):
-        logits[a : a + chunk] = draft_head.transform(draft_head.linear(rows[a : a + chunk]).float()) / temperature  # [c, Vd]
+        raw = draft_head.transform(draft_head.linear(rows[a : a + chunk]).float())  # [c, Vd]
+        logits[a : a + chunk] = raw if temperature == 1.0 else raw / temperature  # no extra pass by default
         z = logits[a : a + chunk].float()  # as stored, so that the teacher's probabilities sum to 1
         lse[a : a + chunk] = torch.logsumexp(z, dim=-1)
         top[a : a + chunk] = z.argmax(-1)

@@ -157,7 +157,7 @@ def build_drafter(target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t
     drafter's head has no bias or soft-cap)."""
     shape = DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), aux_layer_ids)
     arch = {k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")}
-    arch["intermediate_size"] = cfg.mlp_width(shape.intermediate_size) or shape.intermediate_size
+    arch["intermediate_size"] = cfg.mlp_width(shape.intermediate_size)
     dcfg = replace(shape, **arch)
     drafter = Eagle3Drafter(dcfg)
     drafter.load_target_embeddings(embed_weight(target.model).detach().float())
