@@ -25,6 +25,10 @@ vLLM
   then fc. Eagle3LlamaForCausalLM.load_weights: t2d skipped, d2t -> draft_id_to_target_id, "model."
   prefixed unless lm_head, "input_norm." skipped unless norm_before_fc; LlamaModel.load_weights:
   midlayer. -> layers.0., q/k/v -> qkv_proj, gate/up -> gate_up_proj, an unknown name is an error.
+  LlamaModel.__init__ builds config.num_hidden_layers layers (vLLM PR #26164): layer 0's qkv_proj
+  takes 2*hidden_size inputs (embedding and hidden state), the later layers' hidden_size (plain
+  Llama layers on the hidden stream); a weight's shape must match its parameter's. In the
+  speculators layout the count is transformer_layer_config.num_hidden_layers (read 2026-12-02).
   (Read 2026-11-30 in CarrotFlower0526/vllm at 4b0afbb, a fork tracking vLLM main that has PR #42143's
   eagle_config read of norm_before_fc; the index's own vllm-project/vllm snapshot predates the options.)
 
@@ -37,8 +41,8 @@ SGLang
   (no norm_before_residual); LlamaModel: fc straight on the aux states (no input_norm, no fc_norm),
   the next step reads the pre-norm output (no norm_output); LlamaForCausalLMEagle3.__init__:
   tie_word_embeddings -> lm_head is embed_tokens; load_weights: d2t -> hot_token_id = d2t + arange, t2d
-  skipped, names not found are skipped silently. SGLang has no reader for the speculators layout.
-  (sgl-project/sglang at 03d5a77.)
+  skipped, names not found are skipped silently (a later layer's layers.{i}.* too: SGLang builds only
+  `midlayer`). SGLang has no reader for the speculators layout. (sgl-project/sglang at 03d5a77.)
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class EngineView:
     draft_vocab_size: int
     fc_in_features: int
     intermediate_size: int  # the MLP width the engine allocates (from the config)
+    num_layers: int  # the decoder layers the engine builds (from the config)
     draft_to_target: torch.Tensor  # [draft_vocab] target id of each draft id
     loaded: dict[str, list[str]] = field(default_factory=dict)  # engine param -> checkpoint names
     skipped: list[str] = field(default_factory=list)  # checkpoint names the loader drops silently
@@ -119,9 +124,9 @@ def vllm_view(folder: Path, num_target_layers: int) -> EngineView:
     norm_before_fc = bool(eagle_config.get("norm_before_fc", hf.get("norm_before_fc", False)))
     fc_norm = bool(hf.get("fc_norm", False))
     draft_vocab = hf.get("draft_vocab_size") or hf["vocab_size"]
-    params = {f"model.layers.0.{p}" for p in LAYER_PARAMS} | {"model.fc.weight", "model.norm.weight",
-                                                             "model.embed_tokens.weight", "lm_head.weight",
-                                                             "draft_id_to_target_id"}
+    layers = int(hf.get("num_hidden_layers") or 1)
+    params = {f"model.layers.{i}.{p}" for i in range(layers) for p in LAYER_PARAMS}
+    params |= {"model.fc.weight", "model.norm.weight", "model.embed_tokens.weight", "lm_head.weight", "draft_id_to_target_id"}
     if norm_before_fc:
         params.add("model.input_norm.weight")
     if fc_norm:
@@ -142,6 +147,10 @@ def vllm_view(folder: Path, num_target_layers: int) -> EngineView:
         target = _stacked(target.replace("midlayer.", "layers.0."))
         if target not in params:
             raise KeyError(f"vLLM has no parameter {target} (from {name})")
+        if "qkv_proj" in target:  # layer 0 reads cat(embedding, hidden), the later layers the hidden state
+            inputs = int(hf["hidden_size"]) * (2 if target.startswith("model.layers.0.") else 1)
+            if weights[name].shape[1] != inputs:
+                raise ValueError(f"{name} has shape {tuple(weights[name].shape)}; vLLM's {target} takes {inputs} inputs")
         loaded.setdefault(target, []).append(name)
     return EngineView(
         captured_layers=[int(i) for i in ids],
@@ -152,6 +161,7 @@ def vllm_view(folder: Path, num_target_layers: int) -> EngineView:
         draft_vocab_size=int(draft_vocab),
         fc_in_features=int(hf.get("target_hidden_size") or hf["hidden_size"]) * num_aux,
         intermediate_size=_mlp_width(weights, hf),
+        num_layers=layers,
         draft_to_target=torch.arange(int(draft_vocab)) + weights["d2t"],
         loaded=loaded,
         skipped=skipped,
@@ -192,6 +202,7 @@ def sglang_view(folder: Path, num_target_layers: int) -> EngineView:
         draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
         fc_in_features=int(raw.get("target_hidden_size") or raw["hidden_size"]) * 3,
         intermediate_size=_mlp_width(weights, raw),
+        num_layers=1,
         draft_to_target=hot,
         loaded=loaded,
         skipped=skipped,

@@ -87,9 +87,10 @@ def write_tokenized_dataset(path: Path, samples: list[list[int]], sample_ids: li
     return path
 
 
-def make_tiny_drafter(aux_layer_ids=(2, 15, 27), seed: int = 0, intermediate_size: int = 128, **options: bool):
+def make_tiny_drafter(aux_layer_ids=(2, 15, 27), seed: int = 0, intermediate_size: int = 128, **options: bool | int):
     """A random-weight EAGLE-3 drafter (H=64, vocab 300, draft vocab 100) with a valid d2t/t2d;
-    `options` are DrafterConfig's architecture options (norm_before_residual=True, ...)."""
+    `options` are DrafterConfig's architecture options (norm_before_residual=True, ...) or its
+    num_layers."""
     torch.manual_seed(seed)
     model = Eagle3Drafter(DrafterConfig(
         hidden_size=64, intermediate_size=intermediate_size, num_attention_heads=4, num_key_value_heads=2, head_dim=16,

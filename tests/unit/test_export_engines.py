@@ -6,8 +6,10 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from draftsmith.draft.checkpoint import save_drafter
+from draftsmith.errors import UserError
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run
 from draftsmith.runtime.capture import capture
@@ -136,3 +138,33 @@ def test_a_wider_mlp_is_allocated_at_its_width(tmp_path, fmt, engine):
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="intermediate_size is 128"):
         READERS[engine](out, L)
+
+
+@pytest.mark.parametrize("fmt", ["eagle", "speculators"])
+def test_vllm_builds_and_loads_every_layer_of_a_deeper_drafter(tmp_path, fmt):
+    """--num-layers 3: vLLM builds num_hidden_layers layers (layer 0 on 2H inputs, the others on H)
+    and each of its layers' parameters gets the weights of the same draftsmith layer."""
+    drafter = make_tiny_drafter(aux_layer_ids=TRAINED, num_layers=3)
+    out = export(drafter, tmp_path, fmt, "vllm")
+    view = vllm_view(out, L)
+    assert view.num_layers == 3 and view.skipped == []
+    ours = {f"model.layers.{i}": layer for i, layer in enumerate(drafter.decoder_layers)}
+    weights = load_file(str(out / "model.safetensors"))
+    for i in range(3):
+        assert len(view.loaded[f"model.layers.{i}.self_attn.qkv_proj.weight"]) == 3
+        [down] = view.loaded[f"model.layers.{i}.mlp.down_proj.weight"]
+        assert torch.equal(weights[down], ours[f"model.layers.{i}"].mlp.down_proj.weight)
+    config = json.loads((out / "config.json").read_text())
+    (config.get("transformer_layer_config", config))["num_hidden_layers"] = 2  # a config that kept one layer too few
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(KeyError, match="layers.2"):
+        vllm_view(out, L)
+
+
+def test_sglang_export_of_a_deeper_drafter_is_refused(tmp_path):
+    """SGLang builds one layer and skips layers.{i}.* silently: the refusal names --num-layers."""
+    drafter = make_tiny_drafter(aux_layer_ids=TRAINED, num_layers=2)
+    view = sglang_view(export(drafter, tmp_path / "v", "eagle", "vllm"), L)  # why: what SGLang would load
+    assert view.num_layers == 1 and view.skipped and all(n.startswith("layers.1.") for n in view.skipped)
+    with pytest.raises(UserError, match="--num-layers"):
+        export(drafter, tmp_path / "s", "eagle", "sglang")

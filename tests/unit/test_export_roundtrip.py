@@ -77,6 +77,20 @@ def test_a_wider_mlp_round_trips(tmp_path, fmt):
     assert torch.equal(draft_logits(reloaded), draft_logits(model))
 
 
+@pytest.mark.parametrize("fmt", ["eagle", "speculators"])
+def test_a_deeper_drafter_round_trips(tmp_path, fmt):
+    """--num-layers 2: the second layer's weights travel as layers.1.* and come back in their place."""
+    model = make_tiny_drafter(num_layers=2)
+    first_only = Eagle3Drafter(replace(model.config, num_layers=1))
+    first_only.load_state_dict(model.state_dict(), strict=False)  # the same weights but the second layer's
+    assert not torch.equal(draft_logits(model), draft_logits(first_only.eval()))  # the second layer counts
+    save_drafter(model, tmp_path / "ckpt", target=TARGET)
+    out = run(ExportConfig(ckpt=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True))
+    reloaded, _ = load_drafter(out)
+    assert reloaded.config.to_dict() == model.config.to_dict()
+    assert torch.equal(draft_logits(reloaded), draft_logits(model))
+
+
 def test_bf16_export_matches_bf16_weights(ckpt, tmp_path):
     model, path = ckpt
     out = run(ExportConfig(ckpt=path, out=tmp_path / "out", dtype="bfloat16", include_embeddings=True))

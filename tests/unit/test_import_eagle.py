@@ -8,6 +8,7 @@ import torch
 
 from draftsmith.draft.checkpoint import load_drafter
 from draftsmith.draft.importer import import_drafter
+from draftsmith.errors import UserError
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run
 from tests.helpers import draft_logits, make_tiny_drafter, specforge_config, write_eagle_folder
@@ -91,6 +92,24 @@ def test_speculators_training_checkpoint_loads_and_exports(tmp_path, embeddings)
         exported.load_target_embeddings(model.embed_tokens.weight)
         assert exported.config.to_dict() == model.config.to_dict()
         assert torch.equal(draft_logits(exported), draft_logits(model))
+
+
+def test_speculators_checkpoint_of_two_layers_loads(tmp_path):
+    """speculators' --num-layers 2: transformer_layer_config.num_hidden_layers 2, the second layer a
+    plain Llama layer named layers.1.* (no hidden_norm, H-wide q/k/v). A weight count that disagrees
+    with the config is refused by name."""
+    model = make_tiny_drafter(norm_before_residual=True, norm_before_fc=True, norm_output=True, num_layers=2)
+    state = {k.replace("midlayer.", "layers.0.").replace("extra_layers.0.", "layers.1."): v
+             for k, v in model.state_dict().items()}
+    assert state["layers.1.self_attn.q_proj.weight"].shape == (64, 64) and "layers.1.hidden_norm.weight" not in state
+    config = speculators_training_config()
+    config["transformer_layer_config"]["num_hidden_layers"] = 2
+    loaded, _ = load_drafter(write_eagle_folder(tmp_path / "two", config, state))
+    assert loaded.config.num_layers == 2 and loaded.config.to_dict() == model.config.to_dict()
+    assert torch.equal(draft_logits(loaded), draft_logits(model))
+    config["transformer_layer_config"]["num_hidden_layers"] = 1
+    with pytest.raises(UserError, match="num_hidden_layers 1, but the weights hold 2 decoder layer"):
+        load_drafter(write_eagle_folder(tmp_path / "one", config, state))
 
 
 def test_norm_before_fc_in_eagle_config_is_read_first_like_vllm(tmp_path):

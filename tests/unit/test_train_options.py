@@ -90,6 +90,16 @@ def test_intermediate_size_widens_the_drafter_mlp(dataset, tiny_target_dir, tmp_
     assert model.midlayer.mlp.gate_proj.weight.shape[0] == wide and model.midlayer.mlp.down_proj.weight.shape[1] == wide
 
 
+def test_num_layers_trains_a_deeper_drafter_that_eval_reads(dataset, tiny_target_dir, tmp_path):
+    """--num-layers 2: train builds and saves a drafter of two layers (the second a plain layer on
+    the hidden state), and it reloads with both, as eval and export load it."""
+    res = _train(dataset, tiny_target_dir, tmp_path / "run", "--num-layers", "2", "--steps", "3")
+    assert res.exit_code == 0, res.output
+    model, _ = load_drafter(tmp_path / "run")
+    assert model.config.num_layers == 2 and len(model.extra_layers) == 1
+    assert model.extra_layers[0].self_attn.q_proj.weight.shape[1] == model.config.hidden_size
+
+
 @pytest.mark.parametrize(("given", "parsed"), [(6144, 6144), ("6144", 6144), ("4x", "4x"), (" 1.5x", "1.5x"), (None, None)])
 def test_intermediate_size_reads_a_width_or_a_multiple(given, parsed, tmp_path):
     cfg = TrainConfig(dataset_dir=tmp_path, out=tmp_path, intermediate_size=given)

@@ -15,10 +15,11 @@ from draftsmith.train.ttt import crop_keys, doc_and_positions, ttt_mask_mod, unr
 K = 3
 
 
-def tiny_drafter(seed: int = 0) -> Eagle3Drafter:
+def tiny_drafter(seed: int = 0, num_layers: int = 1) -> Eagle3Drafter:
     torch.manual_seed(seed)
     cfg = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                        vocab_size=50, draft_vocab_size=20, target_hidden_size=24, aux_layer_ids=[0, 1, 2])
+                        vocab_size=50, draft_vocab_size=20, target_hidden_size=24, aux_layer_ids=[0, 1, 2],
+                        num_layers=num_layers)
     model = Eagle3Drafter(cfg)
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.3)
@@ -50,9 +51,10 @@ class ExplicitAttend:
 
 
 def reference_logits(model, aux, ids):
-    """One sample [T]: step k feeds token t+1+k (or 0 past the end) at position t+k."""
+    """One sample [T]: step k feeds token t+1+k (or 0 past the end) at position t+k, through the
+    first layer (embedding and hidden state) and then each later layer, each with its own keys."""
     T = ids.shape[0]
-    attend = ExplicitAttend()
+    attends = [ExplicitAttend() for _ in range(model.config.num_layers)]
     hidden = model.project(aux[None])
     logits = []
     for k in range(K):
@@ -60,14 +62,17 @@ def reference_logits(model, aux, ids):
         ids_k[: max(T - 1 - k, 0)] = ids[1 + k :]
         pos_k = torch.arange(T)[None] + k
         embeds = model.embed_tokens(ids_k[None]).to(hidden.dtype)
-        hidden = model.midlayer(embeds, hidden, pos_k, attend)
+        hidden = model.midlayer(embeds, hidden, pos_k, attends[0])
+        for layer, attend in zip(model.extra_layers, attends[1:]):
+            hidden = layer(hidden, pos_k, attend)
         logits.append(model.lm_head(model.norm(hidden))[0])
     return logits
 
 
+@pytest.mark.parametrize("num_layers", [1, 2])
 @pytest.mark.parametrize("backend", ["eager", "flex-eager"])
-def test_packed_ttt_matches_explicit_reference(backend):
-    model = tiny_drafter()
+def test_packed_ttt_matches_explicit_reference(backend, num_layers):
+    model = tiny_drafter(num_layers=num_layers)
     lengths = [7, 5, 9]
     total = sum(lengths) + 3  # trailing padding
     torch.manual_seed(1)
@@ -91,8 +96,9 @@ def test_packed_ttt_matches_explicit_reference(backend):
     assert checked > 0
 
 
-def test_step0_is_plain_causal_attention():
-    model = tiny_drafter()
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_step0_is_plain_causal_attention(num_layers):
+    model = tiny_drafter(num_layers=num_layers)
     T = 6
     aux = torch.randn(1, T, 72, dtype=torch.float64)
     ids = torch.randint(0, 50, (1, T))

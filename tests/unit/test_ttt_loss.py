@@ -18,10 +18,11 @@ from draftsmith.train.ttt import doc_and_positions, unroll
 V, VD, HT = 50, 6, 24
 
 
-def tiny_drafter(seed: int = 0) -> Eagle3Drafter:
+def tiny_drafter(seed: int = 0, num_layers: int = 1) -> Eagle3Drafter:
     torch.manual_seed(seed)
     cfg = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                        vocab_size=V, draft_vocab_size=VD, target_hidden_size=HT, aux_layer_ids=[0, 1, 2])
+                        vocab_size=V, draft_vocab_size=VD, target_hidden_size=HT, aux_layer_ids=[0, 1, 2],
+                        num_layers=num_layers)
     model = Eagle3Drafter(cfg)
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.3)
@@ -94,9 +95,10 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize(("chunk", "reached_only", "temperature"), [(3, False, 1.0), (4096, False, 1.0), (3, True, 1.0), (3, False, 0.5)])
-def test_loss_stats_and_grads_match_the_reference(chunk, reached_only, temperature):
-    drafter = tiny_drafter()
+@pytest.mark.parametrize(("chunk", "reached_only", "temperature", "layers"),
+                         [(3, False, 1.0, 1), (4096, False, 1.0, 1), (3, True, 1.0, 1), (3, False, 0.5, 1), (3, False, 1.0, 2)])
+def test_loss_stats_and_grads_match_the_reference(chunk, reached_only, temperature, layers):
+    drafter = tiny_drafter(seed=0 if layers == 1 else 2, num_layers=layers)  # seed 2: a chain correct at step 1
     w_full = teacher_head(drafter)
     batch = packed_batch([[7, 5, 9], [10, 14]], T=24, seed=11)  # row 0 ends with 3 padding positions
     ref_loss, ref_stats, trained = reference(drafter, w_full, 3, **batch, reached_only=reached_only, temperature=temperature)
@@ -118,6 +120,8 @@ def test_loss_stats_and_grads_match_the_reference(chunk, reached_only, temperatu
         torch.testing.assert_close(stats[key], ref_stats[key], rtol=1e-5, atol=1e-5, msg=key)
     new_grads = grads(drafter)
     assert new_grads.keys() == ref_grads.keys() and "lm_head.weight" in new_grads and "norm.weight" in new_grads
+    later = [g for name, g in new_grads.items() if name.startswith("extra_layers.")]  # layers 1..: trained too
+    assert len(later) == 9 * (layers - 1) and all(g.abs().sum() > 0 for g in later)
     for name, g in new_grads.items():
         torch.testing.assert_close(g, ref_grads[name], rtol=1e-5, atol=1e-6, msg=name)
 

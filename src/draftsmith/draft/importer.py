@@ -12,6 +12,8 @@ pytorch_model.bin read with `weights_only=True`):
   `transformer_layer_config`; weights `layers.0.*`. A speculators training checkpoint also holds
   `verifier_norm` / `verifier_lm_head` (frozen copies of the target's, ignored) and may lack
   `embed_tokens`.
+- Drafters of several decoder layers (`num_hidden_layers`, in `transformer_layer_config` for
+  speculators, as vLLM reads it): the later layers' weights are `layers.{i}.*` in both layouts.
 
 Architecture options are read as vLLM reads them: `norm_before_fc` from `eagle_config` first,
 then the top level; `norm_before_residual`, `fc_norm` and `norm_output` from the top level. A
@@ -36,9 +38,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.draft.layouts import (
-    ARCH_OPTIONS, DRAFTSMITH_PREFIX, LAYER_PREFIX, NESTED_IDS, RECORD_KEY, TOP_LEVEL_IDS, check_vocab,
-)
+from draftsmith.draft.layouts import ARCH_OPTIONS, EXTRA_PREFIX, NESTED_IDS, RECORD_KEY, TOP_LEVEL_IDS, check_vocab, to_draftsmith_key
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.fsutil import read_safetensors
@@ -65,19 +65,10 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise UserError(f"{folder}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
 
 
-def to_draftsmith_keys(tensors: dict[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
+def to_draftsmith_keys(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """EAGLE / SpecForge / speculators / ModelOpt names -> draftsmith names."""
-    out = {}
-    for key, value in tensors.items():
-        if key.endswith(IGNORED_SUFFIXES) or key.startswith(IGNORED_PREFIXES):
-            continue
-        name = key.removeprefix("model.")
-        if name.startswith(LAYER_PREFIX):
-            name = DRAFTSMITH_PREFIX + name[len(LAYER_PREFIX):]
-        elif name.startswith(("layers.", "midlayers.")):
-            raise UserError(f"{where}: tensor {key!r} belongs to a second decoder layer; draftsmith drafters have one")
-        out[name] = value
-    return out
+    return {to_draftsmith_key(key): value for key, value in tensors.items()
+            if not (key.endswith(IGNORED_SUFFIXES) or key.startswith(IGNORED_PREFIXES))}
 
 
 def read_aux_layer_ids(config: dict[str, Any], speculators: bool, convention: str | None, where: Path) -> tuple[list[int], str]:
@@ -134,6 +125,7 @@ def drafter_config(config: dict[str, Any], speculators: bool, ids: list[int], wh
         rope_theta=rope_theta(llama, where),
         max_position_embeddings=int(llama.get("max_position_embeddings", 4096)),
         hidden_act=str(llama.get("hidden_act", "silu")),
+        num_layers=int(llama.get("num_hidden_layers") or 1),
         **read_arch_options(config, speculators),
     )
 
@@ -190,13 +182,19 @@ def import_drafter(path: Path, convention: str | None = None) -> tuple[Eagle3Dra
         raise UserError(f"{config_path}: speculators_model_type {config['speculators_model_type']!r} is not eagle3")
     if not speculators and not any("eagle3" in a.lower() for a in config.get("architectures", [])):
         raise UserError(f"{config_path}: architectures {config.get('architectures')} are not an EAGLE-3 drafter")
-    state = to_draftsmith_keys(read_weights(path), path)
+    state = to_draftsmith_keys(read_weights(path))
     ids, ids_source = read_aux_layer_ids(config, speculators, convention, path)
     cfg = drafter_config(config, speculators, ids, path)
     if "fc.weight" in state and state["fc.weight"].shape[1] != len(ids) * cfg.target_hidden_size:
         raise UserError(
             f"{path}: fc.weight takes {state['fc.weight'].shape[1]} inputs but {len(ids)} layers x "
             f"target_hidden_size {cfg.target_hidden_size} = {len(ids) * cfg.target_hidden_size}"
+        )
+    extra = {int(k.split(".")[1]) for k in state if k.startswith(EXTRA_PREFIX)}  # layers 1.. that have weights
+    if len(extra) + 1 != cfg.num_layers:
+        raise UserError(
+            f"{path}: config.json says num_hidden_layers {cfg.num_layers}, but the weights hold {len(extra) + 1} "
+            f"decoder layer(s) (midlayer / layers.0{''.join(f', layers.{i + 1}' for i in sorted(extra))}); {FIX}"
         )
     vocab_maps(state, cfg, path)
     model = Eagle3Drafter(cfg)

@@ -5,7 +5,9 @@
                          eagle_config.eagle_aux_hidden_state_layer_ids (the engine's own),
                          the architecture options under their config.json names,
                          draftsmith: {...}, draftsmith's record of the conventions
-    weight names         midlayer.* (EAGLE reference, SGLang) or layers.0.* (speculators)
+    weight names         the first decoder layer: midlayer.* (EAGLE reference, SGLang) or layers.0.*
+                         (speculators); layers 1.. (`num_hidden_layers` > 1, vLLM): layers.{i}.* in
+                         both; draftsmith's own names are midlayer.* and extra_layers.{i-1}.*
 
 `check_vocab` is the check every folder passes on the way in and out: d2t and t2d describe
 the same draft vocab. No file I/O in this module.
@@ -21,7 +23,30 @@ from draftsmith.errors import UserError
 RECORD_KEY = "draftsmith"  # the config.json entry that records conventions for the reload
 TOP_LEVEL_IDS, NESTED_IDS = "eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"
 ARCH_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")  # = the config.json names
-LAYER_PREFIX, DRAFTSMITH_PREFIX = "layers.0.", "midlayer."  # speculators' decoder-layer names, and ours
+LAYER_PREFIX, DRAFTSMITH_PREFIX = "layers.0.", "midlayer."  # speculators' first decoder layer's names, and ours
+EXTRA_PREFIX = "extra_layers."  # draftsmith's layers 1..: extra_layers.{i-1}.* = the engines' layers.{i}.*
+
+
+def to_engine_key(key: str, first_layer: str) -> str:
+    """A draftsmith weight name -> the engines': midlayer.* -> `first_layer`* (midlayer. or layers.0.),
+    extra_layers.{j}.* -> layers.{j+1}.*; every other name stays."""
+    if key.startswith(DRAFTSMITH_PREFIX):
+        return first_layer + key[len(DRAFTSMITH_PREFIX):]
+    if key.startswith(EXTRA_PREFIX):
+        j, rest = key[len(EXTRA_PREFIX):].split(".", 1)
+        return f"layers.{int(j) + 1}.{rest}"
+    return key
+
+
+def to_draftsmith_key(key: str) -> str:
+    """An engine's weight name (midlayer.*, layers.{i}.*, maybe under model.) -> draftsmith's."""
+    name = key.removeprefix("model.")
+    if name.startswith(LAYER_PREFIX):
+        return DRAFTSMITH_PREFIX + name[len(LAYER_PREFIX):]
+    if name.startswith("layers."):
+        i, rest = name[len("layers."):].split(".", 1)
+        return f"{EXTRA_PREFIX}{int(i) - 1}.{rest}"
+    return name
 
 
 def arch_options(cfg: DrafterConfig) -> dict[str, bool]:

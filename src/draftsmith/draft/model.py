@@ -3,21 +3,27 @@
     aux [.., n_aux*H_t] --fc--> h [.., H]                     (only for the target's states)
       norm_before_fc: aux -> input_norm(aux) first            (one RMSNorm over all n_aux*H_t)
       fc_norm:        aux -> cat(fc_norm[i](aux_i)) first     (EAGLE-3.1: one RMSNorm per aux layer)
-    x = cat(input_layernorm(embed(tok)), hidden_norm(h))      [.., 2H]
-    h1 = h + o_proj(attn(x))                                  residual is the un-normalised h
-    out = h1 + mlp(post_attention_layernorm(h1))
+    layer 0 (`midlayer`):
+      x = cat(input_layernorm(embed(tok)), hidden_norm(h))    [.., 2H]
+      h1 = h + o_proj(attn(x))                                residual is the un-normalised h
+      out = h1 + mlp(post_attention_layernorm(h1))
+    layers 1.. (`extra_layers`, num_layers > 1): plain Llama decoder layers on the hidden stream
+      h1 = out + o_proj(attn(input_layernorm(out)))           [.., H]; no embedding
+      out = h1 + mlp(post_attention_layernorm(h1))
     logits = lm_head(norm(out))                               [.., draft_vocab]
     next h = out, or norm(out) with norm_output               fed back as h for the next draft step
 
 At position t the drafter sees the target's hidden state at t and the embedding of token t+1,
 and predicts token t+2. Draft id i maps to target id i + d2t[i]; t2d marks the target ids that
-the draft vocab covers. Attention is a callback (`attend`), so training (TTT masks), eval (KV
-cache) and the plain causal default share one module. No I/O here.
+the draft vocab covers. Attention is a callback (`attend`, one per layer: each keeps its own
+keys), so training (TTT masks), eval (KV cache) and the plain causal default share one module.
+The layers 1.. are what vLLM's `llama_eagle3` builds for `num_hidden_layers` > 1 (its
+`layers.1..`) and speculators' drafter for `transformer_layer_config.num_hidden_layers`. No I/O here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -27,6 +33,8 @@ from torch import nn
 
 # attend(q [B, nh, T, hd], k [B, nkv, T, hd], v [B, nkv, T, hd]) -> o [B, nh, T, hd]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# one attend per drafter layer, or one for all of them when it keeps no keys (causal_attend)
+Attends = Attend | Sequence[Attend]
 
 
 @dataclass
@@ -48,6 +56,7 @@ class DrafterConfig:
     fc_norm: bool = False  # True: EAGLE-3.1's RMSNorm per aux layer (`fc_norm.{i}`) before fc
     norm_output: bool = False  # True: the next draft step reads norm(out) instead of out
     hidden_act: str = "silu"
+    num_layers: int = 1  # decoder layers: the EAGLE-3 layer, then num_layers-1 plain ones
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,17 +122,17 @@ def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DrafterConfig) -> None:
+    def __init__(self, cfg: DrafterConfig, in_features: int) -> None:
         super().__init__()
         h, hd = cfg.hidden_size, cfg.head_dim
         self.nh, self.nkv, self.hd, self.theta = cfg.num_attention_heads, cfg.num_key_value_heads, hd, cfg.rope_theta
-        self.q_proj = nn.Linear(2 * h, self.nh * hd, bias=False)
-        self.k_proj = nn.Linear(2 * h, self.nkv * hd, bias=False)
-        self.v_proj = nn.Linear(2 * h, self.nkv * hd, bias=False)
+        self.q_proj = nn.Linear(in_features, self.nh * hd, bias=False)
+        self.k_proj = nn.Linear(in_features, self.nkv * hd, bias=False)
+        self.v_proj = nn.Linear(in_features, self.nkv * hd, bias=False)
         self.o_proj = nn.Linear(self.nh * hd, h, bias=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, attend: Attend) -> torch.Tensor:
-        b, t, _ = x.shape  # x: [B, T, 2H]
+        b, t, _ = x.shape  # x: [B, T, in_features] (2H in layer 0, H after)
         q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)  # [B, nh, T, hd]
         k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)  # [B, nkv, T, hd]
         v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)  # [B, nkv, T, hd]
@@ -144,14 +153,15 @@ class MLP(nn.Module):
 
 
 class Eagle3Layer(nn.Module):
-    """The drafter's single decoder layer (`midlayer`)."""
+    """The drafter's first decoder layer (`midlayer`): attention over the token's embedding and
+    the hidden state together."""
 
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
         self.norm_before_residual = cfg.norm_before_residual
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, 2 * cfg.hidden_size)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -160,6 +170,22 @@ class Eagle3Layer(nn.Module):
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
         h = residual + self.self_attn(x, position_ids, attend)
+        return h + self.mlp(self.post_attention_layernorm(h))  # [B, T, H]
+
+
+class DecoderLayer(nn.Module):
+    """A drafter layer after the first (`extra_layers`): a plain pre-norm Llama decoder layer
+    over the hidden stream."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, cfg.hidden_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, hidden: torch.Tensor, position_ids: torch.Tensor, attend: Attend) -> torch.Tensor:
+        h = hidden + self.self_attn(self.input_layernorm(hidden), position_ids, attend)  # [B, T, H]
         return h + self.mlp(self.post_attention_layernorm(h))  # [B, T, H]
 
 
@@ -175,6 +201,7 @@ class Eagle3Drafter(nn.Module):
                         if cfg.fc_norm else None)
         self.fc = nn.Linear(n_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = Eagle3Layer(cfg)
+        self.extra_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers - 1))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
@@ -193,19 +220,35 @@ class Eagle3Drafter(nn.Module):
         """The hidden state the next draft step reads, from this step's layer output [.., H]."""
         return self.norm(out) if self.config.norm_output else out
 
+    @property
+    def decoder_layers(self) -> list[nn.Module]:
+        """The layers in order: `midlayer`, then `extra_layers` (the engines' layers.0, 1, ..)."""
+        return [self.midlayer, *self.extra_layers]
+
+    def layers_forward(self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                       attend: Attends) -> torch.Tensor:
+        """embeds, hidden [B, T, H] -> the last layer's output [B, T, H] (before `norm`). `attend`:
+        one callback per layer, or one for all layers when it keeps no keys."""
+        attends = [attend] * self.config.num_layers if callable(attend) else list(attend)
+        assert len(attends) == self.config.num_layers, (len(attends), self.config.num_layers)
+        out = self.midlayer(embeds, hidden, position_ids, attends[0])  # [B, T, H]
+        for layer, layer_attend in zip(self.extra_layers, attends[1:], strict=True):
+            out = layer(out, position_ids, layer_attend)  # [B, T, H]
+        return out
+
     def forward(
         self,
         hidden: torch.Tensor,
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
-        attend: Attend = causal_attend,
+        attend: Attends = causal_attend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [B, T, H] (projected target states, or the previous step's output),
-        input_ids [B, T] (token t+1 for hidden at t), position_ids [B, T].
-        Returns logits [B, T, draft_vocab] and the hidden state for the next step [B, T, H]
-        (`next_hidden` of the layer output)."""
+        input_ids [B, T] (token t+1 for hidden at t), position_ids [B, T]; `attend` as in
+        `layers_forward`. Returns logits [B, T, draft_vocab] and the hidden state for the next
+        step [B, T, H] (`next_hidden` of the last layer's output)."""
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
-        out = self.midlayer(embeds, hidden, position_ids, attend)  # [B, T, H]
+        out = self.layers_forward(embeds, hidden, position_ids, attend)  # [B, T, H]
         return self.lm_head(self.norm(out)), self.next_hidden(out)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

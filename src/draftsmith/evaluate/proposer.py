@@ -10,7 +10,7 @@ depths, for trees the parent rows and the ancestor mask (row 0 is the root = the
 token, node i is row i+1), and, in chain sampling mode, the distribution each token was drawn
 from. Every field is a device tensor of a fixed shape; nothing here reads the host.
 
-Drafter KV layout, per row: slot base + s < max_len holds the step-0 entry at position s
+Drafter KV layout, per layer and row: slot base + s < max_len holds the step-0 entry at position s
 (target hidden state at s, token s+1; base = the row's padding); slots max_len.. hold the
 current draft's own entries. A draft node at depth d sits at position n-1+d and sees the
 row's step-0 slots, its ancestors' slots and its own slot.
@@ -98,8 +98,8 @@ class DrafterProposer:
         self.device, self.dtype = p.device, p.dtype
         self.draft_slots = depth if mode == "chain" else (depth - 1) * top_k
         shape = (batch, cfg.num_key_value_heads, max_len + self.draft_slots, cfg.head_dim)
-        self.k_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
-        self.v_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        self.k_cache = torch.zeros((cfg.num_layers, *shape), device=self.device, dtype=self.dtype)  # [L, B, nkv, S, hd]
+        self.v_cache = torch.zeros((cfg.num_layers, *shape), device=self.device, dtype=self.dtype)
         self.vocab_map = drafter.to_target_ids(torch.arange(cfg.draft_vocab_size, device=self.device))  # [Vd]
         self.vocab_size = cfg.vocab_size
         # A chain's draft step i (0..K-2) writes draft slot i and sees draft slots 0..i. Its mask,
@@ -194,13 +194,15 @@ class DrafterProposer:
     def _step_eager(self, hidden: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                     mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
-        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]  # [B, nkv, S, hd]: views
             at = slots[:, None, :, None].expand_as(k)  # [B, nkv, T, hd]: each row's own slots
-            self.k_cache.scatter_(2, at, k)
-            self.v_cache.scatter_(2, at, v)
-            return F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask[:, None], enable_gqa=True)
+            k_cache.scatter_(2, at, k)
+            v_cache.scatter_(2, at, v)
+            return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask[:, None], enable_gqa=True)
 
-        logits, out = self.drafter(hidden, ids, pos, attend)
+        attends = [functools.partial(attend, layer) for layer in range(self.k_cache.shape[0])]
+        logits, out = self.drafter(hidden, ids, pos, attends)
         return logits.float(), out
 
     def _context_step(self, aux: torch.Tensor, next_tokens: torch.Tensor, base: torch.Tensor, n: torch.Tensor,
@@ -385,10 +387,11 @@ class OracleProposer:
 
 
 def random_drafter(model: torch.nn.Module, draft_vocab_size: int | None = None, seed: int = 0,
-                   stride: int = 1, intermediate_size: int | None = None) -> Eagle3Drafter:
-    """An untrained drafter for `model` (default aux layers, target embeddings, its MLP the
-    target's width or `intermediate_size`; draft id i is target id stride*i, so stride 1 is the
-    identity over the first `draft_vocab_size` ids): tau ~ 1, for tests and smoke benchmarks."""
+                   stride: int = 1, intermediate_size: int | None = None, num_layers: int = 1) -> Eagle3Drafter:
+    """An untrained drafter for `model` (default aux layers, target embeddings, `num_layers`
+    decoder layers, its MLP the target's width or `intermediate_size`; draft id i is target id
+    stride*i, so stride 1 is the identity over the first `draft_vocab_size` ids): tau ~ 1, for
+    tests and smoke benchmarks."""
     from dataclasses import replace
 
     from draftsmith.draft.model import DrafterConfig
@@ -399,7 +402,7 @@ def random_drafter(model: torch.nn.Module, draft_vocab_size: int | None = None, 
     torch.manual_seed(seed)
     cfg = DrafterConfig.from_target(tc, draft_vocab_size=min(draft_vocab_size or tc.vocab_size, tc.vocab_size),
                                     aux_layer_ids=default_aux_layers(len(decoder_layers(model))))
-    drafter = Eagle3Drafter(replace(cfg, intermediate_size=intermediate_size or cfg.intermediate_size))
+    drafter = Eagle3Drafter(replace(cfg, intermediate_size=intermediate_size or cfg.intermediate_size, num_layers=num_layers))
     drafter.load_target_embeddings(embed_weight(model))
     target_ids = torch.arange(cfg.draft_vocab_size) * stride  # [Vd]
     drafter.set_vocab(target_ids - torch.arange(cfg.draft_vocab_size),

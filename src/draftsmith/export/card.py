@@ -125,8 +125,9 @@ def _serving(folder_hint: str, target_name: str, fmt: str, engine: str, k: int, 
             lines += ["or, with the verifier named in `speculators_config`:", "", "```bash",
                       f"vllm serve {folder_hint}", "```", ""]
     if fmt == "eagle" and not sglang_ok:
-        lines += ["SGLang cannot serve this drafter: its `LlamaForCausalLMEagle3` lacks the architecture "
-                  "options above and would load it without error but serve it wrongly.", ""]
+        lines += ["SGLang cannot serve this drafter: its `LlamaForCausalLMEagle3` has one decoder layer and "
+                  "none of the architecture options above, and would load this drafter without error but "
+                  "serve it wrongly.", ""]
     elif fmt == "eagle":
         note = ("" if engine == "sglang" else
                 " (this export's `eagle_config` ids are in vLLM's convention: re-export with "
@@ -155,7 +156,8 @@ def model_card(
     lines = [
         f"# EAGLE-3 drafter for {target_name}",
         "",
-        f"Exported by draftsmith as `--format {fmt}` for **{engine}**. One decoder layer, hidden size "
+        f"Exported by draftsmith as `--format {fmt}` for **{engine}**. "
+        f"{'One decoder layer' if cfg.num_layers == 1 else f'{cfg.num_layers} decoder layers'}, hidden size "
         f"{cfg.hidden_size}, draft vocabulary {cfg.draft_vocab_size} of {cfg.vocab_size} target tokens.",
         "",
         "## Target",
@@ -172,7 +174,7 @@ def model_card(
         lines += _data_section(meta["data_mix"])
     if report is not None:
         lines += _eval_section(report)
-    sglang_ok = not any(arch_options(cfg).values())
+    sglang_ok = not any(arch_options(cfg).values()) and cfg.num_layers == 1
     shape = serving_shape(report)
     tree = shape if shape is not None and shape["mode"] == "tree" else None
     lines += _serving(folder_hint, target_name, fmt, engine, speculative_tokens, sglang_ok, tree)

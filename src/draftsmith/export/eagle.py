@@ -1,6 +1,6 @@
 """The EAGLE-3 layout (`--format eagle`) that vLLM and SGLang load, and the checks every export passes.
 
-    config.json        a Llama config: architectures ["LlamaForCausalLMEagle3"], num_hidden_layers 1,
+    config.json        a Llama config: architectures ["LlamaForCausalLMEagle3"], num_hidden_layers,
                        draft_vocab_size, target_hidden_size (when it differs),
                        norm_before_residual, norm_before_fc, fc_norm, norm_output  always written
                        eagle_config.eagle_aux_hidden_state_layer_ids   in the chosen engine's convention
@@ -8,7 +8,8 @@
                        eagle_aux_hidden_state_layer_ids (top level)    always in vLLM's convention
                        draftsmith: {...}                               which convention each field uses
     model.safetensors  midlayer.*, fc.weight, norm.weight, lm_head.weight, d2t, t2d (+ embed_tokens.weight,
-                       input_norm.weight with norm_before_fc, fc_norm.{i}.weight with fc_norm)
+                       input_norm.weight with norm_before_fc, fc_norm.{i}.weight with fc_norm,
+                       layers.{i}.* for the layers after the first: vLLM's names for them)
 
 Who reads what (see docs/engine-fields.md for the sources):
 - vLLM reads the top-level ids first, then eagle_config's (`_get_eagle3_aux_layers_from_config`);
@@ -19,8 +20,11 @@ Writing the top level in vLLM's convention makes an `--engine sglang` export loa
 vLLM too. vLLM's llama_eagle3 reads the architecture options (norm_before_fc from eagle_config,
 then the top level; the others from the top level) and names the weights `input_norm` and
 `fc_norm.{i}` as draftsmith does; SGLang's has none of them and skips their weights silently, so
-such drafters are refused for SGLang. The draftsmith key names are already the EAGLE reference
-names, so weights are not renamed here. No file I/O in this module.
+such drafters are refused for SGLang. vLLM's llama_eagle3 builds `num_hidden_layers` layers (its
+`layers.0` is the EAGLE-3 layer, loaded from `midlayer.*`; the rest plain Llama layers), SGLang's
+one: a drafter of several layers is refused for SGLang too. The draftsmith key names of the first
+layer are the EAGLE reference names; the later layers get vLLM's `layers.{i}`. No file I/O in
+this module.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.draft.layouts import NESTED_IDS, RECORD_KEY, TOP_LEVEL_IDS, arch_options
+from draftsmith.draft.layouts import DRAFTSMITH_PREFIX, NESTED_IDS, RECORD_KEY, TOP_LEVEL_IDS, arch_options, to_engine_key
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.layers import to_engine, validate_layers
@@ -66,6 +70,12 @@ def check_exportable(cfg: DrafterConfig, engine: str, num_target_layers: int | N
             "before input_norm, vLLM's llama_eagle3 applies input_norm first, and speculators refuses the "
             "pair, so no engine would serve it as trained. Retrain with one of the two"
         )
+    if engine == "sglang" and cfg.num_layers > 1:
+        raise UserError(
+            f"this drafter has {cfg.num_layers} decoder layers (--num-layers), but SGLang's LlamaForCausalLMEagle3 "
+            "serves one (`midlayer`): it would drop the others. Export with --engine vllm (--format eagle or "
+            "speculators), whose llama_eagle3 builds num_hidden_layers layers, or retrain with --num-layers 1"
+        )
     used = [name for name, on in arch_options(cfg).items() if on]
     if engine == "sglang" and used:
         instead = "; ".join(f"for {name} it {SGLANG_INSTEAD[name]}" for name in used)
@@ -83,7 +93,7 @@ def llama_fields(cfg: DrafterConfig, dtype: str) -> dict[str, Any]:
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_attention_heads,
         "num_key_value_heads": cfg.num_key_value_heads,
         "head_dim": cfg.head_dim,
@@ -124,11 +134,12 @@ def eagle_config(cfg: DrafterConfig, engine: str, dtype: str, target: dict[str, 
 
 
 def export_tensors(model: Eagle3Drafter, include_embeddings: bool, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """draftsmith's state dict in the EAGLE key names (they are the same), floats cast to `dtype`."""
+    """draftsmith's state dict in the EAGLE key names (the same, but layers.{i} for extra_layers.{i-1}),
+    floats cast to `dtype`."""
     out = {}
     for key, value in model.state_dict().items():
         if key == "embed_tokens.weight" and not include_embeddings:
             continue
         value = value.detach().cpu()
-        out[key] = (value.to(dtype) if value.is_floating_point() else value).contiguous()
+        out[to_engine_key(key, DRAFTSMITH_PREFIX)] = (value.to(dtype) if value.is_floating_point() else value).contiguous()
     return out

@@ -8,8 +8,10 @@
                        speculators_config {algorithm, proposal_methods [greedy, speculative_tokens],
                        default_proposal_method, verifier {name_or_path, architectures}},
                        draftsmith: {...} (conventions, for the reload)
-    model.safetensors  layers.0.* (draftsmith's midlayer.*), fc, norm, lm_head, d2t, t2d (+ embed_tokens,
-                       input_norm with norm_before_fc, fc_norm.{i} with fc_norm: speculators' own names)
+    model.safetensors  layers.0.* (draftsmith's midlayer.*), layers.{i}.* (extra_layers.{i-1}.*), fc, norm,
+                       lm_head, d2t, t2d (+ embed_tokens, input_norm with norm_before_fc, fc_norm.{i} with
+                       fc_norm: speculators' own names); the layer count is
+                       transformer_layer_config.num_hidden_layers, as speculators and vLLM read it
 
 vLLM is the only engine that reads this layout: SGLang's LlamaForCausalLMEagle3 looks weights up
 as `midlayer.*` and silently skips `layers.0.*`, so an SGLang export of this layout is refused.
@@ -22,7 +24,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.draft.layouts import DRAFTSMITH_PREFIX, LAYER_PREFIX, RECORD_KEY, TOP_LEVEL_IDS, arch_options
+from draftsmith.draft.layouts import LAYER_PREFIX, RECORD_KEY, TOP_LEVEL_IDS, arch_options, to_engine_key
 from draftsmith.draft.model import DrafterConfig
 from draftsmith.errors import UserError
 from draftsmith.export.eagle import llama_fields, record
@@ -85,6 +87,5 @@ def speculators_config(
 
 
 def to_speculators_keys(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """midlayer.* -> layers.0.*; every other key keeps its name."""
-    return {LAYER_PREFIX + k[len(DRAFTSMITH_PREFIX):] if k.startswith(DRAFTSMITH_PREFIX) else k: v
-            for k, v in tensors.items()}
+    """midlayer.* -> layers.0.*, extra_layers.{j}.* -> layers.{j+1}.*; every other key keeps its name."""
+    return {to_engine_key(k, LAYER_PREFIX): v for k, v in tensors.items()}

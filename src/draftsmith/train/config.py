@@ -41,6 +41,7 @@ class TrainConfig(CommandConfig):
     norm_output: bool = Field(True, description="Feed norm(out) instead of out to the next TTT / draft step.")
     norm_before_residual: bool = Field(False, description="The drafter layer's residual is hidden_norm(h) instead of h.")
     intermediate_size: int | str | None = Field(None, description="Width of the drafter layer's MLP: a number (6144), or a multiple of the target's MLP width (4x); default: the target's (one decoder layer's shape). Served by vLLM and SGLang, which read `intermediate_size` from the exported config.")
+    num_layers: int = Field(1, ge=1, description="Decoder layers in the drafter: the EAGLE-3 layer (embedding and hidden state), then num_layers-1 plain Llama layers on the hidden stream, each with its own attention over the context; every draft step runs them all. Served by vLLM (`num_hidden_layers`); SGLang serves one layer.")
     head_init: Literal["random", "target"] = Field("target", description="lm_head and final norm: random, or copied from the target (its lm_head rows of the draft vocab, its final norm).")
     freeze_head: bool = Field(False, description="Keep lm_head and the final norm fixed (with --head-init target: the target's own).")
     grad_clip: float = Field(0.5, gt=0, description="Gradient-norm clip.")

@@ -85,7 +85,8 @@ def wrap(objective: TTTObjective, env: Env) -> torch.nn.Module:
     if env.fsdp:
         from torch.distributed.fsdp import fully_shard
 
-        fully_shard(objective.drafter.midlayer)
+        for layer in objective.drafter.decoder_layers:
+            fully_shard(layer)
         return fully_shard(objective)
     from torch.nn.parallel import DistributedDataParallel
 

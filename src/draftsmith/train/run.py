@@ -151,12 +151,12 @@ def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) ->
 
 
 def build_drafter(target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t2d: torch.Tensor, cfg: TrainConfig) -> Eagle3Drafter:
-    """A drafter shaped like one target layer (its MLP --intermediate-size wide, if given), with
+    """A drafter shaped like target layers (--num-layers of them, its MLP --intermediate-size wide, if given), with
     the architecture options of `cfg`, the target's embeddings (frozen) and, with --head-init
     target, its final norm and the draft rows of its lm_head times the head's logit scale (the
     drafter's head has no bias or soft-cap)."""
     shape = DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), aux_layer_ids)
-    arch = {k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")}
+    arch = {k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual", "num_layers")}
     arch["intermediate_size"] = cfg.mlp_width(shape.intermediate_size)
     dcfg = replace(shape, **arch)
     drafter = Eagle3Drafter(dcfg)

@@ -10,9 +10,9 @@ for every sample). Step k (0-based) of the unroll, at row position t:
     predicts       token t+2+k, against the target's distribution from final[t+1+k]
     attends to     step-0 keys at s <= t of the same sample, and the step-1..k keys at t only
 
-`TTTAttention` is the stateful `attend` callback given to the drafter's single layer: it keeps
-the keys/values of earlier steps and combines them with the current step's. Two backends give
-the same result:
+`TTTAttention` is the stateful `attend` callback given to each drafter layer (one per layer,
+`ttt_attends`): it keeps that layer's keys/values of earlier steps and combines them with the
+current step's. Two backends give the same result:
 
   - "eager": step-0 scores `q·K0ᵀ` under the causal, same-sample mask, concatenated with the
     k per-step diagonal scores `q·Kj` (one number per query), then one softmax over both
@@ -166,12 +166,14 @@ class TTTAttention:
     flex_attention and the mask's making into that region instead of calling their own compiled
     wrappers."""
 
-    def __init__(self, doc: torch.Tensor, ttt: int, backend: str = "eager") -> None:
+    def __init__(self, doc: torch.Tensor, ttt: int, backend: str = "eager", whole: BlockMask | None = None) -> None:
+        """`whole`: the block mask of all `ttt` steps, made by another layer's TTTAttention of the
+        same doc (the mask does not depend on the layer); made here when not given."""
         assert backend in ("eager", "flex", "flex-eager"), backend
         self.doc, self.ttt, self.backend = doc, ttt, backend  # doc [B, T]
         self.compiled = backend == "flex" and not torch.compiler.is_compiling()
         aligned = backend != "eager" and doc.shape[1] % FLEX_BLOCK == 0
-        self.whole = ttt_block_mask(doc, ttt, self.compiled) if aligned else None
+        self.whole = whole if whole is not None or not aligned else ttt_block_mask(doc, ttt, self.compiled)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
 
@@ -186,17 +188,23 @@ class TTTAttention:
         return flex_ttt_attention(q, self.keys, self.values, block, self.compiled)
 
 
+def ttt_attends(doc: torch.Tensor, ttt: int, backend: str, layers: int) -> list[TTTAttention]:
+    """One TTTAttention per drafter layer for one unroll, sharing one block mask."""
+    first = TTTAttention(doc, ttt, backend)
+    return [first, *(TTTAttention(doc, ttt, backend, whole=first.whole) for _ in range(layers - 1))]
+
+
 def unroll(drafter: torch.nn.Module, hidden0: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, doc: torch.Tensor,
            ttt: int, backend: str = "eager"):
-    """Yield (k, out_k [B, T, H]) for k = 0..ttt-1: the drafter layer's pre-norm outputs.
+    """Yield (k, out_k [B, T, H]) for k = 0..ttt-1: the drafter's last layer's pre-norm outputs.
     hidden0 [B, T, H] is fc(aux); logits are `lm_head(norm(out_k))` (left to the caller, so the
     loss can compute them in chunks)."""
-    attend = TTTAttention(doc, ttt, backend)
+    attends = ttt_attends(doc, ttt, backend, drafter.config.num_layers)
     hidden = hidden0
     for k in range(ttt):
         ids_k, pos_k = step_inputs(ids, pos, k)
         embeds = drafter.embed_tokens(ids_k).to(hidden.dtype)  # [B, T, H]
-        out = drafter.midlayer(embeds, hidden, pos_k, attend)  # [B, T, H]
+        out = drafter.layers_forward(embeds, hidden, pos_k, attends)  # [B, T, H]
         yield k, out
         hidden = drafter.next_hidden(out)  # [B, T, H]: out, or norm(out) with norm_output
 
