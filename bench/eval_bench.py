@@ -15,8 +15,9 @@
           plain decoding ms per token of the same engine (greedy; the temperature-1 chain's
           speed-up is against it too); with --compile-target, again with the target's forward
           compiled inside its CUDA graphs (plain decoding and verification alike); with
-          --drafter-widths, once per random drafter of each MLP width, all in one process (the
-          drafting cost of a wider drafter: weights do not change it)
+          --drafter-widths, once per random drafter of each MLP width (WIDTH, or WIDTH:LAYERS for a
+          drafter of that many decoder layers), all in one process (the drafting cost of a wider
+          or deeper drafter: weights do not change it)
   chain   `draftsmith eval` on MT-bench, chain K=7: tau, acceptance per position, speed-up
   tree    `draftsmith eval` on MT-bench, EAGLE-2 tree (60 tokens, depth 7, top-k 10): the same
   batch   (not in the default parts) `draftsmith eval` at each of --batch-sizes (default 1,4,16)
@@ -26,7 +27,7 @@
     python bench/eval_bench.py --target /root/m/SmolLM2-135M-Instruct.Q4_1.gguf --drafter DRAFTER --out-json bench_eval.json
     python bench/eval_bench.py --parts cycle --target ... --drafter DRAFTER   # the cycle breakdown alone (a few minutes)
     python bench/eval_bench.py --parts batch --target ... --drafter DRAFTER --out-dir runs/batch --num-questions 80
-    python bench/eval_bench.py --parts cycle --cycle-shapes chain --drafter-widths 1536,6144 --target ...   # the cycle per MLP width
+    python bench/eval_bench.py --parts cycle --cycle-shapes chain --drafter-widths 1536,6144,6144:2 --target ...   # the cycle per MLP width and layer count
     python bench/eval_bench.py --smoke --parts cycle,chain,tree,batch   # CPU, small sizes, random drafter: checks the script works
 
 Without --drafter a random drafter is used (tau ~ 1: a speed-up floor, not a drafter's worth).
@@ -238,7 +239,8 @@ def main() -> None:
     ap.add_argument("--parts", default="plain,verify,cycle,chain,tree", help="also: batch")
     ap.add_argument("--cycle-shapes", default="chain,tree,chain_t1", help="--parts cycle: the shapes it times")
     ap.add_argument("--drafter-widths", default=None,
-                    help="--parts cycle: comma-separated MLP widths; times a random drafter of each (no --drafter)")
+                    help="--parts cycle: comma-separated MLP widths, each WIDTH or WIDTH:LAYERS (decoder layers, default 1); "
+                         "times a random drafter of each (no --drafter)")
     ap.add_argument("--batch-sizes", default="1,4,16", help="--parts batch: the batch sizes")
     ap.add_argument("--batch-modes", default="chain,tree,chain_t1", help="--parts batch: chain, tree, chain_t1 (temperature 1)")
     ap.add_argument("--out-dir", type=Path, default=None, help="where the eval reports go (default: a temp folder)")
@@ -254,7 +256,7 @@ def main() -> None:
     args.device = str(device)
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="eval_bench_"))
     parts = set(args.parts.split(","))
-    widths = [int(w) for w in args.drafter_widths.split(",")] if args.drafter_widths else []
+    widths = [tuple(int(n) for n in (w + ":1").split(":")[:2]) for w in args.drafter_widths.split(",")] if args.drafter_widths else []
     if widths and (args.drafter or args.compile_target or parts != {"cycle"}):
         sys.exit("--drafter-widths times random drafters in --parts cycle alone: leave out --drafter, --compile-target and the other parts")
 
@@ -276,7 +278,7 @@ def main() -> None:
     if drafter is None and not widths and parts & {"chain", "tree", "cycle", "batch"}:
         drafter = save_drafter(random_drafter(target.model, 32000).cpu(), out_dir / "random_drafter", target=target.info.to_dict())
         result["drafter_note"] = "random drafter (tau ~ 1)"
-    result["drafter"] = f"random drafters of MLP widths {widths} (tau ~ 1)" if widths else str(drafter)
+    result["drafter"] = f"random drafters of (MLP width, layers) {widths} (tau ~ 1)" if widths else str(drafter)
     shapes = {"chain": dict(mode="chain", depth=2 if args.smoke else 7),
               "tree": dict(mode="tree", depth=3, top_k=3, total_tokens=8) if args.smoke else dict(mode="tree", depth=7, top_k=10, total_tokens=60)}
     if "cycle" in parts:
@@ -288,9 +290,10 @@ def main() -> None:
             sys.exit(f"--cycle-shapes: {', '.join(sorted(set(names) - known.keys()))} unknown; choose from {', '.join(known)}")
         cycle_shapes = {name: known[name] for name in names}
         reps = 3 if args.smoke else 50
-        timed = {f"cycle_mlp_{w}": save_drafter(random_drafter(target.model, 32000, intermediate_size=w).cpu(),
-                                                out_dir / f"random_drafter_{w}", target=target.info.to_dict())
-                 for w in widths} or {"cycle": drafter}
+        timed = {f"cycle_mlp_{w}" + (f"_layers_{n}" if n > 1 else ""): save_drafter(
+                     random_drafter(target.model, 32000, intermediate_size=w, num_layers=n).cpu(),
+                     out_dir / f"random_drafter_{w}_{n}", target=target.info.to_dict())
+                 for w, n in widths} or {"cycle": drafter}
         for key, path in timed.items():  # several: side by side in the same process, each against its own plain decoding
             result[key] = cycle_breakdown(target, path, prompts, args.plain_tokens, cycle_shapes, compile_modes, reps)
         if args.compile_target:  # side by side in the same process: the compiled drafter step only

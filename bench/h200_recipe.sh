@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
 # The H200 run behind BENCHMARKS.md, on one or two GPUs (nvidia-h200 or nvidia-h200-x2). The run
 # of 2026-12-02 07:25 trained the 4x-wide MLP to the full budget (val τ 4.566 against 4.501; the
-# recipe now trains it). This lease, for issue 13 (val τ 4.8), the sixth ablation
-# (recipes/ablation6_h200.yaml), each run one change against that drafter on the recipe's data:
-#   1. the recipe's data (restored from .data when a lease before packed it, else made: ~5.5
+# recipe now trains it); the run of 2026-12-02 09:55 (the sixth ablation) found no gain in smaller
+# rows, an 8x MLP or a sharper teacher. This lease, for issue 13 (val τ 4.8), the seventh ablation
+# (recipes/ablation7_h200.yaml): the drafter's depth, on the recipe's data:
+#   1. the recipe's data (restored from .data when a lease before packed it, else made: ~5.8
 #      GPU-minutes)
-#   2. side by side, each until $EVAL_S before the deadline at the latest: abl6_rows4k (4,096-token
-#      rows x 7,800 steps: twice the optimizer steps on the same tokens), abl6_wide8 (the MLP 8x
-#      the target's width) and abl6_t05 (--teacher-temperature 0.5)
-#   3. the MT-bench chain τ (K=7, 80 q, τ only, eager target) of each run's best drafter, greedy,
-#      and at temperature 1 for abl6_t05 and abl6_wide8, all side by side
+#   2. side by side, each until $EVAL_S before the deadline at the latest: abl7_layers2 and
+#      abl7_layers3 (the recipe's drafter with two and three decoder layers)
+#   3. the MT-bench chain τ (K=7, 80 q, τ only, eager target) of each run's best drafter, side by side
 #   4. in the minutes between the chain τ and the hard deadline, the GPU alone: the chain cycle of
-#      random drafters at the target's MLP width, 4x and 8x (bench/eval_bench.py --drafter-widths),
-#      what the wider drafters cost per cycle
-#   two GPUs: GPU 0 runs 1, abl6_rows4k and abl6_t05 and their chain τ; GPU 1 runs abl6_wide8 once
-#             the data is made, its chain τ, then 4
+#      random drafters of one, two and three layers (4x MLP) and of the target's MLP width
+#      (bench/eval_bench.py --drafter-widths), what depth costs per draft
+#   two GPUs: GPU 0 runs 1 and abl7_layers2 and its chain τ; GPU 1 runs abl7_layers3 once the
+#             data is made, its chain τ, then 4
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
 # The recipe's synth answers (5 of its ~5.5 data minutes) travel between leases: the driver packs
 # them into /root/carry/h200_synth.tgz.part* (15 MB parts), fetch_results.sh brings those back;
@@ -35,7 +34,7 @@ set -uo pipefail
 . "$(dirname "$0")/steps.sh"
 Y=recipes/h200.yaml
 CARRY=${CARRY:-/root/carry}  # what the next lease should get back (fetch_results.sh)
-A6=recipes/ablation6_h200.yaml  # its out is $RUN, the recipe's
+A7=recipes/ablation7_h200.yaml  # its out is $RUN, the recipe's
 driver_start 25 2
 
 wait_for_data() {  # until run folder $1 has its draft vocab (its data stages done), or the deadline
@@ -53,8 +52,8 @@ pack_answers() {  # pack_answers NAME DIR STAGE...: DIR's synth answers and thos
   for stage in "$@"; do files+=("$dir/.pipeline/$stage.started" "$dir/.pipeline/$stage.done"); done
   mkdir -p "$CARRY" && tar -C / -czf - "${files[@]}" | split -b 15m - "$CARRY/${name}_synth.tgz.part"
 }
-cycle_widths() {  # issue 13: the chain cycle of a random drafter at the target's MLP width, 4x and 8x, in one process (~3 min)
-  step cycle_widths 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain --drafter-widths 1536,6144,12288 \
+cycle_widths() {  # issue 13: the chain cycle of a random drafter at the target's MLP width, and at 4x with 1, 2 and 3 layers, in one process (~3 min)
+  step cycle_widths 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain --drafter-widths 1536,6144,6144:2,6144:3 \
     --plain-prompts 3 --plain-tokens 128 --target $HF --out-json "$R/cycle_widths.json"
 }
 data() {  # the recipe's data stages: those quickstart --budget full runs before training
@@ -82,25 +81,20 @@ chain_tau() {  # MT-bench chain τ of training stage $2 (of recipe $1) at temper
   [ -d "$run/drafter" ] && step "$2_chain$tag" 270 python3 -m draftsmith eval --target $HF --drafter "$run" \
     --mode chain --k 7 --temperature "$temp" --num-questions 80 --max-new-tokens 256 --no-speed --no-compile-target --out "${run}_mtbench$tag"
 }
-chain_tau_t1() { chain_tau "$1" "$2" 1.0; }  # for each()
 each() {  # each() FUNCTION recipe:stage...: FUNCTION recipe stage for all of them side by side on this lane's GPU
   local fn=$1 run pids=(); shift
   for run in "$@"; do "$fn" "${run%%:*}" "${run#*:}" & pids+=($!); done
   wait "${pids[@]}"
 }
-EVAL_S=${EVAL_S:-300}  # the chain τ runs after the training (five side by side, ~3.5 minutes) and a margin
+EVAL_S=${EVAL_S:-270}  # the chain τ runs after the training (two side by side, ~3.5 minutes) and a margin
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  (export CUDA_VISIBLE_DEVICES=0; data; each train_to_deadline $A6:abl6_rows4k $A6:abl6_t05
-   each chain_tau $A6:abl6_rows4k $A6:abl6_t05 & chain_tau_t1 $A6 abl6_t05; wait) & A=$!
-  (export CUDA_VISIBLE_DEVICES=1; train_to_deadline $A6 abl6_wide8
-   each chain_tau $A6:abl6_wide8 & chain_tau_t1 $A6 abl6_wide8; wait; cycle_widths) & B=$!
+  (export CUDA_VISIBLE_DEVICES=0; data; train_to_deadline $A7 abl7_layers2; chain_tau $A7 abl7_layers2) & A=$!
+  (export CUDA_VISIBLE_DEVICES=1; train_to_deadline $A7 abl7_layers3; chain_tau $A7 abl7_layers3; cycle_widths) & B=$!
   wait $A $B
 else
   data
-  each train_to_deadline $A6:abl6_rows4k $A6:abl6_wide8 $A6:abl6_t05
-  each chain_tau $A6:abl6_rows4k $A6:abl6_wide8 $A6:abl6_t05 &
-  each chain_tau_t1 $A6:abl6_t05 $A6:abl6_wide8
-  wait
+  each train_to_deadline $A7:abl7_layers2 $A7:abl7_layers3
+  each chain_tau $A7:abl7_layers2 $A7:abl7_layers3
   cycle_widths  # before the deadline, so it starts; the hard deadline cuts it at the latest
 fi
 [ -d "$RUN" ] && python3 bench/summarise_ablation.py "$RUN" --out "$R/ablation_h200.md" >> "$R/summary.log" 2>&1
