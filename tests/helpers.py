@@ -4,6 +4,8 @@ these, never each other."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import os
 from pathlib import Path
@@ -137,10 +139,10 @@ def tiny_vocab_llama(seed: int = 0) -> LlamaForCausalLM:
     return model
 
 
-def tiny_vocab_drafter(model, seed: int = 1) -> Eagle3Drafter:
+def tiny_vocab_drafter(model, seed: int = 1, num_layers: int = 1) -> Eagle3Drafter:
     """A drafter for `tiny_vocab_llama` with a draft vocab of 8 of its 12 ids, peaked logits."""
     torch.manual_seed(seed)
-    cfg = DrafterConfig.from_target(model.config, draft_vocab_size=8, aux_layer_ids=[0, 1, 2])
+    cfg = replace(DrafterConfig.from_target(model.config, draft_vocab_size=8, aux_layer_ids=[0, 1, 2]), num_layers=num_layers)
     drafter = Eagle3Drafter(cfg)
     drafter.load_target_embeddings(model.get_input_embeddings().weight)
     with torch.no_grad():

@@ -283,3 +283,22 @@ def test_compiled_drafter_step_drafts_the_same(mode):
         plain = plain_generate(eng, prompt, 20, set(), Sampling())
         assert spec_generate(eng, compiled, prompt, 20, set(), Sampling()).tokens == plain.tokens
     assert compiled.compiled and compiled.draft_region is not None
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="inductor's CPU backend needs a C++ compiler")
+def test_compiled_draft_of_a_deeper_drafter_drafts_the_same():
+    """--num-layers 2 through the compiled draft region: each layer's attention writes and reads
+    its own slice of the KV cache inside the region, and the drafts equal the eager step's."""
+    model = tiny_vocab_llama()
+    eng = TargetEngine(model, [0, 1, 2], max_len=64)
+    drafter = tiny_vocab_drafter(model, num_layers=2)
+    eager, compiled = (DrafterProposer(drafter, Sampling(), 64, mode="chain", depth=3, compile=c) for c in (False, True))
+    aux = [prompt_state(eng, p, [[1, 5, 7, 3, 9, 2, 4]]) for p in (eager, compiled)][0]
+    drafts = []
+    for m in (3, 1, 2):
+        ours, ref = compiled.propose(), eager.propose()
+        assert torch.equal(ours.tokens, ref.tokens)
+        drafts.append(ref.tokens)
+        for p in (eager, compiled):
+            p.observe(aux[:, -3:], aux[:, -3:, 0].long().abs() % V, torch.tensor([m]))
+    assert compiled.compiled and compiled.draft_region is not None and len({tuple(t.flatten().tolist()) for t in drafts}) > 1
