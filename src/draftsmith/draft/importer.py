@@ -66,9 +66,11 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def to_draftsmith_keys(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """EAGLE / SpecForge / speculators / ModelOpt names -> draftsmith names."""
-    return {to_draftsmith_key(key): value for key, value in tensors.items()
-            if not (key.endswith(IGNORED_SUFFIXES) or key.startswith(IGNORED_PREFIXES))}
+    """EAGLE / SpecForge / speculators / ModelOpt names -> draftsmith names. A later layer's
+    `hidden_norm` (vLLM builds one in every layer and uses layer 0's alone) is dropped."""
+    out = {to_draftsmith_key(key): value for key, value in tensors.items()
+           if not (key.endswith(IGNORED_SUFFIXES) or key.startswith(IGNORED_PREFIXES))}
+    return {k: v for k, v in out.items() if not (k.startswith(EXTRA_PREFIX) and k.endswith(".hidden_norm.weight"))}
 
 
 def read_aux_layer_ids(config: dict[str, Any], speculators: bool, convention: str | None, where: Path) -> tuple[list[int], str]:
