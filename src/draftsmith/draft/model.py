@@ -229,7 +229,11 @@ class Eagle3Drafter(nn.Module):
                        attend: Attends) -> torch.Tensor:
         """embeds, hidden [B, T, H] -> the last layer's output [B, T, H] (before `norm`). `attend`:
         one callback per layer, or one for all layers when it keeps no keys."""
-        attends = [attend] * self.config.num_layers if callable(attend) else list(attend)
+        if callable(attend):  # one for all layers: only one that keeps no keys, or the layers would share them
+            assert attend is causal_attend or self.config.num_layers == 1, "give a stateful attend per layer"
+            attends = [attend] * self.config.num_layers
+        else:
+            attends = list(attend)
         assert len(attends) == self.config.num_layers, (len(attends), self.config.num_layers)
         out = self.midlayer(embeds, hidden, position_ids, attends[0])  # [B, T, H]
         for layer, layer_attend in zip(self.extra_layers, attends[1:], strict=True):

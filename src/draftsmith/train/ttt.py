@@ -172,8 +172,9 @@ class TTTAttention:
         assert backend in ("eager", "flex", "flex-eager"), backend
         self.doc, self.ttt, self.backend = doc, ttt, backend  # doc [B, T]
         self.compiled = backend == "flex" and not torch.compiler.is_compiling()
-        aligned = backend != "eager" and doc.shape[1] % FLEX_BLOCK == 0
-        self.whole = whole if whole is not None or not aligned else ttt_block_mask(doc, ttt, self.compiled)
+        if whole is None and backend != "eager" and doc.shape[1] % FLEX_BLOCK == 0:  # rows of whole blocks
+            whole = ttt_block_mask(doc, ttt, self.compiled)
+        self.whole = whole
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
 
