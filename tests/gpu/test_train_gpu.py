@@ -16,11 +16,12 @@ from draftsmith.train.ttt import doc_and_positions
 pytestmark = pytest.mark.gpu
 
 
-def _objective(backend: str, hidden: int = 576, vocab: int = 49152, draft: int = 32000, static: bool = False) -> TTTObjective:
+def _objective(backend: str, hidden: int = 576, vocab: int = 49152, draft: int = 32000, static: bool = False,
+               num_layers: int = 1) -> TTTObjective:
     torch.manual_seed(0)
     cfg = DrafterConfig(hidden_size=hidden, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
                         head_dim=64, vocab_size=vocab, draft_vocab_size=draft, target_hidden_size=hidden,
-                        aux_layer_ids=[2, 15, 27])
+                        aux_layer_ids=[2, 15, 27], num_layers=num_layers)
     d = Eagle3Drafter(cfg)
     d.t2d[:draft] = True
     w = torch.randn(vocab, hidden) * 0.05
@@ -57,18 +58,20 @@ def test_32k_row_trains_without_oom():
     assert torch.isfinite(loss) and peak < 100, peak
 
 
-def test_compiled_static_step_matches_the_compacted_step():
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_compiled_static_step_matches_the_compacted_step(num_layers):
     """--compile-step on CUDA: the static step, compiled whole with flex inside, gives the default
-    step's loss, counts and gradients (fp32, padded row of several samples)."""
+    step's loss, counts and gradients (fp32, padded row of several samples); with --num-layers 2
+    too (each layer's TTT attention in the compiled region; the last layer's gradient compared)."""
     batch = _batch(1024, [400, 300, 200])
     batch["loss_mask"][:, ::3] = 0
     out = {}
     for static in (False, True):
-        obj = _objective("flex", static=static)
+        obj = _objective("flex", static=static, num_layers=num_layers)
         loss, stats = obj(**batch)
         loss.backward()
         d = obj.drafter
-        out[static] = loss.item(), stats, d.midlayer.self_attn.q_proj.weight.grad.clone(), d.lm_head.weight.grad.clone()
+        out[static] = loss.item(), stats, d.decoder_layers[-1].self_attn.q_proj.weight.grad.clone(), d.lm_head.weight.grad.clone()
     (loss, stats, g_q, g_head), (s_loss, s_stats, s_q, s_head) = out[False], out[True]
     assert s_loss == pytest.approx(loss, rel=1e-4)
     assert torch.equal(s_stats["n_valid"], stats["n_valid"]) and torch.equal(s_stats["n_chain"], stats["n_chain"])
