@@ -256,7 +256,9 @@ def main() -> None:
     args.device = str(device)
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="eval_bench_"))
     parts = set(args.parts.split(","))
-    widths = [tuple(int(n) for n in (w + ":1").split(":")[:2]) for w in args.drafter_widths.split(",")] if args.drafter_widths else []
+    # (MLP width, decoder layers) per entry: "6144" is one layer, "6144:2" two
+    widths = [(int(w.split(":")[0]), int(w.split(":")[1]) if ":" in w else 1)
+              for w in args.drafter_widths.split(",")] if args.drafter_widths else []
     if widths and (args.drafter or args.compile_target or parts != {"cycle"}):
         sys.exit("--drafter-widths times random drafters in --parts cycle alone: leave out --drafter, --compile-target and the other parts")
 

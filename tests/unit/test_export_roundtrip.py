@@ -89,6 +89,9 @@ def test_a_deeper_drafter_round_trips(tmp_path, fmt):
     reloaded, _ = load_drafter(out)
     assert reloaded.config.to_dict() == model.config.to_dict()
     assert torch.equal(draft_logits(reloaded), draft_logits(model))
+    card = (out / "README.md").read_text()  # the card says so, and offers no SGLang command
+    assert "2 decoder layers" in card and "sglang.launch_server" not in card
+    assert ("SGLang cannot serve this drafter" in card) is (fmt == "eagle")  # the speculators card names vLLM alone
 
 
 def test_bf16_export_matches_bf16_weights(ckpt, tmp_path):

@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -392,8 +392,6 @@ def random_drafter(model: torch.nn.Module, draft_vocab_size: int | None = None, 
     decoder layers, its MLP the target's width or `intermediate_size`; draft id i is target id
     stride*i, so stride 1 is the identity over the first `draft_vocab_size` ids): tau ~ 1, for
     tests and smoke benchmarks."""
-    from dataclasses import replace
-
     from draftsmith.draft.model import DrafterConfig
     from draftsmith.layers import default_aux_layers
     from draftsmith.target import decoder_layers, embed_weight, text_config

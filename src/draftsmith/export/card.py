@@ -16,6 +16,7 @@ from typing import Any
 
 from draftsmith.draft.layouts import arch_options
 from draftsmith.draft.model import DrafterConfig
+from draftsmith.export.eagle import sglang_refusal
 from draftsmith.layers import to_engine
 
 CONVENTIONS = (
@@ -174,7 +175,7 @@ def model_card(
         lines += _data_section(meta["data_mix"])
     if report is not None:
         lines += _eval_section(report)
-    sglang_ok = not any(arch_options(cfg).values()) and cfg.num_layers == 1
+    sglang_ok = sglang_refusal(cfg) is None
     shape = serving_shape(report)
     tree = shape if shape is not None and shape["mode"] == "tree" else None
     lines += _serving(folder_hint, target_name, fmt, engine, speculative_tokens, sglang_ok, tree)

@@ -70,20 +70,25 @@ def check_exportable(cfg: DrafterConfig, engine: str, num_target_layers: int | N
             "before input_norm, vLLM's llama_eagle3 applies input_norm first, and speculators refuses the "
             "pair, so no engine would serve it as trained. Retrain with one of the two"
         )
-    if engine == "sglang" and cfg.num_layers > 1:
-        raise UserError(
-            f"this drafter has {cfg.num_layers} decoder layers (--num-layers), but SGLang's LlamaForCausalLMEagle3 "
-            "serves one (`midlayer`): it would drop the others. Export with --engine vllm (--format eagle or "
-            "speculators), whose llama_eagle3 builds num_hidden_layers layers, or retrain with --num-layers 1"
-        )
+    why = sglang_refusal(cfg) if engine == "sglang" else None
+    if why is not None:
+        raise UserError(why)
+
+
+def sglang_refusal(cfg: DrafterConfig) -> str | None:
+    """Why SGLang's LlamaForCausalLMEagle3 would serve this drafter wrongly (it loads it without
+    error), or None when it serves it as trained. The export's check and the model card both ask."""
+    if cfg.num_layers > 1:
+        return (f"this drafter has {cfg.num_layers} decoder layers (--num-layers), but SGLang's LlamaForCausalLMEagle3 "
+                "serves one (`midlayer`): it would drop the others. Export with --engine vllm (--format eagle or "
+                "speculators), whose llama_eagle3 builds num_hidden_layers layers, or retrain with --num-layers 1")
     used = [name for name, on in arch_options(cfg).items() if on]
-    if engine == "sglang" and used:
+    if used:
         instead = "; ".join(f"for {name} it {SGLANG_INSTEAD[name]}" for name in used)
-        raise UserError(
-            f"this drafter was trained with {', '.join(f'{name}=true' for name in used)}, but SGLang's "
-            f"LlamaForCausalLMEagle3 has no such option ({instead}): it would serve this drafter wrongly. "
-            f"Export with --engine vllm (--format eagle or speculators), whose llama_eagle3 reads {', '.join(used)}"
-        )
+        return (f"this drafter was trained with {', '.join(f'{name}=true' for name in used)}, but SGLang's "
+                f"LlamaForCausalLMEagle3 has no such option ({instead}): it would serve this drafter wrongly. "
+                f"Export with --engine vllm (--format eagle or speculators), whose llama_eagle3 reads {', '.join(used)}")
+    return None
 
 
 def llama_fields(cfg: DrafterConfig, dtype: str) -> dict[str, Any]:
