@@ -2,8 +2,11 @@
 # The H200 run behind BENCHMARKS.md, on one or two GPUs (nvidia-h200 or nvidia-h200-x2). The run
 # of 2026-12-02 07:25 trained the 4x-wide MLP to the full budget (val τ 4.566 against 4.501; the
 # recipe now trains it); the run of 2026-12-02 09:55 (the sixth ablation) found no gain in smaller
-# rows, an 8x MLP or a sharper teacher. This lease, for issue 13 (val τ 4.8), the seventh ablation
-# (recipes/ablation7_h200.yaml): the drafter's depth, on the recipe's data:
+# rows, an 8x MLP or a sharper teacher. The lease of 2026-12-02 18:25 lost its run (the machine
+# was given back between two polls); a 6-minute lease after it trained abl7_layers2 alone to step
+# 969 (A7_RUNS=$A7:abl7_layers2 TRAIN_ONLY=1, DEADLINE 330 s ahead, EVAL_S=5). The next lease, for
+# issue 13 (val τ 4.8), the seventh ablation (recipes/ablation7_h200.yaml): the drafter's depth, on
+# the recipe's data:
 #   1. the recipe's data (restored from .data when a lease before packed it, else made: ~5.8
 #      GPU-minutes)
 #   2. side by side, each until $EVAL_S before the deadline at the latest: abl7_layers2 and
@@ -35,6 +38,8 @@ set -uo pipefail
 Y=recipes/h200.yaml
 CARRY=${CARRY:-/root/carry}  # what the next lease should get back (fetch_results.sh)
 A7=recipes/ablation7_h200.yaml  # its out is $RUN, the recipe's
+A7_RUNS=${A7_RUNS:-"$A7:abl7_layers2 $A7:abl7_layers3"}  # the one-GPU path's runs (recipe:stage); a short lease names one
+TRAIN_ONLY=${TRAIN_ONLY:-}  # non-empty: neither chain τ nor cycle after the training (a lease too short for them)
 driver_start 25 2
 
 wait_for_data() {  # until run folder $1 has its draft vocab (its data stages done), or the deadline
@@ -93,9 +98,11 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   wait $A $B
 else
   data
-  each train_to_deadline $A7:abl7_layers2 $A7:abl7_layers3
-  each chain_tau $A7:abl7_layers2 $A7:abl7_layers3
-  cycle_widths  # before the deadline, so it starts; the hard deadline cuts it at the latest
+  each train_to_deadline $A7_RUNS
+  if [ -z "$TRAIN_ONLY" ]; then
+    each chain_tau $A7_RUNS
+    cycle_widths  # before the deadline, so it starts; the hard deadline cuts it at the latest
+  fi
 fi
 [ -d "$RUN" ] && python3 bench/summarise_ablation.py "$RUN" --out "$R/ablation_h200.md" >> "$R/summary.log" 2>&1
 touch "$R/ALL_DONE"
