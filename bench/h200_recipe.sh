@@ -4,17 +4,19 @@
 # recipe now trains it); the run of 2026-12-02 09:55 (the sixth ablation) found no gain in smaller
 # rows, an 8x MLP or a sharper teacher. The lease of 2026-12-02 18:25 lost its run (the machine
 # was given back between two polls); a 6-minute lease after it trained abl7_layers2 alone to step
-# 969 (A7_RUNS=$A7:abl7_layers2 TRAIN_ONLY=1, DEADLINE 330 s ahead, EVAL_S=5). The next lease, for
-# issue 13 (val τ 4.8), the seventh ablation (recipes/ablation7_h200.yaml): the drafter's depth, on
-# the recipe's data:
+# 969 (the driver of b0228a0, one run, no evaluation), 4.2 steps/s from the start and ~8 once
+# compiled: alone, the full budget takes about 10 minutes. The next lease, for issue 13 (val τ
+# 4.8), the seventh ablation (recipes/ablation7_h200.yaml): the drafter's depth, on the recipe's
+# data:
 #   1. the recipe's data (restored from .data when a lease before packed it, else made: ~5.8
 #      GPU-minutes)
-#   2. side by side, each until $EVAL_S before the deadline at the latest: abl7_layers2 and
-#      abl7_layers3 (the recipe's drafter with two and three decoder layers)
-#   3. the MT-bench chain τ (K=7, 80 q, τ only, eager target) of each run's best drafter, side by side
-#   4. in the minutes between the chain τ and the hard deadline, the GPU alone: the chain cycle of
-#      random drafters of one, two and three layers (4x MLP) and of the target's MLP width
-#      (bench/eval_bench.py --drafter-widths), what depth costs per draft
+#   2. abl7_layers2 alone (the recipe's drafter with two decoder layers), until $EVAL_S before the
+#      deadline at the latest: the full budget, against abl3_wide's 4.566
+#   3. side by side: the MT-bench chain τ (K=7, 80 q, τ only, eager target) of its best drafter,
+#      and abl7_layers3 (three layers) until $EVAL_S before the deadline: its first validations
+#   4. in the minutes before the hard deadline, the GPU alone: the chain cycle of random drafters of
+#      one, two and three layers (4x MLP) and of the target's MLP width (bench/eval_bench.py
+#      --drafter-widths), what depth costs per draft
 #   two GPUs: GPU 0 runs 1 and abl7_layers2 and its chain τ; GPU 1 runs abl7_layers3 once the
 #             data is made, its chain τ, then 4
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
@@ -38,8 +40,6 @@ set -uo pipefail
 Y=recipes/h200.yaml
 CARRY=${CARRY:-/root/carry}  # what the next lease should get back (fetch_results.sh)
 A7=recipes/ablation7_h200.yaml  # its out is $RUN, the recipe's
-A7_RUNS=${A7_RUNS:-"$A7:abl7_layers2 $A7:abl7_layers3"}  # the one-GPU path's runs (recipe:stage); a short lease names one
-TRAIN_ONLY=${TRAIN_ONLY:-}  # non-empty: neither chain τ nor cycle after the training (a lease too short for them)
 driver_start 25 2
 
 wait_for_data() {  # until run folder $1 has its draft vocab (its data stages done), or the deadline
@@ -86,23 +86,16 @@ chain_tau() {  # MT-bench chain τ of training stage $2 (of recipe $1) at temper
   [ -d "$run/drafter" ] && step "$2_chain$tag" 270 python3 -m draftsmith eval --target $HF --drafter "$run" \
     --mode chain --k 7 --temperature "$temp" --num-questions 80 --max-new-tokens 256 --no-speed --no-compile-target --out "${run}_mtbench$tag"
 }
-each() {  # each() FUNCTION recipe:stage...: FUNCTION recipe stage for all of them side by side on this lane's GPU
-  local fn=$1 run pids=(); shift
-  for run in "$@"; do "$fn" "${run%%:*}" "${run#*:}" & pids+=($!); done
-  wait "${pids[@]}"
-}
-EVAL_S=${EVAL_S:-270}  # the chain τ runs after the training (two side by side, ~3.5 minutes) and a margin
+EVAL_S=${EVAL_S:-180}  # the chain τ after the last training (one per GPU, ~2 minutes) and a margin
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=0; data; train_to_deadline $A7 abl7_layers2; chain_tau $A7 abl7_layers2) & A=$!
   (export CUDA_VISIBLE_DEVICES=1; train_to_deadline $A7 abl7_layers3; chain_tau $A7 abl7_layers3; cycle_widths) & B=$!
   wait $A $B
 else
   data
-  each train_to_deadline $A7_RUNS
-  if [ -z "$TRAIN_ONLY" ]; then
-    each chain_tau $A7_RUNS
-    cycle_widths  # before the deadline, so it starts; the hard deadline cuts it at the latest
-  fi
+  train_to_deadline $A7 abl7_layers2
+  chain_tau $A7 abl7_layers2 & train_to_deadline $A7 abl7_layers3; wait
+  cycle_widths  # before the deadline, so it starts; the hard deadline cuts it at the latest
 fi
 [ -d "$RUN" ] && python3 bench/summarise_ablation.py "$RUN" --out "$R/ablation_h200.md" >> "$R/summary.log" 2>&1
 touch "$R/ALL_DONE"
