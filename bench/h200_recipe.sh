@@ -13,12 +13,13 @@
 #   2. abl7_layers2 alone (the recipe's drafter with two decoder layers), until $EVAL_S before the
 #      deadline at the latest: the full budget, against abl3_wide's 4.566
 #   3. side by side: the MT-bench chain τ (K=7, 80 q, τ only, eager target) of its best drafter,
-#      and abl7_layers3 (three layers) until $EVAL_S before the deadline: its first validations
+#      the GPU tests of --num-layers (gpu_tests), and abl7_layers3 (three layers) until $EVAL_S
+#      before the deadline: its first validations
 #   4. in the minutes before the hard deadline, the GPU alone: the chain cycle of random drafters of
 #      one, two and three layers (4x MLP) and of the target's MLP width (bench/eval_bench.py
 #      --drafter-widths), what depth costs per draft
-#   two GPUs: GPU 0 runs 1 and abl7_layers2 and its chain τ; GPU 1 runs abl7_layers3 once the
-#             data is made, its chain τ, then 4
+#   two GPUs: GPU 0 runs 1 and abl7_layers2, its chain τ and the GPU tests; GPU 1 runs
+#             abl7_layers3 once the data is made, its chain τ, then 4
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
 # The recipe's synth answers (5 of its ~5.5 data minutes) travel between leases: the driver packs
 # them into /root/carry/h200_synth.tgz.part* (15 MB parts), fetch_results.sh brings those back;
@@ -61,6 +62,10 @@ cycle_widths() {  # issue 13: the chain cycle of a random drafter at the target'
   step cycle_widths 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain --drafter-widths 1536,6144,6144:2,6144:3 \
     --plain-prompts 3 --plain-tokens 128 --target $HF --out-json "$R/cycle_widths.json"
 }
+gpu_tests() {  # --num-layers on the GPU: the compiled static training step, and the compiled, CUDA-graphed draft (chain and tree) against plain decoding, with one and two layers
+  DRAFTSMITH_TEST_TARGET=$HF step gpu_tests 300 python3 -m pytest -q -p no:cacheprovider --run-gpu \
+    tests/gpu/test_train_gpu.py::test_compiled_static_step_matches_the_compacted_step tests/gpu/test_eval_gpu.py::test_graphed_spec_equals_plain
+}
 data() {  # the recipe's data stages: those quickstart --budget full runs before training
   local stages synths
   {  # line 1: the data stages, comma-separated; line 2: the synth ones among them
@@ -88,13 +93,13 @@ chain_tau() {  # MT-bench chain τ of training stage $2 (of recipe $1) at temper
 }
 EVAL_S=${EVAL_S:-180}  # the chain τ after the last training (one per GPU, ~2 minutes) and a margin
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  (export CUDA_VISIBLE_DEVICES=0; data; train_to_deadline $A7 abl7_layers2; chain_tau $A7 abl7_layers2) & A=$!
+  (export CUDA_VISIBLE_DEVICES=0; data; train_to_deadline $A7 abl7_layers2; chain_tau $A7 abl7_layers2; gpu_tests) & A=$!
   (export CUDA_VISIBLE_DEVICES=1; train_to_deadline $A7 abl7_layers3; chain_tau $A7 abl7_layers3; cycle_widths) & B=$!
   wait $A $B
 else
   data
   train_to_deadline $A7 abl7_layers2
-  chain_tau $A7 abl7_layers2 & train_to_deadline $A7 abl7_layers3; wait
+  chain_tau $A7 abl7_layers2 & gpu_tests & train_to_deadline $A7 abl7_layers3; wait
   cycle_widths  # before the deadline, so it starts; the hard deadline cuts it at the latest
 fi
 [ -d "$RUN" ] && python3 bench/summarise_ablation.py "$RUN" --out "$R/ablation_h200.md" >> "$R/summary.log" 2>&1

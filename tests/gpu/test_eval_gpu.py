@@ -1,6 +1,6 @@
 """GPU checks of the eval engine (run with --run-gpu on a CUDA machine): CUDA-graphed
-forwards give the eager logits, and graphed speculative decoding (compiled drafter step)
-equals graphed plain decoding on the embedded default, at batch 1 and in a batch of 4 rows
+forwards give the eager logits, and graphed speculative decoding (compiled drafter step, one
+decoder layer or two) equals graphed plain decoding on the embedded default, at batch 1 and in a batch of 4 rows
 (fp32, so that batching cannot flip a near-tie); a sampled chain draws in its graph as it
 does without one; the target's forward compiled inside its graphs (eval --compile-target)
 gives the eager logits."""
@@ -48,9 +48,10 @@ def test_graphed_forward_equals_eager(target):
     assert torch.allclose(rows_g[0], eager[0], atol=1e-4) and torch.allclose(rows_aux[0], aux_e[0], atol=1e-4)
 
 
+@pytest.mark.parametrize("num_layers", [1, 2])
 @pytest.mark.parametrize("mode", ["chain", "tree"])
-def test_graphed_spec_equals_plain(target, mode):
-    drafter = random_drafter(target.model, 32000)
+def test_graphed_spec_equals_plain(target, mode, num_layers):
+    drafter = random_drafter(target.model, 32000, num_layers=num_layers)
     eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512)
     prop = DrafterProposer(drafter, Sampling(), 512, mode=mode, depth=7, top_k=10, total_tokens=60, compile=True)
     eng.graph_rows(1)
