@@ -78,7 +78,8 @@ def fail(e: UserError) -> typing.NoReturn:
 def _make_command(name: str, entry: Command) -> None:
     cls, help_text = entry.config, entry.help
     params = []
-    for field_name, field in cls.model_fields.items():
+    own = cls.__dict__.get("__annotations__", {})  # the command's own options first, then mixed-in ones (DrafterShape)
+    for field_name, field in sorted(cls.model_fields.items(), key=lambda item: item[0] not in own):
         typ, extra = _cli_type(field.annotation)
         default = field.get_default(call_default_factory=True)
         help_parts = [field.description or "", extra]

@@ -38,3 +38,28 @@ def test_extract_plan_loads_no_weights_and_writes_nothing(tmp_path, tiny_target_
     whole = projected_bytes(300, 10, 3, 64, 2)  # bf16, the default layers [0, 1, 2] of 2 hidden-64 layers
     assert f"layers [0, 1, 2] of 2, hidden size 64, bfloat16: the store takes ~{human_bytes(whole)}" in r.output
     assert "it fits; nothing was loaded or written" in r.output and not out.exists()
+
+
+def test_plan_sizes_the_drafter_train_would_build(tmp_path, tiny_target_dir):
+    """--draft-vocab-size, --intermediate-size and --num-layers are train's (one definition,
+    `DrafterShape`): the training rows' device memory is that drafter's, optimizer state included."""
+    from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+    from draftsmith.draft.shape import DrafterShape
+    from draftsmith.extract.plan import ADAM_BYTES_PER_PARAM
+    from draftsmith.target import load_target, text_config
+
+    ds = write_tokenized_dataset(tmp_path / "ds", [list(range(3, 33))] * 10)
+    tc = text_config(load_target(str(tiny_target_dir), "cpu", "fp32").model.config)
+    outputs = {}
+    for shape in ({}, {"draft_vocab_size": 500, "intermediate_size": "4x", "num_layers": 2}):
+        flags = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()]
+        r = CliRunner().invoke(app, ["plan", str(ds), "--target", str(tiny_target_dir), "--device", "cpu", "--no-calibrate", *flags])
+        assert r.exit_code == 0, r.output
+        drafter = Eagle3Drafter(DrafterShape(**shape).shaped(DrafterConfig.from_target(tc, shape.get("draft_vocab_size", 32000), [0, 1, 2])))
+        trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+        frozen = sum(p.numel() for p in drafter.parameters() if not p.requires_grad)
+        expected = human_bytes(trainable * ADAM_BYTES_PER_PARAM + frozen * 4)
+        row = next(line for line in r.output.splitlines() if "train (offline)" in line)
+        assert expected in row, (expected, row)
+        outputs[len(shape)] = row
+    assert outputs[0] != outputs[3]

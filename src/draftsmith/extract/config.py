@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field
 
 from draftsmith.config import DEFAULT_TARGET, SHARD_HELP, CommandConfig, Shard
+from draftsmith.draft.shape import DrafterShape
 
 
 class ExtractConfig(CommandConfig):
@@ -29,7 +30,10 @@ class ExtractConfig(CommandConfig):
     staging_dir: Path | None = Field(None, description="Write files here first (e.g. /dev/shm), then move them into the store.")
 
 
-class PlanConfig(CommandConfig):
+class PlanConfig(CommandConfig, DrafterShape):
+    """The drafter it sizes has `train`'s shape options (`DrafterShape`): plan with the ones you
+    will train with."""
+
     positional = "dataset_dir"
     renamed = {"layers": "aux_layer_ids"}  # one name with the store and drafter.json
     dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from draftsmith.data.dataset import load_dataset
 from draftsmith.data.store import length_batches, projected_bytes
+from draftsmith.data.vocab import draft_vocab_size
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.extract.config import PlanConfig
 from draftsmith.extract.run import HOST_SLOTS, MARGIN_BYTES, MARGIN_FRACTION, pad_batch
@@ -79,7 +80,8 @@ def run(cfg: PlanConfig) -> Path:
     tokens, n = int(ds.lengths.sum()), len(ds)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
 
-    draft_cfg = DrafterConfig.from_target(text_config(target.model.config), min(32000, info.vocab_size), aux_layer_ids)
+    vocab = min(draft_vocab_size(cfg.draft_vocab_size, info.vocab_size), info.vocab_size)
+    draft_cfg = cfg.shaped(DrafterConfig.from_target(text_config(target.model.config), vocab, aux_layer_ids))
     drafter = Eagle3Drafter(draft_cfg).to(device)
     trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     drafter_bytes = trainable * ADAM_BYTES_PER_PARAM + sum(p.numel() * 4 for p in drafter.parameters() if not p.requires_grad)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from draftsmith.config import DEFAULT_TARGET, SHARD_HELP, CommandConfig, Shard
+from draftsmith.draft.shape import DrafterShape
 
 
-class TrainConfig(CommandConfig):
-    """Defaults are the best of the ablation in docs/train.md (the H200 recipe's data, 2026-11-30)."""
+class TrainConfig(CommandConfig, DrafterShape):
+    """Defaults are the best of the ablation in docs/train.md (the H200 recipe's data, 2026-11-30);
+    the drafter's vocab size, MLP width and depth come from `DrafterShape`."""
 
     positional = "dataset_dir"
     renamed = {"layers": "aux_layer_ids"}  # one name with the store and drafter.json
@@ -21,7 +22,6 @@ class TrainConfig(CommandConfig):
     out: Path = Field(description="Output folder for checkpoints, metrics and plots.")
     hidden: Path | None = Field(None, description="Hidden-state store from `extract` (offline mode); omit to train online.")
     vocab: Path | None = Field(None, description="Draft vocab file from `draftsmith vocab`; default: built from the dataset.")
-    draft_vocab_size: int | None = Field(None, gt=0, description="Draft vocab size when --vocab is not given; default min(32000, vocab).")
     aux_layer_ids: list[int] | None = Field(None, description="Aux layer ids (online mode); default [2, L//2, L-3].")
     ttt: int = Field(7, ge=1, description="Training-time-test unroll steps K.")
     steps: int | None = Field(None, gt=0, description="Optimizer steps (overrides --epochs).")
@@ -40,8 +40,6 @@ class TrainConfig(CommandConfig):
     fc_norm: bool | None = Field(None, description="EAGLE-3.1: one RMSNorm per aux layer before fc (served as `fc_norm.{i}`); default: on, unless --norm-before-fc is given.")
     norm_output: bool = Field(True, description="Feed norm(out) instead of out to the next TTT / draft step.")
     norm_before_residual: bool = Field(False, description="The drafter layer's residual is hidden_norm(h) instead of h.")
-    intermediate_size: int | str | None = Field(None, description="Width of the drafter layer's MLP: a number (6144), or a multiple of the target's MLP width (4x); default: the target's (one decoder layer's shape). Served by vLLM and SGLang, which read `intermediate_size` from the exported config.")
-    num_layers: int = Field(1, ge=1, description="Decoder layers in the drafter: the EAGLE-3 layer (embedding and hidden state), then num_layers-1 plain Llama layers on the hidden stream, each with its own attention over the context; every draft step runs them all. Served by vLLM (`num_hidden_layers`); SGLang serves one layer.")
     head_init: Literal["random", "target"] = Field("target", description="lm_head and final norm: random, or copied from the target (its lm_head rows of the draft vocab, its final norm).")
     freeze_head: bool = Field(False, description="Keep lm_head and the final norm fixed (with --head-init target: the target's own).")
     grad_clip: float = Field(0.5, gt=0, description="Gradient-norm clip.")
@@ -66,27 +64,6 @@ class TrainConfig(CommandConfig):
     autocast: bool | None = Field(None, description="bf16 autocast for the drafter; default on for GPU.")
     distributed: Literal["ddp", "fsdp"] = Field("ddp", description="Strategy under torchrun (WORLD_SIZE > 1): DDP, or FSDP2 (fully_shard).")
     overwrite: bool = Field(False, description="Replace an existing output folder (without --resume).")
-
-    @field_validator("intermediate_size", mode="before")
-    @classmethod
-    def _width(cls, v: Any) -> int | str | None:
-        """A positive width (an int, or its digits), or a positive multiple of the target's: "4x", "1.5x"."""
-        if v is None:
-            return None
-        s = str(v).strip()
-        if s.isdigit() and int(s) > 0:
-            return int(s)
-        if re.fullmatch(r"\d+(\.\d+)?x", s) and float(s[:-1]) > 0:
-            return s
-        raise ValueError(f"{v!r}: give a width (6144) or a multiple of the target's MLP width (4x)")
-
-    def mlp_width(self, target_width: int) -> int:
-        """The drafter's MLP width for a target whose MLP is `target_width` wide."""
-        if self.intermediate_size is None:
-            return target_width
-        if isinstance(self.intermediate_size, str):
-            return round(float(self.intermediate_size[:-1]) * target_width)
-        return self.intermediate_size
 
     @model_validator(mode="before")
     @classmethod

@@ -155,10 +155,8 @@ def build_drafter(target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t
     the architecture options of `cfg`, the target's embeddings (frozen) and, with --head-init
     target, its final norm and the draft rows of its lm_head times the head's logit scale (the
     drafter's head has no bias or soft-cap)."""
-    shape = DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), aux_layer_ids)
-    arch = {k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual", "num_layers")}
-    arch["intermediate_size"] = cfg.mlp_width(shape.intermediate_size)
-    dcfg = replace(shape, **arch)
+    shape = cfg.shaped(DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), aux_layer_ids))
+    dcfg = replace(shape, **{k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")})
     drafter = Eagle3Drafter(dcfg)
     drafter.load_target_embeddings(embed_weight(target.model).detach().float())
     drafter.set_vocab(d2t, t2d)

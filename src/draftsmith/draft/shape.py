@@ -1,0 +1,46 @@
+"""The drafter's shape options, one definition for the commands that build or size a drafter:
+`train` (the drafter it trains) and `plan` (the drafter whose memory and time it estimates)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+
+from draftsmith.draft.model import DrafterConfig
+
+
+class DrafterShape(BaseModel):
+    """Mixed into a command's config: its draft vocab, MLP width and depth options."""
+
+    draft_vocab_size: int | None = Field(None, gt=0, description="Draft vocab size (train: when --vocab is not given); default min(32000, vocab).")
+    intermediate_size: int | str | None = Field(None, description="Width of the drafter layer's MLP: a number (6144), or a multiple of the target's MLP width (4x); default: the target's (one decoder layer's shape). Served by vLLM and SGLang, which read `intermediate_size` from the exported config.")
+    num_layers: int = Field(1, ge=1, description="Decoder layers in the drafter: the EAGLE-3 layer (embedding and hidden state), then num_layers-1 plain Llama layers on the hidden stream, each with its own attention over the context; every draft step runs them all. Served by vLLM (`num_hidden_layers`); SGLang serves one layer.")
+
+    @field_validator("intermediate_size", mode="before")
+    @classmethod
+    def _width(cls, v: Any) -> int | str | None:
+        """A positive width (an int, or its digits), or a positive multiple of the target's: "4x", "1.5x"."""
+        if v is None:
+            return None
+        s = str(v).strip()
+        if s.isdigit() and int(s) > 0:
+            return int(s)
+        if re.fullmatch(r"\d+(\.\d+)?x", s) and float(s[:-1]) > 0:
+            return s
+        raise ValueError(f"{v!r}: give a width (6144) or a multiple of the target's MLP width (4x)")
+
+    def mlp_width(self, target_width: int) -> int:
+        """The drafter's MLP width for a target whose MLP is `target_width` wide."""
+        if self.intermediate_size is None:
+            return target_width
+        if isinstance(self.intermediate_size, str):
+            return round(float(self.intermediate_size[:-1]) * target_width)
+        return self.intermediate_size
+
+    def shaped(self, target_shape: DrafterConfig) -> DrafterConfig:
+        """`target_shape` (`DrafterConfig.from_target`: one decoder layer of the target's) with
+        this MLP width and number of decoder layers."""
+        return replace(target_shape, intermediate_size=self.mlp_width(target_shape.intermediate_size), num_layers=self.num_layers)
