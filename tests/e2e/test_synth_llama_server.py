@@ -56,7 +56,15 @@ def server(tmp_path_factory):
                 if time.time() > deadline:
                     pytest.fail("llama_cpp.server did not become ready within 120 s")
                 time.sleep(0.5)
-        yield url, name
+
+        def why(output: str) -> str:
+            """A failed command's output, and the server's exit and last log lines if it died (a
+            crash in llama.cpp shows as 'connection refused' to the client)."""
+            if proc.poll() is None:
+                return output
+            return f"{output}\nllama_cpp.server exited with {proc.returncode}: {log.read_text(errors='replace')[-1000:]}"
+
+        yield url, name, why
     finally:
         proc.terminate()
         try:
@@ -71,14 +79,14 @@ def _records(path):
 
 
 def test_chat_completions_against_llama_cpp_server(server, tmp_path):
-    url, name = server
+    url, name, why = server
     prompts = tmp_path / "gsm8k.jsonl"
     long_prompt = json.dumps({"question": "Count the apples: " + "apple, " * 600, "answer": "many"})
     prompts.write_text("".join(GSM8K_TRAIN.read_text().splitlines(keepends=True)[:3]) + long_prompt + "\n")
     out = tmp_path / "remote" / "convs.jsonl"
     res = CliRunner().invoke(app, ["synth", str(prompts), "--endpoint", url, "--out", str(out), "--max-new-tokens", "32",
                                    "--keep-unfinished", "--concurrency", "2", "--retries", "1", "--timeout", "120"])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 0, why(res.output)
     recs = _records(out)
     assert sorted(r["id"] for r in recs) == [f"gsm8k:line-{i}:s0" for i in (1, 2, 3)]
     for r in recs:
@@ -92,11 +100,11 @@ def test_chat_completions_against_llama_cpp_server(server, tmp_path):
 
 
 def test_magpie_through_completions(server, tmp_path):
-    url, _ = server
+    url, _, why = server
     out = tmp_path / "magpie" / "convs.jsonl"
     res = CliRunner().invoke(app, ["synth", "--magpie", "3", "--endpoint", url, "--out", str(out), "--max-new-tokens", "40",
                                    "--keep-unfinished", "--concurrency", "2", "--seed", "2"])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 0, why(res.output)
     recs = _records(out)
     good = [r for r in recs if [m["role"] for m in r["messages"]] == ["user", "assistant"]
             and all(m["content"].strip() for m in r["messages"])]
