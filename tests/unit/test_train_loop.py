@@ -186,3 +186,17 @@ def test_a_model_that_ignores_packing_is_captured_padded(tiny_target_dir, monkey
     assert packs_sequences(target.model, aux_layer_ids)
     monkeypatch.setattr(masking, "find_packed_sequence_indices", lambda position_ids: None)
     assert not packs_sequences(target.model, aux_layer_ids)
+
+
+def test_a_draft_vocab_larger_than_the_targets_is_refused(data_and_store, tiny_target_dir):
+    """train and plan take --draft-vocab-size through one rule (`data.vocab.draft_vocab_size`):
+    above the target's vocab both refuse it by name, and train leaves no run behind."""
+    root, ds, _ = data_and_store
+    out = root / "too-wide"
+    runner = CliRunner()
+    train = runner.invoke(app, ["train", str(ds), "--target", str(tiny_target_dir), "--out", str(out), "--steps", "1",
+                                "--ttt", "1", "--batch-tokens", "96", "--draft-vocab-size", "70000"])
+    plan = runner.invoke(app, ["plan", str(ds), "--target", str(tiny_target_dir), "--no-calibrate", "--draft-vocab-size", "70000"])
+    for res in (train, plan):
+        assert res.exit_code == 2 and "--draft-vocab-size 70000 is larger than the target's vocab" in res.output, res.output
+    assert not out.exists() or [p.name for p in out.iterdir()] == []

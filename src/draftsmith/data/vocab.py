@@ -32,7 +32,10 @@ DEFAULT_SIZE = 32000  # the draft vocab size when none is given, capped at the t
 
 
 def draft_vocab_size(size: int | None, vocab_size: int) -> int:
-    """The draft vocab size: `size` when given, else min(DEFAULT_SIZE, vocab_size)."""
+    """The draft vocab size of `--draft-vocab-size` (`size`) for a target of `vocab_size` tokens:
+    `size` when given, else min(DEFAULT_SIZE, vocab_size); one larger than the target's is refused."""
+    if size is not None and size > vocab_size:
+        raise UserError(f"--draft-vocab-size {size} is larger than the target's vocab ({vocab_size} tokens): give at most {vocab_size}")
     return size if size is not None else min(DEFAULT_SIZE, vocab_size)
 
 

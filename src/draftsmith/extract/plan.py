@@ -80,7 +80,7 @@ def run(cfg: PlanConfig) -> Path:
     tokens, n = int(ds.lengths.sum()), len(ds)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
 
-    vocab = min(draft_vocab_size(cfg.draft_vocab_size, info.vocab_size), info.vocab_size)
+    vocab = draft_vocab_size(cfg.draft_vocab_size, info.vocab_size)
     draft_cfg = cfg.shaped(DrafterConfig.from_target(text_config(target.model.config), vocab, aux_layer_ids))
     drafter = Eagle3Drafter(draft_cfg).to(device)
     trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)

@@ -97,8 +97,8 @@ def resolve_vocab(cfg: TrainConfig, dataset: TokenizedDataset, dataset_rows: lis
         if t2d.numel() != vocab_size:
             raise UserError(f"--vocab {cfg.vocab}: made for a vocab of {t2d.numel()} tokens, but the target has {vocab_size}")
         return d2t, t2d
-    counts = token_counts(dataset, vocab_size, dataset_rows)  # [V]
-    return build_vocab(counts, min(draft_vocab_size(cfg.draft_vocab_size, vocab_size), vocab_size))
+    size = draft_vocab_size(cfg.draft_vocab_size, vocab_size)
+    return build_vocab(token_counts(dataset, vocab_size, dataset_rows), size)  # counts [V]
 
 
 def capture_attention(choice: str, target: Target) -> str | None:
