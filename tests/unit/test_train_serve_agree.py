@@ -23,23 +23,34 @@ def test_the_proposers_chain_is_the_ttt_unrolls(num_layers):
     assert len({token for served, _ in chains for token in served}) > 3  # the chains are not one repeated token
 
 
-def chain_pair(model, n: int, seed: int) -> tuple[list[int], list[int]]:
-    """For a prompt of n positions (x_n: the target's token after it, the cycle's root): the K
-    target ids the proposer drafts, and those the TTT unroll predicts at t = n-1, where step k
-    reads token t+1+k (x_n, then the drafts d_1..d_{K-1}) and predicts d_{k+1}."""
+def drafted(model, n: int, seed: int, **shape):
+    """A random prompt of n positions with aux states (x_n: the target's token after it, the
+    cycle's root), observed by a proposer of `shape` (mode, top_k, ...); returns its draft, the
+    aux states [1, n, 72] and the prompt's ids [1, n+1]."""
     g = torch.Generator().manual_seed(seed)
     aux = torch.randn(1, n, 72, generator=g, dtype=torch.float64)  # [1, n, n_aux*H_t]
     prompt = torch.randint(0, 20, (1, n + 1), generator=g)  # x_0..x_n
-    prop = DrafterProposer(model, Sampling(), 64, mode="chain", depth=K)
+    prop = DrafterProposer(model, Sampling(), 64, depth=K, **shape)
     prop.observe_prompt(aux, prompt[:, 1:], torch.zeros(1, dtype=torch.long))
-    drafts = prop.propose().tokens  # [1, K]
-    ids = torch.cat([prompt, drafts[:, :-1]], dim=1)  # [1, n+K]
-    aux_all = torch.cat([aux, torch.zeros(1, K, 72, dtype=torch.float64)], dim=1)  # later positions: unseen at t
-    doc, pos = doc_and_positions([n + K], n + K)
+    return prop.propose(), aux, prompt
+
+
+def unrolled_logits(model, aux: torch.Tensor, prompt: torch.Tensor, known: list[int]) -> list[torch.Tensor]:
+    """The TTT unroll's draft logits [Vd] at t = n-1, one per step k = 0..len(known): step k reads
+    token t+1+k (x_n, then `known`, the drafts before it) and predicts the next draft."""
+    n, steps = aux.shape[1], len(known) + 1
+    ids = torch.cat([prompt, torch.tensor([known], dtype=torch.long)], dim=1)  # [1, n+steps]
+    aux_all = torch.cat([aux, torch.zeros(1, steps, 72, dtype=torch.float64)], dim=1)  # later positions: unseen at t
+    doc, pos = doc_and_positions([n + steps], n + steps)
     with torch.no_grad():
-        outs = [out for _, out in unroll(model, model.project(aux_all), ids, pos[None], doc[None], K)]
-    predicted = [int(model.to_target_ids(model.lm_head(model.norm(out[0, n - 1])).argmax())) for out in outs]
-    return drafts[0].tolist(), predicted
+        return [model.lm_head(model.norm(out[0, n - 1])) for _, out in unroll(model, model.project(aux_all), ids, pos[None], doc[None], steps)]
+
+
+def chain_pair(model, n: int, seed: int) -> tuple[list[int], list[int]]:
+    """The K target ids the proposer drafts, and those the TTT unroll predicts fed those drafts."""
+    draft, aux, prompt = drafted(model, n, seed, mode="chain")
+    drafts = draft.tokens[0].tolist()  # [K]
+    return drafts, [int(model.to_target_ids(logits.argmax())) for logits in unrolled_logits(model, aux, prompt, drafts[:-1])]
 
 
 @pytest.mark.parametrize("num_layers", [1, 2, 3])
@@ -54,12 +65,7 @@ def test_each_tree_nodes_children_are_the_ttt_unrolls_top_k(num_layers):
 def tree_check(model, n: int, seed: int, top_k: int = 3, total: int = 20) -> int:
     """Drafts a tree (depth K) after a prompt of n positions, asserts each expanded node's
     children against the unroll along its path, and returns how many nodes had children."""
-    g = torch.Generator().manual_seed(seed)
-    aux = torch.randn(1, n, 72, generator=g, dtype=torch.float64)  # [1, n, n_aux*H_t]
-    prompt = torch.randint(0, 20, (1, n + 1), generator=g)  # x_0..x_n
-    prop = DrafterProposer(model, Sampling(), 64, mode="tree", depth=K, top_k=top_k, total_tokens=total)
-    prop.observe_prompt(aux, prompt[:, 1:], torch.zeros(1, dtype=torch.long))
-    draft = prop.propose()
+    draft, aux, prompt = drafted(model, n, seed, mode="tree", top_k=top_k, total_tokens=total)
     tokens, parents = draft.tokens[0].tolist(), draft.parents[0].tolist()  # [N]; parent rows, 0 = root
     paths = {0: []}  # row -> its path of draft tokens from the root
     for i, (token, parent) in enumerate(zip(tokens, parents)):
@@ -69,13 +75,7 @@ def tree_check(model, n: int, seed: int, top_k: int = 3, total: int = 20) -> int
         children = {tokens[i] for i, p in enumerate(parents) if p == row}
         if not children:
             continue
-        steps = len(path) + 1
-        ids = torch.cat([prompt, torch.tensor([path], dtype=torch.long)], dim=1)  # [1, n+steps]
-        aux_all = torch.cat([aux, torch.zeros(1, steps, 72, dtype=torch.float64)], dim=1)  # later positions: unseen at t
-        doc, pos = doc_and_positions([n + steps], n + steps)
-        with torch.no_grad():
-            out = [o for _, o in unroll(model, model.project(aux_all), ids, pos[None], doc[None], steps)][-1]
-        top = model.to_target_ids(model.lm_head(model.norm(out[0, n - 1])).topk(top_k).indices).tolist()
+        top = model.to_target_ids(unrolled_logits(model, aux, prompt, path)[-1].topk(top_k).indices).tolist()
         # the kept children of one node are its best: a prefix of its top-k (cumulative scores
         # differ from a sibling's only by the child's own log-prob)
         assert children == set(top[:len(children)]), (row, path, children, top)
