@@ -21,6 +21,8 @@
 #   two GPUs: GPU 0 runs 1 and abl7_layers2, its chain τ and the GPU tests; GPU 1 runs
 #             abl7_layers3 once the data is made, its chain τ, then 4
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
+# A lease too short for the plan runs some of its steps alone: ONLY_STEPS="gpu_tests cycle_widths"
+# (the functions below, in that order; each still skipped once done or past the deadline).
 # The recipe's synth answers (5 of its ~5.5 data minutes) travel between leases: the driver packs
 # them into /root/carry/h200_synth.tgz.part* (15 MB parts), fetch_results.sh brings those back;
 # keep them in .data/ (git-ignored: .git/info/exclude; a new session's checkout lacks it) and carry
@@ -92,7 +94,9 @@ chain_tau() {  # MT-bench chain τ of training stage $2 (of recipe $1) at temper
     --mode chain --k 7 --temperature "$temp" --num-questions 80 --max-new-tokens 256 --no-speed --no-compile-target --out "${run}_mtbench$tag"
 }
 EVAL_S=${EVAL_S:-180}  # the chain τ after the last training (one per GPU, ~2 minutes) and a margin
-if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+if [ -n "${ONLY_STEPS:-}" ]; then  # a short lease: only these steps, in order (ONLY_STEPS="gpu_tests cycle_widths")
+  for s in $ONLY_STEPS; do "$s"; done
+elif [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=0; data; train_to_deadline $A7 abl7_layers2; chain_tau $A7 abl7_layers2; gpu_tests) & A=$!
   (export CUDA_VISIBLE_DEVICES=1; train_to_deadline $A7 abl7_layers3; chain_tau $A7 abl7_layers3; cycle_widths) & B=$!
   wait $A $B
