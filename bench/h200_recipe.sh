@@ -5,9 +5,12 @@
 # rows, an 8x MLP or a sharper teacher. The lease of 2026-12-02 18:25 lost its run (the machine
 # was given back between two polls); a 6-minute lease after it trained abl7_layers2 alone to step
 # 969 (the driver of b0228a0, one run, no evaluation), 4.2 steps/s from the start and ~8 once
-# compiled: alone, the full budget takes about 10 minutes. The next lease, for issue 13 (val τ
-# 4.8), the seventh ablation (recipes/ablation7_h200.yaml): the drafter's depth, on the recipe's
-# data:
+# compiled: alone, the full budget takes about 10 minutes. The leases of 2026-12-02 22:57 and
+# 2026-12-03 03:21 lost their machines too, after abl7_layers2's validations at steps 975 and 1,950
+# (4.043 and 4.399 against abl3_wide's 3.963 and 4.293; BENCHMARKS.md). Once compiled it runs ~8.9
+# steps/s alone; its first validation costs ~110 s once: the full budget takes ~11 minutes. The
+# next lease, for issue 13 (val τ 4.8), the seventh ablation (recipes/ablation7_h200.yaml): the
+# drafter's depth, on the recipe's data:
 #   1. the recipe's data (restored from .data when a lease before packed it, else made: ~5.8
 #      GPU-minutes)
 #   2. abl7_layers2 alone (the recipe's drafter with two decoder layers), until $EVAL_S before the
