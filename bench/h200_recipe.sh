@@ -68,7 +68,7 @@ cycle_widths() {  # issue 13: the chain cycle of a random drafter at the target'
     --plain-prompts 3 --plain-tokens 128 --target $HF --out-json "$R/cycle_widths.json"
 }
 gpu_tests() {  # --num-layers on the GPU: the compiled static training step, and the compiled, CUDA-graphed draft (chain and tree) against plain decoding, with one and two layers
-  DRAFTSMITH_TEST_TARGET=$HF step gpu_tests 300 python3 -m pytest -q -p no:cacheprovider --run-gpu \
+  DRAFTSMITH_TEST_TARGET=$HF step gpu_tests 600 python3 -m pytest -q -p no:cacheprovider --run-gpu \
     tests/gpu/test_train_gpu.py::test_compiled_static_step_matches_the_compacted_step tests/gpu/test_eval_gpu.py::test_graphed_spec_equals_plain
 }
 data() {  # the recipe's data stages: those quickstart --budget full runs before training
