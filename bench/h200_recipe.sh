@@ -2,15 +2,12 @@
 # The H200 run behind BENCHMARKS.md, on one or two GPUs (nvidia-h200 or nvidia-h200-x2). The run
 # of 2026-12-02 07:25 trained the 4x-wide MLP to the full budget (val τ 4.566 against 4.501; the
 # recipe now trains it); the run of 2026-12-02 09:55 (the sixth ablation) found no gain in smaller
-# rows, an 8x MLP or a sharper teacher. The lease of 2026-12-02 18:25 lost its run (the machine
-# was given back between two polls); a 6-minute lease after it trained abl7_layers2 alone to step
-# 969 (the driver of b0228a0, one run, no evaluation), 4.2 steps/s from the start and ~8 once
-# compiled: alone, the full budget takes about 10 minutes. The leases of 2026-12-02 22:57 and
-# 2026-12-03 03:21 lost their machines too, after abl7_layers2's validations at steps 975 and 1,950
-# (4.043 and 4.399 against abl3_wide's 3.963 and 4.293; BENCHMARKS.md). Once compiled it runs ~8.9
-# steps/s alone; its first validation costs ~110 s once: the full budget takes ~11 minutes. The
-# next lease, for issue 13 (val τ 4.8), the seventh ablation (recipes/ablation7_h200.yaml): the
-# drafter's depth, on the recipe's data:
+# rows, an 8x MLP or a sharper teacher. Four leases of 2026-12-02 18:25 to 2026-12-03 03:21 trained
+# abl7_layers2 to step 1,950 at best (its validations 4.043 and 4.399 against abl3_wide's 3.963 and
+# 4.293; BENCHMARKS.md): each lost its machine, or its device time, first. Alone on the GPU it
+# runs ~8.9 steps/s once compiled, and its first validation costs ~110 s once: the full budget
+# takes ~11 minutes. The next lease, for issue 13 (val τ 4.8), the seventh ablation
+# (recipes/ablation7_h200.yaml): the drafter's depth, on the recipe's data:
 #   1. the recipe's data (restored from .data when a lease before packed it, else made: ~5.8
 #      GPU-minutes)
 #   2. abl7_layers2 alone (the recipe's drafter with two decoder layers), until $EVAL_S before the
@@ -98,6 +95,9 @@ chain_tau() {  # MT-bench chain τ of training stage $2 (of recipe $1) at temper
 }
 EVAL_S=${EVAL_S:-180}  # the chain τ after the last training (one per GPU, ~2 minutes) and a margin
 if [ -n "${ONLY_STEPS:-}" ]; then  # a short lease: only these steps, in order (ONLY_STEPS="gpu_tests cycle_widths")
+  for s in $ONLY_STEPS; do  # every name checked before any step runs
+    declare -F "$s" > /dev/null || { echo "=== ONLY_STEPS: no step $s (it names functions of bench/h200_recipe.sh)" | tee -a "$R/steps.log" >&2; exit 2; }
+  done
   for s in $ONLY_STEPS; do "$s"; done
 elif [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=0; data; train_to_deadline $A7 abl7_layers2; chain_tau $A7 abl7_layers2; gpu_tests) & A=$!
