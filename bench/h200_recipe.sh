@@ -2,27 +2,24 @@
 # The H200 run behind BENCHMARKS.md, on one or two GPUs (nvidia-h200 or nvidia-h200-x2). The run
 # of 2026-12-02 07:25 trained the 4x-wide MLP to the full budget (val τ 4.566 against 4.501; the
 # recipe now trains it); the run of 2026-12-02 09:55 (the sixth ablation) found no gain in smaller
-# rows, an 8x MLP or a sharper teacher. Four leases of 2026-12-02 18:25 to 2026-12-03 03:21 trained
-# abl7_layers2 to step 1,950 at best (its validations 4.043 and 4.399 against abl3_wide's 3.963 and
-# 4.293; BENCHMARKS.md): each lost its machine, or its device time, first. Alone on the GPU it
-# runs ~8.9 steps/s once compiled, and its first validation costs ~110 s once: the full budget
-# takes ~11 minutes. The next lease, for issue 13 (val τ 4.8), the seventh ablation
-# (recipes/ablation7_h200.yaml): the drafter's depth, on the recipe's data:
+# rows, an 8x MLP or a sharper teacher. The lease of 2026-12-03 06:28 trained abl7_layers2 (two
+# decoder layers) to the full budget: val τ 4.726 against 4.566, MT-bench chain τ 3.92 against 3.75,
+# and measured the chain cycle per depth and the GPU tests of --num-layers (BENCHMARKS.md); its
+# train τ ends 0.45 above its val τ. The next lease, for issue 13 (val τ 4.8): two decoder layers on
+# four times the distinct data (recipes/ablation5_h200.yaml, abl5_data4_layers2):
 #   1. the recipe's data (restored from .data when a lease before packed it, else made: ~5.8
-#      GPU-minutes)
-#   2. abl7_layers2 alone (the recipe's drafter with two decoder layers), until $EVAL_S before the
-#      deadline at the latest: the full budget, against abl3_wide's 4.566
-#   3. side by side: the MT-bench chain τ (K=7, 80 q, τ only, eager target) of its best drafter,
-#      the GPU tests of --num-layers (gpu_tests), and abl7_layers3 (three layers) until $EVAL_S
-#      before the deadline: its first validations
-#   4. in the minutes before the hard deadline, the GPU alone: the chain cycle of random drafters of
-#      one, two and three layers (4x MLP) and of the target's MLP width (bench/eval_bench.py
-#      --drafter-widths), what depth costs per draft
-#   two GPUs: GPU 0 runs 1 and abl7_layers2, its chain τ and the GPU tests; GPU 1 runs
-#             abl7_layers3 once the data is made, its chain τ, then 4
+#      GPU-minutes), then the fifth ablation's (data4: four more Magpie sets, ~6 GPU-minutes unless
+#      restored; its answers are packed for the lease after)
+#   2. abl5_data4_layers2 alone until $EVAL_S before the deadline at the latest: the full budget
+#      (~11.6 minutes), step for step against abl5_data4_wide (one layer, its validations at 8.0,
+#      15.9 and 23.9M tokens of 2026-12-02 07:25)
+#   3. its MT-bench chain τ (K=7, 80 q, τ only, eager target)
+#   two GPUs: GPU 0 runs 1 to 3; GPU 1 trains abl5_data4_wide to the full budget once data4 is
+#             made (the same split's one-layer figure at 31.8M tokens), then its chain τ
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
-# A lease too short for the plan runs some of its steps alone: ONLY_STEPS="gpu_tests cycle_widths"
-# (the functions below, in that order; each still skipped once done or past the deadline).
+# A lease too short for the plan runs some of its steps alone, e.g. ONLY_STEPS="gpu_tests cycle_widths"
+# (the functions below, in that order; each still skipped once done or past the deadline); the
+# seventh ablation's runs: ONLY_STEPS=abl7 (its plan of 2026-12-03 06:28).
 # The recipe's synth answers (5 of its ~5.5 data minutes) travel between leases: the driver packs
 # them into /root/carry/h200_synth.tgz.part* (15 MB parts), fetch_results.sh brings those back;
 # keep them in .data/ (git-ignored: .git/info/exclude; a new session's checkout lacks it) and carry
@@ -43,6 +40,9 @@ set -uo pipefail
 Y=recipes/h200.yaml
 CARRY=${CARRY:-/root/carry}  # what the next lease should get back (fetch_results.sh)
 A7=recipes/ablation7_h200.yaml  # its out is $RUN, the recipe's
+A5=recipes/ablation5_h200.yaml
+RUN4=${RUN4:-/root/runs/h200x4}  # recipes/ablation5_h200.yaml's out
+out_of() { if [ "$1" = "$A5" ]; then echo "$RUN4"; else echo "$RUN"; fi; }  # a recipe's run folder
 driver_start 25 2
 
 wait_for_data() {  # until run folder $1 has its draft vocab (its data stages done), or the deadline
@@ -81,17 +81,38 @@ print(','.join(s[0] for s in data)); print(' '.join(s[0] for s in data if s[1] =
   step data 600 python3 -m draftsmith pipeline $Y --only "$stages" || return
   pack_answers h200 "$RUN" $synths
 }
+data4() {  # the fifth ablation's data in $RUN4: the recipe's synth answers and markers, then four more Magpie sets
+  local name m new=magpie_c,magpie_d,magpie2_c,magpie2_d
+  [ -f "$RUN/.pipeline/vocab.done" ] || return 1
+  if [ ! -d "$RUN4/synth" ]; then  # the recipe's five synth stages, done: their markers name $RUN4's file
+    mkdir -p "$RUN4/.pipeline" && cp -r "$RUN/synth" "$RUN4/" || return 1
+    for name in synth magpie magpie_b magpie2 magpie2_b; do
+      for m in started done; do sed "s#$RUN/#$RUN4/#g" "$RUN/.pipeline/$name.$m" > "$RUN4/.pipeline/$name.$m"; done
+    done
+    restore_answers h200x4  # a lease before made the four added sets: the whole answer file and their markers
+  fi
+  step data4 900 python3 -m draftsmith pipeline $A5 --only "$new,prepare,vocab" || return
+  pack_answers h200x4 "$RUN4" ${new//,/ }
+  return 0  # the data is made; packing it for the next lease is not this lease's business
+}
 train_to_deadline() {  # training stage $2 of recipe $1, stopped $EVAL_S before the deadline at the latest
-  wait_for_data "$RUN"
+  wait_for_data "$(out_of "$1")"
   local left=$(( DEADLINE - EVAL_S - $(date +%s) ))
   [ "$left" -ge 60 ] || { echo "=== $2 skipped: less than a minute before the deadline" >> "$R/steps.log"; return 1; }
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "$2" "$left" python3 -m draftsmith pipeline "$1" --only "$2"
 }
 chain_tau() {  # MT-bench chain τ of training stage $2 (of recipe $1) at temperature $3 (default 0: greedy): its best drafter so far; τ only, the target eager
-  local run=$RUN/$2 temp=${3:-0} tag=""
+  local run temp=${3:-0} tag=""
+  run=$(out_of "$1")/$2
   [ "$temp" = 0 ] || tag=_t$temp
   [ -d "$run/drafter" ] && step "$2_chain$tag" 270 python3 -m draftsmith eval --target $HF --drafter "$run" \
     --mode chain --k 7 --temperature "$temp" --num-questions 80 --max-new-tokens 256 --no-speed --no-compile-target --out "${run}_mtbench$tag"
+}
+abl7() {  # the seventh ablation's plan on one GPU (the lease of 2026-12-03 06:28): two decoder layers at the full budget, then its chain τ beside the GPU tests and abl7_layers3, then the chain cycle per depth
+  data
+  train_to_deadline $A7 abl7_layers2
+  chain_tau $A7 abl7_layers2 & gpu_tests & train_to_deadline $A7 abl7_layers3; wait
+  cycle_widths  # before the deadline, so it starts; the hard deadline cuts it at the latest
 }
 EVAL_S=${EVAL_S:-180}  # the chain τ after the last training (one per GPU, ~2 minutes) and a margin
 if [ -n "${ONLY_STEPS:-}" ]; then  # a short lease: only these steps, in order (ONLY_STEPS="gpu_tests cycle_widths")
@@ -100,14 +121,15 @@ if [ -n "${ONLY_STEPS:-}" ]; then  # a short lease: only these steps, in order (
   done
   for s in $ONLY_STEPS; do "$s"; done
 elif [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  (export CUDA_VISIBLE_DEVICES=0; data; train_to_deadline $A7 abl7_layers2; chain_tau $A7 abl7_layers2; gpu_tests) & A=$!
-  (export CUDA_VISIBLE_DEVICES=1; train_to_deadline $A7 abl7_layers3; chain_tau $A7 abl7_layers3; cycle_widths) & B=$!
+  (export CUDA_VISIBLE_DEVICES=0; data; data4 && train_to_deadline $A5 abl5_data4_layers2; chain_tau $A5 abl5_data4_layers2) & A=$!
+  (export CUDA_VISIBLE_DEVICES=1; train_to_deadline $A5 abl5_data4_wide; chain_tau $A5 abl5_data4_wide) & B=$!
   wait $A $B
 else
   data
-  train_to_deadline $A7 abl7_layers2
-  chain_tau $A7 abl7_layers2 & gpu_tests & train_to_deadline $A7 abl7_layers3; wait
-  cycle_widths  # before the deadline, so it starts; the hard deadline cuts it at the latest
+  data4 && train_to_deadline $A5 abl5_data4_layers2
+  chain_tau $A5 abl5_data4_layers2
 fi
-[ -d "$RUN" ] && python3 bench/summarise_ablation.py "$RUN" --out "$R/ablation_h200.md" >> "$R/summary.log" 2>&1
+for run in $RUN $RUN4; do  # the ablation tables
+  [ -d "$run" ] && python3 bench/summarise_ablation.py "$run" --out "$R/ablation_$(basename "$run").md" >> "$R/summary.log" 2>&1
+done
 touch "$R/ALL_DONE"
