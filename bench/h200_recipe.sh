@@ -52,13 +52,21 @@ restore_answers() {  # restore_answers NAME: the synth answers a lease before pa
   ls .data/"$1"_synth.tgz.part* > /dev/null 2>&1 || return 0
   cat .data/"$1"_synth.tgz.part* | tar -C / -xzf - && echo "=== $1 synth answers: restored from .data" >> "$R/steps.log"
 }
-pack_answers() {  # pack_answers NAME DIR STAGE...: DIR's synth answers and those stages' markers, for the next lease
-  local name=$1 dir=${2#/} stage files; shift 2
+pack_answers() {  # pack_answers NAME DIR STAGE...: DIR's synth answers and the markers those stages have, for the next lease
+  local name=$1 dir=${2#/} stage m marks=() have fresh
+  shift 2
   [ -f "$CARRY/${name}_synth.tgz.partaa" ] && return 0  # packed already (fetch_results.sh brings each part back once)
-  ls .data/"${name}"_synth.tgz.part* > /dev/null 2>&1 && return 0  # carried here: the next lease has them already
-  files=("$dir/synth/conversations.jsonl" "$dir/synth/conversations.run.yaml")
-  for stage in "$@"; do files+=("$dir/.pipeline/$stage.started" "$dir/.pipeline/$stage.done"); done
-  mkdir -p "$CARRY" && tar -C / -czf - "${files[@]}" | split -b 15m - "$CARRY/${name}_synth.tgz.part"
+  for stage in "$@"; do  # a stage cut short travels with its .started marker only: synth resumes it by its answers' ids
+    for m in started done; do [ -f "/$dir/.pipeline/$stage.$m" ] && marks+=("$dir/.pipeline/$stage.$m"); done
+  done
+  [ ${#marks[@]} -gt 0 ] || return 0  # none of them ran here
+  if ls .data/"$name"_synth.tgz.part* > /dev/null 2>&1; then  # carried here: packed again only if a stage they lack is done now
+    have=$(cat .data/"$name"_synth.tgz.part* | tar -tzf -) fresh=0
+    for m in "${marks[@]}"; do [[ $m == *.done ]] && ! grep -qxF "$m" <<< "$have" && fresh=1; done
+    [ "$fresh" = 1 ] || return 0
+  fi
+  mkdir -p "$CARRY" && tar -C / -czf - "$dir/synth/conversations.jsonl" "$dir/synth/conversations.run.yaml" "${marks[@]}" \
+    | split -b 15m - "$CARRY/${name}_synth.tgz.part"
 }
 cycle_widths() {  # issue 13: the chain cycle of a random drafter at the target's MLP width, and at 4x with 1, 2 and 3 layers, in one process (~3 min)
   step cycle_widths 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain --drafter-widths 1536,6144,6144:2,6144:3 \
@@ -91,9 +99,9 @@ data4() {  # the fifth ablation's data in $RUN4: the recipe's synth answers and 
     done
     restore_answers h200x4  # a lease before made the four added sets: the whole answer file and their markers
   fi
-  step data4 900 python3 -m draftsmith pipeline $A5 --only "$new,prepare,vocab" || return
-  pack_answers h200x4 "$RUN4" ${new//,/ }
-  return 0  # the data is made; packing it for the next lease is not this lease's business
+  step data4 900 python3 -m draftsmith pipeline $A5 --only "$new,prepare,vocab"; local rc=$?
+  pack_answers h200x4 "$RUN4" ${new//,/ }  # cut short too: the next lease synthesises only what is missing
+  return $rc
 }
 train_to_deadline() {  # training stage $2 of recipe $1, stopped $EVAL_S before the deadline at the latest
   wait_for_data "$(out_of "$1")"
