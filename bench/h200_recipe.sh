@@ -8,8 +8,9 @@
 # train τ ends 0.45 above its val τ. The next lease, for issue 13 (val τ 4.8): two decoder layers on
 # four times the distinct data (recipes/ablation5_h200.yaml, abl5_data4_layers2):
 #   1. the recipe's data (restored from .data when a lease before packed it, else made: ~5.8
-#      GPU-minutes), then the fifth ablation's (data4: four more Magpie sets, ~6 GPU-minutes unless
-#      restored; its answers are packed for the lease after)
+#      GPU-minutes), then the fifth ablation's (data4: four more Magpie sets, ~75 s each; the
+#      lease of 2026-12-03 06:58 made two and packed them, so with .data it makes the two
+#      two-turn sets; its answers are packed for the lease after)
 #   2. abl5_data4_layers2 alone until $EVAL_S before the deadline at the latest: the full budget
 #      (~11.6 minutes), step for step against abl5_data4_wide (one layer, its validations at 8.0,
 #      15.9 and 23.9M tokens of 2026-12-02 07:25)
