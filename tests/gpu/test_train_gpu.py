@@ -82,7 +82,8 @@ def test_compiled_static_step_matches_the_compacted_step(num_layers):
 
 def test_compiled_static_step_8k_memory_and_no_recompile():
     """At 8k-token rows under autocast, the compiled static step compiles once (a second row of
-    other samples reuses it) and peaks at no more memory than the compacted step, give or take a
+    other samples reuses it, and so does a validation row, run as `Trainer.validate` runs it: eval
+    mode, gradients on) and peaks at no more memory than the compacted step, give or take a
     quarter (the vocab-sized part stays chunked)."""
     peaks = {}
     for static in (False, True):
@@ -95,6 +96,11 @@ def test_compiled_static_step_8k_memory_and_no_recompile():
             obj.drafter.zero_grad(set_to_none=True)
             peaks[static] = torch.cuda.max_memory_allocated() / 2**30
     assert peaks[True] <= 1.25 * peaks[False], peaks
+    obj.eval()
+    with torch.no_grad(), torch.enable_grad(), torch.autocast("cuda", dtype=torch.bfloat16), \
+            torch._dynamo.config.patch(error_on_recompile=True):
+        stats = obj(**_batch(8192, [5000, 3192]))[1]
+    assert stats["walk_reach"].sum() > 0
 
 
 def test_flex_capture_gives_the_dense_capture_states(tmp_path):

@@ -235,6 +235,37 @@ def test_compiled_static_student_matches_the_compacted_step():
             torch.testing.assert_close(s_g[name], g[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_validation_with_gradients_replays_the_training_region():
+    """Nothing inside the compiled static region tells training from validation: after a training
+    step, an eval-mode forward with gradients on (how `Trainer.validate` runs the compiled step)
+    reuses the region's graph, and counts what a validation without gradients counts, the walked
+    counts included. Under no_grad the region compiles a second graph (what the H200 paid ~100 s
+    for once per run)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    drafter = tiny_drafter()
+    head = OutputHead(teacher_head(drafter))
+    plain = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=7, static=True).eval()
+    compiled = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=7, static=True, aux_noise=0.1)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled.static_student = torch.compile(compiled.static_student, backend=counter, fullgraph=True, dynamic=False)
+    batch = static_batch()
+    compiled.train()
+    compiled(**batch)[0].backward()
+    compiled.eval()
+    with torch.no_grad():
+        with torch.enable_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+            stats = compiled(**batch)[1]
+        want = plain(**batch)[1]
+    assert counter.frame_count == 1
+    for key in STAT_KEYS:
+        torch.testing.assert_close(stats[key], want[key], rtol=1e-5, atol=1e-5, msg=key)
+    assert want["walk_reach"].sum() > 0  # the walk ran
+    with torch.no_grad():
+        compiled(**batch)
+    assert counter.frame_count == 2
+
+
 def test_compiled_static_step_under_autocast_compiles_once_in_bf16(monkeypatch):
     """The CUDA form of --compile-step, on CPU: the student's region compiled (inductor) with
     SoftCE's op inside, and the op's chunk kernel compiled too, under bf16 autocast. A second

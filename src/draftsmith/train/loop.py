@@ -112,6 +112,11 @@ class Trainer:
         self._ahead: dict[tuple[int, ...], Future] = {}
         self._data_wait = 0.0  # seconds the loop spent getting training rows since the last log
         self.autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=bool(cfg.autocast))
+        # The compiled static step validates with gradients on (and no backward): under no_grad
+        # dynamo would compile a second, inference-only graph, ~100 s once per run on the H200
+        # (BENCHMARKS, 2026-12-03). Multi-process runs validate the plain way: DDP and FSDP2 make
+        # ready for a backward after each forward with gradients on.
+        self.validate_with_grad = objective.compiled_student is not None and env.device.type == "cuda" and env.world == 1
 
     # -- data ------------------------------------------------------------------------------
     def epoch_rows(self, epoch: int) -> list[list[int]]:
@@ -177,8 +182,9 @@ class Trainer:
         per_rank = -(-len(rows) // self.env.world)  # every rank runs as many forwards (FSDP gathers in each)
         stats = zero_stats(self.cfg.ttt)
         for i in range(per_rank):
-            with self.autocast:
-                _, st = self.wrapped(**self.batch(mine[i] if i < len(mine) else rows[0]))
+            batch = self.batch(mine[i] if i < len(mine) else rows[0])  # captured as training's rows are: outside both
+            with self.autocast, torch.set_grad_enabled(self.validate_with_grad):
+                st = self.wrapped(**batch)[1]  # the loss (and its graph) goes at once
             if i < len(mine):  # a padding forward's counts are not kept
                 add_stats(stats, st)
         record = {"split": "val", "step": self.pos.step, "epoch": self.pos.epoch,

@@ -276,12 +276,18 @@ class TTTObjective(nn.Module):
         Returns the weighted loss and per-step counts {key: [K] float}. In training with
         `all_tokens` (train --loss-tokens all), every token of every sample is trained on, the
         prompt's too; validation keeps the loss mask."""
+        # Everything that differs between training and validation happens here, outside the step:
+        # the compiled static step then reads no `training` flag, and validation (with gradients on,
+        # as `Trainer.validate` runs it) replays the training graph instead of compiling its own.
         if self.training and self.all_tokens:
             loss_mask = (doc >= 0).to(loss_mask.dtype)  # [B, T]: all but the row's padding
+        aux = aux.to(self.drafter.fc.weight.dtype)
+        if self.training and self.aux_noise > 0:
+            aux = noisy(aux, len(self.drafter.config.aux_layer_ids), self.aux_noise)
         step = self.static_step if self.static else self.compacted_step
         loss, stats = step(ids, loss_mask, doc, pos, aux, final)
-        runs = stats.pop("runs", None)  # [B, T], validation only: drafts accepted from each position
-        if runs is None:
+        runs = stats.pop("runs")  # [B, T]: drafts accepted from each position (the walk reads them in validation)
+        if self.training:
             stats["walk_cycles"], stats["walk_reach"] = torch.zeros_like(stats["n_valid"]), torch.zeros_like(stats["n_valid"])
         else:
             answer = valid_steps(doc, loss_mask, torch.ones_like(loss_mask), 1)[0]  # [B, T]: t drafts answer token t+2
@@ -349,17 +355,13 @@ class TTTObjective(nn.Module):
     def unrolled(self, ids: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor, aux: torch.Tensor, valid: torch.Tensor,
                  score: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]],
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The unroll, the weighted loss and the counts, given valid [K, B, T] and `score`(k, out_k
-        [B, T, H], valid[k], keep [B, T] ⊆ valid[k] or None: all of it) -> (Σ ce over keep,
-        hit [B, T]: valid and the argmaxes agree)."""
+        """The unroll, the weighted loss and the counts, given aux in the drafter's dtype, valid
+        [K, B, T] and `score`(k, out_k [B, T, H], valid[k], keep [B, T] ⊆ valid[k] or None: all
+        of it) -> (Σ ce over keep, hit [B, T]: valid and the argmaxes agree)."""
         d = self.drafter
-        aux = aux.to(d.fc.weight.dtype)
-        if self.training and self.aux_noise > 0:
-            aux = noisy(aux, len(d.config.aux_layer_ids), self.aux_noise)
         hidden0 = d.project(aux)  # [B, T, H]
         chain = torch.ones_like(valid[0])  # [B, T]: steps so far all valid and correct
-        # validation: the leading correct steps at each position [B, T], for the walked counts
-        runs = None if self.training else torch.zeros(valid.shape[1:], dtype=torch.long, device=valid.device)
+        runs = torch.zeros(valid.shape[1:], dtype=torch.long, device=valid.device)  # [B, T]: the leading correct steps
         loss = hidden0.new_zeros((), dtype=torch.float32)
         stats = {key: [] for key in STEP_KEYS}
         for k, out in unroll(d, hidden0, ids, pos, doc, self.ttt, self.backend):
@@ -375,9 +377,7 @@ class TTTObjective(nn.Module):
             stats["n_chain"].append(n_chain)
             stats["n_chain_correct"].append((chain & hit).sum())
             chain = chain & hit
-            if runs is not None:
-                runs = runs + chain
+            runs = runs + chain
         out = {key: torch.stack(vals).float() for key, vals in stats.items()}
-        if runs is not None:
-            out["runs"] = runs
+        out["runs"] = runs
         return loss, out
