@@ -14,7 +14,9 @@
 #   2. abl5_data4_layers2 alone until $EVAL_S before the deadline at the latest: the full budget
 #      (~11.6 minutes), step for step against abl5_data4_wide (one layer, its validations at 8.0,
 #      15.9 and 23.9M tokens of 2026-12-02 07:25)
-#   3. its MT-bench chain τ (K=7, 80 q, τ only, eager target)
+#   3. its MT-bench chain τ (K=7, 80 q, τ only, eager target), beside the GPU test of validation
+#      replaying the compiled training graph (val_gpu_test; since 184f680 the first validation
+#      should take seconds, not the ~110 s it took before: abl5_data4_layers2.log times it)
 #   two GPUs: GPU 0 runs 1 to 3; GPU 1 trains abl5_data4_wide to the full budget once data4 is
 #             made (the same split's one-layer figure at 31.8M tokens), then its chain τ
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
@@ -77,6 +79,10 @@ gpu_tests() {  # --num-layers on the GPU: the compiled static training step, and
   DRAFTSMITH_TEST_TARGET=$HF step gpu_tests 600 python3 -m pytest -q -p no:cacheprovider --run-gpu \
     tests/gpu/test_train_gpu.py::test_compiled_static_step_matches_the_compacted_step tests/gpu/test_eval_gpu.py::test_graphed_spec_equals_plain
 }
+val_gpu_test() {  # the compiled static step at 8k-token rows: one graph for training rows and a validation row (eval mode, gradients on), on CUDA
+  DRAFTSMITH_TEST_TARGET=$HF step val_gpu_test 300 python3 -m pytest -q -p no:cacheprovider --run-gpu \
+    tests/gpu/test_train_gpu.py::test_compiled_static_step_8k_memory_and_no_recompile
+}
 data() {  # the recipe's data stages: those quickstart --budget full runs before training
   local stages synths
   {  # line 1: the data stages, comma-separated; line 2: the synth ones among them
@@ -130,13 +136,13 @@ if [ -n "${ONLY_STEPS:-}" ]; then  # a short lease: only these steps, in order (
   done
   for s in $ONLY_STEPS; do "$s"; done
 elif [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  (export CUDA_VISIBLE_DEVICES=0; data; data4 && train_to_deadline $A5 abl5_data4_layers2; chain_tau $A5 abl5_data4_layers2) & A=$!
+  (export CUDA_VISIBLE_DEVICES=0; data; data4 && train_to_deadline $A5 abl5_data4_layers2; chain_tau $A5 abl5_data4_layers2 & val_gpu_test; wait) & A=$!
   (export CUDA_VISIBLE_DEVICES=1; train_to_deadline $A5 abl5_data4_wide; chain_tau $A5 abl5_data4_wide) & B=$!
   wait $A $B
 else
   data
   data4 && train_to_deadline $A5 abl5_data4_layers2
-  chain_tau $A5 abl5_data4_layers2
+  chain_tau $A5 abl5_data4_layers2 & val_gpu_test; wait
 fi
 for run in $RUN $RUN4; do  # the ablation tables
   [ -d "$run" ] && python3 bench/summarise_ablation.py "$run" --out "$R/ablation_$(basename "$run").md" >> "$R/summary.log" 2>&1
