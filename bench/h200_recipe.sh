@@ -17,6 +17,7 @@
 #   3. its MT-bench chain τ (K=7, 80 q, τ only, eager target), beside the GPU test of validation
 #      replaying the compiled training graph (val_gpu_test; since 184f680 the first validation
 #      should take seconds, not the ~110 s it took before: abl5_data4_layers2.log times it)
+#   4. its MT-bench tree τ (K=7, top-k 10, 60 tokens: the recipe's tree), in the minutes left
 #   two GPUs: GPU 0 runs 1 to 3; GPU 1 trains abl5_data4_wide to the full budget once data4 is
 #             made (the same split's one-layer figure at 31.8M tokens), then its chain τ
 #   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
@@ -116,17 +117,17 @@ train_to_deadline() {  # training stage $2 of recipe $1, stopped $EVAL_S before 
   [ "$left" -ge 60 ] || { echo "=== $2 skipped: less than a minute before the deadline" >> "$R/steps.log"; return 1; }
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "$2" "$left" python3 -m draftsmith pipeline "$1" --only "$2"
 }
-chain_tau() {  # MT-bench chain τ of training stage $2 (of recipe $1) at temperature $3 (default 0: greedy): its best drafter so far; τ only, the target eager
-  local run temp=${3:-0} tag=""
+mtbench_tau() {  # MT-bench τ of training stage $2 (of recipe $1), greedy, drafting a $3 (chain, the default: K=7; tree: K=7, top-k 10, 60 tokens, as the recipe's eval_tree): its best drafter so far; τ only, the target eager
+  local run mode=${3:-chain} shape=() tag=""
   run=$(out_of "$1")/$2
-  [ "$temp" = 0 ] || tag=_t$temp
-  [ -d "$run/drafter" ] && step "$2_chain$tag" 270 python3 -m draftsmith eval --target $HF --drafter "$run" \
-    --mode chain --k 7 --temperature "$temp" --num-questions 80 --max-new-tokens 256 --no-speed --no-compile-target --out "${run}_mtbench$tag"
+  [ "$mode" = tree ] && shape=(--top-k 10 --total-tokens 60) tag=_tree
+  [ -d "$run/drafter" ] && step "$2_$mode" 270 python3 -m draftsmith eval --target $HF --drafter "$run" \
+    --mode "$mode" --k 7 "${shape[@]}" --num-questions 80 --max-new-tokens 256 --no-speed --no-compile-target --out "${run}_mtbench$tag"
 }
 abl7() {  # the seventh ablation's plan on one GPU (the lease of 2026-12-03 06:28): two decoder layers at the full budget, then its chain τ beside the GPU tests and abl7_layers3, then the chain cycle per depth
   data
   train_to_deadline $A7 abl7_layers2
-  chain_tau $A7 abl7_layers2 & gpu_tests & train_to_deadline $A7 abl7_layers3; wait
+  mtbench_tau $A7 abl7_layers2 & gpu_tests & train_to_deadline $A7 abl7_layers3; wait
   cycle_widths  # before the deadline, so it starts; the hard deadline cuts it at the latest
 }
 EVAL_S=${EVAL_S:-180}  # the chain τ after the last training (one per GPU, ~2 minutes) and a margin
@@ -136,13 +137,15 @@ if [ -n "${ONLY_STEPS:-}" ]; then  # a short lease: only these steps, in order (
   done
   for s in $ONLY_STEPS; do "$s"; done
 elif [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  (export CUDA_VISIBLE_DEVICES=0; data; data4 && train_to_deadline $A5 abl5_data4_layers2; chain_tau $A5 abl5_data4_layers2 & val_gpu_test; wait) & A=$!
-  (export CUDA_VISIBLE_DEVICES=1; train_to_deadline $A5 abl5_data4_wide; chain_tau $A5 abl5_data4_wide) & B=$!
+  (export CUDA_VISIBLE_DEVICES=0; data; data4 && train_to_deadline $A5 abl5_data4_layers2; mtbench_tau $A5 abl5_data4_layers2 & val_gpu_test; wait
+   mtbench_tau $A5 abl5_data4_layers2 tree) & A=$!
+  (export CUDA_VISIBLE_DEVICES=1; train_to_deadline $A5 abl5_data4_wide; mtbench_tau $A5 abl5_data4_wide) & B=$!
   wait $A $B
 else
   data
   data4 && train_to_deadline $A5 abl5_data4_layers2
-  chain_tau $A5 abl5_data4_layers2 & val_gpu_test; wait
+  mtbench_tau $A5 abl5_data4_layers2 & val_gpu_test; wait
+  mtbench_tau $A5 abl5_data4_layers2 tree  # before the deadline, so it starts; the hard deadline cuts it at the latest
 fi
 for run in $RUN $RUN4; do  # the ablation tables
   [ -d "$run" ] && python3 bench/summarise_ablation.py "$run" --out "$R/ablation_$(basename "$run").md" >> "$R/summary.log" 2>&1
