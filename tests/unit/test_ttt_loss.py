@@ -235,6 +235,17 @@ def test_compiled_static_student_matches_the_compacted_step():
             torch.testing.assert_close(s_g[name], g[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_the_compiled_region_runs_on_cuda_only_and_only_in_the_static_form():
+    """The one rule that the static step (which region runs) and `Trainer.validate` (whether to
+    validate with gradients on) both read."""
+    drafter = tiny_drafter()
+    head = OutputHead(teacher_head(drafter))
+    static = TTTObjective(drafter, head, ttt=3, backend="eager", static=True)
+    compacted = TTTObjective(drafter, head, ttt=3, backend="eager")
+    assert static.compiled_on(torch.device("cuda", 0)) and not static.compiled_on(torch.device("cpu"))
+    assert not compacted.compiled_on(torch.device("cuda", 0))
+
+
 def test_validation_with_gradients_replays_the_training_region():
     """Nothing inside the compiled static region tells training from validation: after a training
     step, an eval-mode forward with gradients on (how `Trainer.validate` runs the compiled step)

@@ -116,7 +116,7 @@ class Trainer:
         # dynamo would compile a second, inference-only graph, ~100 s once per run on the H200
         # (BENCHMARKS, 2026-12-03). Multi-process runs validate the plain way: DDP and FSDP2 make
         # ready for a backward after each forward with gradients on.
-        self.validate_with_grad = objective.compiled_student is not None and env.device.type == "cuda" and env.world == 1
+        self.validate_with_grad = objective.compiled_on(env.device) and env.world == 1
 
     # -- data ------------------------------------------------------------------------------
     def epoch_rows(self, epoch: int) -> list[list[int]]:

@@ -331,8 +331,12 @@ class TTTObjective(nn.Module):
         states = final.flatten(0, 1)  # [B*T, H_t]
         ok = argmax_in_draft_vocab(states, self.head, self.drafter.t2d, self.chunk).view(b, t) & needed  # [B, T]
         teacher = teacher_table(states, self.draft_head, self.chunk, self.temperature())  # [B*T, Vd]: every position's
-        student = self.compiled_student if final.is_cuda else self.static_student
+        student = self.compiled_student if self.compiled_on(final.device) else self.static_student
         return student(ids, loss_mask, doc, pos, aux, ok, teacher)
+
+    def compiled_on(self, device: torch.device) -> bool:
+        """Whether the static step runs its compiled region on `device` (CUDA) rather than eagerly."""
+        return self.compiled_student is not None and device.type == "cuda"
 
     def static_student(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
                        aux: torch.Tensor, ok: torch.Tensor, teacher: Teacher) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
