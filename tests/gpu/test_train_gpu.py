@@ -100,7 +100,8 @@ def test_compiled_static_step_8k_memory_and_no_recompile():
     with torch.no_grad(), torch.enable_grad(), torch.autocast("cuda", dtype=torch.bfloat16), \
             torch._dynamo.config.patch(error_on_recompile=True):
         stats = obj(**_batch(8192, [5000, 3192]))[1]
-    assert stats["walk_reach"].sum() > 0
+    # the walk ran (a random drafter on random rows has no draft accepted, so no walk_reach)
+    assert stats["walk_cycles"].sum() > 0
 
 
 def test_flex_capture_gives_the_dense_capture_states(tmp_path):
