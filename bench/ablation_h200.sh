@@ -12,8 +12,9 @@
 # figures do not depend on it). Needs the embedded default's GGUF at $GGUF (and `gguf`
 # importable); reruns skip finished steps; no step starts after $DEADLINE and none runs past
 # $HARD_DEADLINE (epoch seconds; default: 21 and 25 minutes after the start).
-# bench/summarise_ablation.py turns /root/runs/h200 into the table of docs/train.md.
+# bench/summarise_ablation.py turns its run folder into the table of docs/train.md.
 set -uo pipefail
+RUN=/root/runs/h200_3sets  # recipes/ablation2_h200.yaml's out (the recipe's data as it was then)
 . "$(dirname "$0")/steps.sh"
 Y=recipes/ablation2_h200.yaml
 stage() { step "$1" 900 python3 -m draftsmith pipeline $Y --only "$1"; }

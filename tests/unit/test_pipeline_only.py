@@ -41,8 +41,9 @@ def test_quickstart_full_budget_is_the_packaged_h200_recipe(tmp_path):
     assert (Path(__file__).parents[2] / "recipes" / "h200.yaml").resolve() == H200_RECIPE.resolve()
     stages = budget_stages("full")
     names = [name for name, _, _ in stages]
-    # every data stage of the recipe (its Magpie sets under both seeds), then online training and chain eval only
-    assert names == ["synth", "magpie", "magpie_b", "magpie2", "magpie2_b", "prepare", "vocab", "train_online", "eval_chain"]
+    # every data stage of the recipe (its Magpie sets under four seeds each), then online training and chain eval only
+    assert names == ["synth", "magpie", "magpie_b", "magpie2", "magpie2_b", "magpie_c", "magpie_d", "magpie2_c", "magpie2_d",
+                     "prepare", "vocab", "train_online", "eval_chain"]
     planned = plan_stages(tmp_path, stages, {"target": DEFAULT_TARGET})
     assert planned[-1].cfg.drafter == tmp_path / "train_online" / "drafter"  # eval_chain reads train_online's drafter
 
@@ -58,3 +59,22 @@ def test_every_shipped_recipe_is_valid(recipe, tmp_path):
     stages = parse_stages(spec.pop("stages"))
     check_common(recipe, spec, stages)
     assert plan_stages(tmp_path, stages, spec)
+
+
+def test_recipes_sharing_a_folder_make_the_same_data():
+    """Recipes whose `out` is the same folder share its data stages' markers, so each must list the
+    same data stages with the same options: else a stage done under one recipe's options is
+    rerun over the other's output, or (prepare, with the same options) skipped over other data."""
+    from draftsmith.pipeline.quickstart import DATA_COMMANDS
+    from draftsmith.pipeline.run import load_yaml_mapping, parse_stages
+
+    by_out: dict[str, dict[str, list]] = {}
+    for recipe in sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml")):
+        spec = load_yaml_mapping(recipe, "recipe")
+        data = [(name, command, opts) for name, command, opts in parse_stages(spec["stages"]) if command in DATA_COMMANDS]
+        by_out.setdefault(spec["out"], {})[recipe.name] = data
+    assert len(by_out["/root/runs/h200"]) >= 2  # the recipe and the ablation that trains beside it
+    for out, recipes in by_out.items():
+        first, *rest = recipes.items()
+        for name, data in rest:
+            assert data == first[1], f"{name} and {first[0]} share {out} but not its data stages"
