@@ -20,7 +20,7 @@ from draftsmith.train.metrics import read_metrics
 
 KNOBS = ("batch_tokens", "steps", "lr", "optimizer", "schedule", "warmup_ratio", "step_decay", "norm_before_fc",
          "fc_norm", "norm_output", "head_init", "freeze_head", "aux_noise", "weight_decay", "loss_tokens", "aux_layer_ids", "intermediate_size",
-         "ttt_positions", "teacher_temperature", "seed", "compile_step", "capture_attention")
+         "num_layers", "ttt_positions", "teacher_temperature", "seed", "compile_step", "capture_attention")
 
 
 def train_row(folder: Path) -> dict | None:
@@ -74,6 +74,8 @@ def main() -> None:
             opts.append(f"aux layers {r['aux_layer_ids']}")
         if r["intermediate_size"]:
             opts.append(f"MLP width {r['intermediate_size']}")
+        if (r["num_layers"] or 1) > 1:
+            opts.append(f"{r['num_layers']} decoder layers")
         if r["ttt_positions"] not in (None, "all"):
             opts.append(f"TTT positions {r['ttt_positions']}")
         if r["teacher_temperature"] not in (None, 1.0):
