@@ -63,8 +63,9 @@ def test_every_shipped_recipe_is_valid(recipe, tmp_path):
 
 def test_recipes_sharing_a_folder_make_the_same_data():
     """Recipes whose `out` is the same folder share its data stages' markers, so each must list the
-    same data stages with the same options: else a stage done under one recipe's options is
-    rerun over the other's output, or (prepare, with the same options) skipped over other data."""
+    same data stages with the same options: else each recipe's run makes the folder's data again
+    in its own form (a stage whose options or inputs changed runs again), under the other's
+    trained drafters, and their runs stop comparing step for step."""
     from draftsmith.pipeline.quickstart import DATA_COMMANDS
     from draftsmith.pipeline.run import load_yaml_mapping, parse_stages
 

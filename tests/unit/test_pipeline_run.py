@@ -68,7 +68,7 @@ def test_a_stage_whose_options_changed_is_rerun(tmp_path, tiny_target_dir, capsy
     assert "done earlier, skipped" in capsys.readouterr().out
     cfg.pipeline_config.write_text(cfg.pipeline_config.read_text().replace(f"out: {out}}}", f"out: {out}, max_len: 40}}"))
     run(cfg)
-    assert "options changed since it ran (max_len): running it again" in capsys.readouterr().out
+    assert "changed since it ran (max_len): running it again" in capsys.readouterr().out
     assert load_dataset(out).meta["max_len"] == 40
     run(cfg)
     assert "done earlier, skipped" in capsys.readouterr().out
@@ -91,3 +91,36 @@ def test_the_old_layers_key_still_works_with_a_warning(tmp_path, capsys):
     recorded["layers"] = recorded.pop("aux_layer_ids")
     marker.write_text(json.dumps({"command": "extract", "config": recorded}))
     assert changed_options(marker, planned[0].cfg) == []
+
+
+def test_a_stage_whose_input_was_made_again_is_rerun(tmp_path, tiny_target_dir, capsys):
+    """A done stage that reads an output made again since it finished runs again, instead of
+    keeping what it made from the old one: when the stage it reads runs in the same pipeline
+    run, and when it ran in an earlier one (`--only`). Unchanged, both are skipped."""
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in PAIRS))
+    cfg = tmp_path / "p.yaml"
+
+    def write(max_len):
+        cfg.write_text(f"out: {tmp_path / 'run'}\ntarget: {tiny_target_dir}\nstages:\n"
+                       f"  - prepare: {{data: {data}, max_len: {max_len}}}\n  - vocab: {{draft_vocab_size: 50}}\n")
+
+    def pipeline(only=None):
+        run(PipelineConfig(pipeline_config=cfg, only=only))
+        return capsys.readouterr().out
+
+    write(2048)
+    pipeline()
+    vocab_done = tmp_path / "run" / ".pipeline" / "vocab.done"
+    first = json.loads(vocab_done.read_text())
+    prepare_id = json.loads((tmp_path / "run" / ".pipeline" / "prepare.done").read_text())["id"]
+    assert first["inputs"] == {"prepare": prepare_id}
+    assert pipeline().count("done earlier, skipped") == 2
+    write(40)  # prepare runs again in this run: vocab follows
+    out = pipeline()
+    assert "prepare: changed since it ran (max_len)" in out and "vocab: changed since it ran (input prepare made again)" in out
+    assert json.loads(vocab_done.read_text())["id"] != first["id"]
+    write(64)  # prepare alone now, vocab in a later run
+    assert "vocab: not selected" in pipeline(["prepare"])
+    assert "vocab: changed since it ran (input prepare made again)" in pipeline(["vocab"])
+    assert pipeline().count("done earlier, skipped") == 2

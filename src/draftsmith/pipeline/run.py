@@ -18,9 +18,12 @@ progress.json and resume, exactly as when run alone. Inputs
 not given are wired from the latest earlier stage that produces them (synth -> prepare ->
 vocab/extract/train -> export/eval); `@NAME` in any option is the output of stage NAME. A
 stage writes `OUT/.pipeline/NAME.started` (naming its output) before it runs and
-`OUT/.pipeline/NAME.done` when it finished, each with the stage's resolved options; a done
-stage is skipped on a rerun unless its options changed, and then it runs again, starting over
-(`overwrite`) in the output this pipeline made. A stage that was
+`OUT/.pipeline/NAME.done` when it finished, each with the stage's resolved options (the done
+marker also with an id of its own and the ids of the done markers of the stages it read); a done
+stage is skipped on a rerun unless its options changed or an input of it was made again since
+(a stage it reads runs now, or ran after it: say a synth stage added to the recipe, which
+`prepare` must then read), and then it runs again, starting over (`overwrite`) in the output
+this pipeline made. A stage that was
 cut short is rerun with its own resume (`resume: true` for train, a rewrite for atomic stages),
 but only when its `.started` marker proves that this pipeline made the output: an existing
 output the pipeline did not make is refused, never replaced, unless the stage itself says
@@ -34,6 +37,7 @@ from __future__ import annotations
 import difflib
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,12 +92,18 @@ def parse_stages(raw: Any) -> list[tuple[str, str, dict[str, Any]]]:
     return stages
 
 
+def read_marker(marker: Path) -> dict[str, Any]:
+    """A stage's `.started`/`.done` marker, or {} when there is none (or not one this pipeline wrote)."""
+    try:
+        recorded = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
 def made_here(started: Path, out: Path) -> bool:
     """Whether a stage's `.started` marker names `out`: this pipeline made it."""
-    try:
-        return json.loads(started.read_text()).get("out") == str(out.resolve())
-    except (OSError, ValueError, AttributeError):  # no marker, or not one this pipeline wrote
-        return False
+    return read_marker(started).get("out") == str(out.resolve())
 
 
 REDO = {"overwrite", "resume"}  # options the pipeline sets itself to run a stage again
@@ -102,15 +112,22 @@ REDO = {"overwrite", "resume"}  # options the pipeline sets itself to run a stag
 def changed_options(marker: Path, cfg: CommandConfig) -> list[str]:
     """The options of `cfg` that differ from those a stage's `.started`/`.done` marker recorded
     (none when there is no marker, or it predates recorded options)."""
-    try:
-        recorded = json.loads(marker.read_text()).get("config")
-    except (OSError, ValueError, AttributeError):
-        return []
+    recorded = read_marker(marker).get("config")
     if not isinstance(recorded, dict):
         return []
     recorded = {type(cfg).renamed.get(k, k): v for k, v in recorded.items()}  # a marker written before a rename
     now = cfg.model_dump(mode="json")
     return sorted(k for k in now.keys() | recorded.keys() if k not in REDO and now.get(k) != recorded.get(k))
+
+
+def remade_inputs(done: Path, inputs: list[str], marks: Path, runs_now: set[str]) -> list[str]:
+    """The inputs of a finished stage (the stages whose output it reads) made again since it
+    finished: those that run now, and those whose done marker is not the one its own marker
+    recorded (made again in a run since, or new). A marker written before inputs were recorded
+    is checked against the stages that run now only."""
+    recorded = read_marker(done).get("inputs")
+    return [f"input {n} made again" for n in inputs
+            if n in runs_now or (isinstance(recorded, dict) and recorded.get(n) != read_marker(marks / f"{n}.done").get("id"))]
 
 
 def rerun_options(name: str, fields: set[str], values: dict[str, Any], started: Path) -> dict[str, Any]:
@@ -141,8 +158,9 @@ class Planned:
     command: str
     cfg: CommandConfig
     selected: bool  # in --only (or no --only)
-    finished: bool  # done earlier with these options: skipped
-    changed: list[str]  # options changed since it ran (it runs again)
+    finished: bool  # done earlier with these options and inputs: skipped
+    changed: list[str]  # options changed, and inputs made again, since it ran (it runs again)
+    inputs: list[str]  # the earlier stages whose output it reads
 
 
 def check_common(path: Path, common: dict[str, Any], stages: list[tuple[str, str, dict[str, Any]]]) -> None:
@@ -166,6 +184,8 @@ def plan_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], commo
     marks = root / ".pipeline"
     products: dict[str, Path] = {}
     latest: dict[str, Path] = {}
+    makers: dict[Path, list[str]] = {}  # a product -> the stages that make it (every synth stage appends to one file)
+    runs_now: set[str] = set()
     planned = []
     for name, command, options in stages:
         cls = COMMANDS[command].config
@@ -183,15 +203,21 @@ def plan_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], commo
             values[k] = SHORTCUTS.get(v, v) if isinstance(v, str) else v
         done, started = marks / f"{name}.done", marks / f"{name}.started"
         out = Path(values["out"])
+        inputs = sorted({n for k, v in values.items() if k != "out" and isinstance(v, str | Path) for n in makers.get(Path(v), [])})
         selected = only is None or name in only
         changed = changed_options(done if done.exists() else started, stage_config(name, cls, values)) if selected else []
+        if selected and done.exists():
+            changed += remade_inputs(done, inputs, marks, runs_now)
         if changed and made_here(started, out) and "overwrite" in cls.model_fields and not REDO & options.keys():
             values["overwrite"] = True  # start over (not resume) in the output this pipeline made
         elif selected and (changed or not done.exists()):
             values.update(rerun_options(name, set(cls.model_fields), values, started))
         finished = done.exists() and not changed
-        planned.append(Planned(name, command, stage_config(name, cls, values), selected, finished, changed))
+        if selected and not finished:
+            runs_now.add(name)
+        planned.append(Planned(name, command, stage_config(name, cls, values), selected, finished, changed, inputs))
         products[name] = latest[command] = product(command, out)
+        makers.setdefault(products[name], []).append(name)
     return planned
 
 
@@ -220,8 +246,8 @@ def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common
             if stage.finished:
                 print(f"[pipeline] {stage.name}: done earlier, skipped ({out})", flush=True)
                 continue
-            if stage.changed:  # stale output: made by this pipeline with other options
-                print(f"[pipeline] {stage.name}: options changed since it ran ({', '.join(stage.changed)}): "
+            if stage.changed:  # stale output: made by this pipeline with other options or inputs
+                print(f"[pipeline] {stage.name}: changed since it ran ({', '.join(stage.changed)}): "
                       "running it again", flush=True)
                 done.unlink(missing_ok=True)
             print(f"[pipeline] {stage.name}: draftsmith {stage.command} -> {out}", flush=True)
@@ -230,7 +256,8 @@ def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common
             t0 = time.time()
             COMMANDS[stage.command].run(cfg)
             atomic_write_json(done, {"command": stage.command, "seconds": round(time.time() - t0, 1),
-                                     "config": cfg.model_dump(mode="json")})
+                                     "config": cfg.model_dump(mode="json"), "id": uuid.uuid4().hex,
+                                     "inputs": {n: read_marker(marks / f"{n}.done").get("id") for n in stage.inputs}})
     return {stage.name: product(stage.command, Path(stage.cfg.out)) for stage in planned}
 
 
