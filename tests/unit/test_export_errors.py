@@ -67,7 +67,8 @@ def test_layers_an_engine_cannot_capture(tmp_path, ids, match):
 
 @pytest.mark.parametrize("option", ["norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"])
 def test_architecture_options_cannot_go_to_sglang(tmp_path, option):
-    refused(tmp_path, f"{option}=true, but SGLang's .*--engine vllm", ckpt=native(tmp_path, **{option: True}), engine="sglang")
+    refused(tmp_path, f"{option}=true, but SGLang's .*--engine vllm.*train --for-engine sglang",
+            ckpt=native(tmp_path, **{option: True}), engine="sglang")
 
 
 @pytest.mark.parametrize("fmt", ["eagle", "speculators"])

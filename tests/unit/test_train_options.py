@@ -288,3 +288,23 @@ def test_capture_attention_resolves_per_device_and_refuses_a_model_without_flex(
     assert capture_attention("auto", on_cuda) is None
     with pytest.raises(UserError, match="--capture-attention dense"):
         capture_attention("flex", target)
+
+
+def test_for_engine_sglang_trains_a_drafter_that_sglang_serves(dataset, tiny_target_dir, tmp_path):
+    """The defaults (fc_norm, norm_output) are off, and export --engine sglang takes the drafter
+    that export refuses without the option."""
+    for extra, exported in (((), False), (("--for-engine", "sglang"), True)):
+        run = tmp_path / f"run{len(extra)}"
+        assert _train(dataset, tiny_target_dir, run, *extra).exit_code == 0
+        res = CliRunner().invoke(app, ["export", str(run), "--format", "eagle", "--engine", "sglang", "--out", str(run / "sglang")])
+        assert (res.exit_code == 0) is exported, res.output
+        assert exported or "train --for-engine sglang" in res.output  # the refusal names the option
+    model, _ = load_drafter(tmp_path / "run2")
+    assert model.config.num_layers == 1 and not any(getattr(model.config, o) for o in ARCH_OPTIONS)
+
+
+@pytest.mark.parametrize("extra", [("--norm-output",), ("--fc-norm",), ("--num-layers", "2")])
+def test_for_engine_sglang_refuses_what_sglang_cannot_serve(dataset, tiny_target_dir, tmp_path, extra):
+    res = _train(dataset, tiny_target_dir, tmp_path / "run", "--for-engine", "sglang", *extra)
+    assert res.exit_code != 0 and "--for-engine sglang" in res.output and extra[0] in res.output
+    assert not (tmp_path / "run").exists()

@@ -81,13 +81,14 @@ def sglang_refusal(cfg: DrafterConfig) -> str | None:
     if cfg.num_layers > 1:
         return (f"this drafter has {cfg.num_layers} decoder layers (--num-layers), but SGLang's LlamaForCausalLMEagle3 "
                 "serves one (`midlayer`): it would drop the others. Export with --engine vllm (--format eagle or "
-                "speculators), whose llama_eagle3 builds num_hidden_layers layers, or retrain with --num-layers 1")
+                "speculators), whose llama_eagle3 builds num_hidden_layers layers, or retrain with `train --for-engine sglang`")
     used = [name for name, on in arch_options(cfg).items() if on]
     if used:
         instead = "; ".join(f"for {name} it {SGLANG_INSTEAD[name]}" for name in used)
         return (f"this drafter was trained with {', '.join(f'{name}=true' for name in used)}, but SGLang's "
                 f"LlamaForCausalLMEagle3 has no such option ({instead}): it would serve this drafter wrongly. "
-                f"Export with --engine vllm (--format eagle or speculators), whose llama_eagle3 reads {', '.join(used)}")
+                f"Export with --engine vllm (--format eagle or speculators), whose llama_eagle3 reads {', '.join(used)}, "
+                "or retrain with `train --for-engine sglang`")
     return None
 
 

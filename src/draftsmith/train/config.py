@@ -10,6 +10,9 @@ from pydantic import Field, model_validator
 from draftsmith.config import DEFAULT_TARGET, SHARD_HELP, CommandConfig, Shard
 from draftsmith.draft.shape import DrafterShape
 
+# the drafter options SGLang's LlamaForCausalLMEagle3 does not read (export/eagle.py: SGLANG_INSTEAD)
+SGLANG_UNSERVED = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
+
 
 class TrainConfig(CommandConfig, DrafterShape):
     """Defaults are the best of the ablation in docs/train.md (the H200 recipe's data, 2026-11-30);
@@ -64,12 +67,24 @@ class TrainConfig(CommandConfig, DrafterShape):
     autocast: bool | None = Field(None, description="bf16 autocast for the drafter; default on for GPU.")
     distributed: Literal["ddp", "fsdp"] = Field("ddp", description="Strategy under torchrun (WORLD_SIZE > 1): DDP, or FSDP2 (fully_shard).")
     overwrite: bool = Field(False, description="Replace an existing output folder (without --resume).")
+    for_engine: Literal["vllm", "sglang"] = Field("vllm", description="The engine that will serve the drafter: vllm (every option), or sglang (one decoder layer, no fc_norm, norm_output, norm_before_fc or norm_before_residual; docs/train.md gives its τ cost).")
 
     @model_validator(mode="before")
     @classmethod
-    def _one_aux_norm(cls, data: Any) -> Any:
-        """fc_norm not given: the per-layer norm, unless norm_before_fc asks for the other one
+    def _engine_options(cls, data: Any) -> Any:
+        """--for-engine sglang turns off what SGLang cannot serve (refusing it where asked for);
+        then fc_norm not given: the per-layer norm, unless norm_before_fc asks for the other one
         (each engine serves one aux-state norm; export refuses a drafter with both)."""
-        if isinstance(data, dict) and data.get("fc_norm") is None:
+        if not isinstance(data, dict):
+            return data
+        if data.get("for_engine") == "sglang":
+            asked = [f"--{k.replace('_', '-')}" for k in SGLANG_UNSERVED if data.get(k)]
+            if int(data.get("num_layers") or 1) > 1:
+                asked.append(f"--num-layers {data['num_layers']}")
+            if asked:
+                raise ValueError(f"--for-engine sglang trains the drafter SGLang's LlamaForCausalLMEagle3 serves: "
+                                 f"one decoder layer, none of {', '.join(SGLANG_UNSERVED)}; drop {', '.join(asked)}")
+            data = {**data, **dict.fromkeys(SGLANG_UNSERVED, False), "num_layers": 1}
+        if data.get("fc_norm") is None:
             data = {**data, "fc_norm": not data.get("norm_before_fc", False)}
         return data
