@@ -12,7 +12,7 @@
 # figures do not depend on it). Needs the embedded default's GGUF at $GGUF (and `gguf`
 # importable); reruns skip finished steps; no step starts after $DEADLINE and none runs past
 # $HARD_DEADLINE (epoch seconds; default: 21 and 25 minutes after the start).
-# experiments/summarise_ablation.py turns its run folder into the table of docs/train.md.
+# experiments/summarise_ablation.py turns its run folder into the table of experiments/LOG.md.
 set -uo pipefail
 RUN=/root/runs/h200_3sets  # experiments/recipes/ablation2_h200.yaml's out (the recipe's data as it was then)
 . "$(dirname "$0")/steps.sh"

@@ -84,7 +84,7 @@ data() {  # the recipe's data stages: those quickstart --budget full runs before
 data = [s for s in b('full') if s[1] in DATA_COMMANDS]
 print(','.join(s[0] for s in data)); print(' '.join(s[0] for s in data if s[1] == 'synth'))")
   # a lease before made these answers (synth is deterministic: the same recipe gives the same file,
-  # BENCHMARKS 2026-12-01 18:28); pipeline then skips the synth stages as done earlier
+  # experiments/LOG.md, 2026-12-01 18:28); pipeline then skips the synth stages as done earlier
   [ -f "$RUN/.pipeline/synth.done" ] || restore_answers h200
   step data 900 python3 -m draftsmith pipeline $Y --only "$stages"; local rc=$?
   pack_answers h200 "$RUN" $synths  # cut short too: the next lease synthesises only what is missing

@@ -1,4 +1,4 @@
-"""The ablation table of docs/train.md from a run folder of experiments/recipes/ablation_h200.yaml.
+"""The ablation table of experiments/LOG.md from a run folder of experiments/recipes/ablation_h200.yaml.
 
 For every train stage: its options (from run.yaml), the final validation record (acc_0,
 cond_acc per step, simulated τ and, since 5a37c46, the walked τ), training tokens, wall time and tok/s (progress.json), peak GPU
