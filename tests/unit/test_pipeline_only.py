@@ -30,15 +30,40 @@ def test_only_runs_the_named_stages(tmp_path):
         run(PipelineConfig(pipeline_config=cfg, only=["eval"]))
 
 
+def test_out_and_target_flags_beat_the_yaml_and_default(tmp_path, monkeypatch):
+    """--out and --target beat the YAML's `out:`/`target:` (flag > YAML > default); without
+    either, the root is runs/<the YAML's name> and the stages take their default target."""
+    import draftsmith.pipeline.run as pipeline_run
+
+    ds = write_tokenized_dataset(tmp_path / "ds", [[5, 6, 7, 8, 9, 10], [7, 8, 9, 11, 12, 13]])
+    meta = json.loads((ds / META_FILE).read_text())
+    (ds / META_FILE).write_text(json.dumps({**meta, "target": {"vocab_size": 32}}))
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(f"stages:\n  - vocab: {{dataset_dir: {ds}, size: 4}}\n")
+    monkeypatch.chdir(tmp_path)
+    assert run(PipelineConfig(pipeline_config=bare)) == Path("runs") / "bare"
+    assert (tmp_path / "runs" / "bare" / "vocab" / "vocab.safetensors").exists()
+    named = tmp_path / "named.yaml"
+    named.write_text(f"out: {tmp_path / 'yaml_out'}\ntarget: from-yaml\nstages:\n  - prepare: {{data: {tmp_path / 'x.jsonl'}}}\n")
+    seen = {}
+    monkeypatch.setattr(pipeline_run, "run_stages", lambda root, stages, common, only=None: seen.update(root=root, **common))
+    run(PipelineConfig(pipeline_config=named))
+    assert seen == {"root": tmp_path / "yaml_out", "target": "from-yaml"}
+    run(PipelineConfig(pipeline_config=named, out=tmp_path / "flag_out", target="from-flag"))
+    assert seen == {"root": tmp_path / "flag_out", "target": "from-flag"}
+
+
 def test_quickstart_full_budget_is_the_packaged_h200_recipe(tmp_path):
     """`quickstart --budget full` runs the H200 recipe's stages, read from the one recipe file
     (package data; recipes/h200.yaml links to it), and every stage's options are valid."""
     from draftsmith.assets import H200_RECIPE
-    from draftsmith.config import DEFAULT_TARGET
+    from draftsmith.config import DEFAULT_TARGET, load_yaml_mapping
     from draftsmith.pipeline.quickstart import budget_stages
     from draftsmith.pipeline.run import plan_stages
 
     assert (Path(__file__).parents[2] / "recipes" / "h200.yaml").resolve() == H200_RECIPE.resolve()
+    # a template: the folder and the target come from the command (flags or defaults), not a machine's paths
+    assert not {"out", "target"} & load_yaml_mapping(H200_RECIPE, "recipe").keys()
     stages = budget_stages("full")
     names = [name for name, _, _ in stages]
     # every data stage of the recipe (its Magpie sets under four seeds each), then online training and chain eval only
@@ -48,14 +73,22 @@ def test_quickstart_full_budget_is_the_packaged_h200_recipe(tmp_path):
     assert planned[-1].cfg.drafter == tmp_path / "train_online" / "drafter"  # eval_chain reads train_online's drafter
 
 
-@pytest.mark.parametrize("recipe", sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+ROOT = Path(__file__).parents[2]
+# the product's recipes, then the experiments' (experiments/: ablations and the mix, run by the H200 drivers)
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml")) + sorted((ROOT / "experiments" / "recipes").glob("*.yaml"))
+# the folder experiments/h200_recipe.sh runs recipes/h200.yaml in (--out $RUN, steps.sh's RUN)
+H200_RUN = "/root/runs/h200"
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_shipped_recipe_is_valid(recipe, tmp_path):
-    """Each recipe under recipes/ (the H200 drivers run them on a machine where a typo costs
-    device time) parses, names known top-level keys and gives every stage valid options."""
+    """Each recipe under recipes/ and experiments/recipes/ (the H200 drivers run them on a machine
+    where a typo costs device time) parses, names known top-level keys and gives every stage
+    valid options."""
     from draftsmith.pipeline.run import check_common, load_yaml_mapping, parse_stages, plan_stages
 
     spec = load_yaml_mapping(recipe, "recipe")
-    spec.pop("out")
+    spec.pop("out", None)
     stages = parse_stages(spec.pop("stages"))
     check_common(recipe, spec, stages)
     assert plan_stages(tmp_path, stages, spec)
@@ -69,12 +102,14 @@ def test_recipes_sharing_a_folder_make_the_same_data():
     from draftsmith.pipeline.quickstart import DATA_COMMANDS
     from draftsmith.pipeline.run import load_yaml_mapping, parse_stages
 
+    assert f"RUN=${{RUN:-{H200_RUN}}}" in (ROOT / "experiments" / "steps.sh").read_text()
     by_out: dict[str, dict[str, list]] = {}
-    for recipe in sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml")):
+    for recipe in RECIPES:
         spec = load_yaml_mapping(recipe, "recipe")
         data = [(name, command, opts) for name, command, opts in parse_stages(spec["stages"]) if command in DATA_COMMANDS]
-        by_out.setdefault(spec["out"], {})[recipe.name] = data
-    assert len(by_out["/root/runs/h200"]) >= 2  # the recipe and the ablation that trains beside it
+        out = spec.get("out", H200_RUN if recipe == ROOT / "recipes" / "h200.yaml" else None)
+        by_out.setdefault(out, {})[recipe.name] = data
+    assert len(by_out[H200_RUN]) >= 2  # the recipe and the ablation that trains beside it
     for out, recipes in by_out.items():
         first, *rest = recipes.items()
         for name, data in rest:

@@ -215,16 +215,16 @@ def test_freeze_keeps_ids_names_and_licenses(tmp_path):
 
 
 def test_the_mix_recipe_trains_and_evaluates_as_the_h200_recipe():
-    """recipes/h200_mix.yaml changes only the data: its training and chain eval are the H200 recipe's."""
+    """experiments/recipes/h200_mix.yaml changes only the data: its training and chain eval are the H200 recipe's."""
     from draftsmith.config import load_yaml_mapping
     from draftsmith.pipeline.run import parse_stages
 
-    recipes = Path(__file__).parents[2] / "recipes"
+    root = Path(__file__).parents[2]
+    experiments = root / "experiments" / "recipes"
     stages = {}
-    for name in ("h200", "h200_mix"):
-        recipe = load_yaml_mapping(recipes / f"{name}.yaml", "recipe")
-        stages[name] = {n: opts for n, _, opts in parse_stages(recipe["stages"])}
+    for name, recipe in (("h200", root / "recipes" / "h200.yaml"), ("h200_mix", experiments / "h200_mix.yaml")):
+        stages[name] = {n: opts for n, _, opts in parse_stages(load_yaml_mapping(recipe, "recipe")["stages"])}
     for stage in ("prepare", "vocab", "train_online", "export_vllm", "eval_chain"):
         assert stages["h200_mix"][stage] == stages["h200"][stage], stage
-    mix = load_mix(recipes / "mixes" / "h200.yaml")
+    mix = load_mix(experiments / "mixes" / "h200.yaml")
     assert [s.source for s in mix.sources] == ["gsm8k", "evals", "chitchat", "magpie", "magpie"]

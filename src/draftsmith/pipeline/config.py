@@ -21,3 +21,7 @@ class PipelineConfig(CommandConfig):
     pipeline_config: Path = Field(description="YAML listing the stages to run and their options.")
     only: list[str] | None = Field(
         None, description="Run only these stages (by name); the others are not run, but their outputs still feed later stages.")
+    out: Path | None = Field(
+        None, description="Root folder of the stages' outputs (beats the YAML's `out:`). Default: the YAML's `out:`, else runs/<the YAML's name>.")
+    target: str | None = Field(
+        None, description="Target model for every stage that takes one (beats the YAML's `target:`; a stage's own `target:` still wins). Default: the YAML's, else the embedded default.")

@@ -6,7 +6,7 @@
                  its stages read from the packaged recipe (assets/recipes/h200.yaml, which
                  recipes/h200.yaml links to), so the two cannot drift apart
 
-`--budget small` takes 5 to 16 minutes on a 2-core CPU (BENCHMARKS.md); `--budget full` is a real run for a
+`--budget small` takes 5 to 16 minutes on a 2-core CPU (experiments/LOG.md); `--budget full` is a real run for a
 GPU. With a GPU present the default budget is `full`. Reruns resume (see `pipeline`).
 """
 
@@ -38,7 +38,7 @@ SMALL: list[tuple[str, str, dict[str, Any]]] = [
     # steps, where more and shorter steps at a higher lr measured best (on the 48 GSM8K
     # answers alone: val tau 1.76, against 1.24 with 8k rows and lr 1e-3, the defaults then);
     # and every token trained on, the prompts' too (the target's distribution teaches there as
-    # well): on these 96 conversations MT-bench tau 1.19 against 1.14 at K=1 (BENCHMARKS.md)
+    # well): on these 96 conversations MT-bench tau 1.19 against 1.14 at K=1 (experiments/LOG.md)
     ("train", "train", {"hidden": "@extract", "epochs": 5, "ttt": 3, "batch_tokens": 512, "lr": 3e-3,
                         "draft_vocab_size": 4096, "val_fraction": 0.1, "log_every": 10, "loss_tokens": "all"}),
     # the chain length (1..3) with the best predicted speed-up on this CPU, from a short calibration

@@ -1,7 +1,7 @@
 """`draftsmith pipeline CONFIG.yaml`: several stages in one process, the target loaded once.
 
-    out: runs/h200              # stage outputs default to OUT/<stage name>
-    target: smollm2-135m        # given to every stage that takes a target (unless it sets one)
+    out: runs/h200              # stage outputs default to OUT/<stage name> (--out beats it; default runs/<file name>)
+    target: smollm2-135m        # given to every stage that takes a target, unless it sets one (--target beats it)
     device: cuda                # likewise for device / dtype (optional)
     stages:
       - synth: {prompts: gsm8k, limit: 5000, max_new_tokens: 256}
@@ -264,14 +264,16 @@ def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common
 def run(cfg: PipelineConfig) -> Path:
     path = Path(cfg.pipeline_config)
     spec = load_yaml_mapping(path, "pipeline config")
-    if "out" not in spec:
-        raise UserError(f"{path}: needs 'out:' (the root folder) and 'stages:'")
-    root = Path(spec.pop("out"))
+    # flag > YAML > default, as for every command: a recipe template names no machine's paths
+    yaml_out = spec.pop("out", None)
+    root = Path(cfg.out or yaml_out or Path("runs") / path.stem)
     stages = parse_stages(spec.pop("stages", None))
     unknown = sorted(set(cfg.only or []) - {name for name, _, _ in stages})
     if unknown:
         raise UserError(f"--only {','.join(unknown)}: {path} has no such stage; its stages: {', '.join(n for n, _, _ in stages)}")
     check_common(path, spec, stages)
+    if cfg.target is not None:
+        spec["target"] = cfg.target  # to the stages that take a target, as the YAML's `target:`
     run_stages(root, stages, common=spec, only=cfg.only)
     return root
 

@@ -27,7 +27,7 @@ SLOT_MULTIPLE = 64  # cache widths are rounded up to this, so that batches share
 CHECK_EVERY = 16  # decode steps between host checks for "every row finished"
 # The prompts are prefilled in chunks of prompt slots whose mask [B, c, S] holds at most this many
 # cells (128 MB of bools), so that a batch of long prompts fits: 1,024 multi-turn prompts of ~4.9k
-# tokens needed a 26 GB mask at once (H200, recipes/h200_mix.yaml, 2026-11-30).
+# tokens needed a 26 GB mask at once (H200, experiments/recipes/h200_mix.yaml, 2026-11-30).
 PREFILL_CELLS = 2**27
 
 

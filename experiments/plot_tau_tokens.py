@@ -1,6 +1,6 @@
 """Validation simulated τ against training tokens, one line per training run (issue 13 item 4).
 
-    python bench/plot_tau_tokens.py "defaults=runs/h200/train_online" "old recipe=runs/old/train_online" \\
+    python experiments/plot_tau_tokens.py "defaults=runs/h200/train_online" "old recipe=runs/old/train_online" \\
         --point "speculators 0.9.0=32e6:4.35" --out docs/figures/h200_tau_vs_tokens.png
 
 A run is LABEL=FOLDER (a `draftsmith train` output folder: its metrics.jsonl); a validation

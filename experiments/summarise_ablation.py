@@ -1,11 +1,11 @@
-"""The ablation table of docs/train.md from a run folder of recipes/ablation_h200.yaml.
+"""The ablation table of experiments/LOG.md from a run folder of experiments/recipes/ablation_h200.yaml.
 
 For every train stage: its options (from run.yaml), the final validation record (acc_0,
 cond_acc per step, simulated τ and, since 5a37c46, the walked τ), training tokens, wall time and tok/s (progress.json), peak GPU
 memory and data_wait (the last progress gauges), τ gained per GPU-minute, and the MT-bench
 chain τ of any eval stage that read its drafter.
 
-    python bench/summarise_ablation.py /root/runs/h200 --out results/ablation.md
+    python experiments/summarise_ablation.py /root/runs/h200 --out results/ablation.md
 """
 
 from __future__ import annotations

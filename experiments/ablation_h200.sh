@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13's second ablation (recipes/ablation2_h200.yaml) on a 2-GPU host (nvidia-h200-x2), and
+# Issue 13's second ablation (experiments/recipes/ablation2_h200.yaml) on a 2-GPU host (nvidia-h200-x2), and
 # the GPU measurements still owed by issues 15 and 18, in the device time of one session:
 #   GPU 0  the recipe's data (synth x3, prepare, vocab), then two lanes side by side, each two
 #          ablation runs with their MT-bench chain τ; then issue 15's cycle breakdown and batch
@@ -7,16 +7,16 @@
 #   GPU 1  while the data is made: issue 18's generic-path-against-fast-engine decode speed, then
 #          the GPU tests still unseen on a GPU; then two lanes of two ablation runs each; then
 #          `eval --kernel-check` and `eval --tree auto` with abl2_defaults' drafter
-#   setsid bash bench/ablation_h200.sh &   # then: tail /root/results/steps.log
+#   setsid bash experiments/ablation_h200.sh &   # then: tail /root/results/steps.log
 # Two runs share each GPU, so the ablation's tok/s and minutes are not one run's alone (its τ
 # figures do not depend on it). Needs the embedded default's GGUF at $GGUF (and `gguf`
 # importable); reruns skip finished steps; no step starts after $DEADLINE and none runs past
 # $HARD_DEADLINE (epoch seconds; default: 21 and 25 minutes after the start).
-# bench/summarise_ablation.py turns its run folder into the table of docs/train.md.
+# experiments/summarise_ablation.py turns its run folder into the table of experiments/LOG.md.
 set -uo pipefail
-RUN=/root/runs/h200_3sets  # recipes/ablation2_h200.yaml's out (the recipe's data as it was then)
+RUN=/root/runs/h200_3sets  # experiments/recipes/ablation2_h200.yaml's out (the recipe's data as it was then)
 . "$(dirname "$0")/steps.sh"
-Y=recipes/ablation2_h200.yaml
+Y=experiments/recipes/ablation2_h200.yaml
 stage() { step "$1" 900 python3 -m draftsmith pipeline $Y --only "$1"; }
 lane() { for s in "$@"; do stage "$s"; done; }  # one step per stage: the deadline falls between stages
 driver_start 21 4
@@ -45,5 +45,5 @@ driver_start 21 4
   step eval_tree_auto 300 python3 -m draftsmith eval --target $HF --drafter $RUN/abl2_defaults --tree auto \
     --out /root/eval_tree_auto ) & B=$!
 wait $A $B
-python3 bench/summarise_ablation.py $RUN --out "$R/ablation.md" > "$R/summary.log" 2>&1
+python3 experiments/summarise_ablation.py $RUN --out "$R/ablation.md" > "$R/summary.log" 2>&1
 touch "$R/ALL_DONE"

@@ -2,8 +2,8 @@
 network or the source packages can synthesize from (`draftsmith.synth.mix.freeze`).
 
     pip install --no-deps evals && pip install chitchat-dataset     # the named sources' data
-    python bench/freeze_mix.py recipes/mixes/h200.yaml runs/h200_mix_prompts
-    # then, on the GPU host (carry runs/h200_mix_prompts): draftsmith pipeline recipes/h200_mix.yaml
+    python experiments/freeze_mix.py experiments/recipes/mixes/h200.yaml runs/h200_mix_prompts
+    # then, on the GPU host (carry runs/h200_mix_prompts): draftsmith pipeline experiments/recipes/h200_mix.yaml
 
 Prints the frozen mix file and, per source, the prompts it holds. Conversation ids, licenses
 and names are the original mix's, so mix.json and the model card say where the data came from.

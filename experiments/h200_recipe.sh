@@ -13,12 +13,12 @@
 #      80 questions, greedy, the compiled target), alone
 #   4. eval_tree (K=7, top-k 10, 60 tokens, with its speed-up), in the minutes left
 #   two GPUs: GPU 0 runs 1 to 4; GPU 1 runs val_gpu_test, then trains abl5_data4_wide (one layer,
-#             recipes/ablation5_h200.yaml) to the full budget once the data is made: the same
+#             experiments/recipes/ablation5_h200.yaml) to the full budget once the data is made: the same
 #             split's one-layer figure at 31.8M tokens, then its MT-bench chain τ
-#   setsid bash bench/h200_recipe.sh &     # then, call after call: bash bench/fetch_results.sh 530
+#   setsid bash experiments/h200_recipe.sh &     # then, call after call: bash experiments/fetch_results.sh 530
 # A lease too short for the plan runs some of its steps alone, e.g. ONLY_STEPS="gpu_tests cycle_widths"
 # (the functions below, in that order; each still skipped once done or past the deadline). The
-# ablations' plans up to 2026-12-03 are in this file's history (`git log -p bench/h200_recipe.sh`).
+# ablations' plans up to 2026-12-03 are in this file's history (`git log --follow -p experiments/h200_recipe.sh`).
 # The recipe's synth answers (~10 of its ~11 data minutes) travel between leases: the driver packs
 # them into /root/carry/h200_synth.tgz.part* (15 MB parts), fetch_results.sh brings those back;
 # keep them in .data/ (git-ignored: .git/info/exclude; a new session's checkout lacks it) and carry
@@ -27,17 +27,17 @@
 # each other: (1) .whl and the GGUF's part00, installing the wheels and copying part00 to
 # /root/parts; (2) part01, copied there too; (3) part02, the .sha256, join.sh and .data, then:
 #   .devmodel/join.sh /root/parts .devmodel /root/m && rm -rf /root/ds && mkdir -p /root/ds &&
-#   cp -r bench recipes src tests pyproject.toml /root/ds/ && { [ ! -d .data ] || cp -r .data /root/ds/; } &&
-#   cd /root/ds && export PYTHONPATH=/tmp/site:/root/ds/src:/root/ds && (setsid bash bench/h200_recipe.sh > /root/driver.log 2>&1 &)
+#   cp -r bench experiments recipes src tests pyproject.toml /root/ds/ && { [ ! -d .data ] || cp -r .data /root/ds/; } &&
+#   cd /root/ds && export PYTHONPATH=/tmp/site:/root/ds/src:/root/ds && (setsid bash experiments/h200_recipe.sh > /root/driver.log 2>&1 &)
 # Needs the embedded default's GGUF at $GGUF and the wheels the image lacks importable
-# (bench/h200_wheels.sh fetches them into .whl); reruns skip finished steps; no step starts
+# (experiments/h200_wheels.sh fetches them into .whl); reruns skip finished steps; no step starts
 # after $DEADLINE and none runs past $HARD_DEADLINE (epoch seconds; default: 25 and 2 minutes
 # after the start), so the lease's end cuts nothing unseen. Start it within a minute of the
 # lease and poll back to back.
 set -uo pipefail
 . "$(dirname "$0")/steps.sh"
-Y=recipes/h200.yaml
-A5=recipes/ablation5_h200.yaml  # the same data and folder as $Y: one-layer runs on the recipe's split
+Y="recipes/h200.yaml --out $RUN --target $HF"  # the shipped template, in this host's folders
+A5=experiments/recipes/ablation5_h200.yaml  # the same data and folder as $Y: one-layer runs on the recipe's split
 CARRY=${CARRY:-/root/carry}  # what the next lease should get back (fetch_results.sh)
 driver_start 25 2
 
@@ -84,17 +84,18 @@ data() {  # the recipe's data stages: those quickstart --budget full runs before
 data = [s for s in b('full') if s[1] in DATA_COMMANDS]
 print(','.join(s[0] for s in data)); print(' '.join(s[0] for s in data if s[1] == 'synth'))")
   # a lease before made these answers (synth is deterministic: the same recipe gives the same file,
-  # BENCHMARKS 2026-12-01 18:28); pipeline then skips the synth stages as done earlier
+  # experiments/LOG.md, 2026-12-01 18:28); pipeline then skips the synth stages as done earlier
   [ -f "$RUN/.pipeline/synth.done" ] || restore_answers h200
   step data 900 python3 -m draftsmith pipeline $Y --only "$stages"; local rc=$?
   pack_answers h200 "$RUN" $synths  # cut short too: the next lease synthesises only what is missing
   return $rc
 }
-train_to_deadline() {  # training stage $2 of recipe $1, stopped $EVAL_S before the deadline at the latest
+train_to_deadline() {  # training stage $1 of the recipe given by the rest (file and flags), stopped $EVAL_S before the deadline at the latest
+  local name=$1; shift
   wait_for_data
   local left=$(( DEADLINE - EVAL_S - $(date +%s) ))
-  [ "$left" -ge 60 ] || { echo "=== $2 skipped: less than a minute before the deadline" >> "$R/steps.log"; return 1; }
-  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "$2" "$left" python3 -m draftsmith pipeline "$1" --only "$2"
+  [ "$left" -ge 60 ] || { echo "=== $name skipped: less than a minute before the deadline" >> "$R/steps.log"; return 1; }
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "$name" "$left" python3 -m draftsmith pipeline "$@" --only "$name"
 }
 recipe_eval() {  # the recipe's eval stage $1 (MT-bench τ and the speed-up, as the recipe runs it), if train_online saved a drafter
   [ -d "$RUN/train_online/drafter" ] && step "$1" 480 python3 -m draftsmith pipeline $Y --only "$1"
@@ -106,19 +107,19 @@ mtbench_tau() {  # MT-bench chain τ of training stage $1 (K=7, 80 q, greedy): i
 EVAL_S=${EVAL_S:-300}  # eval_chain after the training (its plain decoding timed too, the target compiled) and a margin
 if [ -n "${ONLY_STEPS:-}" ]; then  # a short lease: only these steps, in order (ONLY_STEPS="gpu_tests cycle_widths")
   for s in $ONLY_STEPS; do  # every name checked before any step runs
-    declare -F "$s" > /dev/null || { echo "=== ONLY_STEPS: no step $s (it names functions of bench/h200_recipe.sh)" | tee -a "$R/steps.log" >&2; exit 2; }
+    declare -F "$s" > /dev/null || { echo "=== ONLY_STEPS: no step $s (it names functions of experiments/h200_recipe.sh)" | tee -a "$R/steps.log" >&2; exit 2; }
   done
   for s in $ONLY_STEPS; do "$s"; done
 elif [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  (export CUDA_VISIBLE_DEVICES=0; data && train_to_deadline $Y train_online; recipe_eval eval_chain; recipe_eval eval_tree) & A=$!
-  (export CUDA_VISIBLE_DEVICES=1; val_gpu_test; train_to_deadline $A5 abl5_data4_wide; mtbench_tau abl5_data4_wide) & B=$!
+  (export CUDA_VISIBLE_DEVICES=0; data && train_to_deadline train_online $Y; recipe_eval eval_chain; recipe_eval eval_tree) & A=$!
+  (export CUDA_VISIBLE_DEVICES=1; val_gpu_test; train_to_deadline abl5_data4_wide $A5; mtbench_tau abl5_data4_wide) & B=$!
   wait $A $B
 else
   val_gpu_test & V=$!  # mostly compile: beside the data, and the first minutes of training if it lasts
-  data && train_to_deadline $Y train_online
+  data && train_to_deadline train_online $Y
   wait $V
   recipe_eval eval_chain
   recipe_eval eval_tree  # before the deadline, so it starts; the hard deadline cuts it at the latest
 fi
-python3 bench/summarise_ablation.py "$RUN" --out "$R/ablation_h200.md" >> "$R/summary.log" 2>&1
+python3 experiments/summarise_ablation.py "$RUN" --out "$R/ablation_h200.md" >> "$R/summary.log" 2>&1
 touch "$R/ALL_DONE"

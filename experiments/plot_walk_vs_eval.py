@@ -1,6 +1,6 @@
 """Acceptance per draft position: what validation predicts against what eval measures (issue 17).
 
-    python bench/plot_walk_vs_eval.py runs/h200/train_online \\
+    python experiments/plot_walk_vs_eval.py runs/h200/train_online \\
         "held-out=runs/h200/eval_held_out" "MT-bench=runs/h200/eval_chain" \\
         --out docs/figures/h200_walk_vs_eval.png
 
