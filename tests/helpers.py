@@ -66,13 +66,15 @@ TINY_DIMS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num
 
 def tiny_causal_lm(arch: str, vocab_size: int = 300, seed: int = 0, **overrides):
     """A 2-layer random-weight causal LM of one of ARCHS, built by transformers from its own
-    config class (fp32, eval mode); `overrides` go to the config."""
+    config class (fp32, eval mode), attending as `load_target` makes it; `overrides` go to the config."""
     import transformers
+
+    from draftsmith.target import exact_attention
 
     config_class, extra = ARCHS[arch]
     torch.manual_seed(seed)
     cfg = getattr(transformers, config_class)(**{**TINY_DIMS, "vocab_size": vocab_size, **extra, **overrides})
-    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    return exact_attention(transformers.AutoModelForCausalLM.from_config(cfg).eval())
 
 
 def write_tokenized_dataset(path: Path, samples: list[list[int]], sample_ids: list[int] | None = None) -> Path:

@@ -257,6 +257,7 @@ def _load(spec: str, folder: Path, gguf_file: str | None, dev: torch.device, dt:
         model = _auto_class(src, kwargs.get("gguf_file")).from_pretrained(src, **kwargs)
     except (OSError, ValueError) as e:
         raise UserError(f"could not load target {spec!r}: {e}") from None
+    exact_attention(model)
     if "gguf_file" in kwargs and dt == torch.float32 and shard == "none":  # the de-quantised values themselves
         gguf_cache.store(folder / gguf_file, "model", lambda out: gguf_cache.save_model(model, out))
     if shard == "auto":
@@ -266,6 +267,16 @@ def _load(spec: str, folder: Path, gguf_file: str | None, dev: torch.device, dt:
     model.eval().requires_grad_(False)
     tokenizer = load_tokenizer(spec, chat_template)
     return Target(model=model, tokenizer=tokenizer, info=describe(model, spec, folder, gguf_file), device=dev, shard=shard)
+
+
+def exact_attention(model: nn.Module) -> nn.Module:
+    """`model`, attending as its config says. sdpa cannot soft-cap attention scores (Gemma-2's
+    `attn_logit_softcapping`), yet transformers before 5.2x still build such a model with sdpa,
+    which then runs without the cap (5.19: logits 0.019 of the largest value away from eager);
+    such a model attends eagerly."""
+    if getattr(text_config(model.config), "attn_logit_softcapping", None) and model.config._attn_implementation != "eager":
+        model.set_attn_implementation("eager")
+    return model
 
 
 def placement(model: nn.Module, spec: str) -> torch.device:
