@@ -32,7 +32,7 @@ from draftsmith.config import write_run_record
 from draftsmith.data.chat import check_template_options
 from draftsmith.data.sources import read_source
 from draftsmith.errors import UserError
-from draftsmith.fsutil import output_lock
+from draftsmith.fsutil import check_out, output_lock
 from draftsmith.progress import Progress
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth import output
@@ -126,9 +126,11 @@ def run(cfg: SynthConfig) -> Path:
     if Path(cfg.out).is_dir():
         raise UserError(f"--out {cfg.out} is a folder; synth writes one JSONL file: give a path such as "
                         f"{Path(cfg.out) / 'conversations.jsonl'}")
+    # the real path of a symbolic link; never the prompts or mix file themselves
+    out = check_out(cfg.out, "synth", [cfg.prompts, cfg.mix, cfg.chat_template], folder=False)
     rank, _, _ = dist_env()
-    with output_lock(Path(cfg.out).parent) if rank == 0 else contextlib.nullcontext():
-        return write_conversations(cfg)
+    with output_lock(out.parent) if rank == 0 else contextlib.nullcontext():
+        return write_conversations(cfg.model_copy(update={"out": out}))
 
 
 def check_completion(cfg: SynthConfig, magpie: bool) -> None:

@@ -28,7 +28,7 @@ from draftsmith.data.dataset import TokenizedDataset, load_dataset, split_indice
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
-from draftsmith.fsutil import LOCK_FILE, output_lock
+from draftsmith.fsutil import LOCK_FILE, check_out, mark_output, output_lock
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.capture import supports_flex
@@ -87,6 +87,8 @@ def start_out(cfg: TrainConfig, env: Env) -> None:
             else:
                 old.unlink()
     out.mkdir(parents=True, exist_ok=True)
+    if env.main:
+        mark_output(out, "train")
     if env.world > 1:
         dist.barrier()
 
@@ -227,6 +229,7 @@ def run(cfg: TrainConfig) -> Path:
     """Train (see the module docstring for what --out holds), --out locked against a second
     writer for the whole run (rank 0 holds the lock for all ranks)."""
     main = dist_env().rank == 0
+    check_out(cfg.out, "train", [cfg.dataset_dir, cfg.hidden, cfg.vocab, cfg.target], cfg.overwrite)  # before the lock writes
     with output_lock(Path(cfg.out)) if main else contextlib.nullcontext():
         trainer = build_trainer(cfg)
         env, out = trainer.env, trainer.out
