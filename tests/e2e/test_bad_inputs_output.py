@@ -146,3 +146,15 @@ def test_pipeline_stage_out_outside_its_folder_is_refused(tmp_path, tiny_target_
     cli("pipeline", pipeline(tmp_path, tiny_target_dir, stage=", out: ../../x"), code=2,
         says="pipeline stage prepare: out: ../../x is outside the pipeline's folder")
     assert not (tmp_path.parent.parent / "x").exists()
+
+
+# -- 2. reruns that go stale or mislabel ---------------------------------------------------------
+
+def test_pipeline_reruns_prepare_when_its_input_file_grew(tmp_path, tiny_target_dir):
+    conv = chats(tmp_path / "conv.jsonl", 20)
+    pipe = pipeline(tmp_path, tiny_target_dir, data=conv)
+    cli("pipeline", pipe)
+    assert "done earlier, skipped" in cli("pipeline", pipe)
+    chats(conv, 60)
+    cli("pipeline", pipe, says=f"prepare: changed since it ran (input {conv} changed): running it again")
+    assert json.loads((tmp_path / "run" / "prepare" / "dataset.json").read_text())["num_samples"] == 60
