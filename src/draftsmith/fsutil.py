@@ -100,7 +100,7 @@ def run_folder(path: Path) -> Path | None:
     return next((p for p in (path, *path.parents) if made_by(p) is not None), None)
 
 
-def check_out(out: Path, command: str, inputs: Iterable[Path | str | None] = (), overwrite: bool = False,
+def check_output(out: Path, command: str, inputs: Iterable[Path | str | None] = (), overwrite: bool = False,
               folder: bool = True) -> Path:
     """The real path of `out` (a symbolic link followed, dangling or not) once it is safe for
     `draftsmith COMMAND` to write there, else a UserError saying why and what to do. The one rule
@@ -148,14 +148,14 @@ def atomic_output_dir(out: Path, command: str, inputs: Iterable[Path | str | Non
     """Build a whole output folder of `draftsmith COMMAND` under a temporary name, marked as its
     output, then rename it into place.
 
-    `out` is checked first (`check_out`: where it is, against `inputs`, what `overwrite` may
+    `out` is checked first (`check_output`: where it is, against `inputs`, what `overwrite` may
     replace). An existing `out` is refused unless `overwrite`, before and again at the rename: an
     `out` that another run put there meanwhile is kept and this run's folder discarded, with an
     error. An output replaced is moved aside and deleted only once the new one is in place. On any
     error the temporary folder is removed and nothing is left at `out` (or the old output is).
     """
     given, inputs = Path(out), list(inputs)
-    out = check_out(given, command, inputs, overwrite)
+    out = check_output(given, command, inputs, overwrite)
     if out.exists() and not overwrite:
         raise UserError(f"output folder {given} already exists; pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -168,7 +168,7 @@ def atomic_output_dir(out: Path, command: str, inputs: Iterable[Path | str | Non
             raise UserError(f"{given} appeared while this run was writing (another run with the same --out?): it is "
                             "kept and this run's output discarded; rerun with another --out, or --overwrite to replace it")
         if out.exists():
-            check_out(given, command, inputs, overwrite)  # what is there now (another run's, meanwhile) is still ours to replace
+            check_output(given, command, inputs, overwrite)  # what is there now (another run's, meanwhile) is still ours to replace
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", suffix=".tmp", dir=out.parent))
             os.replace(out, old)
             try:

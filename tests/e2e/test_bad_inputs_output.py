@@ -158,3 +158,67 @@ def test_pipeline_reruns_prepare_when_its_input_file_grew(tmp_path, tiny_target_
     chats(conv, 60)
     cli("pipeline", pipe, says=f"prepare: changed since it ran (input {conv} changed): running it again")
     assert json.loads((tmp_path / "run" / "prepare" / "dataset.json").read_text())["num_samples"] == 60
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path) -> Path:
+    root = tmp_path_factory.mktemp("bad-outputs")
+    cli("prepare", chats(root / "conv.jsonl", 4), "--target", tiny_target_dir, "--out", root / "ds")
+    return root / "ds"
+
+
+def train(ds: Path, target: Path, out: Path, *extra: object) -> list[object]:
+    return ["train", ds, "--target", target, "--out", out, "--device", "cpu", "--steps", "2", "--batch-tokens", "64",
+            "--val-fraction", "0", "--save-every", "1", *extra]
+
+
+def test_train_resume_with_other_options_is_refused_and_keeps_run_yaml(tmp_path, dataset, tiny_target_dir):
+    out = tmp_path / "train"
+    cli(*train(dataset, tiny_target_dir, out))
+    record = (out / "run.yaml").read_text()
+    cli(*train(dataset, tiny_target_dir, out, "--resume", "--lr", "0.01"), code=2,
+        says=f"--resume: {out} was made with other options: --lr 0.01 (the run's: 0.002)")
+    assert (out / "run.yaml").read_text() == record
+    cli(*train(dataset, tiny_target_dir, out, "--resume"), says=f"{out} finished at step 2 already; nothing to train")
+    assert (out / "run.yaml").read_text() == record  # the command line differs: a rewrite would show
+
+
+def test_train_resume_falls_back_from_a_torn_newest_checkpoint(tmp_path, dataset, tiny_target_dir):
+    out = tmp_path / "train"
+    cli(*train(dataset, tiny_target_dir, out))
+    newest = out / "checkpoints" / "step_00000002" / "model.safetensors"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    said = cli(*train(dataset, tiny_target_dir, out, "--resume"),
+               says=f"[train] --resume: {newest}: not a readable safetensors file")
+    assert "resuming from the checkpoint before it" in said
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 2 and (out / "drafter" / "model.safetensors").exists()
+
+
+# -- 3. synth's output ---------------------------------------------------------------------------
+
+def synth(prompts: Path, target: Path, out: Path, *extra: object) -> list[object]:
+    return ["synth", prompts, "--target", target, "--out", out, "--device", "cpu", "--max-new-tokens", "6", "--temperature", "1", *extra]
+
+
+def test_synth_out_equal_to_its_prompts_is_refused(tmp_path, tiny_target_dir):
+    prompts = chats(tmp_path / "p.jsonl", 2)
+    before = prompts.read_text()
+    cli(*synth(prompts, tiny_target_dir, prompts), code=2, says=f"--out {prompts} is this command's input")
+    assert prompts.read_text() == before
+
+
+def test_synth_counts_prompts_answered_under_another_file_name(tmp_path, tiny_target_dir):
+    out, first = tmp_path / "out" / "c.jsonl", chats(tmp_path / "p.jsonl", 3)
+    cli(*synth(first, tiny_target_dir, out, "--keep-unfinished"))
+    again = shutil.copy(first, tmp_path / "q.jsonl")
+    r = CliRunner().invoke(app, [str(a) for a in synth(again, tiny_target_dir, out, "--keep-unfinished")])
+    assert r.exit_code == 0 and "duplicate prompts skipped 3" in r.output, r.output
+    assert len(out.read_text().splitlines()) == 3
+
+
+def test_synth_follows_its_own_advice_after_every_answer_was_dropped(tmp_path, tiny_target_dir):
+    out, prompts = tmp_path / "out" / "c.jsonl", chats(tmp_path / "p.jsonl", 2)
+    cli(*synth(prompts, tiny_target_dir, out), code=2, says="pass --keep-unfinished")
+    cli(*synth(prompts, tiny_target_dir, out, "--keep-unfinished"))
+    assert len(out.read_text().splitlines()) == 2

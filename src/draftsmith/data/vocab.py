@@ -26,7 +26,7 @@ from draftsmith.config import write_run_record
 from draftsmith.data.config import VocabConfig
 from draftsmith.data.dataset import TokenizedDataset, load_dataset
 from draftsmith.errors import UserError
-from draftsmith.fsutil import atomic_write_bytes, check_out, read_safetensors
+from draftsmith.fsutil import atomic_write_bytes, check_output, read_safetensors
 
 DEFAULT_SIZE = 32000  # the draft vocab size when none is given, capped at the target vocab
 
@@ -100,7 +100,7 @@ def token_counts(ds: TokenizedDataset, vocab_size: int, rows: list[int] | None =
 def run(cfg: VocabConfig) -> Path:
     if cfg.out.is_dir():
         raise UserError(f"--out {cfg.out} is a folder; give a file path such as {cfg.out / 'vocab.safetensors'}")
-    out = check_out(cfg.out, "vocab", [cfg.dataset_dir], folder=False)  # the real path of a symbolic link
+    out = check_output(cfg.out, "vocab", [cfg.dataset_dir], folder=False)  # the real path of a symbolic link
     if out.exists() and not cfg.overwrite:
         raise UserError(f"{cfg.out} already exists; pass --overwrite to replace it")
     ds = load_dataset(cfg.dataset_dir)

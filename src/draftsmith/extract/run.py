@@ -34,7 +34,7 @@ from draftsmith.data.store import (
 from draftsmith.errors import StageFailed, UserError
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
-from draftsmith.fsutil import atomic_write_json, check_out, free_bytes, human_bytes, mark_output, output_lock
+from draftsmith.fsutil import atomic_write_json, check_output, free_bytes, human_bytes, mark_output, output_lock
 from draftsmith.layers import default_aux_layers, validate_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.capture import capture
@@ -191,7 +191,7 @@ def run(cfg: ExtractConfig) -> Path:
     --plan, only print the store's projection (`plan_store`)."""
     if cfg.plan:
         return plan_store(cfg)
-    check_out(cfg.out, "extract", [cfg.dataset_dir, cfg.target])
+    check_output(cfg.out, "extract", [cfg.dataset_dir, cfg.target])
     rank, _, _ = dist_env()
     with output_lock(Path(cfg.out)) if rank == 0 else contextlib.nullcontext():
         return extract(cfg)

@@ -19,15 +19,18 @@ not given are wired from the latest earlier stage that produces them (synth -> p
 vocab/extract/train -> export/eval); `@NAME` in any option is the output of stage NAME. A
 stage writes `OUT/.pipeline/NAME.started` (naming its output) before it runs and
 `OUT/.pipeline/NAME.done` when it finished, each with the stage's resolved options (the done
-marker also with an id of its own and the ids of the done markers of the stages it read); a done
-stage is skipped on a rerun unless its options changed or an input of it was made again since
-(a stage it reads runs now, or ran after it: say a synth stage added to the recipe, which
-`prepare` must then read), and then it runs again, starting over (`overwrite`) in the output
+marker also with an id of its own, the ids of the done markers of the stages it read, and a
+content id of each external input: a file or folder no stage makes); a done stage is skipped on
+a rerun unless its options changed, an input of it was made again since (a stage it reads runs
+now, or ran after it: say a synth stage added to the recipe, which `prepare` must then read), or
+an external input changed (a prompts file that grew), and then it runs again, starting over (`overwrite`) in the output
 this pipeline made. A stage that was
 cut short is rerun with its own resume (`resume: true` for train, a rewrite for atomic stages),
 but only when its `.started` marker proves that this pipeline made the output: an existing
 output the pipeline did not make is refused, never replaced, unless the stage itself says
-`overwrite: true` (or `resume: true`). `--only NAME,NAME` runs just those stages (say, the evals
+`overwrite: true` (or `resume: true`): at the top level they never replace a foreign output.
+Each stage's output is checked as the stage alone checks it (`fsutil.check_output`), and a
+relative `out:` must lie inside the pipeline's folder. `--only NAME,NAME` runs just those stages (say, the evals
 on a second GPU while the first trains); the others still give their output paths to the stages
 that read them.
 """
@@ -44,9 +47,9 @@ from typing import Any
 
 from draftsmith.assets import GSM8K_TRAIN
 from draftsmith.commands import COMMANDS, STAGES
-from draftsmith.config import CommandConfig, load_yaml_mapping, resolve_config
+from draftsmith.config import CommandConfig, changed_options, load_yaml_mapping, resolve_config
 from draftsmith.errors import UserError
-from draftsmith.fsutil import atomic_write_json, check_out, content_id, made_by, mark_output
+from draftsmith.fsutil import atomic_write_json, check_output, content_id, made_by, mark_output
 from draftsmith.pipeline.config import PipelineConfig
 from draftsmith.target import shared_targets
 
@@ -110,15 +113,11 @@ def made_here(started: Path, out: Path) -> bool:
 REDO = {"overwrite", "resume"}  # options the pipeline sets itself to run a stage again
 
 
-def changed_options(marker: Path, cfg: CommandConfig) -> list[str]:
+def stage_changes(marker: Path, cfg: CommandConfig) -> list[str]:
     """The options of `cfg` that differ from those a stage's `.started`/`.done` marker recorded
     (none when there is no marker, or it predates recorded options)."""
     recorded = read_marker(marker).get("config")
-    if not isinstance(recorded, dict):
-        return []
-    recorded = {type(cfg).renamed.get(k, k): v for k, v in recorded.items()}  # a marker written before a rename
-    now = cfg.model_dump(mode="json")
-    return sorted(k for k in now.keys() | recorded.keys() if k not in REDO and now.get(k) != recorded.get(k))
+    return list(changed_options(cfg, recorded, REDO)) if isinstance(recorded, dict) else []
 
 
 def remade_inputs(done: Path, inputs: list[str], marks: Path, runs_now: set[str]) -> list[str]:
@@ -225,7 +224,7 @@ def plan_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], commo
         inputs = sorted({n for k, v in values.items() if k != "out" and isinstance(v, str | Path) for n in makers.get(Path(v), [])})
         selected = only is None or name in only
         files = external_files(stage_config(name, cls, values), makers) if selected else {}
-        changed = changed_options(done if done.exists() else started, stage_config(name, cls, values)) if selected else []
+        changed = stage_changes(done if done.exists() else started, stage_config(name, cls, values)) if selected else []
         if selected and done.exists():
             changed += remade_inputs(done, inputs, marks, runs_now) + changed_files(done, files)
         if changed and made_here(started, out) and "overwrite" in cls.model_fields and not REDO & options.keys():
@@ -244,7 +243,7 @@ def plan_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], commo
 
 def check_stage_out(root: Path, name: str, command: str, values: dict[str, Any], options: dict[str, Any],
                     started: Path) -> None:
-    """A stage's output, checked as the stage checks it alone (`check_out`), and inside the
+    """A stage's output, checked as the stage checks it alone (`check_output`), and inside the
     pipeline's folder unless its `out:` is an absolute path. Its `overwrite` is the stage's own
     except over an output this pipeline made (its `.started` marker names it: made by draftsmith)."""
     out, given = Path(values["out"]), options.get("out")
@@ -255,7 +254,7 @@ def check_stage_out(root: Path, name: str, command: str, values: dict[str, Any],
     inputs = [v for k, v in values.items() if k != "out" and isinstance(v, str | Path)]
     overwrite = bool(values.get("overwrite")) and not made_here(started, out)
     try:
-        check_out(out, command, inputs, overwrite, folder=command not in FILE_OUTPUTS)
+        check_output(out, command, inputs, overwrite, folder=command not in FILE_OUTPUTS)
     except UserError as e:
         raise UserError(f"pipeline stage {name}: {e}") from None
 
