@@ -168,7 +168,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path) -> 
 
 
 def train(ds: Path, target: Path, out: Path, *extra: object) -> list[object]:
-    return ["train", ds, "--target", target, "--out", out, "--device", "cpu", "--steps", "2", "--batch-tokens", "64",
+    return ["train", ds, "--target", target, "--out", out, "--device", "cpu", "--steps", "2", "--ttt", "1", "--batch-tokens", "64",
             "--val-fraction", "0", "--save-every", "1", *extra]
 
 
