@@ -91,6 +91,10 @@ def test_the_old_layers_key_still_works_with_a_warning(tmp_path, capsys):
     recorded["layers"] = recorded.pop("aux_layer_ids")
     marker.write_text(json.dumps({"command": "extract", "config": recorded}))
     assert stage_changes(marker, planned[0].cfg) == []
+    del recorded["token_budget"]  # a marker written before an option existed: changed only off its default
+    marker.write_text(json.dumps({"command": "extract", "config": recorded}))
+    assert stage_changes(marker, planned[0].cfg) == []
+    assert stage_changes(marker, planned[0].cfg.model_copy(update={"token_budget": 7})) == ["token_budget"]
 
 
 def test_a_stage_whose_input_was_made_again_is_rerun(tmp_path, tiny_target_dir, capsys):
