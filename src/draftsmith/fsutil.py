@@ -133,7 +133,8 @@ def check_output(out: Path, command: str, inputs: Iterable[Path | str | None] = 
         if run is not None and run in real.parents:
             raise UserError(f"--out {given} is inside {run}, the output of the `draftsmith {made_by(run)}` run that "
                             f"{name} comes from, which a rerun of that command replaces; give an --out outside {run}")
-    if overwrite and real.is_dir() and any(p.name != LOCK_FILE for p in real.iterdir()) and made_by(real) != command:
+    if (overwrite and folder and real.exists() and made_by(real) != command
+            and (not real.is_dir() or any(p.name != LOCK_FILE for p in real.iterdir()))):  # an empty folder: nothing to lose
         maker = made_by(real)
         why = (f"it is the output of `draftsmith {maker}`" if maker else
                f"it has no {MADE_FILE} marker: made by hand, by another program or by a draftsmith before issue 42")

@@ -55,6 +55,9 @@ def test_overwrite_replaces_only_an_output_of_the_same_command(tmp_path):
     with pytest.raises(UserError, match="it is the output of `draftsmith eval`"):
         check_output(out, "prepare", overwrite=True)
     check_output(out, "eval", overwrite=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="was not made by"):
+        check_output(tmp_path / "file", "eval", overwrite=True)
 
 
 def test_a_failed_replacement_keeps_the_old_output(tmp_path):
