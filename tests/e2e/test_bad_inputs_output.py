@@ -17,7 +17,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from draftsmith.cli import app
