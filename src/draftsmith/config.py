@@ -137,7 +137,22 @@ def resolve_config(cls: type[CommandConfig], yaml_path: Path | None, flags: dict
         raise UserError("invalid options:\n" + "\n".join(lines)) from None
 
 
-def write_run_record(out_dir: Path, cfg: CommandConfig, name: str = "run.yaml") -> None:
+def changed_options(cfg: CommandConfig, recorded: dict[str, Any], ignore: set[str]) -> dict[str, tuple[Any, Any]]:
+    """The options of `cfg` whose values differ from a config recorded earlier (a pipeline
+    marker's or a run.yaml's `config`), but those in `ignore`: {name: (recorded, now)}. A
+    recorded name since renamed is read as its new one; an option the record predates counts only
+    when it is not at its default."""
+    recorded = {type(cfg).renamed.get(k, k): v for k, v in recorded.items()}
+    now, fields = cfg.model_dump(mode="json"), type(cfg).model_fields
+    return {k: (recorded.get(k), now.get(k)) for k in sorted(now.keys() | recorded.keys()) if k not in ignore and (
+        now.get(k) != recorded[k] if k in recorded else
+        k not in fields or fields[k].is_required() or getattr(cfg, k) != fields[k].get_default(call_default_factory=True))}
+
+
+RUN_RECORD = "run.yaml"
+
+
+def write_run_record(out_dir: Path, cfg: CommandConfig, name: str = RUN_RECORD) -> None:
     """Write the resolved config and the exact command next to a stage's output."""
     record = {
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,35 +76,115 @@ def append_line(path: Path, line: str) -> None:
         os.close(fd)
 
 
-@contextlib.contextmanager
-def atomic_output_dir(out: Path, overwrite: bool = False) -> Iterator[Path]:
-    """Build a whole output folder under a temporary name, then rename it into place.
+LOCK_FILE = ".draftsmith.lock"
+MADE_FILE = ".draftsmith"  # in each output folder draftsmith publishes: {"command": the command that made it}
 
-    Refuses an existing `out` unless `overwrite`, before and again at the rename: an `out` that
-    another run put there meanwhile is kept and this run's folder discarded, with an error. On
-    any error the temporary folder is removed and nothing is left at `out`.
+
+def mark_output(folder: Path, command: str) -> None:
+    """Mark `folder` as the output of `draftsmith COMMAND`: what `--overwrite` may replace."""
+    atomic_write_json(Path(folder) / MADE_FILE, {"command": command})
+
+
+def made_by(folder: Path) -> str | None:
+    """The command whose output `folder` is (its MADE_FILE), or None: not marked, or not a folder."""
+    try:
+        record = json.loads((Path(folder) / MADE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("command") if isinstance(record, dict) else None
+
+
+def run_folder(path: Path) -> Path | None:
+    """The output folder of the draftsmith run that `path` lives in: `path` itself or the nearest
+    folder above it that is marked as an output (a training run for its drafter, a dataset)."""
+    return next((p for p in (path, *path.parents) if made_by(p) is not None), None)
+
+
+def check_output(out: Path, command: str, inputs: Iterable[Path | str | None] = (), overwrite: bool = False,
+              folder: bool = True) -> Path:
+    """The real path of `out` (a symbolic link followed, dangling or not) once it is safe for
+    `draftsmith COMMAND` to write there, else a UserError saying why and what to do. The one rule
+    of where an output may go, for every command and pipeline stage:
+
+    - a folder output is not the current folder, the home folder or a folder above either (`/`);
+    - `out` does not equal an input, hold one (a folder output), or lie inside the output folder
+      of the run an input came from (a drafter's training run, a dataset: `run_folder`);
+    - `--overwrite` replaces only an earlier output of the same command (its MADE_FILE says so)
+      or an empty folder, never a folder draftsmith did not make.
+    Inputs are the paths among the command's inputs (a named source or alias is no path: skipped).
     """
-    out = Path(out)
+    given, real = Path(out), Path(out).resolve()
+    if folder:
+        for place, what in ((Path.cwd().resolve(), "the current folder"), (Path.home().resolve(), "the home folder")):
+            if real == place or real in place.parents:
+                where = what if real == place else f"above {what} ({place})"
+                raise UserError(f"--out {given} is {where}: {command} needs an output folder of its own (--overwrite "
+                                f"would replace everything in it); give a new folder such as {given / command}")
+    for name in inputs:
+        path = Path(name) if name is not None else None
+        if path is None or not path.exists():
+            continue
+        source = path.resolve()
+        if real == source or (folder and real in source.parents):
+            how = "is" if real == source else "holds"
+            raise UserError(f"--out {given} {how} this command's input {name}: writing there would destroy what {command} "
+                            "reads; give another --out")
+        run = run_folder(source)
+        if run is not None and run in real.parents:
+            raise UserError(f"--out {given} is inside {run}, the output of the `draftsmith {made_by(run)}` run that "
+                            f"{name} comes from, which a rerun of that command replaces; give an --out outside {run}")
+    if (overwrite and folder and real.exists() and made_by(real) != command
+            and (not real.is_dir() or any(p.name != LOCK_FILE for p in real.iterdir()))):  # an empty folder: nothing to lose
+        maker = made_by(real)
+        why = (f"it is the output of `draftsmith {maker}`" if maker else
+               f"it has no {MADE_FILE} marker: made by hand, by another program or by a draftsmith before issue 42")
+        raise UserError(f"--overwrite: {given} was not made by `draftsmith {command}` ({why}); --overwrite replaces only "
+                        f"an earlier {command} output. Move it away or delete it yourself, or give another --out")
+    return real
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out: Path, command: str, inputs: Iterable[Path | str | None] = (),
+                      overwrite: bool = False) -> Iterator[Path]:
+    """Build a whole output folder of `draftsmith COMMAND` under a temporary name, marked as its
+    output, then rename it into place.
+
+    `out` is checked first (`check_output`: where it is, against `inputs`, what `overwrite` may
+    replace). An existing `out` is refused unless `overwrite`, before and again at the rename: an
+    `out` that another run put there meanwhile is kept and this run's folder discarded, with an
+    error. An output replaced is moved aside and deleted only once the new one is in place. On any
+    error the temporary folder is removed and nothing is left at `out` (or the old output is).
+    """
+    given, inputs = Path(out), list(inputs)
+    out = check_output(given, command, inputs, overwrite)
     if out.exists() and not overwrite:
-        raise UserError(f"output folder {out} already exists; pass --overwrite to replace it")
+        raise UserError(f"output folder {given} already exists; pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
     try:
+        mark_output(tmp, command)
         yield tmp
         if out.exists() and not overwrite:
-            raise UserError(f"{out} appeared while this run was writing (another run with the same --out?): it is "
+            raise UserError(f"{given} appeared while this run was writing (another run with the same --out?): it is "
                             "kept and this run's output discarded; rerun with another --out, or --overwrite to replace it")
         if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+            check_output(given, command, inputs, overwrite)  # what is there now (another run's, meanwhile) is still ours to replace
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", suffix=".tmp", dir=out.parent))
+            os.replace(out, old)
+            try:
+                os.replace(tmp, out)
+            except BaseException:
+                os.replace(old, out)
+                raise
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out)
         fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
-
-LOCK_FILE = ".draftsmith.lock"
 
 
 @contextlib.contextmanager
@@ -204,6 +285,24 @@ def json_line(path: Path, line: int, raw: bytes) -> Any:
                         "saved as UTF-8") from None
     except json.JSONDecodeError as e:
         raise UserError(f"{path}:{line}: malformed JSON ({e.msg} at column {e.colno}); fix or remove that line") from None
+
+
+SMALL_FILE = 1 << 20  # content_id hashes the bytes of a file up to this size
+
+
+def content_id(path: Path) -> str:
+    """An id of what a file or folder holds, that changes when it does: for a file up to
+    SMALL_FILE bytes a hash of its bytes, for a larger one its size and modification time; for a
+    folder the same of each file in it (hidden ones, such as a lock, left out)."""
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and not any(
+        part.startswith(".") for part in p.relative_to(path).parts)) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.relative_to(path) if f != path else ''}\0{st.st_size}\0".encode())
+        h.update(f.read_bytes() if st.st_size <= SMALL_FILE else str(st.st_mtime_ns).encode())
+    return h.hexdigest()[:24]
 
 
 def read_safetensors(path: Path, fix: str) -> dict[str, Any]:

@@ -176,5 +176,10 @@ def test_existing_output_needs_overwrite(tmp_path, tiny_target_dir):
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl", "out"]  # no temporary folder
     r = invoke("prepare", data, "--target", tiny_target_dir, "--out", out, "--overwrite")
+    assert r.exit_code == 2 and "was not made by `draftsmith prepare`" in r.output  # a folder it did not make
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    (out / "mine.txt").unlink()
+    assert invoke("prepare", data, "--target", tiny_target_dir, "--out", out, "--overwrite").exit_code == 0  # an empty folder
+    r = invoke("prepare", data, "--target", tiny_target_dir, "--out", out, "--overwrite")  # its own output
     assert r.exit_code == 0, r.output
-    assert not (out / "mine.txt").exists() and (out / "data.parquet").exists()
+    assert (out / "data.parquet").exists()

@@ -171,14 +171,18 @@ def test_existing_out_needs_overwrite(ckpt, tmp_path):
     with pytest.raises(UserError, match="already exists"):
         run(ExportConfig(ckpt=path, out=tmp_path / "out"))
     assert (tmp_path / "out" / "keep.txt").exists()
-    run(ExportConfig(ckpt=path, out=tmp_path / "out", overwrite=True))
-    assert (tmp_path / "out" / "config.json").exists() and not (tmp_path / "out" / "keep.txt").exists()
+    with pytest.raises(UserError, match="was not made by `draftsmith export`"):  # --overwrite: only its own output
+        run(ExportConfig(ckpt=path, out=tmp_path / "out", overwrite=True))
+    (tmp_path / "out" / "keep.txt").unlink()
+    run(ExportConfig(ckpt=path, out=tmp_path / "out", overwrite=True))  # an empty folder
+    run(ExportConfig(ckpt=path, out=tmp_path / "out", overwrite=True))  # its own output
+    assert (tmp_path / "out" / "config.json").exists()
 
 
 def test_cli(ckpt, tmp_path):
     _, path = ckpt
     result = CliRunner().invoke(app, ["export", str(path), "--format", "eagle", "--engine", "sglang", "--out", str(tmp_path / "o")])
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["README.md", "config.json", "model.safetensors", "run.yaml"]
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [".draftsmith", "README.md", "config.json", "model.safetensors", "run.yaml"]
     bad = CliRunner().invoke(app, ["export", str(path), "--engine", "tensorrt", "--out", str(tmp_path / "b")])
     assert bad.exit_code == 2 and "tensorrt" in bad.output and not (tmp_path / "b").exists()

@@ -56,16 +56,18 @@ def test_a_folder_created_for_nothing_is_removed(tmp_path):
 def test_an_output_that_appears_meanwhile_is_not_replaced(tmp_path):
     """Two runs with one --out (prepare, export, eval): both passed the existence check; the one
     that finishes second does not delete the first one's folder without --overwrite."""
-    from draftsmith.fsutil import atomic_output_dir
+    from draftsmith.fsutil import MADE_FILE, atomic_output_dir, mark_output
 
     out = tmp_path / "ds"
     with pytest.raises(UserError, match="appeared while this run was writing"):
-        with atomic_output_dir(out) as tmp:
+        with atomic_output_dir(out, "prepare") as tmp:
             (tmp / "mine").write_text("second run")
             out.mkdir()
             (out / "theirs").write_text("first run")  # the other run renamed its folder into place
     assert [p.name for p in out.iterdir()] == ["theirs"]
     assert [p.name for p in tmp_path.iterdir()] == ["ds"]  # no temporary folder left
-    with atomic_output_dir(out, overwrite=True) as tmp:
+    mark_output(out, "prepare")  # as the other prepare run marked it
+    with atomic_output_dir(out, "prepare", overwrite=True) as tmp:
         (tmp / "mine").write_text("replaces it")
-    assert [p.name for p in out.iterdir()] == ["mine"]
+    assert sorted(p.name for p in out.iterdir()) == [MADE_FILE, "mine"]
+    assert [p.name for p in tmp_path.iterdir()] == ["ds"]  # the old folder, moved aside, is deleted

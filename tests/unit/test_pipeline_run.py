@@ -9,7 +9,7 @@ import pytest
 from draftsmith.data.dataset import load_dataset
 from draftsmith.errors import UserError
 from draftsmith.pipeline.config import PipelineConfig
-from draftsmith.pipeline.run import changed_options, check_common, parse_stages, plan_stages, run
+from draftsmith.pipeline.run import check_common, parse_stages, plan_stages, run, stage_changes
 
 PAIRS = [{"prompt": "Name a prime number.", "response": "Seven is a prime number."},
          {"prompt": "Say hi.", "response": "Hi!"}]
@@ -90,7 +90,11 @@ def test_the_old_layers_key_still_works_with_a_warning(tmp_path, capsys):
     recorded = planned[0].cfg.model_dump(mode="json")
     recorded["layers"] = recorded.pop("aux_layer_ids")
     marker.write_text(json.dumps({"command": "extract", "config": recorded}))
-    assert changed_options(marker, planned[0].cfg) == []
+    assert stage_changes(marker, planned[0].cfg) == []
+    del recorded["token_budget"]  # a marker written before an option existed: changed only off its default
+    marker.write_text(json.dumps({"command": "extract", "config": recorded}))
+    assert stage_changes(marker, planned[0].cfg) == []
+    assert stage_changes(marker, planned[0].cfg.model_copy(update={"token_budget": 7})) == ["token_budget"]
 
 
 def test_a_stage_whose_input_was_made_again_is_rerun(tmp_path, tiny_target_dir, capsys):

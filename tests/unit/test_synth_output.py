@@ -35,8 +35,8 @@ def test_done_ids_and_merge(tmp_path):
     output.write(part1, _rec(3))
     part1.write_bytes(part1.read_bytes() + b'{"id": "c4"')  # torn
     output.write(output.part_path(output.dropped_path(out), 0), {"id": "c5", "reason": "loop"})
-    ids, users = output.done_ids(out)
-    assert set(ids) == {"c1", "c2", "c3", "c5"} and users == {"q1", "q2", "q3"}
+    done = output.done_ids(out)
+    assert set(done.kept) == {"c1", "c2", "c3"} and set(done.dropped) == {"c5"} and done.users == {"q1", "q2", "q3"}
     assert output.merge_parts(out) == 2
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["c1", "c2", "c3"]
     assert not part0.exists() and not part1.exists()

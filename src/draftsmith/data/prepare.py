@@ -117,7 +117,7 @@ def tokenize(cfg: PrepareConfig, tokenizer: Any, batch: list[dict[str, Any]]) ->
 
 def run(cfg: PrepareConfig) -> Path:
     check_template_options(cfg.chat_template, cfg.completion)
-    with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as tmp:
+    with atomic_output_dir(cfg.out, "prepare", [cfg.data, cfg.target, cfg.chat_template], cfg.overwrite) as tmp:
         if not cfg.completion and not answers(cfg.data):
             raise UserError(f"{cfg.data}: a prompt set without answers; answer it first with "
                             f"`draftsmith synth {cfg.data} --out FILE.jsonl` and prepare that file")

@@ -26,7 +26,7 @@ from draftsmith.config import write_run_record
 from draftsmith.data.config import VocabConfig
 from draftsmith.data.dataset import TokenizedDataset, load_dataset
 from draftsmith.errors import UserError
-from draftsmith.fsutil import atomic_write_bytes, read_safetensors
+from draftsmith.fsutil import atomic_write_bytes, check_output, read_safetensors
 
 DEFAULT_SIZE = 32000  # the draft vocab size when none is given, capped at the target vocab
 
@@ -100,7 +100,8 @@ def token_counts(ds: TokenizedDataset, vocab_size: int, rows: list[int] | None =
 def run(cfg: VocabConfig) -> Path:
     if cfg.out.is_dir():
         raise UserError(f"--out {cfg.out} is a folder; give a file path such as {cfg.out / 'vocab.safetensors'}")
-    if cfg.out.exists() and not cfg.overwrite:
+    out = check_output(cfg.out, "vocab", [cfg.dataset_dir], folder=False)  # the real path of a symbolic link
+    if out.exists() and not cfg.overwrite:
         raise UserError(f"{cfg.out} already exists; pass --overwrite to replace it")
     ds = load_dataset(cfg.dataset_dir)
     vocab_size = int(ds.target.get("vocab_size") or 0)
@@ -112,11 +113,11 @@ def run(cfg: VocabConfig) -> Path:
     total, distinct = int(counts.sum()), int((counts > 0).sum())
     covered = int(counts[t2d.numpy()].sum())
     coverage = covered / total if total else 0.0
-    save_vocab(cfg.out, d2t, t2d, meta={
+    save_vocab(out, d2t, t2d, meta={
         "draft_vocab_size": str(size), "target_vocab": str(vocab_size), "dataset": str(cfg.dataset_dir),
         "target": json.dumps(ds.target), "assistant_tokens": str(total), "coverage": f"{coverage:.6f}",
     })
-    write_run_record(cfg.out.parent, cfg, name=f"{cfg.out.name}.run.yaml")
+    write_run_record(out.parent, cfg, name=f"{out.name}.run.yaml")
     padded = max(size - distinct, 0)
     print(f"[vocab] {cfg.out}: {size} draft tokens of target vocab {vocab_size}; {distinct} distinct assistant tokens in "
           f"{total} ({len(ds)} samples); the draft vocab covers {coverage:.2%} of assistant tokens"

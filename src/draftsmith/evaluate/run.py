@@ -126,7 +126,7 @@ def run(cfg: EvalConfig) -> Path:
     check_template_options(cfg.chat_template, cfg.completion)
     torch.manual_seed(cfg.seed)
     drafter, manifest = load_drafter(cfg.drafter, device)
-    with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as out:
+    with atomic_output_dir(cfg.out, "eval", [cfg.drafter, cfg.target, cfg.bench, cfg.chat_template], cfg.overwrite) as out:
         write_run_record(out, cfg)
         target = load_target(cfg.target, device, cfg.dtype, cfg.chat_template)
         check_compatible(drafter, target, cfg.drafter)

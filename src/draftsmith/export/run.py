@@ -107,7 +107,7 @@ def run(cfg: ExportConfig) -> Path:
     card = model_card(dcfg, {**record, "target": {**target, "name": verifier}}, cfg.format, engine,
                       str(Path(cfg.out).absolute()), k, report)
 
-    with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as tmp:
+    with atomic_output_dir(cfg.out, "export", [cfg.ckpt, cfg.eval_report], cfg.overwrite) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         atomic_write_json(tmp / "config.json", config)
         atomic_write_text(tmp / "README.md", card)

@@ -34,7 +34,7 @@ from draftsmith.data.store import (
 from draftsmith.errors import StageFailed, UserError
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
-from draftsmith.fsutil import atomic_write_json, free_bytes, human_bytes, output_lock
+from draftsmith.fsutil import atomic_write_json, check_output, free_bytes, human_bytes, mark_output, output_lock
 from draftsmith.layers import default_aux_layers, validate_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.capture import capture
@@ -73,6 +73,7 @@ def open_store(out: Path, meta: dict, create: bool) -> None:
                 f"Use a new --out, or the original dataset/--target/--aux-layer-ids/--dtype"
             )
     elif create:
+        mark_output(out, "extract")
         atomic_write_json(out / STORE_FILE, meta)
 
 
@@ -190,6 +191,7 @@ def run(cfg: ExtractConfig) -> Path:
     --plan, only print the store's projection (`plan_store`)."""
     if cfg.plan:
         return plan_store(cfg)
+    check_output(cfg.out, "extract", [cfg.dataset_dir, cfg.target])
     rank, _, _ = dist_env()
     with output_lock(Path(cfg.out)) if rank == 0 else contextlib.nullcontext():
         return extract(cfg)

@@ -19,15 +19,18 @@ not given are wired from the latest earlier stage that produces them (synth -> p
 vocab/extract/train -> export/eval); `@NAME` in any option is the output of stage NAME. A
 stage writes `OUT/.pipeline/NAME.started` (naming its output) before it runs and
 `OUT/.pipeline/NAME.done` when it finished, each with the stage's resolved options (the done
-marker also with an id of its own and the ids of the done markers of the stages it read); a done
-stage is skipped on a rerun unless its options changed or an input of it was made again since
-(a stage it reads runs now, or ran after it: say a synth stage added to the recipe, which
-`prepare` must then read), and then it runs again, starting over (`overwrite`) in the output
+marker also with an id of its own, the ids of the done markers of the stages it read, and a
+content id of each external input: a file or folder no stage makes); a done stage is skipped on
+a rerun unless its options changed, an input of it was made again since (a stage it reads runs
+now, or ran after it: say a synth stage added to the recipe, which `prepare` must then read), or
+an external input changed (a prompts file that grew), and then it runs again, starting over (`overwrite`) in the output
 this pipeline made. A stage that was
 cut short is rerun with its own resume (`resume: true` for train, a rewrite for atomic stages),
 but only when its `.started` marker proves that this pipeline made the output: an existing
 output the pipeline did not make is refused, never replaced, unless the stage itself says
-`overwrite: true` (or `resume: true`). `--only NAME,NAME` runs just those stages (say, the evals
+`overwrite: true` (or `resume: true`): at the top level they never replace a foreign output.
+Each stage's output is checked as the stage alone checks it (`fsutil.check_output`), and a
+relative `out:` must lie inside the pipeline's folder. `--only NAME,NAME` runs just those stages (say, the evals
 on a second GPU while the first trains); the others still give their output paths to the stages
 that read them.
 """
@@ -44,9 +47,9 @@ from typing import Any
 
 from draftsmith.assets import GSM8K_TRAIN
 from draftsmith.commands import COMMANDS, STAGES
-from draftsmith.config import CommandConfig, load_yaml_mapping, resolve_config
+from draftsmith.config import CommandConfig, changed_options, load_yaml_mapping, resolve_config
 from draftsmith.errors import UserError
-from draftsmith.fsutil import atomic_write_json
+from draftsmith.fsutil import atomic_write_json, check_output, content_id, made_by, mark_output
 from draftsmith.pipeline.config import PipelineConfig
 from draftsmith.target import shared_targets
 
@@ -54,6 +57,7 @@ from draftsmith.target import shared_targets
 INPUTS = {"prepare": ("data", "synth"), "vocab": ("dataset_dir", "prepare"), "extract": ("dataset_dir", "prepare"),
           "train": ("dataset_dir", "prepare"), "export": ("ckpt", "train"), "eval": ("drafter", "train")}
 SHORTCUTS = {"gsm8k": str(GSM8K_TRAIN), "mt_bench": "mt_bench"}
+FILE_OUTPUTS = {"synth", "vocab"}  # the commands whose output is a file, not a folder
 
 
 def default_out(command: str, root: Path, name: str) -> Path:
@@ -109,15 +113,11 @@ def made_here(started: Path, out: Path) -> bool:
 REDO = {"overwrite", "resume"}  # options the pipeline sets itself to run a stage again
 
 
-def changed_options(marker: Path, cfg: CommandConfig) -> list[str]:
+def stage_changes(marker: Path, cfg: CommandConfig) -> list[str]:
     """The options of `cfg` that differ from those a stage's `.started`/`.done` marker recorded
     (none when there is no marker, or it predates recorded options)."""
     recorded = read_marker(marker).get("config")
-    if not isinstance(recorded, dict):
-        return []
-    recorded = {type(cfg).renamed.get(k, k): v for k, v in recorded.items()}  # a marker written before a rename
-    now = cfg.model_dump(mode="json")
-    return sorted(k for k in now.keys() | recorded.keys() if k not in REDO and now.get(k) != recorded.get(k))
+    return list(changed_options(cfg, recorded, REDO)) if isinstance(recorded, dict) else []
 
 
 def remade_inputs(done: Path, inputs: list[str], marks: Path, runs_now: set[str]) -> list[str]:
@@ -130,15 +130,32 @@ def remade_inputs(done: Path, inputs: list[str], marks: Path, runs_now: set[str]
             if n in runs_now or (isinstance(recorded, dict) and recorded.get(n) != read_marker(marks / f"{n}.done").get("id"))]
 
 
-def rerun_options(name: str, fields: set[str], values: dict[str, Any], started: Path) -> dict[str, Any]:
+def changed_files(done: Path, files: dict[str, str]) -> list[str]:
+    """The external inputs of a finished stage (files and folders no stage of this pipeline
+    makes) whose content is not what its done marker recorded (`content_id`). A marker written
+    before contents were recorded has none to compare."""
+    recorded = read_marker(done).get("files")
+    return [f"input {p} changed" for p, cid in files.items() if isinstance(recorded, dict) and recorded.get(p) != cid]
+
+
+def external_files(cfg: CommandConfig, makers: dict[Path, list[str]]) -> dict[str, str]:
+    """A stage's external inputs, the paths among its options (a path option, or a target or
+    question set given as a path) that exist and that no stage of the pipeline makes, with their
+    `content_id`."""
+    paths = [Path(v) for k, v in cfg if k != "out" and (isinstance(v, Path) or k in ("target", "bench") and v)]
+    return {str(p): content_id(p) for p in paths if p not in makers and p.exists()}
+
+
+def rerun_options(name: str, fields: set[str], values: dict[str, Any], started: Path, chosen: set[str]) -> dict[str, Any]:
     """What a stage needs to run again over an output it left behind: `resume` (train) or
     `overwrite` (the atomic stages). Given only for an output this pipeline proves it made (the
     stage's `started` marker names it) or an empty folder; an existing output made by anyone else
-    is refused. Options the stage sets itself (`resume`, `overwrite`) are left alone."""
+    is refused. `resume` or `overwrite` among the stage's own options (`chosen`) are left alone;
+    given at the top level, for every stage, they never replace an output this pipeline did not make."""
     out = Path(values["out"])
     redo = "resume" if "resume" in fields else "overwrite" if "overwrite" in fields else None
-    if redo is None or not out.exists() or {"resume", "overwrite"} & values.keys():
-        return {}  # nothing to replace, a stage that resumes by itself, or the user has chosen
+    if redo is None or not out.exists() or {"resume", "overwrite"} & chosen:
+        return {}  # nothing to replace, a stage that resumes by itself, or the stage says what to do
     if made_here(started, out):
         return {redo: True}  # cut short in an earlier run of this pipeline
     if out.is_dir() and not any(out.iterdir()):
@@ -161,6 +178,7 @@ class Planned:
     finished: bool  # done earlier with these options and inputs: skipped
     changed: list[str]  # options changed, and inputs made again, since it ran (it runs again)
     inputs: list[str]  # the earlier stages whose output it reads
+    files: dict[str, str]  # its external inputs (paths no stage makes) -> their content_id
 
 
 def check_common(path: Path, common: dict[str, Any], stages: list[tuple[str, str, dict[str, Any]]]) -> None:
@@ -205,20 +223,40 @@ def plan_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], commo
         out = Path(values["out"])
         inputs = sorted({n for k, v in values.items() if k != "out" and isinstance(v, str | Path) for n in makers.get(Path(v), [])})
         selected = only is None or name in only
-        changed = changed_options(done if done.exists() else started, stage_config(name, cls, values)) if selected else []
+        files = external_files(stage_config(name, cls, values), makers) if selected else {}
+        changed = stage_changes(done if done.exists() else started, stage_config(name, cls, values)) if selected else []
         if selected and done.exists():
-            changed += remade_inputs(done, inputs, marks, runs_now)
+            changed += remade_inputs(done, inputs, marks, runs_now) + changed_files(done, files)
         if changed and made_here(started, out) and "overwrite" in cls.model_fields and not REDO & options.keys():
             values["overwrite"] = True  # start over (not resume) in the output this pipeline made
         elif selected and (changed or not done.exists()):
-            values.update(rerun_options(name, set(cls.model_fields), values, started))
+            values.update(rerun_options(name, set(cls.model_fields), values, started, set(options)))
         finished = done.exists() and not changed
         if selected and not finished:
             runs_now.add(name)
-        planned.append(Planned(name, command, stage_config(name, cls, values), selected, finished, changed, inputs))
+            check_stage_out(root, name, command, values, options, started)
+        planned.append(Planned(name, command, stage_config(name, cls, values), selected, finished, changed, inputs, files))
         products[name] = latest[command] = product(command, out)
         makers.setdefault(products[name], []).append(name)
     return planned
+
+
+def check_stage_out(root: Path, name: str, command: str, values: dict[str, Any], options: dict[str, Any],
+                    started: Path) -> None:
+    """A stage's output, checked as the stage checks it alone (`check_output`), and inside the
+    pipeline's folder unless its `out:` is an absolute path. Its `overwrite` is the stage's own
+    except over an output this pipeline made (its `.started` marker names it: made by draftsmith)."""
+    out, given = Path(values["out"]), options.get("out")
+    if given is not None and not Path(given).is_absolute() and root.resolve() not in out.resolve().parents:
+        raise UserError(f"pipeline stage {name}: out: {given} is outside the pipeline's folder {root}; give a path "
+                        "inside it (relative paths are taken from the current folder, as the pipeline's out: is), or an "
+                        "absolute path to write elsewhere")
+    inputs = [v for k, v in values.items() if k != "out" and isinstance(v, str | Path)]
+    overwrite = bool(values.get("overwrite")) and not made_here(started, out)
+    try:
+        check_output(out, command, inputs, overwrite, folder=command not in FILE_OUTPUTS)
+    except UserError as e:
+        raise UserError(f"pipeline stage {name}: {e}") from None
 
 
 def stage_config(name: str, cls: type[CommandConfig], values: dict[str, Any]) -> CommandConfig:
@@ -251,13 +289,16 @@ def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common
                       "running it again", flush=True)
                 done.unlink(missing_ok=True)
             print(f"[pipeline] {stage.name}: draftsmith {stage.command} -> {out}", flush=True)
+            if stage.command not in FILE_OUTPUTS and out.is_dir() and made_by(out) is None and made_here(started, out):
+                mark_output(out, stage.command)  # made by this pipeline before outputs were marked: its to replace
             atomic_write_json(started, {"command": stage.command, "out": str(out.resolve()),
                                         "config": cfg.model_dump(mode="json")})
             t0 = time.time()
             COMMANDS[stage.command].run(cfg)
             atomic_write_json(done, {"command": stage.command, "seconds": round(time.time() - t0, 1),
                                      "config": cfg.model_dump(mode="json"), "id": uuid.uuid4().hex,
-                                     "inputs": {n: read_marker(marks / f"{n}.done").get("id") for n in stage.inputs}})
+                                     "inputs": {n: read_marker(marks / f"{n}.done").get("id") for n in stage.inputs},
+                                     "files": stage.files})
     return {stage.name: product(stage.command, Path(stage.cfg.out)) for stage in planned}
 
 

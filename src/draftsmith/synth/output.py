@@ -9,7 +9,10 @@ Layout next to the output `OUT.jsonl`:
 Every line goes out in one `append_line` (single write + fsync), so a crash leaves at most one
 torn last line, which `repair_tail` cuts off before anything is appended again. An id is done
 when it appears in any of these files with the same resume key (a hash of its prompt, the
-generation settings, the seed and the model: `synth/run.py`); rank 0 merges the part files into the two main files
+generation settings, the seed and the model: `synth/run.py`); a dropped id with another key (a
+rerun with other settings, such as --keep-unfinished) is tried again. A prompt answered before
+under another id (the same prompts in a file of another name) with the same settings and model
+has the same `repeat_key`, and is skipped as a duplicate. Rank 0 merges the part files into the two main files
 at the end, skipping ids already there, and only then deletes them. A crash at any instant
 therefore loses no finished line and never duplicates an id.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,17 +65,26 @@ def all_files(out: Path) -> list[Path]:
     return [out, *parts(out), drop, *parts(drop)]
 
 
-def done_ids(out: Path) -> tuple[dict[str, str | None], set[str]]:
-    """({id already kept or dropped: its resume key, None in files written before keys}, the
-    normalized user turns of the kept conversations) across the main and part files. The user
-    turns let Magpie refuse repeats of earlier runs."""
-    ids: dict[str, str | None] = {}
-    users: set[str] = set()
+@dataclass
+class Done:
+    """What the output files already hold, across the main and part files."""
+
+    kept: dict[str, str | None]  # id of a kept conversation -> its resume key (None in files written before keys)
+    dropped: dict[str, str | None]  # id of a dropped one -> its resume key
+    users: set[str]  # the normalized user turns of the kept conversations (Magpie refuses repeats of them)
+    repeats: set[str]  # the repeat keys of every line: a prompt answered before, under any id
+
+
+def done_ids(out: Path) -> Done:
+    """What the output `out`, its dropped file and their part files hold."""
+    done = Done({}, {}, set(), set())
+    drop = dropped_path(out)
     for path in all_files(out):
         records = read_records(path)
-        ids.update((str(r["id"]), r.get("key")) for r in records)
-        users.update(normalize(m["content"]) for r in records for m in r.get("messages", []) if m.get("role") == "user")
-    return ids, users
+        (done.dropped if path in (drop, *parts(drop)) else done.kept).update((str(r["id"]), r.get("key")) for r in records)
+        done.repeats.update(r["repeat_key"] for r in records if r.get("repeat_key"))
+        done.users.update(normalize(m["content"]) for r in records for m in r.get("messages", []) if m.get("role") == "user")
+    return done
 
 
 def write(path: Path, record: dict[str, Any]) -> int:

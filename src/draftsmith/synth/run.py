@@ -32,12 +32,12 @@ from draftsmith.config import write_run_record
 from draftsmith.data.chat import check_template_options
 from draftsmith.data.sources import read_source
 from draftsmith.errors import UserError
-from draftsmith.fsutil import output_lock
+from draftsmith.fsutil import check_output, output_lock
 from draftsmith.progress import Progress
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth import output
 from draftsmith.synth.config import SynthConfig
-from draftsmith.synth.filters import dedupe
+from draftsmith.synth.filters import dedupe, prompt_key
 from draftsmith.synth.mix import plan_from
 from draftsmith.synth.remote import ServerUnreachable
 from draftsmith.synth.turns import Backend, Work, synthesize
@@ -98,25 +98,38 @@ def resume_key(work: Work, generation: dict[str, Any], model: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def resume_plan(out: Path, done: dict[str, str | None], works: list[Work], keys: dict[str, str]) -> set[str]:
-    """The ids of `works` already in the output (`done`: id -> key) with the same key. A line
-    written before resume keys, or an id whose prompt or settings changed, is refused: resuming
-    would mix two versions in one file."""
+def repeat_key(work: Work, settings: dict[str, Any], model: str) -> str | None:
+    """What makes a conversation a repeat of one answered before under another id (the same
+    prompts in a file of another name): a hash of its prompt as de-duplication compares it
+    (`filters.prompt_key`), the generation settings with the seed, and the model. None for
+    Magpie, whose user turns the target writes."""
+    if None in work.users:
+        return None
+    turns = [*work.system, *({"role": "user", "content": u} for u in work.users)]
+    blob = json.dumps([prompt_key(turns), settings, model], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def resume_plan(out: Path, done: output.Done, works: list[Work], keys: dict[str, str]) -> set[str]:
+    """The ids of `works` already in the output files with the same key: kept, or dropped (a
+    dropped one under another key, made with other settings, is tried again). A kept line
+    written before resume keys, or a kept id whose prompt or settings changed, is refused:
+    resuming would mix two versions in one file."""
     fix = f"give synth another --out (prepare still reads {out} as it is)"
-    if any(key is None for key in done.values()):
+    if any(key is None for key in done.kept.values()):
         raise UserError(f"{out} was written by an older draftsmith, without resume keys, so a rerun cannot tell "
                         f"which of its conversations match this run; {fix}")
-    changed = [w.id for w in works if w.id in done and done[w.id] != keys[w.id]]
+    changed = [w.id for w in works if w.id in done.kept and done.kept[w.id] != keys[w.id]]
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
         raise UserError(f"{out}: conversation {changed[0]}{more} was made from another prompt "
                         f"or with other settings (model, sampling, max-new-tokens, seed) than this run; {fix}, "
                         "or remove those lines")
-    return {w.id for w in works if w.id in done}
+    return {w.id for w in works if keys[w.id] in (done.kept.get(w.id), done.dropped.get(w.id))}
 
 
-def record(work: Work, key: str, model: str, generation: dict[str, Any]) -> dict[str, Any]:
-    return {"id": work.id, "key": key, "messages": work.messages, "source_id": work.source_id, "model": model,
+def record(work: Work, key: str, repeat: str | None, model: str, generation: dict[str, Any]) -> dict[str, Any]:
+    return {"id": work.id, "key": key, "repeat_key": repeat, "messages": work.messages, "source_id": work.source_id, "model": model,
             "generation": generation, "generated_tokens": work.tokens, "ended": work.ended}
 
 
@@ -126,9 +139,11 @@ def run(cfg: SynthConfig) -> Path:
     if Path(cfg.out).is_dir():
         raise UserError(f"--out {cfg.out} is a folder; synth writes one JSONL file: give a path such as "
                         f"{Path(cfg.out) / 'conversations.jsonl'}")
+    # the real path of a symbolic link; never the prompts or mix file themselves
+    out = check_output(cfg.out, "synth", [cfg.prompts, cfg.mix, cfg.chat_template], folder=False)
     rank, _, _ = dist_env()
-    with output_lock(Path(cfg.out).parent) if rank == 0 else contextlib.nullcontext():
-        return write_conversations(cfg)
+    with output_lock(out.parent) if rank == 0 else contextlib.nullcontext():
+        return write_conversations(cfg.model_copy(update={"out": out}))
 
 
 def check_completion(cfg: SynthConfig, magpie: bool) -> None:
@@ -171,8 +186,11 @@ def write_conversations(cfg: SynthConfig) -> Path:
     # port); each line records the model that answered, and the key holds the local target only
     model = "" if cfg.endpoint else cfg.target
     keys = {w.id: resume_key(w, settings, model) for w in works}
-    found, seen_users = output.done_ids(out)
+    repeats = {w.id: repeat_key(w, settings, model) for w in works}
+    found = output.done_ids(out)
     done = resume_plan(out, found, works, keys)
+    answered = {w.id for w in works if w.id not in done and repeats[w.id] in found.repeats}  # under another id
+    works, n_dup = [w for w in works if w.id not in answered], n_dup + len(answered)
     mine = [w for w in works if shard_of(w.id, world) == rank]
     pending = sorted((w for w in mine if w.id not in done), key=lambda w: len(w.users[0] or ""))
     # the target first: a target no backend can run is refused before anything is written
@@ -193,7 +211,7 @@ def write_conversations(cfg: SynthConfig) -> Path:
         for start in range(0, len(pending), chunk):
             try:
                 batch = synthesize(backend, pending[start:start + chunk], sampling, user_sampling, tokenizer,
-                                   cfg.keep_thinking, cfg.keep_unfinished, seen_users)
+                                   cfg.keep_thinking, cfg.keep_unfinished, found.users)
             except ServerUnreachable as e:
                 raise ServerUnreachable(
                     f"{e}\n{totals['kept']} conversations written by this run (and {len(mine) - len(pending)} "
@@ -202,11 +220,11 @@ def write_conversations(cfg: SynthConfig) -> Path:
             written = 0
             for w in batch:
                 if w.answered:
-                    written += output.write(kept_file, record(w, keys[w.id], backend.name, generation))
+                    written += output.write(kept_file, record(w, keys[w.id], repeats[w.id], backend.name, generation))
                     counts["kept"] += 1
                     counts["truncated"] += w.ended is not None
                 else:
-                    output.write(drop_file, {"id": w.id, "key": keys[w.id], "source_id": w.source_id, "reason": w.ended,
+                    output.write(drop_file, {"id": w.id, "key": keys[w.id], "repeat_key": repeats[w.id], "source_id": w.source_id, "reason": w.ended,
                                              "rejected": w.rejected[:2000]})
                     counts[f"dropped_{w.ended}"] += 1
             totals.update(counts)

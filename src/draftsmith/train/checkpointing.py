@@ -18,6 +18,7 @@ import os
 import random
 import shutil
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -99,25 +100,55 @@ def save_checkpoint(out: Path, step: int, weights: dict[str, torch.Tensor], stat
     return final
 
 
+def complete_checkpoints(out: Path) -> list[Path]:
+    """The checkpoint folders of run `out` that hold both files, oldest first."""
+    return [p for p in sorted((Path(out) / CKPT_DIR).glob("step_*")) if (p / STATE).exists() and (p / WEIGHTS).exists()]
+
+
 def latest_checkpoint(out: Path) -> Path | None:
-    done = [p for p in sorted((Path(out) / CKPT_DIR).glob("step_*")) if (p / STATE).exists() and (p / WEIGHTS).exists()]
+    done = complete_checkpoints(out)
     return done[-1] if done else None
 
 
-def load_checkpoint(folder: Path, drafter: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """A checkpoint's weights and state, checked against the run's `drafter` (every tensor's name
-    and shape): a UserError when it is unreadable or was made with other options."""
-    folder = Path(folder)
-    fix = f"resume with the options in {folder.parent.parent / 'run.yaml'}, or start over with --overwrite"
-    weights = read_safetensors(folder / WEIGHTS, fix)
+class UnreadableCheckpoint(UserError):
+    """A checkpoint whose files do not read back (as opposed to one made with other options)."""
+
+
+def read_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A checkpoint's weights and state as saved, or an UnreadableCheckpoint naming the file that
+    does not read back (truncated, corrupt)."""
+    try:
+        weights = read_safetensors(folder / WEIGHTS, "passed over")
+    except UserError as e:
+        raise UnreadableCheckpoint(str(e)) from None
     try:
         state = torch.load(folder / STATE, weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure is the same user-facing problem
-        raise UserError(f"{folder / STATE}: unreadable ({e}); {fix}") from None
-    expected = {k: tuple(v.shape) for k, v in drafter.state_dict().items() if k not in FROZEN}
-    got = {k: tuple(v.shape) for k, v in weights.items()}
-    differ = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
-    if differ:
-        raise UserError(f"checkpoint {folder} was made with other options than this run ({', '.join(differ[:4])} "
-                        f"differ); {fix}")
+        raise UnreadableCheckpoint(f"{folder / STATE}: unreadable ({e}); passed over") from None
     return weights, state
+
+
+def resume_checkpoint(out: Path, drafter: nn.Module, say: Callable[[str], None]) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+    """The weights and state of the newest complete checkpoint of run `out` that reads back, checked
+    against the run's `drafter` (every tensor's name and shape: a UserError when it was made with
+    other options). A newer one that does not read back (torn by a copy, a failing disk) is passed
+    over with one line through `say`. None when the run has no checkpoint; a UserError when none
+    reads back."""
+    found = complete_checkpoints(out)
+    for folder in reversed(found):
+        try:
+            weights, state = read_checkpoint(folder)
+        except UnreadableCheckpoint as e:
+            say(f"[train] --resume: {e}: resuming from the checkpoint before it")
+            continue
+        expected = {k: tuple(v.shape) for k, v in drafter.state_dict().items() if k not in FROZEN}
+        got = {k: tuple(v.shape) for k, v in weights.items()}
+        differ = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
+        if differ:
+            raise UserError(f"checkpoint {folder} was made with other options than this run ({', '.join(differ[:4])} "
+                            f"differ); resume with the options in {Path(out) / 'run.yaml'}, or start over with --overwrite")
+        return weights, state
+    if found:
+        raise UserError(f"--resume: no checkpoint in {Path(out) / CKPT_DIR} reads back ({', '.join(p.name for p in found)}); "
+                        "start over with --overwrite, or train into another --out")
+    return None

@@ -228,7 +228,7 @@ class Trainer:
             dist.barrier()
 
     def resume(self, weights: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-        """Continue from a checkpoint that `ckpt.load_checkpoint` read and checked."""
+        """Continue from a checkpoint that `ckpt.resume_checkpoint` read and checked."""
         drafter = self.objective.drafter
         if self.env.fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from draftsmith.config import write_run_record
+from draftsmith.config import RUN_RECORD, changed_options, load_yaml_mapping, write_run_record
 from draftsmith.data.dataset import TokenizedDataset, load_dataset, split_indices
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
-from draftsmith.fsutil import LOCK_FILE, output_lock
+from draftsmith.fsutil import LOCK_FILE, check_output, mark_output, output_lock
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.capture import supports_flex
@@ -36,7 +36,7 @@ from draftsmith.runtime.head import check_output_head, output_head
 from draftsmith.target import Target, default_device, embed_weight, final_norm, load_target, text_config
 from draftsmith.torchrun import dist_env
 from draftsmith.train.batching import OfflineSource, OnlineSource
-from draftsmith.train.checkpointing import CKPT_DIR, latest_checkpoint, load_checkpoint
+from draftsmith.train.checkpointing import CKPT_DIR, latest_checkpoint, resume_checkpoint
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.loop import Env, TrainData, Trainer
 from draftsmith.train.loss import TTTObjective
@@ -75,6 +75,23 @@ def check_out(cfg: TrainConfig) -> Path | None:
     return None
 
 
+def check_resume_options(cfg: TrainConfig) -> None:
+    """--resume continues a run as it was started: options that differ from those its run.yaml
+    records (all resolved) are refused, naming them, before anything is written."""
+    path = Path(cfg.out) / RUN_RECORD
+    if not path.exists():  # stopped before it was written: nothing to compare
+        return
+    recorded = load_yaml_mapping(path, "--resume: the run's record").get("config")
+    if not isinstance(recorded, dict):
+        raise UserError(f"--resume: {path} records no options ('config:'); start over with --overwrite or another --out")
+    differ = changed_options(cfg, recorded, {"resume", "overwrite", "out"})
+    if differ:
+        listed = ", ".join(f"--{k.replace('_', '-')} {now} (the run's: {was})" for k, (was, now) in differ.items())
+        raise UserError(f"--resume: {cfg.out} was made with other options: {listed}. --resume continues the run as it "
+                        f"was started (its checkpoints hold that schedule and optimizer): give the options {path} records, "
+                        "or start a new run with --overwrite or another --out")
+
+
 def start_out(cfg: TrainConfig, env: Env) -> None:
     """Make the output folder, once everything is validated: --overwrite removes the old run now."""
     out = Path(cfg.out)
@@ -87,6 +104,8 @@ def start_out(cfg: TrainConfig, env: Env) -> None:
             else:
                 old.unlink()
     out.mkdir(parents=True, exist_ok=True)
+    if env.main:
+        mark_output(out, "train")
     if env.world > 1:
         dist.barrier()
 
@@ -184,6 +203,8 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     resume_from = check_out(cfg)
     on_gpu = env.device.type == "cuda"  # what the GPU defaults resolve to, recorded in run.yaml as such
     cfg = cfg.model_copy(update={k: on_gpu for k in ("autocast", "compile_step") if getattr(cfg, k) is None})
+    if cfg.resume:
+        check_resume_options(cfg)
     torch.manual_seed(cfg.seed)
 
     target = load_target(cfg.target, env.device, cfg.dtype, shard=cfg.shard)
@@ -194,11 +215,13 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     train_idx, val_idx = split_indices(len(source), cfg.val_fraction, cfg.val_seed)
     d2t, t2d = resolve_vocab(cfg, dataset, [dataset_rows[i] for i in train_idx], target.info.vocab_size)
     drafter = build_drafter(target, aux_layer_ids, d2t, t2d, cfg)
-    checkpoint = load_checkpoint(resume_from, drafter) if resume_from is not None else None
+    say = (lambda line: print(line, flush=True)) if env.main else (lambda line: None)
+    checkpoint = resume_checkpoint(out, drafter, say) if resume_from is not None else None
 
     start_out(cfg, env)  # all validated: from here on the run writes
     if env.main:
-        write_run_record(out, cfg)
+        if not (cfg.resume and (out / RUN_RECORD).exists()):  # a resumed run keeps the record it started with
+            write_run_record(out, cfg)
         save_vocab(out / "vocab.safetensors", d2t, t2d)
 
     backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
@@ -218,6 +241,8 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     trainer = Trainer(cfg, env, objective, TrainData(source, train_idx, val_idx), log, meta)
     if checkpoint is not None:
         trainer.resume(*checkpoint)
+        if trainer.pos.step >= trainer.total:
+            say(f"[train] --resume: {out} finished at step {trainer.total} already; nothing to train")
     if cfg.resume and env.main:
         truncate_metrics(out, trainer.pos.step)  # records after the checkpoint are logged again
     return trainer
@@ -227,6 +252,7 @@ def run(cfg: TrainConfig) -> Path:
     """Train (see the module docstring for what --out holds), --out locked against a second
     writer for the whole run (rank 0 holds the lock for all ranks)."""
     main = dist_env().rank == 0
+    check_output(cfg.out, "train", [cfg.dataset_dir, cfg.hidden, cfg.vocab, cfg.target], cfg.overwrite)  # before the lock writes
     with output_lock(Path(cfg.out)) if main else contextlib.nullcontext():
         trainer = build_trainer(cfg)
         env, out = trainer.env, trainer.out
