@@ -180,6 +180,8 @@ def test_train_resume_with_other_options_is_refused_and_keeps_run_yaml(tmp_path,
     assert (out / "run.yaml").read_text() == record
     cli(*train(dataset, tiny_target_dir, out, "--resume"), says=f"{out} finished at step 2 already; nothing to train")
     assert (out / "run.yaml").read_text() == record  # the command line differs: a rewrite would show
+    # the record stands for the options not given: no need to repeat them
+    cli("train", dataset, "--target", tiny_target_dir, "--out", out, "--resume", says="nothing to train")
 
 
 def test_train_resume_falls_back_from_a_torn_newest_checkpoint(tmp_path, dataset, tiny_target_dir):

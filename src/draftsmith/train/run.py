@@ -75,21 +75,27 @@ def check_out(cfg: TrainConfig) -> Path | None:
     return None
 
 
-def check_resume_options(cfg: TrainConfig) -> None:
-    """--resume continues a run as it was started: options that differ from those its run.yaml
-    records (all resolved) are refused, naming them, before anything is written."""
+def resumed_options(cfg: TrainConfig) -> TrainConfig:
+    """--resume continues a run as it was started: the options its run.yaml records stand for
+    those not given now, and a given option whose value differs from the record is refused,
+    naming it, before anything is written."""
     path = Path(cfg.out) / RUN_RECORD
     if not path.exists():  # stopped before it was written: nothing to compare
-        return
+        return cfg
     recorded = load_yaml_mapping(path, "--resume: the run's record").get("config")
     if not isinstance(recorded, dict):
         raise UserError(f"--resume: {path} records no options ('config:'); start over with --overwrite or another --out")
-    differ = changed_options(cfg, recorded, {"resume", "overwrite", "out"})
+    kept = {"resume", "overwrite", "out"}
+    differ = {k: v for k, v in changed_options(cfg, recorded, kept).items() if k in cfg.model_fields_set}
     if differ:
         listed = ", ".join(f"--{k.replace('_', '-')} {now} (the run's: {was})" for k, (was, now) in differ.items())
         raise UserError(f"--resume: {cfg.out} was made with other options: {listed}. --resume continues the run as it "
-                        f"was started (its checkpoints hold that schedule and optimizer): give the options {path} records, "
-                        "or start a new run with --overwrite or another --out")
+                        f"was started (its checkpoints hold that schedule and optimizer): leave those options out "
+                        f"({path} gives them), or start a new run with --overwrite or another --out")
+    fields = type(cfg).model_fields
+    record = {type(cfg).renamed.get(k, k): v for k, v in recorded.items()}
+    return type(cfg).model_validate({**cfg.model_dump(), **{k: v for k, v in record.items() if k in fields and k not in kept
+                                                            and k not in cfg.model_fields_set}})
 
 
 def start_out(cfg: TrainConfig, env: Env) -> None:
@@ -201,10 +207,10 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         raise UserError("--optimizer muon works on whole weight matrices and cannot run under --distributed fsdp; use ddp or adamw")
     out = Path(cfg.out)
     resume_from = check_out(cfg)
+    if cfg.resume:
+        cfg = resumed_options(cfg)
     on_gpu = env.device.type == "cuda"  # what the GPU defaults resolve to, recorded in run.yaml as such
     cfg = cfg.model_copy(update={k: on_gpu for k in ("autocast", "compile_step") if getattr(cfg, k) is None})
-    if cfg.resume:
-        check_resume_options(cfg)
     torch.manual_seed(cfg.seed)
 
     target = load_target(cfg.target, env.device, cfg.dtype, shard=cfg.shard)
