@@ -28,7 +28,9 @@ class CommandConfig(BaseModel):
     """Base for command configs. `positional` names the field given as the positional
     argument on the command line (or None)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: every float option of every command is finite (`--lr inf` or `nan` is
+    # refused when the options are parsed, not after it has turned the weights to NaN)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     positional: ClassVar[str | None] = None
     # old option name -> its name now: still taken (flag, --config YAML, pipeline stage) for one
     # release, with a warning on stderr

@@ -29,14 +29,25 @@ from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_bytes, read_safetensors
 
 DEFAULT_SIZE = 32000  # the draft vocab size when none is given, capped at the target vocab
+MIN_SIZE = 2  # a draft vocab of one token makes the loss 0 at every position: nothing is learned
 
 
 def draft_vocab_size(size: int | None, vocab_size: int) -> int:
     """The draft vocab size of `--draft-vocab-size` (`size`) for a target of `vocab_size` tokens:
-    `size` when given, else min(DEFAULT_SIZE, vocab_size); one larger than the target's is refused."""
+    `size` when given, else min(DEFAULT_SIZE, vocab_size); one larger than the target's is refused,
+    and so is a degenerate one (`check_size`)."""
     if size is not None and size > vocab_size:
         raise UserError(f"--draft-vocab-size {size} is larger than the target's vocab ({vocab_size} tokens): give at most {vocab_size}")
-    return size if size is not None else min(DEFAULT_SIZE, vocab_size)
+    return check_size(size if size is not None else min(DEFAULT_SIZE, vocab_size), "--draft-vocab-size")
+
+
+def check_size(size: int, where: str) -> int:
+    """A draft vocab of at least MIN_SIZE tokens, or a UserError saying why (`where`: the option or file)."""
+    if size < MIN_SIZE:
+        raise UserError(f"{where}: a draft vocab of {size} token(s) cannot be trained: the drafter's softmax over one "
+                        f"token is 1 everywhere, so the loss is 0 and nothing is learned; give at least {MIN_SIZE} "
+                        f"(default min({DEFAULT_SIZE}, the target's vocab))")
+    return size
 
 
 def build_vocab(counts: np.ndarray | torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,6 +91,7 @@ def load_vocab(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
                             or not torch.equal(t2d.nonzero().flatten(), target_ids)):
         raise UserError(f"{path}: d2t and t2d disagree (d2t must map draft id i to the i-th target id that t2d "
                         f"marks); {fix}")
+    check_size(len(d2t), str(path))
     return d2t, t2d
 
 
