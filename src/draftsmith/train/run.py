@@ -27,7 +27,7 @@ from draftsmith.config import write_run_record
 from draftsmith.data.dataset import TokenizedDataset, load_dataset, split_indices
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
-from draftsmith.errors import UserError
+from draftsmith.errors import UserError, from_os_error
 from draftsmith.fsutil import LOCK_FILE, output_lock
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
@@ -238,6 +238,9 @@ def run(cfg: TrainConfig) -> Path:
                     trainer.run(progress)
             else:
                 trainer.run(None)
+        except OSError as e:  # a full disk: exit 4, what to free, and how to go on
+            raise from_os_error(e, f"the checkpoints, metrics and published drafter written before are kept: rerun "
+                                   "with --resume to continue from the last checkpoint") from None
         finally:
             trainer.log.close()
         if env.main:
