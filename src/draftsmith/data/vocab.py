@@ -25,7 +25,7 @@ from safetensors.torch import save
 from draftsmith.config import write_run_record
 from draftsmith.data.config import VocabConfig
 from draftsmith.data.dataset import TokenizedDataset, load_dataset
-from draftsmith.errors import UserError
+from draftsmith.errors import UserError, from_os_error, naming
 from draftsmith.fsutil import atomic_write_bytes, read_safetensors
 
 DEFAULT_SIZE = 32000  # the draft vocab size when none is given, capped at the target vocab
@@ -70,8 +70,12 @@ def build_vocab(counts: np.ndarray | torch.Tensor, size: int) -> tuple[torch.Ten
 
 
 def save_vocab(path: Path, d2t: torch.Tensor, t2d: torch.Tensor, meta: dict[str, str] | None = None) -> None:
-    """Written atomically (nothing left behind on a failure) with the normal file mode."""
-    atomic_write_bytes(Path(path), save({"d2t": d2t.contiguous(), "t2d": t2d.contiguous()}, metadata=meta or {}))
+    """Written atomically (nothing left behind on a failure) with the normal file mode; a failed
+    write (a full disk) raises an OSError naming `path`."""
+    try:
+        atomic_write_bytes(Path(path), save({"d2t": d2t.contiguous(), "t2d": t2d.contiguous()}, metadata=meta or {}))
+    except OSError as e:
+        raise naming(e, path) from None
 
 
 def load_vocab(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,11 +128,15 @@ def run(cfg: VocabConfig) -> Path:
     total, distinct = int(counts.sum()), int((counts > 0).sum())
     covered = int(counts[t2d.numpy()].sum())
     coverage = covered / total if total else 0.0
-    save_vocab(cfg.out, d2t, t2d, meta={
-        "draft_vocab_size": str(size), "target_vocab": str(vocab_size), "dataset": str(cfg.dataset_dir),
-        "target": json.dumps(ds.target), "assistant_tokens": str(total), "coverage": f"{coverage:.6f}",
-    })
-    write_run_record(cfg.out.parent, cfg, name=f"{cfg.out.name}.run.yaml")
+    try:
+        save_vocab(cfg.out, d2t, t2d, meta={
+            "draft_vocab_size": str(size), "target_vocab": str(vocab_size), "dataset": str(cfg.dataset_dir),
+            "target": json.dumps(ds.target), "assistant_tokens": str(total), "coverage": f"{coverage:.6f}",
+        })
+        write_run_record(cfg.out.parent, cfg, name=f"{cfg.out.name}.run.yaml")
+    except OSError as e:  # a full disk: exit 4, no temporary file left
+        raise from_os_error(e, f"{cfg.out} was not written (a file there before is unchanged): run the same command "
+                               "again") from None
     padded = max(size - distinct, 0)
     print(f"[vocab] {cfg.out}: {size} draft tokens of target vocab {vocab_size}; {distinct} distinct assistant tokens in "
           f"{total} ({len(ds)} samples); the draft vocab covers {coverage:.2%} of assistant tokens"
