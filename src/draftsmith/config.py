@@ -133,9 +133,10 @@ def resolve_config(cls: type[CommandConfig], yaml_path: Path | None, flags: dict
         return cls(**_coerce(cls, values))
     except ValidationError as e:
         lines = []
-        for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "config"
-            lines.append(f"  --{loc.replace('_', '-')}: {err['msg'].removeprefix('Value error, ')}")
+        for err in e.errors():  # a field's error names its flag; a check of several (no loc) names its own flags
+            loc = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  --{loc.replace('_', '-')}: {msg}" if loc else f"  {msg}")
         raise UserError("invalid options:\n" + "\n".join(lines)) from None
 
 

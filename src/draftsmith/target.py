@@ -189,6 +189,7 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
     if chat_template is not None:
         p = Path(chat_template)
         tok.chat_template = p.read_text() if p.exists() else str(chat_template)
+        tok.template_source = f"--chat-template {p}" if p.exists() else "the --chat-template given"  # for its errors
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     if shared is not None:
