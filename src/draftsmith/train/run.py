@@ -140,6 +140,7 @@ def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) ->
 
     check_store_matches(cfg.hidden, dataset, target.info)  # made from this dataset, for this target
     reader = StoreReader(cfg.hidden)
+    reader.check_files()  # a missing, truncated or (in a small store) corrupt sample, before anything is written
     aux_layer_ids = [int(k) for k in reader.meta["aux_layer_ids"]]
     if cfg.aux_layer_ids is not None and validate_layers(cfg.aux_layer_ids, n_layers) != aux_layer_ids:
         raise UserError(f"--aux-layer-ids {cfg.aux_layer_ids} disagrees with the store {cfg.hidden}, captured at layers {aux_layer_ids}")
