@@ -219,11 +219,14 @@ class Trainer:
         if data_bad:
             return UserError(f"{what}: the data of rows {[r[:4] for r in rows]} holds a NaN or Inf; {kept}: check the "
                              "data (an extract store made with NaNs? extract it again)")
-        by = f"the update of step {self.pos.step}" if self.pos.step else "the drafter's initialisation"
+        if not self.pos.step:  # no update has run: not the learning rate
+            where = f"the drafter's initial weights {', '.join(bad[:3])}" if bad else "finite data and weights"
+            return UserError(f"{what} before any update, from {where}: the target's embeddings, head or hidden states "
+                             f"overflow the drafter; check the target (`draftsmith extract` refuses NaN or Inf); {kept}")
         made = (f"made the drafter's weights NaN or Inf ({', '.join(bad[:3])})" if bad else
                 "left the drafter's weights so large that its own arithmetic overflows (its input data is finite)")
-        return UserError(f"{what}: {by} {made}: the learning rate --lr {self.cfg.lr:g} is too high for this run; lower "
-                         f"--lr (or raise --warmup-ratio) and train again; {kept}")
+        return UserError(f"{what}: the update of step {self.pos.step} {made}: the learning rate --lr {self.cfg.lr:g} is too "
+                         f"high for this run; lower --lr (or raise --warmup-ratio) and train again; {kept}")
 
     def check_weights(self, what: str) -> None:
         """Before a save: the weights are finite (one pass over them, at each save only)."""
