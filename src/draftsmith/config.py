@@ -28,7 +28,9 @@ class CommandConfig(BaseModel):
     """Base for command configs. `positional` names the field given as the positional
     argument on the command line (or None)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: every float option of every command is finite (`--lr inf` or `nan` is
+    # refused when the options are parsed, not after it has turned the weights to NaN)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     positional: ClassVar[str | None] = None
     # old option name -> its name now: still taken (flag, --config YAML, pipeline stage) for one
     # release, with a warning on stderr
@@ -131,9 +133,10 @@ def resolve_config(cls: type[CommandConfig], yaml_path: Path | None, flags: dict
         return cls(**_coerce(cls, values))
     except ValidationError as e:
         lines = []
-        for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "config"
-            lines.append(f"  --{loc.replace('_', '-')}: {err['msg'].removeprefix('Value error, ')}")
+        for err in e.errors():  # a field's error names its flag; a check of several (no loc) names its own flags
+            loc = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  --{loc.replace('_', '-')}: {msg}" if loc else f"  {msg}")
         raise UserError("invalid options:\n" + "\n".join(lines)) from None
 
 

@@ -38,12 +38,25 @@ _FIXES = {
 }
 
 
-def from_os_error(e: OSError) -> UserError:
-    """The UserError for an OSError: the path, what the OS said and the fix. A full disk is a
-    StageFailed: what was written is kept, and the same command resumes once space is freed."""
+RESUME = "what was written is kept; rerun the same command to resume"
+
+
+def from_os_error(e: OSError, outcome: str = RESUME) -> UserError:
+    """The UserError for an OSError: the path, what the OS said and the fix. A full disk or a
+    file-size limit is a StageFailed (exit 4) that says what to free and `outcome`: what became of
+    the output and how to go on (by default: what was written is kept, and the same command
+    resumes)."""
     where = f"{e.filename}: " if e.filename else ""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StageFailed(f"{where}disk full ({e.strerror}); what was written is kept: free some space and "
-                           "rerun the same command to resume")
+        return StageFailed(f"{where}disk full ({e.strerror}); free some space on that filesystem (or choose an --out on "
+                           f"another one); {outcome}")
+    if e.errno == errno.EFBIG:  # the file-size limit (`ulimit -f`) or the filesystem's largest file
+        return StageFailed(f"{where}{e.strerror or 'File too large'} (over the process's file-size limit, `ulimit -f`, or "
+                           f"the filesystem's largest file); raise the limit or choose an --out on another filesystem; {outcome}")
     fix = _FIXES.get(e.errno or 0, "check the path and its filesystem")
     return UserError(f"{where}{e.strerror or e}; {fix}")
+
+
+def naming(e: OSError, path: object) -> OSError:
+    """`e` naming `path` where the OS named no file (a failed write() names none)."""
+    return e if e.filename else OSError(e.errno, e.strerror or str(e), str(path))

@@ -116,7 +116,16 @@ def load_text_config(spec: str) -> Any:
     try:
         return text_config(AutoConfig.from_pretrained(folder, trust_remote_code=False, **kwargs))
     except (OSError, ValueError) as e:
-        raise UserError(f"could not read the config of target {spec!r}: {e}") from None
+        raise UserError(f"could not read the config of target {spec!r}: {remote_code(e)}") from None
+
+
+def remote_code(e: Exception) -> str:
+    """What transformers said, unless it asks for `trust_remote_code=True`, which no draftsmith
+    option sets: then what to do instead."""
+    if "trust_remote_code" not in str(e):
+        return str(e)
+    return ("its config.json has an `auto_map`: the model needs Python code of its own, which draftsmith never runs "
+            "(no option turns that on); use a copy of the model in an architecture that transformers ships")
 
 
 def text_config(config: Any) -> Any:
@@ -171,6 +180,8 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
     try:
         tok = AutoTokenizer.from_pretrained(src, trust_remote_code=False, **kwargs)
     except (OSError, ValueError) as e:  # ValueError: a corrupt or truncated file (UnicodeDecodeError too)
+        if "trust_remote_code" in str(e):
+            raise UserError(f"could not load the tokenizer of target {spec!r}: {remote_code(e)}") from None
         raise UserError(f"could not load the tokenizer of target {spec!r} ({e}); is the file complete? "
                         "Copy or download it again") from None
     if "gguf_file" in kwargs:  # the GGUF's own tokenizer, before any template override
@@ -178,6 +189,7 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
     if chat_template is not None:
         p = Path(chat_template)
         tok.chat_template = p.read_text() if p.exists() else str(chat_template)
+        tok.template_source = f"--chat-template {p}" if p.exists() else "the --chat-template given"  # for its errors
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     if shared is not None:
@@ -253,10 +265,14 @@ def _load(spec: str, folder: Path, gguf_file: str | None, dev: torch.device, dt:
     kwargs.update(dtype=dt, trust_remote_code=False)  # never run a checkpoint's own code
     if shard == "auto":
         kwargs["device_map"] = "auto"  # balanced over the visible GPUs, whole decoder layers each
+    from safetensors import SafetensorError
+
     try:
         model = _auto_class(src, kwargs.get("gguf_file")).from_pretrained(src, **kwargs)
+    except SafetensorError:  # a weights file cut short (an interrupted copy) or not safetensors
+        raise UserError(f"{damaged_weights(src)}: truncated or corrupt; copy the model again") from None
     except (OSError, ValueError) as e:
-        raise UserError(f"could not load target {spec!r}: {e}") from None
+        raise UserError(f"could not load target {spec!r}: {remote_code(e)}") from None
     exact_attention(model)
     if "gguf_file" in kwargs and dt == torch.float32 and shard == "none":  # the de-quantised values themselves
         gguf_cache.store(folder / gguf_file, "model", lambda out: gguf_cache.save_model(model, out))
@@ -277,6 +293,20 @@ def exact_attention(model: nn.Module) -> nn.Module:
     if getattr(text_config(model.config), "attn_logit_softcapping", None) and model.config._attn_implementation != "eager":
         model.set_attn_implementation("eager")
     return model
+
+
+def damaged_weights(folder: Path) -> Path:
+    """The first safetensors file of `folder` whose header does not open or does not cover its
+    tensors (`folder` itself when each one opens)."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except (SafetensorError, OSError):
+            return path
+    return Path(folder)
 
 
 def placement(model: nn.Module, spec: str) -> torch.device:

@@ -62,6 +62,11 @@ def chat_template(tokenizer: Any) -> str:
     return template
 
 
+def template_source(tokenizer: Any) -> str:
+    """Which chat template a tokenizer renders with, for errors: a --chat-template, or the target's own."""
+    return getattr(tokenizer, "template_source", None) or f"the chat template of target {tokenizer.name_or_path}"
+
+
 def check_template_options(template_file: Path | None, completion: bool) -> None:
     """`--chat-template FILE` must exist, and completion mode (no template) takes none."""
     if template_file is not None and not Path(template_file).is_file():
@@ -80,8 +85,9 @@ def renderer(tokenizer: Any) -> Callable[..., str]:
         try:
             return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
                                                  add_generation_prompt=add_generation_prompt)
-        except Exception as e:  # a template error (raise_exception, bad role order) is a data problem
-            raise UserError(f"the chat template failed on this conversation: {type(e).__name__}: {e}") from None
+        except Exception as e:  # a template error (raise_exception, bad role order, a Jinja error)
+            raise UserError(f"{template_source(tokenizer)} failed on this conversation ({type(e).__name__}: {e}); "
+                            "fix the conversation, or the template") from None
 
     return render
 
@@ -108,8 +114,12 @@ def _special_texts(tokenizer: Any) -> set[str]:
 def turn_markers(tokenizer: Any, render: Callable[..., str]) -> TurnMarkers:
     """Derive the assistant header and end-of-turn token from the template (see module doc)."""
     user = [{"role": "user", "content": PROBE_USER}]
-    plain, prompted = render(user), render(user, add_generation_prompt=True)
-    full = render([*user, {"role": "assistant", "content": PROBE_REPLY}])
+    try:
+        plain, prompted = render(user), render(user, add_generation_prompt=True)
+        full = render([*user, {"role": "assistant", "content": PROBE_REPLY}])
+    except UserError as e:  # on no record of the data
+        raise UserError(f"{e} (the conversation: one user turn and one reply that draftsmith renders to find the "
+                        "template's turn markers)") from None
     header = ""
     if prompted.startswith(plain) and full.startswith(plain):
         # what the generation prompt and a rendered reply agree on: a prompt that opens a

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from draftsmith.errors import UserError
+from draftsmith.errors import UserError, naming
 
 DATA_FILE, META_FILE, STATS_FILE = "data.parquet", "dataset.json", "stats.json"
 FORMAT = "draftsmith-dataset"
@@ -114,4 +114,7 @@ def load_dataset(path: Path) -> TokenizedDataset:
 def write_table(path: Path, rows: dict[str, list]) -> None:
     """Write the parquet file from column lists (sample_id, input_ids, loss_mask, length)."""
     table = pa.table(rows, schema=SCHEMA)
-    pq.write_table(table, path / DATA_FILE)
+    try:
+        pq.write_table(table, path / DATA_FILE)
+    except OSError as e:  # pyarrow names no file
+        raise naming(e, path / DATA_FILE) from None

@@ -27,7 +27,7 @@ from draftsmith.data.completion import tokenize_completions
 from draftsmith.data.config import PrepareConfig
 from draftsmith.data.dataset import FORMAT, META_FILE, STATS_FILE, write_table
 from draftsmith.data.sources import answers, mix_card, read_source
-from draftsmith.errors import UserError
+from draftsmith.errors import UserError, from_os_error
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json
 from draftsmith.progress import Progress
 from draftsmith.target import fingerprint, load_text_config, load_tokenizer, resolve_spec
@@ -115,58 +115,68 @@ def tokenize(cfg: PrepareConfig, tokenizer: Any, batch: list[dict[str, Any]]) ->
     return [(ids, np.ones_like(mask)) for ids, mask in encoded] if cfg.loss_on == "all" else encoded
 
 
+def write_dataset(cfg: PrepareConfig, tmp: Path) -> dict[str, Any]:
+    """Read, tokenize and write the dataset into the folder `tmp`; returns its stats."""
+    if not cfg.completion and not answers(cfg.data):
+        raise UserError(f"{cfg.data}: a prompt set without answers; answer it first with "
+                        f"`draftsmith synth {cfg.data} --out FILE.jsonl` and prepare that file")
+    convs = read_source(cfg.data, cfg.format).convs
+    tokenizer = load_tokenizer(cfg.target, cfg.chat_template)
+    target = target_record(cfg.target, tokenizer)
+
+    ids_parts, mask_parts = [], []
+    truncated, dropped = 0, {"longer than max_len": 0, "no assistant tokens within max_len": 0}
+    started, cpu_started = time.perf_counter(), time.process_time()
+    with Progress("prepare", tmp, total=len(convs)) as progress:
+        for a in range(0, len(convs), cfg.batch_size):
+            batch = convs[a:a + cfg.batch_size]
+            n_tokens = 0
+            for ids, mask in tokenize(cfg, tokenizer, batch):
+                if len(ids) > cfg.max_len:
+                    if cfg.length_policy == "drop":
+                        dropped["longer than max_len"] += 1
+                        continue
+                    ids, mask = ids[:cfg.max_len], mask[:cfg.max_len]
+                    truncated += 1
+                if not mask.any():
+                    dropped["no assistant tokens within max_len"] += 1
+                    continue
+                ids_parts.append(ids)
+                mask_parts.append(mask)
+                n_tokens += len(ids)
+            progress.advance(len(batch), tokens=n_tokens)
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+    if not ids_parts:
+        fix = "raise --max-len" + (" or use --length-policy truncate" if cfg.length_policy == "drop" else
+                                   " (samples are truncated already: their assistant turns start after it)")
+        raise UserError(f"{cfg.data}: every sample was dropped ({dropped}); {fix}")
+
+    cols = columns(ids_parts, mask_parts)
+    top = pc.max(cols["input_ids"].values).as_py()
+    if top >= target["vocab_size"]:
+        raise UserError(f"token id {top} >= target vocab {target['vocab_size']}: the tokenizer and the model disagree")
+    write_table(tmp, cols)
+    assistant = int(pc.sum(cols["loss_mask"].values).as_py())
+    stats = summarize(cfg, len(convs), cols["length"].to_numpy(), assistant, dropped, truncated, seconds, cpu_seconds)
+    atomic_write_json(tmp / META_FILE, {
+        "format": FORMAT, "version": DATASET_VERSION, "target": target, "max_len": cfg.max_len,
+        "length_policy": cfg.length_policy, "completion": cfg.completion, "loss_on": cfg.loss_on,
+        "chat_template": None if cfg.completion else tokenizer.chat_template,
+        "num_samples": len(ids_parts), "source": str(cfg.data),
+        "mix": mix_card(cfg.data),  # synth --mix's sources, licenses and counts, for the model card
+    })
+    atomic_write_json(tmp / STATS_FILE, stats)
+    write_run_record(tmp, cfg)
+    return stats
+
+
 def run(cfg: PrepareConfig) -> Path:
     check_template_options(cfg.chat_template, cfg.completion)
-    with atomic_output_dir(cfg.out, "prepare", [cfg.data, cfg.target, cfg.chat_template], cfg.overwrite) as tmp:
-        if not cfg.completion and not answers(cfg.data):
-            raise UserError(f"{cfg.data}: a prompt set without answers; answer it first with "
-                            f"`draftsmith synth {cfg.data} --out FILE.jsonl` and prepare that file")
-        convs = read_source(cfg.data, cfg.format).convs
-        tokenizer = load_tokenizer(cfg.target, cfg.chat_template)
-        target = target_record(cfg.target, tokenizer)
-
-        ids_parts, mask_parts = [], []
-        truncated, dropped = 0, {"longer than max_len": 0, "no assistant tokens within max_len": 0}
-        started, cpu_started = time.perf_counter(), time.process_time()
-        with Progress("prepare", tmp, total=len(convs)) as progress:
-            for a in range(0, len(convs), cfg.batch_size):
-                batch = convs[a:a + cfg.batch_size]
-                n_tokens = 0
-                for ids, mask in tokenize(cfg, tokenizer, batch):
-                    if len(ids) > cfg.max_len:
-                        if cfg.length_policy == "drop":
-                            dropped["longer than max_len"] += 1
-                            continue
-                        ids, mask = ids[:cfg.max_len], mask[:cfg.max_len]
-                        truncated += 1
-                    if not mask.any():
-                        dropped["no assistant tokens within max_len"] += 1
-                        continue
-                    ids_parts.append(ids)
-                    mask_parts.append(mask)
-                    n_tokens += len(ids)
-                progress.advance(len(batch), tokens=n_tokens)
-        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
-        if not ids_parts:
-            fix = "raise --max-len" + (" or use --length-policy truncate" if cfg.length_policy == "drop" else
-                                       " (samples are truncated already: their assistant turns start after it)")
-            raise UserError(f"{cfg.data}: every sample was dropped ({dropped}); {fix}")
-
-        cols = columns(ids_parts, mask_parts)
-        top = pc.max(cols["input_ids"].values).as_py()
-        if top >= target["vocab_size"]:
-            raise UserError(f"token id {top} >= target vocab {target['vocab_size']}: the tokenizer and the model disagree")
-        write_table(tmp, cols)
-        assistant = int(pc.sum(cols["loss_mask"].values).as_py())
-        stats = summarize(cfg, len(convs), cols["length"].to_numpy(), assistant, dropped, truncated, seconds, cpu_seconds)
-        atomic_write_json(tmp / META_FILE, {
-            "format": FORMAT, "version": DATASET_VERSION, "target": target, "max_len": cfg.max_len,
-            "length_policy": cfg.length_policy, "completion": cfg.completion, "loss_on": cfg.loss_on,
-            "chat_template": None if cfg.completion else tokenizer.chat_template,
-            "num_samples": len(ids_parts), "source": str(cfg.data),
-            "mix": mix_card(cfg.data),  # synth --mix's sources, licenses and counts, for the model card
-        })
-        atomic_write_json(tmp / STATS_FILE, stats)
-        write_run_record(tmp, cfg)
+    try:
+        with atomic_output_dir(cfg.out, "prepare", [cfg.data, cfg.target, cfg.chat_template], cfg.overwrite) as tmp:
+            stats = write_dataset(cfg, tmp)
+    except OSError as e:  # a full disk: exit 4, the temporary folder removed
+        raise from_os_error(e, f"nothing was written at {cfg.out} (its temporary folder was removed): run the same "
+                               "command again") from None
     print_stats(stats)
     return cfg.out

@@ -322,6 +322,26 @@ class StoreReader:
             "final_hidden_states": t["final_hidden_states"],  # [T, H]
         }
 
+    def check_files(self, read_all_below: int = 1 << 30) -> None:
+        """Before a run that reads the store writes anything: every listed file is there with the
+        size its manifest line gives (one stat per file), and, for a store of at most
+        `read_all_below` bytes (read in about a second), every checksum too. A UserError names the
+        first bad file; a larger store's checksums are verified as each sample is read."""
+        sizes = [e.get("bytes") for e in self._entries]
+        for i, (entry, size) in enumerate(zip(self._entries, sizes, strict=True)):
+            f = self.file(i)
+            try:
+                on_disk = f.stat().st_size
+            except OSError as e:
+                raise UserError(f"{f}: sample {entry['sample_id']} is listed in the manifest but cannot be read "
+                                f"({e.strerror}); {REEXTRACT}") from None
+            if size is not None and on_disk != int(size):
+                raise UserError(f"{f}: sample {entry['sample_id']} is {on_disk} bytes but the manifest says {size}: "
+                                f"truncated or overwritten; delete the file and {REEXTRACT}")
+        if all(s is not None for s in sizes) and sum(int(s) for s in sizes) <= read_all_below:
+            for i in range(len(self)):
+                self[i]  # the checksum, header and shapes of every sample
+
     def get(self, sample_id: int) -> dict[str, Any]:
         if sample_id not in self._index:
             raise KeyError(f"sample {sample_id} is not in the store {self.path}")

@@ -25,18 +25,29 @@ from safetensors.torch import save
 from draftsmith.config import write_run_record
 from draftsmith.data.config import VocabConfig
 from draftsmith.data.dataset import TokenizedDataset, load_dataset
-from draftsmith.errors import UserError
+from draftsmith.errors import UserError, from_os_error, naming
 from draftsmith.fsutil import atomic_write_bytes, check_output, read_safetensors
 
 DEFAULT_SIZE = 32000  # the draft vocab size when none is given, capped at the target vocab
+MIN_SIZE = 2  # a draft vocab of one token makes the loss 0 at every position: nothing is learned
 
 
 def draft_vocab_size(size: int | None, vocab_size: int) -> int:
     """The draft vocab size of `--draft-vocab-size` (`size`) for a target of `vocab_size` tokens:
-    `size` when given, else min(DEFAULT_SIZE, vocab_size); one larger than the target's is refused."""
+    `size` when given, else min(DEFAULT_SIZE, vocab_size); one larger than the target's is refused,
+    and so is a degenerate one (`check_size`)."""
     if size is not None and size > vocab_size:
         raise UserError(f"--draft-vocab-size {size} is larger than the target's vocab ({vocab_size} tokens): give at most {vocab_size}")
-    return size if size is not None else min(DEFAULT_SIZE, vocab_size)
+    return check_size(size if size is not None else min(DEFAULT_SIZE, vocab_size), "--draft-vocab-size")
+
+
+def check_size(size: int, where: str) -> int:
+    """A draft vocab of at least MIN_SIZE tokens, or a UserError saying why (`where`: the option or file)."""
+    if size < MIN_SIZE:
+        raise UserError(f"{where}: a draft vocab of {size} token(s) cannot be trained: the drafter's softmax over one "
+                        f"token is 1 everywhere, so the loss is 0 and nothing is learned; give at least {MIN_SIZE} "
+                        f"(default min({DEFAULT_SIZE}, the target's vocab))")
+    return size
 
 
 def build_vocab(counts: np.ndarray | torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,8 +70,12 @@ def build_vocab(counts: np.ndarray | torch.Tensor, size: int) -> tuple[torch.Ten
 
 
 def save_vocab(path: Path, d2t: torch.Tensor, t2d: torch.Tensor, meta: dict[str, str] | None = None) -> None:
-    """Written atomically (nothing left behind on a failure) with the normal file mode."""
-    atomic_write_bytes(Path(path), save({"d2t": d2t.contiguous(), "t2d": t2d.contiguous()}, metadata=meta or {}))
+    """Written atomically (nothing left behind on a failure) with the normal file mode; a failed
+    write (a full disk) raises an OSError naming `path`."""
+    try:
+        atomic_write_bytes(Path(path), save({"d2t": d2t.contiguous(), "t2d": t2d.contiguous()}, metadata=meta or {}))
+    except OSError as e:
+        raise naming(e, path) from None
 
 
 def load_vocab(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,6 +95,7 @@ def load_vocab(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
                             or not torch.equal(t2d.nonzero().flatten(), target_ids)):
         raise UserError(f"{path}: d2t and t2d disagree (d2t must map draft id i to the i-th target id that t2d "
                         f"marks); {fix}")
+    check_size(len(d2t), str(path))
     return d2t, t2d
 
 
@@ -113,11 +129,15 @@ def run(cfg: VocabConfig) -> Path:
     total, distinct = int(counts.sum()), int((counts > 0).sum())
     covered = int(counts[t2d.numpy()].sum())
     coverage = covered / total if total else 0.0
-    save_vocab(out, d2t, t2d, meta={
-        "draft_vocab_size": str(size), "target_vocab": str(vocab_size), "dataset": str(cfg.dataset_dir),
-        "target": json.dumps(ds.target), "assistant_tokens": str(total), "coverage": f"{coverage:.6f}",
-    })
-    write_run_record(out.parent, cfg, name=f"{out.name}.run.yaml")
+    try:
+        save_vocab(out, d2t, t2d, meta={
+            "draft_vocab_size": str(size), "target_vocab": str(vocab_size), "dataset": str(cfg.dataset_dir),
+            "target": json.dumps(ds.target), "assistant_tokens": str(total), "coverage": f"{coverage:.6f}",
+        })
+        write_run_record(out.parent, cfg, name=f"{out.name}.run.yaml")
+    except OSError as e:  # a full disk: exit 4, no temporary file left
+        raise from_os_error(e, f"{out} was not written (a file there before is unchanged): run the same command "
+                               "again") from None
     padded = max(size - distinct, 0)
     print(f"[vocab] {cfg.out}: {size} draft tokens of target vocab {vocab_size}; {distinct} distinct assistant tokens in "
           f"{total} ({len(ds)} samples); the draft vocab covers {coverage:.2%} of assistant tokens"

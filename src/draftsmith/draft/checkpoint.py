@@ -12,18 +12,38 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from draftsmith.draft.importer import import_drafter
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
-from draftsmith.fsutil import atomic_write_json, read_safetensors
+from draftsmith.fsutil import _umask, atomic_write_json, read_safetensors
 
 DRAFTER_FILE, WEIGHTS, FORMAT = "drafter.json", "model.safetensors", "draftsmith-drafter"
+
+
+def save_file(tensors: dict[str, torch.Tensor], path: Path | str, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' `save_file`, the one way draftsmith writes a safetensors file of tensors (a
+    drafter, a checkpoint, an export): a write the OS refused (a full disk, the file-size limit)
+    is raised as the OSError it is, naming `path` (safetensors raises a SafetensorError that says
+    only "... (os error 28)", and leaves no file), and the file gets the umask's normal mode
+    (safetensors makes it 0600)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file as write
+
+    try:
+        write(tensors, str(path), metadata=metadata)
+    except SafetensorError as e:
+        code = re.search(r"os error (\d+)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
+    os.chmod(path, 0o666 & ~_umask())
 
 
 def save_drafter(model: Eagle3Drafter, folder: Path, target: dict[str, Any] | None = None, meta: dict[str, Any] | None = None) -> Path:
@@ -32,7 +52,7 @@ def save_drafter(model: Eagle3Drafter, folder: Path, target: dict[str, Any] | No
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     tmp = folder / (WEIGHTS + ".tmp")
-    save_file(state, str(tmp))
+    save_file(state, tmp)
     tmp.replace(folder / WEIGHTS)
     atomic_write_json(folder / DRAFTER_FILE, {
         "format": FORMAT, "version": 1, "config": model.config.to_dict(),
@@ -56,9 +76,11 @@ def read_drafter_record(folder: Path) -> dict[str, Any]:
     return record
 
 
-def load_drafter(path: Path, device: str | torch.device = "cpu") -> tuple[Eagle3Drafter, dict[str, Any]]:
-    """Load a drafter folder (native, exported, or third-party EAGLE-3). Returns the model and
-    its record (drafter.json's `config`, `target`, `meta`)."""
+def load_drafter(path: Path, device: str | torch.device = "cpu", convention: str | None = None) -> tuple[Eagle3Drafter, dict[str, Any]]:
+    """Load a drafter folder (native, exported, or third-party EAGLE-3; `convention`: the layer-id
+    convention of a third-party folder's config, as `import_drafter` takes it). Returns the model
+    and its record (drafter.json's `config`, `target`, `meta`). A drafter with a NaN or Inf weight
+    is refused (`check_finite`): eval and export take no diverged drafter."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"drafter {path}: no such folder")
@@ -77,8 +99,24 @@ def load_drafter(path: Path, device: str | torch.device = "cpu") -> tuple[Eagle3
             raise UserError(f"drafter {path}: weights do not match its config ({e}); {FIX}") from None
         if missing or unexpected:
             raise UserError(f"drafter {path}: weights do not match its config (missing {missing}, unexpected {unexpected}); {FIX}")
-        return model.to(device).eval(), record
-    if (path / "config.json").exists():
-        model, record = import_drafter(path)
-        return model.to(device).eval(), record
-    raise UserError(f"{path} is not a drafter folder (no {DRAFTER_FILE} or config.json)")
+    elif (path / "config.json").exists():
+        model, record = import_drafter(path, convention=convention)
+    else:
+        raise UserError(f"{path} is not a drafter folder (no {DRAFTER_FILE} or config.json)")
+    check_finite(model.state_dict(), f"drafter {path}")
+    return model.to(device).eval(), record
+
+
+def nonfinite(state: dict[str, torch.Tensor]) -> list[str]:
+    """The names of the floating-point tensors of `state` that hold a NaN or Inf."""
+    return [name for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
+def check_finite(state: dict[str, torch.Tensor], where: str) -> None:
+    """A UserError naming the NaN or Inf weights of a drafter (`where`: its folder), which can be
+    neither measured nor served."""
+    bad = nonfinite(state)
+    if bad:
+        raise UserError(f"{where}: NaN or Inf weights in {', '.join(bad[:5])}; this drafter cannot be evaluated or "
+                        "served. Use an earlier drafter or checkpoint, or retrain it (a training run that diverged: "
+                        "lower --lr)")

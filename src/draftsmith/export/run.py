@@ -15,27 +15,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from draftsmith.config import write_run_record
-from draftsmith.draft.checkpoint import DRAFTER_FILE, load_drafter
+from draftsmith.draft.checkpoint import load_drafter, save_file
 from draftsmith.draft.importer import import_drafter
 from draftsmith.draft.layouts import arch_options, check_vocab
 from draftsmith.draft.model import Eagle3Drafter
-from draftsmith.errors import UserError
+from draftsmith.errors import UserError, from_os_error
 from draftsmith.export import eagle, speculators
 from draftsmith.export.card import model_card, serving_shape
 from draftsmith.export.config import ExportConfig
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
 from draftsmith.layers import to_engine
 from draftsmith.target import DTYPES
-
-
-def load_source(cfg: ExportConfig) -> tuple[Eagle3Drafter, dict[str, Any]]:
-    ckpt = Path(cfg.ckpt)
-    if cfg.source_convention and (ckpt / "config.json").exists() and not (ckpt / DRAFTER_FILE).exists():
-        return import_drafter(ckpt, convention=cfg.source_convention)
-    return load_drafter(ckpt)
 
 
 def read_report(path: Path | None) -> dict[str, Any] | None:
@@ -80,12 +72,8 @@ def run(cfg: ExportConfig) -> Path:
     engine = eagle.check_engine(cfg.engine)
     if cfg.format == "speculators":
         speculators.check_engine_for_speculators(engine)
-    model, record = load_source(cfg)
+    model, record = load_drafter(cfg.ckpt, convention=cfg.source_convention)  # a NaN or Inf weight is refused there
     dcfg, target, meta = model.config, record.get("target") or {}, record.get("meta") or {}
-    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
-    if bad:
-        raise UserError(f"{cfg.ckpt}: NaN or Inf weights in {', '.join(bad[:5])}; this drafter cannot be served. "
-                        "Export an earlier checkpoint or retrain it")
     eagle.check_exportable(dcfg, engine, target.get("num_layers"))
     check_vocab(dcfg, model.d2t, model.t2d, str(cfg.ckpt))
     if cfg.include_embeddings and meta.get("needs_target_embeddings"):
@@ -107,12 +95,16 @@ def run(cfg: ExportConfig) -> Path:
     card = model_card(dcfg, {**record, "target": {**target, "name": verifier}}, cfg.format, engine,
                       str(Path(cfg.out).absolute()), k, report)
 
-    with atomic_output_dir(cfg.out, "export", [cfg.ckpt, cfg.eval_report], cfg.overwrite) as tmp:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        atomic_write_json(tmp / "config.json", config)
-        atomic_write_text(tmp / "README.md", card)
-        write_run_record(tmp, cfg)
-        reload_check(model, tmp, dtype)
+    try:
+        with atomic_output_dir(cfg.out, "export", [cfg.ckpt, cfg.eval_report], cfg.overwrite) as tmp:
+            save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+            atomic_write_json(tmp / "config.json", config)
+            atomic_write_text(tmp / "README.md", card)
+            write_run_record(tmp, cfg)
+            reload_check(model, tmp, dtype)
+    except OSError as e:  # a full disk: exit 4, the temporary folder removed
+        raise from_os_error(e, f"nothing was written at {cfg.out} (its temporary folder was removed): run the same "
+                               "command again") from None
     print(f"[export] {cfg.format} for {engine}: {cfg.out} (layers {dcfg.aux_layer_ids} draftsmith = "
           f"{to_engine(dcfg.aux_layer_ids, engine)} {engine}; checked: reload gives identical logits)")
     return Path(cfg.out)

@@ -12,13 +12,12 @@ are written straight from the host buffer, so the writer threads spend their tim
 
 Each sample is validated before it is written (rows == tokens, no NaN/Inf), written to a
 temporary name, fsynced and renamed into place. When all of a batch's files are in place their
-manifest lines are appended with one `write()` + fsync. A full disk (ENOSPC) stops the writer
-cleanly; samples already listed stay valid.
+manifest lines are appended with one `write()` + fsync. A failed write (a full disk, the file-size
+limit) stops the writer cleanly; samples already listed stay valid.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import queue
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 from draftsmith.data.store import check_sample, sample_relpath
+from draftsmith.errors import from_os_error
 from draftsmith.fsutil import append_line, fsync_dir
 
 ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int32: "I32", torch.uint8: "U8"}
@@ -276,10 +276,8 @@ class StoreWriter:
                 batch.future.set_result(batch.result)
 
     def _stop(self, e: OSError, what: str) -> None:
-        if e.errno == errno.ENOSPC:
-            self.stop_reason = f"disk full while writing {what}: free space and rerun the same command to resume"
-        else:
-            self.stop_reason = f"cannot write {what}: {e}"
+        """Stop at a failed write: a full disk or file-size limit says what to free and that a rerun resumes."""
+        self.stop_reason = f"writing {what}: {from_os_error(e)}"
 
 
 def clean_orphans(out: Path, listed: set[str]) -> int:

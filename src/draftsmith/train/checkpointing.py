@@ -17,15 +17,15 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
-from draftsmith.errors import UserError
+from draftsmith.draft.checkpoint import save_file
+from draftsmith.errors import UserError, naming
 from draftsmith.fsutil import fsync_dir, read_safetensors
 
 CKPT_DIR, WEIGHTS, STATE = "checkpoints", "model.safetensors", "state.pt"
@@ -87,11 +87,14 @@ def save_checkpoint(out: Path, step: int, weights: dict[str, torch.Tensor], stat
     tmp = root / f".step_{step:08d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_file({k: v.contiguous() for k, v in weights.items() if k not in FROZEN}, str(tmp / WEIGHTS))
-    torch.save(state, tmp / STATE)
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
+    try:
+        save_file({k: v.contiguous() for k, v in weights.items() if k not in FROZEN}, tmp / WEIGHTS)
+        save_state(state, tmp / STATE)
+        with open(tmp / WEIGHTS, "rb") as fh:
             os.fsync(fh.fileno())
+    except BaseException:  # a full disk, a file-size limit: no partial checkpoint is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     fsync_dir(root)
@@ -103,6 +106,23 @@ def save_checkpoint(out: Path, step: int, weights: dict[str, torch.Tensor], stat
 def complete_checkpoints(out: Path) -> list[Path]:
     """The checkpoint folders of run `out` that hold both files, oldest first."""
     return [p for p in sorted((Path(out) / CKPT_DIR).glob("step_*")) if (p / STATE).exists() and (p / WEIGHTS).exists()]
+
+
+def save_state(state: dict[str, Any], path: Path) -> None:
+    """torch.save into a file of our own, fsynced: a write the OS refuses (a full disk) is raised as
+    the OSError it is, naming `path` (torch's writer turns it into a RuntimeError)."""
+    try:
+        with open(path, "wb") as f:
+            try:
+                torch.save(state, f)
+            except RuntimeError as e:
+                if isinstance(e.__context__, OSError):
+                    raise e.__context__ from None
+                raise
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise naming(e, path) from None
 
 
 def latest_checkpoint(out: Path) -> Path | None:

@@ -1,7 +1,10 @@
 """The training loop: micro-batches of packed rows, gradient accumulation, the optimizer and
 schedule of `optim.py`, gradient clipping, bf16 autocast, metrics, validation each epoch, the
-best drafter by validation τ, and resumable checkpoints. A non-finite loss or gradient stops
-the run with an error before the optimizer step: no NaN drafter is ever saved.
+best drafter by validation τ, and resumable checkpoints. A non-finite gradient stops the run
+before the optimizer step, a non-finite validation loss before anything is published, and the
+weights are checked finite before every save: no NaN drafter or checkpoint is ever written. The
+error names the likely cause: the learning rate when an update made the weights non-finite,
+else the data.
 
 The data position is (epoch, next row of that epoch's packing); the packing of an epoch is a
 pure function of the seed, so a resumed run reads exactly the rows an uninterrupted run would.
@@ -23,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from draftsmith.draft.checkpoint import save_drafter
+from draftsmith.draft.checkpoint import nonfinite, save_drafter
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.progress import Progress
@@ -161,10 +164,8 @@ class Trainer:
             device_stats.append({k: v.detach() for k, v in st.items()})
         with record_function("train.optimizer"):
             norm = torch.nn.utils.clip_grad_norm_([p for p in self.wrapped.parameters() if p.requires_grad], self.cfg.grad_clip)
-            if not torch.isfinite(norm):  # one host sync per step; a NaN/Inf anywhere in loss or data lands here
-                raise UserError(f"step {self.pos.step + 1}: the gradient norm is {float(norm)} (a NaN or Inf in the loss "
-                                f"or the data of rows {[r[:4] for r in rows]}); nothing was updated and the last saved "
-                                "drafter is untouched: check the data (an extract store with NaNs?) or lower --lr")
+            if not torch.isfinite(norm):  # one host sync per step; a NaN/Inf anywhere in loss, data or weights lands here
+                raise self.diverged(f"step {self.pos.step + 1}: the gradient norm is {float(norm)}", rows)
             stats = zero_stats(self.cfg.ttt)
             for st in device_stats:  # read while the device is idle after that sync, before the update is queued
                 add_stats(stats, st)
@@ -189,6 +190,8 @@ class Trainer:
                 add_stats(stats, st)
         record = {"split": "val", "step": self.pos.step, "epoch": self.pos.epoch,
                   **summarise(all_reduce_stats(stats, self.env.device), self.objective.reached_only)}
+        if not math.isfinite(record["loss"]):  # (the same on every rank: all-reduced) nothing is published from it
+            raise self.diverged(f"validation at step {self.pos.step}: the loss is {record['loss']}", mine)
         self.log.write(record)
         if self.env.main:
             walked = f", walked τ {record['tau_walk']:.3f} (what eval measures on this distribution)" if "tau_walk" in record else ""
@@ -199,8 +202,40 @@ class Trainer:
             self.save_best(record)
         return record
 
+    # -- non-finite values ------------------------------------------------------------------
+    def local_weights(self) -> dict[str, torch.Tensor]:
+        """The drafter's parameters as this rank holds them (its shards under FSDP2)."""
+        return {n: getattr(p, "to_local", lambda p=p: p)().detach() for n, p in self.objective.drafter.named_parameters()}
+
+    def diverged(self, what: str, rows: list[list[int]]) -> UserError:
+        """The error that stops a run where `what` went NaN or Inf, with its likely cause: the data of
+        `rows` (the rows it was computed on) when it holds a NaN or Inf, else the learning rate (the
+        last update made the weights non-finite, or so large that the drafter's own arithmetic
+        overflows). Runs only on this failure path: it reads `rows` again."""
+        kept = "nothing from it was saved: the last saved drafter and checkpoints are untouched"
+        bad = nonfinite(self.local_weights())
+        data_bad = not bad and any(t.is_floating_point() and not bool(torch.isfinite(t).all())
+                                   for row in rows for t in self.host_row(row).values())
+        if data_bad:
+            return UserError(f"{what}: the data of rows {[r[:4] for r in rows]} holds a NaN or Inf; {kept}: check the "
+                             "data (an extract store made with NaNs? extract it again)")
+        if not self.pos.step:  # no update has run: not the learning rate
+            where = f"the drafter's initial weights {', '.join(bad[:3])}" if bad else "finite data and weights"
+            return UserError(f"{what} before any update, from {where}: the target's embeddings, head or hidden states "
+                             f"overflow the drafter; check the target (`draftsmith extract` refuses NaN or Inf); {kept}")
+        made = (f"made the drafter's weights NaN or Inf ({', '.join(bad[:3])})" if bad else
+                "left the drafter's weights so large that its own arithmetic overflows (its input data is finite)")
+        return UserError(f"{what}: the update of step {self.pos.step} {made}: the learning rate --lr {self.cfg.lr:g} is too "
+                         f"high for this run; lower --lr (or raise --warmup-ratio) and train again; {kept}")
+
+    def check_weights(self, what: str) -> None:
+        """Before a save: the weights are finite (one pass over them, at each save only)."""
+        if nonfinite(self.local_weights()):
+            raise self.diverged(what, [])
+
     # -- saving ----------------------------------------------------------------------------
     def save_best(self, record: dict[str, Any]) -> None:
+        self.check_weights(f"publishing the drafter of step {self.pos.step}")
         state = ckpt.drafter_state(self.objective, self.env.fsdp)
         if not self.env.main:
             return
@@ -210,7 +245,11 @@ class Trainer:
                 "val": {k: record[k] for k in ("loss", "acc_k", "cond_acc_k", "tau", "walk_accept_k", "tau_walk") if k in record}}
         tmp, final = self.out / ".drafter.tmp", self.out / "drafter"
         shutil.rmtree(tmp, ignore_errors=True)
-        save_drafter(model, tmp, target=self.meta.get("target"), meta=meta)
+        try:
+            save_drafter(model, tmp, target=self.meta.get("target"), meta=meta)
+        except BaseException:  # a full disk: no partial drafter is left behind; the published one is kept
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         old = self.out / ".drafter.old"
         if final.exists():
             os.replace(final, old)
@@ -218,6 +257,7 @@ class Trainer:
         shutil.rmtree(old, ignore_errors=True)
 
     def save_checkpoint(self) -> None:
+        self.check_weights(f"saving the checkpoint of step {self.pos.step}")
         weights = ckpt.drafter_state(self.objective, self.env.fsdp)
         optim = ckpt.optimizer_state(self.objective, self.optim.optimizers, self.env.fsdp)
         if self.env.main:

@@ -27,7 +27,7 @@ from draftsmith.config import RUN_RECORD, changed_options, load_yaml_mapping, wr
 from draftsmith.data.dataset import TokenizedDataset, load_dataset, split_indices
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
-from draftsmith.errors import UserError
+from draftsmith.errors import UserError, from_os_error
 from draftsmith.fsutil import LOCK_FILE, check_output, mark_output, output_lock
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
@@ -165,6 +165,7 @@ def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) ->
 
     check_store_matches(cfg.hidden, dataset, target.info)  # made from this dataset, for this target
     reader = StoreReader(cfg.hidden)
+    reader.check_files()  # a missing, truncated or (in a small store) corrupt sample, before anything is written
     aux_layer_ids = [int(k) for k in reader.meta["aux_layer_ids"]]
     if cfg.aux_layer_ids is not None and validate_layers(cfg.aux_layer_ids, n_layers) != aux_layer_ids:
         raise UserError(f"--aux-layer-ids {cfg.aux_layer_ids} disagrees with the store {cfg.hidden}, captured at layers {aux_layer_ids}")
@@ -270,6 +271,9 @@ def run(cfg: TrainConfig) -> Path:
                     trainer.run(progress)
             else:
                 trainer.run(None)
+        except OSError as e:  # a full disk: exit 4, what to free, and how to go on
+            raise from_os_error(e, f"the checkpoints, metrics and published drafter written before are kept: rerun "
+                                   "with --resume to continue from the last checkpoint") from None
         finally:
             trainer.log.close()
         if env.main:
