@@ -24,7 +24,7 @@ from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.extract.config import PlanConfig
 from draftsmith.extract.run import HOST_SLOTS, MARGIN_BYTES, MARGIN_FRACTION, pad_batch
 from draftsmith.fsutil import free_bytes, human_bytes
-from draftsmith.layers import validate_layers
+from draftsmith.layers import resolve_aux_layers
 from draftsmith.progress import fmt_duration
 from draftsmith.runtime.capture import capture
 from draftsmith.target import load_target, text_config
@@ -75,7 +75,7 @@ def run(cfg: PlanConfig) -> Path:
     ds = load_dataset(cfg.dataset_dir)
     target = load_target(cfg.target, cfg.device, cfg.dtype, shard=cfg.shard)
     info, device = target.info, target.device
-    aux_layer_ids = validate_layers(cfg.aux_layer_ids or info.default_aux_layers, info.num_layers)
+    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, info.num_layers)
     n_aux, H, dsize = len(aux_layer_ids), info.hidden_size, target.dtype.itemsize
     tokens, n = int(ds.lengths.sum()), len(ds)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())

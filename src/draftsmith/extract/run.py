@@ -35,7 +35,7 @@ from draftsmith.errors import StageFailed, UserError
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
 from draftsmith.fsutil import atomic_write_json, free_bytes, human_bytes, output_lock
-from draftsmith.layers import default_aux_layers, validate_layers
+from draftsmith.layers import resolve_aux_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.capture import capture
 from draftsmith.target import Target, default_device, load_target, load_text_config, parse_dtype
@@ -172,7 +172,7 @@ def plan_store(cfg: ExtractConfig) -> Path:
     ds, out = load_dataset(cfg.dataset_dir), Path(cfg.out)
     tc = load_text_config(cfg.target)
     num_layers, H = int(tc.num_hidden_layers), int(tc.hidden_size)
-    aux_layer_ids = validate_layers(cfg.aux_layer_ids or default_aux_layers(num_layers), num_layers)
+    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, num_layers)
     dtype = parse_dtype(cfg.dtype, torch.device(cfg.device) if cfg.device else default_device())
     whole, need, todo = projection(ds, listed_samples(out)[0], len(aux_layer_ids), H, dtype.itemsize)
     tokens = int(ds.lengths.sum())
@@ -205,7 +205,7 @@ def extract(cfg: ExtractConfig) -> Path:
     if world > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     target = load_target(cfg.target, device, cfg.dtype, shard=cfg.shard)
-    aux_layer_ids = validate_layers(cfg.aux_layer_ids or target.info.default_aux_layers, target.info.num_layers)
+    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, target.info.num_layers)
     check_token_ids(ds, target.info.vocab_size)
     dtype_name = str(target.dtype).removeprefix("torch.")
     meta = new_store_meta(target.info.to_dict(), aux_layer_ids, dtype_name, dataset_identity(ds))
