@@ -17,13 +17,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from draftsmith.data.dataset import load_dataset
-from draftsmith.data.store import length_batches, projected_bytes
+from draftsmith.data.dataset import load_dataset, pad_batch
+from draftsmith.data.store import HOST_SLOTS, length_batches, projected_bytes, store_fit
 from draftsmith.data.vocab import draft_vocab_size
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.extract.config import PlanConfig
-from draftsmith.extract.run import HOST_SLOTS, MARGIN_BYTES, MARGIN_FRACTION, pad_batch
-from draftsmith.fsutil import free_bytes, human_bytes
+from draftsmith.fsutil import human_bytes
 from draftsmith.layers import resolve_aux_layers
 from draftsmith.progress import fmt_duration
 from draftsmith.runtime.capture import capture
@@ -97,8 +96,7 @@ def run(cfg: PlanConfig) -> Path:
 
     store = projected_bytes(tokens, n, n_aux, H, dsize)
     hidden_dir = Path(cfg.hidden_dir) if cfg.hidden_dir else Path(cfg.dataset_dir).absolute().parent
-    free = free_bytes(hidden_dir)
-    need = store + int(store * MARGIN_FRACTION) + MARGIN_BYTES
+    fit = store_fit(store, hidden_dir)
     act_bytes = cfg.token_budget * ((n_aux + 2) * H + 3 * int(getattr(text_config(target.model.config), "intermediate_size", 4 * H))) * dsize
     host_bytes = HOST_SLOTS * cfg.token_budget * (n_aux + 1) * H * dsize
     ckpt_bytes = trainable * ADAM_BYTES_PER_PARAM * 2  # the last two checkpoints are kept
@@ -125,6 +123,6 @@ def run(cfg: PlanConfig) -> Path:
     if fwd_tps:
         console.print(f"calibration on {device}: target capture forward {fwd_tps:,.0f} tok/s, "
                       f"drafter TTT-{cfg.ttt} step {drafter_tps:,.0f} tok/s (per epoch; train time uses --epochs {cfg.epochs:g})")
-    verdict = "fits" if need <= free else "DOES NOT FIT"
-    console.print(f"disk at {hidden_dir}: store needs ~{human_bytes(need)} with margin, {human_bytes(free)} free: {verdict}")
+    verdict = "fits" if fit.fits else "DOES NOT FIT"
+    console.print(f"disk at {hidden_dir}: store needs ~{human_bytes(fit.need + fit.margin)} with margin, {human_bytes(fit.free)} free: {verdict}")
     return Path(cfg.dataset_dir)
