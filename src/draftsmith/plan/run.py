@@ -1,10 +1,12 @@
 """`draftsmith plan`: disk, memory and time estimates for extract and train, before running them.
 
 Disk comes from the store format (`projected_bytes`) and the dataset's token count, checked
-against the free space where the store would go. Memory comes from the target's and the
-drafter's parameter counts and the batch sizes. Time comes from a short measured calibration:
-a capture forward of the target and a TTT-unrolled forward+backward of a fresh drafter, on a few
-of the dataset's own samples (`--no-calibrate` skips it and leaves times out).
+against the free space where the store would go (`store_fit`, extract's own check). Memory comes
+from the target's and the drafter's parameter counts and the batch sizes (extract's host slots,
+`HOST_SLOTS`). Time comes from a short measured calibration: a capture forward of the target and
+a TTT-unrolled forward+backward of a fresh drafter with train's shape options and step weights
+(`step_weights`), on a few of the dataset's own samples (`--no-calibrate` skips it and leaves
+times out).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from draftsmith.data.dataset import load_dataset, pad_batch
 from draftsmith.data.store import HOST_SLOTS, length_batches, projected_bytes, store_fit
 from draftsmith.data.vocab import draft_vocab_size
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
-from draftsmith.extract.config import PlanConfig
+from draftsmith.draft.step_weights import step_weights
 from draftsmith.fsutil import human_bytes
 from draftsmith.layers import resolve_aux_layers
+from draftsmith.plan.config import PlanConfig
 from draftsmith.progress import fmt_duration
 from draftsmith.runtime.capture import capture
 from draftsmith.target import load_target, text_config
@@ -61,9 +64,9 @@ def calibrate_drafter(drafter: Eagle3Drafter, tokens: int, ttt: int, n_aux_width
 
     def step() -> None:
         hidden, loss = drafter.project(aux), 0.0
-        for k in range(ttt):
+        for k, weight in enumerate(step_weights(ttt)):
             logits, hidden = drafter(hidden, ids, pos + k)  # [1, T, V_d], [1, T, H]
-            loss = loss + logits.float().logsumexp(-1).mean() * 0.8**k
+            loss = loss + logits.float().logsumexp(-1).mean() * weight
         loss.backward()
         drafter.zero_grad(set_to_none=True)
 
