@@ -14,7 +14,7 @@ import torch
 
 from draftsmith.errors import UserError
 from draftsmith.evaluate.decode import decode, plain_generate, spec_generate
-from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, random_drafter
+from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer
 from draftsmith.layers import default_aux_layers
 from draftsmith.runtime import engine as engine_module
 from draftsmith.runtime import selfcheck
@@ -24,7 +24,7 @@ from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import config_gaps, fast_engine_problem, logits_gap, open_engine
 from draftsmith.synth.local import uses_engine
 from draftsmith.target import decoder_layers, target_from_model
-from tests.helpers import WINDOW, make_tiny_llama, tiny_causal_lm
+from tests.helpers import WINDOW, make_tiny_llama, random_drafter, tiny_causal_lm
 
 V, NEW = 300, 24
 
