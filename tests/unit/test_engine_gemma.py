@@ -25,8 +25,9 @@ from draftsmith.evaluate.decode import plain_generate, spec_generate
 from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer
 from draftsmith.runtime import engine as engine_module
 from draftsmith.runtime.engine import TargetEngine, check_supported
+from draftsmith.runtime.engine_choice import open_engine
 from draftsmith.runtime.sampling import Sampling
-from draftsmith.runtime.selfcheck import config_gaps, fast_engine_problem, logits_gap, open_engine
+from draftsmith.runtime.selfcheck import config_gaps, fast_engine_problem, logits_gap
 from draftsmith.target import decoder_layers
 from tests.helpers import TINY_DIMS, random_drafter, tiny_causal_lm
 
