@@ -50,7 +50,7 @@ from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.draft.checkpoint import load_drafter
 from draftsmith.evaluate.decode import plain_generate, spec_generate
-from draftsmith.evaluate.proposer import DrafterProposer, random_drafter
+from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.evaluate.run import run as evaluate
 from draftsmith.layers import default_aux_layers
@@ -58,6 +58,9 @@ from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.target import load_target
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the tests' untrained drafter
+from tests.helpers import random_drafter  # noqa: E402
 
 
 def sync(device: torch.device) -> None:

@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draftsmith.data.dataset import FORMAT, META_FILE, write_table
+from draftsmith.data.dataset import FORMAT, META_FILE, pad_batch, write_table
 from draftsmith.data.store import StoreReader, length_batches
 from draftsmith.extract.config import ExtractConfig
-from draftsmith.extract.run import gather_rows, pad_batch
+from draftsmith.extract.run import gather_rows
 from draftsmith.extract.run import run as extract
 from draftsmith.progress import PROGRESS_FILE
 from draftsmith.runtime.capture import capture

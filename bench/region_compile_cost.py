@@ -14,14 +14,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from draftsmith.evaluate.proposer import DrafterProposer, random_drafter
+from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.target import load_target
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the tests' untrained drafter
+from tests.helpers import random_drafter  # noqa: E402
 
 
 def main() -> None:

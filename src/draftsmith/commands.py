@@ -18,7 +18,8 @@ from draftsmith.config import CommandConfig
 from draftsmith.data.config import PrepareConfig, VocabConfig
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.export.config import ExportConfig
-from draftsmith.extract.config import ExtractConfig, PlanConfig
+from draftsmith.extract.config import ExtractConfig
+from draftsmith.plan.config import PlanConfig
 from draftsmith.status import StatusConfig
 from draftsmith.synth.config import SynthConfig
 from draftsmith.train.config import TrainConfig
@@ -67,7 +68,7 @@ def evaluate(cfg: EvalConfig) -> Path:
 
 
 def plan(cfg: PlanConfig) -> Path:
-    from draftsmith.extract.plan import run
+    from draftsmith.plan.run import run
     return run(cfg)
 
 

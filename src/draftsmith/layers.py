@@ -75,6 +75,12 @@ def validate_layers(layers: list[int], num_layers: int | None) -> list[int]:
     return layers
 
 
+def resolve_aux_layers(layers: list[int] | None, num_layers: int) -> list[int]:
+    """The aux layer ids a command runs with on a target of `num_layers` decoder layers: the ids
+    given (`--aux-layer-ids`), else `default_aux_layers`; checked by `validate_layers`, sorted."""
+    return validate_layers(layers or default_aux_layers(num_layers), num_layers)
+
+
 def to_engine(layers: list[int], engine: str) -> list[int]:
     """draftsmith ids -> the ids `engine` expects in its config."""
     if engine not in _OFFSETS:

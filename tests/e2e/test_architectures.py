@@ -39,7 +39,7 @@ from draftsmith.extract.run import run as extract
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
-from draftsmith.runtime.selfcheck import open_engine
+from draftsmith.runtime.engine_choice import open_engine
 from draftsmith.target import load_target, shared_targets
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.metrics import read_metrics

@@ -12,10 +12,11 @@ from typer.testing import CliRunner
 
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.evaluate.decode import plain_generate, spec_generate
-from draftsmith.evaluate.proposer import DrafterProposer, random_drafter
+from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
+from tests.helpers import random_drafter
 
 N_PROMPTS, NEW = 10, 20
 

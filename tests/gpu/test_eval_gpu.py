@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from draftsmith.evaluate.decode import plain_generate, spec_generate
-from draftsmith.evaluate.proposer import DrafterProposer, random_drafter
+from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.target import load_target
-from tests.helpers import SMOLLM2
+from tests.helpers import SMOLLM2, random_drafter
 
 pytestmark = pytest.mark.gpu
 

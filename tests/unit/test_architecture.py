@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).parents[2] / "src" / "draftsmith"
-STAGES = {"synth", "extract", "train", "export", "evaluate", "status"}
+STAGES = {"synth", "extract", "train", "export", "evaluate", "plan", "status"}
 CORE = {"runtime", "draft", "data", "target", "gguf_cache", "layers", "config", "progress", "fsutil", "errors", "torchrun", "assets"}
 ABOVE = {"cli", "__main__", "commands", "pipeline"}
 

@@ -31,7 +31,7 @@ DEPRECATED_LAYERS = "option 'layers' (--layers) is deprecated and goes in the ne
 def test_the_old_layers_flag_still_works_with_a_warning(command, tmp_path, monkeypatch):
     """`--layers` was renamed `--aux-layer-ids` (the store's and drafter.json's name): the old
     flag is hidden but still taken, alone or beside a YAML that uses the new name."""
-    module = {"extract": "draftsmith.extract.run", "plan": "draftsmith.extract.plan", "train": "draftsmith.train.run"}[command]
+    module = {"extract": "draftsmith.extract.run", "plan": "draftsmith.plan.run", "train": "draftsmith.train.run"}[command]
     seen = []
     monkeypatch.setattr(f"{module}.run", seen.append)
     args = [command, "ds"] + (["--out", str(tmp_path / "o")] if command != "plan" else [])

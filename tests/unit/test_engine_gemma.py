@@ -22,13 +22,14 @@ import transformers
 
 from draftsmith.errors import UserError
 from draftsmith.evaluate.decode import plain_generate, spec_generate
-from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, random_drafter
+from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer
 from draftsmith.runtime import engine as engine_module
 from draftsmith.runtime.engine import TargetEngine, check_supported
+from draftsmith.runtime.engine_choice import open_engine
 from draftsmith.runtime.sampling import Sampling
-from draftsmith.runtime.selfcheck import config_gaps, fast_engine_problem, logits_gap, open_engine
+from draftsmith.runtime.selfcheck import config_gaps, fast_engine_problem, logits_gap
 from draftsmith.target import decoder_layers
-from tests.helpers import TINY_DIMS, tiny_causal_lm
+from tests.helpers import TINY_DIMS, random_drafter, tiny_causal_lm
 
 V, CONTEXT, NEW = 300, 64, 24  # vocab; the run's context (the Gemma-2/3 windows cover it); new tokens decoded
 AUX = [0, 1, 2]  # every layer id of the 2-layer models, the last layer's output (id L) included

@@ -1,5 +1,5 @@
-"""The engine self-check (runtime/selfcheck.py) and the generic engine (runtime/generic.py) on
-tiny random models: Granite (embedding, residual and logit multipliers) fails the check, gets the
+"""The engine self-check (runtime/selfcheck.py), the engine it chooses (runtime/engine_choice.py)
+and the generic engine (runtime/generic.py) on tiny random models: Granite (embedding, residual and logit multipliers) fails the check, gets the
 generic path, and eval's greedy speculative output equals `model.generate`; Llama and Mistral
 (a sliding window shorter than the context) pass and keep the fast engine, whose output equals
 `generate` past the window; the check's prompt goes past the window, so an engine without it
@@ -14,17 +14,18 @@ import torch
 
 from draftsmith.errors import UserError
 from draftsmith.evaluate.decode import decode, plain_generate, spec_generate
-from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, random_drafter
+from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer
 from draftsmith.layers import default_aux_layers
 from draftsmith.runtime import engine as engine_module
 from draftsmith.runtime import selfcheck
 from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.engine_choice import open_engine
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
-from draftsmith.runtime.selfcheck import config_gaps, fast_engine_problem, logits_gap, open_engine
+from draftsmith.runtime.selfcheck import config_gaps, fast_engine_problem, logits_gap
 from draftsmith.synth.local import uses_engine
 from draftsmith.target import decoder_layers, target_from_model
-from tests.helpers import WINDOW, make_tiny_llama, tiny_causal_lm
+from tests.helpers import WINDOW, make_tiny_llama, random_drafter, tiny_causal_lm
 
 V, NEW = 300, 24
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from draftsmith.cli import app
 from draftsmith.draft.checkpoint import save_drafter
-from draftsmith.evaluate.proposer import random_drafter
+from tests.helpers import random_drafter
 
 
 @pytest.fixture

@@ -13,12 +13,13 @@ from typer.testing import CliRunner
 from draftsmith.cli import app
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.evaluate.decode import plain_generate
-from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, random_drafter
+from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer
 from draftsmith.errors import UserError
 from draftsmith.evaluate.shape import Calibration, Candidate, Shape, calibrate, conditional_acceptance, expected_tokens, spread, summary
 from draftsmith.layers import default_aux_layers
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
+from tests.helpers import random_drafter
 
 
 def test_conditional_acceptance_counts_cycles_that_got_that_far():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import draftsmith.data.store as store_mod
 import draftsmith.extract.run as extract_run
 import draftsmith.extract.writer as writer_mod
 from draftsmith.data.store import StoreReader, read_manifest
@@ -141,7 +142,7 @@ def fill_disk_after(monkeypatch, n):
 
 def test_preflight_refuses_then_force_and_disk_full_resume(dataset, tiny_target_dir, tmp_path, monkeypatch):
     out = tmp_path / "store"
-    monkeypatch.setattr(extract_run, "free_bytes", lambda p: 1000)
+    monkeypatch.setattr(store_mod, "free_bytes", lambda p: 1000)
     with pytest.raises(UserError, match="not enough disk"):
         run(cfg(dataset, tiny_target_dir, out))
     real_place = fill_disk_after(monkeypatch, 5)
@@ -157,16 +158,16 @@ def test_a_rerun_after_disk_full_needs_only_the_remainder(dataset, tiny_target_d
     """Issue 16 item 12: after a disk-full stop, rerunning the same command asks room for the
     samples still to extract (plus a margin that scales with them), not a fixed 64 MB."""
     out = tmp_path / "store"
-    monkeypatch.setattr(extract_run, "free_bytes", lambda p: 2 << 20)  # 2 MiB: holds this ~0.2 MB store
+    monkeypatch.setattr(store_mod, "free_bytes", lambda p: 2 << 20)  # 2 MiB: holds this ~0.2 MB store
     real_place = fill_disk_after(monkeypatch, 5)
     with pytest.raises(StageFailed, match="disk full.*rerun the same command"):
         run(cfg(dataset, tiny_target_dir, out))
     monkeypatch.setattr(writer_mod, "place_file", real_place)
-    monkeypatch.setattr(extract_run, "free_bytes", lambda p: 1000)  # still full
+    monkeypatch.setattr(store_mod, "free_bytes", lambda p: 1000)  # still full
     with pytest.raises(UserError, match=r"the 7 samples still to extract need ~.* and .* has 1.0 KB free; "
                                         r"the 5 samples already in the store are kept\. Free at least"):
         run(cfg(dataset, tiny_target_dir, out))
-    monkeypatch.setattr(extract_run, "free_bytes", lambda p: 2 << 20)  # space freed
+    monkeypatch.setattr(store_mod, "free_bytes", lambda p: 2 << 20)  # space freed
     assert len(StoreReader(run(cfg(dataset, tiny_target_dir, out)))) == 12
 
 

@@ -1,7 +1,7 @@
 import pytest
 
 from draftsmith.errors import UserError
-from draftsmith.layers import default_aux_layers, from_engine, to_engine, validate_layers
+from draftsmith.layers import default_aux_layers, from_engine, resolve_aux_layers, to_engine, validate_layers
 
 
 def test_default_aux_layers_match_eagle_vllm_sglang_default():
@@ -11,6 +11,13 @@ def test_default_aux_layers_match_eagle_vllm_sglang_default():
     assert default_aux_layers(5) == [1, 2, 4]  # and, where there are three, ids the engines capture
     for n in range(2, 64):
         assert validate_layers(default_aux_layers(n), n) == default_aux_layers(n)
+        assert resolve_aux_layers(None, n) == resolve_aux_layers([], n) == default_aux_layers(n)
+
+
+def test_resolve_aux_layers_checks_the_ids_given():
+    assert resolve_aux_layers([27, 2, 15], 30) == [2, 15, 27]
+    with pytest.raises(UserError, match="out of range"):
+        resolve_aux_layers([2, 15, 30], 30)
 
 
 def test_sglang_is_one_lower_and_round_trips():

@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from draftsmith.evaluate.decode import plain_generate, spec_generate
-from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, random_drafter, tree_ancestors
+from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer, tree_ancestors
 from draftsmith.layers import default_aux_layers
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.target import decoder_layers
+from tests.helpers import random_drafter
 
 
 def engine_for(model, max_len: int = 256) -> TargetEngine:

@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.draft.step_weights import STEP_DECAY
 from draftsmith.runtime.head import OutputHead
 from draftsmith.train import loss as loss_module
-from draftsmith.train.loss import STEP_WEIGHT, STAT_KEYS, TTTObjective, _chunk_ce, _compiled_chunk_ce, _soft_ce_op
+from draftsmith.train.loss import STAT_KEYS, TTTObjective, _chunk_ce, _compiled_chunk_ce, _soft_ce_op
 from draftsmith.train.metrics import summarise
 from draftsmith.train.ttt import doc_and_positions, unroll
 
@@ -85,7 +86,7 @@ def reference(drafter, w_full, K, ids, loss_mask, doc, pos, aux, final, reached_
         ce_sum = torch.stack(ces).sum() if ces else torch.zeros(())
         stats["ce_sum"][k] = float(ce_sum.detach())
         trained[k] = len(ces)
-        loss = loss + STEP_WEIGHT**k * ce_sum / max(len(ces), 1)
+        loss = loss + STEP_DECAY**k * ce_sum / max(len(ces), 1)
     return loss, {key: torch.tensor(vals) for key, vals in stats.items()}, trained
 
 

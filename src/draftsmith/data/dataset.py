@@ -77,6 +77,23 @@ class TokenizedDataset:
         return h.hexdigest()[:16]
 
 
+def pad_batch(ds: TokenizedDataset, rows: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Right-padded ids and attention mask [B, T_max] of the dataset's `rows` on `device`, and
+    the per-row lengths: a capture batch (`extract`, and `plan`'s calibration)."""
+    lengths = [int(ds.lengths[r]) for r in rows]
+    ids = np.zeros((len(rows), max(lengths)), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for j, r in enumerate(rows):
+        a, b = ds.offsets[r], ds.offsets[r + 1]
+        ids[j, : b - a] = ds.ids[a:b]
+        mask[j, : b - a] = 1
+    pin = device.type == "cuda"
+    t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
+    if pin:
+        t_ids, t_mask = t_ids.pin_memory(), t_mask.pin_memory()
+    return t_ids.to(device, non_blocking=pin), t_mask.to(device, non_blocking=pin), lengths
+
+
 def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """Deterministic split: a seeded permutation, the last round(n*f) samples (at least one
     when f > 0 and n > 1) held out for validation."""

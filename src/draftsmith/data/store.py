@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,7 @@ from safetensors import safe_open
 from safetensors.torch import load as load_bytes
 
 from draftsmith.errors import UserError
-from draftsmith.fsutil import atomic_write_text, read_jsonl
+from draftsmith.fsutil import atomic_write_text, free_bytes, read_jsonl
 from draftsmith.layers import validate_layers
 
 if TYPE_CHECKING:
@@ -64,11 +65,34 @@ REEXTRACT = "rerun the same `draftsmith extract` command: it extracts again ever
 
 
 FILE_OVERHEAD = 4096  # bytes per sample file beyond its tensors: header, manifest line, block rounding
+MARGIN_FRACTION, MARGIN_BYTES = 0.05, 1 << 20  # free space must exceed the projection by this much
+HOST_SLOTS = 3  # batches extract holds in host memory between the GPU and its writer threads (pinned on GPU)
 
 
 def projected_bytes(tokens: int, n_files: int, n_aux: int, hidden_size: int, dtype_size: int) -> int:
     """Disk bytes of a store: tokens × ((n_aux+1) × H × dtype_size + 5 for ids and mask) + per-file overhead."""
     return tokens * ((n_aux + 1) * hidden_size * dtype_size + 5) + n_files * FILE_OVERHEAD
+
+
+@dataclass(frozen=True)
+class StoreFit:
+    """`need` bytes of store still to write, the `margin` kept for the projection's error, and
+    the `free` bytes on the disk that would hold them."""
+
+    need: int
+    margin: int
+    free: int
+
+    @property
+    def fits(self) -> bool:
+        return self.need + self.margin <= self.free
+
+
+def store_fit(need: int, where: Path) -> StoreFit:
+    """The one disk check of a store, for `extract` (its preflight and `--plan`) and `plan`:
+    `need` bytes plus a margin of 5% and 1 MiB against the free space on the disk holding
+    `where` (or its nearest existing parent)."""
+    return StoreFit(need, int(need * MARGIN_FRACTION) + MARGIN_BYTES, free_bytes(where))
 
 
 def sample_relpath(sample_id: int, folder_size: int = FOLDER_SIZE) -> str:

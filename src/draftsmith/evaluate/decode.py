@@ -27,7 +27,7 @@ import torch
 from draftsmith.evaluate.proposer import Draft
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling, verify_chain_greedy, verify_chain_sampled, verify_tree
-from draftsmith.runtime.selfcheck import Engine
+from draftsmith.runtime.engine_choice import Engine
 
 
 class Proposer(Protocol):

@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -384,25 +384,3 @@ class OracleProposer:
             parents += [parent, parent]
         depths = torch.arange(1, self.depth + 1).repeat_interleave(2)[None]  # [1, 2*depth]
         return Draft(torch.tensor([tokens]), depths, torch.tensor([parents]), tree_ancestors(torch.tensor([parents]), self.depth))
-
-
-def random_drafter(model: torch.nn.Module, draft_vocab_size: int | None = None, seed: int = 0,
-                   stride: int = 1, intermediate_size: int | None = None, num_layers: int = 1) -> Eagle3Drafter:
-    """An untrained drafter for `model` (default aux layers, target embeddings, `num_layers`
-    decoder layers, its MLP the target's width or `intermediate_size`; draft id i is target id
-    stride*i, so stride 1 is the identity over the first `draft_vocab_size` ids): tau ~ 1, for
-    tests and smoke benchmarks."""
-    from draftsmith.draft.model import DrafterConfig
-    from draftsmith.layers import default_aux_layers
-    from draftsmith.target import decoder_layers, embed_weight, text_config
-
-    tc = text_config(model.config)
-    torch.manual_seed(seed)
-    cfg = DrafterConfig.from_target(tc, draft_vocab_size=min(draft_vocab_size or tc.vocab_size, tc.vocab_size),
-                                    aux_layer_ids=default_aux_layers(len(decoder_layers(model))))
-    drafter = Eagle3Drafter(replace(cfg, intermediate_size=intermediate_size or cfg.intermediate_size, num_layers=num_layers))
-    drafter.load_target_embeddings(embed_weight(model))
-    target_ids = torch.arange(cfg.draft_vocab_size) * stride  # [Vd]
-    drafter.set_vocab(target_ids - torch.arange(cfg.draft_vocab_size),
-                      torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill_(0, target_ids, True))
-    return drafter.to(embed_weight(model).device).eval()

@@ -40,7 +40,7 @@ from draftsmith.progress import Progress
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
-from draftsmith.runtime.selfcheck import Engine, open_engine
+from draftsmith.runtime.engine_choice import Engine, open_engine
 from draftsmith.target import Target, default_device, embed_weight, load_target, load_tokenizer
 
 

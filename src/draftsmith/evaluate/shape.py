@@ -31,7 +31,7 @@ from typing import Any
 from draftsmith.errors import UserError
 from draftsmith.evaluate.decode import Proposer, Turn, decode_all
 from draftsmith.runtime.sampling import Sampling
-from draftsmith.runtime.selfcheck import Engine
+from draftsmith.runtime.engine_choice import Engine
 
 
 @dataclass(frozen=True)

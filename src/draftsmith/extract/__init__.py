@@ -1,1 +1,1 @@
-"""Extract stage: hook-based hidden-state capture, the on-disk store, and `plan`."""
+"""Extract stage: hook-based hidden-state capture into the on-disk store, and its writer."""

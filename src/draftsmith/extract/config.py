@@ -1,4 +1,4 @@
-"""Configs of `draftsmith extract` and `draftsmith plan`."""
+"""Config of `draftsmith extract`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 from pydantic import Field
 
 from draftsmith.config import DEFAULT_TARGET, SHARD_HELP, CommandConfig, Shard
-from draftsmith.draft.shape import DrafterShape
 
 
 class ExtractConfig(CommandConfig):
@@ -28,23 +27,3 @@ class ExtractConfig(CommandConfig):
     check_tol: float | None = Field(None, gt=0, description="Relative-error tolerance of the re-check; default 1e-3 for fp32, 5e-2 for bf16/fp16.")
     max_errors: int = Field(10, ge=0, description="Stop after this many validation failures.")
     staging_dir: Path | None = Field(None, description="Write files here first (e.g. /dev/shm), then move them into the store.")
-
-
-class PlanConfig(CommandConfig, DrafterShape):
-    """The drafter it sizes has `train`'s shape options (`DrafterShape`): plan with the ones you
-    will train with."""
-
-    positional = "dataset_dir"
-    renamed = {"layers": "aux_layer_ids"}  # one name with the store and drafter.json
-    dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
-    target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
-    hidden_dir: Path | None = Field(None, description="Where the hidden-state store would go (checked for free space).")
-    aux_layer_ids: list[int] | None = Field(None, description="Aux layer ids in draftsmith's convention; default [2, L//2, L-3].")
-    device: str | None = Field(None, description="Device for the calibration run.")
-    shard: Shard = Field("none", description=SHARD_HELP)
-    dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32.")
-    calibrate: bool = Field(True, description="Time a short forward on a few samples to estimate durations.")
-    calibrate_tokens: int = Field(2048, gt=0, description="Tokens in the calibration batch.")
-    token_budget: int = Field(65536, gt=0, description="Extraction batch size in tokens (as `extract --token-budget`).")
-    epochs: float = Field(1.0, gt=0, description="Training epochs to plan for.")
-    ttt: int = Field(7, ge=1, description="Training-time-test unroll steps to plan for.")

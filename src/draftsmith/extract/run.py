@@ -25,24 +25,21 @@ import numpy as np
 import torch
 
 from draftsmith.config import write_run_record
-from draftsmith.data.dataset import TokenizedDataset, load_dataset
+from draftsmith.data.dataset import TokenizedDataset, load_dataset, pad_batch
 from draftsmith.data.store import (
-    MANIFEST, STORE_FILE, dataset_identity, files_on_disk, length_batches, manifest_files, new_store_meta,
+    HOST_SLOTS, MANIFEST, STORE_FILE, dataset_identity, files_on_disk, length_batches, manifest_files, new_store_meta,
     projected_bytes, rank_manifest_name, read_manifest, read_store_meta, repair_manifest, sample_relpath,
-    source_mismatches, write_manifest,
+    source_mismatches, store_fit, write_manifest,
 )
 from draftsmith.errors import StageFailed, UserError
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
-from draftsmith.fsutil import atomic_write_json, check_output, free_bytes, human_bytes, mark_output, output_lock
-from draftsmith.layers import default_aux_layers, validate_layers
+from draftsmith.fsutil import atomic_write_json, check_output, human_bytes, mark_output, output_lock
+from draftsmith.layers import resolve_aux_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.capture import capture
 from draftsmith.target import Target, default_device, load_target, load_text_config, parse_dtype
 from draftsmith.torchrun import dist_env
-
-HOST_SLOTS = 3  # batches in flight between the GPU and the writer threads (pinned buffers on GPU)
-MARGIN_FRACTION, MARGIN_BYTES = 0.05, 1 << 20  # free space must exceed the projection by this much
 
 
 def barrier(world: int) -> None:
@@ -87,21 +84,21 @@ def projection(ds: TokenizedDataset, done: dict[int, dict], n_aux: int, H: int, 
 
 def preflight(out: Path, need: int, todo: int, saved: int, force: bool, world: int) -> bool:
     """Refuse to start when the disk cannot hold what is still to write: the `todo` samples not
-    yet in the store (a resume needs only those; the `saved` ones stay) plus a margin of 5%
-    and 1 MiB for the projection's error. Returns whether it fits (with `force`, not a refusal)."""
-    free = free_bytes(out)
-    margin = int(need * MARGIN_FRACTION) + MARGIN_BYTES
+    yet in the store (a resume needs only those; the `saved` ones stay) plus `store_fit`'s margin
+    for the projection's error. Returns whether it fits (with `force`, not a refusal)."""
+    fit = store_fit(need, out)
+    free, margin = fit.free, fit.margin
     kept = f"; the {saved} samples already in the store are kept" if saved else ""
     print(f"[extract] preflight: ~{human_bytes(need)} still to write for {todo} samples (+{human_bytes(margin)} margin), "
           f"{human_bytes(free)} free on {out}" + (f" (all {world} ranks)" if world > 1 else "") + kept, flush=True)
-    if need + margin > free and not force:
+    if not fit.fits and not force:
         raise UserError(
             f"not enough disk for the store: the {todo} samples still to extract need ~{human_bytes(need + margin)} "
             f"(~{human_bytes(need)} + {human_bytes(margin)} margin) and {out} has {human_bytes(free)} free{kept}. "
             f"Free at least {human_bytes(need + margin - free)}, choose another --out, or pass "
             f"--force to start anyway (the run stops cleanly when the disk fills and resumes after space is freed)"
         )
-    return need + margin <= free
+    return fit.fits
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -118,22 +115,6 @@ def recheck(model: torch.nn.Module, ids: torch.Tensor, aux_layer_ids: list[int],
     if max(errs) > tol:
         return f"re-check against a single-sample forward failed: relative error aux {errs[0]:.2e}, final {errs[1]:.2e} > {tol:g}"
     return None
-
-
-def pad_batch(ds: TokenizedDataset, rows: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Right-padded ids and attention mask [B, T_max] on `device`, and the per-row lengths."""
-    lengths = [int(ds.lengths[r]) for r in rows]
-    ids = np.zeros((len(rows), max(lengths)), dtype=np.int64)
-    mask = np.zeros_like(ids)
-    for j, r in enumerate(rows):
-        a, b = ds.offsets[r], ds.offsets[r + 1]
-        ids[j, : b - a] = ds.ids[a:b]
-        mask[j, : b - a] = 1
-    pin = device.type == "cuda"
-    t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
-    if pin:
-        t_ids, t_mask = t_ids.pin_memory(), t_mask.pin_memory()
-    return t_ids.to(device, non_blocking=pin), t_mask.to(device, non_blocking=pin), lengths
 
 
 def gather_rows(x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
@@ -173,7 +154,7 @@ def plan_store(cfg: ExtractConfig) -> Path:
     ds, out = load_dataset(cfg.dataset_dir), Path(cfg.out)
     tc = load_text_config(cfg.target)
     num_layers, H = int(tc.num_hidden_layers), int(tc.hidden_size)
-    aux_layer_ids = validate_layers(cfg.aux_layer_ids or default_aux_layers(num_layers), num_layers)
+    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, num_layers)
     dtype = parse_dtype(cfg.dtype, torch.device(cfg.device) if cfg.device else default_device())
     whole, need, todo = projection(ds, listed_samples(out)[0], len(aux_layer_ids), H, dtype.itemsize)
     tokens = int(ds.lengths.sum())
@@ -207,7 +188,7 @@ def extract(cfg: ExtractConfig) -> Path:
     if world > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     target = load_target(cfg.target, device, cfg.dtype, shard=cfg.shard)
-    aux_layer_ids = validate_layers(cfg.aux_layer_ids or target.info.default_aux_layers, target.info.num_layers)
+    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, target.info.num_layers)
     check_token_ids(ds, target.info.vocab_size)
     dtype_name = str(target.dtype).removeprefix("torch.")
     meta = new_store_meta(target.info.to_dict(), aux_layer_ids, dtype_name, dataset_identity(ds))

@@ -1,6 +1,6 @@
 """The generic target engine: the model's own Hugging Face forward with a transformers
 `DynamicCache`, for targets that draftsmith's static-KV engine (engine.py) does not cover
-(`selfcheck.open_engine` decides). Slower (no CUDA graphs, a growing cache), but exact for any
+(`engine_choice.open_engine` decides). Slower (no CUDA graphs, a growing cache), but exact for any
 `AutoModelForCausalLM` whose cache can be cropped: the model computes its own logits, with
 whatever multipliers, soft-capping or sliding windows it has.
 

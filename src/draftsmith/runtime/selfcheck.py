@@ -16,14 +16,13 @@ Three checks, cheapest first; the first that fails gives the reason:
     run goes past the model's sliding window, so does the prompt (a window-long forward), and
     the windowed masks are checked too.
 
-`open_engine` builds the engine `eval` decodes with: the fast one, or `HFEngine` (generic.py)
-after one log line naming the model class and the reason. `fast_engine_problem` is the verdict
-alone (synth then generates with the model's own `generate`).
+`fast_engine_problem` is the verdict: `open_engine` (engine_choice.py) builds eval's engine from
+it, and synth generates with the model's own `generate` when it names a problem.
+`generic_tree_problem` checks the generic path for draft trees.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
@@ -34,8 +33,6 @@ from draftsmith.runtime.capture import hooked
 from draftsmith.runtime.engine import TargetEngine, check_supported, sliding_layers
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.target import text_config
-
-Engine = TargetEngine | HFEngine
 
 CHECK_PREFILL, CHECK_CHAIN = 24, 8  # tokens of the check prompt: a prefill, then a chain forward from the cache
 # the largest |fast - model| allowed, as a fraction of the largest |model| value (logits, aux states)
@@ -131,26 +128,3 @@ def fast_engine_problem(model: nn.Module, aux_layer_ids: list[int], max_len: int
         return logits_gap(model, aux_layer_ids, max_len)
     except Exception as e:  # the fast engine crashing on a model (shapes, missing modules) means it does not cover it
         return f"the fast engine fails on it: {type(e).__name__}: {e}"
-
-
-def open_engine(model: nn.Module, aux_layer_ids: list[int], max_len: int, mode: str = "chain", batch: int = 1,
-                compile: bool = False) -> Engine:
-    """The engine `eval` decodes with: the fast engine (of `batch` rows; its graphed forwards
-    compiled with `compile`) when it passes the self-check, else the generic one (one row:
-    `batch > 1` is refused; `mode == "tree"` where `generic_tree_problem` finds one), announced
-    on stderr."""
-    problem = fast_engine_problem(model, aux_layer_ids, max_len)
-    if problem is None:
-        return TargetEngine(model, aux_layer_ids, max_len, batch=batch, compile=compile)
-    name = type(model).__name__
-    if batch > 1:
-        raise UserError(f"--batch-size {batch} needs draftsmith's fast engine, which does not cover {name}: {problem}. "
-                        "The generic path decodes one row: use --batch-size 1")
-    engine = HFEngine(model, aux_layer_ids, max_len, reason=problem)
-    tree_problem = generic_tree_problem(engine) if mode == "tree" else None
-    if tree_problem is not None:
-        raise UserError(f"--mode tree on {name}: the fast engine does not cover it ({problem}) and the generic path "
-                        f"cannot verify trees for it: {tree_problem}. Use --mode chain")
-    print(f"[eval] {name}: not on the fast engine ({problem}); decoding on the generic path instead "
-          f"(the model's own forward with a DynamicCache: {mode}, one row, no CUDA graphs)", file=sys.stderr, flush=True)
-    return engine

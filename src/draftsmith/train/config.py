@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from draftsmith.config import DEFAULT_TARGET, SHARD_HELP, CommandConfig, Shard
 from draftsmith.draft.shape import DrafterShape
+from draftsmith.draft.step_weights import STEP_DECAY
 
 # the drafter options SGLang's LlamaForCausalLMEagle3 does not read (export/eagle.py: SGLANG_INSTEAD)
 SGLANG_UNSERVED = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
@@ -34,7 +35,7 @@ class TrainConfig(CommandConfig, DrafterShape):
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="Learning-rate decay after the warm-up.")
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps for linear warm-up.")
     weight_decay: float = Field(0.0, ge=0, description="Weight decay.")
-    step_decay: float = Field(0.8, gt=0, le=1, description="Loss weight of TTT step k is step_decay**k.")
+    step_decay: float = Field(STEP_DECAY, gt=0, le=1, description="Loss weight of TTT step k is step_decay**k.")
     loss_tokens: Literal["answers", "all"] = Field("answers", description="Positions trained on: the answers (prepare's loss mask), or every token of each sample, the prompt's too (the target's distribution there is a teacher as well: more trained positions per row at the same cost). Validation always scores the answers.")
     ttt_positions: Literal["all", "reached"] = Field("all", description="Positions TTT step k trains on: every valid one, or only those a greedy chain of drafts reaches (steps 0..k-1 drafted the target's token there: the positions whose step-k acceptance counts in τ; GRIFFIN's token alignment). Step 0 trains on every valid position either way.")
     teacher_temperature: float = Field(1.0, gt=0, description="Training only: divide the target's logits by this before the softmax that the drafter learns (below 1: a sharper teacher, weighted toward the target's top token, which greedy acceptance counts; the top token is the same). Validation scores against the target's own distribution.")

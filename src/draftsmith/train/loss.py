@@ -7,7 +7,7 @@ Per step k (see `ttt.py` for the alignment), over the valid positions only:
                                                                    training, 1 in validation)
     student  z = lm_head_draft(norm(out_k[t]))
     ce_k     = Σ_t (logsumexp(z) - Σ_v p z) / n_valid_k            = -Σ_v p log softmax(z), as Σ_v p = 1
-    loss     = Σ_k step_decay**k ce_k                               (step_decay 0.8 by default)
+    loss     = Σ_k step_decay**k ce_k              (draft/step_weights.py; step_decay 0.8 by default)
 
 Valid = same sample × loss_mask[t+2+k] × t2d[argmax of the target's full-vocab logits at t+1+k]
 (loss_mask: prepare's answer mask; in training with --loss-tokens all, every token of the sample).
@@ -50,11 +50,11 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from draftsmith.draft.step_weights import STEP_DECAY, step_weights
 from draftsmith.runtime.head import OutputHead
 from draftsmith.train.ttt import shift_left, unroll, valid_steps
 from draftsmith.train.walk import walk_counts
 
-STEP_WEIGHT = 0.8  # the default step_decay, and the weighting of the logged `loss`
 STEP_KEYS = ("ce_sum", "n_valid", "n_correct", "n_chain", "n_chain_correct")  # counted at every step's positions
 STAT_KEYS = (*STEP_KEYS, "walk_cycles", "walk_reach")
 
@@ -251,7 +251,7 @@ class TTTObjective(nn.Module):
     """
 
     def __init__(self, drafter: nn.Module, head: OutputHead, ttt: int, backend: str, chunk: int = 4096,
-                 step_decay: float = STEP_WEIGHT, aux_noise: float = 0.0, static: bool = False,
+                 step_decay: float = STEP_DECAY, aux_noise: float = 0.0, static: bool = False,
                  all_tokens: bool = False, reached_only: bool = False, teacher_temperature: float = 1.0) -> None:
         super().__init__()
         self.drafter, self.ttt, self.backend, self.chunk, self.step_decay = drafter, ttt, backend, chunk, step_decay
@@ -368,13 +368,14 @@ class TTTObjective(nn.Module):
         runs = torch.zeros(valid.shape[1:], dtype=torch.long, device=valid.device)  # [B, T]: the leading correct steps
         loss = hidden0.new_zeros((), dtype=torch.float32)
         stats = {key: [] for key in STEP_KEYS}
+        weights = step_weights(self.ttt, self.step_decay)
         for k, out in unroll(d, hidden0, ids, pos, doc, self.ttt, self.backend):
             v = valid[k]
             reached = chain & v  # [B, T]: the positions a greedy chain reaches at step k
             keep = reached if self.reached_only else None  # the positions trained on; None: all of v
             ce_sum, hit = score(k, out, v, keep)
             n_valid, n_chain = v.sum(), reached.sum()
-            loss = loss + self.step_decay**k * ce_sum / (n_chain if self.reached_only else n_valid).clamp(min=1)
+            loss = loss + weights[k] * ce_sum / (n_chain if self.reached_only else n_valid).clamp(min=1)
             stats["ce_sum"].append(ce_sum.detach())
             stats["n_valid"].append(n_valid)
             stats["n_correct"].append(hit.sum())

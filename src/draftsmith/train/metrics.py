@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from draftsmith.fsutil import append_line, atomic_write_text
-from draftsmith.train.loss import STAT_KEYS, STEP_WEIGHT
+from draftsmith.draft.step_weights import step_weights
+from draftsmith.train.loss import STAT_KEYS
 
 METRICS_FILE, PLOT_FILE = "metrics.jsonl", "metrics.png"
 
@@ -53,7 +54,7 @@ def summarise(stats: dict[str, torch.Tensor], reached_only: bool = False) -> dic
     acc_k = (stats["n_correct"] / n).tolist()
     cond_k = (stats["n_chain_correct"] / stats["n_chain"].clamp(min=1)).tolist()
     record = {
-        "loss": sum(STEP_WEIGHT**k * v for k, v in enumerate(loss_k)),
+        "loss": sum(w * v for w, v in zip(step_weights(len(loss_k)), loss_k, strict=True)),
         "loss_k": loss_k, "acc_k": acc_k, "cond_acc_k": cond_k,
         "tau": simulated_tau(cond_k), "acc_0": acc_k[0], "valid_tokens": int(stats["n_valid"][0]),
     }

@@ -29,7 +29,7 @@ from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, sav
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError, from_os_error
 from draftsmith.fsutil import LOCK_FILE, check_output, mark_output, output_lock
-from draftsmith.layers import validate_layers
+from draftsmith.layers import resolve_aux_layers, validate_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.capture import supports_flex
 from draftsmith.runtime.head import check_output_head, output_head
@@ -157,7 +157,7 @@ def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) ->
     max_len = min(cfg.max_len, cfg.batch_tokens)
     n_layers = target.info.num_layers
     if cfg.hidden is None:
-        aux_layer_ids = validate_layers(cfg.aux_layer_ids or target.info.default_aux_layers, n_layers)
+        aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, n_layers)
         source = OnlineSource(dataset, target.model, aux_layer_ids, max_len, token_budget=max(cfg.batch_tokens, max_len),
                               attention=capture_attention(cfg.capture_attention, target))
         return source, aux_layer_ids, list(range(len(dataset)))
@@ -272,7 +272,7 @@ def run(cfg: TrainConfig) -> Path:
             else:
                 trainer.run(None)
         except OSError as e:  # a full disk: exit 4, what to free, and how to go on
-            raise from_os_error(e, f"the checkpoints, metrics and published drafter written before are kept: rerun "
+            raise from_os_error(e, "the checkpoints, metrics and published drafter written before are kept: rerun "
                                    "with --resume to continue from the last checkpoint") from None
         finally:
             trainer.log.close()

@@ -1,10 +1,12 @@
 """`draftsmith plan`: disk, memory and time estimates for extract and train, before running them.
 
 Disk comes from the store format (`projected_bytes`) and the dataset's token count, checked
-against the free space where the store would go. Memory comes from the target's and the
-drafter's parameter counts and the batch sizes. Time comes from a short measured calibration:
-a capture forward of the target and a TTT-unrolled forward+backward of a fresh drafter, on a few
-of the dataset's own samples (`--no-calibrate` skips it and leaves times out).
+against the free space where the store would go (`store_fit`, extract's own check). Memory comes
+from the target's and the drafter's parameter counts and the batch sizes (extract's host slots,
+`HOST_SLOTS`). Time comes from a short measured calibration: a capture forward of the target and
+a TTT-unrolled forward+backward of a fresh drafter with train's shape options and step weights
+(`step_weights`), on a few of the dataset's own samples (`--no-calibrate` skips it and leaves
+times out).
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from draftsmith.data.dataset import load_dataset
-from draftsmith.data.store import length_batches, projected_bytes
+from draftsmith.data.dataset import load_dataset, pad_batch
+from draftsmith.data.store import HOST_SLOTS, length_batches, projected_bytes, store_fit
 from draftsmith.data.vocab import draft_vocab_size
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
-from draftsmith.extract.config import PlanConfig
-from draftsmith.extract.run import HOST_SLOTS, MARGIN_BYTES, MARGIN_FRACTION, pad_batch
-from draftsmith.fsutil import free_bytes, human_bytes
-from draftsmith.layers import validate_layers
+from draftsmith.draft.step_weights import step_weights
+from draftsmith.fsutil import human_bytes
+from draftsmith.layers import resolve_aux_layers
+from draftsmith.plan.config import PlanConfig
 from draftsmith.progress import fmt_duration
 from draftsmith.runtime.capture import capture
 from draftsmith.target import load_target, text_config
@@ -62,9 +64,9 @@ def calibrate_drafter(drafter: Eagle3Drafter, tokens: int, ttt: int, n_aux_width
 
     def step() -> None:
         hidden, loss = drafter.project(aux), 0.0
-        for k in range(ttt):
+        for k, weight in enumerate(step_weights(ttt)):
             logits, hidden = drafter(hidden, ids, pos + k)  # [1, T, V_d], [1, T, H]
-            loss = loss + logits.float().logsumexp(-1).mean() * 0.8**k
+            loss = loss + logits.float().logsumexp(-1).mean() * weight
         loss.backward()
         drafter.zero_grad(set_to_none=True)
 
@@ -75,7 +77,7 @@ def run(cfg: PlanConfig) -> Path:
     ds = load_dataset(cfg.dataset_dir)
     target = load_target(cfg.target, cfg.device, cfg.dtype, shard=cfg.shard)
     info, device = target.info, target.device
-    aux_layer_ids = validate_layers(cfg.aux_layer_ids or info.default_aux_layers, info.num_layers)
+    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, info.num_layers)
     n_aux, H, dsize = len(aux_layer_ids), info.hidden_size, target.dtype.itemsize
     tokens, n = int(ds.lengths.sum()), len(ds)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
@@ -97,8 +99,7 @@ def run(cfg: PlanConfig) -> Path:
 
     store = projected_bytes(tokens, n, n_aux, H, dsize)
     hidden_dir = Path(cfg.hidden_dir) if cfg.hidden_dir else Path(cfg.dataset_dir).absolute().parent
-    free = free_bytes(hidden_dir)
-    need = store + int(store * MARGIN_FRACTION) + MARGIN_BYTES
+    fit = store_fit(store, hidden_dir)
     act_bytes = cfg.token_budget * ((n_aux + 2) * H + 3 * int(getattr(text_config(target.model.config), "intermediate_size", 4 * H))) * dsize
     host_bytes = HOST_SLOTS * cfg.token_budget * (n_aux + 1) * H * dsize
     ckpt_bytes = trainable * ADAM_BYTES_PER_PARAM * 2  # the last two checkpoints are kept
@@ -125,6 +126,6 @@ def run(cfg: PlanConfig) -> Path:
     if fwd_tps:
         console.print(f"calibration on {device}: target capture forward {fwd_tps:,.0f} tok/s, "
                       f"drafter TTT-{cfg.ttt} step {drafter_tps:,.0f} tok/s (per epoch; train time uses --epochs {cfg.epochs:g})")
-    verdict = "fits" if need <= free else "DOES NOT FIT"
-    console.print(f"disk at {hidden_dir}: store needs ~{human_bytes(need)} with margin, {human_bytes(free)} free: {verdict}")
+    verdict = "fits" if fit.fits else "DOES NOT FIT"
+    console.print(f"disk at {hidden_dir}: store needs ~{human_bytes(fit.need + fit.margin)} with margin, {human_bytes(fit.free)} free: {verdict}")
     return Path(cfg.dataset_dir)

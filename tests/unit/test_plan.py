@@ -1,4 +1,5 @@
-"""`draftsmith plan` on a tiny target: a table with disk, memory and calibrated time per stage."""
+"""`draftsmith plan` on a tiny target: a table with disk, memory and calibrated time per stage; and
+`extract --plan`, the store's disk check alone (both through `data.store.store_fit`)."""
 
 import numpy as np
 from typer.testing import CliRunner
@@ -45,7 +46,7 @@ def test_plan_sizes_the_drafter_train_would_build(tmp_path, tiny_target_dir):
     `DrafterShape`): the training rows' device memory is that drafter's, optimizer state included."""
     from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
     from draftsmith.draft.shape import DrafterShape
-    from draftsmith.extract.plan import ADAM_BYTES_PER_PARAM
+    from draftsmith.plan.run import ADAM_BYTES_PER_PARAM
     from draftsmith.target import load_target, text_config
 
     ds = write_tokenized_dataset(tmp_path / "ds", [list(range(3, 33))] * 10)
