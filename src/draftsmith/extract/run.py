@@ -37,7 +37,7 @@ from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
 from draftsmith.fsutil import atomic_write_json, free_bytes, human_bytes, output_lock
 from draftsmith.layers import default_aux_layers, validate_layers
 from draftsmith.progress import Progress
-from draftsmith.runtime.capture import capture
+from draftsmith.runtime.capture import capture, pads_sequences
 from draftsmith.target import Target, default_device, load_target, load_text_config, parse_dtype
 from draftsmith.torchrun import dist_env
 
@@ -264,8 +264,12 @@ def extract_samples(cfg: ExtractConfig, target: Target, ds: TokenizedDataset, to
             errors.extend(r.errors)
             progress.advance(r.samples, tokens=r.tokens, bytes_written=r.bytes, errors=len(r.errors))
 
+    padded = pads_sequences(model, aux_layer_ids)
+    if not padded:
+        print(f"[extract] {type(model).__name__} fails on a padded batch under an attention mask: "
+              "one sample per forward instead (slower, same values)", flush=True)
     try:
-        batches = length_batches(ds.lengths[todo], cfg.token_budget, shuffle=True, seed=0)
+        batches = length_batches(ds.lengths[todo], cfg.token_budget, shuffle=True, seed=0, max_batch=None if padded else 1)
         for batch in batches:
             rows = [todo[j] for j in batch]
             ids, mask, lengths = pad_batch(ds, rows, device)  # [B, T_max] each
