@@ -229,7 +229,7 @@ def capture_samples(cfg: ExtractConfig, engine: EngineTarget, ds: TokenizedDatas
     proc = start_worker(worker_spec(cfg, engine, ds, todo, layer_ids, requests), out)
     log: collections.deque = collections.deque(maxlen=40)
     errors: list[str] = []
-    since_check, done, finished = cfg.check_every, 0, False
+    since_check, done, cached, finished = cfg.check_every, 0, 0, False
 
     def collect(results) -> None:  # noqa: ANN001
         for r in results:
@@ -265,6 +265,7 @@ def capture_samples(cfg: ExtractConfig, engine: EngineTarget, ds: TokenizedDatas
             writer.submit([(sample_id, ids, ds.mask[a:b])], host, event, slot)
             collect(writer.poll())
             done += 1
+            cached += int(record.get("cached", 0))
             if done % cfg.engine_chunk == 0 and proc.stdin is not None:
                 proc.stdin.write("\n")  # this chunk is in the store: the worker may start the next-but-one
                 proc.stdin.flush()
@@ -276,6 +277,9 @@ def capture_samples(cfg: ExtractConfig, engine: EngineTarget, ds: TokenizedDatas
         writer.close()
         shutil.rmtree(requests, ignore_errors=True)
         fsync_dir(out)
+    if cfg.prefix_caching:
+        print(f"[extract] vLLM's prefix cache served {cached} prompt tokens of {done} samples; every sample got all "
+              "its rows", flush=True)
     if writer.stop_reason:
         raise StageFailed(f"{writer.stop_reason} ({progress.done} samples written in this run were kept)")
     if len(errors) > cfg.max_errors:

@@ -16,7 +16,8 @@ connector writes a finished request's file one engine step after the request end
 worker steps the engine until the chunk's files are written. Otherwise the engine core's own
 loop keeps stepping, and the parent waits on each file's lock.
 
-Protocol on stdout: one line `@@draftsmith {"row": r, "path": P}` per request, after each chunk
+Protocol on stdout: one line `@@draftsmith {"row": r, "path": P, "cached": n}` per request
+(n: its prompt tokens vLLM's prefix cache served), after each chunk
 of `chunk` requests, then `@@draftsmith {"done": true}`; every other line is vLLM's own log.
 Chunk k+2 starts only after the parent has written a line to stdin for chunk k (it has moved
 that chunk's files into the store), which bounds the request files on disk to about two chunks.
@@ -94,12 +95,13 @@ def main(spec_path: str) -> None:
         prompts = [TokensPrompt(prompt_token_ids=ds.ids[ds.offsets[r] : ds.offsets[r + 1]].tolist()) for r in part]
         outputs = llm.generate(prompts, params, use_tqdm=False)
         paths = [(out.kv_transfer_params or {}).get("hidden_states_path") for out in outputs]
+        cached = [int(out.num_cached_tokens or 0) for out in outputs]
         if None in paths:
             raise SystemExit("vLLM returned a request without a hidden_states_path: its KV connector is not the hidden-states one")
         if spec["in_process"]:
             step_until_written(llm, paths)
-        for r, path in zip(part, paths, strict=True):
-            emit({"row": r, "path": path})
+        for r, path, n in zip(part, paths, cached, strict=True):
+            emit({"row": r, "path": path, "cached": n})
     emit({"done": True})
 
 
