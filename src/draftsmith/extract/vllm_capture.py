@@ -21,6 +21,7 @@ store sample, through the same `StoreWriter` as transformers capture:
 from __future__ import annotations
 
 import collections
+import fcntl
 import importlib.util
 import json
 import shutil
@@ -31,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from draftsmith.data.dataset import TokenizedDataset
 from draftsmith.errors import StageFailed, UserError
@@ -83,8 +86,6 @@ def engine_folder(spec: str) -> Path:
 
 def read_tensors(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
     """The named tensors of a safetensors checkpoint folder (sharded or not), read alone."""
-    from safetensors import safe_open
-
     index = folder / "model.safetensors.index.json"
     if index.exists():
         where = json.loads(index.read_text())["weight_map"]
@@ -146,16 +147,15 @@ def worker_spec(cfg: ExtractConfig, engine: EngineTarget, ds: TokenizedDataset, 
     }
 
 
-def read_request(path: str) -> dict[str, torch.Tensor]:
+def read_request(path: str, sample_id: int) -> dict[str, torch.Tensor]:
     """A request file of vLLM's connector, once its writer has released the `.lock` (it holds
     it while writing), then deleted with its lock."""
-    import fcntl
-
-    from safetensors.torch import load_file
-
     lock = Path(path + ".lock")
     with open(lock) as f:
         fcntl.flock(f, fcntl.LOCK_SH)  # sleeps until the connector's writer lets go
+        if not Path(path).exists():
+            raise StageFailed(f"sample {sample_id}: vLLM's connector wrote no file {path} (its log above says why); "
+                              "the samples written are kept, rerun to resume")
         data = load_file(path)
     Path(path).unlink(missing_ok=True)
     lock.unlink(missing_ok=True)
@@ -244,7 +244,7 @@ def capture_samples(cfg: ExtractConfig, engine: EngineTarget, ds: TokenizedDatas
             r = int(record["row"])
             sample_id, a, b = int(ds.sample_ids[r]), int(ds.offsets[r]), int(ds.offsets[r + 1])
             ids = ds.ids[a:b]
-            data = read_request(record["path"])
+            data = read_request(record["path"], sample_id)
             check_request(data, ids, sample_id, len(layer_ids), H)
             hs = data["hidden_states"].to(engine.dtype)  # [T, n_slots, H]
             aux = hs[:, aux_slots].reshape(len(ids), n_aux * H)  # [T, n_aux*H], in aux_layer_ids order
