@@ -146,7 +146,9 @@ def packs_sequences(model: nn.Module, aux_layer_ids: list[int], attention: str |
     ids, lengths, tol = _probe(model)
     try:
         aux, final = capture(model, ids[None], None, aux_layer_ids, packed_positions(lengths, ids.device)[None], attention)
-    except RuntimeError:
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError:  # the forward cannot take this layout at all
         return False
     starts = [0, lengths[0]]
     rows = [(aux[:, s : s + n], final[:, s : s + n]) for s, n in zip(starts, lengths, strict=True)]
@@ -165,7 +167,9 @@ def pads_sequences(model: nn.Module, aux_layer_ids: list[int]) -> bool:
     mask[0, : lengths[0]], mask[1] = 1, 1
     try:
         aux, final = capture(model, batch, mask, aux_layer_ids)  # [2, 7, n*H], [2, 7, H]
-    except RuntimeError:
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError:  # the forward cannot take a padding mask at all
         return False
     rows = [(aux[j : j + 1, :n], final[j : j + 1, :n]) for j, n in enumerate(lengths)]
     return _agrees(model, aux_layer_ids, ids, lengths, tol, rows)
