@@ -21,12 +21,14 @@ store sample, through the same `StoreWriter` as transformers capture:
 from __future__ import annotations
 
 import collections
+import contextlib
 import fcntl
 import importlib.util
 import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,7 +128,7 @@ def open_engine(cfg: ExtractConfig) -> EngineTarget:
     prefix = next(name for name, m in model.named_modules() if m is norm)
     state = read_tensors(folder, [f"{prefix}.{k}" for k in norm.state_dict()])
     norm.to_empty(device="cpu").load_state_dict({k.removeprefix(prefix + "."): v.to(dtype) for k, v in state.items()})
-    arch = list(getattr(config, "architectures", None) or [type(model).__name__])  # a GGUF's copy records none
+    arch = list(getattr(config, "architectures", None) or [type(model).__name__])  # for a config that names none
     return EngineTarget(info=info, folder=folder, architectures=arch, dtype=dtype, norm=norm.eval())
 
 
@@ -138,7 +140,8 @@ def worker_spec(cfg: ExtractConfig, engine: EngineTarget, ds: TokenizedDataset, 
     in_process = on_cpu and cfg.tensor_parallel_size == 1  # no engine-core or worker processes to start: faster
     if in_process:
         memory["distributed_executor_backend"] = "uni"
-    return {"in_process": in_process,
+    return {
+        "in_process": in_process,
         "model": str(engine.folder), "dtype": VLLM_DTYPES[engine.dtype], "device": "cpu" if on_cpu else "cuda",
         "request_dir": str(request_dir), "max_model_len": int(ds.lengths.max()) + 1, "prefix_caching": cfg.prefix_caching,
         "tensor_parallel_size": cfg.tensor_parallel_size, "expert_parallel": cfg.expert_parallel,
@@ -195,7 +198,7 @@ def stop_worker(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def reports(proc: subprocess.Popen, log: collections.deque):  # noqa: ANN201 (an iterator of dicts)
+def reports(proc: subprocess.Popen, log: collections.deque) -> Iterator[dict]:
     """The worker's records, in order; its other lines (vLLM's log) go to stderr and `log`."""
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -210,6 +213,8 @@ def capture_samples(cfg: ExtractConfig, engine: EngineTarget, ds: TokenizedDatas
                     aux_layer_ids: list[int], out: Path, manifest: Path, progress: Progress) -> None:
     """Run vLLM over the `todo` rows and write each sample into the store. Raises StageFailed
     on a mismatch, a failed re-check, a spent error budget, a full disk or a dead worker."""
+    if not todo:  # every sample is in the store already: no engine to start
+        return
     info, H, n_aux = engine.info, engine.info.hidden_size, len(aux_layer_ids)
     layer_ids = engine_capture_ids(aux_layer_ids, info.num_layers, "vllm")  # vLLM's ids, ascending: its slot order
     aux_slots = [layer_ids.index(k) for k in to_engine(aux_layer_ids, "vllm")]
@@ -267,8 +272,9 @@ def capture_samples(cfg: ExtractConfig, engine: EngineTarget, ds: TokenizedDatas
             done += 1
             cached += int(record.get("cached", 0))
             if done % cfg.engine_chunk == 0 and proc.stdin is not None:
-                proc.stdin.write("\n")  # this chunk is in the store: the worker may start the next-but-one
-                proc.stdin.flush()
+                with contextlib.suppress(BrokenPipeError):  # a dead worker: its end of stdout says so next
+                    proc.stdin.write("\n")  # this chunk is in the store: the worker may start the next-but-one
+                    proc.stdin.flush()
             if writer.stop_reason or len(errors) > cfg.max_errors:
                 break
         collect(writer.drain())
