@@ -3,7 +3,8 @@ extra, the GGUF refusal, the defaults handed to the worker, and the store side o
 with a stand-in worker that writes request files as vLLM's connector does (`hidden_states
 [T, n_slots, H]`, `token_ids [T]`, a `.lock`): the files become store samples equal to the
 tiny target's own states, and a file whose token ids differ from the dataset stops the run,
-naming the sample, with nothing of it written and no request file left."""
+naming the sample, with nothing of it written and no request file left; the same command then
+resumes."""
 
 from __future__ import annotations
 
@@ -123,11 +124,19 @@ def test_request_files_become_the_store(tmp_path, tiny_target_dir, fake_worker):
 def test_a_token_mismatch_stops_the_run_naming_the_sample(tmp_path, tiny_target_dir, fake_worker, monkeypatch):
     monkeypatch.setenv("BAD_ROW", "1")
     out = tmp_path / "store"
+    cfg = ExtractConfig(dataset_dir=dataset(tmp_path), target=str(tiny_target_dir), out=out, engine="vllm",
+                        aux_layer_ids=[0, 1, 2], device="cpu", check_every=0, engine_chunk=1)
     with pytest.raises(StageFailed, match=r"sample 1: vLLM returned 14 rows for 14 token ids.*first difference at token 3"):
-        extract(ExtractConfig(dataset_dir=dataset(tmp_path), target=str(tiny_target_dir), out=out, engine="vllm",
-                              aux_layer_ids=[0, 1, 2], device="cpu", check_every=0, engine_chunk=1))
+        extract(cfg)
     assert StoreReader(out).sample_ids == [0]  # the sample before it is whole; nothing of sample 1 or after
     assert not list(out.glob("rows_*/1.safetensors")) and not (out / vllm_capture.REQUESTS).exists()
+
+    first = (out / "rows_0-1999/0.safetensors").stat().st_mtime_ns
+    monkeypatch.delenv("BAD_ROW")
+    extract(cfg)  # the same command resumes: sample 0 is kept as it is, the rest is written
+    reader = StoreReader(out)
+    assert reader.sample_ids == [0, 1, 2] and reader.meta["complete"]
+    assert (out / "rows_0-1999/0.safetensors").stat().st_mtime_ns == first
 
 
 def test_check_request_refuses_missing_rows():
