@@ -1,8 +1,8 @@
 """`extract --engine vllm` without vLLM: the layer ids asked for, the clear error without the
 extra, the GGUF refusal, the defaults handed to the worker, and the store side of the protocol
 with a stand-in worker that writes request files as vLLM's connector does (`hidden_states
-[T, n_slots, H]`, `token_ids [T]`, a `.lock`): the files become store samples equal to the
-tiny target's own states, and a file whose token ids differ from the dataset stops the run,
+[T, n_slots, H]`, `token_ids [T]`, a `.lock`): the files become a store equal to hook
+capture's, and a file whose token ids differ from the dataset stops the run,
 naming the sample, with nothing of it written and no request file left; the same command then
 resumes."""
 
