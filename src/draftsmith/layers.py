@@ -93,3 +93,12 @@ def from_engine(layers: list[int], engine: str) -> list[int]:
     if engine not in _OFFSETS:
         raise UserError(f"unknown engine {engine!r}: known layer-id conventions are {sorted(_OFFSETS)}")
     return [k - _OFFSETS[engine] for k in layers]
+
+
+def engine_capture_ids(aux_layer_ids: list[int], num_layers: int, engine: str) -> list[int]:
+    """The layer ids to ask `engine`'s hidden-state capture for when it fills a store, in its
+    own convention: the aux layers and id L (the last layer's output, before the final norm,
+    from which the store's final state is made), ascending and once each. vLLM's
+    `extract_hidden_states` returns its slots in ascending layer order whatever order its
+    config lists them in, so slot j holds the j-th id of this list."""
+    return sorted(set(to_engine(list(aux_layer_ids) + [num_layers], engine)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -27,3 +28,10 @@ class ExtractConfig(CommandConfig):
     check_tol: float | None = Field(None, gt=0, description="Relative-error tolerance of the re-check; default 1e-3 for fp32, 5e-2 for bf16/fp16.")
     max_errors: int = Field(10, ge=0, description="Stop after this many validation failures.")
     staging_dir: Path | None = Field(None, description="Write files here first (e.g. /dev/shm), then move them into the store.")
+    engine: Literal["transformers", "vllm"] = Field("transformers", description="What runs the target: transformers in this process (hook capture), or vLLM's extract_hidden_states in a worker process (the vllm extra; --target must be an HF model folder).")
+    prefix_caching: bool = Field(False, description="--engine vllm: let vLLM reuse cached prefixes between samples (rows == tokens is still checked for every sample).")
+    tensor_parallel_size: int = Field(1, gt=0, description="--engine vllm: GPUs the target is split over with tensor parallelism.")
+    expert_parallel: bool = Field(False, description="--engine vllm: spread a MoE target's experts over the GPUs (vLLM's enable_expert_parallel).")
+    engine_memory: float = Field(0.85, gt=0, le=1, description="--engine vllm on GPU: the fraction of each GPU's memory vLLM may take (its gpu_memory_utilization).")
+    engine_chunk: int = Field(256, gt=0, description="--engine vllm: samples per vLLM generate call; at most about two chunks of request files wait on disk.")
+

@@ -33,11 +33,13 @@ from draftsmith.data.store import (
 )
 from draftsmith.errors import StageFailed, UserError
 from draftsmith.extract.config import ExtractConfig
+from draftsmith.extract.recheck import recheck
+from draftsmith.extract.vllm_capture import capture_samples, open_engine
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
 from draftsmith.fsutil import atomic_write_json, check_output, human_bytes, mark_output, output_lock
 from draftsmith.layers import resolve_aux_layers
 from draftsmith.progress import Progress
-from draftsmith.runtime.capture import capture
+from draftsmith.runtime.capture import capture, pads_sequences
 from draftsmith.target import Target, default_device, load_target, load_text_config, parse_dtype
 from draftsmith.torchrun import dist_env
 
@@ -101,20 +103,6 @@ def preflight(out: Path, need: int, todo: int, saved: int, force: bool, world: i
     return fit.fits
 
 
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||b|| in fp32."""
-    a, b = a.float(), b.float()
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
-
-
-def recheck(model: torch.nn.Module, ids: torch.Tensor, aux_layer_ids: list[int], aux: torch.Tensor, final: torch.Tensor, tol: float) -> str | None:
-    """Re-run one sample alone, unpadded, and compare with its rows from the batch.
-    ids [T]; aux [T, n_aux*H]; final [T, H]. Returns a reason on failure."""
-    ref_aux, ref_final = capture(model, ids[None], None, aux_layer_ids)  # [1, T, n_aux*H], [1, T, H]
-    errs = relative_error(aux, ref_aux[0]), relative_error(final, ref_final[0])
-    if max(errs) > tol:
-        return f"re-check against a single-sample forward failed: relative error aux {errs[0]:.2e}, final {errs[1]:.2e} > {tol:g}"
-    return None
 
 
 def gather_rows(x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
@@ -182,23 +170,27 @@ def extract(cfg: ExtractConfig) -> Path:
     rank, world, local_rank = dist_env()
     ds = load_dataset(cfg.dataset_dir)
     out = Path(cfg.out)
-    device = resolve_device(cfg, world, local_rank)
-    if device.type == "cuda" and device.index is not None:
-        torch.cuda.set_device(device)  # streams, events and NCCL barriers on this rank's GPU
-    if world > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    target = load_target(cfg.target, device, cfg.dtype, shard=cfg.shard)
-    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, target.info.num_layers)
-    check_token_ids(ds, target.info.vocab_size)
-    dtype_name = str(target.dtype).removeprefix("torch.")
-    meta = new_store_meta(target.info.to_dict(), aux_layer_ids, dtype_name, dataset_identity(ds))
+    if cfg.engine == "vllm":  # vLLM runs the target in its own process; here only its identity and final norm
+        engine, target = open_engine(cfg), None
+        info, dtype = engine.info, engine.dtype
+    else:
+        device = resolve_device(cfg, world, local_rank)
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # streams, events and NCCL barriers on this rank's GPU
+        if world > 1 and not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        engine, target = None, load_target(cfg.target, device, cfg.dtype, shard=cfg.shard)
+        info, dtype = target.info, target.dtype
+    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, info.num_layers)
+    check_token_ids(ds, info.vocab_size)
+    meta = new_store_meta(info.to_dict(), aux_layer_ids, str(dtype).removeprefix("torch."), dataset_identity(ds))
 
     if rank == 0:
         open_store(out, meta, create=False)  # refuse to mix with another run's store, before anything is written
     done, lost = listed_samples(out)  # no sample file is opened
     mine = [i for i in range(len(ds)) if int(ds.sample_ids[i]) % world == rank]
     todo = [i for i in mine if int(ds.sample_ids[i]) not in done]
-    whole, need, n_todo = projection(ds, done, len(aux_layer_ids), target.info.hidden_size, target.dtype.itemsize)
+    whole, need, n_todo = projection(ds, done, len(aux_layer_ids), info.hidden_size, dtype.itemsize)
     preflight(out, need, n_todo, len(ds) - n_todo, cfg.force, world)
     if rank == 0:  # rank 0 creates the store and clears leftovers of a killed run before anyone writes
         out.mkdir(parents=True, exist_ok=True)
@@ -216,7 +208,10 @@ def extract(cfg: ExtractConfig) -> Path:
     stage = "extract" if world == 1 else f"extract rank {rank}"
     with Progress(stage, out if rank == 0 else None, total=len(mine), bytes_projected=whole) as progress:
         progress.skip(len(mine) - len(todo))
-        extract_samples(cfg, target, ds, todo, aux_layer_ids, out, manifest, progress)
+        if engine is not None:
+            capture_samples(cfg, engine, ds, todo, aux_layer_ids, out, manifest, progress)
+        else:
+            extract_samples(cfg, target, ds, todo, aux_layer_ids, out, manifest, progress)
     barrier(world)
     if rank == 0:
         finish_store(out, meta, len(ds))
@@ -247,8 +242,12 @@ def extract_samples(cfg: ExtractConfig, target: Target, ds: TokenizedDataset, to
             errors.extend(r.errors)
             progress.advance(r.samples, tokens=r.tokens, bytes_written=r.bytes, errors=len(r.errors))
 
+    padded = pads_sequences(model, aux_layer_ids)
+    if not padded:
+        print(f"[extract] {type(model).__name__} fails on a padded batch under an attention mask: "
+              "one sample per forward instead (slower, same values)", flush=True)
     try:
-        batches = length_batches(ds.lengths[todo], cfg.token_budget, shuffle=True, seed=0)
+        batches = length_batches(ds.lengths[todo], cfg.token_budget, shuffle=True, seed=0, max_batch=None if padded else 1)
         for batch in batches:
             rows = [todo[j] for j in batch]
             ids, mask, lengths = pad_batch(ds, rows, device)  # [B, T_max] each

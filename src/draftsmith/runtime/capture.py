@@ -111,24 +111,65 @@ def packed_positions(lengths: list[int], device: torch.device | str = "cpu") -> 
     return torch.cat([torch.arange(n) for n in lengths]).to(device)
 
 
+def _probe(model: nn.Module) -> tuple[torch.Tensor, list[int], float]:
+    """Two short deterministic samples laid end to end ([12] ids on the model's device), their
+    lengths, and the relative tolerance of the model's dtype."""
+    device = next(model.parameters()).device
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    lengths = [5, 7]
+    ids = (torch.arange(sum(lengths), device=device) * 7919 + 11) % (vocab - 3) + 3  # [12]
+    return ids, lengths, 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
+
+
+def _agrees(model: nn.Module, aux_layer_ids: list[int], ids: torch.Tensor, lengths: list[int], tol: float,
+            rows: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Whether each sample's rows ([1, n, ..] aux and final, in `lengths` order) equal capturing it alone."""
+    start = 0
+    for n, got in zip(lengths, rows, strict=True):
+        alone = capture(model, ids[None, start : start + n], None, aux_layer_ids)
+        for a, b in zip(alone, got, strict=True):
+            if (b.float() - a.float()).abs().max() > tol * a.float().abs().max().clamp(min=1e-6):
+                return False
+        start += n
+    return True
+
+
 @torch.no_grad()
 def packs_sequences(model: nn.Module, aux_layer_ids: list[int], attention: str | None = None) -> bool:
     """Whether `capture` of samples packed in one row (position_ids restarting per sample, no
     mask; with `attention`, see `capture`) gives each sample's own states, as capturing it alone
     does: two short samples, both ways, within the dtype's tolerance. A model whose forward
     ignores the packing (its own mask code, remote code) lets the second sample attend to the
-    first and fails the check."""
-    device = next(model.parameters()).device
-    vocab = int(model.get_input_embeddings().weight.shape[0])
-    lengths = [5, 7]
-    ids = (torch.arange(sum(lengths), device=device) * 7919 + 11) % (vocab - 3) + 3  # [12], deterministic tokens
-    packed = capture(model, ids[None], None, aux_layer_ids, packed_positions(lengths, device)[None], attention)
-    start, tol = 0, 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
-    for n in lengths:
-        alone = capture(model, ids[None, start : start + n], None, aux_layer_ids)
-        for a, b in zip(alone, packed, strict=True):  # aux, final: [1, n, ..] against the packed slice
-            got = b[:, start : start + n].float()
-            if (got - a.float()).abs().max() > tol * a.float().abs().max().clamp(min=1e-6):
-                return False
-        start += n
-    return True
+    first and fails the check; one whose forward raises on the packed mask fails it too
+    (transformers' DeepSeek-V3 with fewer key-value heads than heads: its MLA keys have every
+    head, and sdpa's masked path repeats them again)."""
+    ids, lengths, tol = _probe(model)
+    try:
+        aux, final = capture(model, ids[None], None, aux_layer_ids, packed_positions(lengths, ids.device)[None], attention)
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError:  # the forward cannot take this layout at all
+        return False
+    starts = [0, lengths[0]]
+    rows = [(aux[:, s : s + n], final[:, s : s + n]) for s, n in zip(starts, lengths, strict=True)]
+    return _agrees(model, aux_layer_ids, ids, lengths, tol, rows)
+
+
+@torch.no_grad()
+def pads_sequences(model: nn.Module, aux_layer_ids: list[int]) -> bool:
+    """Whether `capture` of right-padded samples under an attention mask gives each sample's own
+    states: the same two samples as `packs_sequences`, as a batch of two. A model whose masked
+    forward raises (see `packs_sequences`) fails; it is captured one sample per forward instead."""
+    ids, lengths, tol = _probe(model)
+    batch = torch.zeros(2, max(lengths), dtype=ids.dtype, device=ids.device)  # [2, 7], right-padded
+    mask = torch.zeros_like(batch)
+    batch[0, : lengths[0]], batch[1] = ids[: lengths[0]], ids[lengths[0] :]
+    mask[0, : lengths[0]], mask[1] = 1, 1
+    try:
+        aux, final = capture(model, batch, mask, aux_layer_ids)  # [2, 7, n*H], [2, 7, H]
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError:  # the forward cannot take a padding mask at all
+        return False
+    rows = [(aux[j : j + 1, :n], final[j : j + 1, :n]) for j, n in enumerate(lengths)]
+    return _agrees(model, aux_layer_ids, ids, lengths, tol, rows)

@@ -8,7 +8,8 @@ Both sources return the same per-sample tensors, so everything after them is sha
   - `OfflineSource`: reads them from a hidden-state store (`extract`).
   - `OnlineSource`: runs the target's hook capture (`runtime.capture`) on the tokenized samples,
     under no_grad: a row's samples packed end to end in one forward (padded, length-bucketed
-    sub-batches for a model that cannot pack), sliced back into samples.
+    sub-batches for a model that cannot pack; one sample per forward for a model that cannot
+    take a padding mask either), sliced back into samples.
 
 Packing (`pack_rows`): each epoch shuffles the training samples with `seed + epoch` and fills
 rows of at most `capacity` tokens (next-fit over a few open rows). A row's samples are laid end
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 
 from draftsmith.data.store import length_batches
-from draftsmith.runtime.capture import capture, packed_positions, packs_sequences
+from draftsmith.runtime.capture import capture, packed_positions, packs_sequences, pads_sequences
 from draftsmith.train.ttt import doc_and_positions
 
 OPEN_ROWS = 8
@@ -121,7 +122,8 @@ class OnlineSource:
     A training row's samples are captured packed: laid end to end in rows of at most
     `PACKED_ROW` tokens, positions restarting per sample, one forward for the lot (transformers
     keeps each sample's attention to itself). A model that does not pack (`packs_sequences`,
-    checked once here) is captured in length-bucketed, right-padded batches instead.
+    checked once here) is captured in length-bucketed, right-padded batches instead, and one
+    whose padded batches fail as well (`pads_sequences`) one sample per forward.
 
     `attention` is the packed forward's attention implementation (`capture`): None, the model's
     own (sdpa: a dense [W, W] mask, every score computed), or "flex_attention" (block by block,
@@ -138,9 +140,11 @@ class OnlineSource:
         self.device = next(model.parameters()).device
         self.lengths = np.minimum(dataset.lengths, max_len)
         self.packed = packs_sequences(model, aux_layer_ids, attention)
+        self.padded = self.packed or pads_sequences(model, aux_layer_ids)
         if not self.packed:
+            how = "in padded batches" if self.padded else "one sample per forward (its padded batches fail as well)"
             print(f"[train] {type(model).__name__} does not keep packed samples apart in one forward: its hidden "
-                  "states are captured in padded batches instead (slower, same values)", flush=True)
+                  f"states are captured {how} instead (slower, same values)", flush=True)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -151,7 +155,8 @@ class OnlineSource:
         if self.packed:
             self._capture_packed(indices, items, out)
         else:
-            for group in length_batches([int(self.lengths[i]) for i in indices], self.token_budget):
+            lengths = [int(self.lengths[i]) for i in indices]
+            for group in length_batches(lengths, self.token_budget, max_batch=None if self.padded else 1):
                 self._capture_padded([indices[g] for g in group], items, out)
         return [out[i] for i in indices]
 

