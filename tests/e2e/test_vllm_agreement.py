@@ -1,11 +1,11 @@
 """vLLM, the real engine, serves draftsmith's exports as `draftsmith eval` decodes them.
 
-Three drafters, briefly trained online (the project's `train`) on a small target's own greedy
-answers, cover every architecture option vLLM reads, each on and off, with 1 and 2 layers:
+Two drafters, briefly trained online (the project's `train`, 20 steps) on a small target's own
+greedy answers, turn every architecture option vLLM reads on in one and off in the other, with
+1 and 2 layers:
 
-    A  1 layer   all options off
-    B  2 layers  norm_before_fc, norm_before_residual, norm_output, intermediate_size 2x
-    C  1 layer   fc_norm, norm_output
+    X  2 layers  norm_before_fc, norm_before_residual, norm_output, intermediate_size 2x the target's
+    Y  1 layer   fc_norm (the other three off, the target's intermediate_size)
 
 Each is exported in both layouts (`--format eagle`, `--format speculators`) and served by vLLM
 (its CPU build, fp32, greedy, chain of 3, all prompts in one batch) in one worker process. For
@@ -13,7 +13,8 @@ every export: vLLM's counters (drafts, accepted tokens per position) and its per
 counts equal `draftsmith eval`'s on the same prompts, and vLLM's speculative answers equal its
 plain ones and draftsmith's. Acceptance is not trivial (accepted tokens at every position).
 Broken exports fail the equality: aux layer ids one lower (SGLang's convention), a
-speculators config without `norm_before_residual` (vLLM then assumes true), d2t offsets off.
+speculators config without `norm_before_residual` (vLLM then assumes true), d2t offsets off by
+one entry. `draftsmith eval --engine vllm` itself reports what `draftsmith eval` reports.
 
 The target: a 6-layer Llama (hidden 128, head_dim 32, which vLLM's CPU attention supports) with
 random layers whose lm_head is the embedding matrix permuted, so that its greedy answers follow
@@ -45,11 +46,10 @@ from draftsmith.train.config import TrainConfig  # noqa: E402
 from draftsmith.train.run import run as train  # noqa: E402
 from tests.helpers import ASSETS  # noqa: E402
 
-K, NEW_TOKENS, QUESTIONS = 3, 32, 10
+K, NEW_TOKENS, QUESTIONS = 3, 32, 8
 DRAFTERS = {
-    "A": {"num_layers": 1, "fc_norm": False, "norm_output": False},
-    "B": {"num_layers": 2, "norm_before_fc": True, "norm_before_residual": True, "norm_output": True, "intermediate_size": "2x"},
-    "C": {"num_layers": 1, "fc_norm": True, "norm_output": True},
+    "X": {"num_layers": 2, "norm_before_fc": True, "norm_before_residual": True, "norm_output": True, "intermediate_size": "2x"},
+    "Y": {"num_layers": 1, "fc_norm": True, "norm_before_residual": False, "norm_output": False},
 }
 ENGINE_ARGS = {"enforce_eager": True, "distributed_executor_backend": "uni"}
 
@@ -86,6 +86,14 @@ def greedy_conversations(target, prompts: list[str]) -> list[dict]:
     return convs
 
 
+@pytest.fixture(scope="module", autouse=True)
+def small_kv_cache():
+    """1 GiB of KV cache for each vLLM engine (its CPU default takes a share of the machine's memory)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+        yield
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """The target folder, the prompts, and per drafter: its folder and `draftsmith eval`'s answers."""
@@ -103,7 +111,7 @@ def world(tmp_path_factory):
         for name, options in DRAFTERS.items():
             run = root / f"train-{name}"
             train(resolve_config(TrainConfig, None, {
-                "dataset_dir": ds, "target": str(folder), "out": run, "device": "cpu", "steps": 30, "ttt": K, "lr": 1e-2,
+                "dataset_dir": ds, "target": str(folder), "out": run, "device": "cpu", "steps": 20, "ttt": K, "lr": 1e-2,
                 "warmup_ratio": 0, "val_fraction": 0, "val_every": 1000, "draft_vocab_size": 512, "batch_tokens": 512,
                 "log_every": 10, "save_every": 1000, **options}))
             out = evaluate(EvalConfig(drafter=run, target=str(folder), out=root / f"eval-{name}", bench=str(bench), k=K,
@@ -146,9 +154,9 @@ def d2t_shifted(tensors: dict) -> None:  # every draft id maps with its neighbou
 
 # (name, drafter, layout, the copy's edit of config.json, of the tensors); None: the export as written
 CASES = [(f"{d}-{fmt}", d, fmt, None, None) for d in DRAFTERS for fmt in ("eagle", "speculators")]
-BROKEN = [("ids-one-lower", "B", "eagle", ids_one_lower, None),
-          ("no-norm-before-residual", "A", "speculators", lambda c: c.pop("norm_before_residual"), None),
-          ("d2t-shifted", "C", "eagle", None, d2t_shifted)]
+BROKEN = [("ids-one-lower", "X", "eagle", ids_one_lower, None),
+          ("no-norm-before-residual", "Y", "speculators", lambda c: c.pop("norm_before_residual"), None),
+          ("d2t-shifted", "Y", "eagle", None, d2t_shifted)]
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +222,26 @@ def test_a_broken_export_fails_the_equality(world, served, case):
     assert got_tokens == tokens  # still lossless: only the drafts are wrong
     assert run["counters"]["accepted_per_pos"] != per_position(accepts)
     assert run["counters"]["accepted"] < sum(per_position(accepts))
+
+
+def test_eval_engine_vllm_reports_what_draftsmith_eval_reports(world, tmp_path):
+    """`draftsmith eval --engine vllm` on a train folder: exported through `draftsmith export`,
+    served at batch 1 and 2; its report and answers hold draftsmith eval's figures and tokens."""
+    bench = world["root"] / "bench.jsonl"
+    out = evaluate(EvalConfig(engine="vllm", drafter=world["drafters"]["X"]["folder"].parent, target=str(world["target"]),
+                              out=tmp_path / "eval", bench=str(bench), k=K, num_questions=2, max_new_tokens=NEW_TOKENS))
+    report = json.loads((out / "report.json").read_text())
+    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    tokens, accepts = draftsmith_view(world, "X")
+    assert [a["token_ids"][0] for a in answers] == tokens[:2] and [a["accepts"][0] for a in answers] == accepts[:2]
+    assert report["engine"] == "vllm" and report["steps"] == sum(len(a) for a in accepts[:2])
+    steps = report["steps"]
+    assert [round(p * steps) for p in report["accept_per_position"]] == per_position(accepts[:2])
+    assert report["greedy_turns_matching_plain"] == report["greedy_turns_checked"] == 2
+    assert report["speedup"] is not None and report["plain_tok_per_s"] > 0
+    passes = report["vllm"]["passes"]
+    assert [p["batch_size"] for p in passes] == [1, 2]
+    for p in passes:  # tau from vLLM's counters is the tau of the answers, at both batch sizes
+        assert p["counters_tau"] == p["tau"] == report["tau"] and p["counters"]["accepted_per_pos"] == per_position(accepts[:2])
+    assert (out / "drafter-vllm" / "config.json").exists()
+    assert {"report.md", "acceptance.png", "tau.png", "run.yaml", "progress.json"} <= {f.name for f in out.iterdir()}

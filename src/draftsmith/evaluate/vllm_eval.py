@@ -195,7 +195,8 @@ def run(cfg: EvalConfig) -> Path:
     k, greedy = int(cfg.k), cfg.temperature == 0
     stops = stop_ids(tok, text_config, target_folder(cfg.target))
     bound = max(token_bound(tok, q, max_new, cfg.completion) for q in questions)
-    batch_sizes = sorted({cfg.batch_size, len(questions)})  # eval's --batch-size, and every question at once
+    batch = min(cfg.batch_size, len(questions))
+    batch_sizes = sorted({batch, len(questions)})  # eval's --batch-size, and every question at once
     dtype = DTYPES[cfg.dtype] or ("bfloat16" if gpu else "float32")  # as eval's own engine: bf16 on GPU, fp32 on CPU
     engine_args: dict[str, Any] = {} if gpu else {"enforce_eager": True, "distributed_executor_backend": "uni"}
     with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as out:
@@ -214,12 +215,12 @@ def run(cfg: EvalConfig) -> Path:
         result = run_worker(request, out, out / "vllm.log")
         failed = {name: e["error"] for name, e in result["engines"].items() if "error" in e}
         if failed:
-            raise UserError(f"--engine vllm: vLLM could not serve this run ({failed}); see {cfg.out}/vllm.log of a rerun "
-                            "with --overwrite, or run the export's serving command by hand")
+            raise UserError(f"--engine vllm: vLLM could not serve this run: {failed}; vLLM's own log ends:\n"
+                            + "\n".join((out / "vllm.log").read_text(errors="replace").splitlines()[-10:]))
         spec, plain = result["engines"]["spec"], result["engines"].get("plain")
         passes = [pass_summary(s, p, questions, k, greedy) for s, p in
                   zip(spec["passes"], plain["passes"] if plain else [None] * len(spec["passes"]), strict=True)]
-        main = batch_sizes.index(cfg.batch_size)
+        main = batch_sizes.index(batch)
         spec_answers = spec["passes"][main]["answers"]
         rows = turn_rows(questions, spec_answers, plain["passes"][main]["answers"] if plain else None, greedy)
         lines = [json.dumps({"question_id": q.question_id, "category": q.category,

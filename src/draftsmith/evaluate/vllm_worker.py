@@ -70,11 +70,13 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
     spec = {"speculative_config": {"method": "eagle3", "model": engine["drafter"], "num_speculative_tokens": k},
             "per_request_spec_decode_metrics": "detailed"} if engine["drafter"] else {}
     t0 = time.perf_counter()
+    # token ids in and out (the prompts are eval's own, and a GGUF's converted copy has no tokenizer), stopping
+    # exactly at eval's stop ids: no tokenizer, and no generation_config.json defaults
     llm = LLM(model=req["target"], dtype=req["dtype"], max_model_len=req["max_model_len"], seed=req["seed"],
-              generation_config="vllm", disable_log_stats=False, **spec, **req["engine_args"])
+              skip_tokenizer_init=True, generation_config="vllm", disable_log_stats=False, **spec, **req["engine_args"])
     start_s = time.perf_counter() - t0
     params = SamplingParams(temperature=req["temperature"], top_p=req["top_p"], max_tokens=req["max_new_tokens"],
-                            seed=req["seed"], stop_token_ids=req["stop_token_ids"])
+                            seed=req["seed"], stop_token_ids=req["stop_token_ids"], detokenize=False)
 
     def generate(prompts: list[list[int]]) -> list[Turn]:
         t = time.perf_counter()
@@ -90,7 +92,7 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
         return turns
 
     t0 = time.perf_counter()  # warm-up: first-call allocations, as eval's own engine does
-    llm.generate([{"prompt_token_ids": [tok.bos_token_id or 0] * 8}], SamplingParams(max_tokens=8), use_tqdm=False)
+    llm.generate([{"prompt_token_ids": [tok.bos_token_id or 0] * 8}], SamplingParams(max_tokens=8, detokenize=False), use_tqdm=False)
     warmup_s = time.perf_counter() - t0
     passes = []
     for batch in req["batch_sizes"]:
