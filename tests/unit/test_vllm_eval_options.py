@@ -58,3 +58,27 @@ def test_a_drafter_vllm_would_serve_wrongly_is_refused(tmp_path, tiny_target, ti
         evaluate(EvalConfig(engine="vllm", target=str(tiny_target_dir), drafter=tmp_path / "drafter", out=tmp_path / "out",
                             num_questions=1))
     assert not (tmp_path / "out").exists()
+
+
+def test_a_pass_of_the_worker_makes_the_report_rows_and_counters():
+    """The worker's answers -> report rows, τ from the per-step counts and from vLLM's counters."""
+    from draftsmith.evaluate.questions import Question
+    from draftsmith.evaluate.report import build_report, markdown
+
+    questions = [Question(0, "writing", ["a"]), Question(1, "math", ["b"])]
+    spec = {"batch_size": 2, "answers": [[{"tokens": [5, 6, 7, 2], "seconds": 0.5, "accepts": [2, 0]}],
+                                         [{"tokens": [8, 9], "seconds": 0.5, "accepts": [1]}]],
+            "counters": {"drafts": 3, "draft_tokens": 9, "accepted": 3, "accepted_per_pos": [2, 1, 0]}}
+    plain = {"batch_size": 2, "answers": [[{"tokens": [5, 6, 7, 2], "seconds": 1.0, "accepts": []}],
+                                          [{"tokens": [8, 4], "seconds": 1.0, "accepts": []}]], "counters": {}}
+    summary = vllm_eval.pass_summary(spec, plain, questions, 3, greedy=True)
+    assert summary["tau"] == summary["counters_tau"] == 2.0 and summary["steps"] == 3
+    assert summary["accept_per_position"] == [round(2 / 3, 4), round(1 / 3, 4), 0.0]
+    assert summary["speedup"] == 2.0 and summary["greedy_turns_matching_plain"] == 1  # the second answer differs
+    rows = vllm_eval.turn_rows(questions, spec["answers"], plain["answers"], greedy=True)
+    meta = {"engine": "vllm", "mode": "chain", "bench": "b", "target": "t", "drafter": "d", "device": "cpu", "dtype": "float32",
+            "cuda_graphs": False, "questions": 2, "temperature": 0.0, "max_new_tokens": 4, "capture_seconds": 0.0,
+            "warmup_seconds": 0.0, "wall_seconds": 1.0, "shape": None,
+            "vllm": {"version": "0", "start_seconds": {"spec": 1.0, "plain": 1.0}, "passes": [summary]}}
+    text = markdown(build_report(rows, 3, meta))
+    assert "engine vllm" in text and "from its counters 2.000: 3 accepted of 3 drafts, per position [2, 1, 0]" in text

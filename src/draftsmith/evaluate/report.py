@@ -104,6 +104,9 @@ def markdown(r: dict[str, Any]) -> str:
         f"**speed-up {fmt(r['speedup'], '{:.2f}x')}**",
         f"- capture {r['capture_seconds']:.1f} s and warm-up {r['warmup_seconds']:.1f} s (not in decode time); wall {r['wall_seconds']:.1f} s",
     ]
+    if r.get("vllm"):
+        lines.append("- vLLM engines started in " + ", ".join(f"{s:.1f} s ({name})" for name, s in r["vllm"]["start_seconds"].items())
+                     + " (not in decode time)")
     for p in (r.get("vllm") or {}).get("passes", []):  # --engine vllm: each batch size, and vLLM's own counters
         c = p["counters"]
         lines.append(f"- vLLM {r['vllm']['version']}, batch {p['batch_size']}: tau {p['tau']:.3f} ({p['steps']} steps; "

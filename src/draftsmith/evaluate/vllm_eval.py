@@ -234,10 +234,9 @@ def run(cfg: EvalConfig) -> Path:
             "seed": cfg.seed, "batch_size": cfg.batch_size, "bench": cfg.bench, "completion": cfg.completion,
             "questions": len(questions), "max_new_tokens": max_new, "target": cfg.target, "drafter": str(cfg.drafter),
             "device": "cuda" if gpu else "cpu", "dtype": dtype, "cuda_graphs": gpu, "target_engine": "vllm",
-            "capture_seconds": round(spec["start_seconds"] + (plain["start_seconds"] if plain else 0), 3),
-            "warmup_seconds": round(spec["warmup_seconds"] + (plain["warmup_seconds"] if plain else 0), 3),
+            "capture_seconds": 0.0, "warmup_seconds": round(sum(e["warmup_seconds"] for e in result["engines"].values()), 3),
             "vllm": {"version": result["vllm_version"], "drafter_served": str(drafter), "engine_args": engine_args,
-                     "passes": passes},
+                     "start_seconds": {name: e["start_seconds"] for name, e in result["engines"].items()}, "passes": passes},
         }
         meta["wall_seconds"] = round(time.perf_counter() - t_start, 3)
         report = build_report(rows, k, meta)
