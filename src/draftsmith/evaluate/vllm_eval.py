@@ -219,7 +219,7 @@ def run(cfg: EvalConfig) -> Path:
     batch_sizes = sorted({batch, len(questions)})  # eval's --batch-size, and every question at once
     dtype = DTYPES[cfg.dtype] or ("bfloat16" if gpu else "float32")  # as eval's own engine: bf16 on GPU, fp32 on CPU
     engine_args: dict[str, Any] = {} if gpu else {"enforce_eager": True, "distributed_executor_backend": "uni"}
-    with atomic_output_dir(cfg.out, overwrite=cfg.overwrite) as out:
+    with atomic_output_dir(cfg.out, "eval", [cfg.drafter, cfg.target, cfg.bench, cfg.chat_template], cfg.overwrite) as out:
         write_run_record(out, cfg)
         drafter = Path(cfg.drafter) if is_exported(Path(cfg.drafter)) else export(cfg, out / "drafter-vllm", k)
         request = {
