@@ -51,7 +51,9 @@ class Rows:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default=None, help="target spec; default: a random Llama of the embedded default's shape")
+    ap.add_argument(
+        "--target", default=None, help="target spec; default: a random Llama of the embedded default's shape"
+    )
     ap.add_argument("--rows", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--row-tokens", type=int, default=8192)
@@ -66,9 +68,17 @@ def main() -> None:
         model = load_target(args.target, device, "auto").model
     else:
         torch.manual_seed(args.seed)
-        cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                          tie_word_embeddings=True, attn_implementation="sdpa")
+        cfg = LlamaConfig(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            max_position_embeddings=8192,
+            tie_word_embeddings=True,
+            attn_implementation="sdpa",
+        )
         model = LlamaForCausalLM(cfg).to(device, dtype).eval().requires_grad_(False)
     vocab = int(model.get_input_embeddings().weight.shape[0])
     g = np.random.default_rng(args.seed)
@@ -95,18 +105,30 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-        r = {"variant": name, "packed": source.packed, "rows": args.rows, "tokens": tokens,
-             "ms_per_row": round(wall / args.rows * 1e3, 2), "tok_per_s": round(tokens / wall, 1),
-             "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None}
+        r = {
+            "variant": name,
+            "packed": source.packed,
+            "rows": args.rows,
+            "tokens": tokens,
+            "ms_per_row": round(wall / args.rows * 1e3, 2),
+            "tok_per_s": round(tokens / wall, 1),
+            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
+        }
         results.append(r)
         print(json.dumps(r), file=sys.stderr, flush=True)
     ref = first["dense"]
     diff = {name: round(float((x - ref).abs().max() / ref.abs().max()), 5) for name, x in first.items()}
-    report = {"bench": "capture", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "dtype": str(dtype), "results": results,
-              "final_state_max_rel_diff_vs_dense": diff,
-              "speedup_flex_vs_dense": round(results[0]["ms_per_row"] / results[1]["ms_per_row"], 2)}
+    report = {
+        "bench": "capture",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "dtype": str(dtype),
+        "results": results,
+        "final_state_max_rel_diff_vs_dense": diff,
+        "speedup_flex_vs_dense": round(results[0]["ms_per_row"] / results[1]["ms_per_row"], 2),
+    }
     print(json.dumps(report, indent=2))
     if args.out_json:
         args.out_json.write_text(json.dumps(report, indent=2) + "\n")

@@ -64,7 +64,10 @@ def main() -> None:
         rows = {m: torch.randn(m, in_f) for m in (1, 2, 4)}  # made outside the timed calls
         linear[f"{out_f}x{in_f}"] = {m: seconds(lambda x=x: F.linear(x, w), reps) for m, x in rows.items()}
     result = {
-        "cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__, "target": args.target,
+        "cpu": cpu_name(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "target": args.target,
         "forward_ms": {t: round(s * 1e3, 2) for t, s in forward.items()},
         "forward_vs_one_token": {t: round(s / forward[1], 2) for t, s in forward.items()},
         "linear_vs_one_row": {k: {m: round(s / v[1], 2) for m, s in v.items()} for k, v in linear.items()},

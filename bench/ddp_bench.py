@@ -30,19 +30,49 @@ from draftsmith.train.metrics import read_metrics
 
 
 def train(cmd: list[str], out: Path, args: argparse.Namespace, grad_accum: int) -> dict:
-    full = [*cmd, "train", str(args.dataset), "--hidden", str(args.hidden), "--target", args.target, "--out", str(out),
-            "--steps", str(args.steps), "--grad-accum", str(grad_accum), "--batch-tokens", str(args.batch_tokens),
-            "--lr", "3e-4", "--val-fraction", "0", "--val-every", str(10 * args.steps), "--log-every", str(args.log_every),
-            "--save-every", str(10 * args.steps), "--seed", "0", "--overwrite"]
+    full = [
+        *cmd,
+        "train",
+        str(args.dataset),
+        "--hidden",
+        str(args.hidden),
+        "--target",
+        args.target,
+        "--out",
+        str(out),
+        "--steps",
+        str(args.steps),
+        "--grad-accum",
+        str(grad_accum),
+        "--batch-tokens",
+        str(args.batch_tokens),
+        "--lr",
+        "3e-4",
+        "--val-fraction",
+        "0",
+        "--val-every",
+        str(10 * args.steps),
+        "--log-every",
+        str(args.log_every),
+        "--save-every",
+        str(10 * args.steps),
+        "--seed",
+        "0",
+        "--overwrite",
+    ]
     t0 = time.perf_counter()
     subprocess.run(full, check=True)
     records = [r for r in read_metrics(out) if r["split"] == "train"]
     # elapsed time at each record from its cumulative rate; steady state = after the first record
     first, last = records[0], records[-1]
     t_first, t_last = first["tokens"] / first["tok_per_s"], last["tokens"] / last["tok_per_s"]
-    return {"command": " ".join(full), "wall_s": round(time.perf_counter() - t0, 1),
-            "loss": [round(r["loss"], 5) for r in records], "acc_0": [round(r["acc_0"], 4) for r in records],
-            "steady_tok_per_s": round((last["tokens"] - first["tokens"]) / (t_last - t_first), 1)}
+    return {
+        "command": " ".join(full),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "loss": [round(r["loss"], 5) for r in records],
+        "acc_0": [round(r["acc_0"], 4) for r in records],
+        "steady_tok_per_s": round((last["tokens"] - first["tokens"]) / (t_last - t_first), 1),
+    }
 
 
 def main() -> None:
@@ -61,10 +91,16 @@ def main() -> None:
     one = train([sys.executable, "-m", "draftsmith"], args.work_dir / "one", args, grad_accum=2)
     ddp = train(["torchrun", "--nproc-per-node", "2", "-m", "draftsmith"], args.work_dir / "ddp", args, grad_accum=1)
     rel = [abs(a - b) / abs(a) for a, b in zip(one["loss"], ddp["loss"], strict=True)]
-    report = {"bench": "ddp", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join(sys.argv), "one_gpu_grad_accum_2": one, "two_gpu_ddp": ddp,
-              "max_relative_loss_diff": round(max(rel), 5), "loss_match": max(rel) <= args.rtol,
-              "scale_up": round(ddp["steady_tok_per_s"] / one["steady_tok_per_s"], 3)}
+    report = {
+        "bench": "ddp",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "one_gpu_grad_accum_2": one,
+        "two_gpu_ddp": ddp,
+        "max_relative_loss_diff": round(max(rel), 5),
+        "loss_match": max(rel) <= args.rtol,
+        "scale_up": round(ddp["steady_tok_per_s"] / one["steady_tok_per_s"], 3),
+    }
     print(json.dumps(report, indent=2))
     args.out_json.write_text(json.dumps(report, indent=2) + "\n")
 

@@ -46,9 +46,8 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.draft.checkpoint import save_drafter
+from draftsmith.draft.checkpoint import load_drafter, save_drafter
 from draftsmith.evaluate.config import EvalConfig
-from draftsmith.draft.checkpoint import load_drafter
 from draftsmith.evaluate.decode import plain_generate, spec_generate
 from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.evaluate.questions import load_questions, turn_prompt
@@ -60,7 +59,7 @@ from draftsmith.runtime.sampling import Sampling
 from draftsmith.target import load_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the tests' untrained drafter
-from tests.helpers import random_drafter  # noqa: E402
+from tests.helpers import random_drafter
 
 
 def sync(device: torch.device) -> None:
@@ -68,12 +67,12 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def plain_decode(target, prompts: list[list[int]], new_tokens: int) -> dict:  # noqa: ANN001
+def plain_decode(target, prompts: list[list[int]], new_tokens: int) -> dict:
     """tok/s of HF generate, our engine eager, our engine with CUDA graphs (prefill included)."""
     dev, model = target.device, target.model
     out: dict = {"prompts": len(prompts), "new_tokens": new_tokens}
 
-    def timed(fn) -> tuple[float, list[list[int]]]:  # noqa: ANN001
+    def timed(fn) -> tuple[float, list[list[int]]]:
         fn(prompts[0])  # warm-up
         sync(dev)
         t0, outs = time.perf_counter(), []
@@ -84,41 +83,54 @@ def plain_decode(target, prompts: list[list[int]], new_tokens: int) -> dict:  # 
 
     def hf(p: list[int]) -> list[int]:
         ids = torch.tensor([p], device=dev)
-        gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0)
-        return gen[0, len(p):].tolist()
+        gen = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        return gen[0, len(p) :].tolist()
 
     aux = default_aux_layers(target.info.num_layers)
     max_len = max(map(len, prompts)) + new_tokens + 8
     out["hf_generate_tok_per_s"], ref = timed(hf)
     eager = TargetEngine(model, aux, max_len)
-    out["engine_eager_tok_per_s"], _ = timed(lambda p: plain_generate(eager, p, new_tokens, set(), Sampling()).tokens)
+    out["engine_eager_tok_per_s"], _ = timed(lambda p: plain_generate(eager, p, new_tokens, set(), Sampling()).tokens)  # noqa: F821 (timed before the del below)
     del eager
     if dev.type == "cuda":
         graphed = TargetEngine(model, aux, max_len)
         graphed.graph_rows(1)
         out["capture_seconds"] = round(graphed.capture_seconds, 3)
-        out["engine_graphs_tok_per_s"], ours = timed(lambda p: plain_generate(graphed, p, new_tokens, set(), Sampling()).tokens)
+        out["engine_graphs_tok_per_s"], ours = timed(
+            lambda p: plain_generate(graphed, p, new_tokens, set(), Sampling()).tokens
+        )
         out["speedup_graphs_vs_hf"] = round(out["engine_graphs_tok_per_s"] / out["hf_generate_tok_per_s"], 3)
         del graphed
     else:
-        ours = [plain_generate(TargetEngine(model, aux, max_len), p, new_tokens, set(), Sampling()).tokens for p in prompts]
+        ours = [
+            plain_generate(TargetEngine(model, aux, max_len), p, new_tokens, set(), Sampling()).tokens for p in prompts
+        ]
     out["outputs_equal_hf"] = f"{sum(a == b for a, b in zip(ours, ref, strict=True))}/{len(prompts)}"
     generic = HFEngine(model, aux, max_len, reason="bench: the generic path on a target the fast engine covers")
-    out["generic_engine_tok_per_s"], theirs = timed(lambda p: plain_generate(generic, p, new_tokens, set(), Sampling()).tokens)
+    out["generic_engine_tok_per_s"], theirs = timed(
+        lambda p: plain_generate(generic, p, new_tokens, set(), Sampling()).tokens
+    )
     out["generic_outputs_equal_hf"] = f"{sum(a == b for a, b in zip(theirs, ref, strict=True))}/{len(prompts)}"
     fast = out.get("engine_graphs_tok_per_s", out["engine_eager_tok_per_s"])
     out["speedup_fast_vs_generic"] = round(fast / out["generic_engine_tok_per_s"], 3)
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}
 
 
-def verification_cost(target, sizes: list[int], context: int, reps: int) -> dict:  # noqa: ANN001
+def verification_cost(target, sizes: list[int], context: int, reps: int) -> dict:
     """Median ms of one target forward of t tokens after `context` cached tokens."""
     dev = target.device
     engine = TargetEngine(target.model, default_aux_layers(target.info.num_layers), context + max(sizes) + 8)
     ctx = torch.randint(0, target.info.vocab_size, (context,), device=dev)
     out: dict = {"context": context}
-    for graphs in ([False, True] if dev.type == "cuda" else [False]):
+    for graphs in [False, True] if dev.type == "cuda" else [False]:
         for t in sizes:
             if graphs:
                 engine.graph(t)
@@ -137,7 +149,7 @@ def verification_cost(target, sizes: list[int], context: int, reps: int) -> dict
     return out
 
 
-def median_ms(fn, device: torch.device, reps: int) -> float:  # noqa: ANN001
+def median_ms(fn, device: torch.device, reps: int) -> float:
     """Median ms of fn() over reps calls (after one), each synchronised."""
     times = []
     for _ in range(reps + 1):
@@ -149,8 +161,16 @@ def median_ms(fn, device: torch.device, reps: int) -> float:  # noqa: ANN001
     return round(1000 * statistics.median(times[1:]), 3)
 
 
-def cycle_breakdown(target, drafter_path: Path, prompts: list[list[int]], new_tokens: int, shapes: dict[str, dict],  # noqa: ANN001
-                    compile_modes: list[bool], reps: int, compile_target: bool = False) -> dict:
+def cycle_breakdown(
+    target,
+    drafter_path: Path,
+    prompts: list[list[int]],
+    new_tokens: int,
+    shapes: dict[str, dict],
+    compile_modes: list[bool],
+    reps: int,
+    compile_target: bool = False,
+) -> dict:
     """Per shape and drafter-step compilation: cycle, draft, verify and glue ms (see the docstring);
     with `compile_target`, the target's forward compiled inside its graphs (eval --compile-target)."""
     dev, model = target.device, target.model
@@ -161,13 +181,23 @@ def cycle_breakdown(target, drafter_path: Path, prompts: list[list[int]], new_to
     engine = TargetEngine(model, drafter.config.aux_layer_ids, max_len, compile=compile_target)
     if graphs:
         engine.graph_rows(1)
-    plain = [plain_generate(engine, p, new_tokens, set(), Sampling()) for p in [prompts[0], *prompts]][1:]  # a warm-up first
-    out: dict = {"prompts": len(prompts), "new_tokens": new_tokens, "target_compiled": engine.compiled,
-                 "plain_ms_per_token": round(1000 * sum(t.seconds for t in plain) / sum(len(t.tokens) - 1 for t in plain), 3)}
+    plain = [plain_generate(engine, p, new_tokens, set(), Sampling()) for p in [prompts[0], *prompts]][
+        1:
+    ]  # a warm-up first
+    out: dict = {
+        "prompts": len(prompts),
+        "new_tokens": new_tokens,
+        "target_compiled": engine.compiled,
+        "plain_ms_per_token": round(1000 * sum(t.seconds for t in plain) / sum(len(t.tokens) - 1 for t in plain), 3),
+    }
     for name, shape in shapes.items():
         for compiled in compile_modes:
-            sampling = Sampling(temperature=shape.get("temperature", 0.0), seed=0)  # the proposer's and the verification's
-            prop = DrafterProposer(drafter, sampling, max_len, compile=compiled, **{k: v for k, v in shape.items() if k != "temperature"})
+            sampling = Sampling(
+                temperature=shape.get("temperature", 0.0), seed=0
+            )  # the proposer's and the verification's
+            prop = DrafterProposer(
+                drafter, sampling, max_len, compile=compiled, **{k: v for k, v in shape.items() if k != "temperature"}
+            )
             if graphs:
                 engine.graph_rows(prop.size + 1)
                 if prop.mode == "tree":
@@ -175,15 +205,23 @@ def cycle_breakdown(target, drafter_path: Path, prompts: list[list[int]], new_to
                 prop.graph()
             turns = [spec_generate(engine, prop, p, new_tokens, set(), sampling) for p in [prompts[0], *prompts]][1:]
             cycles = sum(len(t.accepts) for t in turns)
-            row = {"drafter_compiled": prop.compiled, "tau": round(sum(a + 1 for t in turns for a in t.accepts) / cycles, 3),
-                   "cycle_ms": round(1000 * sum(t.seconds for t in turns) / cycles, 3)}
+            row = {
+                "drafter_compiled": prop.compiled,
+                "tau": round(sum(a + 1 for t in turns for a in t.accepts) / cycles, 3),
+                "cycle_ms": round(1000 * sum(t.seconds for t in turns) / cycles, 3),
+            }
             draft = prop.propose()  # the state the last turn left: one more cycle's inputs
             row["draft_ms"] = median_ms(prop.propose, dev, reps)
-            at = torch.tensor([len(prompts[-1]) + new_tokens], device=dev)  # past the last turn: slots nothing reads any more
+            at = torch.tensor(
+                [len(prompts[-1]) + new_tokens], device=dev
+            )  # past the last turn: slots nothing reads any more
             rows = torch.cat([draft.tokens[:, :1], draft.tokens], dim=1)  # [1, N+1]: a root and the draft
-            block, offsets = (None, None) if prop.mode == "chain" else (
-                draft.anc, torch.cat([torch.zeros_like(draft.depths[:, :1]), draft.depths], dim=1))
-            row["verify_ms"] = median_ms(lambda: engine.rows_forward(rows, at * 0, at, block, offsets), dev, reps)  # noqa: B023
+            block, offsets = (
+                (None, None)
+                if prop.mode == "chain"
+                else (draft.anc, torch.cat([torch.zeros_like(draft.depths[:, :1]), draft.depths], dim=1))
+            )
+            row["verify_ms"] = median_ms(lambda: engine.rows_forward(rows, at * 0, at, block, offsets), dev, reps)
             row["glue_ms"] = round(row["cycle_ms"] - row["draft_ms"] - row["verify_ms"], 3)
             row["speedup_vs_plain"] = round(row["tau"] * out["plain_ms_per_token"] / row["cycle_ms"], 3)
             out[f"{name}{'_compiled' if compiled else ''}"] = row
@@ -192,13 +230,37 @@ def cycle_breakdown(target, drafter_path: Path, prompts: list[list[int]], new_to
 
 
 def spec_run(args: argparse.Namespace, drafter: Path, out: Path, **mode: object) -> dict:
-    cfg = EvalConfig(target=args.target, drafter=drafter, out=out, num_questions=args.num_questions,
-                     max_new_tokens=args.max_new_tokens, device=args.device, overwrite=True, **mode)
+    cfg = EvalConfig(
+        target=args.target,
+        drafter=drafter,
+        out=out,
+        num_questions=args.num_questions,
+        max_new_tokens=args.max_new_tokens,
+        device=args.device,
+        overwrite=True,
+        **mode,
+    )
     evaluate(cfg)
     r = json.loads((out / "report.json").read_text())
-    keys = ("mode", "batch_size", "temperature", "tau", "accept_per_position", "spec_tok_per_s", "plain_tok_per_s", "speedup",
-            "steps", "tokens", "greedy_turns_matching_plain", "greedy_turns_checked", "drafter_compiled", "capture_seconds",
-            "warmup_seconds", "wall_seconds", "kv_cache_len")
+    keys = (
+        "mode",
+        "batch_size",
+        "temperature",
+        "tau",
+        "accept_per_position",
+        "spec_tok_per_s",
+        "plain_tok_per_s",
+        "speedup",
+        "steps",
+        "tokens",
+        "greedy_turns_matching_plain",
+        "greedy_turns_checked",
+        "drafter_compiled",
+        "capture_seconds",
+        "warmup_seconds",
+        "wall_seconds",
+        "kv_cache_len",
+    )
     return {k: r[k] for k in keys} | {"report": str(out / "report.json")}
 
 
@@ -220,8 +282,14 @@ def batch_runs(args: argparse.Namespace, drafter: Path, out_dir: Path, shapes: d
             runs[f"{name}_b{b}"] = spec_run(args, drafter, out_dir / f"{name}_b{b}", batch_size=b, **modes[name])
         ax.plot(sizes, [runs[f"{name}_b{b}"]["speedup"] or float("nan") for b in sizes], "o-", label=name)
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set(xscale="log", xticks=sizes, xticklabels=[str(b) for b in sizes], xlabel="batch size (rows, each its own question)",
-           ylabel="speed-up over plain decoding", title="speculative decoding against plain, same batch size")
+    ax.set(
+        xscale="log",
+        xticks=sizes,
+        xticklabels=[str(b) for b in sizes],
+        xlabel="batch size (rows, each its own question)",
+        ylabel="speed-up over plain decoding",
+        title="speculative decoding against plain, same batch size",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / "batch_speedup.png", dpi=100)
@@ -241,15 +309,23 @@ def main() -> None:
     ap.add_argument("--plain-tokens", type=int, default=256)
     ap.add_argument("--parts", default="plain,verify,cycle,chain,tree", help="also: batch")
     ap.add_argument("--cycle-shapes", default="chain,tree,chain_t1", help="--parts cycle: the shapes it times")
-    ap.add_argument("--drafter-widths", default=None,
-                    help="--parts cycle: comma-separated MLP widths, each WIDTH or WIDTH:LAYERS (decoder layers, default 1); "
-                         "times a random drafter of each (no --drafter)")
+    ap.add_argument(
+        "--drafter-widths",
+        default=None,
+        help="--parts cycle: comma-separated MLP widths, each WIDTH or WIDTH:LAYERS (decoder layers, default 1); "
+        "times a random drafter of each (no --drafter)",
+    )
     ap.add_argument("--batch-sizes", default="1,4,16", help="--parts batch: the batch sizes")
-    ap.add_argument("--batch-modes", default="chain,tree,chain_t1", help="--parts batch: chain, tree, chain_t1 (temperature 1)")
+    ap.add_argument(
+        "--batch-modes", default="chain,tree,chain_t1", help="--parts batch: chain, tree, chain_t1 (temperature 1)"
+    )
     ap.add_argument("--out-dir", type=Path, default=None, help="where the eval reports go (default: a temp folder)")
     ap.add_argument("--out-json", type=Path, default=None)
-    ap.add_argument("--compile-target", action="store_true",
-                    help="--parts cycle: also the cycle with the target's forward compiled in its graphs (eval --compile-target)")
+    ap.add_argument(
+        "--compile-target",
+        action="store_true",
+        help="--parts cycle: also the cycle with the target's forward compiled in its graphs (eval --compile-target)",
+    )
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: checks that the script runs")
     args = ap.parse_args()
     if args.smoke:
@@ -260,52 +336,81 @@ def main() -> None:
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="eval_bench_"))
     parts = set(args.parts.split(","))
     # (MLP width, decoder layers) per entry: "6144" is one layer, "6144:2" two
-    widths = [(int(w.split(":")[0]), int(w.split(":")[1]) if ":" in w else 1)
-              for w in args.drafter_widths.split(",")] if args.drafter_widths else []
+    widths = (
+        [(int(w.split(":")[0]), int(w.split(":")[1]) if ":" in w else 1) for w in args.drafter_widths.split(",")]
+        if args.drafter_widths
+        else []
+    )
     if widths and (args.drafter or args.compile_target or parts != {"cycle"}):
-        sys.exit("--drafter-widths times random drafters in --parts cycle alone: leave out --drafter, --compile-target and the other parts")
+        sys.exit(
+            "--drafter-widths times random drafters in --parts cycle alone: leave out --drafter, --compile-target and the other parts"
+        )
 
     t0 = time.perf_counter()
     target = load_target(args.target, device)
     result: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "target": args.target, "dtype": str(target.dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "target": args.target,
+        "dtype": str(target.dtype).removeprefix("torch."),
         "load_seconds": round(time.perf_counter() - t0, 2),
     }
     if "plain" in parts:
-        prompts = [turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", args.plain_prompts)]
+        prompts = [
+            turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", args.plain_prompts)
+        ]
         result["plain_decode"] = plain_decode(target, prompts, args.plain_tokens)
     if "verify" in parts:
         sizes, context, reps = ([1, 8], 64, 3) if args.smoke else ([1, 8, 32, 64], 512, 50)
         result["verification_cost"] = verification_cost(target, sizes, context, reps)
     drafter = args.drafter
     if drafter is None and not widths and parts & {"chain", "tree", "cycle", "batch"}:
-        drafter = save_drafter(random_drafter(target.model, 32000).cpu(), out_dir / "random_drafter", target=target.info.to_dict())
+        drafter = save_drafter(
+            random_drafter(target.model, 32000).cpu(), out_dir / "random_drafter", target=target.info.to_dict()
+        )
         result["drafter_note"] = "random drafter (tau ~ 1)"
     result["drafter"] = f"random drafters of (MLP width, layers) {widths} (tau ~ 1)" if widths else str(drafter)
-    shapes = {"chain": dict(mode="chain", depth=2 if args.smoke else 7),
-              "tree": dict(mode="tree", depth=3, top_k=3, total_tokens=8) if args.smoke else dict(mode="tree", depth=7, top_k=10, total_tokens=60)}
+    shapes = {
+        "chain": dict(mode="chain", depth=2 if args.smoke else 7),
+        "tree": dict(mode="tree", depth=3, top_k=3, total_tokens=8)
+        if args.smoke
+        else dict(mode="tree", depth=7, top_k=10, total_tokens=60),
+    }
     if "cycle" in parts:
-        prompts = [turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", args.plain_prompts)]
+        prompts = [
+            turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", args.plain_prompts)
+        ]
         compile_modes = [False, True] if device.type == "cuda" else [False]
         known = {**shapes, "chain_t1": {**shapes["chain"], "temperature": 1.0}}
         names = args.cycle_shapes.split(",")
         if not set(names) <= known.keys():
-            sys.exit(f"--cycle-shapes: {', '.join(sorted(set(names) - known.keys()))} unknown; choose from {', '.join(known)}")
+            sys.exit(
+                f"--cycle-shapes: {', '.join(sorted(set(names) - known.keys()))} unknown; choose from {', '.join(known)}"
+            )
         cycle_shapes = {name: known[name] for name in names}
         reps = 3 if args.smoke else 50
-        timed = {f"cycle_mlp_{w}" + (f"_layers_{n}" if n > 1 else ""): save_drafter(
-                     random_drafter(target.model, 32000, intermediate_size=w, num_layers=n).cpu(),
-                     out_dir / f"random_drafter_{w}_{n}", target=target.info.to_dict())
-                 for w, n in widths} or {"cycle": drafter}
-        for key, path in timed.items():  # several: side by side in the same process, each against its own plain decoding
+        timed = {
+            f"cycle_mlp_{w}" + (f"_layers_{n}" if n > 1 else ""): save_drafter(
+                random_drafter(target.model, 32000, intermediate_size=w, num_layers=n).cpu(),
+                out_dir / f"random_drafter_{w}_{n}",
+                target=target.info.to_dict(),
+            )
+            for w, n in widths
+        } or {"cycle": drafter}
+        for (
+            key,
+            path,
+        ) in timed.items():  # several: side by side in the same process, each against its own plain decoding
             result[key] = cycle_breakdown(target, path, prompts, args.plain_tokens, cycle_shapes, compile_modes, reps)
         if args.compile_target:  # side by side in the same process: the compiled drafter step only
-            result["cycle_target_compiled"] = cycle_breakdown(target, drafter, prompts, args.plain_tokens, cycle_shapes,
-                                                              compile_modes[-1:], reps, compile_target=True)
+            result["cycle_target_compiled"] = cycle_breakdown(
+                target, drafter, prompts, args.plain_tokens, cycle_shapes, compile_modes[-1:], reps, compile_target=True
+            )
     del target
-    evals = {name: {k.replace("depth", "k"): v for k, v in shape.items()} for name, shape in shapes.items()}  # EvalConfig's names
+    evals = {
+        name: {k.replace("depth", "k"): v for k, v in shape.items()} for name, shape in shapes.items()
+    }  # EvalConfig's names
     if "chain" in parts:
         result["chain"] = spec_run(args, drafter, out_dir / "chain", **evals["chain"])
     if "tree" in parts:

@@ -47,12 +47,21 @@ def make_dataset(path: Path, n: int, length: int, vocab: int, seed: int = 0) -> 
     lengths = rng.integers(max(1, int(length * 0.75)), int(length * 1.25) + 1, size=n)
     samples = [rng.integers(0, vocab, size=int(t), dtype=np.int64).tolist() for t in lengths]
     path.mkdir(parents=True, exist_ok=True)
-    write_table(path, {"sample_id": list(range(n)), "input_ids": samples,
-                       "loss_mask": [[1] * len(s) for s in samples], "length": [len(s) for s in samples]})
-    (path / META_FILE).write_text(json.dumps({"format": FORMAT, "version": 1, "target": {}, "max_len": int(lengths.max())}))
+    write_table(
+        path,
+        {
+            "sample_id": list(range(n)),
+            "input_ids": samples,
+            "loss_mask": [[1] * len(s) for s in samples],
+            "length": [len(s) for s in samples],
+        },
+    )
+    (path / META_FILE).write_text(
+        json.dumps({"format": FORMAT, "version": 1, "target": {}, "max_len": int(lengths.max())})
+    )
 
 
-def forward_only(target, ds, layers: list[int], token_budget: int) -> dict:  # noqa: ANN001
+def forward_only(target, ds, layers: list[int], token_budget: int) -> dict:
     """tok/s of capture + gather over the same batches `extract` makes, nothing copied out."""
     from draftsmith.data.dataset import load_dataset
 
@@ -87,17 +96,28 @@ def dd_bandwidth(folder: Path, megabytes: int) -> dict:
         return {"error": proc.stderr.strip(), "bytes_per_s": None}
     m = re.search(r"copied, ([0-9.eE+-]+) s", proc.stderr)
     seconds = float(m.group(1)) if m else wall
-    return {"bytes": megabytes << 20, "seconds": round(seconds, 3), "bytes_per_s": (megabytes << 20) / seconds,
-            "dd": proc.stderr.strip().splitlines()[-1]}
+    return {
+        "bytes": megabytes << 20,
+        "seconds": round(seconds, 3),
+        "bytes_per_s": (megabytes << 20) / seconds,
+        "dd": proc.stderr.strip().splitlines()[-1],
+    }
 
 
 def compare_stores(a: Path, b: Path) -> dict:
     """Sample by sample: same ids, same tokens and masks, and how close the hidden states are."""
     ra, rb = StoreReader(a), StoreReader(b)
-    out = {"bench": "extract-compare", "a": str(a), "b": str(b), "samples_a": len(ra), "samples_b": len(rb),
-           "same_sample_ids": ra.sample_ids == rb.sample_ids, "same_aux_layer_ids_dtype_target":
-           [ra.meta[k] for k in ("aux_layer_ids", "dtype")] + [ra.meta["target"]["fingerprint"]]
-           == [rb.meta[k] for k in ("aux_layer_ids", "dtype")] + [rb.meta["target"]["fingerprint"]]}
+    out = {
+        "bench": "extract-compare",
+        "a": str(a),
+        "b": str(b),
+        "samples_a": len(ra),
+        "samples_b": len(rb),
+        "same_sample_ids": ra.sample_ids == rb.sample_ids,
+        "same_aux_layer_ids_dtype_target": [ra.meta[k] for k in ("aux_layer_ids", "dtype")]
+        + [ra.meta["target"]["fingerprint"]]
+        == [rb.meta[k] for k in ("aux_layer_ids", "dtype")] + [rb.meta["target"]["fingerprint"]],
+    }
     bitwise, worst, tokens_equal = 0, 0.0, True
     for sid in sorted(set(ra.sample_ids) & set(rb.sample_ids)):
         x, y = ra.get(sid), rb.get(sid)
@@ -108,8 +128,14 @@ def compare_stores(a: Path, b: Path) -> dict:
             diff = (x[key].float() - y[key].float()).norm() / y[key].float().norm().clamp_min(1e-12)
             worst = max(worst, float(diff))
         bitwise += int(same)
-    out.update({"tokens_and_masks_equal": tokens_equal, "bitwise_identical_samples": bitwise,
-                "max_relative_error": worst, "identical_content": out["same_sample_ids"] and tokens_equal and worst < 5e-2})
+    out.update(
+        {
+            "tokens_and_masks_equal": tokens_equal,
+            "bitwise_identical_samples": bitwise,
+            "max_relative_error": worst,
+            "identical_content": out["same_sample_ids"] and tokens_equal and worst < 5e-2,
+        }
+    )
     return out
 
 
@@ -152,8 +178,16 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     store = work / "store"
-    cfg = ExtractConfig(dataset_dir=work / "ds", target=args.target, out=store, device=device, token_budget=args.token_budget,
-                        writers=args.writers, staging_dir=args.staging_dir, force=True)
+    cfg = ExtractConfig(
+        dataset_dir=work / "ds",
+        target=args.target,
+        out=store,
+        device=device,
+        token_budget=args.token_budget,
+        writers=args.writers,
+        staging_dir=args.staging_dir,
+        force=True,
+    )
     extract(cfg)
     prog = json.loads((store / PROGRESS_FILE).read_text())
     reader = StoreReader(store)
@@ -168,18 +202,31 @@ def main() -> None:
     disk_tps = dd["bytes_per_s"] / bytes_per_token if dd["bytes_per_s"] else None
     bound = min(fwd["tok_per_s"], disk_tps) if disk_tps else fwd["tok_per_s"]
     result = {
-        "bench": "extract", "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "bench": "extract",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "target": args.target, "aux_layer_ids": meta["aux_layer_ids"], "dtype": meta["dtype"], "samples": len(reader), "tokens": tokens,
-        "token_budget": args.token_budget, "writers": args.writers, "staging_dir": str(args.staging_dir) if args.staging_dir else None,
-        "extract_tok_per_s": round(ext_tps, 1), "extract_seconds": prog["elapsed_s"], "extract_errors": prog["errors"],
+        "target": args.target,
+        "aux_layer_ids": meta["aux_layer_ids"],
+        "dtype": meta["dtype"],
+        "samples": len(reader),
+        "tokens": tokens,
+        "token_budget": args.token_budget,
+        "writers": args.writers,
+        "staging_dir": str(args.staging_dir) if args.staging_dir else None,
+        "extract_tok_per_s": round(ext_tps, 1),
+        "extract_seconds": prog["elapsed_s"],
+        "extract_errors": prog["errors"],
         "forward_only_tok_per_s": fwd["tok_per_s"],
-        "disk_write_bytes_per_s": round(dd["bytes_per_s"]) if dd["bytes_per_s"] else None, "dd": dd.get("dd") or dd.get("error"),
+        "disk_write_bytes_per_s": round(dd["bytes_per_s"]) if dd["bytes_per_s"] else None,
+        "dd": dd.get("dd") or dd.get("error"),
         "disk_bound_tok_per_s": round(disk_tps, 1) if disk_tps else None,
-        "bytes_per_token": round(bytes_per_token, 1), "ideal_bytes_per_token": ideal,
+        "bytes_per_token": round(bytes_per_token, 1),
+        "ideal_bytes_per_token": ideal,
         "overhead_vs_ideal": round(bytes_per_token / ideal - 1, 4),
-        "ratio_vs_bound": round(ext_tps / bound, 3), "bar": 0.8, "pass": ext_tps / bound >= 0.8,
+        "ratio_vs_bound": round(ext_tps / bound, 3),
+        "bar": 0.8,
+        "pass": ext_tps / bound >= 0.8,
     }
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

@@ -37,7 +37,9 @@ def pin_cores(n: int) -> list[int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=REPO / "src/draftsmith/assets/gsm8k_train.jsonl")
-    ap.add_argument("--target", default="smollm2-135m", help="alias, .gguf file or HF folder (only the tokenizer is loaded)")
+    ap.add_argument(
+        "--target", default="smollm2-135m", help="alias, .gguf file or HF folder (only the tokenizer is loaded)"
+    )
     ap.add_argument("--cores", type=int, default=2, help="CPU cores to pin to (0 = all)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-len", type=int, default=2048)
@@ -57,31 +59,47 @@ def main() -> None:
         args.repeats = 1
     runs = []
     for i in range(args.repeats):
-        cfg = PrepareConfig(data=data, target=args.target, out=work / "ds", format="pairs",
-                            max_len=args.max_len, overwrite=True)
+        cfg = PrepareConfig(
+            data=data, target=args.target, out=work / "ds", format="pairs", max_len=args.max_len, overwrite=True
+        )
         wall, cpu = time.perf_counter(), time.process_time()
         with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the JSON
             run(cfg)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         stats = json.loads((work / "ds" / "stats.json").read_text())
-        runs.append({
-            "samples": stats["samples_in"], "tokens": stats["tokens"],
-            "samples_per_s": round(stats["throughput"]["samples_per_s"], 1),
-            "tokens_per_s": round(stats["throughput"]["tokens_per_s"]),
-            "tokenize_seconds": stats["throughput"]["tokenize_seconds"],
-            # contention-proof: samples per CPU-second of the tokenizing phase (all threads)
-            "samples_per_cpu_s": round(stats["samples_in"] / max(stats["throughput"]["tokenize_cpu_seconds"], 1e-9), 1),
-            "wall_seconds_end_to_end": round(wall, 3), "cpu_seconds_end_to_end": round(cpu, 3),
-        })
+        runs.append(
+            {
+                "samples": stats["samples_in"],
+                "tokens": stats["tokens"],
+                "samples_per_s": round(stats["throughput"]["samples_per_s"], 1),
+                "tokens_per_s": round(stats["throughput"]["tokens_per_s"]),
+                "tokenize_seconds": stats["throughput"]["tokenize_seconds"],
+                # contention-proof: samples per CPU-second of the tokenizing phase (all threads)
+                "samples_per_cpu_s": round(
+                    stats["samples_in"] / max(stats["throughput"]["tokenize_cpu_seconds"], 1e-9), 1
+                ),
+                "wall_seconds_end_to_end": round(wall, 3),
+                "cpu_seconds_end_to_end": round(cpu, 3),
+            }
+        )
         print(f"repeat {i}: {runs[-1]}", file=sys.stderr)
     rates = [r["samples_per_s"] for r in runs]
     result = {
-        "bench": "prepare", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "bench": "prepare",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cores": cores,
-        "load_avg_1m": os.getloadavg()[0], "data": str(args.data), "target": args.target, "smoke": args.smoke,
-        "samples_per_s_best": max(rates), "samples_per_s_median": statistics.median(rates),
-        "bar_samples_per_s": 2000, "meets_bar": statistics.median(rates) >= 2000, "runs": runs,
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": cores,
+        "load_avg_1m": os.getloadavg()[0],
+        "data": str(args.data),
+        "target": args.target,
+        "smoke": args.smoke,
+        "samples_per_s_best": max(rates),
+        "samples_per_s_median": statistics.median(rates),
+        "bar_samples_per_s": 2000,
+        "meets_bar": statistics.median(rates) >= 2000,
+        "runs": runs,
     }
     print(json.dumps(result, indent=2))
     if args.out_json:

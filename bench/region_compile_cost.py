@@ -26,7 +26,7 @@ from draftsmith.runtime.sampling import Sampling
 from draftsmith.target import load_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the tests' untrained drafter
-from tests.helpers import random_drafter  # noqa: E402
+from tests.helpers import random_drafter
 
 
 def main() -> None:
@@ -42,12 +42,23 @@ def main() -> None:
     drafter = random_drafter(target.model, 32000).to(dtype=target.dtype)
     engine = TargetEngine(target.model, drafter.config.aux_layer_ids, max_len=256)
     prompt = target.tokenizer.encode("Explain why the sky is blue.")
-    result = {"device": str(next(target.model.parameters()).device), "torch": torch.__version__,
-              "shape": {k: getattr(args, k) for k in ("mode", "depth", "top_k", "total_tokens")}}
+    result = {
+        "device": str(next(target.model.parameters()).device),
+        "torch": torch.__version__,
+        "shape": {k: getattr(args, k) for k in ("mode", "depth", "top_k", "total_tokens")},
+    }
     for name in ("step", "region"):
         torch._dynamo.reset()
-        prop = DrafterProposer(drafter, Sampling(), 256, mode=args.mode, depth=args.depth, top_k=args.top_k,
-                               total_tokens=args.total_tokens, compile=True)
+        prop = DrafterProposer(
+            drafter,
+            Sampling(),
+            256,
+            mode=args.mode,
+            depth=args.depth,
+            top_k=args.top_k,
+            total_tokens=args.total_tokens,
+            compile=True,
+        )
         if name == "step":
             prop.draft_region = None
         _, aux, ids, pad = engine.prefill_rows([prompt])

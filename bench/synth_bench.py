@@ -46,14 +46,24 @@ def single_stream(target, questions: list[str], max_new_tokens: int) -> dict:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                 do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos[0],
+            )
         if target.device.type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - t0
         tokens += out.shape[1] - ids.shape[1]
-    return {"prompts": len(questions), "generated_tokens": tokens, "seconds": round(seconds, 3),
-            "tok_per_s": round(tokens / seconds, 2)}
+    return {
+        "prompts": len(questions),
+        "generated_tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tok_per_s": round(tokens / seconds, 2),
+    }
 
 
 def main() -> None:
@@ -64,8 +74,12 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--cache", choices=["dynamic", "static"], default="dynamic", help="KV cache of --generator hf")
-    ap.add_argument("--generator", choices=["auto", "engine", "hf"], default="auto",
-                    help="local generator (auto: the static-KV engine where the target passes its self-check, else HF generate)")
+    ap.add_argument(
+        "--generator",
+        choices=["auto", "engine", "hf"],
+        default="auto",
+        help="local generator (auto: the static-KV engine where the target passes its self-check, else HF generate)",
+    )
     ap.add_argument("--baseline-prompts", type=int, default=3, help="prompts for the single-stream baseline")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default="auto")
@@ -80,11 +94,22 @@ def main() -> None:
     convs = read_conversations(args.prompts)[: args.num_prompts]
     with tempfile.TemporaryDirectory() as tmp:
         prompt_file = Path(tmp) / "prompts.jsonl"
-        prompt_file.write_text("".join(json.dumps({"id": c["id"], "prompt": c["messages"][0]["content"]}) + "\n" for c in convs))
+        prompt_file.write_text(
+            "".join(json.dumps({"id": c["id"], "prompt": c["messages"][0]["content"]}) + "\n" for c in convs)
+        )
         out = Path(tmp) / "synth" / "conversations.jsonl"
-        cfg = SynthConfig(prompts=prompt_file, target=args.target, out=out, max_new_tokens=args.max_new_tokens,
-                          temperature=0.0, batch_size=args.batch_size, cache=args.cache, generator=args.generator,
-                          device=args.device, dtype=args.dtype)
+        cfg = SynthConfig(
+            prompts=prompt_file,
+            target=args.target,
+            out=out,
+            max_new_tokens=args.max_new_tokens,
+            temperature=0.0,
+            batch_size=args.batch_size,
+            cache=args.cache,
+            generator=args.generator,
+            device=args.device,
+            dtype=args.dtype,
+        )
         t0 = time.perf_counter()
         run(cfg)
         wall = time.perf_counter() - t0
@@ -92,20 +117,36 @@ def main() -> None:
         kept = read_records(out)
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
-    base = single_stream(target, [c["messages"][0]["content"] for c in convs[: args.baseline_prompts]], args.max_new_tokens)
+    base = single_stream(
+        target, [c["messages"][0]["content"] for c in convs[: args.baseline_prompts]], args.max_new_tokens
+    )
     synth_rate = progress["tok_per_s"]
     result = {
         "bench": "synth",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([sys.executable, *sys.argv]),
-        "hardware": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "target": args.target, "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."),
-        "prompts": len(convs), "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size, "cache": args.cache,
+        "hardware": torch.cuda.get_device_name(target.device)
+        if target.device.type == "cuda"
+        else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "target": args.target,
+        "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "prompts": len(convs),
+        "max_new_tokens": args.max_new_tokens,
+        "batch_size": args.batch_size,
+        "cache": args.cache,
         "generator": args.generator,
-        "synth": {"generated_tokens": progress["tokens"], "seconds": progress["elapsed_s"], "tok_per_s": synth_rate,
-                  "conversations_per_s": progress["rate"], "wall_s_with_load": round(wall, 1),
-                  "kept": len(kept), "counters": progress["counters"]},
+        "synth": {
+            "generated_tokens": progress["tokens"],
+            "seconds": progress["elapsed_s"],
+            "tok_per_s": synth_rate,
+            "conversations_per_s": progress["rate"],
+            "wall_s_with_load": round(wall, 1),
+            "kept": len(kept),
+            "counters": progress["counters"],
+        },
         "single_stream_generate": base,
         "speedup": round(synth_rate / base["tok_per_s"], 2),
         "bar": args.bar,

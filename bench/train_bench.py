@@ -72,8 +72,15 @@ def phase_table(prof: torch.profiler.profile, steps: int) -> dict[str, float]:
 def bench_variant(name: str, options: dict, args: argparse.Namespace, scratch: Path) -> dict:
     options = dict(options)
     capture = options.pop("capture", "auto")  # online capture: auto (packed where the model packs) or padded
-    cfg = TrainConfig(dataset_dir=args.dataset, target=args.target, out=scratch / name, log_every=10**9,
-                      save_every=10**9, val_fraction=0.01, **options)
+    cfg = TrainConfig(
+        dataset_dir=args.dataset,
+        target=args.target,
+        out=scratch / name,
+        log_every=10**9,
+        save_every=10**9,
+        val_fraction=0.01,
+        **options,
+    )
     cfg = cfg.model_copy(update={"steps": args.warmup + args.steps + args.profile_steps + 1})
     trainer = build_trainer(cfg)
     if capture == "padded":
@@ -102,10 +109,17 @@ def bench_variant(name: str, options: dict, args: argparse.Namespace, scratch: P
     tokens = run_steps(args.steps)
     sync()
     wall = time.perf_counter() - t0
-    result = {"variant": name, "options": options, "capture": capture, "steps": args.steps, "tokens": tokens,
-              "tok_per_s": round(tokens / wall, 1), "step_ms": round(wall / args.steps * 1e3, 1),
-              "data_wait": round(trainer._data_wait / wall, 3),
-              "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None}
+    result = {
+        "variant": name,
+        "options": options,
+        "capture": capture,
+        "steps": args.steps,
+        "tokens": tokens,
+        "tok_per_s": round(tokens / wall, 1),
+        "step_ms": round(wall / args.steps * 1e3, 1),
+        "data_wait": round(trainer._data_wait / wall, 3),
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
+    }
     if args.profile_steps:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
@@ -117,7 +131,11 @@ def bench_variant(name: str, options: dict, args: argparse.Namespace, scratch: P
         keys = ("cpu_time_total", "self_cuda_time_total") if torch.cuda.is_available() else ("cpu_time_total",)
         for key in keys:  # the host's view (phases, syncs, launches), then the GPU's (kernels)
             print(f"--- {name}: top ops by {key} over {args.profile_steps} steps", file=sys.stderr)
-            print(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70), file=sys.stderr, flush=True)
+            print(
+                prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70),
+                file=sys.stderr,
+                flush=True,
+            )
     trainer.log.close()
     return result
 
@@ -126,10 +144,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dataset", type=Path, help="tokenized dataset folder (draftsmith prepare)")
     ap.add_argument("--target", default="smollm2-135m", help="target spec (alias, .gguf, HF folder)")
-    ap.add_argument("--variant", action="append", default=None, help="NAME:KEY=VALUE,... (repeatable; default: train's defaults)")
+    ap.add_argument(
+        "--variant", action="append", default=None, help="NAME:KEY=VALUE,... (repeatable; default: train's defaults)"
+    )
     ap.add_argument("--steps", type=int, default=30, help="timed optimizer steps per variant")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation happens here)")
-    ap.add_argument("--profile-steps", type=int, default=3, help="steps under torch.profiler after the timed ones (0: none)")
+    ap.add_argument(
+        "--profile-steps", type=int, default=3, help="steps under torch.profiler after the timed ones (0: none)"
+    )
     ap.add_argument("--out-json", type=Path, default=None)
     args = ap.parse_args()
 
@@ -142,10 +164,14 @@ def main() -> None:
             print(json.dumps(r), file=sys.stderr, flush=True)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-    report = {"bench": "train", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join(sys.argv),
-              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
-              "torch": torch.__version__, "results": results}
+    report = {
+        "bench": "train",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "results": results,
+    }
     print(json.dumps(report, indent=2))
     if args.out_json:
         args.out_json.write_text(json.dumps(report, indent=2) + "\n")

@@ -18,9 +18,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from draftsmith.train.metrics import read_metrics  # noqa: E402
+from draftsmith.train.metrics import read_metrics
 
 
 def val_curve(folder: Path) -> list[tuple[int, float]]:
@@ -60,8 +60,15 @@ def main() -> None:
     for spec in args.point:
         label, _, value = spec.partition("=")
         points = [tuple(float(x) for x in pair.split(":")) for pair in value.split(",")]
-        ax.plot([t / 1e6 for t, _ in points], [tau for _, tau in points], marker="*", markersize=12,
-                linestyle="--" if len(points) > 1 else "none", zorder=3, label=label)
+        ax.plot(
+            [t / 1e6 for t, _ in points],
+            [tau for _, tau in points],
+            marker="*",
+            markersize=12,
+            linestyle="--" if len(points) > 1 else "none",
+            zorder=3,
+            label=label,
+        )
     ax.set_xlabel("training tokens (millions)")
     ax.set_ylabel("validation simulated τ (K = 7)")
     ax.grid(alpha=0.3)

@@ -21,9 +21,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from draftsmith.train.metrics import read_metrics  # noqa: E402
+from draftsmith.train.metrics import read_metrics
 
 
 def validation_lines(train_dir: Path) -> dict[str, list[float]]:

@@ -18,9 +18,31 @@ import yaml
 
 from draftsmith.train.metrics import read_metrics
 
-KNOBS = ("batch_tokens", "steps", "lr", "optimizer", "schedule", "warmup_ratio", "step_decay", "norm_before_fc",
-         "fc_norm", "norm_output", "head_init", "freeze_head", "aux_noise", "weight_decay", "loss_tokens", "aux_layer_ids", "intermediate_size",
-         "num_layers", "ttt_positions", "teacher_temperature", "seed", "compile_step", "capture_attention")
+KNOBS = (
+    "batch_tokens",
+    "steps",
+    "lr",
+    "optimizer",
+    "schedule",
+    "warmup_ratio",
+    "step_decay",
+    "norm_before_fc",
+    "fc_norm",
+    "norm_output",
+    "head_init",
+    "freeze_head",
+    "aux_noise",
+    "weight_decay",
+    "loss_tokens",
+    "aux_layer_ids",
+    "intermediate_size",
+    "num_layers",
+    "ttt_positions",
+    "teacher_temperature",
+    "seed",
+    "compile_step",
+    "capture_attention",
+)
 
 
 def train_row(folder: Path) -> dict | None:
@@ -31,14 +53,22 @@ def train_row(folder: Path) -> dict | None:
     progress = json.loads((folder / "progress.json").read_text())
     last = val[-1]
     minutes = progress["elapsed_s"] / 60
-    return {"name": folder.name, **{k: cfg.get(k) for k in KNOBS}, "tokens": progress["tokens"],
-            "minutes": round(minutes, 2), "tok_per_s": progress["tok_per_s"], "acc_0": round(last["acc_0"], 3),
-            "cond_acc_k": [round(c, 2) for c in last["cond_acc_k"]], "val_tau": round(last["tau"], 3),
-            "val_tau_walk": round(last["tau_walk"], 3) if "tau_walk" in last else None,
-            "best_val_tau": round(max(r["tau"] for r in val), 3),
-            "tau_gain_per_gpu_min": round((last["tau"] - 1) / max(minutes, 1e-9), 3),
-            "gpu_mem_gb": progress["counters"].get("gpu_mem_gb"), "data_wait": progress["counters"].get("data_wait"),
-            "val_curve": [(r["step"], r.get("tokens"), round(r["tau"], 3)) for r in val]}
+    return {
+        "name": folder.name,
+        **{k: cfg.get(k) for k in KNOBS},
+        "tokens": progress["tokens"],
+        "minutes": round(minutes, 2),
+        "tok_per_s": progress["tok_per_s"],
+        "acc_0": round(last["acc_0"], 3),
+        "cond_acc_k": [round(c, 2) for c in last["cond_acc_k"]],
+        "val_tau": round(last["tau"], 3),
+        "val_tau_walk": round(last["tau_walk"], 3) if "tau_walk" in last else None,
+        "best_val_tau": round(max(r["tau"] for r in val), 3),
+        "tau_gain_per_gpu_min": round((last["tau"] - 1) / max(minutes, 1e-9), 3),
+        "gpu_mem_gb": progress["counters"].get("gpu_mem_gb"),
+        "data_wait": progress["counters"].get("data_wait"),
+        "val_curve": [(r["step"], r.get("tokens"), round(r["tau"], 3)) for r in val],
+    }
 
 
 def eval_taus(root: Path) -> dict[str, dict]:
@@ -47,7 +77,9 @@ def eval_taus(root: Path) -> dict[str, dict]:
     for report in sorted(root.glob("*/report.json")):
         r = json.loads(report.read_text())
         cfg = yaml.safe_load((report.parent / "run.yaml").read_text())["config"]
-        trained = Path(cfg["drafter"]).parent.name if Path(cfg["drafter"]).name == "drafter" else Path(cfg["drafter"]).name
+        trained = (
+            Path(cfg["drafter"]).parent.name if Path(cfg["drafter"]).name == "drafter" else Path(cfg["drafter"]).name
+        )
         out.setdefault(trained, {})[report.parent.name] = r
     return out
 
@@ -59,8 +91,11 @@ def main() -> None:
     args = ap.parse_args()
     evals = eval_taus(args.root)
     rows = [r for f in sorted(args.root.iterdir()) if f.is_dir() and (r := train_row(f))]
-    lines = ["| stage | rows × steps | lr | opt | sched | options | val acc_0 | val cond_acc per step | val τ | MT-bench chain τ | "
-             "min | tok/s | τ-1 per GPU-min | peak GiB | data_wait |", "|" + "---|" * 15]
+    lines = [
+        "| stage | rows × steps | lr | opt | sched | options | val acc_0 | val cond_acc per step | val τ | MT-bench chain τ | "
+        "min | tok/s | τ-1 per GPU-min | peak GiB | data_wait |",
+        "|" + "---|" * 15,
+    ]
     for r in rows:
         opts = [k for k in ("norm_before_fc", "fc_norm", "norm_output", "freeze_head") if r[k]]
         if r["head_init"] == "target":
@@ -83,15 +118,32 @@ def main() -> None:
         if r["seed"]:
             opts.append(f"seed {r['seed']}")
         walked = f" (walked {r['val_tau_walk']})" if r["val_tau_walk"] else ""
-        chain = [e["tau"] for e in evals.get(r["name"], {}).values() if e.get("mode") == "chain" and not e.get("temperature")]
-        lines.append(f"| {r['name']} | {r['batch_tokens']} × {r['steps']} | {r['lr']:g} | {r['optimizer']} | {r['schedule']} "
-                     f"| {', '.join(opts) or '-'} | {r['acc_0']} | {' '.join(f'{c:.2f}' for c in r['cond_acc_k'])} "
-                     f"| **{r['val_tau']}**{walked} | {f'{chain[0]:.2f}' if chain else '-'} | {r['minutes']} | {r['tok_per_s']:.0f} "
-                     f"| {r['tau_gain_per_gpu_min']} | {r['gpu_mem_gb']} | {r['data_wait']} |")
+        chain = [
+            e["tau"] for e in evals.get(r["name"], {}).values() if e.get("mode") == "chain" and not e.get("temperature")
+        ]
+        lines.append(
+            f"| {r['name']} | {r['batch_tokens']} × {r['steps']} | {r['lr']:g} | {r['optimizer']} | {r['schedule']} "
+            f"| {', '.join(opts) or '-'} | {r['acc_0']} | {' '.join(f'{c:.2f}' for c in r['cond_acc_k'])} "
+            f"| **{r['val_tau']}**{walked} | {f'{chain[0]:.2f}' if chain else '-'} | {r['minutes']} | {r['tok_per_s']:.0f} "
+            f"| {r['tau_gain_per_gpu_min']} | {r['gpu_mem_gb']} | {r['data_wait']} |"
+        )
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    print(json.dumps({"rows": rows, "evals": {k: {n: {f: e.get(f) for f in ("tau", "speedup", "accept_per_position", "mode")}
-                                                  for n, e in v.items()} for k, v in evals.items()}}, indent=1))
+    print(
+        json.dumps(
+            {
+                "rows": rows,
+                "evals": {
+                    k: {
+                        n: {f: e.get(f) for f in ("tau", "speedup", "accept_per_position", "mode")}
+                        for n, e in v.items()
+                    }
+                    for k, v in evals.items()
+                },
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import pytest
 
 from tests.helpers import ASSETS, SMOLLM2, make_tiny_llama
 
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-gpu", action="store_true", help="run tests marked gpu")
     parser.addoption("--run-bench", action="store_true", help="run benchmarks marked bench")
@@ -74,5 +75,3 @@ def tiny_target_dir(tmp_path_factory, tiny_model, tokenizer) -> Path:
     tiny_model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
-
-

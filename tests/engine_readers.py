@@ -54,11 +54,22 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-STACKED = ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
-           (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj"))
-LAYER_PARAMS = ("self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight",
-                "mlp.down_proj.weight", "input_layernorm.weight", "hidden_norm.weight",
-                "post_attention_layernorm.weight")
+STACKED = (
+    (".q_proj", ".qkv_proj"),
+    (".k_proj", ".qkv_proj"),
+    (".v_proj", ".qkv_proj"),
+    (".gate_proj", ".gate_up_proj"),
+    (".up_proj", ".gate_up_proj"),
+)
+LAYER_PARAMS = (
+    "self_attn.qkv_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_up_proj.weight",
+    "mlp.down_proj.weight",
+    "input_layernorm.weight",
+    "hidden_norm.weight",
+    "post_attention_layernorm.weight",
+)
 
 
 @dataclass
@@ -126,7 +137,13 @@ def vllm_view(folder: Path, num_target_layers: int) -> EngineView:
     draft_vocab = hf.get("draft_vocab_size") or hf["vocab_size"]
     layers = int(hf.get("num_hidden_layers") or 1)
     params = {f"model.layers.{i}.{p}" for i in range(layers) for p in LAYER_PARAMS}
-    params |= {"model.fc.weight", "model.norm.weight", "model.embed_tokens.weight", "lm_head.weight", "draft_id_to_target_id"}
+    params |= {
+        "model.fc.weight",
+        "model.norm.weight",
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "draft_id_to_target_id",
+    }
     if norm_before_fc:
         params.add("model.input_norm.weight")
     if fc_norm:
@@ -150,7 +167,9 @@ def vllm_view(folder: Path, num_target_layers: int) -> EngineView:
         if "qkv_proj" in target:  # layer 0 reads cat(embedding, hidden), the later layers the hidden state
             inputs = int(hf["hidden_size"]) * (2 if target.startswith("model.layers.0.") else 1)
             if weights[name].shape[1] != inputs:
-                raise ValueError(f"{name} has shape {tuple(weights[name].shape)}; vLLM's {target} takes {inputs} inputs")
+                raise ValueError(
+                    f"{name} has shape {tuple(weights[name].shape)}; vLLM's {target} takes {inputs} inputs"
+                )
         loaded.setdefault(target, []).append(name)
     return EngineView(
         captured_layers=[int(i) for i in ids],
@@ -176,8 +195,12 @@ def sglang_view(folder: Path, num_target_layers: int) -> EngineView:
     except (KeyError, TypeError):
         ids = None
     capture = [2, num_target_layers // 2, num_target_layers - 3] if ids is None else [int(v) + 1 for v in ids]
-    params = {f"model.midlayer.{p}" for p in LAYER_PARAMS} | {"model.fc.weight", "model.norm.weight",
-                                                              "model.embed_tokens.weight", "lm_head.weight"}
+    params = {f"model.midlayer.{p}" for p in LAYER_PARAMS} | {
+        "model.fc.weight",
+        "model.norm.weight",
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+    }
     weights = load_file(str(Path(folder) / "model.safetensors"))
     loaded: dict[str, list[str]] = {}
     skipped, hot = [], None

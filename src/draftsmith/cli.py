@@ -30,24 +30,30 @@ from draftsmith.pipeline.config import PipelineConfig, QuickstartConfig
 
 def quickstart(cfg: QuickstartConfig) -> Path:
     from draftsmith.pipeline.quickstart import run
+
     return run(cfg)
 
 
 def pipeline(cfg: PipelineConfig) -> Path:
     from draftsmith.pipeline.run import run
+
     return run(cfg)
 
 
 # every single-stage command from the registry, then the two that run several stages through it
 ALL_COMMANDS: dict[str, Command] = {
     **COMMANDS,
-    "quickstart": Command(QuickstartConfig, quickstart,
-                          "Run the whole pipeline on the embedded default target, ending in a tau report."),
+    "quickstart": Command(
+        QuickstartConfig, quickstart, "Run the whole pipeline on the embedded default target, ending in a tau report."
+    ),
     "pipeline": Command(PipelineConfig, pipeline, "Run several stages from one YAML config, loading the target once."),
 }
 
 app = typer.Typer(
-    name="draftsmith", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    name="draftsmith",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
     help="Train EAGLE-3 speculative-decoding drafters for Hugging Face causal LMs, and measure what they are worth.",
 )
 
@@ -100,10 +106,14 @@ def _make_command(name: str, entry: Command) -> None:
         typ, _ = _cli_type(cls.model_fields[new].annotation)
         info = typer.Option(None, "--" + old.replace("_", "-"), hidden=True)
         params.append(inspect.Parameter(old, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=typ))
-    params.append(inspect.Parameter(
-        "config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
-        default=typer.Option(None, "--config", help="YAML file of option values; flags given here beat it."),
-    ))
+    params.append(
+        inspect.Parameter(
+            "config",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=Optional[Path],
+            default=typer.Option(None, "--config", help="YAML file of option values; flags given here beat it."),
+        )
+    )
 
     def command(**kwargs: Any) -> None:
         yaml_path = kwargs.pop("config")

@@ -46,8 +46,12 @@ class CommandConfig(BaseModel):
         for old, new in cls.renamed.items():
             if old in values:
                 value = values.pop(old)
-                print(f"warning: option '{old}' (--{old.replace('_', '-')}) is deprecated and goes in the next release: "
-                      f"use '{new}' (--{new.replace('_', '-')})", file=sys.stderr, flush=True)
+                print(
+                    f"warning: option '{old}' (--{old.replace('_', '-')}) is deprecated and goes in the next release: "
+                    f"use '{new}' (--{new.replace('_', '-')})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 values.setdefault(new, value)
         return values
 
@@ -147,9 +151,18 @@ def changed_options(cfg: CommandConfig, recorded: dict[str, Any], ignore: set[st
     when it is not at its default."""
     recorded = {type(cfg).renamed.get(k, k): v for k, v in recorded.items()}
     now, fields = cfg.model_dump(mode="json"), type(cfg).model_fields
-    return {k: (recorded.get(k), now.get(k)) for k in sorted(now.keys() | recorded.keys()) if k not in ignore and (
-        now.get(k) != recorded[k] if k in recorded else
-        k not in fields or fields[k].is_required() or getattr(cfg, k) != fields[k].get_default(call_default_factory=True))}
+    return {
+        k: (recorded.get(k), now.get(k))
+        for k in sorted(now.keys() | recorded.keys())
+        if k not in ignore
+        and (
+            now.get(k) != recorded[k]
+            if k in recorded
+            else k not in fields
+            or fields[k].is_required()
+            or getattr(cfg, k) != fields[k].get_default(call_default_factory=True)
+        )
+    }
 
 
 RUN_RECORD = "run.yaml"
@@ -165,5 +178,7 @@ def write_run_record(out_dir: Path, cfg: CommandConfig, name: str = RUN_RECORD) 
 
 
 Shard = Literal["none", "auto"]
-SHARD_HELP = ("Where the target's weights go: none = all on --device; auto = split layer by layer over every visible GPU "
-              "(transformers' device_map='auto', one process; not under torchrun), for a target larger than one GPU.")
+SHARD_HELP = (
+    "Where the target's weights go: none = all on --device; auto = split layer by layer over every visible GPU "
+    "(transformers' device_map='auto', one process; not under torchrun), for a target larger than one GPU."
+)

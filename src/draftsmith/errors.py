@@ -48,11 +48,15 @@ def from_os_error(e: OSError, outcome: str = RESUME) -> UserError:
     resumes)."""
     where = f"{e.filename}: " if e.filename else ""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StageFailed(f"{where}disk full ({e.strerror}); free some space on that filesystem (or choose an --out on "
-                           f"another one); {outcome}")
+        return StageFailed(
+            f"{where}disk full ({e.strerror}); free some space on that filesystem (or choose an --out on "
+            f"another one); {outcome}"
+        )
     if e.errno == errno.EFBIG:  # the file-size limit (`ulimit -f`) or the filesystem's largest file
-        return StageFailed(f"{where}{e.strerror or 'File too large'} (over the process's file-size limit, `ulimit -f`, or "
-                           f"the filesystem's largest file); raise the limit or choose an --out on another filesystem; {outcome}")
+        return StageFailed(
+            f"{where}{e.strerror or 'File too large'} (over the process's file-size limit, `ulimit -f`, or "
+            f"the filesystem's largest file); raise the limit or choose an --out on another filesystem; {outcome}"
+        )
     fix = _FIXES.get(e.errno or 0, "check the path and its filesystem")
     return UserError(f"{where}{e.strerror or e}; {fix}")
 

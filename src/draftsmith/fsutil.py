@@ -100,8 +100,9 @@ def run_folder(path: Path) -> Path | None:
     return next((p for p in (path, *path.parents) if made_by(p) is not None), None)
 
 
-def check_output(out: Path, command: str, inputs: Iterable[Path | str | None] = (), overwrite: bool = False,
-              folder: bool = True) -> Path:
+def check_output(
+    out: Path, command: str, inputs: Iterable[Path | str | None] = (), overwrite: bool = False, folder: bool = True
+) -> Path:
     """The real path of `out` (a symbolic link followed, dangling or not) once it is safe for
     `draftsmith COMMAND` to write there, else a UserError saying why and what to do. The one rule
     of where an output may go, for every command and pipeline stage:
@@ -118,8 +119,10 @@ def check_output(out: Path, command: str, inputs: Iterable[Path | str | None] = 
         for place, what in ((Path.cwd().resolve(), "the current folder"), (Path.home().resolve(), "the home folder")):
             if real == place or real in place.parents:
                 where = what if real == place else f"above {what} ({place})"
-                raise UserError(f"--out {given} is {where}: {command} needs an output folder of its own (--overwrite "
-                                f"would replace everything in it); give a new folder such as {given / command}")
+                raise UserError(
+                    f"--out {given} is {where}: {command} needs an output folder of its own (--overwrite "
+                    f"would replace everything in it); give a new folder such as {given / command}"
+                )
     for name in inputs:
         path = Path(name) if name is not None else None
         if path is None or not path.exists():
@@ -127,25 +130,40 @@ def check_output(out: Path, command: str, inputs: Iterable[Path | str | None] = 
         source = path.resolve()
         if real == source or (folder and real in source.parents):
             how = "is" if real == source else "holds"
-            raise UserError(f"--out {given} {how} this command's input {name}: writing there would destroy what {command} "
-                            "reads; give another --out")
+            raise UserError(
+                f"--out {given} {how} this command's input {name}: writing there would destroy what {command} "
+                "reads; give another --out"
+            )
         run = run_folder(source)
         if run is not None and run in real.parents:
-            raise UserError(f"--out {given} is inside {run}, the output of the `draftsmith {made_by(run)}` run that "
-                            f"{name} comes from, which a rerun of that command replaces; give an --out outside {run}")
-    if (overwrite and folder and real.exists() and made_by(real) != command
-            and (not real.is_dir() or any(p.name != LOCK_FILE for p in real.iterdir()))):  # an empty folder: nothing to lose
+            raise UserError(
+                f"--out {given} is inside {run}, the output of the `draftsmith {made_by(run)}` run that "
+                f"{name} comes from, which a rerun of that command replaces; give an --out outside {run}"
+            )
+    if (
+        overwrite
+        and folder
+        and real.exists()
+        and made_by(real) != command
+        and (not real.is_dir() or any(p.name != LOCK_FILE for p in real.iterdir()))
+    ):  # an empty folder: nothing to lose
         maker = made_by(real)
-        why = (f"it is the output of `draftsmith {maker}`" if maker else
-               f"it has no {MADE_FILE} marker: made by hand, by another program or by a draftsmith before issue 42")
-        raise UserError(f"--overwrite: {given} was not made by `draftsmith {command}` ({why}); --overwrite replaces only "
-                        f"an earlier {command} output. Move it away or delete it yourself, or give another --out")
+        why = (
+            f"it is the output of `draftsmith {maker}`"
+            if maker
+            else f"it has no {MADE_FILE} marker: made by hand, by another program or by a draftsmith before issue 42"
+        )
+        raise UserError(
+            f"--overwrite: {given} was not made by `draftsmith {command}` ({why}); --overwrite replaces only "
+            f"an earlier {command} output. Move it away or delete it yourself, or give another --out"
+        )
     return real
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out: Path, command: str, inputs: Iterable[Path | str | None] = (),
-                      overwrite: bool = False) -> Iterator[Path]:
+def atomic_output_dir(
+    out: Path, command: str, inputs: Iterable[Path | str | None] = (), overwrite: bool = False
+) -> Iterator[Path]:
     """Build a whole output folder of `draftsmith COMMAND` under a temporary name, marked as its
     output, then rename it into place.
 
@@ -166,10 +184,14 @@ def atomic_output_dir(out: Path, command: str, inputs: Iterable[Path | str | Non
         mark_output(tmp, command)
         yield tmp
         if out.exists() and not overwrite:
-            raise UserError(f"{given} appeared while this run was writing (another run with the same --out?): it is "
-                            "kept and this run's output discarded; rerun with another --out, or --overwrite to replace it")
+            raise UserError(
+                f"{given} appeared while this run was writing (another run with the same --out?): it is "
+                "kept and this run's output discarded; rerun with another --out, or --overwrite to replace it"
+            )
         if out.exists():
-            check_output(given, command, inputs, overwrite)  # what is there now (another run's, meanwhile) is still ours to replace
+            check_output(
+                given, command, inputs, overwrite
+            )  # what is there now (another run's, meanwhile) is still ours to replace
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", suffix=".tmp", dir=out.parent))
             os.replace(out, old)
             try:
@@ -184,7 +206,6 @@ def atomic_output_dir(out: Path, command: str, inputs: Iterable[Path | str | Non
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
 
 
 @contextlib.contextmanager
@@ -207,8 +228,10 @@ def output_lock(folder: Path) -> Iterator[None]:
         if not _lock_exclusive(fd):
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise UserError(f"{folder} is being written by another draftsmith process (pid {holder}); wait for it to "
-                            f"finish (`draftsmith status {folder}`) or stop it, or choose another --out") from None
+            raise UserError(
+                f"{folder} is being written by another draftsmith process (pid {holder}); wait for it to "
+                f"finish (`draftsmith status {folder}`) or stop it, or choose another --out"
+            ) from None
         with contextlib.suppress(FileNotFoundError):
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 break  # locked the file that is in place (not one a finishing holder just removed)
@@ -281,10 +304,13 @@ def json_line(path: Path, line: int, raw: bytes) -> Any:
     try:
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise UserError(f"{path}:{line}: not UTF-8 text (byte {e.start} of the line); give a JSON-lines file "
-                        "saved as UTF-8") from None
+        raise UserError(
+            f"{path}:{line}: not UTF-8 text (byte {e.start} of the line); give a JSON-lines file saved as UTF-8"
+        ) from None
     except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{line}: malformed JSON ({e.msg} at column {e.colno}); fix or remove that line") from None
+        raise UserError(
+            f"{path}:{line}: malformed JSON ({e.msg} at column {e.colno}); fix or remove that line"
+        ) from None
 
 
 SMALL_FILE = 1 << 20  # content_id hashes the bytes of a file up to this size
@@ -295,8 +321,15 @@ def content_id(path: Path) -> str:
     SMALL_FILE bytes a hash of its bytes, for a larger one its size and modification time; for a
     folder the same of each file in it (hidden ones, such as a lock, left out)."""
     path = Path(path)
-    files = sorted(p for p in path.rglob("*") if p.is_file() and not any(
-        part.startswith(".") for part in p.relative_to(path).parts)) if path.is_dir() else [path]
+    files = (
+        sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
+        if path.is_dir()
+        else [path]
+    )
     h = hashlib.sha256()
     for f in files:
         st = f.stat()

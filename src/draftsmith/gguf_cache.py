@@ -92,5 +92,9 @@ def store(gguf: Path, part: str, save: Callable[[Path], None]) -> None:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     except Exception as e:  # the load succeeded; only its copy failed (a full disk, a read-only home, ...)
-        print(f"[target] could not keep a converted copy of {gguf.name} in {folder} ({e}); every load reads the "
-              "GGUF again. Set DRAFTSMITH_CACHE to a writable folder, or to 'off'", file=sys.stderr, flush=True)
+        print(
+            f"[target] could not keep a converted copy of {gguf.name} in {folder} ({e}); every load reads the "
+            "GGUF again. Set DRAFTSMITH_CACHE to a writable folder, or to 'off'",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -64,9 +64,12 @@ def validate_layers(layers: list[int], num_layers: int | None) -> list[int]:
     bad = [k for k in layers if k < lo or (hi is not None and k > hi)]
     if bad:
         span = f"{lo}..{hi}" if hi is not None else f"{lo}..L-1"
-        why = (f"a toy target of {num_layers} layers may use 0..{num_layers}" if toy else
-               "the engines capture the hidden state entering decoder layers 1..L-1, so id 0 (the embeddings) and "
-               "id L (the last layer's output) are never captured")
+        why = (
+            f"a toy target of {num_layers} layers may use 0..{num_layers}"
+            if toy
+            else "the engines capture the hidden state entering decoder layers 1..L-1, so id 0 (the embeddings) and "
+            "id L (the last layer's output) are never captured"
+        )
         default = f" (the default {default_aux_layers(num_layers)} is)" if num_layers is not None else ""
         raise UserError(
             f"layer ids {bad} are out of range: this target has {num_layers or 'L'} decoder layers, so ids must be in "

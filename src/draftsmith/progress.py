@@ -70,8 +70,12 @@ class Progress:
             from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
-                TextColumn(f"[bold]{self.stage}"), BarColumn(), MofNCompleteColumn(),
-                TimeRemainingColumn(), TextColumn("{task.fields[info]}"), transient=False,
+                TextColumn(f"[bold]{self.stage}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+                transient=False,
             )
             self._bar.start()
             self._task = self._bar.add_task(self.stage, total=self.total, info="")

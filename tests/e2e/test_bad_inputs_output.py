@@ -26,9 +26,20 @@ from tests.helpers import make_tiny_drafter
 
 
 def chats(path: Path, n: int, start: int = 0) -> Path:
-    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Say {i}."},
-                                                     {"role": "assistant", "content": f"{i} {i} {i}."}]}) + "\n"
-                            for i in range(start, start + n)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"Say {i}."},
+                        {"role": "assistant", "content": f"{i} {i} {i}."},
+                    ]
+                }
+            )
+            + "\n"
+            for i in range(start, start + n)
+        )
+    )
     return path
 
 
@@ -51,6 +62,7 @@ def tree(folder: Path) -> list[str]:
 def no_rmtree(monkeypatch: pytest.MonkeyPatch) -> None:
     """Guard rails for probes that, on a broken build, would delete `/`, the home folder or the
     working folder: nothing may be deleted at all."""
+
     def refuse(path: object, *args: object, **kwargs: object) -> None:
         raise AssertionError(f"rmtree({path}) called")
 
@@ -59,12 +71,22 @@ def no_rmtree(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # -- 1. --out and --overwrite never destroy an input, the working folder or a foreign folder ----
 
+
 def test_prepare_out_dot_overwrite_keeps_the_current_folder(tmp_path, tiny_target_dir, monkeypatch, no_rmtree):
     monkeypatch.chdir(tmp_path)
     chats(tmp_path / "conv.jsonl", 3)
     before = tree(tmp_path)
-    cli("prepare", "conv.jsonl", "--target", tiny_target_dir, "--out", ".", "--overwrite", code=2,
-        says="--out . is the current folder")
+    cli(
+        "prepare",
+        "conv.jsonl",
+        "--target",
+        tiny_target_dir,
+        "--out",
+        ".",
+        "--overwrite",
+        code=2,
+        says="--out . is the current folder",
+    )
     assert tree(tmp_path) == before
 
 
@@ -72,16 +94,34 @@ def test_prepare_out_dot_overwrite_keeps_the_current_folder(tmp_path, tiny_targe
 def test_out_root_or_home_is_refused(tmp_path, tiny_target_dir, out, no_rmtree):
     conv = chats(tmp_path / "conv.jsonl", 3)
     out = os.path.expanduser(out)
-    cli("prepare", conv, "--target", tiny_target_dir, "--out", out, "--overwrite", code=2,
-        says="needs an output folder of its own")
+    cli(
+        "prepare",
+        conv,
+        "--target",
+        tiny_target_dir,
+        "--out",
+        out,
+        "--overwrite",
+        code=2,
+        says="needs an output folder of its own",
+    )
 
 
 def test_prepare_out_holding_its_input_is_refused(tmp_path, tiny_target_dir):
     data = tmp_path / "sb1" / "data"
     data.mkdir(parents=True)
     conv = chats(data / "conv.jsonl", 3)
-    cli("prepare", conv, "--target", tiny_target_dir, "--out", data, "--overwrite", code=2,
-        says=f"--out {data} holds this command's input {conv}")
+    cli(
+        "prepare",
+        conv,
+        "--target",
+        tiny_target_dir,
+        "--out",
+        data,
+        "--overwrite",
+        code=2,
+        says=f"--out {data} holds this command's input {conv}",
+    )
     assert tree(data) == ["conv.jsonl"]
 
 
@@ -91,13 +131,34 @@ def test_export_into_the_training_run_it_exports_is_refused(tmp_path):
     (run / "checkpoints" / "step_00000002").mkdir(parents=True)
     (run / "metrics.jsonl").write_text("{}\n")
     before = tree(run)
-    cli("export", run / "drafter", "--out", run, "--overwrite", code=2, says=f"holds this command's input {run / 'drafter'}")
-    cli("export", run / "drafter", "--out", run / "checkpoints", "--overwrite", code=2,
-        says=f"--overwrite: {run / 'checkpoints'} was not made by `draftsmith export` (it has no {MADE_FILE} marker")
+    cli(
+        "export",
+        run / "drafter",
+        "--out",
+        run,
+        "--overwrite",
+        code=2,
+        says=f"holds this command's input {run / 'drafter'}",
+    )
+    cli(
+        "export",
+        run / "drafter",
+        "--out",
+        run / "checkpoints",
+        "--overwrite",
+        code=2,
+        says=f"--overwrite: {run / 'checkpoints'} was not made by `draftsmith export` (it has no {MADE_FILE} marker",
+    )
     assert tree(run) == before
     (run / MADE_FILE).write_text(json.dumps({"command": "train"}))  # as train marks its run
-    cli("export", run / "drafter", "--out", run / "exported", code=2,
-        says=f"is inside {run}, the output of the `draftsmith train` run that {run / 'drafter'} comes from")
+    cli(
+        "export",
+        run / "drafter",
+        "--out",
+        run / "exported",
+        code=2,
+        says=f"is inside {run}, the output of the `draftsmith train` run that {run / 'drafter'} comes from",
+    )
     assert not (run / "exported").exists()
 
 
@@ -112,8 +173,15 @@ def test_overwrite_replaces_only_the_same_commands_output(tmp_path, tiny_target_
     assert json.loads((ds / "dataset.json").read_text())["num_samples"] == 5
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conv.jsonl", "ds"]
     drafter = save_drafter(make_tiny_drafter(), tmp_path / "drafter")
-    cli("export", drafter, "--out", ds, "--overwrite", code=2,
-        says=f"--overwrite: {ds} was not made by `draftsmith export` (it is the output of `draftsmith prepare`)")
+    cli(
+        "export",
+        drafter,
+        "--out",
+        ds,
+        "--overwrite",
+        code=2,
+        says=f"--overwrite: {ds} was not made by `draftsmith export` (it is the output of `draftsmith prepare`)",
+    )
     assert (ds / "data.parquet").exists()
 
 
@@ -135,19 +203,28 @@ def test_pipeline_top_level_overwrite_keeps_a_foreign_folder(tmp_path, tiny_targ
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "NOTES.txt").write_text("x\n")
-    cli("pipeline", pipeline(tmp_path, tiny_target_dir, top="overwrite: true\n", stage=f", out: {foreign}"), code=2,
-        says=f"{foreign} already exists and this pipeline did not make it")
+    cli(
+        "pipeline",
+        pipeline(tmp_path, tiny_target_dir, top="overwrite: true\n", stage=f", out: {foreign}"),
+        code=2,
+        says=f"{foreign} already exists and this pipeline did not make it",
+    )
     assert tree(foreign) == ["NOTES.txt"]
 
 
 def test_pipeline_stage_out_outside_its_folder_is_refused(tmp_path, tiny_target_dir, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cli("pipeline", pipeline(tmp_path, tiny_target_dir, stage=", out: ../../x"), code=2,
-        says="pipeline stage prepare: out: ../../x is outside the pipeline's folder")
+    cli(
+        "pipeline",
+        pipeline(tmp_path, tiny_target_dir, stage=", out: ../../x"),
+        code=2,
+        says="pipeline stage prepare: out: ../../x is outside the pipeline's folder",
+    )
     assert not (tmp_path.parent.parent / "x").exists()
 
 
 # -- 2. reruns that go stale or mislabel ---------------------------------------------------------
+
 
 def test_pipeline_reruns_prepare_when_its_input_file_grew(tmp_path, tiny_target_dir):
     conv = chats(tmp_path / "conv.jsonl", 20)
@@ -167,16 +244,38 @@ def dataset(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path) -> 
 
 
 def train(ds: Path, target: Path, out: Path, *extra: object) -> list[object]:
-    return ["train", ds, "--target", target, "--out", out, "--device", "cpu", "--steps", "2", "--ttt", "1", "--batch-tokens", "64",
-            "--val-fraction", "0", "--save-every", "1", *extra]
+    return [
+        "train",
+        ds,
+        "--target",
+        target,
+        "--out",
+        out,
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+        "--ttt",
+        "1",
+        "--batch-tokens",
+        "64",
+        "--val-fraction",
+        "0",
+        "--save-every",
+        "1",
+        *extra,
+    ]
 
 
 def test_train_resume_with_other_options_is_refused_and_keeps_run_yaml(tmp_path, dataset, tiny_target_dir):
     out = tmp_path / "train"
     cli(*train(dataset, tiny_target_dir, out))
     record = (out / "run.yaml").read_text()
-    cli(*train(dataset, tiny_target_dir, out, "--resume", "--lr", "0.01"), code=2,
-        says=f"--resume: {out} was made with other options: --lr 0.01 (the run's: 0.002)")
+    cli(
+        *train(dataset, tiny_target_dir, out, "--resume", "--lr", "0.01"),
+        code=2,
+        says=f"--resume: {out} was made with other options: --lr 0.01 (the run's: 0.002)",
+    )
     assert (out / "run.yaml").read_text() == record
     cli(*train(dataset, tiny_target_dir, out, "--resume"), says=f"{out} finished at step 2 already; nothing to train")
     assert (out / "run.yaml").read_text() == record  # the command line differs: a rewrite would show
@@ -189,8 +288,10 @@ def test_train_resume_falls_back_from_a_torn_newest_checkpoint(tmp_path, dataset
     cli(*train(dataset, tiny_target_dir, out))
     newest = out / "checkpoints" / "step_00000002" / "model.safetensors"
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
-    said = cli(*train(dataset, tiny_target_dir, out, "--resume"),
-               says=f"[train] --resume: {newest}: not a readable safetensors file")
+    said = cli(
+        *train(dataset, tiny_target_dir, out, "--resume"),
+        says=f"[train] --resume: {newest}: not a readable safetensors file",
+    )
     assert "resuming from the checkpoint before it" in said
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == 2 and (out / "drafter" / "model.safetensors").exists()
@@ -198,8 +299,23 @@ def test_train_resume_falls_back_from_a_torn_newest_checkpoint(tmp_path, dataset
 
 # -- 3. synth's output ---------------------------------------------------------------------------
 
+
 def synth(prompts: Path, target: Path, out: Path, *extra: object) -> list[object]:
-    return ["synth", prompts, "--target", target, "--out", out, "--device", "cpu", "--max-new-tokens", "6", "--temperature", "1", *extra]
+    return [
+        "synth",
+        prompts,
+        "--target",
+        target,
+        "--out",
+        out,
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        "6",
+        "--temperature",
+        "1",
+        *extra,
+    ]
 
 
 def test_synth_out_equal_to_its_prompts_is_refused(tmp_path, tiny_target_dir):

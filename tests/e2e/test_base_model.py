@@ -65,26 +65,94 @@ def test_completion_mode_every_stage(tmp_path: Path, base_target: Path, tokenize
         a, b = ds.offsets[i], ds.offsets[i + 1]
         assert ds.ids[a:b].tolist() == tokenizer(prompt + completion)["input_ids"]
         assert tokenizer.decode(ds.ids[a:b][ds.mask[a:b].astype(bool)]).strip() == completion.strip()
-    invoke("prepare", pairs, "--target", base_target, "--out", tmp_path / "pairs-all", "--completion", "--loss-on", "all")
+    invoke(
+        "prepare", pairs, "--target", base_target, "--out", tmp_path / "pairs-all", "--completion", "--loss-on", "all"
+    )
     assert load_dataset(tmp_path / "pairs-all").mask.all()
     meta = json.loads((tmp_path / "pairs-all" / "dataset.json").read_text())
     assert (meta["completion"], meta["loss_on"], meta["chat_template"]) == (True, "all", None)
 
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p, _ in PAIRS])
-    invoke("synth", prompts, "--target", base_target, "--out", tmp_path / "synth" / "c.jsonl", "--device", "cpu",
-           "--completion", "--max-new-tokens", "8", "--temperature", "1", "--keep-unfinished")
-    invoke("prepare", tmp_path / "synth" / "c.jsonl", "--target", base_target, "--out", tmp_path / "synth-ds", "--completion")
+    invoke(
+        "synth",
+        prompts,
+        "--target",
+        base_target,
+        "--out",
+        tmp_path / "synth" / "c.jsonl",
+        "--device",
+        "cpu",
+        "--completion",
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "1",
+        "--keep-unfinished",
+    )
+    invoke(
+        "prepare",
+        tmp_path / "synth" / "c.jsonl",
+        "--target",
+        base_target,
+        "--out",
+        tmp_path / "synth-ds",
+        "--completion",
+    )
     assert len(load_dataset(tmp_path / "synth-ds")) == len(PAIRS)  # synth's answers are completions prepare reads
 
     invoke("prepare", data, "--target", base_target, "--out", tmp_path / "ds", "--completion")
     assert load_dataset(tmp_path / "ds").mask.all()  # plain text: all of it is the completion
-    invoke("extract", tmp_path / "ds", "--target", base_target, "--out", tmp_path / "store", "--device", "cpu",
-           "--aux-layer-ids", "0,1,2")
-    invoke("train", tmp_path / "ds", "--target", base_target, "--hidden", tmp_path / "store", "--out", tmp_path / "run",
-           "--device", "cpu", "--steps", "2", "--batch-tokens", "64", "--val-fraction", "0", "--ttt", "2")
+    invoke(
+        "extract",
+        tmp_path / "ds",
+        "--target",
+        base_target,
+        "--out",
+        tmp_path / "store",
+        "--device",
+        "cpu",
+        "--aux-layer-ids",
+        "0,1,2",
+    )
+    invoke(
+        "train",
+        tmp_path / "ds",
+        "--target",
+        base_target,
+        "--hidden",
+        tmp_path / "store",
+        "--out",
+        tmp_path / "run",
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+        "--batch-tokens",
+        "64",
+        "--val-fraction",
+        "0",
+        "--ttt",
+        "2",
+    )
     bench = write_jsonl(tmp_path / "q.jsonl", QUESTIONS)
-    invoke("eval", "--target", base_target, "--drafter", tmp_path / "run", "--out", tmp_path / "eval", "--bench", bench,
-           "--completion", "--device", "cpu", "--k", "2", "--max-new-tokens", "8")
+    invoke(
+        "eval",
+        "--target",
+        base_target,
+        "--drafter",
+        tmp_path / "run",
+        "--out",
+        tmp_path / "eval",
+        "--bench",
+        bench,
+        "--completion",
+        "--device",
+        "cpu",
+        "--k",
+        "2",
+        "--max-new-tokens",
+        "8",
+    )
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     answers = [json.loads(line) for line in (tmp_path / "eval" / "answers.jsonl").read_text().splitlines()]
     assert [len(a["turns"]) for a in answers] == [1, 2] and report["completion"] is True
@@ -94,44 +162,148 @@ def test_completion_mode_every_stage(tmp_path: Path, base_target: Path, tokenize
 def test_chat_template_file_in_every_stage(tmp_path: Path, base_target: Path) -> None:
     template = tmp_path / "chat.jinja"
     shutil.copy(ASSETS / "smollm2_tokenizer" / "chat_template.jinja", template)
-    chats = write_jsonl(tmp_path / "chats.jsonl", [{"messages": [{"role": "user", "content": f"Say {w}."},
-                                                                 {"role": "assistant", "content": f"{w} {w}."}]}
-                                                   for w in ("one", "two", "three", "four")])
+    chats = write_jsonl(
+        tmp_path / "chats.jsonl",
+        [
+            {"messages": [{"role": "user", "content": f"Say {w}."}, {"role": "assistant", "content": f"{w} {w}."}]}
+            for w in ("one", "two", "three", "four")
+        ],
+    )
     invoke("prepare", chats, "--target", base_target, "--out", tmp_path / "ds", "--chat-template", template)
     assert json.loads((tmp_path / "ds" / "dataset.json").read_text())["chat_template"] == template.read_text()
-    invoke("synth", chats, "--target", base_target, "--out", tmp_path / "synth" / "c.jsonl", "--device", "cpu",
-           "--chat-template", template, "--max-new-tokens", "8", "--temperature", "1", "--keep-unfinished", "--limit", "2")
+    invoke(
+        "synth",
+        chats,
+        "--target",
+        base_target,
+        "--out",
+        tmp_path / "synth" / "c.jsonl",
+        "--device",
+        "cpu",
+        "--chat-template",
+        template,
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "1",
+        "--keep-unfinished",
+        "--limit",
+        "2",
+    )
     assert len((tmp_path / "synth" / "c.jsonl").read_text().splitlines()) == 2
-    invoke("train", tmp_path / "ds", "--target", base_target, "--out", tmp_path / "run", "--device", "cpu",
-           "--steps", "1", "--batch-tokens", "64", "--val-fraction", "0", "--ttt", "1", "--aux-layer-ids", "0,1,2")
-    invoke("eval", "--target", base_target, "--drafter", tmp_path / "run", "--out", tmp_path / "eval", "--device", "cpu",
-           "--chat-template", template, "--num-questions", "1", "--max-new-tokens", "4", "--k", "1")
+    invoke(
+        "train",
+        tmp_path / "ds",
+        "--target",
+        base_target,
+        "--out",
+        tmp_path / "run",
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+        "--batch-tokens",
+        "64",
+        "--val-fraction",
+        "0",
+        "--ttt",
+        "1",
+        "--aux-layer-ids",
+        "0,1,2",
+    )
+    invoke(
+        "eval",
+        "--target",
+        base_target,
+        "--drafter",
+        tmp_path / "run",
+        "--out",
+        tmp_path / "eval",
+        "--device",
+        "cpu",
+        "--chat-template",
+        template,
+        "--num-questions",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--k",
+        "1",
+    )
     assert (tmp_path / "eval" / "report.json").is_file()
 
 
 def test_no_template_is_one_clear_error(tmp_path: Path, base_target: Path) -> None:
     chats = write_jsonl(tmp_path / "chats.jsonl", [{"prompt": "Say one.", "response": "One."}] * 2)
     invoke("prepare", chats, "--target", base_target, "--out", tmp_path / "ds", "--completion")
-    invoke("train", tmp_path / "ds", "--target", base_target, "--out", tmp_path / "run", "--device", "cpu",
-           "--steps", "1", "--batch-tokens", "64", "--val-fraction", "0", "--ttt", "1", "--aux-layer-ids", "0,1,2")
+    invoke(
+        "train",
+        tmp_path / "ds",
+        "--target",
+        base_target,
+        "--out",
+        tmp_path / "run",
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+        "--batch-tokens",
+        "64",
+        "--val-fraction",
+        "0",
+        "--ttt",
+        "1",
+        "--aux-layer-ids",
+        "0,1,2",
+    )
     commands = {  # out folder -> the command line
         "prepare": ["prepare", chats, "--target", base_target, "--out", tmp_path / "prepare"],
         "synth": ["synth", chats, "--target", base_target, "--out", tmp_path / "synth" / "c.jsonl", "--device", "cpu"],
-        "eval": ["eval", "--target", base_target, "--drafter", tmp_path / "run", "--out", tmp_path / "eval", "--device", "cpu"],
+        "eval": [
+            "eval",
+            "--target",
+            base_target,
+            "--drafter",
+            tmp_path / "run",
+            "--out",
+            tmp_path / "eval",
+            "--device",
+            "cpu",
+        ],
     }
     for name, args in commands.items():
         output = refused(*args)
-        assert "has no chat template" in output and "--chat-template FILE" in output and "--completion" in output, output
+        assert "has no chat template" in output and "--chat-template FILE" in output and "--completion" in output, (
+            output
+        )
         left = sorted(p.name for p in (tmp_path / name).rglob("*")) if (tmp_path / name).exists() else []
         assert set(left) <= {"progress.json"}, (name, left)
-    assert "no such file" in refused("eval", "--target", base_target, "--drafter", tmp_path / "run", "--out",
-                                     tmp_path / "eval", "--chat-template", tmp_path / "missing.jinja")
+    assert "no such file" in refused(
+        "eval",
+        "--target",
+        base_target,
+        "--drafter",
+        tmp_path / "run",
+        "--out",
+        tmp_path / "eval",
+        "--chat-template",
+        tmp_path / "missing.jinja",
+    )
 
 
 def test_completion_refuses_conversations(tmp_path: Path, base_target: Path) -> None:
-    chats = write_jsonl(tmp_path / "c.jsonl", [{"messages": [{"role": "system", "content": "Be brief."},
-                                                             {"role": "user", "content": "Hi"},
-                                                             {"role": "assistant", "content": "Hello."}]}])
+    chats = write_jsonl(
+        tmp_path / "c.jsonl",
+        [
+            {
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello."},
+                ]
+            }
+        ],
+    )
     output = refused("prepare", chats, "--target", base_target, "--out", tmp_path / "ds", "--completion")
     assert "c.jsonl sample line-1: --completion takes plain text or one prompt/completion pair" in output, output
     assert not (tmp_path / "ds").exists()

@@ -29,11 +29,17 @@ from draftsmith.train.metrics import read_metrics
 from tests.helpers import tiny_causal_lm
 
 LAYERS = [1, 2, 3]
-CONVS = [[{"role": "user", "content": q}, {"role": "assistant", "content": a}] for q, a in [
-    ("Name a prime number.", "Seven is a prime number."), ("Say hi.", "Hi there, how are you today?"),
-    ("What do bees make?", "Bees make honey and wax."), ("Largest planet?", "Jupiter is the largest planet."),
-    ("Colour of the sky?", "The sky is blue on a clear day."), ("Two plus two?", "Two plus two is four."),
-]]
+CONVS = [
+    [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    for q, a in [
+        ("Name a prime number.", "Seven is a prime number."),
+        ("Say hi.", "Hi there, how are you today?"),
+        ("What do bees make?", "Bees make honey and wax."),
+        ("Largest planet?", "Jupiter is the largest planet."),
+        ("Colour of the sky?", "The sky is blue on a clear day."),
+        ("Two plus two?", "Two plus two is four."),
+    ]
+]
 CPU = ["--device", "cpu", "--dtype", "fp32"]
 TRAIN = ["--steps", 3, "--ttt", 2, "--batch-tokens", 128, "--log-every", 1, "--val-fraction", 0.34, *CPU]
 
@@ -63,15 +69,46 @@ def assert_trained(run) -> None:
 def test_deepseek_v3_end_to_end(tmp_path, tokenizer):
     model, target = prepared(tmp_path, tokenizer)
     assert packs_sequences(model, LAYERS)
-    invoke("extract", tmp_path / "ds", "--target", target, "--out", tmp_path / "store", "--aux-layer-ids", "1,2,3", *CPU)
-    invoke("train", tmp_path / "ds", "--target", target, "--hidden", tmp_path / "store", "--out", tmp_path / "offline", *TRAIN)
-    out = invoke("train", tmp_path / "ds", "--target", target, "--out", tmp_path / "online", "--aux-layer-ids", "1,2,3", *TRAIN)
+    invoke(
+        "extract", tmp_path / "ds", "--target", target, "--out", tmp_path / "store", "--aux-layer-ids", "1,2,3", *CPU
+    )
+    invoke(
+        "train",
+        tmp_path / "ds",
+        "--target",
+        target,
+        "--hidden",
+        tmp_path / "store",
+        "--out",
+        tmp_path / "offline",
+        *TRAIN,
+    )
+    out = invoke(
+        "train", tmp_path / "ds", "--target", target, "--out", tmp_path / "online", "--aux-layer-ids", "1,2,3", *TRAIN
+    )
     assert "online, packed capture" in out
     assert_trained(tmp_path / "offline")
     assert_trained(tmp_path / "online")
     for run in ("offline", "online"):
-        invoke("eval", "--target", target, "--drafter", tmp_path / run, "--out", tmp_path / f"eval-{run}", "--bench", "held-out",
-               "--k", 2, "--num-questions", 2, "--max-new-tokens", 8, "--no-speed", *CPU)
+        invoke(
+            "eval",
+            "--target",
+            target,
+            "--drafter",
+            tmp_path / run,
+            "--out",
+            tmp_path / f"eval-{run}",
+            "--bench",
+            "held-out",
+            "--k",
+            2,
+            "--num-questions",
+            2,
+            "--max-new-tokens",
+            8,
+            "--no-speed",
+            *CPU,
+        )
         report = json.loads((tmp_path / f"eval-{run}/report.json").read_text())
         assert report["tau"] >= 1.0 and len(report["accept_per_position"]) == 2
 
@@ -79,9 +116,13 @@ def test_deepseek_v3_end_to_end(tmp_path, tokenizer):
 def test_deepseek_v3_without_packing_captures_one_sample_per_forward(tmp_path, tokenizer):
     model, target = prepared(tmp_path, tokenizer, num_key_value_heads=2)
     assert not packs_sequences(model, LAYERS) and not pads_sequences(model, LAYERS)
-    out = invoke("extract", tmp_path / "ds", "--target", target, "--out", tmp_path / "store", "--aux-layer-ids", "1,2,3", *CPU)
+    out = invoke(
+        "extract", tmp_path / "ds", "--target", target, "--out", tmp_path / "store", "--aux-layer-ids", "1,2,3", *CPU
+    )
     assert "one sample per forward instead" in out
-    out = invoke("train", tmp_path / "ds", "--target", target, "--out", tmp_path / "online", "--aux-layer-ids", "1,2,3", *TRAIN)
+    out = invoke(
+        "train", tmp_path / "ds", "--target", target, "--out", tmp_path / "online", "--aux-layer-ids", "1,2,3", *TRAIN
+    )
     assert out.count("does not keep packed samples apart") == 1
     assert "captured one sample per forward (its padded batches fail as well) instead" in out
     assert_trained(tmp_path / "online")
@@ -96,7 +137,10 @@ def test_deepseek_v3_without_packing_captures_one_sample_per_forward(tmp_path, t
             ref = model(ids[None], output_hidden_states=True).hidden_states  # L+1, the last after the final norm
         j = int(reader.sample_ids[i])
         assert torch.equal(online[j]["input_ids"].long(), ids)
-        for aux, final in ((stored["aux_hidden_states"], stored["final_hidden_states"]), (online[j]["aux"], online[j]["final"])):
+        for aux, final in (
+            (stored["aux_hidden_states"], stored["final_hidden_states"]),
+            (online[j]["aux"], online[j]["final"]),
+        ):
             for n, k in enumerate(LAYERS):
-                torch.testing.assert_close(aux[:, n * H:(n + 1) * H], ref[k][0])
+                torch.testing.assert_close(aux[:, n * H : (n + 1) * H], ref[k][0])
             torch.testing.assert_close(final, ref[-1][0])

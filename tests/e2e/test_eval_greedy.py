@@ -42,8 +42,14 @@ def setup(smollm2):
 def test_plain_engine_equals_hf_generate(smollm2, setup):
     _, _, prompts, plain = setup
     for p, ours in zip(prompts[:2], plain[:2], strict=True):
-        ref = smollm2.model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW,
-                                     eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+        ref = smollm2.model.generate(
+            torch.tensor([p]),
+            do_sample=False,
+            max_new_tokens=NEW,
+            min_new_tokens=NEW,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(p) :].tolist()
         assert ours == ref
 
 
@@ -63,14 +69,38 @@ def test_greedy_speculative_equals_target_greedy(setup, mode):
 def test_cli_eval_writes_report(smollm2, tmp_path, monkeypatch):
     drafter_dir = save_drafter(random_drafter(smollm2.model, draft_vocab_size=8192), tmp_path / "drafter")
     bench = tmp_path / "q.jsonl"
-    bench.write_text(json.dumps({"question_id": "a", "category": "math", "turns": ["What is 2+2?", "And 3+3?"]}) + "\n"
-                     + json.dumps({"id": "b", "prompt": "Name a colour."}) + "\n")
+    bench.write_text(
+        json.dumps({"question_id": "a", "category": "math", "turns": ["What is 2+2?", "And 3+3?"]})
+        + "\n"
+        + json.dumps({"id": "b", "prompt": "Name a colour."})
+        + "\n"
+    )
     monkeypatch.setattr("draftsmith.evaluate.run.load_target", lambda *a, **k: smollm2)  # loaded once per session
     from draftsmith.cli import app
 
     out = tmp_path / "eval"
-    res = CliRunner().invoke(app, ["eval", "--drafter", str(drafter_dir), "--out", str(out), "--bench", str(bench),
-                                   "--mode", "tree", "--k", "3", "--top-k", "3", "--total-tokens", "8", "--max-new-tokens", "12"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--drafter",
+            str(drafter_dir),
+            "--out",
+            str(out),
+            "--bench",
+            str(bench),
+            "--mode",
+            "tree",
+            "--k",
+            "3",
+            "--top-k",
+            "3",
+            "--total-tokens",
+            "8",
+            "--max-new-tokens",
+            "12",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "eval: tau" in res.output
     report = json.loads((out / "report.json").read_text())
@@ -88,7 +118,9 @@ def test_cli_eval_bad_bench_is_a_user_error(tmp_path):
     from draftsmith.cli import app
 
     (tmp_path / "bad.jsonl").write_text('{"nothing": 1}\n')
-    res = CliRunner().invoke(app, ["eval", "--drafter", str(tmp_path), "--out", str(tmp_path / "o"), "--bench", str(tmp_path / "bad.jsonl")])
+    res = CliRunner().invoke(
+        app, ["eval", "--drafter", str(tmp_path), "--out", str(tmp_path / "o"), "--bench", str(tmp_path / "bad.jsonl")]
+    )
     assert res.exit_code == 2
     assert "bad.jsonl:1" in res.output
     assert not (tmp_path / "o").exists()

@@ -22,8 +22,18 @@ def test_store_matches_hf_hidden_states(tmp_path, smollm2, aux_layer_ids, monkey
     rng = np.random.default_rng(0)
     samples = [rng.integers(0, 49152, size=n).tolist() for n in (23, 9, 31)]  # unequal: padding is exercised
     ds = write_tokenized_dataset(tmp_path / "ds", samples)
-    args = ["extract", str(ds), "--target", "smollm2-135m", "--out", str(tmp_path / "store"), "--device", "cpu",
-            "--check-every", "1"]
+    args = [
+        "extract",
+        str(ds),
+        "--target",
+        "smollm2-135m",
+        "--out",
+        str(tmp_path / "store"),
+        "--device",
+        "cpu",
+        "--check-every",
+        "1",
+    ]
     if aux_layer_ids:
         args += ["--aux-layer-ids", ",".join(map(str, aux_layer_ids))]
     result = CliRunner().invoke(app, args)
@@ -40,7 +50,7 @@ def test_store_matches_hf_hidden_states(tmp_path, smollm2, aux_layer_ids, monkey
         with torch.no_grad():
             hs = smollm2.model(s["input_ids"][None], output_hidden_states=True).hidden_states  # L+1 x [1, T, H]
         for j, k in enumerate(expected):
-            got = s["aux_hidden_states"][:, j * H:(j + 1) * H]  # [T, H]
+            got = s["aux_hidden_states"][:, j * H : (j + 1) * H]  # [T, H]
             assert rel_err(got, hs[k][0]) < 1e-4, (k, rel_err(got, hs[k][0]))
         assert rel_err(s["final_hidden_states"], hs[L][0]) < 1e-4
         assert s["input_ids"].tolist() == samples[s["sample_id"]]

@@ -15,7 +15,19 @@ from tests.helpers import make_tiny_llama, write_tokenized_dataset
 
 
 def extract(ds, target, out, *extra):
-    args = ["extract", str(ds), "--target", str(target), "--out", str(out), "--device", "cpu", "--token-budget", "256", *extra]
+    args = [
+        "extract",
+        str(ds),
+        "--target",
+        str(target),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--token-budget",
+        "256",
+        *extra,
+    ]
     return CliRunner().invoke(app, args)
 
 
@@ -28,8 +40,12 @@ def dataset(tmp_path):
 @contextlib.contextmanager
 def tmpfs(path, size):
     path.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root); tests/unit/test_extract_run.py covers this with an injected ENOSPC")
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    ).returncode:
+        pytest.skip(
+            "cannot mount a tmpfs here (needs root); tests/unit/test_extract_run.py covers this with an injected ENOSPC"
+        )
     try:
         yield path
     finally:
@@ -111,8 +127,21 @@ def test_two_extracts_on_one_out(tmp_path, dataset, tiny_target_dir):
     from draftsmith.fsutil import LOCK_FILE
 
     out = tmp_path / "store"
-    cmd = [sys.executable, "-m", "draftsmith", "extract", str(dataset), "--target", str(tiny_target_dir), "--out", str(out),
-           "--device", "cpu", "--token-budget", "256"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "draftsmith",
+        "extract",
+        str(dataset),
+        "--target",
+        str(tiny_target_dir),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--token-budget",
+        "256",
+    ]
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not ((out / LOCK_FILE).exists() and (out / LOCK_FILE).read_text().strip()) and time.time() < deadline:

@@ -26,8 +26,25 @@ def test_kill_and_resume(tmp_path, tiny_target_dir):
     samples = [rng.integers(0, 49152, size=int(rng.integers(5, 30))).tolist() for _ in range(N)]
     ds = write_tokenized_dataset(tmp_path / "ds", samples)
     out = tmp_path / "store"
-    cmd = [sys.executable, "-m", "draftsmith", "extract", str(ds), "--target", str(tiny_target_dir), "--out", str(out),
-           "--device", "cpu", "--token-budget", "64", "--writers", "2", "--check-every", "50"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "draftsmith",
+        "extract",
+        str(ds),
+        "--target",
+        str(tiny_target_dir),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--token-budget",
+        "64",
+        "--writers",
+        "2",
+        "--check-every",
+        "50",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     kills = 0
     for _ in range(7):

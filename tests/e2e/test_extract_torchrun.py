@@ -13,12 +13,28 @@ from tests.helpers import write_tokenized_dataset
 
 def test_two_ranks_equal_one(tmp_path, tiny_target_dir):
     rng = np.random.default_rng(5)
-    ds = write_tokenized_dataset(tmp_path / "ds", [rng.integers(0, 49152, size=int(rng.integers(3, 40))).tolist() for _ in range(20)])
-    args = ["-m", "draftsmith", "extract", str(ds), "--target", str(tiny_target_dir), "--device", "cpu", "--token-budget", "128"]
+    ds = write_tokenized_dataset(
+        tmp_path / "ds", [rng.integers(0, 49152, size=int(rng.integers(3, 40))).tolist() for _ in range(20)]
+    )
+    args = [
+        "-m",
+        "draftsmith",
+        "extract",
+        str(ds),
+        "--target",
+        str(tiny_target_dir),
+        "--device",
+        "cpu",
+        "--token-budget",
+        "128",
+    ]
     one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], capture_output=True, text=True)
     assert one.returncode == 0, one.stderr
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *args, "--out", str(tmp_path / "two")],
-                         capture_output=True, text=True)
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *args, "--out", str(tmp_path / "two")],
+        capture_output=True,
+        text=True,
+    )
     assert two.returncode == 0, two.stderr
     assert "extract rank 1" in two.stderr
     assert not list((tmp_path / "two").glob("manifest.rank*"))  # merged by rank 0

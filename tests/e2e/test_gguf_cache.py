@@ -15,7 +15,9 @@ from draftsmith import gguf_cache
 from draftsmith.target import load_target, load_text_config, load_tokenizer, resolve_spec
 from tests.helpers import SMOLLM2
 
-pytestmark = pytest.mark.skipif(not SMOLLM2.startswith("smollm2"), reason="the embedded default's GGUF is not installed")
+pytestmark = pytest.mark.skipif(
+    not SMOLLM2.startswith("smollm2"), reason="the embedded default's GGUF is not installed"
+)
 
 
 def no_gguf_reads(monkeypatch):
@@ -39,18 +41,23 @@ def test_a_later_load_reads_the_copy_and_gets_the_same_target(tmp_path, monkeypa
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     ids = torch.tensor([[1, 504, 3458, 314, 260, 1345, 30]])
     torch.testing.assert_close(first.model(ids).logits, again.model(ids).logits, rtol=0, atol=0)
+
     def fields(c):  # where it was read from and the dtype it records (None from a GGUF header) aside
         return {k: v for k, v in c.to_dict().items() if k not in ("_name_or_path", "dtype")}
 
     assert fields(load_text_config(SMOLLM2)) == fields(config)
     chat = [{"role": "user", "content": "What is 12 times 7? Answer in one line."}]
     for tok in (again.tokenizer, load_tokenizer(SMOLLM2)):
-        assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
-            first.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        assert tok.apply_chat_template(
+            chat, tokenize=False, add_generation_prompt=True
+        ) == first.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         text = "Speculative decoding: ünïcode, code `x = 1`, and 3.14159.\n"
         assert tok(text)["input_ids"] == first.tokenizer(text)["input_ids"]
-        assert (tok.eos_token_id, tok.pad_token_id, len(tok)) == (first.tokenizer.eos_token_id,
-                                                                  first.tokenizer.pad_token_id, len(first.tokenizer))
+        assert (tok.eos_token_id, tok.pad_token_id, len(tok)) == (
+            first.tokenizer.eos_token_id,
+            first.tokenizer.pad_token_id,
+            len(first.tokenizer),
+        )
 
 
 def test_only_float32_loads_write_the_weights_and_off_writes_nothing(tmp_path, monkeypatch):

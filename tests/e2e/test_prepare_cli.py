@@ -22,14 +22,17 @@ from tests.helpers import masked_runs
 REPO = Path(__file__).parents[2]
 GSM8K = REPO / "src/draftsmith/assets/gsm8k_train.jsonl"
 SHAREGPT = [
-    {"id": "chat-a", "conversations": [
-        {"from": "system", "value": "You answer in one sentence."},
-        {"from": "human", "value": "Name a prime number."},
-        {"from": "gpt", "value": "Seven is a prime number."},
-        {"from": "human", "value": "And an even one?"},
-        {"from": "gpt", "value": "Two is the only even prime."}]},
-    {"id": "chat-b", "conversations": [
-        {"from": "human", "value": "Say hi."}, {"from": "gpt", "value": "Hi!"}]},
+    {
+        "id": "chat-a",
+        "conversations": [
+            {"from": "system", "value": "You answer in one sentence."},
+            {"from": "human", "value": "Name a prime number."},
+            {"from": "gpt", "value": "Seven is a prime number."},
+            {"from": "human", "value": "And an even one?"},
+            {"from": "gpt", "value": "Two is the only even prime."},
+        ],
+    },
+    {"id": "chat-b", "conversations": [{"from": "human", "value": "Say hi."}, {"from": "gpt", "value": "Hi!"}]},
 ]
 
 
@@ -42,7 +45,6 @@ def write_jsonl(path: Path, records: list) -> Path:
     return path
 
 
-
 def test_prepare_and_vocab_on_the_embedded_default(tmp_path):
     from draftsmith.target import load_tokenizer
 
@@ -51,7 +53,13 @@ def test_prepare_and_vocab_on_the_embedded_default(tmp_path):
     r = invoke("prepare", data, "--target", "smollm2-135m", "--out", out)
     assert r.exit_code == 0, r.output
     assert "samples kept" in r.output and "assistant tokens" in r.output  # the stats table
-    assert {p.name for p in out.iterdir()} >= {"data.parquet", "dataset.json", "stats.json", "run.yaml", "progress.json"}
+    assert {p.name for p in out.iterdir()} >= {
+        "data.parquet",
+        "dataset.json",
+        "stats.json",
+        "run.yaml",
+        "progress.json",
+    }
     meta = json.loads((out / "dataset.json").read_text())
     assert meta["format"] == "draftsmith-dataset" and meta["target"]["vocab_size"] == 49152
     stats = json.loads((out / "stats.json").read_text())
@@ -61,7 +69,9 @@ def test_prepare_and_vocab_on_the_embedded_default(tmp_path):
     tok = load_tokenizer("smollm2-135m")
     first = ds[0]
     assert masked_runs(tok, first["input_ids"].tolist(), first["loss_mask"].tolist()) == [
-        "Seven is a prime number.<|im_end|>", "Two is the only even prime.<|im_end|>"]
+        "Seven is a prime number.<|im_end|>",
+        "Two is the only even prime.<|im_end|>",
+    ]
     assert stats["assistant_tokens"] == int(ds.mask.sum())
 
     vocab = tmp_path / "vocab.safetensors"
@@ -89,8 +99,20 @@ def test_prepare_pairs_with_length_policies(tmp_path, tiny_target_dir):
     rows = GSM8K.read_text().splitlines()[:40]
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("\n".join(rows) + "\n")
-    r = invoke("prepare", data, "--target", tiny_target_dir, "--out", tmp_path / "drop", "--format", "pairs",
-               "--max-len", 200, "--length-policy", "drop")
+    r = invoke(
+        "prepare",
+        data,
+        "--target",
+        tiny_target_dir,
+        "--out",
+        tmp_path / "drop",
+        "--format",
+        "pairs",
+        "--max-len",
+        200,
+        "--length-policy",
+        "drop",
+    )
     assert r.exit_code == 0, r.output
     drop = json.loads((tmp_path / "drop" / "stats.json").read_text())
     r = invoke("prepare", data, "--target", tiny_target_dir, "--out", tmp_path / "trunc", "--max-len", 200)
@@ -179,7 +201,9 @@ def test_existing_output_needs_overwrite(tmp_path, tiny_target_dir):
     assert r.exit_code == 2 and "was not made by `draftsmith prepare`" in r.output  # a folder it did not make
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
     (out / "mine.txt").unlink()
-    assert invoke("prepare", data, "--target", tiny_target_dir, "--out", out, "--overwrite").exit_code == 0  # an empty folder
+    assert (
+        invoke("prepare", data, "--target", tiny_target_dir, "--out", out, "--overwrite").exit_code == 0
+    )  # an empty folder
     r = invoke("prepare", data, "--target", tiny_target_dir, "--out", out, "--overwrite")  # its own output
     assert r.exit_code == 0, r.output
     assert (out / "data.parquet").exists()

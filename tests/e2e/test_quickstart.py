@@ -31,10 +31,23 @@ def test_quickstart_layout_and_report_fields(tmp_path, toy_budget):
     out = tmp_path / "qs"
     r = CliRunner().invoke(app, ["quickstart", "--out", str(out), "--budget", "small"])
     assert r.exit_code == 0, r.output
-    for rel in ("synth/conversations.jsonl", "synth/progress.json", "prepare/data.parquet", "prepare/stats.json",
-                "extract/store.json", "train/drafter/drafter.json", "train/drafter/model.safetensors", "train/metrics.jsonl",
-                "train/metrics.png", "eval/report.json", "eval/report.md", "eval/answers.jsonl",
-                "eval/acceptance.png", "eval/tau.png", ".pipeline/eval.done"):
+    for rel in (
+        "synth/conversations.jsonl",
+        "synth/progress.json",
+        "prepare/data.parquet",
+        "prepare/stats.json",
+        "extract/store.json",
+        "train/drafter/drafter.json",
+        "train/drafter/model.safetensors",
+        "train/metrics.jsonl",
+        "train/metrics.png",
+        "eval/report.json",
+        "eval/report.md",
+        "eval/answers.jsonl",
+        "eval/acceptance.png",
+        "eval/tau.png",
+        ".pipeline/eval.done",
+    ):
         assert (out / rel).exists(), rel
     report = json.loads((out / "eval" / "report.json").read_text())
     assert report["tau"] >= 1.0
@@ -42,7 +55,9 @@ def test_quickstart_layout_and_report_fields(tmp_path, toy_budget):
     assert "speedup" in report
     assert "acceptance length tau" in r.output and "speed-up vs plain decoding" in r.output
     val = json.loads((out / "train" / "drafter" / "drafter.json").read_text())["meta"]["val"]
-    assert f"simulated {val['tau']:.2f}, walked {val['tau_walk']:.2f}" in r.output  # the validation that chose the drafter
+    assert (
+        f"simulated {val['tau']:.2f}, walked {val['tau_walk']:.2f}" in r.output
+    )  # the validation that chose the drafter
     assert f"(a {report['shape']['chosen']} cycle costs" in r.output  # the break-even tau, from the calibration
 
     again = CliRunner().invoke(app, ["quickstart", "--out", str(out), "--budget", "small"])

@@ -23,8 +23,10 @@ from draftsmith.target import resolve_spec
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                       reason="llama-cpp-python is not installed (pip install 'llama-cpp-python[server]')"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llama_cpp") is None,
+        reason="llama-cpp-python is not installed (pip install 'llama-cpp-python[server]')",
+    ),
 ]
 N_CTX = 512
 
@@ -38,9 +40,23 @@ def server(tmp_path_factory):
         port = s.getsockname()[1]
     log_file = log.open("wb")  # a file, not a pipe: the server logs a lot and a full pipe blocks it
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(folder / gguf), "--host", "127.0.0.1",
-         "--port", str(port), "--n_ctx", str(N_CTX), "--n_threads", str(min(2, os.cpu_count() or 1))],
-        stdout=log_file, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(folder / gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            str(N_CTX),
+            "--n_threads",
+            str(min(2, os.cpu_count() or 1)),
+        ],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}/v1"
     try:
@@ -62,7 +78,9 @@ def server(tmp_path_factory):
             crash in llama.cpp shows as 'connection refused' to the client)."""
             if proc.poll() is None:
                 return output
-            return f"{output}\nllama_cpp.server exited with {proc.returncode}: {log.read_text(errors='replace')[-1000:]}"
+            return (
+                f"{output}\nllama_cpp.server exited with {proc.returncode}: {log.read_text(errors='replace')[-1000:]}"
+            )
 
         yield url, name, why
     finally:
@@ -84,8 +102,26 @@ def test_chat_completions_against_llama_cpp_server(server, tmp_path):
     long_prompt = json.dumps({"question": "Count the apples: " + "apple, " * 600, "answer": "many"})
     prompts.write_text("".join(GSM8K_TRAIN.read_text().splitlines(keepends=True)[:3]) + long_prompt + "\n")
     out = tmp_path / "remote" / "convs.jsonl"
-    res = CliRunner().invoke(app, ["synth", str(prompts), "--endpoint", url, "--out", str(out), "--max-new-tokens", "32",
-                                   "--keep-unfinished", "--concurrency", "2", "--retries", "1", "--timeout", "120"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "synth",
+            str(prompts),
+            "--endpoint",
+            url,
+            "--out",
+            str(out),
+            "--max-new-tokens",
+            "32",
+            "--keep-unfinished",
+            "--concurrency",
+            "2",
+            "--retries",
+            "1",
+            "--timeout",
+            "120",
+        ],
+    )
     assert res.exit_code == 0, why(res.output)
     recs = _records(out)
     assert sorted(r["id"] for r in recs) == [f"gsm8k:line-{i}:s0" for i in (1, 2, 3)]
@@ -102,11 +138,32 @@ def test_chat_completions_against_llama_cpp_server(server, tmp_path):
 def test_magpie_through_completions(server, tmp_path):
     url, _, why = server
     out = tmp_path / "magpie" / "convs.jsonl"
-    res = CliRunner().invoke(app, ["synth", "--magpie", "3", "--endpoint", url, "--out", str(out), "--max-new-tokens", "40",
-                                   "--keep-unfinished", "--concurrency", "2", "--seed", "2"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "synth",
+            "--magpie",
+            "3",
+            "--endpoint",
+            url,
+            "--out",
+            str(out),
+            "--max-new-tokens",
+            "40",
+            "--keep-unfinished",
+            "--concurrency",
+            "2",
+            "--seed",
+            "2",
+        ],
+    )
     assert res.exit_code == 0, why(res.output)
     recs = _records(out)
-    good = [r for r in recs if [m["role"] for m in r["messages"]] == ["user", "assistant"]
-            and all(m["content"].strip() for m in r["messages"])]
+    good = [
+        r
+        for r in recs
+        if [m["role"] for m in r["messages"]] == ["user", "assistant"]
+        and all(m["content"].strip() for m in r["messages"])
+    ]
     assert len(good) >= 2, res.output
     assert all("<|im_" not in m["content"] for r in recs for m in r["messages"])

@@ -36,8 +36,25 @@ def prompts(tmp_path):
 
 
 def _cmd(prompts: Path, target: Path, out: Path) -> list[str]:
-    return ["-m", "draftsmith.cli", "synth", str(prompts), "--target", str(target), "--out", str(out), "--device", "cpu",
-            "--temperature", "1", "--max-new-tokens", "6", "--keep-unfinished", "--batch-size", "2"]
+    return [
+        "-m",
+        "draftsmith.cli",
+        "synth",
+        str(prompts),
+        "--target",
+        str(target),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--temperature",
+        "1",
+        "--max-new-tokens",
+        "6",
+        "--keep-unfinished",
+        "--batch-size",
+        "2",
+    ]
 
 
 def _ids(*paths: Path) -> list[str]:
@@ -51,7 +68,9 @@ def _ids(*paths: Path) -> list[str]:
 def test_kill_and_resume(tiny_folder, prompts, tmp_path):
     out = tmp_path / "synth" / "convs.jsonl"
     dropped = out.with_name("convs.dropped.jsonl")
-    proc = subprocess.Popen([sys.executable, *_cmd(prompts, tiny_folder, out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, *_cmd(prompts, tiny_folder, out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 300
     while not (out.exists() and out.read_bytes().count(b"\n") >= 2):
         assert proc.poll() is None and time.time() < deadline, "the first run ended before any output appeared"
@@ -66,7 +85,7 @@ def test_kill_and_resume(tiny_folder, prompts, tmp_path):
     subprocess.run([sys.executable, *_cmd(prompts, tiny_folder, out)], check=True, capture_output=True, timeout=600)
     after = _ids(out, dropped)
     assert sorted(after) == sorted(f"prompts:line-{i}:s0" for i in range(1, N + 1))  # each id exactly once
-    assert after[:len(before)] == before  # the first run's lines are untouched
+    assert after[: len(before)] == before  # the first run's lines are untouched
     progress = json.loads((out.parent / "progress.json").read_text())
     assert progress["status"] == "done" and progress["skipped"] == len(before) and progress["done"] == N - len(before)
 
@@ -74,8 +93,23 @@ def test_kill_and_resume(tiny_folder, prompts, tmp_path):
 def test_torchrun_two_ranks_merge(tiny_folder, prompts, tmp_path):
     out = tmp_path / "dp" / "convs.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          *_cmd(prompts, tiny_folder, out)], capture_output=True, text=True, timeout=600, env=env)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            *_cmd(prompts, tiny_folder, out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert sorted(_ids(out, out.with_name("convs.dropped.jsonl"))) == sorted(f"prompts:line-{i}:s0" for i in range(1, N + 1))
+    assert sorted(_ids(out, out.with_name("convs.dropped.jsonl"))) == sorted(
+        f"prompts:line-{i}:s0" for i in range(1, N + 1)
+    )
     assert not list(out.parent.glob("*.part*"))  # rank 0 merged the parts and removed them

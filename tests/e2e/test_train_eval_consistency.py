@@ -19,8 +19,14 @@ from draftsmith.train.config import TrainConfig
 from draftsmith.train.run import run as train
 from tests.helpers import write_dataset_and_store
 
-PROMPTS = ["What is the capital of France?", "Name a primary colour.", "How many legs does a spider have?",
-           "What do bees make?", "Which planet is the largest?", "Say hello in Spanish."]
+PROMPTS = [
+    "What is the capital of France?",
+    "Name a primary colour.",
+    "How many legs does a spider have?",
+    "What do bees make?",
+    "Which planet is the largest?",
+    "Say hello in Spanish.",
+]
 NEW_TOKENS = 24
 
 
@@ -29,17 +35,37 @@ def greedy_answer(target, prompt: str) -> str:
     text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
     ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
     with torch.no_grad():
-        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
-    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        out = target.model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False
+        )
+    return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 def test_measured_tau_matches_simulated_tau(tmp_path, smollm2):
-    convs = [[{"role": "user", "content": p}, {"role": "assistant", "content": greedy_answer(smollm2, p)}] for p in PROMPTS]
+    convs = [
+        [{"role": "user", "content": p}, {"role": "assistant", "content": greedy_answer(smollm2, p)}] for p in PROMPTS
+    ]
     ds, store = write_dataset_and_store(tmp_path, smollm2, convs)
-    cfg = resolve_config(TrainConfig, None, {
-        "dataset_dir": ds, "hidden": store, "target": smollm2.info.name, "out": tmp_path / "run", "device": "cpu", "steps": 30, "ttt": 2, "lr": 1e-2,
-        "warmup_ratio": 0, "val_fraction": 0, "val_every": 1000, "draft_vocab_size": 512, "log_every": 10,
-        "save_every": 1000})
+    cfg = resolve_config(
+        TrainConfig,
+        None,
+        {
+            "dataset_dir": ds,
+            "hidden": store,
+            "target": smollm2.info.name,
+            "out": tmp_path / "run",
+            "device": "cpu",
+            "steps": 30,
+            "ttt": 2,
+            "lr": 1e-2,
+            "warmup_ratio": 0,
+            "val_fraction": 0,
+            "val_every": 1000,
+            "draft_vocab_size": 512,
+            "log_every": 10,
+            "save_every": 1000,
+        },
+    )
     with shared_targets(smollm2):  # the session target, not a second copy
         train(cfg)
     val = load_drafter(tmp_path / "run")[1]["meta"]["val"]
@@ -47,8 +73,19 @@ def test_measured_tau_matches_simulated_tau(tmp_path, smollm2):
 
     bench = tmp_path / "prompts.jsonl"
     bench.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    out = evaluate(EvalConfig(drafter=tmp_path / "run", out=tmp_path / "eval", bench=str(bench), mode="chain", k=2,
-                              num_questions=len(PROMPTS), max_new_tokens=NEW_TOKENS, speed=False, device="cpu"))
+    out = evaluate(
+        EvalConfig(
+            drafter=tmp_path / "run",
+            out=tmp_path / "eval",
+            bench=str(bench),
+            mode="chain",
+            k=2,
+            num_questions=len(PROMPTS),
+            max_new_tokens=NEW_TOKENS,
+            speed=False,
+            device="cpu",
+        )
+    )
     measured = json.loads((out / "report.json").read_text())["tau"]
     assert simulated > 2.2, simulated
     assert abs(measured - simulated) < 0.4, (measured, simulated)

@@ -30,15 +30,37 @@ PAIRS = [
 
 
 def test_overfit_eight_conversations(tmp_path, smollm2):
-    convs = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": p},
-              {"role": "assistant", "content": r}] for p, r in PAIRS]  # a short system prompt: fewer untrained tokens
+    convs = [
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": p},
+            {"role": "assistant", "content": r},
+        ]
+        for p, r in PAIRS
+    ]  # a short system prompt: fewer untrained tokens
     ds, store = write_dataset_and_store(tmp_path, smollm2, convs)
     assert int(load_dataset(ds).mask.sum()) > 80  # real assistant masks
     out = tmp_path / "run"
-    cfg = resolve_config(TrainConfig, None, {
-        "dataset_dir": ds, "hidden": store, "target": smollm2.info.name, "out": out, "device": "cpu", "steps": 30, "ttt": 2, "lr": 1e-2,
-        "warmup_ratio": 0, "val_fraction": 0, "val_every": 1000, "draft_vocab_size": 512, "log_every": 2,
-        "save_every": 1000})
+    cfg = resolve_config(
+        TrainConfig,
+        None,
+        {
+            "dataset_dir": ds,
+            "hidden": store,
+            "target": smollm2.info.name,
+            "out": out,
+            "device": "cpu",
+            "steps": 30,
+            "ttt": 2,
+            "lr": 1e-2,
+            "warmup_ratio": 0,
+            "val_fraction": 0,
+            "val_every": 1000,
+            "draft_vocab_size": 512,
+            "log_every": 2,
+            "save_every": 1000,
+        },
+    )
     with shared_targets(smollm2):  # the session target, not a second copy
         run(cfg)
     train = [r for r in read_metrics(out) if r["split"] == "train"]

@@ -18,9 +18,36 @@ STEPS = 24
 
 
 def _cmd(ds, target, out, *extra):
-    return [sys.executable, "-m", "draftsmith", "train", str(ds), "--target", str(target), "--out", str(out),
-            "--steps", str(STEPS), "--ttt", "3", "--batch-tokens", "64", "--draft-vocab-size", "300", "--log-every", "1",
-            "--save-every", "5", "--val-fraction", "0.1", "--lr", "1e-3", "--device", "cpu", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "draftsmith",
+        "train",
+        str(ds),
+        "--target",
+        str(target),
+        "--out",
+        str(out),
+        "--steps",
+        str(STEPS),
+        "--ttt",
+        "3",
+        "--batch-tokens",
+        "64",
+        "--draft-vocab-size",
+        "300",
+        "--log-every",
+        "1",
+        "--save-every",
+        "5",
+        "--val-fraction",
+        "0.1",
+        "--lr",
+        "1e-3",
+        "--device",
+        "cpu",
+        *extra,
+    ]
 
 
 def _env():
@@ -29,11 +56,15 @@ def _env():
 
 def test_kill_and_resume_continues_the_same_curve(tmp_path, tiny_target_dir):
     g = np.random.default_rng(0)
-    ds = write_tokenized_dataset(tmp_path / "ds", [g.integers(3, 400, size=int(g.integers(10, 30))).tolist() for _ in range(60)])
+    ds = write_tokenized_dataset(
+        tmp_path / "ds", [g.integers(3, 400, size=int(g.integers(10, 30))).tolist() for _ in range(60)]
+    )
     ref_out, out = tmp_path / "ref", tmp_path / "killed"
     subprocess.run(_cmd(ds, tiny_target_dir, ref_out), check=True, env=_env(), capture_output=True)
 
-    proc = subprocess.Popen(_cmd(ds, tiny_target_dir, out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _cmd(ds, tiny_target_dir, out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 120
     while not (out / "checkpoints" / "step_00000010").exists():
         assert proc.poll() is None and time.time() < deadline, "the run ended before it could be killed"

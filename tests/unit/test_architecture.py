@@ -9,7 +9,20 @@ from pathlib import Path
 
 SRC = Path(__file__).parents[2] / "src" / "draftsmith"
 STAGES = {"synth", "extract", "train", "export", "evaluate", "plan", "status"}
-CORE = {"runtime", "draft", "data", "target", "gguf_cache", "layers", "config", "progress", "fsutil", "errors", "torchrun", "assets"}
+CORE = {
+    "runtime",
+    "draft",
+    "data",
+    "target",
+    "gguf_cache",
+    "layers",
+    "config",
+    "progress",
+    "fsutil",
+    "errors",
+    "torchrun",
+    "assets",
+}
 ABOVE = {"cli", "__main__", "commands", "pipeline"}
 
 
@@ -25,15 +38,23 @@ def imports() -> list[tuple[str, str, str]]:
         rel = path.relative_to(SRC)
         src = rel.parts[0].removesuffix(".py")
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
-                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names = (
+                [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
             out += [(str(rel), src, part(n)) for n in names if n.startswith("draftsmith.")]
     return out
 
 
 def test_every_part_is_named():
-    parts = {p.name.removesuffix(".py") for p in SRC.iterdir() if p.name != "__init__.py" and not p.name.startswith(("_", "."))
-             and (p.is_dir() or p.suffix == ".py")}
+    parts = {
+        p.name.removesuffix(".py")
+        for p in SRC.iterdir()
+        if p.name != "__init__.py" and not p.name.startswith(("_", ".")) and (p.is_dir() or p.suffix == ".py")
+    }
     assert parts <= STAGES | CORE | ABOVE | {"__main__"}, parts - (STAGES | CORE | ABOVE)
 
 

@@ -17,8 +17,8 @@ def test_capture_equals_output_hidden_states(tiny_model):
     H = tiny_model.config.hidden_size
     assert aux.shape == (2, 17, 3 * H) and final.shape == (2, 17, H)
     for j, k in enumerate(aux_layer_ids[:-1]):
-        torch.testing.assert_close(aux[..., j * H:(j + 1) * H], hs[k])
+        torch.testing.assert_close(aux[..., j * H : (j + 1) * H], hs[k])
     torch.testing.assert_close(final, hs[-1])
     # id L = the input of the final norm: norm(aux_L) == final
     norm = tiny_model.model.norm
-    torch.testing.assert_close(norm(aux[..., 2 * H:]), final)
+    torch.testing.assert_close(norm(aux[..., 2 * H :]), final)

@@ -49,21 +49,30 @@ QWEN3 = """{%- set ns = namespace(multi_step_tool=true, last_query_index=message
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"""
 
 # Mistral-style: no assistant header at all (generation prompt is empty), eos ends a reply.
-INST = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}<<SYS>>{{ m['content'] }}<</SYS>>"
-        "{% elif m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]{% else %} {{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}")
+INST = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}<<SYS>>{{ m['content'] }}<</SYS>>"
+    "{% elif m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]{% else %} {{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+)
 
 # DeepSeek-R1-style: the generation prompt opens a <think> block that rendered turns do not
 # have, and every turn's reasoning is stripped.
-R1 = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}"
-      "{% elif m['role'] == 'user' %}{{ '<｜User｜>' + m['content'] }}{% else %}{% set c = m['content'] %}"
-      "{% if '</think>' in c %}{% set c = c.split('</think>')[-1] %}{% endif %}"
-      "{{ '<｜Assistant｜>' + c + '<｜end▁of▁sentence｜>' }}{% endif %}{% endfor %}"
-      "{% if add_generation_prompt %}{{ '<｜Assistant｜><think>\\n' }}{% endif %}")
+R1 = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}"
+    "{% elif m['role'] == 'user' %}{{ '<｜User｜>' + m['content'] }}{% else %}{% set c = m['content'] %}"
+    "{% if '</think>' in c %}{% set c = c.split('</think>')[-1] %}{% endif %}"
+    "{{ '<｜Assistant｜>' + c + '<｜end▁of▁sentence｜>' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<｜Assistant｜><think>\\n' }}{% endif %}"
+)
 
 SYSTEM, U1, A1, U2 = "You are a terse math tutor.", "What is 2+3?", "2+3 = 5.", "And times 4?"
 A2 = "<think>\nMultiply the sum by four.\n</think>\n\n(2+3)*4 = 20."
-CONV = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": U1}, {"role": "assistant", "content": A1},
-        {"role": "user", "content": U2}, {"role": "assistant", "content": A2}]
+CONV = [
+    {"role": "system", "content": SYSTEM},
+    {"role": "user", "content": U1},
+    {"role": "assistant", "content": A1},
+    {"role": "user", "content": U2},
+    {"role": "assistant", "content": A2},
+]
 
 
 def make_tokenizer(template: str | None = None):
@@ -71,26 +80,33 @@ def make_tokenizer(template: str | None = None):
     if template is R1:
         tok.add_tokens(["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"], special_tokens=True)
     if template is LLAMA3:
-        tok.add_tokens(["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], special_tokens=True)
+        tok.add_tokens(
+            ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], special_tokens=True
+        )
         tok.bos_token = "<|begin_of_text|>"
     if template is not None:
         tok.chat_template = template
     return tok
 
 
-
 def unmasked_text(tok, ids: list[int], mask: list[int]) -> str:
     return tok.decode([i for i, m in zip(ids, mask) if not m])
 
 
-@pytest.mark.parametrize("name,template,expected", [
-    ("smollm2 (embedded default)", None, [A1 + "<|im_end|>", A2 + "<|im_end|>"]),
-    ("llama3 headers, trims content", LLAMA3, [A1 + "<|eot_id|>", A2 + "<|eot_id|>"]),
-    ("qwen3 thinking", QWEN3, [A1 + "<|im_end|>", A2 + "<|im_end|>"]),
-    ("deepseek-r1: prompt opens <think>", R1,
-     [A1 + "<｜end▁of▁sentence｜>", "\n\n(2+3)*4 = 20.<｜end▁of▁sentence｜>"]),
-    ("no header (prefix-render path)", INST, [" " + A1 + "<|im_end|>", " " + A2 + "<|im_end|>"]),
-])
+@pytest.mark.parametrize(
+    "name,template,expected",
+    [
+        ("smollm2 (embedded default)", None, [A1 + "<|im_end|>", A2 + "<|im_end|>"]),
+        ("llama3 headers, trims content", LLAMA3, [A1 + "<|eot_id|>", A2 + "<|eot_id|>"]),
+        ("qwen3 thinking", QWEN3, [A1 + "<|im_end|>", A2 + "<|im_end|>"]),
+        (
+            "deepseek-r1: prompt opens <think>",
+            R1,
+            [A1 + "<｜end▁of▁sentence｜>", "\n\n(2+3)*4 = 20.<｜end▁of▁sentence｜>"],
+        ),
+        ("no header (prefix-render path)", INST, [" " + A1 + "<|im_end|>", " " + A2 + "<|im_end|>"]),
+    ],
+)
 def test_mask_decodes_to_exactly_the_assistant_turns(name, template, expected):
     tok = make_tokenizer(template)
     ids, mask = tokenize_conversation(tok, CONV)
@@ -121,8 +137,10 @@ def test_qwen3_history_turn_keeps_only_what_the_template_renders():
 
 def test_user_quoting_the_assistant_header_falls_back_to_prefix_renders():
     tok = make_tokenizer()
-    conv = [{"role": "user", "content": "Explain '<|im_start|>assistant\n' please"},
-            {"role": "assistant", "content": "It opens a reply."}]
+    conv = [
+        {"role": "user", "content": "Explain '<|im_start|>assistant\n' please"},
+        {"role": "assistant", "content": "It opens a reply."},
+    ]
     ids, mask = tokenize_conversation(tok, conv)
     assert masked_runs(tok, ids, mask) == ["It opens a reply.<|im_end|>"]
 

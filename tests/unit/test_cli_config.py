@@ -24,14 +24,18 @@ def test_invalid_option_is_a_clear_error(tmp_path):
     assert "--aux-layer-ids" in r.output
 
 
-DEPRECATED_LAYERS = "option 'layers' (--layers) is deprecated and goes in the next release: use 'aux_layer_ids' (--aux-layer-ids)"
+DEPRECATED_LAYERS = (
+    "option 'layers' (--layers) is deprecated and goes in the next release: use 'aux_layer_ids' (--aux-layer-ids)"
+)
 
 
 @pytest.mark.parametrize("command", ["extract", "plan", "train"])
 def test_the_old_layers_flag_still_works_with_a_warning(command, tmp_path, monkeypatch):
     """`--layers` was renamed `--aux-layer-ids` (the store's and drafter.json's name): the old
     flag is hidden but still taken, alone or beside a YAML that uses the new name."""
-    module = {"extract": "draftsmith.extract.run", "plan": "draftsmith.plan.run", "train": "draftsmith.train.run"}[command]
+    module = {"extract": "draftsmith.extract.run", "plan": "draftsmith.plan.run", "train": "draftsmith.train.run"}[
+        command
+    ]
     seen = []
     monkeypatch.setattr(f"{module}.run", seen.append)
     args = [command, "ds"] + (["--out", str(tmp_path / "o")] if command != "plan" else [])
@@ -57,5 +61,17 @@ def test_the_old_layers_key_still_works_with_a_warning(tmp_path, capsys):
 
 def test_help_lists_every_stage():
     r = CliRunner().invoke(app, ["--help"])
-    for name in ("synth", "prepare", "vocab", "extract", "train", "export", "eval", "plan", "status", "quickstart", "pipeline"):
+    for name in (
+        "synth",
+        "prepare",
+        "vocab",
+        "extract",
+        "train",
+        "export",
+        "eval",
+        "plan",
+        "status",
+        "quickstart",
+        "pipeline",
+    ):
         assert name in r.output

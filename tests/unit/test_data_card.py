@@ -17,13 +17,40 @@ from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run as export
 from tests.helpers import make_tiny_drafter
 
-MIX_JSON = {"mix": "/somewhere/h200.yaml", "output": "conversations.jsonl", "seed": 0, "kept": 3, "finished": True,
-            "sources": [{"name": "evals", "source": "evals", "license": "MIT", "selected": 2, "synth": {"kept": 2},
-                         "license_excluded_tasks": ["ballots", "steganography"]},
-                        {"name": "mine", "source": "data/mine.jsonl", "license": "CC-BY-4.0", "selected": 1, "synth": {"kept": 1}}]}
-CONVS = [{"id": f"evals:t/s:line-{i}:s0", "messages": [{"role": "user", "content": f"What is {i} plus {i}?"},
-                                                         {"role": "assistant", "content": f"It is {2 * i}."}]} for i in range(2)]
-CONVS.append({"id": "mine:line-1:s0", "messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"}]})
+MIX_JSON = {
+    "mix": "/somewhere/h200.yaml",
+    "output": "conversations.jsonl",
+    "seed": 0,
+    "kept": 3,
+    "finished": True,
+    "sources": [
+        {
+            "name": "evals",
+            "source": "evals",
+            "license": "MIT",
+            "selected": 2,
+            "synth": {"kept": 2},
+            "license_excluded_tasks": ["ballots", "steganography"],
+        },
+        {"name": "mine", "source": "data/mine.jsonl", "license": "CC-BY-4.0", "selected": 1, "synth": {"kept": 1}},
+    ],
+}
+CONVS = [
+    {
+        "id": f"evals:t/s:line-{i}:s0",
+        "messages": [
+            {"role": "user", "content": f"What is {i} plus {i}?"},
+            {"role": "assistant", "content": f"It is {2 * i}."},
+        ],
+    }
+    for i in range(2)
+]
+CONVS.append(
+    {
+        "id": "mine:line-1:s0",
+        "messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"}],
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +74,29 @@ def test_train_and_export_put_the_data_in_the_model_card(prepared, tiny_target_d
     from draftsmith.cli import app
 
     out = prepared / "train"
-    res = CliRunner().invoke(app, ["train", str(prepared / "ds"), "--target", str(tiny_target_dir), "--out", str(out),
-                                   "--steps", "1", "--ttt", "1", "--batch-tokens", "64", "--draft-vocab-size", "300",
-                                   "--val-fraction", "0", "--device", "cpu"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "train",
+            str(prepared / "ds"),
+            "--target",
+            str(tiny_target_dir),
+            "--out",
+            str(out),
+            "--steps",
+            "1",
+            "--ttt",
+            "1",
+            "--batch-tokens",
+            "64",
+            "--draft-vocab-size",
+            "300",
+            "--val-fraction",
+            "0",
+            "--device",
+            "cpu",
+        ],
+    )
     assert res.exit_code == 0, res.output
     _, manifest = load_drafter(out)
     assert manifest["meta"]["data_mix"] == data_card(MIX_JSON)

@@ -24,15 +24,29 @@ def fake_evals(root: Path) -> Path:
     """A registry/data folder in evals' layout: tasks with chat and string inputs, a few-shot
     file, a task without prompts, an excluded folder, and lines that are no samples."""
     data = root / "evals" / "registry" / "data"
-    write_jsonl(data / "arithmetic" / "samples.jsonl", [
-        {"input": [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "2+2?"}], "ideal": "4"},
-        {"input": [{"role": "user", "content": "3+5?"}], "ideal": "8"},
-        "not json at all",
-        {"input": {"odd": "dict"}},
-    ])
-    write_jsonl(data / "arithmetic" / "few_shot.jsonl", [
-        {"sample": [{"role": "system", "content": "ex", "name": "example_user"}, {"role": "system", "content": "ans", "name": "example_assistant"}]},
-    ])
+    write_jsonl(
+        data / "arithmetic" / "samples.jsonl",
+        [
+            {
+                "input": [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "2+2?"}],
+                "ideal": "4",
+            },
+            {"input": [{"role": "user", "content": "3+5?"}], "ideal": "8"},
+            "not json at all",
+            {"input": {"odd": "dict"}},
+        ],
+    )
+    write_jsonl(
+        data / "arithmetic" / "few_shot.jsonl",
+        [
+            {
+                "sample": [
+                    {"role": "system", "content": "ex", "name": "example_user"},
+                    {"role": "system", "content": "ans", "name": "example_assistant"},
+                ]
+            },
+        ],
+    )
     write_jsonl(data / "trivia" / "nested" / "q.jsonl", [{"input": "Capital of France?", "ideal": "Paris"}])
     write_jsonl(data / "agents" / "tasks.jsonl", [{"task_name": "x", "max_steps": 3}])
     for name in EVALS_EXCLUDED[:2]:
@@ -46,12 +60,21 @@ def test_evals_layout_exclusions_and_conversion(tmp_path):
     src = read_source("evals", path=fake_evals(tmp_path))
     assert src.name == "evals" and src.license == "MIT"
     by_id = {c["id"]: c for c in src.convs}
-    assert sorted(by_id) == ["arithmetic/few_shot:line-1", "arithmetic/samples:line-1", "arithmetic/samples:line-2",
-                             "trivia/nested/q:line-1"]
+    assert sorted(by_id) == [
+        "arithmetic/few_shot:line-1",
+        "arithmetic/samples:line-1",
+        "arithmetic/samples:line-2",
+        "trivia/nested/q:line-1",
+    ]
     assert by_id["arithmetic/samples:line-1"]["messages"] == [
-        {"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "2+2?"}]
-    assert by_id["trivia/nested/q:line-1"] == {"id": "trivia/nested/q:line-1", "task": "trivia",
-                                               "messages": [{"role": "user", "content": "Capital of France?"}]}
+        {"role": "system", "content": "Answer with a number."},
+        {"role": "user", "content": "2+2?"},
+    ]
+    assert by_id["trivia/nested/q:line-1"] == {
+        "id": "trivia/nested/q:line-1",
+        "task": "trivia",
+        "messages": [{"role": "user", "content": "Capital of France?"}],
+    }
     # a few-shot example: example_user -> user, the trailing example answer is dropped (synth answers anew)
     assert by_id["arithmetic/few_shot:line-1"]["messages"] == [{"role": "user", "content": "ex"}]
     assert not any("licensed otherwise" in m["content"] for c in src.convs for m in c["messages"])
@@ -60,28 +83,62 @@ def test_evals_layout_exclusions_and_conversion(tmp_path):
 
 
 def test_evals_messages_folds_system_turns_and_keeps_multi_turn():
-    assert evals_messages({"input": [
-        {"role": "system", "content": "S"}, {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"},
-        {"role": "system", "content": "note"}, {"role": "user", "content": "u2"}]}) == [
-        {"role": "system", "content": "S"}, {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"},
-        {"role": "user", "content": "note\n\nu2"}]
+    assert evals_messages(
+        {
+            "input": [
+                {"role": "system", "content": "S"},
+                {"role": "user", "content": "u1"},
+                {"role": "assistant", "content": "a1"},
+                {"role": "system", "content": "note"},
+                {"role": "user", "content": "u2"},
+            ]
+        }
+    ) == [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "note\n\nu2"},
+    ]
     assert evals_messages({"input": [{"role": "system", "content": "only a system prompt"}]}) == [
-        {"role": "user", "content": "only a system prompt"}]
+        {"role": "user", "content": "only a system prompt"}
+    ]
     assert evals_messages({"input": [{"role": "user", "content": "q"}, {"role": "system", "content": "after"}]}) == [
-        {"role": "user", "content": "q\n\nafter"}]
-    assert evals_messages({"input": "  "}) is None and evals_messages({"input": [{"role": "tool", "content": "x"}]}) is None
+        {"role": "user", "content": "q\n\nafter"}
+    ]
+    assert (
+        evals_messages({"input": "  "}) is None
+        and evals_messages({"input": [{"role": "tool", "content": "x"}]}) is None
+    )
 
 
 def test_chitchat_and_gsm8k(tmp_path):
     cc = tmp_path / "chitchat_dataset"
     cc.mkdir()
-    (cc / "dataset.json").write_text(json.dumps({"c1": {"messages": [
-        [{"text": "Hello", "sender": "a"}, {"text": "How are you?", "sender": "a"}],
-        [{"text": "Fine.", "sender": "b"}], [{"text": "Good to hear.", "sender": "a"}]]}}))
+    (cc / "dataset.json").write_text(
+        json.dumps(
+            {
+                "c1": {
+                    "messages": [
+                        [{"text": "Hello", "sender": "a"}, {"text": "How are you?", "sender": "a"}],
+                        [{"text": "Fine.", "sender": "b"}],
+                        [{"text": "Good to hear.", "sender": "a"}],
+                    ]
+                }
+            }
+        )
+    )
     src = read_source("chitchat", path=cc)
-    assert src.convs == [{"id": "c1", "task": "chitchat", "messages": [
-        {"role": "user", "content": "Hello How are you?"}, {"role": "assistant", "content": "Fine."},
-        {"role": "user", "content": "Good to hear."}]}]
+    assert src.convs == [
+        {
+            "id": "c1",
+            "task": "chitchat",
+            "messages": [
+                {"role": "user", "content": "Hello How are you?"},
+                {"role": "assistant", "content": "Fine."},
+                {"role": "user", "content": "Good to hear."},
+            ],
+        }
+    ]
     gsm = read_source("gsm8k")
     assert len(gsm.convs) == 7473 and gsm.license == "MIT" and gsm.convs[0]["task"] == "gsm8k"
 
@@ -102,7 +159,9 @@ def test_unknown_source_and_missing_package(tmp_path, monkeypatch):
 def test_a_file_keeps_its_stem_as_name(tmp_path):
     p = write_jsonl(tmp_path / "mine.jsonl", [{"prompt": "hi"}])
     src = read_source(p)
-    assert src.name == label(p) == "mine" and src.convs == [{"id": "line-1", "task": "mine", "messages": [{"role": "user", "content": "hi"}]}]
+    assert src.name == label(p) == "mine" and src.convs == [
+        {"id": "line-1", "task": "mine", "messages": [{"role": "user", "content": "hi"}]}
+    ]
     assert sources.answers(p) and sources.answers("gsm8k") and not sources.answers("evals")
 
 
@@ -114,8 +173,10 @@ def test_parse_hf():
 
 # --- Hugging Face datasets, local folders in the hub's layouts ----------------------------------
 
-ROWS = [{"id": "a", "messages": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"}]},
-        {"id": "b", "messages": [{"role": "user", "content": "Q2"}, {"role": "assistant", "content": "A2"}]}]
+ROWS = [
+    {"id": "a", "messages": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"}]},
+    {"id": "b", "messages": [{"role": "user", "content": "Q2"}, {"role": "assistant", "content": "A2"}]},
+]
 
 
 @pytest.fixture
@@ -125,9 +186,14 @@ def datasets():
 
 def test_hf_save_to_disk_folder_with_splits(tmp_path, datasets):
     folder = tmp_path / "ds"
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS), "test": datasets.Dataset.from_list(ROWS[:1])}).save_to_disk(str(folder))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(ROWS), "test": datasets.Dataset.from_list(ROWS[:1])}
+    ).save_to_disk(str(folder))
     src = read_source(f"hf:{folder}")
-    assert [c["id"] for c in src.convs] == ["a", "b"] and src.convs[1]["messages"][0] == {"role": "user", "content": "Q2"}
+    assert [c["id"] for c in src.convs] == ["a", "b"] and src.convs[1]["messages"][0] == {
+        "role": "user",
+        "content": "Q2",
+    }
     assert len(read_source(f"hf:{folder}:test").convs) == 1
     with pytest.raises(UserError, match="no split 'dev'"):
         read_source(f"hf:{folder}:dev")
@@ -136,9 +202,14 @@ def test_hf_save_to_disk_folder_with_splits(tmp_path, datasets):
 def test_hf_parquet_folder_and_text_field(tmp_path, datasets):
     folder = tmp_path / "pq"
     folder.mkdir()
-    datasets.Dataset.from_list([{"instruction_text": "Write a haiku.", "n": 1}, {"instruction_text": "Sum 2 and 3.", "n": 2}]).to_parquet(str(folder / "train-00000.parquet"))
+    datasets.Dataset.from_list(
+        [{"instruction_text": "Write a haiku.", "n": 1}, {"instruction_text": "Sum 2 and 3.", "n": 2}]
+    ).to_parquet(str(folder / "train-00000.parquet"))
     src = read_source(f"hf:{folder}", text_field="instruction_text")
-    assert [c["messages"] for c in src.convs] == [[{"role": "user", "content": "Write a haiku."}], [{"role": "user", "content": "Sum 2 and 3."}]]
+    assert [c["messages"] for c in src.convs] == [
+        [{"role": "user", "content": "Write a haiku."}],
+        [{"role": "user", "content": "Sum 2 and 3."}],
+    ]
     with pytest.raises(UserError, match=rf"hf:{folder} row 0: unknown conversation format"):
         read_source(f"hf:{folder}")  # no field a format knows: the error names the source
     with pytest.raises(UserError, match=rf"hf:{folder}: no column 'prompt'"):

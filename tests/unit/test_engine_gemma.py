@@ -1,17 +1,17 @@
 """The fast engine (runtime/engine.py) on the Gemma family, tiny random models in fp32:
 
-  - Gemma-1 (scaled embedding, (1 + w) norms, gelu-tanh MLP, head_dim != hidden/heads),
-    Gemma-2 (sandwich norms, `query_pre_attn_scalar`, attention and logit soft-caps) and
-    Gemma-3 (q/k norms, local layers rotating at their own base frequency) with sliding windows
-    that cover the run's context pass the self-check: the fast engine's logits and aux states
-    equal `model(...)`, and `open_engine` keeps it without a word;
-  - each of those Gemma features is load-bearing in these models: the engine without it fails
-    the self-check (so the passing check above says something);
-  - a window shorter than the context: still the fast engine, exact past the window (its
-    local layers windowed, its global ones not);
-  - refused with the reason: bidirectional attention, a layer with only part of the sandwich
-    norms;
-  - Gemma-1's eval greedy decoding equals `generate` (Gemma-2/3's: tests/e2e/test_architectures.py).
+- Gemma-1 (scaled embedding, (1 + w) norms, gelu-tanh MLP, head_dim != hidden/heads),
+  Gemma-2 (sandwich norms, `query_pre_attn_scalar`, attention and logit soft-caps) and
+  Gemma-3 (q/k norms, local layers rotating at their own base frequency) with sliding windows
+  that cover the run's context pass the self-check: the fast engine's logits and aux states
+  equal `model(...)`, and `open_engine` keeps it without a word;
+- each of those Gemma features is load-bearing in these models: the engine without it fails
+  the self-check (so the passing check above says something);
+- a window shorter than the context: still the fast engine, exact past the window (its
+  local layers windowed, its global ones not);
+- refused with the reason: bidirectional attention, a layer with only part of the sandwich
+  norms;
+- Gemma-1's eval greedy decoding equals `generate` (Gemma-2/3's: tests/e2e/test_architectures.py).
 """
 
 from __future__ import annotations
@@ -46,8 +46,18 @@ def gemma(kind: str, **overrides):
         cfg = transformers.GemmaConfig(**{**TINY_DIMS, "vocab_size": V, "head_dim": 32, **overrides})
         return transformers.GemmaForCausalLM(cfg).eval()
     caps = {"attn_logit_softcapping": 0.05, "final_logit_softcapping": 2.0} if kind == "gemma2" else {}
-    return tiny_causal_lm(kind, V, **{"head_dim": 32, "query_pre_attn_scalar": 24, "sliding_window": CONTEXT,
-                                      "layer_types": ["sliding_attention", "full_attention"], **caps, **overrides})
+    return tiny_causal_lm(
+        kind,
+        V,
+        **{
+            "head_dim": 32,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": CONTEXT,
+            "layer_types": ["sliding_attention", "full_attention"],
+            **caps,
+            **overrides,
+        },
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -61,12 +71,25 @@ def test_gemma_passes_the_check_and_keeps_the_fast_engine(kind, capsys):
 
 # the engine without one Gemma feature: a model that has it, and what to patch (where, name, stand-in)
 WITHOUT = {
-    "attention soft-cap": (lambda: gemma("gemma2"), TargetEngine, "_capped_attention",
-                           lambda self, *args: TargetEngine._sdpa(*args)),
-    "logit soft-cap": (lambda: gemma("gemma2", attn_logit_softcapping=None), engine_module, "softcap", lambda x, cap: x),
+    "attention soft-cap": (
+        lambda: gemma("gemma2"),
+        TargetEngine,
+        "_capped_attention",
+        lambda self, *args: TargetEngine._sdpa(*args),
+    ),
+    "logit soft-cap": (
+        lambda: gemma("gemma2", attn_logit_softcapping=None),
+        engine_module,
+        "softcap",
+        lambda x, cap: x,
+    ),
     "sandwich norms": (lambda: gemma("gemma2"), TargetEngine, "_sandwich_block", TargetEngine._prenorm_block),
-    "local rotary": (lambda: gemma("gemma3"), engine_module, "rotary_types",
-                     lambda model: ["full_attention"] * len(decoder_layers(model))),
+    "local rotary": (
+        lambda: gemma("gemma3"),
+        engine_module,
+        "rotary_types",
+        lambda model: ["full_attention"] * len(decoder_layers(model)),
+    ),
 }
 
 
@@ -114,8 +137,15 @@ def test_part_of_the_sandwich_norms_is_refused():
 
 
 def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new, min_new_tokens=new, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        do_sample=False,
+        max_new_tokens=new,
+        min_new_tokens=new,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("mode", ["chain", "tree"])
@@ -125,7 +155,9 @@ def test_gemma_greedy_equals_generate(mode):
     model = gemma("gemma")
     engine = open_engine(model, random_drafter(model).config.aux_layer_ids, CONTEXT, mode)
     assert isinstance(engine, TargetEngine)
-    drafter = DrafterProposer(random_drafter(model), Sampling(), engine.max_len, mode=mode, depth=3, top_k=3, total_tokens=8)
+    drafter = DrafterProposer(
+        random_drafter(model), Sampling(), engine.max_len, mode=mode, depth=3, top_k=3, total_tokens=8
+    )
     prompt = torch.randint(3, V, (11,), generator=torch.Generator().manual_seed(0)).tolist()
     ref = hf_greedy(model, prompt, NEW)
     assert plain_generate(engine, prompt, NEW, set(), Sampling()).tokens == ref

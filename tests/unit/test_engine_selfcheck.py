@@ -41,8 +41,15 @@ def aux_ids(model) -> list[int]:
 
 
 def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new, min_new_tokens=new, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        do_sample=False,
+        max_new_tokens=new,
+        min_new_tokens=new,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 PROMPTS = [torch.randint(3, V, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 11)]
@@ -88,7 +95,9 @@ def test_greedy_equals_generate_on_the_engine_open_engine_picks(kind, mode, caps
         assert f"{type(model).__name__}: not on the fast engine" in err and "generic path" in err
     else:
         assert isinstance(engine, TargetEngine) and err == ""
-    drafter = DrafterProposer(random_drafter(model), Sampling(), engine.max_len, mode=mode, depth=3, top_k=3, total_tokens=8)
+    drafter = DrafterProposer(
+        random_drafter(model), Sampling(), engine.max_len, mode=mode, depth=3, top_k=3, total_tokens=8
+    )
     for prompt in PROMPTS:
         ref = hf_greedy(model, prompt, NEW)
         assert plain_generate(engine, prompt, NEW, set(), Sampling()).tokens == ref
@@ -107,8 +116,9 @@ def test_windowed_rows_of_other_lengths_decode_as_generate(mode):
     model = tiny("mistral")
     engine = open_engine(model, aux_ids(model), 128, mode=mode, batch=2)
     assert isinstance(engine, TargetEngine)
-    drafter = DrafterProposer(random_drafter(model), Sampling(), engine.max_len, mode=mode, depth=3, top_k=3, total_tokens=8,
-                              batch=2)
+    drafter = DrafterProposer(
+        random_drafter(model), Sampling(), engine.max_len, mode=mode, depth=3, top_k=3, total_tokens=8, batch=2
+    )
     refs = [hf_greedy(model, prompt, NEW) for prompt in PROMPTS]
     assert [t.tokens for t in decode(engine, PROMPTS, NEW, set(), Sampling())] == refs
     assert [t.tokens for t in decode(engine, PROMPTS, NEW, set(), Sampling(), drafter)] == refs
@@ -169,8 +179,19 @@ def test_cli_eval_on_the_generic_path(tmp_path, tokenizer):
     tokenizer.save_pretrained(tmp_path / "granite")
     drafter = save_drafter(random_drafter(model, draft_vocab_size=1000), tmp_path / "drafter")
     (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["What is 2+2?", "And 3+3?"]}) + "\n")
-    args = ["eval", "--target", str(tmp_path / "granite"), "--drafter", str(drafter), "--bench", str(tmp_path / "q.jsonl"),
-            "--k", "3", "--max-new-tokens", "12"]
+    args = [
+        "eval",
+        "--target",
+        str(tmp_path / "granite"),
+        "--drafter",
+        str(drafter),
+        "--bench",
+        str(tmp_path / "q.jsonl"),
+        "--k",
+        "3",
+        "--max-new-tokens",
+        "12",
+    ]
     for mode in ("chain", "tree"):
         res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / mode), "--mode", mode])
         assert res.exit_code == 0, res.output

@@ -18,16 +18,35 @@ from tests.helpers import random_drafter
 @pytest.fixture
 def setup(tiny_model, tiny_target_dir, tmp_path):
     drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter")
-    questions = [{"turns": ["What is 2+2?", "And 3+3?"]}, {"turns": ["Name a colour."]}, {"turns": ["Say hi.", "Again."]},
-                 {"turns": ["Count to three."]}]
+    questions = [
+        {"turns": ["What is 2+2?", "And 3+3?"]},
+        {"turns": ["Name a colour."]},
+        {"turns": ["Say hi.", "Again."]},
+        {"turns": ["Count to three."]},
+    ]
     (tmp_path / "q.jsonl").write_text("\n".join(json.dumps(q) for q in questions) + "\n")
     return tiny_target_dir, drafter, tmp_path
 
 
 def evaluate(setup, name: str, *options: str) -> dict:
     target, drafter, tmp = setup
-    res = CliRunner().invoke(app, ["eval", "--target", str(target), "--drafter", str(drafter), "--bench", str(tmp / "q.jsonl"),
-                                   "--max-new-tokens", "10", "--out", str(tmp / name), *options])
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--bench",
+            str(tmp / "q.jsonl"),
+            "--max-new-tokens",
+            "10",
+            "--out",
+            str(tmp / name),
+            *options,
+        ],
+    )
     assert res.exit_code == 0, res.output
     answers = [json.loads(line) for line in (tmp / name / "answers.jsonl").read_text().splitlines()]
     return {"report": json.loads((tmp / name / "report.json").read_text()), "ids": [a["token_ids"] for a in answers]}
@@ -42,7 +61,9 @@ def test_batches_answer_as_batch_one(setup, mode):
     r = three["report"]
     assert r["batch_size"] == 3 and one["report"]["batch_size"] == 1 and r["turns"] == 6
     assert r["greedy_turns_matching_plain"] == r["greedy_turns_checked"] == 6 and r["speedup"] is not None
-    assert r["verify_shape_turns_matching_plain"] == r["verify_shape_turns_checked"] == 6  # fp32: that shape rounds alike
+    assert (
+        r["verify_shape_turns_matching_plain"] == r["verify_shape_turns_checked"] == 6
+    )  # fp32: that shape rounds alike
     assert one["report"]["verify_shape_turns_checked"] == 0  # only with --kernel-check
 
 
@@ -69,14 +90,22 @@ def test_generators_take_turns_a_batch_at_a_time(tiny_target_dir):
         ids = tok.encode(f" {word}", add_special_tokens=False)
 
         def generate(prompts: list[list[int]]) -> list[Turn]:
-            calls.append((name, len(prompts), [tok.decode(p).count(word) == 1 for p in prompts]))  # its own answer, once
+            calls.append(
+                (name, len(prompts), [tok.decode(p).count(word) == 1 for p in prompts])
+            )  # its own answer, once
             return [Turn(ids, 0.0) for _ in prompts]
 
         return generate
 
     out = answer(tok, questions, [generator("spec", "apple"), generator("plain", "pear")], chunk=2)
-    assert [(name, n) for name, n, _ in calls] == [("spec", 2), ("plain", 2), ("spec", 1), ("plain", 1),  # first turns
-                                                   ("spec", 2), ("plain", 2)]  # second turns: questions 0 and 2
+    assert [(name, n) for name, n, _ in calls] == [
+        ("spec", 2),
+        ("plain", 2),
+        ("spec", 1),
+        ("plain", 1),  # first turns
+        ("spec", 2),
+        ("plain", 2),
+    ]  # second turns: questions 0 and 2
     assert all(calls[i][2] == [False] * calls[i][1] for i in range(4))  # no answer yet in a first turn's history
     assert calls[4][2] == calls[5][2] == [True, True]  # each pass's second turns carry its own first answer
     assert [len(t) for t in out[0]] == [len(t) for t in out[1]] == [2, 1, 2]

@@ -11,10 +11,10 @@ import yaml
 from typer.testing import CliRunner
 
 from draftsmith.cli import app
+from draftsmith.data.dataset import split_indices
 from draftsmith.errors import UserError
 from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
 from draftsmith.target import load_tokenizer
-from draftsmith.data.dataset import split_indices
 
 PROMPTS = [f"Question {i}: what is {i} plus {i}?\nThink  twice." for i in range(20)]  # newlines, double spaces
 
@@ -23,10 +23,22 @@ PROMPTS = [f"Question {i}: what is {i} plus {i}?\nThink  twice." for i in range(
 def dataset(tmp_path_factory, tiny_target_dir):
     root = tmp_path_factory.mktemp("heldout")
     chats = root / "chats.jsonl"
-    chats.write_text("".join(json.dumps({"messages": [
-        {"role": "user", "content": p}, {"role": "assistant", "content": f"It is {2 * i}."},
-        {"role": "user", "content": "And twice that?"}, {"role": "assistant", "content": f"{4 * i}."}]}) + "\n"
-        for i, p in enumerate(PROMPTS)))
+    chats.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": p},
+                        {"role": "assistant", "content": f"It is {2 * i}."},
+                        {"role": "user", "content": "And twice that?"},
+                        {"role": "assistant", "content": f"{4 * i}."},
+                    ]
+                }
+            )
+            + "\n"
+            for i, p in enumerate(PROMPTS)
+        )
+    )
     res = CliRunner().invoke(app, ["prepare", str(chats), "--target", str(tiny_target_dir), "--out", str(root / "ds")])
     assert res.exit_code == 0, res.output
     return root / "ds"
@@ -47,7 +59,9 @@ def test_held_out_turns_are_the_prompts_of_the_runs_split(dataset, tiny_target_d
         questions = held_out_questions(drafter, tok, 80)
         assert [q.turns for q in questions] == [[PROMPTS[i]] for i in val_idx]  # the first turns only
         assert {q.category for q in questions} == {HELD_OUT}
-    legacy = fake_run(tmp_path / "legacy", dataset_dir=str(dataset), val_fraction=0.25, seed=3)  # before --val-seed: --seed split
+    legacy = fake_run(
+        tmp_path / "legacy", dataset_dir=str(dataset), val_fraction=0.25, seed=3
+    )  # before --val-seed: --seed split
     assert [q.turns for q in held_out_questions(legacy, tok, 80)] == [[PROMPTS[i]] for i in val_idx]
     wide = fake_run(tmp_path / "wide", dataset_dir=str(dataset), val_fraction=0.5, val_seed=0)
     picked = held_out_questions(wide, tok, 4)  # 4 of 10, spread over the split, not its first 4
@@ -61,11 +75,24 @@ def test_offline_runs_split_the_stores_samples(dataset, tiny_target_dir, tmp_pat
     from draftsmith.data.dataset import load_dataset
     from draftsmith.data.store import StoreReader, dataset_rows
 
-    res = CliRunner().invoke(app, ["extract", str(dataset), "--target", str(tiny_target_dir), "--out", str(tmp_path / "store"),
-                                   "--device", "cpu"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "extract",
+            str(dataset),
+            "--target",
+            str(tiny_target_dir),
+            "--out",
+            str(tmp_path / "store"),
+            "--device",
+            "cpu",
+        ],
+    )
     assert res.exit_code == 0, res.output
     ids = [int(s) for s in StoreReader(tmp_path / "store").sample_ids]
-    run = fake_run(tmp_path / "run", dataset_dir=str(dataset), hidden=str(tmp_path / "store"), val_fraction=0.25, val_seed=1)
+    run = fake_run(
+        tmp_path / "run", dataset_dir=str(dataset), hidden=str(tmp_path / "store"), val_fraction=0.25, val_seed=1
+    )
     _, val_idx = split_indices(len(ids), 0.25, 1)
     questions = held_out_questions(run, load_tokenizer(str(tiny_target_dir)), 80)
     assert [q.question_id for q in questions] == [ids[i] for i in val_idx]
@@ -85,13 +112,53 @@ def test_held_out_refuses_what_has_no_split(dataset, tiny_target_dir, tmp_path):
 
 def test_eval_measures_tau_on_the_held_out_prompts(dataset, tiny_target_dir, tmp_path):
     """End to end on CPU: train a drafter (4 steps) with a split, then eval it on that split."""
-    res = CliRunner().invoke(app, ["train", str(dataset), "--target", str(tiny_target_dir), "--out", str(tmp_path / "train"),
-                                   "--steps", "4", "--ttt", "2", "--batch-tokens", "96", "--draft-vocab-size", "300",
-                                   "--val-fraction", "0.25", "--device", "cpu"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "train",
+            str(dataset),
+            "--target",
+            str(tiny_target_dir),
+            "--out",
+            str(tmp_path / "train"),
+            "--steps",
+            "4",
+            "--ttt",
+            "2",
+            "--batch-tokens",
+            "96",
+            "--draft-vocab-size",
+            "300",
+            "--val-fraction",
+            "0.25",
+            "--device",
+            "cpu",
+        ],
+    )
     assert res.exit_code == 0, res.output
-    res = CliRunner().invoke(app, ["eval", "--target", str(tiny_target_dir), "--drafter", str(tmp_path / "train"),
-                                   "--bench", HELD_OUT, "--num-questions", "3", "--k", "2", "--max-new-tokens", "8",
-                                   "--no-speed", "--device", "cpu", "--out", str(tmp_path / "eval")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--target",
+            str(tiny_target_dir),
+            "--drafter",
+            str(tmp_path / "train"),
+            "--bench",
+            HELD_OUT,
+            "--num-questions",
+            "3",
+            "--k",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--no-speed",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "eval"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "held-out: 3 of the 5 first user turns of the run's validation split" in res.output
     report = json.loads((tmp_path / "eval" / "report.json").read_text())

@@ -15,11 +15,17 @@ def test_mt_bench_and_jsonl_formats(tmp_path, tokenizer):
     mt = load_questions("mt_bench")
     assert len(mt) == 80 and all(len(q.turns) == 2 for q in mt)
     f = tmp_path / "q.jsonl"
-    f.write_text("\n".join(json.dumps(r) for r in [
-        {"turns": ["a", "b"], "category": "x"},
-        {"prompt": "p"},
-        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]},
-    ]) + "\n")
+    f.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"turns": ["a", "b"], "category": "x"},
+                {"prompt": "p"},
+                {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]},
+            ]
+        )
+        + "\n"
+    )
     qs = load_questions(str(f))
     assert [q.turns for q in qs] == [["a", "b"], ["p"], ["u"]]
     assert [q.question_id for q in qs] == [1, 2, 3] and qs[1].category == "all"
@@ -48,14 +54,49 @@ def test_acceptance_numbers():
 
 def test_report_speedup_and_categories(tmp_path):
     turns = [
-        {"category": "a", "turn": 1, "accepts": [1, 1], "spec_tokens": 4, "spec_seconds": 1.0, "plain_tokens": 4, "plain_seconds": 2.0, "matches_plain": True},
-        {"category": "b", "turn": 2, "accepts": [0], "spec_tokens": 1, "spec_seconds": 1.0, "plain_tokens": 1, "plain_seconds": 0.5, "matches_plain": False},
+        {
+            "category": "a",
+            "turn": 1,
+            "accepts": [1, 1],
+            "spec_tokens": 4,
+            "spec_seconds": 1.0,
+            "plain_tokens": 4,
+            "plain_seconds": 2.0,
+            "matches_plain": True,
+        },
+        {
+            "category": "b",
+            "turn": 2,
+            "accepts": [0],
+            "spec_tokens": 1,
+            "spec_seconds": 1.0,
+            "plain_tokens": 1,
+            "plain_seconds": 0.5,
+            "matches_plain": False,
+        },
     ]
-    meta = {"mode": "chain", "bench": "x", "target": "t", "drafter": "d", "device": "cpu", "dtype": "float32", "cuda_graphs": False,
-            "questions": 2, "temperature": 0.0, "max_new_tokens": 4, "capture_seconds": 0.0, "warmup_seconds": 0.0, "wall_seconds": 1.0}
+    meta = {
+        "mode": "chain",
+        "bench": "x",
+        "target": "t",
+        "drafter": "d",
+        "device": "cpu",
+        "dtype": "float32",
+        "cuda_graphs": False,
+        "questions": 2,
+        "temperature": 0.0,
+        "max_new_tokens": 4,
+        "capture_seconds": 0.0,
+        "warmup_seconds": 0.0,
+        "wall_seconds": 1.0,
+    }
     r = build_report(turns, depth=2, meta=meta)
     assert r["tau"] == pytest.approx(5 / 3, abs=1e-4) and r["tokens"] == 5
-    assert r["spec_tok_per_s"] == 2.5 and r["plain_tok_per_s"] == pytest.approx(2.0) and r["speedup"] == pytest.approx(1.25)
+    assert (
+        r["spec_tok_per_s"] == 2.5
+        and r["plain_tok_per_s"] == pytest.approx(2.0)
+        and r["speedup"] == pytest.approx(1.25)
+    )
     assert r["categories"]["a"]["speedup"] == 2.0 and r["categories"]["b"]["tau"] == 1.0
     assert r["greedy_turns_checked"] == 2 and r["greedy_turns_matching_plain"] == 1
     assert r["tau_by_turn"] == {"1": 2.0, "2": 1.0}

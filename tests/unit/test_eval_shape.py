@@ -12,10 +12,19 @@ from typer.testing import CliRunner
 
 from draftsmith.cli import app
 from draftsmith.draft.checkpoint import save_drafter
+from draftsmith.errors import UserError
 from draftsmith.evaluate.decode import plain_generate
 from draftsmith.evaluate.proposer import DrafterProposer, OracleProposer
-from draftsmith.errors import UserError
-from draftsmith.evaluate.shape import Calibration, Candidate, Shape, calibrate, conditional_acceptance, expected_tokens, spread, summary
+from draftsmith.evaluate.shape import (
+    Calibration,
+    Candidate,
+    Shape,
+    calibrate,
+    conditional_acceptance,
+    expected_tokens,
+    spread,
+    summary,
+)
 from draftsmith.layers import default_aux_layers
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
@@ -28,7 +37,9 @@ def test_conditional_acceptance_counts_cycles_that_got_that_far():
 
 
 def chain_calibration(accept_cond: list[float]) -> Calibration:
-    cands = [Candidate(Shape(k), expected_tokens(accept_cond, k), 1 + k / 10) for k in (1, 2, 3, 4)]  # 1.1 .. 1.4 s a cycle
+    cands = [
+        Candidate(Shape(k), expected_tokens(accept_cond, k), 1 + k / 10) for k in (1, 2, 3, 4)
+    ]  # 1.1 .. 1.4 s a cycle
     return Calibration("chain", cands, plain_seconds=1.0, tokens=100, accept_cond=accept_cond)
 
 
@@ -38,8 +49,10 @@ def test_best_k_trades_acceptance_against_cycle_cost():
     assert cal.best().shape == Shape(3)  # the 4th position is accepted too rarely to pay for its cost
     useless = chain_calibration([0.0] * 4)
     assert useless.best().shape == Shape(1) and useless.predicted_speedup(useless.best()) < 1
-    assert "a K=1 cycle costs 1.10 plain tokens here, so it pays from tau 1.10 on, and this drafter's expected tau is 1.00" \
-        in summary(useless)  # why no shape was chosen to pay
+    assert (
+        "a K=1 cycle costs 1.10 plain tokens here, so it pays from tau 1.10 on, and this drafter's expected tau is 1.00"
+        in summary(useless)
+    )  # why no shape was chosen to pay
     assert "predicted to beat" not in summary(cal)
     assert useless.to_dict()["break_even_tau"] == pytest.approx(1.1)  # what the quickstart's table shows
     d = cal.to_dict()
@@ -61,7 +74,9 @@ def test_tree_shapes_parse_and_compare():
             Shape.parse_tree(bad)
     small, big = Candidate(Shape(4, 2, 8), 2.0, 1.0), Candidate(Shape(7, 10, 60), 3.0, 1.6)
     cal = Calibration("tree", [small, big], plain_seconds=0.8, tokens=50)
-    assert cal.best() is small and cal.predicted_speedup(big) == pytest.approx(1.5)  # 3 tokens in 1.6 s vs 0.8 s a token
+    assert cal.best() is small and cal.predicted_speedup(big) == pytest.approx(
+        1.5
+    )  # 3 tokens in 1.6 s vs 0.8 s a token
     assert cal.to_dict()["chosen_shape"] == {"depth": 4, "top_k": 2, "total_tokens": 8}
 
 
@@ -71,16 +86,34 @@ def test_calibration_on_the_engine(tiny_model):
     prompt = torch.randint(3, 300, (9,), generator=torch.Generator().manual_seed(0)).tolist()
     reference = prompt + plain_generate(engine, prompt, 40, set(), Sampling()).tokens
     chains = [Shape(k) for k in (4, 3, 2, 1)]
-    oracle = calibrate(engine, lambda s: OracleProposer(reference, depth=s.depth), [prompt], 24, set(), Sampling, chains)
+    oracle = calibrate(
+        engine, lambda s: OracleProposer(reference, depth=s.depth), [prompt], 24, set(), Sampling, chains
+    )
     assert oracle.accept_cond == [1.0] * 4 and oracle.tokens == 24
     assert [c.shape.depth for c in oracle.candidates] == [1, 2, 3, 4] and oracle.candidates[-1].expected_tokens == 5
     drafter = random_drafter(model, draft_vocab_size=300)
-    useless = calibrate(engine, lambda s: DrafterProposer(drafter, Sampling(), 128, depth=s.depth), [prompt], 24, set(),
-                        Sampling, chains[1:])
-    assert useless.accept_cond[0] < 0.5 and useless.best().shape == Shape(1)  # a draft that is rarely right: the shortest chain
+    useless = calibrate(
+        engine,
+        lambda s: DrafterProposer(drafter, Sampling(), 128, depth=s.depth),
+        [prompt],
+        24,
+        set(),
+        Sampling,
+        chains[1:],
+    )
+    assert useless.accept_cond[0] < 0.5 and useless.best().shape == Shape(
+        1
+    )  # a draft that is rarely right: the shortest chain
     trees = [Shape(2, 2, 3), Shape(4, 1, 4)]  # the oracle's tree: each true node with a wrong sibling
-    tree = calibrate(engine, lambda s: OracleProposer(reference, mode="tree", depth=s.depth, vocab_size=300), [prompt], 24, set(),
-                     Sampling, trees)
+    tree = calibrate(
+        engine,
+        lambda s: OracleProposer(reference, mode="tree", depth=s.depth, vocab_size=300),
+        [prompt],
+        24,
+        set(),
+        Sampling,
+        trees,
+    )
     assert tree.mode == "tree" and tree.accept_cond is None and tree.tokens == 48  # 24 tokens by each shape
     assert [c.expected_tokens for c in tree.candidates] == pytest.approx([3, 5], abs=0.4)
 
@@ -108,10 +141,31 @@ def test_shapes_and_plain_take_turns_a_batch_at_a_time(monkeypatch):
 
 def test_cli_k_auto_reports_its_choice(tiny_model, tiny_target_dir, tmp_path):
     drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter")
-    (tmp_path / "q.jsonl").write_text("\n".join(json.dumps({"turns": [t]}) for t in ("What is 2+2?", "Name a colour.")) + "\n")
-    res = CliRunner().invoke(app, ["eval", "--target", str(tiny_target_dir), "--drafter", str(drafter), "--bench",
-                                   str(tmp_path / "q.jsonl"), "--k", "auto", "--k-max", "3", "--max-new-tokens", "12",
-                                   "--calibration-questions", "1", "--out", str(tmp_path / "eval")])
+    (tmp_path / "q.jsonl").write_text(
+        "\n".join(json.dumps({"turns": [t]}) for t in ("What is 2+2?", "Name a colour.")) + "\n"
+    )
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--target",
+            str(tiny_target_dir),
+            "--drafter",
+            str(drafter),
+            "--bench",
+            str(tmp_path / "q.jsonl"),
+            "--k",
+            "auto",
+            "--k-max",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--calibration-questions",
+            "1",
+            "--out",
+            str(tmp_path / "eval"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "--k auto chose K=" in res.output
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
@@ -121,25 +175,72 @@ def test_cli_k_auto_reports_its_choice(tiny_model, tiny_target_dir, tmp_path):
     assert len(report["accept_per_position"]) == report["k"] and len(shape["candidates"]) == 3
     assert report["greedy_turns_matching_plain"] == report["turns"]
     assert "`--k auto` chose" in (tmp_path / "eval" / "report.md").read_text()
-    tree = CliRunner().invoke(app, ["eval", "--target", str(tiny_target_dir), "--drafter", str(drafter), "--k", "auto",
-                                    "--mode", "tree", "--out", str(tmp_path / "tree")])
+    tree = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--target",
+            str(tiny_target_dir),
+            "--drafter",
+            str(drafter),
+            "--k",
+            "auto",
+            "--mode",
+            "tree",
+            "--out",
+            str(tmp_path / "tree"),
+        ],
+    )
     assert tree.exit_code == 2 and "--tree auto" in tree.output
 
 
 def test_cli_tree_auto_reports_its_choice(tiny_model, tiny_target_dir, tmp_path):
     drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter")
     (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["What is 2+2?"]}) + "\n")
-    res = CliRunner().invoke(app, ["eval", "--target", str(tiny_target_dir), "--drafter", str(drafter), "--bench",
-                                   str(tmp_path / "q.jsonl"), "--tree", "auto", "--tree-shapes", "4x2x2,6x3x3", "--max-new-tokens", "10",
-                                   "--out", str(tmp_path / "eval")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--target",
+            str(tiny_target_dir),
+            "--drafter",
+            str(drafter),
+            "--bench",
+            str(tmp_path / "q.jsonl"),
+            "--tree",
+            "auto",
+            "--tree-shapes",
+            "4x2x2,6x3x3",
+            "--max-new-tokens",
+            "10",
+            "--out",
+            str(tmp_path / "eval"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "--tree auto chose " in res.output
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     shape = report["shape"]
     assert report["mode"] == "tree" and shape["chosen"] in ("4x2x2", "6x3x3") and len(shape["candidates"]) == 2
-    assert (report["total_tokens"], report["depth"], report["top_k"]) == tuple(shape["chosen_shape"][k] for k in ("total_tokens", "depth", "top_k"))
+    assert (report["total_tokens"], report["depth"], report["top_k"]) == tuple(
+        shape["chosen_shape"][k] for k in ("total_tokens", "depth", "top_k")
+    )
     assert report["greedy_turns_matching_plain"] == report["turns"]
     assert "`--tree auto` chose" in (tmp_path / "eval" / "report.md").read_text()
-    bad = CliRunner().invoke(app, ["eval", "--target", str(tiny_target_dir), "--drafter", str(drafter), "--tree", "auto",
-                                   "--tree-shapes", "60x7", "--out", str(tmp_path / "bad")])
+    bad = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--target",
+            str(tiny_target_dir),
+            "--drafter",
+            str(drafter),
+            "--tree",
+            "auto",
+            "--tree-shapes",
+            "60x7",
+            "--out",
+            str(tmp_path / "bad"),
+        ],
+    )
     assert bad.exit_code != 0 and "TOTALxDEPTHxTOPK" in bad.output

@@ -13,15 +13,19 @@ from draftsmith.errors import UserError
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run
 from draftsmith.runtime.capture import capture
-from tests.helpers import make_tiny_drafter, make_tiny_llama
 from tests.engine_readers import never_captured, sglang_view, vllm_view
+from tests.helpers import make_tiny_drafter, make_tiny_llama
 
 L = 6
 TRAINED = [1, 3, 5]  # draftsmith convention: residual stream entering layers 1, 3, 5
 READERS = {"vllm": vllm_view, "sglang": sglang_view}
 # the weights each architecture option adds, in the exported folder
-OPTION_WEIGHTS = {"norm_before_residual": [], "norm_before_fc": ["input_norm.weight"],
-                  "fc_norm": [f"fc_norm.{i}.weight" for i in range(3)], "norm_output": []}
+OPTION_WEIGHTS = {
+    "norm_before_residual": [],
+    "norm_before_fc": ["input_norm.weight"],
+    "fc_norm": [f"fc_norm.{i}.weight" for i in range(3)],
+    "norm_output": [],
+}
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +67,24 @@ def test_engine_captures_the_trained_layers(tmp_path, target, drafter, fmt, engi
 
 
 def test_every_engine_parameter_is_loaded(tmp_path, drafter):
-    for fmt, engine, layer in (("eagle", "vllm", "model.layers.0"), ("speculators", "vllm", "model.layers.0"),
-                               ("eagle", "sglang", "model.midlayer")):
+    for fmt, engine, layer in (
+        ("eagle", "vllm", "model.layers.0"),
+        ("speculators", "vllm", "model.layers.0"),
+        ("eagle", "sglang", "model.midlayer"),
+    ):
         view = READERS[engine](export(drafter, tmp_path / f"{fmt}-{engine}", fmt, engine), L)
         assert len(view.loaded[f"{layer}.self_attn.qkv_proj.weight"]) == 3  # q, k and v shards
         assert len(view.loaded[f"{layer}.mlp.gate_up_proj.weight"]) == 2
-        want = {f"{layer}.{p}" for p in ("self_attn.o_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
-                                          "hidden_norm.weight", "post_attention_layernorm.weight")}
+        want = {
+            f"{layer}.{p}"
+            for p in (
+                "self_attn.o_proj.weight",
+                "mlp.down_proj.weight",
+                "input_layernorm.weight",
+                "hidden_norm.weight",
+                "post_attention_layernorm.weight",
+            )
+        }
         want |= {"model.fc.weight", "model.norm.weight", "lm_head.weight"}
         assert want <= set(view.loaded), want - set(view.loaded)
         assert "model.embed_tokens.weight" not in view.loaded  # shared from the target by default

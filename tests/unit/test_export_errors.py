@@ -10,8 +10,7 @@ from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.errors import UserError
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run
-from tests.helpers import make_tiny_drafter
-from tests.helpers import specforge_config, write_eagle_folder
+from tests.helpers import make_tiny_drafter, specforge_config, write_eagle_folder
 
 TARGET = {"name": "t", "num_layers": 30, "model_type": "llama"}
 
@@ -59,22 +58,29 @@ def test_d2t_and_t2d_that_disagree(tmp_path):
     refused(tmp_path, "disagree", ckpt=write_eagle_folder(tmp_path / "sf", specforge_config(), state))
 
 
-@pytest.mark.parametrize("ids,match", [([0, 15, 27], "never captured"), ([2, 15, 30], "never captured"),
-                                       ([2, 15], "exactly 3")])
+@pytest.mark.parametrize(
+    "ids,match", [([0, 15, 27], "never captured"), ([2, 15, 30], "never captured"), ([2, 15], "exactly 3")]
+)
 def test_layers_an_engine_cannot_capture(tmp_path, ids, match):
     refused(tmp_path, match, ckpt=native(tmp_path, aux_layer_ids=ids))
 
 
 @pytest.mark.parametrize("option", ["norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"])
 def test_architecture_options_cannot_go_to_sglang(tmp_path, option):
-    refused(tmp_path, f"{option}=true, but SGLang's .*--engine vllm.*train --for-engine sglang",
-            ckpt=native(tmp_path, **{option: True}), engine="sglang")
+    refused(
+        tmp_path,
+        f"{option}=true, but SGLang's .*--engine vllm.*train --for-engine sglang",
+        ckpt=native(tmp_path, **{option: True}),
+        engine="sglang",
+    )
 
 
 @pytest.mark.parametrize("fmt", ["eagle", "speculators"])
 def test_norm_before_fc_with_fc_norm_is_served_by_no_engine(tmp_path, fmt):
     ckpt = native(tmp_path, norm_before_fc=True, fc_norm=True)
-    refused(tmp_path, "both norm_before_fc and fc_norm.*vLLM's llama_eagle3 applies input_norm first", ckpt=ckpt, format=fmt)
+    refused(
+        tmp_path, "both norm_before_fc and fc_norm.*vLLM's llama_eagle3 applies input_norm first", ckpt=ckpt, format=fmt
+    )
 
 
 def test_not_a_drafter_folder(tmp_path):

@@ -55,9 +55,13 @@ def test_round_trip_identical_logits_and_layer_ids(ckpt, tmp_path, fmt, engine, 
 @pytest.mark.parametrize("option", OPTIONS)
 def test_architecture_options_round_trip(tmp_path, fmt, option):
     model = make_tiny_drafter(**{option: True})
-    assert not torch.equal(draft_logits(model), draft_logits(without(model, option)))  # the option changes what is served
+    assert not torch.equal(
+        draft_logits(model), draft_logits(without(model, option))
+    )  # the option changes what is served
     save_drafter(model, tmp_path / "ckpt", target=TARGET)
-    out = run(ExportConfig(ckpt=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True))
+    out = run(
+        ExportConfig(ckpt=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True)
+    )
     config = json.loads((out / "config.json").read_text())
     assert {name: config[name] for name in OPTIONS} == {name: name == option for name in OPTIONS}  # all explicit
     if fmt == "eagle":
@@ -71,7 +75,9 @@ def test_architecture_options_round_trip(tmp_path, fmt, option):
 def test_a_wider_mlp_round_trips(tmp_path, fmt):
     model = make_tiny_drafter(intermediate_size=200)
     save_drafter(model, tmp_path / "ckpt", target=TARGET)
-    out = run(ExportConfig(ckpt=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True))
+    out = run(
+        ExportConfig(ckpt=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True)
+    )
     reloaded, _ = load_drafter(out)
     assert reloaded.config.intermediate_size == 200 and reloaded.midlayer.mlp.down_proj.weight.shape == (64, 200)
     assert torch.equal(draft_logits(reloaded), draft_logits(model))
@@ -85,7 +91,9 @@ def test_a_deeper_drafter_round_trips(tmp_path, fmt):
     first_only.load_state_dict(model.state_dict(), strict=False)  # the same weights but the second layer's
     assert not torch.equal(draft_logits(model), draft_logits(first_only.eval()))  # the second layer counts
     save_drafter(model, tmp_path / "ckpt", target=TARGET)
-    out = run(ExportConfig(ckpt=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True))
+    out = run(
+        ExportConfig(ckpt=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True)
+    )
     reloaded, _ = load_drafter(out)
     assert reloaded.config.to_dict() == model.config.to_dict()
     assert torch.equal(draft_logits(reloaded), draft_logits(model))
@@ -129,19 +137,44 @@ def test_model_card_serves_the_measured_shape(ckpt, tmp_path):
     """An eval report's draft shape goes into the serving commands: a chain's length (vLLM and
     SGLang), a tree's depth, top-k and verified tokens (SGLang; vLLM keeps a chain)."""
     _, path = ckpt
-    base = {"tau": 2.5, "speedup": 1.6, "bench": "mt_bench", "device": "NVIDIA H200", "dtype": "bfloat16", "temperature": 0.0}
-    chain = {**base, "mode": "chain", "depth": 3, "top_k": None, "total_tokens": None,
-             "shape": {"mode": "chain", "candidates": [{"shape": f"K={k}", "predicted_speedup": 1 + k / 10} for k in (1, 2, 3)]}}
+    base = {
+        "tau": 2.5,
+        "speedup": 1.6,
+        "bench": "mt_bench",
+        "device": "NVIDIA H200",
+        "dtype": "bfloat16",
+        "temperature": 0.0,
+    }
+    chain = {
+        **base,
+        "mode": "chain",
+        "depth": 3,
+        "top_k": None,
+        "total_tokens": None,
+        "shape": {
+            "mode": "chain",
+            "candidates": [{"shape": f"K={k}", "predicted_speedup": 1 + k / 10} for k in (1, 2, 3)],
+        },
+    }
     tree = {**base, "mode": "tree", "depth": 6, "top_k": 8, "total_tokens": 32, "shape": None}
     cards = {}
     for name, report in (("chain", chain), ("tree", tree)):
         (tmp_path / f"{name}.json").write_text(json.dumps(report))
         out = run(ExportConfig(ckpt=path, engine="sglang", out=tmp_path / name, eval_report=tmp_path / f"{name}.json"))
         cards[name] = (out / "README.md").read_text()
-    assert "a chain of 3 (mt_bench, NVIDIA H200, bfloat16" in cards["chain"] and "chosen by `--k auto` from K=1 (1.10x)" in cards["chain"]
-    assert '"num_speculative_tokens": 3' in cards["chain"] and "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4" in cards["chain"]
+    assert (
+        "a chain of 3 (mt_bench, NVIDIA H200, bfloat16" in cards["chain"]
+        and "chosen by `--k auto` from K=1 (1.10x)" in cards["chain"]
+    )
+    assert (
+        '"num_speculative_tokens": 3' in cards["chain"]
+        and "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4" in cards["chain"]
+    )
     assert "an EAGLE-2 tree of 32 tokens, depth 6, top-k 8" in cards["tree"]
-    assert "--speculative-num-steps 6 \\\n    --speculative-eagle-topk 8 --speculative-num-draft-tokens 33" in cards["tree"]
+    assert (
+        "--speculative-num-steps 6 \\\n    --speculative-eagle-topk 8 --speculative-num-draft-tokens 33"
+        in cards["tree"]
+    )
     assert "vLLM drafts a chain" in cards["tree"]
 
 
@@ -181,8 +214,16 @@ def test_existing_out_needs_overwrite(ckpt, tmp_path):
 
 def test_cli(ckpt, tmp_path):
     _, path = ckpt
-    result = CliRunner().invoke(app, ["export", str(path), "--format", "eagle", "--engine", "sglang", "--out", str(tmp_path / "o")])
+    result = CliRunner().invoke(
+        app, ["export", str(path), "--format", "eagle", "--engine", "sglang", "--out", str(tmp_path / "o")]
+    )
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [".draftsmith", "README.md", "config.json", "model.safetensors", "run.yaml"]
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
+        ".draftsmith",
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "run.yaml",
+    ]
     bad = CliRunner().invoke(app, ["export", str(path), "--engine", "tensorrt", "--out", str(tmp_path / "b")])
     assert bad.exit_code == 2 and "tensorrt" in bad.output and not (tmp_path / "b").exists()

@@ -29,7 +29,9 @@ def dataset(tmp_path):
 
 
 def cfg(dataset, target, out, **kw):
-    return ExtractConfig(dataset_dir=dataset, target=str(target), out=out, device="cpu", token_budget=128, writers=2, **kw)
+    return ExtractConfig(
+        dataset_dir=dataset, target=str(target), out=out, device="cpu", token_budget=128, writers=2, **kw
+    )
 
 
 def test_store_equals_hf_forward(dataset, tiny_target_dir, tiny_model, tmp_path):
@@ -43,7 +45,7 @@ def test_store_equals_hf_forward(dataset, tiny_target_dir, tiny_model, tmp_path)
         s = reader[i]
         ref = tiny_model(s["input_ids"][None], output_hidden_states=True).hidden_states  # L+1 x [1, T, H]
         torch.testing.assert_close(s["aux_hidden_states"][:, :H], ref[0][0])
-        torch.testing.assert_close(s["aux_hidden_states"][:, H:2 * H], ref[1][0])
+        torch.testing.assert_close(s["aux_hidden_states"][:, H : 2 * H], ref[1][0])
         torch.testing.assert_close(s["final_hidden_states"], ref[-1][0])  # after the final norm
     # a rerun has nothing to do and rewrites nothing
     mtimes = {p: p.stat().st_mtime_ns for p in out.glob("rows_*/*.safetensors")}
@@ -164,8 +166,11 @@ def test_a_rerun_after_disk_full_needs_only_the_remainder(dataset, tiny_target_d
         run(cfg(dataset, tiny_target_dir, out))
     monkeypatch.setattr(writer_mod, "place_file", real_place)
     monkeypatch.setattr(store_mod, "free_bytes", lambda p: 1000)  # still full
-    with pytest.raises(UserError, match=r"the 7 samples still to extract need ~.* and .* has 1.0 KB free; "
-                                        r"the 5 samples already in the store are kept\. Free at least"):
+    with pytest.raises(
+        UserError,
+        match=r"the 7 samples still to extract need ~.* and .* has 1.0 KB free; "
+        r"the 5 samples already in the store are kept\. Free at least",
+    ):
         run(cfg(dataset, tiny_target_dir, out))
     monkeypatch.setattr(store_mod, "free_bytes", lambda p: 2 << 20)  # space freed
     assert len(StoreReader(run(cfg(dataset, tiny_target_dir, out)))) == 12

@@ -22,21 +22,38 @@ def jsonl(path: Path, records: list) -> Path:
     return path
 
 
-@pytest.mark.parametrize("record,messages", [
-    ({"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "hi"},
-                        {"from": "gpt", "value": "hello"}]}, [S, U, A]),
-    ({"system": "be brief", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}, [S, U, A]),
-    ({"messages": [S, U, A]}, [S, U, A]),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}, A]}, [U, A]),
-    ({"prompt": "hi", "response": "hello"}, [U, A]),
-    ({"question": "hi", "answer": "hello"}, [U, A]),
-    ({"instruction": "hi", "output": "hello"}, [U, A]),
-    ({"instruction": "hi", "input": "x", "output": "hello"}, [{"role": "user", "content": "hi\n\nx"}, A]),
-    ({"system": "be brief", "prompt": "hi", "completion": "hello"}, [S, U, A]),
-    ({"turns": ["hi", "more"]}, [U, {"role": "user", "content": "more"}]),
-    ({"prompt": "hi"}, [U]),
-    ({"text": "hi"}, [U]),
-])
+@pytest.mark.parametrize(
+    "record,messages",
+    [
+        (
+            {
+                "conversations": [
+                    {"from": "system", "value": "be brief"},
+                    {"from": "human", "value": "hi"},
+                    {"from": "gpt", "value": "hello"},
+                ]
+            },
+            [S, U, A],
+        ),
+        (
+            {
+                "system": "be brief",
+                "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}],
+            },
+            [S, U, A],
+        ),
+        ({"messages": [S, U, A]}, [S, U, A]),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}, A]}, [U, A]),
+        ({"prompt": "hi", "response": "hello"}, [U, A]),
+        ({"question": "hi", "answer": "hello"}, [U, A]),
+        ({"instruction": "hi", "output": "hello"}, [U, A]),
+        ({"instruction": "hi", "input": "x", "output": "hello"}, [{"role": "user", "content": "hi\n\nx"}, A]),
+        ({"system": "be brief", "prompt": "hi", "completion": "hello"}, [S, U, A]),
+        ({"turns": ["hi", "more"]}, [U, {"role": "user", "content": "more"}]),
+        ({"prompt": "hi"}, [U]),
+        ({"text": "hi"}, [U]),
+    ],
+)
 def test_each_format_is_detected_and_normalised(tmp_path, record, messages):
     (conv,) = read_conversations(jsonl(tmp_path / "d.jsonl", [record]))
     assert conv == {"id": "line-1", "messages": messages}
@@ -44,8 +61,14 @@ def test_each_format_is_detected_and_normalised(tmp_path, record, messages):
 
 def test_ids_from_fields_else_line_numbers(tmp_path):
     path = tmp_path / "d.jsonl"
-    path.write_text(json.dumps({"id": "a", "prompt": "p"}) + "\n\n" + json.dumps({"question_id": 81, "prompt": "q"})
-                    + "\n" + json.dumps({"prompt": "r"}) + "\n")
+    path.write_text(
+        json.dumps({"id": "a", "prompt": "p"})
+        + "\n\n"
+        + json.dumps({"question_id": 81, "prompt": "q"})
+        + "\n"
+        + json.dumps({"prompt": "r"})
+        + "\n"
+    )
     assert [c["id"] for c in read_conversations(path)] == ["a", "81", "line-4"]
 
 
@@ -77,7 +100,13 @@ def test_json_list_parquet_and_arrow_folder(tmp_path):
     pq.write_table(table, dd / "train" / "part.parquet")
     (dd / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
     expected = [r["messages"] for r in records]
-    for path, fmt in [(tmp_path / "d.json", "auto"), (tmp_path / "d.parquet", "auto"), (hf, "auto"), (hf, "hf"), (dd, "auto")]:
+    for path, fmt in [
+        (tmp_path / "d.json", "auto"),
+        (tmp_path / "d.parquet", "auto"),
+        (hf, "auto"),
+        (hf, "hf"),
+        (dd, "auto"),
+    ]:
         convs = read_conversations(path, fmt)
         assert [c["messages"] for c in convs] == expected, path
         assert [c["id"] for c in convs] == ["row-0", "row-1"]
@@ -110,7 +139,9 @@ def test_empty_conversation(tmp_path):
 
 def test_later_record_in_another_format(tmp_path):
     with pytest.raises(UserError, match=r"d.jsonl:2: no 'conversations' field"):
-        read_conversations(jsonl(tmp_path / "d.jsonl", [{"conversations": [{"from": "human", "value": "x"}]}, {"messages": [U]}]))
+        read_conversations(
+            jsonl(tmp_path / "d.jsonl", [{"conversations": [{"from": "human", "value": "x"}]}, {"messages": [U]}])
+        )
 
 
 def test_unknown_role_and_bad_content(tmp_path):

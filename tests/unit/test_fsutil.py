@@ -15,7 +15,9 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
     out = tmp_path / "out"
     with output_lock(out):
         (out / "data").write_text("x")
-        with pytest.raises(UserError, match=rf"{out} is being written by another draftsmith process \(pid {os.getpid()}\)"):
+        with pytest.raises(
+            UserError, match=rf"{out} is being written by another draftsmith process \(pid {os.getpid()}\)"
+        ):
             with output_lock(out):
                 pass
     with output_lock(out):  # released when the holder is done
@@ -25,9 +27,16 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
 
 def test_the_lock_of_a_killed_process_is_released(tmp_path):
     out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom draftsmith.fsutil import output_lock\n"
-                               f"with output_lock({str(out)!r}):\n    print('locked', flush=True)\n    time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom draftsmith.fsutil import output_lock\n"
+            f"with output_lock({str(out)!r}):\n    print('locked', flush=True)\n    time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(UserError, match=rf"pid {holder.pid}\)"):

@@ -38,9 +38,16 @@ def test_unknown_engine_and_out_of_range():
     assert validate_layers([27, 2, 15], 30) == [2, 15, 27]
 
 
-@pytest.mark.parametrize("ids,match", [([2, 15], "exactly 3"), ([2, 15, 20, 27], "exactly 3"),
-                                       ([0, 15, 27], "id 0 \\(the embeddings\\).*never captured"),
-                                       ([2, 15, 30], "must be in 1..29"), ([-1, 2, 3], "count from 0")])
+@pytest.mark.parametrize(
+    "ids,match",
+    [
+        ([2, 15], "exactly 3"),
+        ([2, 15, 20, 27], "exactly 3"),
+        ([0, 15, 27], "id 0 \\(the embeddings\\).*never captured"),
+        ([2, 15, 30], "must be in 1..29"),
+        ([-1, 2, 3], "count from 0"),
+    ],
+)
 def test_ids_the_engines_cannot_serve_are_refused(ids, match):
     """One check for extract, train, eval and export: three ids that vLLM and SGLang capture."""
     with pytest.raises(UserError, match=match):

@@ -28,8 +28,12 @@ def with_bias(model: nn.Module) -> nn.Module:
     return model
 
 
-MODELS = {"granite": lambda: tiny_causal_lm("granite"), "gemma2": lambda: tiny_causal_lm("gemma2"),
-          "cohere": lambda: tiny_causal_lm("cohere"), "bias": lambda: with_bias(make_tiny_llama(300))}
+MODELS = {
+    "granite": lambda: tiny_causal_lm("granite"),
+    "gemma2": lambda: tiny_causal_lm("gemma2"),
+    "cohere": lambda: tiny_causal_lm("cohere"),
+    "bias": lambda: with_bias(make_tiny_llama(300)),
+}
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -38,7 +42,9 @@ def test_the_check_passes_with_the_transform_and_fails_without(name):
     head = output_head(model)
     check_output_head(model, head)
     plain = OutputHead(head.weight)  # final @ lm_headᵀ alone: the teacher before issue 18
-    with pytest.raises(UserError, match=f"{type(model).__name__}: its logits are not final @ lm_headᵀ of its final hidden state"):
+    with pytest.raises(
+        UserError, match=f"{type(model).__name__}: its logits are not final @ lm_headᵀ of its final hidden state"
+    ):
         check_output_head(model, plain)
 
 
@@ -76,5 +82,9 @@ def test_train_refuses_an_unknown_output_path_and_leaves_nothing(tmp_path, token
     ds = write_tokenized_dataset(tmp_path / "ds", [list(range(3, 30))] * 4)
     with shared_targets(target_from_model(doubled, tokenizer, name=str(folder))):
         with pytest.raises(UserError, match="Doubled: its logits are not .* not supported for training"):
-            run(TrainConfig(dataset_dir=ds, target=str(folder), out=tmp_path / "run", device="cpu", dtype="fp32", steps=1))
+            run(
+                TrainConfig(
+                    dataset_dir=ds, target=str(folder), out=tmp_path / "run", device="cpu", dtype="fp32", steps=1
+                )
+            )
     assert not (tmp_path / "run").exists()

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from draftsmith.data.dataset import META_FILE
-
 from draftsmith.errors import UserError
 from draftsmith.pipeline.config import PipelineConfig
 from draftsmith.pipeline.run import run
@@ -19,9 +18,11 @@ def test_only_runs_the_named_stages(tmp_path):
     meta = json.loads((ds / META_FILE).read_text())
     (ds / META_FILE).write_text(json.dumps({**meta, "target": {"vocab_size": 32}}))
     cfg = tmp_path / "p.yaml"
-    cfg.write_text(f"out: {tmp_path / 'run'}\nstages:\n"
-                   f"  - vocab: {{name: small, dataset_dir: {ds}, size: 4}}\n"
-                   f"  - vocab: {{name: big, dataset_dir: {ds}, size: 8}}\n")
+    cfg.write_text(
+        f"out: {tmp_path / 'run'}\nstages:\n"
+        f"  - vocab: {{name: small, dataset_dir: {ds}, size: 4}}\n"
+        f"  - vocab: {{name: big, dataset_dir: {ds}, size: 8}}\n"
+    )
     run(PipelineConfig(pipeline_config=cfg, only=["big"]))
     root = tmp_path / "run"
     assert (root / "big" / "vocab.safetensors").exists() and (root / ".pipeline" / "big.done").exists()
@@ -44,9 +45,13 @@ def test_out_and_target_flags_beat_the_yaml_and_default(tmp_path, monkeypatch):
     assert run(PipelineConfig(pipeline_config=bare)) == Path("runs") / "bare"
     assert (tmp_path / "runs" / "bare" / "vocab" / "vocab.safetensors").exists()
     named = tmp_path / "named.yaml"
-    named.write_text(f"out: {tmp_path / 'yaml_out'}\ntarget: from-yaml\nstages:\n  - prepare: {{data: {tmp_path / 'x.jsonl'}}}\n")
+    named.write_text(
+        f"out: {tmp_path / 'yaml_out'}\ntarget: from-yaml\nstages:\n  - prepare: {{data: {tmp_path / 'x.jsonl'}}}\n"
+    )
     seen = {}
-    monkeypatch.setattr(pipeline_run, "run_stages", lambda root, stages, common, only=None: seen.update(root=root, **common))
+    monkeypatch.setattr(
+        pipeline_run, "run_stages", lambda root, stages, common, only=None: seen.update(root=root, **common)
+    )
     run(PipelineConfig(pipeline_config=named))
     assert seen == {"root": tmp_path / "yaml_out", "target": "from-yaml"}
     run(PipelineConfig(pipeline_config=named, out=tmp_path / "flag_out", target="from-flag"))
@@ -67,8 +72,21 @@ def test_quickstart_full_budget_is_the_packaged_h200_recipe(tmp_path):
     stages = budget_stages("full")
     names = [name for name, _, _ in stages]
     # every data stage of the recipe (its Magpie sets under four seeds each), then online training and chain eval only
-    assert names == ["synth", "magpie", "magpie_b", "magpie2", "magpie2_b", "magpie_c", "magpie_d", "magpie2_c", "magpie2_d",
-                     "prepare", "vocab", "train_online", "eval_chain"]
+    assert names == [
+        "synth",
+        "magpie",
+        "magpie_b",
+        "magpie2",
+        "magpie2_b",
+        "magpie_c",
+        "magpie_d",
+        "magpie2_c",
+        "magpie2_d",
+        "prepare",
+        "vocab",
+        "train_online",
+        "eval_chain",
+    ]
     planned = plan_stages(tmp_path, stages, {"target": DEFAULT_TARGET})
     assert planned[-1].cfg.drafter == tmp_path / "train_online" / "drafter"  # eval_chain reads train_online's drafter
 
@@ -106,7 +124,9 @@ def test_recipes_sharing_a_folder_make_the_same_data():
     by_out: dict[str, dict[str, list]] = {}
     for recipe in RECIPES:
         spec = load_yaml_mapping(recipe, "recipe")
-        data = [(name, command, opts) for name, command, opts in parse_stages(spec["stages"]) if command in DATA_COMMANDS]
+        data = [
+            (name, command, opts) for name, command, opts in parse_stages(spec["stages"]) if command in DATA_COMMANDS
+        ]
         out = spec.get("out", H200_RUN if recipe == ROOT / "recipes" / "h200.yaml" else None)
         by_out.setdefault(out, {})[recipe.name] = data
     assert len(by_out[H200_RUN]) >= 2  # the recipe and the ablation that trains beside it

@@ -11,16 +11,17 @@ from draftsmith.errors import UserError
 from draftsmith.pipeline.config import PipelineConfig
 from draftsmith.pipeline.run import check_common, parse_stages, plan_stages, run, stage_changes
 
-PAIRS = [{"prompt": "Name a prime number.", "response": "Seven is a prime number."},
-         {"prompt": "Say hi.", "response": "Hi!"}]
+PAIRS = [
+    {"prompt": "Name a prime number.", "response": "Seven is a prime number."},
+    {"prompt": "Say hi.", "response": "Hi!"},
+]
 
 
 def write_pipeline(tmp_path, target, out):
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in PAIRS))
     cfg = tmp_path / "p.yaml"
-    cfg.write_text(f"out: {tmp_path / 'run'}\ntarget: {target}\nstages:\n"
-                   f"  - prepare: {{data: {data}, out: {out}}}\n")
+    cfg.write_text(f"out: {tmp_path / 'run'}\ntarget: {target}\nstages:\n  - prepare: {{data: {data}, out: {out}}}\n")
     return PipelineConfig(pipeline_config=cfg)
 
 
@@ -66,7 +67,9 @@ def test_a_stage_whose_options_changed_is_rerun(tmp_path, tiny_target_dir, capsy
     assert load_dataset(out).meta["max_len"] == 2048
     run(cfg)
     assert "done earlier, skipped" in capsys.readouterr().out
-    cfg.pipeline_config.write_text(cfg.pipeline_config.read_text().replace(f"out: {out}}}", f"out: {out}, max_len: 40}}"))
+    cfg.pipeline_config.write_text(
+        cfg.pipeline_config.read_text().replace(f"out: {out}}}", f"out: {out}, max_len: 40}}")
+    )
     run(cfg)
     assert "changed since it ran (max_len): running it again" in capsys.readouterr().out
     assert load_dataset(out).meta["max_len"] == 40
@@ -79,9 +82,13 @@ def test_the_old_layers_key_still_works_with_a_warning(tmp_path, capsys):
     deprecation warning; a stage's own option beats the top level's under either name, and a
     marker written before the rename (recording `layers`) does not count as changed options."""
     spec = {"target": "t", "layers": [8, 2, 5]}
-    stages = parse_stages([{"extract": {"dataset_dir": "ds"}},
-                           {"train": {"dataset_dir": "ds", "layers": [1, 2, 3]}},
-                           {"train": {"name": "other", "dataset_dir": "ds", "aux_layer_ids": [3, 4, 5]}}])
+    stages = parse_stages(
+        [
+            {"extract": {"dataset_dir": "ds"}},
+            {"train": {"dataset_dir": "ds", "layers": [1, 2, 3]}},
+            {"train": {"name": "other", "dataset_dir": "ds", "aux_layer_ids": [3, 4, 5]}},
+        ]
+    )
     check_common(tmp_path / "p.yaml", spec, stages)
     planned = plan_stages(tmp_path / "run", stages, spec)
     assert [p.cfg.aux_layer_ids for p in planned] == [[2, 5, 8], [1, 2, 3], [3, 4, 5]]
@@ -106,8 +113,10 @@ def test_a_stage_whose_input_was_made_again_is_rerun(tmp_path, tiny_target_dir, 
     cfg = tmp_path / "p.yaml"
 
     def write(max_len):
-        cfg.write_text(f"out: {tmp_path / 'run'}\ntarget: {tiny_target_dir}\nstages:\n"
-                       f"  - prepare: {{data: {data}, max_len: {max_len}}}\n  - vocab: {{draft_vocab_size: 50}}\n")
+        cfg.write_text(
+            f"out: {tmp_path / 'run'}\ntarget: {tiny_target_dir}\nstages:\n"
+            f"  - prepare: {{data: {data}, max_len: {max_len}}}\n  - vocab: {{draft_vocab_size: 50}}\n"
+        )
 
     def pipeline(only=None):
         run(PipelineConfig(pipeline_config=cfg, only=only))
@@ -122,7 +131,10 @@ def test_a_stage_whose_input_was_made_again_is_rerun(tmp_path, tiny_target_dir, 
     assert pipeline().count("done earlier, skipped") == 2
     write(40)  # prepare runs again in this run: vocab follows
     out = pipeline()
-    assert "prepare: changed since it ran (max_len)" in out and "vocab: changed since it ran (input prepare made again)" in out
+    assert (
+        "prepare: changed since it ran (max_len)" in out
+        and "vocab: changed since it ran (input prepare made again)" in out
+    )
     assert json.loads(vocab_done.read_text())["id"] != first["id"]
     write(64)  # prepare alone now, vocab in a later run
     assert "vocab: not selected" in pipeline(["prepare"])

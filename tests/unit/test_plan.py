@@ -14,14 +14,31 @@ def test_plan_table(tmp_path, tiny_target_dir):
     rng = np.random.default_rng(0)
     samples = [rng.integers(0, 49152, size=30).tolist() for _ in range(10)]
     ds = write_tokenized_dataset(tmp_path / "ds", samples)
-    r = CliRunner().invoke(app, ["plan", str(ds), "--target", str(tiny_target_dir), "--device", "cpu",
-                                 "--hidden-dir", str(tmp_path), "--calibrate-tokens", "64", "--ttt", "2"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            str(ds),
+            "--target",
+            str(tiny_target_dir),
+            "--device",
+            "cpu",
+            "--hidden-dir",
+            str(tmp_path),
+            "--calibrate-tokens",
+            "64",
+            "--ttt",
+            "2",
+        ],
+    )
     assert r.exit_code == 0, r.output
     for stage in ("extract", "train (offline)", "train (online)"):
         assert stage in r.output
     assert human_bytes(projected_bytes(300, 10, 3, 64, 4)) in r.output  # fp32 on CPU, layers [0, 1, 2]
     assert "tok/s" in r.output and ": fits" in r.output
-    r = CliRunner().invoke(app, ["plan", str(ds), "--target", str(tiny_target_dir), "--device", "cpu", "--no-calibrate"])
+    r = CliRunner().invoke(
+        app, ["plan", str(ds), "--target", str(tiny_target_dir), "--device", "cpu", "--no-calibrate"]
+    )
     assert r.exit_code == 0 and "calibration" not in r.output
 
 
@@ -33,8 +50,9 @@ def test_extract_plan_loads_no_weights_and_writes_nothing(tmp_path, tiny_target_
 
     monkeypatch.setattr("draftsmith.extract.run.load_target", no_weights)
     out = tmp_path / "store"
-    r = CliRunner().invoke(app, ["extract", str(ds), "--target", str(tiny_target_dir), "--out", str(out), "--plan",
-                                 "--dtype", "bf16"])
+    r = CliRunner().invoke(
+        app, ["extract", str(ds), "--target", str(tiny_target_dir), "--out", str(out), "--plan", "--dtype", "bf16"]
+    )
     assert r.exit_code == 0, r.output
     whole = projected_bytes(300, 10, 3, 64, 2)  # bf16, the default layers [0, 1, 2] of 2 hidden-64 layers
     assert f"layers [0, 1, 2] of 2, hidden size 64, bfloat16: the store takes ~{human_bytes(whole)}" in r.output
@@ -54,9 +72,13 @@ def test_plan_sizes_the_drafter_train_would_build(tmp_path, tiny_target_dir):
     rows = []
     for shape in ({}, {"draft_vocab_size": 500, "intermediate_size": "4x", "num_layers": 2}):
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()]
-        r = CliRunner().invoke(app, ["plan", str(ds), "--target", str(tiny_target_dir), "--device", "cpu", "--no-calibrate", *flags])
+        r = CliRunner().invoke(
+            app, ["plan", str(ds), "--target", str(tiny_target_dir), "--device", "cpu", "--no-calibrate", *flags]
+        )
         assert r.exit_code == 0, r.output
-        drafter = Eagle3Drafter(DrafterShape(**shape).shaped(DrafterConfig.from_target(tc, shape.get("draft_vocab_size", 32000), [0, 1, 2])))
+        drafter = Eagle3Drafter(
+            DrafterShape(**shape).shaped(DrafterConfig.from_target(tc, shape.get("draft_vocab_size", 32000), [0, 1, 2]))
+        )
         trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
         frozen = sum(p.numel() for p in drafter.parameters() if not p.requires_grad)
         expected = human_bytes(trainable * ADAM_BYTES_PER_PARAM + frozen * 4)

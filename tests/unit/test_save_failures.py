@@ -58,16 +58,31 @@ def test_a_one_token_draft_vocab_is_refused_with_the_reason() -> None:
 def test_check_finite_names_the_weights() -> None:
     check_finite({"a": torch.ones(2), "ids": torch.arange(2)}, "drafter d")
     with pytest.raises(UserError, match=r"drafter d: NaN or Inf weights in b, c"):
-        check_finite({"a": torch.ones(2), "b": torch.tensor([float("inf")]), "c": torch.tensor([float("nan")])}, "drafter d")
+        check_finite(
+            {"a": torch.ones(2), "b": torch.tensor([float("inf")]), "c": torch.tensor([float("nan")])}, "drafter d"
+        )
 
 
 def _store(tmp_path: Path, size: int, data: bytes) -> StoreReader:
     (tmp_path / "rows_0-1999").mkdir()
     (tmp_path / "rows_0-1999" / "0.safetensors").write_bytes(data)
-    (tmp_path / "store.json").write_text(json.dumps({"format": "draftsmith-hidden-store", "version": 1, "n_aux": 3,
-                                                     "hidden_size": 4, "aux_layer_ids": [0, 1, 2]}))
-    (tmp_path / MANIFEST).write_text(json.dumps({"sample_id": 0, "path": "rows_0-1999/0.safetensors", "tokens": 2,
-                                                 "bytes": size, "crc32": "00000000"}) + "\n")
+    (tmp_path / "store.json").write_text(
+        json.dumps(
+            {
+                "format": "draftsmith-hidden-store",
+                "version": 1,
+                "n_aux": 3,
+                "hidden_size": 4,
+                "aux_layer_ids": [0, 1, 2],
+            }
+        )
+    )
+    (tmp_path / MANIFEST).write_text(
+        json.dumps(
+            {"sample_id": 0, "path": "rows_0-1999/0.safetensors", "tokens": 2, "bytes": size, "crc32": "00000000"}
+        )
+        + "\n"
+    )
     return StoreReader(tmp_path)
 
 

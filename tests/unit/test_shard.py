@@ -30,7 +30,9 @@ def test_torchrun_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_offloading_is_refused() -> None:
     model = make_tiny_llama(300)
     model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", "lm_head": "disk"}
-    with pytest.raises(UserError, match="does not fit on the .* visible GPUs: --shard auto would put part of it on the cpu and disk"):
+    with pytest.raises(
+        UserError, match="does not fit on the .* visible GPUs: --shard auto would put part of it on the cpu and disk"
+    ):
         placement(model, "tiny")
 
 
@@ -47,5 +49,7 @@ def test_loading_split_goes_through_device_map(monkeypatch: pytest.MonkeyPatch, 
     from draftsmith.target import load_target
 
     monkeypatch.setattr("draftsmith.target.check_shard", lambda shard: None)
-    with pytest.raises(UserError, match="does not fit on the 0 visible GPUs: --shard auto would put part of it on the cpu"):
+    with pytest.raises(
+        UserError, match="does not fit on the 0 visible GPUs: --shard auto would put part of it on the cpu"
+    ):
         load_target(str(tiny_target_dir), device="cpu", shard="auto")

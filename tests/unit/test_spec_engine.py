@@ -42,7 +42,9 @@ def test_tree_mask_forward_equals_each_path(tiny_model):
     depths = torch.tensor([1, 2, 3, 1, 2])
     root = torch.tensor([3])
     ids = torch.cat([root, rows])
-    offsets = torch.cat([torch.zeros(1, dtype=torch.long), depths])[None]  # [1, 6]: positions after the 10 cached tokens
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), depths])[
+        None
+    ]  # [1, 6]: positions after the 10 cached tokens
     anc = tree_ancestors(torch.tensor([parents]), 3)  # [1, 6, 6]
     logits, _ = eng.rows_forward(ids[None], torch.tensor([0]), torch.tensor([10]), anc, offsets)
     logits = logits[0]
@@ -60,8 +62,9 @@ def test_tree_mask_forward_equals_each_path(tiny_model):
 
 def test_plain_greedy_equals_hf_generate(tiny_model):
     prompt = [1, 50, 60, 70, 80]
-    ref = tiny_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=16, eos_token_id=None,
-                              pad_token_id=0, min_new_tokens=16)[0, len(prompt):].tolist()
+    ref = tiny_model.generate(
+        torch.tensor([prompt]), do_sample=False, max_new_tokens=16, eos_token_id=None, pad_token_id=0, min_new_tokens=16
+    )[0, len(prompt) :].tolist()
     out = plain_generate(engine_for(tiny_model), prompt, 16, set(), Sampling())
     assert out.tokens == ref
 
@@ -69,7 +72,15 @@ def test_plain_greedy_equals_hf_generate(tiny_model):
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_greedy_spec_equals_plain_random_drafter(tiny_model, mode):
     eng = engine_for(tiny_model)
-    prop = DrafterProposer(random_drafter(tiny_model, draft_vocab_size=4000, stride=2), Sampling(), eng.max_len, mode=mode, depth=3, top_k=3, total_tokens=8)
+    prop = DrafterProposer(
+        random_drafter(tiny_model, draft_vocab_size=4000, stride=2),
+        Sampling(),
+        eng.max_len,
+        mode=mode,
+        depth=3,
+        top_k=3,
+        total_tokens=8,
+    )
     for seed in range(3):
         prompt = torch.randint(0, 1000, (8,), generator=torch.Generator().manual_seed(seed)).tolist()
         plain = plain_generate(eng, prompt, 20, set(), Sampling())
@@ -112,7 +123,9 @@ def test_batch_rows_decode_as_each_alone(tiny_model, mode):
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 1000, (n,), generator=gen).tolist() for n in (8, 3, 12)]
     alone = [plain_generate(engine_for(tiny_model), p, 20, set(), Sampling()).tokens for p in prompts]
-    stop = {next(t for i, t in enumerate(alone[1]) if i >= 3 and t not in alone[1][:i])}  # row 1 stops after a few tokens
+    stop = {
+        next(t for i, t in enumerate(alone[1]) if i >= 3 and t not in alone[1][:i])
+    }  # row 1 stops after a few tokens
     alone = [plain_generate(engine_for(tiny_model), p, 20, stop, Sampling()).tokens for p in prompts]
     eng = TargetEngine(tiny_model, default_aux_layers(2), 256, batch=3)
     prop = DrafterProposer(drafter, Sampling(), 256, mode=mode, depth=3, top_k=3, total_tokens=8, batch=3)
@@ -134,8 +147,15 @@ def test_a_failed_graph_capture_drafts_without_graphs(tiny_model, mode, monkeypa
         raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture")
 
     monkeypatch.setattr(proposer_mod, "Graphed", refuse)
-    prop = DrafterProposer(random_drafter(tiny_model, draft_vocab_size=4000, stride=2), Sampling(), 64, mode=mode,
-                           depth=3, top_k=3, total_tokens=8)
+    prop = DrafterProposer(
+        random_drafter(tiny_model, draft_vocab_size=4000, stride=2),
+        Sampling(),
+        64,
+        mode=mode,
+        depth=3,
+        top_k=3,
+        total_tokens=8,
+    )
     prop.device = torch.device("cuda")  # graph() captures on CUDA only
     prop.graph()
     prop.device = torch.device("cpu")
@@ -154,8 +174,9 @@ def test_chain_draft_step_inputs_start_on_16_bytes(tiny_model, max_len):
     graph) a compiled step's input that does not. The steps see what the unsliced rule gives."""
     prop = DrafterProposer(random_drafter(tiny_model), Sampling(), max_len, mode="chain", depth=4)
     seen = []
-    prop._step = lambda hidden, ids, pos, slots, mask: seen.append((pos, slots, mask)) or (
-        torch.zeros(hidden.shape[0], 1, prop.chain_masks.shape[0] + 1000), hidden)
+    prop._step = lambda hidden, ids, pos, slots, mask: (
+        seen.append((pos, slots, mask)) or (torch.zeros(hidden.shape[0], 1, prop.chain_masks.shape[0] + 1000), hidden)
+    )
     n, base = torch.tensor([5, 9]), torch.tensor([0, 2])
     prop._chain_from(torch.zeros(2, 1000), torch.zeros(2, tiny_model.config.hidden_size), base, n)
     assert len(seen) == 3

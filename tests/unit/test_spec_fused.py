@@ -55,13 +55,15 @@ class HostReads(TorchFunctionMode):
         super().__init__()
         self.reads: list[str] = []
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         read = name in self.HOST
         if name in ("__getitem__", "__setitem__"):
             index = args[1] if isinstance(args[1], tuple) else (args[1],)
             read = any(isinstance(i, torch.Tensor) and (i.dim() == 0 or i.dtype == torch.bool) for i in index)
-            if name == "__setitem__" and not isinstance(args[2], torch.Tensor):  # x[tensor index] = scalar: the scalar is
+            if name == "__setitem__" and not isinstance(
+                args[2], torch.Tensor
+            ):  # x[tensor index] = scalar: the scalar is
                 read |= any(isinstance(i, torch.Tensor) for i in index)  # copied to the device (capture refuses it)
         assert not (read and self.strict), name
         if read:
@@ -73,7 +75,7 @@ class NoHostReads(HostReads):
     strict = True
 
 
-def prompt_state(eng: TargetEngine, prop, prompts: list[list[int]]) -> torch.Tensor:  # noqa: ANN001
+def prompt_state(eng: TargetEngine, prop, prompts: list[list[int]]) -> torch.Tensor:
     """Prefill `prompts` and let `prop` observe them (each followed by its own first token);
     returns the aux states [B, P, n_aux*H]."""
     _, aux, ids, pad = eng.prefill_rows(prompts)
@@ -96,7 +98,10 @@ def test_cycle_never_reads_the_host():
         prop.propose()
     with NoHostReads(), pytest.raises(AssertionError):  # the guard works
         prop.vocab_map[torch.tensor(1)]
-    with NoHostReads(), pytest.raises(AssertionError):  # an index_put of a host scalar (what capture refused on the H200)
+    with (
+        NoHostReads(),
+        pytest.raises(AssertionError),
+    ):  # an index_put of a host scalar (what capture refused on the H200)
         prop.k_cache[:, torch.arange(1)] = 0
 
 
@@ -113,7 +118,13 @@ def test_verify_chain_greedy_equals_verify_tree():
     a_t, path, new_t, host = verify_tree(tree.tokens, tree.parents, tree.depths, tree.anc, logits, Sampling(), k + 1)
     assert a.tolist() == a_t.tolist() == list(range(k + 1)) and path.tolist() == [list(range(k + 1))] * (k + 1)
     for j in range(k + 1):
-        assert new[j] == host[j] == tokens[j, :j].tolist() + [int(top[j, j])] == top_d[j, : j + 1].tolist() == new_t[j, : j + 1].tolist()
+        assert (
+            new[j]
+            == host[j]
+            == tokens[j, :j].tolist() + [int(top[j, j])]
+            == top_d[j, : j + 1].tolist()
+            == new_t[j, : j + 1].tolist()
+        )
 
 
 @pytest.mark.parametrize("mode", ["chain", "tree"])
@@ -137,8 +148,10 @@ def test_rows_draft_as_each_alone(device, mode):
     drafts = []
     for ms in [(1, 2), (3, 1), (5, 5), (2, 0), (1, 4)]:  # m = 0: row 1 parked at position 0
         length = both.path_len
-        rows = (aux[:, :length] + torch.randn(2, length, aux.shape[-1], generator=g).to(device),
-                torch.randint(0, V, (2, length), generator=g).to(device))
+        rows = (
+            aux[:, :length] + torch.randn(2, length, aux.shape[-1], generator=g).to(device),
+            torch.randint(0, V, (2, length), generator=g).to(device),
+        )
         ours = both.propose()
         for b, p in enumerate(alone):
             ref = p.propose()
@@ -151,11 +164,13 @@ def test_rows_draft_as_each_alone(device, mode):
         for b, p in enumerate(alone):
             if b == 0 and ms[0] > 1:  # row 0 staged one row at a time instead
                 for j in range(int(m[0])):
-                    p.observe(rows[0][:1, j:j + 1], rows[1][:1, j:j + 1], torch.ones(1, dtype=torch.long, device=device))
+                    p.observe(
+                        rows[0][:1, j : j + 1], rows[1][:1, j : j + 1], torch.ones(1, dtype=torch.long, device=device)
+                    )
                     if j < int(m[0]) - 1:
                         p.propose()
             else:
-                p.observe(rows[0][b:b + 1], rows[1][b:b + 1], m[b:b + 1])
+                p.observe(rows[0][b : b + 1], rows[1][b : b + 1], m[b : b + 1])
     assert both.n.tolist() == [p.n.item() for p in alone] and len(set(drafts)) > 3  # the drafts vary
 
 
@@ -188,7 +203,10 @@ def test_fused_spec_keeps_tokens_and_accepts(device):
     drafter = echo_drafter(model).to(device)
     accepts = []
     for prompt in ([1, 5, 7, 3, 9], [2, 2, 8], [6, 10]):
-        fused, steps = (DrafterProposer(drafter, Sampling(), 64, mode="chain", depth=3, compile=c) for c in (device == "cuda", False))
+        fused, steps = (
+            DrafterProposer(drafter, Sampling(), 64, mode="chain", depth=3, compile=c)
+            for c in (device == "cuda", False)
+        )
         for p in (fused, steps):
             p.graph()
         assert fused.compiled == (device == "cuda")  # on CUDA: the compiled step inside the captured cycle
@@ -204,12 +222,15 @@ def test_fused_spec_keeps_tokens_and_accepts(device):
 def graphless(eng: TargetEngine) -> TargetEngine:
     """The engine's forward over the whole cache width, as its CUDA graphs run it (the eager
     CPU path reads the mask on the host to attend over only the slots in use)."""
-    eng._forward_eager = lambda ids, pos, slots, mask, last_only=False: TargetEngine._forward(  # noqa: E731
-        eng, ids, pos, slots, mask[:, None], last_only)
+    eng._forward_eager = lambda ids, pos, slots, mask, last_only=False: TargetEngine._forward(
+        eng, ids, pos, slots, mask[:, None], last_only
+    )
     return eng
 
 
-@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0, top_p=0.9, seed=0)], ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "sampling", [Sampling(), Sampling(temperature=1.0, top_p=0.9, seed=0)], ids=["greedy", "sampled"]
+)
 def test_tree_cycle_reads_the_host_once(sampling):
     """A tree cycle of two rows: the draft (top-k, selection, parent rows, ancestor mask) reads
     nothing on the host; the cycle (draft, tree-mask forward, `verify_tree`, compaction, staged
@@ -219,7 +240,9 @@ def test_tree_cycle_reads_the_host_once(sampling):
     model = tiny_vocab_llama()
     with torch.no_grad():
         eng = graphless(TargetEngine(model, [0, 1, 2], max_len=64, batch=2))
-        prop = DrafterProposer(echo_drafter(model), sampling, 64, mode="tree", depth=3, top_k=2, total_tokens=5, batch=2)
+        prop = DrafterProposer(
+            echo_drafter(model), sampling, 64, mode="tree", depth=3, top_k=2, total_tokens=5, batch=2
+        )
         prompts = [[1, 5, 7, 3, 9, 2, 4], [8, 2]]
         _, aux, ids, pad = eng.prefill_rows(prompts)
         root = torch.tensor([[4], [6]])  # [B, 1]
@@ -245,7 +268,9 @@ def test_fused_tree_equals_plain(device):
     drafter = echo_drafter(model).to(device)
     accepts = []
     for prompt in ([1, 5, 7, 3, 9], [2, 2, 8], [6, 10]):
-        prop = DrafterProposer(drafter, Sampling(), 64, mode="tree", depth=3, top_k=2, total_tokens=5, compile=device == "cuda")
+        prop = DrafterProposer(
+            drafter, Sampling(), 64, mode="tree", depth=3, top_k=2, total_tokens=5, compile=device == "cuda"
+        )
         for t in (1, prop.size + 1):
             eng.graph_rows(t)
         eng.graph_compact(prop.path_len)
@@ -268,8 +293,10 @@ def test_compiled_drafter_step_drafts_the_same(mode):
     model = tiny_vocab_llama()
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
     drafter = echo_drafter(model)
-    eager, compiled = (DrafterProposer(drafter, Sampling(), 64, mode=mode, depth=3, top_k=2, total_tokens=4, compile=c)
-                       for c in (False, True))
+    eager, compiled = (
+        DrafterProposer(drafter, Sampling(), 64, mode=mode, depth=3, top_k=2, total_tokens=4, compile=c)
+        for c in (False, True)
+    )
     assert compiled.draft_region is not None  # the draft's steps compiled as one region
     prompt = [1, 5, 7, 3, 9, 2, 4]
     for p in (eager, compiled):
@@ -292,7 +319,9 @@ def test_compiled_draft_of_a_deeper_drafter_drafts_the_same():
     model = tiny_vocab_llama()
     eng = TargetEngine(model, [0, 1, 2], max_len=64)
     drafter = tiny_vocab_drafter(model, num_layers=2)
-    eager, compiled = (DrafterProposer(drafter, Sampling(), 64, mode="chain", depth=3, compile=c) for c in (False, True))
+    eager, compiled = (
+        DrafterProposer(drafter, Sampling(), 64, mode="chain", depth=3, compile=c) for c in (False, True)
+    )
     aux = [prompt_state(eng, p, [[1, 5, 7, 3, 9, 2, 4]]) for p in (eager, compiled)][0]
     drafts = []
     for m in (3, 1, 2):
@@ -301,4 +330,8 @@ def test_compiled_draft_of_a_deeper_drafter_drafts_the_same():
         drafts.append(ref.tokens)
         for p in (eager, compiled):
             p.observe(aux[:, -3:], aux[:, -3:, 0].long().abs() % V, torch.tensor([m]))
-    assert compiled.compiled and compiled.draft_region is not None and len({tuple(t.flatten().tolist()) for t in drafts}) > 1
+    assert (
+        compiled.compiled
+        and compiled.draft_region is not None
+        and len({tuple(t.flatten().tolist()) for t in drafts}) > 1
+    )

@@ -15,19 +15,23 @@ from draftsmith.runtime.sampling import Sampling, target_probs, verify_chain_sam
 from tests.helpers import V, tiny_vocab_drafter, tiny_vocab_llama
 
 
-def verify_as(mode: str, tokens: list[int], parents: list[int], logits: torch.Tensor, sampling: Sampling,
-              q: torch.Tensor | None) -> tuple[list[int], int]:
+def verify_as(
+    mode: str, tokens: list[int], parents: list[int], logits: torch.Tensor, sampling: Sampling, q: torch.Tensor | None
+) -> tuple[list[int], int]:
     """`verify_chain_sampled` or `verify_tree` on one row, as (accepted rows, next token)."""
     if mode == "chain":
-        accepted, _, new = verify_chain_sampled(torch.tensor([tokens]), None if q is None else q[None], logits[None], sampling)
+        accepted, _, new = verify_chain_sampled(
+            torch.tensor([tokens]), None if q is None else q[None], logits[None], sampling
+        )
         return list(range(int(accepted[0]) + 1)), new[0][-1]
     depths = torch.zeros(len(parents) + 1, dtype=torch.long)
     for i, p in enumerate(parents):
         depths[i + 1] = depths[p] + 1
     depth = int(depths.max())
     anc = tree_ancestors(torch.tensor([parents]), depth)
-    accepted, path, _, new = verify_tree(torch.tensor([tokens]), torch.tensor([parents]), depths[None, 1:], anc, logits[None],
-                                         sampling, depth + 1)
+    accepted, path, _, new = verify_tree(
+        torch.tensor([tokens]), torch.tensor([parents]), depths[None, 1:], anc, logits[None], sampling, depth + 1
+    )
     return path[0, : int(accepted[0]) + 1].tolist(), new[0][-1]
 
 
@@ -35,7 +39,9 @@ CHI2_CRIT_DF11 = 31.26  # p = 0.001
 ROWS = 8  # the rows of one batch, each an independent verification step from the same state
 
 
-def first_emitted(mode: str, residual: bool, n: int, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor, float]:
+def first_emitted(
+    mode: str, residual: bool, n: int, temperature: float, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Counts of the first token emitted after the root by n independent verification steps
     (real engine, real drafter, as eval runs them: batches of ROWS rows drafted, verified on
     the target's tree-mask forward and accepted on the device), the target's distribution
@@ -43,8 +49,16 @@ def first_emitted(mode: str, residual: bool, n: int, temperature: float, top_p: 
     model = tiny_vocab_llama()
     eng = TargetEngine(model, [0, 1, 2], max_len=64, batch=ROWS)
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=0, residual=residual)
-    prop = DrafterProposer(tiny_vocab_drafter(model), sampling, 64, mode=mode, depth=1 if mode == "chain" else 2, top_k=3,
-                           total_tokens=6, batch=ROWS)
+    prop = DrafterProposer(
+        tiny_vocab_drafter(model),
+        sampling,
+        64,
+        mode=mode,
+        depth=1 if mode == "chain" else 2,
+        top_k=3,
+        total_tokens=6,
+        batch=ROWS,
+    )
     prompt, root = [1, 5, 7, 3, 9], 4
     _, aux, ids, pad = eng.prefill_rows([prompt] * ROWS)
     roots = torch.full((ROWS, 1), root)
@@ -61,7 +75,9 @@ def first_emitted(mode: str, residual: bool, n: int, temperature: float, top_p: 
         else:
             offsets = torch.cat([torch.zeros(ROWS, 1, dtype=torch.long), draft.depths], dim=1)
             logits, _ = eng.rows_forward(rows, pad, at, draft.anc, offsets)
-            a, _, new, host = verify_tree(draft.tokens, draft.parents, draft.depths, draft.anc, logits, sampling, prop.path_len)
+            a, _, new, host = verify_tree(
+                draft.tokens, draft.parents, draft.depths, draft.anc, logits, sampling, prop.path_len
+            )
         for h in host:
             counts[h[0]] += 1  # the first accepted draft, or the correction
         accepted += int(a.sum())
@@ -112,7 +128,9 @@ def chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
 
 
-@pytest.mark.parametrize("mode,temperature,top_p", [("chain", 1.0, 1.0), ("tree", 1.0, 1.0), ("chain", 0.7, 0.9), ("tree", 0.7, 0.9)])
+@pytest.mark.parametrize(
+    "mode,temperature,top_p", [("chain", 1.0, 1.0), ("tree", 1.0, 1.0), ("chain", 0.7, 0.9), ("tree", 0.7, 0.9)]
+)
 def test_speculative_sampling_matches_target(mode, temperature, top_p):
     counts, ref, mean_accept = first_emitted(mode, residual=True, n=2000, temperature=temperature, top_p=top_p)
     assert mean_accept > 0.2  # the drafts are accepted often enough for the test to mean something
@@ -144,7 +162,9 @@ def test_sampled_chain_draws_follow_q_at_every_position():
     slice would fail)."""
     model = tiny_vocab_llama()
     eng = TargetEngine(model, [0, 1, 2], max_len=64, batch=ROWS)
-    prop = DrafterProposer(tiny_vocab_drafter(model), Sampling(temperature=1.0, seed=0), 64, mode="chain", depth=3, batch=ROWS)
+    prop = DrafterProposer(
+        tiny_vocab_drafter(model), Sampling(temperature=1.0, seed=0), 64, mode="chain", depth=3, batch=ROWS
+    )
     prompt, root = [1, 5, 7, 3, 9], 4
     _, aux, ids, pad = eng.prefill_rows([prompt] * ROWS)
     prop.observe_prompt(aux, torch.cat([ids[:, 1:], torch.full((ROWS, 1), root)], dim=1), pad)

@@ -7,10 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from draftsmith.errors import UserError
 from draftsmith.data.store import (
-    MANIFEST, STORE_FILE, StoreReader, length_batches, new_store_meta, read_manifest, sample_relpath,
+    MANIFEST,
+    STORE_FILE,
+    StoreReader,
+    length_batches,
+    new_store_meta,
+    read_manifest,
+    sample_relpath,
 )
+from draftsmith.errors import UserError
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
 from draftsmith.fsutil import atomic_write_json
 from tests.helpers import flip_tail
@@ -32,7 +38,12 @@ def write_fake_store(out, lengths, sample_ids=None, dtype=torch.bfloat16):
     aux_all, final_all = torch.cat(aux), torch.cat(final)  # [N, n_aux*H], [N, H]
     buffers = HostBuffers(2, torch.device("cpu"))
     w = StoreWriter(out, out / MANIFEST, {"fingerprint": "abc"}, N_AUX, H, buffers, threads=2)
-    w.submit(samples, {"aux": aux_all, "final": final_all, "finite": torch.ones(len(aux_all), dtype=torch.bool)}, None, buffers.acquire())
+    w.submit(
+        samples,
+        {"aux": aux_all, "final": final_all, "finite": torch.ones(len(aux_all), dtype=torch.bool)},
+        None,
+        buffers.acquire(),
+    )
     results = w.drain()
     w.close()
     return samples, aux, final, results
@@ -70,7 +81,12 @@ def test_nonfinite_rows_are_counted_not_written(tmp_path):
     finite = torch.ones(7, dtype=torch.bool)
     finite[5] = False  # second sample, its third token
     samples = [(0, np.zeros(3, np.int32), np.zeros(3, np.uint8)), (1, np.zeros(4, np.int32), np.zeros(4, np.uint8))]
-    w.submit(samples, {"aux": torch.zeros(7, N_AUX * H), "final": torch.zeros(7, H), "finite": finite}, None, buffers.acquire())
+    w.submit(
+        samples,
+        {"aux": torch.zeros(7, N_AUX * H), "final": torch.zeros(7, H), "finite": finite},
+        None,
+        buffers.acquire(),
+    )
     (result,) = w.drain()
     assert result.samples == 1 and len(result.errors) == 1 and "sample 1" in result.errors[0]
     assert StoreReader(tmp_path).sample_ids == [0]
@@ -120,7 +136,9 @@ def test_every_read_verifies_the_checksum(tmp_path):
     write_fake_store(tmp_path, [100, 5])  # sample 0: 6.9 KB of tensor data
     reader = StoreReader(tmp_path)
     flip_tail(reader.file(0))
-    with pytest.raises(UserError, match=re.escape(f"{reader.file(0)}: sample 0 is corrupt") + ".*delete the file and rerun"):
+    with pytest.raises(
+        UserError, match=re.escape(f"{reader.file(0)}: sample 0 is corrupt") + ".*delete the file and rerun"
+    ):
         reader[0]
     assert reader[1]["input_ids"].tolist() == list(range(5))
     reader.file(1).unlink()
@@ -188,18 +206,29 @@ def test_check_store_matches_its_dataset_and_target(tmp_path, tiny_target):
     ds = write_tokenized_dataset(tmp_path / "ds", [[5, 6, 7], [8, 9]])
     other = load_dataset(write_tokenized_dataset(tmp_path / "other", [[5, 6, 7], [8, 10]]))  # same counts
     store, info = tmp_path / "store", tiny_target.info
-    atomic_write_json(store / STORE_FILE, new_store_meta(info.to_dict(), [0, 1, 2], "float32", dataset_identity(load_dataset(ds))))
+    atomic_write_json(
+        store / STORE_FILE, new_store_meta(info.to_dict(), [0, 1, 2], "float32", dataset_identity(load_dataset(ds)))
+    )
     check_store_matches(store, load_dataset(shutil.copytree(ds, tmp_path / "copy")), info)
-    with pytest.raises(UserError, match=rf"not made from the dataset {other.path}.*dataset fingerprint: store made from"):
+    with pytest.raises(
+        UserError, match=rf"not made from the dataset {other.path}.*dataset fingerprint: store made from"
+    ):
         check_store_matches(store, other, info)
-    with pytest.raises(UserError, match=r"target fingerprint: store made for 'tiny-llama' \(in-memory\), this run has 'tiny-llama' \(x\)"):
+    with pytest.raises(
+        UserError,
+        match=r"target fingerprint: store made for 'tiny-llama' \(in-memory\), this run has 'tiny-llama' \(x\)",
+    ):
         check_store_matches(store, load_dataset(ds), dataclasses.replace(info, fingerprint="x"))
     # a store made before datasets were fingerprinted is checked on its sample and token counts
-    atomic_write_json(store / STORE_FILE, new_store_meta(info.to_dict(), [0, 1, 2], "float32", {"samples": 2, "tokens": 5}))
+    atomic_write_json(
+        store / STORE_FILE, new_store_meta(info.to_dict(), [0, 1, 2], "float32", {"samples": 2, "tokens": 5})
+    )
     check_store_matches(store, other, info)
     with pytest.raises(UserError, match="dataset tokens: store made from 5, this run has 4"):
         check_store_matches(store, load_dataset(write_tokenized_dataset(tmp_path / "short", [[5, 6, 7], [8]])), info)
     # a store captured at layers no engine serves (written before the layer rule) is refused for training
-    atomic_write_json(store / STORE_FILE, new_store_meta(info.to_dict(), [0, 1], "float32", dataset_identity(load_dataset(ds))))
+    atomic_write_json(
+        store / STORE_FILE, new_store_meta(info.to_dict(), [0, 1], "float32", dataset_identity(load_dataset(ds)))
+    )
     with pytest.raises(UserError, match=r"store .*: layer ids \[0, 1\]: EAGLE-3 takes exactly 3 .*extract a new store"):
         check_store_matches(store, load_dataset(ds), info)

@@ -4,14 +4,19 @@ from draftsmith.synth.filters import dedupe, judge, repetition_loop, strip_think
 
 
 def _conv(cid, *users, system=None):
-    msgs = ([{"role": "system", "content": system}] if system else [])
+    msgs = [{"role": "system", "content": system}] if system else []
     msgs += [{"role": "user", "content": u} for u in users]
     return {"id": cid, "messages": msgs}
 
 
 def test_dedupe_ignores_whitespace_and_case_but_not_system_or_turns():
-    convs = [_conv("a", "What is 2+2?"), _conv("b", "what is  2+2? "), _conv("c", "What is 2+2?", system="Be terse."),
-             _conv("d", "What is 2+2?", "And 3+3?"), _conv("e", "What is 2+3?")]
+    convs = [
+        _conv("a", "What is 2+2?"),
+        _conv("b", "what is  2+2? "),
+        _conv("c", "What is 2+2?", system="Be terse."),
+        _conv("d", "What is 2+2?", "And 3+3?"),
+        _conv("e", "What is 2+3?"),
+    ]
     kept, dropped = dedupe(convs)
     assert [c["id"] for c in kept] == ["a", "c", "d", "e"] and dropped == 1
 

@@ -31,9 +31,16 @@ def _greedy(n: int) -> Sampling:
 def _hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     ids = torch.tensor([prompt])
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                             min_new_tokens=n, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(scope="module")

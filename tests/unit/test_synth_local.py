@@ -22,12 +22,21 @@ def _chat(q):
 
 def _reference(target, request, max_new_tokens):
     tok = target.tokenizer
-    ids = tok(tok.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True),
-              add_special_tokens=False, return_tensors="pt")["input_ids"]
+    ids = tok(
+        tok.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True),
+        add_special_tokens=False,
+        return_tensors="pt",
+    )["input_ids"]
     with torch.inference_mode():
-        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                                    eos_token_id=sorted(stop_token_ids(target)), pad_token_id=tok.pad_token_id)
-    return out[0, ids.shape[1]:].tolist()
+        out = target.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=sorted(stop_token_ids(target)),
+            pad_token_id=tok.pad_token_id,
+        )
+    return out[0, ids.shape[1] :].tolist()
 
 
 def test_template_markers(tokenizer):
@@ -42,7 +51,9 @@ GENERATORS = pytest.mark.parametrize("generator", ["hf", "engine"])
 
 @GENERATORS
 def test_batched_greedy_equals_single_generate(tiny_target, generator):
-    backend = LocalBackend(tiny_target, batch_size=3, generator=generator)  # length-sorted batches of 3 and 1, left-padded
+    backend = LocalBackend(
+        tiny_target, batch_size=3, generator=generator
+    )  # length-sorted batches of 3 and 1, left-padded
     assert backend.stop == {tiny_target.tokenizer.convert_tokens_to_ids("<|im_end|>")}
     requests = [_chat(q) for q in QUESTIONS]
     gens = backend.generate(requests, GREEDY)

@@ -56,11 +56,23 @@ class Stub:
                 if self.path == "/v1/chat/completions":
                     last = body["messages"][-1]["content"]
                     msg = {"role": "assistant", "content": f"Answer to: {last}"}
-                    return self._send(200, {"model": "stub-model", "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
-                                            "usage": {"prompt_tokens": 9, "completion_tokens": 5}})
+                    return self._send(
+                        200,
+                        {
+                            "model": "stub-model",
+                            "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
+                            "usage": {"prompt_tokens": 9, "completion_tokens": 5},
+                        },
+                    )
                 n = len(stub.requests)
-                self._send(200, {"model": "stub-model", "choices": [{"index": 0, "text": f" Question number {n}?", "finish_reason": "stop"}],
-                                 "usage": {"completion_tokens": 4}})
+                self._send(
+                    200,
+                    {
+                        "model": "stub-model",
+                        "choices": [{"index": 0, "text": f" Question number {n}?", "finish_reason": "stop"}],
+                        "usage": {"completion_tokens": 4},
+                    },
+                )
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
@@ -92,7 +104,9 @@ def test_request_format(stub):
     backend = RemoteBackend(stub.url.removesuffix("/v1"), concurrency=2, timeout=5, retries=0)
     assert backend.name == "stub-model" and stub.requests[0][:2] == ("GET", "/v1/models")
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi?"}]
-    chat, comp = backend.generate([Request("c/a0", messages=msgs), Request("m/u0", prefix="<|im_start|>user\n", stop=("<|im_end|>",))], SAMPLING)
+    chat, comp = backend.generate(
+        [Request("c/a0", messages=msgs), Request("m/u0", prefix="<|im_start|>user\n", stop=("<|im_end|>",))], SAMPLING
+    )
     body = stub.posts("/v1/chat/completions")[0]
     assert body["model"] == "stub-model" and body["messages"] == msgs and body["max_tokens"] == 24
     assert body["temperature"] == 0.7 and body["top_p"] == 0.9 and isinstance(body["seed"], int) and "top_k" not in body
@@ -103,9 +117,13 @@ def test_request_format(stub):
 
 
 def test_response_parsing():
-    cut = parse_response({"choices": [{"message": {"content": "Half"}, "finish_reason": "length"}], "usage": {"completion_tokens": 7}})
+    cut = parse_response(
+        {"choices": [{"message": {"content": "Half"}, "finish_reason": "length"}], "usage": {"completion_tokens": 7}}
+    )
     assert cut.text == "Half" and not cut.finished and cut.tokens == 7
-    think = parse_response({"choices": [{"message": {"content": " 42", "reasoning_content": "2*21 "}, "finish_reason": "stop"}]})
+    think = parse_response(
+        {"choices": [{"message": {"content": " 42", "reasoning_content": "2*21 "}, "finish_reason": "stop"}]}
+    )
     assert think.text == "<think>\n2*21\n</think>\n\n42" and think.finished
     with pytest.raises(UserError, match="no choices"):
         parse_response({"error": "x"})
@@ -146,7 +164,9 @@ def test_cli_run_unreachable_keeps_output_and_resumes(stub, tmp_path):
     dead = f"http://127.0.0.1:{_free_port()}/v1"
     res = CliRunner().invoke(app, [*args, str(_prompts(tmp_path / "p.jsonl", 5)), "--endpoint", dead, "--model", "m"])
     assert res.exit_code == ServerUnreachable.exit_code, res.output
-    assert "no answer from the server after 1 retries" in res.output and "rerun the same command to resume" in res.output
+    assert (
+        "no answer from the server after 1 retries" in res.output and "rerun the same command to resume" in res.output
+    )
     assert out.read_text() == first  # the work done before is kept, untouched
     assert json.loads((out.parent / "progress.json").read_text())["status"] == "failed"
 

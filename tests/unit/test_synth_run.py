@@ -36,10 +36,23 @@ def test_no_prompts_or_both(tmp_path):
 def test_load_work_dedupes_keeps_user_turns_and_adds_system(tmp_path):
     p = tmp_path / "src.jsonl"
     rows = [
-        {"id": "a", "messages": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "old"},
-                                 {"role": "user", "content": "Q2"}, {"role": "assistant", "content": "old2"}]},
-        {"id": "b", "messages": [{"role": "user", "content": " q1 "}, {"role": "assistant", "content": "x"},
-                                 {"role": "user", "content": "Q2"}]},
+        {
+            "id": "a",
+            "messages": [
+                {"role": "user", "content": "Q1"},
+                {"role": "assistant", "content": "old"},
+                {"role": "user", "content": "Q2"},
+                {"role": "assistant", "content": "old2"},
+            ],
+        },
+        {
+            "id": "b",
+            "messages": [
+                {"role": "user", "content": " q1 "},
+                {"role": "assistant", "content": "x"},
+                {"role": "user", "content": "Q2"},
+            ],
+        },
         {"id": "c", "messages": [{"role": "system", "content": "Own system."}, {"role": "user", "content": "Q3"}]},
         {"id": "d", "messages": [{"role": "user", "content": "Q4"}]},
     ]
@@ -73,8 +86,20 @@ def test_resume_key_is_the_prompt_settings_and_seed(tmp_path, tiny_target_dir):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Question {i}?"}) + "\n" for i in range(3)))
     out = tmp_path / "o" / "c.jsonl"
-    args = [str(prompts), "--target", str(tiny_target_dir), "--out", str(out), "--device", "cpu",
-            "--max-new-tokens", "6", "--temperature", "1", "--keep-unfinished"]
+    args = [
+        str(prompts),
+        "--target",
+        str(tiny_target_dir),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        "6",
+        "--temperature",
+        "1",
+        "--keep-unfinished",
+    ]
     assert _invoke(*args).exit_code == 0
     lines = out.read_text().splitlines()
     assert len(lines) == 3 and all(len(json.loads(line)["key"]) == 24 for line in lines)
@@ -89,6 +114,8 @@ def test_resume_key_is_the_prompt_settings_and_seed(tmp_path, tiny_target_dir):
     assert hotter.exit_code == 2 and "other settings" in hotter.output
     assert out.read_text().splitlines() == lines  # nothing appended by a refused run
 
-    out.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "key"}) + "\n" for line in lines))
+    out.write_text(
+        "".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "key"}) + "\n" for line in lines)
+    )
     old = _invoke(*args)
     assert old.exit_code == 2 and "older draftsmith" in old.output and "another --out" in old.output

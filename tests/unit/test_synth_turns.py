@@ -26,8 +26,10 @@ def test_multi_turn_answers_are_conditioned_on_regenerated_history():
     synthesize(backend, works, SAMPLING, SAMPLING)
     assert works[0].messages == [
         {"role": "system", "content": "S"},
-        {"role": "user", "content": "q1"}, {"role": "assistant", "content": "answer 2 to q1"},
-        {"role": "user", "content": "q2"}, {"role": "assistant", "content": "answer 4 to q2"},
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "answer 2 to q1"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "answer 4 to q2"},
     ]
     assert works[1].messages[-1]["content"] == "answer 1 to only" and works[1].tokens == 3
     # turn 2's request carries turn 1's regenerated answer, not any original one
@@ -38,8 +40,11 @@ def test_multi_turn_answers_are_conditioned_on_regenerated_history():
 def test_bad_turn_ends_or_drops_the_conversation():
     def answer(msgs):
         q = msgs[-1]["content"]
-        return {"loop": Generation("na " * 40, 16, False), "long": Generation("", 0, False, too_long=True),
-                "cut": Generation("half an answ", 16, False)}.get(q, Generation("fine", 2, True))
+        return {
+            "loop": Generation("na " * 40, 16, False),
+            "long": Generation("", 0, False, too_long=True),
+            "cut": Generation("half an answ", 16, False),
+        }.get(q, Generation("fine", 2, True))
 
     works = [Work("x", "x", [], ["ok", "loop"]), Work("y", "y", [], ["long"]), Work("z", "z", [], ["cut"])]
     synthesize(Scripted(answer), works, SAMPLING, SAMPLING)
@@ -69,9 +74,18 @@ def test_magpie_user_turns_use_the_template_prefix_and_drop_duplicates(tokenizer
 
     works = [Work(f"m{i}", f"m{i}", [], [None]) for i in range(4)]
     seen = set()
-    synthesize(Scripted(lambda m: Generation("Sure.", 2, True), complete), works, SAMPLING, SAMPLING,
-               tokenizer=tokenizer, seen_users=seen)
-    assert works[0].messages == [{"role": "user", "content": "Tell me about owls."}, {"role": "assistant", "content": "Sure."}]
+    synthesize(
+        Scripted(lambda m: Generation("Sure.", 2, True), complete),
+        works,
+        SAMPLING,
+        SAMPLING,
+        tokenizer=tokenizer,
+        seen_users=seen,
+    )
+    assert works[0].messages == [
+        {"role": "user", "content": "Tell me about owls."},
+        {"role": "assistant", "content": "Sure."},
+    ]
     assert [w.ended for w in works] == [None, "duplicate", None, "empty"]
     assert seen == {"tell me about owls.", "why is the sky blue?"}
 

@@ -28,10 +28,17 @@ def test_nested_text_config_resolves_language_model(tmp_path, tokenizer):
     """A VLM-style checkpoint: layers, hidden size and vocab come from `text_config`."""
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
-    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                       num_attention_heads=4, num_key_value_heads=2)
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
-                              image_size=28, patch_size=14)
+    text = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    vision = CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, image_size=28, patch_size=14
+    )
     model = LlavaForConditionalGeneration(LlavaConfig(text_config=text, vision_config=vision, image_token_index=0))
     model.save_pretrained(tmp_path / "vlm")
     tokenizer.save_pretrained(tmp_path / "vlm")
@@ -59,7 +66,9 @@ def test_missing_alias_package_says_how_to_install(monkeypatch):
         resolve_spec("smollm2-135m")
 
 
-@pytest.mark.parametrize("spec,msg", [("/no/such/model", "no such file or folder"), (str(ASSETS / "smollm2_tokenizer"), "no config.json")])
+@pytest.mark.parametrize(
+    "spec,msg", [("/no/such/model", "no such file or folder"), (str(ASSETS / "smollm2_tokenizer"), "no config.json")]
+)
 def test_bad_target_paths(spec, msg):
     with pytest.raises(UserError, match=msg):
         resolve_spec(spec)

@@ -11,12 +11,11 @@ import torch
 from typer.testing import CliRunner
 
 from draftsmith.cli import app
-from draftsmith.data.dataset import load_dataset
+from draftsmith.data.dataset import load_dataset, split_indices
 from draftsmith.data.store import StoreReader
 from draftsmith.draft.checkpoint import load_drafter
 from draftsmith.runtime.head import output_head
 from draftsmith.target import load_target
-from draftsmith.data.dataset import split_indices
 from draftsmith.train.batching import OfflineSource, OnlineSource, collate, pack_rows, shard_rows
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.loss import TTTObjective
@@ -34,8 +33,9 @@ def _samples(n: int, seed: int = 0) -> list[list[int]]:
 def data_and_store(tmp_path_factory, tiny_target_dir):
     root = tmp_path_factory.mktemp("train")
     ds = write_tokenized_dataset(root / "ds", _samples(10))
-    res = CliRunner().invoke(app, ["extract", str(ds), "--target", str(tiny_target_dir), "--out", str(root / "store"),
-                                   "--device", "cpu"])
+    res = CliRunner().invoke(
+        app, ["extract", str(ds), "--target", str(tiny_target_dir), "--out", str(root / "store"), "--device", "cpu"]
+    )
     assert res.exit_code == 0, res.output
     return root, ds, root / "store"
 
@@ -50,14 +50,25 @@ def test_offline_and_online_give_the_same_loss(capture, data_and_store, tiny_tar
     ds, reader = load_dataset(ds_path), StoreReader(store)
     aux_layer_ids = [int(k) for k in reader.meta["aux_layer_ids"]]
     attention = "flex_attention" if capture == "packed-flex" else None
-    online = OnlineSource(ds, target.model, aux_layer_ids, max_len=2048, token_budget=64,  # several padded sub-batches
-                          attention=attention)
+    online = OnlineSource(
+        ds,
+        target.model,
+        aux_layer_ids,
+        max_len=2048,
+        token_budget=64,  # several padded sub-batches
+        attention=attention,
+    )
     assert online.packed  # the tiny Llama keeps packed samples apart
     online.packed = capture != "padded"
     if capture == "packed-split":
         monkeypatch.setattr(OnlineSource, "PACKED_ROW", 40)
     offline = OfflineSource(reader, max_len=2048)
-    d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=ds_path, out=ds_path, draft_vocab_size=300), ds, list(range(len(ds))), target.info.vocab_size)
+    d2t, t2d = resolve_vocab(
+        TrainConfig(dataset_dir=ds_path, out=ds_path, draft_vocab_size=300),
+        ds,
+        list(range(len(ds))),
+        target.info.vocab_size,
+    )
     torch.manual_seed(0)
     drafter = build_drafter(target, aux_layer_ids, d2t, t2d, TrainConfig(dataset_dir=ds_path, out=ds_path))
     objective = TTTObjective(drafter, output_head(target.model), ttt=3, backend="eager", chunk=16)
@@ -79,7 +90,12 @@ def test_chunking_does_not_change_the_loss(data_and_store, tiny_target_dir):
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
     reader = StoreReader(store)
     aux_layer_ids = [int(k) for k in reader.meta["aux_layer_ids"]]
-    d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=ds_path, out=ds_path, draft_vocab_size=300), load_dataset(ds_path), [0, 1, 2], target.info.vocab_size)
+    d2t, t2d = resolve_vocab(
+        TrainConfig(dataset_dir=ds_path, out=ds_path, draft_vocab_size=300),
+        load_dataset(ds_path),
+        [0, 1, 2],
+        target.info.vocab_size,
+    )
     drafter = build_drafter(target, aux_layer_ids, d2t, t2d, TrainConfig(dataset_dir=ds_path, out=ds_path))
     batch = collate(OfflineSource(reader, 2048).samples([1, 2]), None)
     head = output_head(target.model)
@@ -93,9 +109,34 @@ def test_train_command_online_and_offline(data_and_store, tiny_target_dir):
     runner = CliRunner()
     for mode, extra in (("online", []), ("offline", ["--hidden", str(store)])):
         out = root / f"run-{mode}"
-        res = runner.invoke(app, ["train", str(ds), "--target", str(tiny_target_dir), "--out", str(out), "--steps", "6",
-                                  "--ttt", "2", "--batch-tokens", "96", "--draft-vocab-size", "300", "--log-every", "2",
-                                  "--val-fraction", "0.2", "--save-every", "3", "--lr", "1e-3", *extra])
+        res = runner.invoke(
+            app,
+            [
+                "train",
+                str(ds),
+                "--target",
+                str(tiny_target_dir),
+                "--out",
+                str(out),
+                "--steps",
+                "6",
+                "--ttt",
+                "2",
+                "--batch-tokens",
+                "96",
+                "--draft-vocab-size",
+                "300",
+                "--log-every",
+                "2",
+                "--val-fraction",
+                "0.2",
+                "--save-every",
+                "3",
+                "--lr",
+                "1e-3",
+                *extra,
+            ],
+        )
         assert res.exit_code == 0, res.output
         records = read_metrics(out)
         train = [r for r in records if r["split"] == "train"]
@@ -121,14 +162,39 @@ def test_train_compile_step_trains_as_the_default_step(data_and_store, tiny_targ
     runs = {}
     for name, extra in (("default", []), ("compile-step", ["--compile-step"])):
         out = root / f"run-{name}"
-        res = CliRunner().invoke(app, ["train", str(ds), "--target", str(tiny_target_dir), "--out", str(out), "--steps", "3",
-                                       "--ttt", "2", "--batch-tokens", "96", "--draft-vocab-size", "300", "--log-every", "1",
-                                       "--val-fraction", "0.2", "--device", "cpu", *extra])
+        res = CliRunner().invoke(
+            app,
+            [
+                "train",
+                str(ds),
+                "--target",
+                str(tiny_target_dir),
+                "--out",
+                str(out),
+                "--steps",
+                "3",
+                "--ttt",
+                "2",
+                "--batch-tokens",
+                "96",
+                "--draft-vocab-size",
+                "300",
+                "--log-every",
+                "1",
+                "--val-fraction",
+                "0.2",
+                "--device",
+                "cpu",
+                *extra,
+            ],
+        )
         assert res.exit_code == 0, res.output
         assert yaml.safe_load((out / "run.yaml").read_text())["config"]["compile_step"] is (name == "compile-step")
         step = "static, eager" if name == "compile-step" else "dynamic"
-        assert (f"online, packed capture with the model's own attention; drafter step {step}, TTT attention eager, "
-                "autocast off") in res.output, res.output  # the run's first line: the CPU defaults resolved
+        assert (
+            f"online, packed capture with the model's own attention; drafter step {step}, TTT attention eager, "
+            "autocast off"
+        ) in res.output, res.output  # the run's first line: the CPU defaults resolved
         runs[name] = read_metrics(out)
     assert [r["split"] for r in runs["compile-step"]] == [r["split"] for r in runs["default"]]
     for a, b in zip(runs["default"], runs["compile-step"], strict=True):
@@ -159,8 +225,24 @@ def test_a_failed_resume_writes_nothing(data_and_store, tiny_target_dir):
     the vocab is rewritten; --resume with --overwrite, or on a folder with no run, is refused."""
     root, ds, _ = data_and_store
     out = root / "resume-check"
-    base = ["train", str(ds), "--target", str(tiny_target_dir), "--out", str(out), "--steps", "1", "--ttt", "1",
-            "--batch-tokens", "96", "--val-fraction", "0", "--save-every", "1"]
+    base = [
+        "train",
+        str(ds),
+        "--target",
+        str(tiny_target_dir),
+        "--out",
+        str(out),
+        "--steps",
+        "1",
+        "--ttt",
+        "1",
+        "--batch-tokens",
+        "96",
+        "--val-fraction",
+        "0",
+        "--save-every",
+        "1",
+    ]
     runner = CliRunner()
     assert runner.invoke(app, [*base, "--draft-vocab-size", "300"]).exit_code == 0
     before = {f: (out / f).read_bytes() for f in ("run.yaml", "vocab.safetensors")}
@@ -194,9 +276,30 @@ def test_a_draft_vocab_larger_than_the_targets_is_refused(data_and_store, tiny_t
     root, ds, _ = data_and_store
     out = root / "too-wide"
     runner = CliRunner()
-    train = runner.invoke(app, ["train", str(ds), "--target", str(tiny_target_dir), "--out", str(out), "--steps", "1",
-                                "--ttt", "1", "--batch-tokens", "96", "--draft-vocab-size", "70000"])
-    plan = runner.invoke(app, ["plan", str(ds), "--target", str(tiny_target_dir), "--no-calibrate", "--draft-vocab-size", "70000"])
+    train = runner.invoke(
+        app,
+        [
+            "train",
+            str(ds),
+            "--target",
+            str(tiny_target_dir),
+            "--out",
+            str(out),
+            "--steps",
+            "1",
+            "--ttt",
+            "1",
+            "--batch-tokens",
+            "96",
+            "--draft-vocab-size",
+            "70000",
+        ],
+    )
+    plan = runner.invoke(
+        app, ["plan", str(ds), "--target", str(tiny_target_dir), "--no-calibrate", "--draft-vocab-size", "70000"]
+    )
     for res in (train, plan):
-        assert res.exit_code == 2 and "--draft-vocab-size 70000 is larger than the target's vocab" in res.output, res.output
+        assert res.exit_code == 2 and "--draft-vocab-size 70000 is larger than the target's vocab" in res.output, (
+            res.output
+        )
     assert not out.exists() or [p.name for p in out.iterdir()] == []

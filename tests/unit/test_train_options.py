@@ -26,14 +26,39 @@ ARCH_OPTIONS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residua
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     g = np.random.default_rng(0)
-    return write_tokenized_dataset(tmp_path_factory.mktemp("opts") / "ds",
-                                   [g.integers(3, 400, size=int(g.integers(12, 40))).tolist() for _ in range(12)])
+    return write_tokenized_dataset(
+        tmp_path_factory.mktemp("opts") / "ds",
+        [g.integers(3, 400, size=int(g.integers(12, 40))).tolist() for _ in range(12)],
+    )
 
 
 def _train(ds, target_dir, out, *extra):
-    res = CliRunner().invoke(app, ["train", str(ds), "--target", str(target_dir), "--out", str(out), "--steps", "4",
-                                   "--ttt", "2", "--batch-tokens", "96", "--draft-vocab-size", "300", "--log-every", "1",
-                                   "--val-fraction", "0.2", "--device", "cpu", *extra])
+    res = CliRunner().invoke(
+        app,
+        [
+            "train",
+            str(ds),
+            "--target",
+            str(target_dir),
+            "--out",
+            str(out),
+            "--steps",
+            "4",
+            "--ttt",
+            "2",
+            "--batch-tokens",
+            "96",
+            "--draft-vocab-size",
+            "300",
+            "--log-every",
+            "1",
+            "--val-fraction",
+            "0.2",
+            "--device",
+            "cpu",
+            *extra,
+        ],
+    )
     return res
 
 
@@ -41,7 +66,9 @@ def _train(ds, target_dir, out, *extra):
 def test_each_architecture_option_changes_the_drafter_output(option, dataset, tiny_target_dir):
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
     ds = load_dataset(dataset)
-    d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=dataset, out=dataset, draft_vocab_size=300), ds, [0, 1], target.info.vocab_size)
+    d2t, t2d = resolve_vocab(
+        TrainConfig(dataset_dir=dataset, out=dataset, draft_vocab_size=300), ds, [0, 1], target.info.vocab_size
+    )
     aux_layer_ids = target.info.default_aux_layers
     sample = OnlineSource(ds, target.model, aux_layer_ids, 2048, 2048).samples([0])[0]
     aux, ids = sample["aux"][None].float(), sample["input_ids"][None].long()  # [1, T, n_aux*H], [1, T]
@@ -62,8 +89,22 @@ def test_each_architecture_option_changes_the_drafter_output(option, dataset, ti
 
 
 def test_head_from_target_frozen_with_muon(dataset, tiny_target_dir, tmp_path):
-    res = _train(dataset, tiny_target_dir, tmp_path / "run", "--head-init", "target", "--freeze-head",
-                 "--optimizer", "muon", "--schedule", "linear", "--lr", "1e-2", "--norm-before-fc", "--norm-output")
+    res = _train(
+        dataset,
+        tiny_target_dir,
+        tmp_path / "run",
+        "--head-init",
+        "target",
+        "--freeze-head",
+        "--optimizer",
+        "muon",
+        "--schedule",
+        "linear",
+        "--lr",
+        "1e-2",
+        "--norm-before-fc",
+        "--norm-output",
+    )
     assert res.exit_code == 0, res.output
     model, manifest = load_drafter(tmp_path / "run")
     assert model.config.norm_before_fc and model.config.norm_output
@@ -100,7 +141,9 @@ def test_num_layers_trains_a_deeper_drafter_that_eval_reads(dataset, tiny_target
     assert model.extra_layers[0].self_attn.q_proj.weight.shape[1] == model.config.hidden_size
 
 
-@pytest.mark.parametrize(("given", "parsed"), [(6144, 6144), ("6144", 6144), ("4x", "4x"), (" 1.5x", "1.5x"), (None, None)])
+@pytest.mark.parametrize(
+    ("given", "parsed"), [(6144, 6144), ("6144", 6144), ("4x", "4x"), (" 1.5x", "1.5x"), (None, None)]
+)
 def test_intermediate_size_reads_a_width_or_a_multiple(given, parsed, tmp_path):
     cfg = TrainConfig(dataset_dir=tmp_path, out=tmp_path, intermediate_size=given)
     assert cfg.intermediate_size == parsed
@@ -124,8 +167,10 @@ def test_seeds_share_the_validation_split_and_val_seed_moves_it(dataset, tiny_ta
         assert res.exit_code == 0, res.output
         runs[name] = read_metrics(tmp_path / name)
         val = [r for r in runs[name] if r["split"] == "val"][-1]  # and each validation says what it measured
-        assert (f"[train] validation at step 4: acc_0 {val['acc_0']:.4f}, simulated τ {val['tau']:.3f}, "
-                f"walked τ {val['tau_walk']:.3f}") in res.output, res.output
+        assert (
+            f"[train] validation at step 4: acc_0 {val['acc_0']:.4f}, simulated τ {val['tau']:.3f}, "
+            f"walked τ {val['tau_walk']:.3f}"
+        ) in res.output, res.output
     val_tokens = {name: [r["valid_tokens"] for r in recs if r["split"] == "val"] for name, recs in runs.items()}
     assert val_tokens["seed0"] == val_tokens["seed5"] != val_tokens["val_seed3"], val_tokens
     train_loss = {name: [r["loss"] for r in recs if r["split"] == "train"] for name, recs in runs.items()}
@@ -137,7 +182,9 @@ def test_schedules_warm_up_then_decay_as_named(schedule):
     f = lr_factor(schedule, total=10, warmup=2)
     assert [f(0), f(1)] == [0.5, 1.0]
     end = {"cosine": 0.0, "linear": 0.0, "constant": 1.0}[schedule]
-    assert f(10) == pytest.approx(end) and f(6) == pytest.approx({"cosine": 0.5, "linear": 0.5, "constant": 1.0}[schedule])
+    assert f(10) == pytest.approx(end) and f(6) == pytest.approx(
+        {"cosine": 0.5, "linear": 0.5, "constant": 1.0}[schedule]
+    )
 
 
 def test_a_nan_in_the_data_stops_training_without_publishing_it(dataset, tiny_target_dir, tmp_path, monkeypatch):
@@ -188,7 +235,9 @@ def _objective_setup(dataset, target_dir, pad_to=None):
 
     target = load_target(str(target_dir), "cpu", "fp32")
     ds = load_dataset(dataset)
-    d2t, t2d = resolve_vocab(TrainConfig(dataset_dir=dataset, out=dataset, draft_vocab_size=300), ds, [0, 1], target.info.vocab_size)
+    d2t, t2d = resolve_vocab(
+        TrainConfig(dataset_dir=dataset, out=dataset, draft_vocab_size=300), ds, [0, 1], target.info.vocab_size
+    )
     aux_layer_ids = target.info.default_aux_layers
     batch = collate(OnlineSource(ds, target.model, aux_layer_ids, 2048, 2048).samples([0, 1]), pad_to)
     drafter = build_drafter(target, aux_layer_ids, d2t, t2d, TrainConfig(dataset_dir=dataset, out=dataset))
@@ -251,8 +300,11 @@ def test_loss_tokens_all_trains_the_prompt_too_and_validates_the_answers(dataset
     batch, outcome = _objective_setup(dataset, tiny_target_dir, pad_to=96)  # a padded row
     batch["loss_mask"][:, : batch["loss_mask"].shape[1] // 2] = 0  # a "prompt": the row's first half untrained
     answers, everything = outcome(all_tokens=False), outcome(all_tokens=True)
-    n_valid = {(name, mode): r[mode][1]["n_valid"].tolist()
-               for name, r in (("answers", answers), ("all", everything)) for mode in ("train", "eval")}
+    n_valid = {
+        (name, mode): r[mode][1]["n_valid"].tolist()
+        for name, r in (("answers", answers), ("all", everything))
+        for mode in ("train", "eval")
+    }
     assert n_valid["all", "eval"] == n_valid["answers", "eval"] == n_valid["answers", "train"]
     assert all(a > b for a, b in zip(n_valid["all", "train"], n_valid["answers", "train"], strict=True)), n_valid
     assert TrainConfig(dataset_dir=dataset, out=dataset).loss_tokens == "answers"
@@ -261,6 +313,7 @@ def test_loss_tokens_all_trains_the_prompt_too_and_validates_the_answers(dataset
 def test_one_aux_norm_by_default():
     """The per-layer fc_norm is the default; --norm-before-fc alone switches to the one norm over
     the concatenation (never both unless both are asked for, which export then refuses)."""
+
     def arch(**kw):
         cfg = TrainConfig(dataset_dir="d", out="o", **kw)
         return cfg.norm_before_fc, cfg.fc_norm
@@ -296,7 +349,9 @@ def test_for_engine_sglang_trains_a_drafter_that_sglang_serves(dataset, tiny_tar
     for extra, exported in (((), False), (("--for-engine", "sglang"), True)):
         run = tmp_path / f"run{len(extra)}"
         assert _train(dataset, tiny_target_dir, run, *extra).exit_code == 0
-        res = CliRunner().invoke(app, ["export", str(run), "--format", "eagle", "--engine", "sglang", "--out", str(run / "sglang")])
+        res = CliRunner().invoke(
+            app, ["export", str(run), "--format", "eagle", "--engine", "sglang", "--out", str(run / "sglang")]
+        )
         assert (res.exit_code == 0) is exported, res.output
         assert exported or "train --for-engine sglang" in res.output  # the refusal names the option
     model, _ = load_drafter(tmp_path / "run2")

@@ -43,14 +43,19 @@ def unrolled_logits(model, aux: torch.Tensor, prompt: torch.Tensor, known: list[
     aux_all = torch.cat([aux, torch.zeros(1, steps, 72, dtype=torch.float64)], dim=1)  # later positions: unseen at t
     doc, pos = doc_and_positions([n + steps], n + steps)
     with torch.no_grad():
-        return [model.lm_head(model.norm(out[0, n - 1])) for _, out in unroll(model, model.project(aux_all), ids, pos[None], doc[None], steps)]
+        return [
+            model.lm_head(model.norm(out[0, n - 1]))
+            for _, out in unroll(model, model.project(aux_all), ids, pos[None], doc[None], steps)
+        ]
 
 
 def chain_pair(model, n: int, seed: int) -> tuple[list[int], list[int]]:
     """The K target ids the proposer drafts, and those the TTT unroll predicts fed those drafts."""
     draft, aux, prompt = drafted(model, n, seed, mode="chain")
     drafts = draft.tokens[0].tolist()  # [K]
-    return drafts, [int(model.to_target_ids(logits.argmax())) for logits in unrolled_logits(model, aux, prompt, drafts[:-1])]
+    return drafts, [
+        int(model.to_target_ids(logits.argmax())) for logits in unrolled_logits(model, aux, prompt, drafts[:-1])
+    ]
 
 
 @pytest.mark.parametrize("num_layers", [1, 2, 3])
@@ -78,6 +83,6 @@ def tree_check(model, n: int, seed: int, top_k: int = 3, total: int = 20) -> int
         top = model.to_target_ids(unrolled_logits(model, aux, prompt, path)[-1].topk(top_k).indices).tolist()
         # the kept children of one node are its best: a prefix of its top-k (cumulative scores
         # differ from a sibling's only by the child's own log-prob)
-        assert children == set(top[:len(children)]), (row, path, children, top)
+        assert children == set(top[: len(children)]), (row, path, children, top)
         expanded += 1
     return expanded

@@ -17,9 +17,18 @@ K = 3
 
 def tiny_drafter(seed: int = 0, num_layers: int = 1) -> Eagle3Drafter:
     torch.manual_seed(seed)
-    cfg = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                        vocab_size=50, draft_vocab_size=20, target_hidden_size=24, aux_layer_ids=[0, 1, 2],
-                        num_layers=num_layers)
+    cfg = DrafterConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=50,
+        draft_vocab_size=20,
+        target_hidden_size=24,
+        aux_layer_ids=[0, 1, 2],
+        num_layers=num_layers,
+    )
     model = Eagle3Drafter(cfg)
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.3)
@@ -42,8 +51,12 @@ class ExplicitAttend:
         out = torch.zeros_like(q)
         for h in range(nh):
             for t in range(T):
-                ks = [self.keys[0][0, h // rep, s] for s in range(t + 1)] + [self.keys[j][0, h // rep, t] for j in range(1, step + 1)]
-                vs = [self.values[0][0, h // rep, s] for s in range(t + 1)] + [self.values[j][0, h // rep, t] for j in range(1, step + 1)]
+                ks = [self.keys[0][0, h // rep, s] for s in range(t + 1)] + [
+                    self.keys[j][0, h // rep, t] for j in range(1, step + 1)
+                ]
+                vs = [self.values[0][0, h // rep, s] for s in range(t + 1)] + [
+                    self.values[j][0, h // rep, t] for j in range(1, step + 1)
+                ]
                 scores = torch.stack([q[0, h, t] @ key for key in ks]) / math.sqrt(hd)
                 w = torch.softmax(scores, dim=0)
                 out[0, h, t] = sum(wi * vi for wi, vi in zip(w, vs))
@@ -144,8 +157,12 @@ def test_cropped_block_mask_equals_a_fresh_one(lengths, T):
         cropped = crop_keys(whole, n * T)
         assert cropped.seq_lengths == fresh.seq_lengths == (T, n * T)
         assert cropped.kv_indices.shape == fresh.kv_indices.shape
-        for num, idx in (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices"),
-                         ("q_num_blocks", "q_indices"), ("full_q_num_blocks", "full_q_indices")):
+        for num, idx in (
+            ("kv_num_blocks", "kv_indices"),
+            ("full_kv_num_blocks", "full_kv_indices"),
+            ("q_num_blocks", "q_indices"),
+            ("full_q_num_blocks", "full_q_indices"),
+        ):
             assert torch.equal(getattr(cropped, num), getattr(fresh, num)), (n, num)
             dense = _listed(getattr(cropped, num), getattr(cropped, idx))
             assert torch.equal(dense, _listed(getattr(fresh, num), getattr(fresh, idx))), (n, idx)

@@ -21,9 +21,18 @@ V, VD, HT = 50, 6, 24
 
 def tiny_drafter(seed: int = 0, num_layers: int = 1) -> Eagle3Drafter:
     torch.manual_seed(seed)
-    cfg = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                        vocab_size=V, draft_vocab_size=VD, target_hidden_size=HT, aux_layer_ids=[0, 1, 2],
-                        num_layers=num_layers)
+    cfg = DrafterConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=V,
+        draft_vocab_size=VD,
+        target_hidden_size=HT,
+        aux_layer_ids=[0, 1, 2],
+        num_layers=num_layers,
+    )
     model = Eagle3Drafter(cfg)
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.3)
@@ -47,9 +56,14 @@ def packed_batch(rows: list[list[int]], T: int, seed: int = 1) -> dict[str, torc
     g = torch.Generator().manual_seed(seed)
     docs, poss = zip(*(doc_and_positions(lengths, T) for lengths in rows))
     B = len(rows)
-    return {"ids": torch.randint(0, V, (B, T), generator=g), "loss_mask": (torch.rand(B, T, generator=g) > 0.2).long(),
-            "doc": torch.stack(docs), "pos": torch.stack(poss), "aux": torch.randn(B, T, 3 * HT, generator=g),
-            "final": 2 * torch.randn(B, T, HT, generator=g)}
+    return {
+        "ids": torch.randint(0, V, (B, T), generator=g),
+        "loss_mask": (torch.rand(B, T, generator=g) > 0.2).long(),
+        "doc": torch.stack(docs),
+        "pos": torch.stack(poss),
+        "aux": torch.randn(B, T, 3 * HT, generator=g),
+        "final": 2 * torch.randn(B, T, HT, generator=g),
+    }
 
 
 def reference(drafter, w_full, K, ids, loss_mask, doc, pos, aux, final, reached_only=False, temperature=1.0):
@@ -68,8 +82,13 @@ def reference(drafter, w_full, K, ids, loss_mask, doc, pos, aux, final, reached_
         for b in range(B):
             for t in range(T):
                 s = t + 2 + k  # the predicted token; the teacher reads the target's state at s-1
-                valid = (doc[b, t] >= 0 and s < T and doc[b, s] == doc[b, t] and bool(loss_mask[b, s])
-                         and bool(drafter.t2d[(w_full @ final[b, s - 1]).argmax()]))
+                valid = (
+                    doc[b, t] >= 0
+                    and s < T
+                    and doc[b, s] == doc[b, t]
+                    and bool(loss_mask[b, s])
+                    and bool(drafter.t2d[(w_full @ final[b, s - 1]).argmax()])
+                )
                 if not valid:
                     chain[b][t] = False
                     continue
@@ -96,17 +115,28 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize(("chunk", "reached_only", "temperature", "layers"),
-                         [(3, False, 1.0, 1), (4096, False, 1.0, 1), (3, True, 1.0, 1), (3, False, 0.5, 1), (3, False, 1.0, 2)])
+@pytest.mark.parametrize(
+    ("chunk", "reached_only", "temperature", "layers"),
+    [(3, False, 1.0, 1), (4096, False, 1.0, 1), (3, True, 1.0, 1), (3, False, 0.5, 1), (3, False, 1.0, 2)],
+)
 def test_loss_stats_and_grads_match_the_reference(chunk, reached_only, temperature, layers):
     drafter = tiny_drafter(seed=0 if layers == 1 else 2, num_layers=layers)  # seed 2: a chain correct at step 1
     w_full = teacher_head(drafter)
     batch = packed_batch([[7, 5, 9], [10, 14]], T=24, seed=11)  # row 0 ends with 3 padding positions
-    ref_loss, ref_stats, trained = reference(drafter, w_full, 3, **batch, reached_only=reached_only, temperature=temperature)
+    ref_loss, ref_stats, trained = reference(
+        drafter, w_full, 3, **batch, reached_only=reached_only, temperature=temperature
+    )
     ref_loss.backward()
     ref_grads = grads(drafter)
-    loss, stats = TTTObjective(drafter, OutputHead(w_full), ttt=3, backend="eager", chunk=chunk,
-                               reached_only=reached_only, teacher_temperature=temperature)(**batch)  # training mode
+    loss, stats = TTTObjective(
+        drafter,
+        OutputHead(w_full),
+        ttt=3,
+        backend="eager",
+        chunk=chunk,
+        reached_only=reached_only,
+        teacher_temperature=temperature,
+    )(**batch)  # training mode
     loss.backward()
     assert ref_stats["n_valid"].min() > 3 and ref_stats["n_valid"].max() < 2 * 24 - 10  # several chunks; many invalid
     assert ref_stats["n_chain_correct"][1] > 0  # the chained counts are exercised
@@ -172,7 +202,9 @@ def static_batch() -> dict[str, torch.Tensor]:
     return packed_batch([[7, 5, 9, 3], [10, 14, 2]], T=32, seed=6)
 
 
-@pytest.mark.parametrize(("chunk", "reached_only", "temperature"), [(5, False, 1.0), (4096, False, 1.0), (5, True, 1.0), (5, False, 0.5)])
+@pytest.mark.parametrize(
+    ("chunk", "reached_only", "temperature"), [(5, False, 1.0), (4096, False, 1.0), (5, True, 1.0), (5, False, 0.5)]
+)
 def test_static_step_matches_the_compacted_step(chunk, reached_only, temperature):
     """--compile-step's static form (every position, the valid ones masked; CPU: eager) gives the
     default step's loss, counts and gradients: padding, several samples per row, two rows,
@@ -183,8 +215,16 @@ def test_static_step_matches_the_compacted_step(chunk, reached_only, temperature
     batch = static_batch()
     out = {}
     for static in (False, True):
-        loss, stats = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=chunk, static=static,
-                                   reached_only=reached_only, teacher_temperature=temperature)(**batch)
+        loss, stats = TTTObjective(
+            drafter,
+            head,
+            ttt=3,
+            backend="eager",
+            chunk=chunk,
+            static=static,
+            reached_only=reached_only,
+            teacher_temperature=temperature,
+        )(**batch)
         loss.backward()
         out[static] = loss, stats, grads(drafter)
     (loss, stats, g), (s_loss, s_stats, s_g) = out[False], out[True]
@@ -195,7 +235,12 @@ def test_static_step_matches_the_compacted_step(chunk, reached_only, temperature
     torch.testing.assert_close(s_loss, loss, rtol=1e-5, atol=1e-6)
     for key in STAT_KEYS:
         torch.testing.assert_close(s_stats[key], stats[key], rtol=1e-5, atol=1e-5, msg=key)
-    assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.mlp.down_proj.weight", "lm_head.weight"} <= g.keys()
+    assert {
+        "fc.weight",
+        "midlayer.self_attn.q_proj.weight",
+        "midlayer.mlp.down_proj.weight",
+        "lm_head.weight",
+    } <= g.keys()
     assert s_g.keys() == g.keys()
     for name in g:
         torch.testing.assert_close(s_g[name], g[name], rtol=1e-5, atol=1e-6, msg=name)
@@ -290,6 +335,7 @@ def test_compiled_static_step_under_autocast_compiles_once_in_bf16(monkeypatch):
         def run(x, w, *rest):
             seen.append((x.dtype, w.dtype))
             return _compiled_chunk_ce()(x, w, *rest)
+
         return run
 
     monkeypatch.setattr(loss_module, "_chunk_kernel", kernel)

@@ -24,14 +24,17 @@ def vllm_present(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
 
 
-@pytest.mark.parametrize("options,why", [
-    ({"mode": "tree"}, "drop --mode tree"),
-    ({"tree": "auto"}, "--tree auto"),
-    ({"k": "auto"}, "--k auto"),
-    ({"kernel_check": True}, "--kernel-check"),
-    ({"compile_target": True}, "--compile-target"),
-    ({"device": "cpu"}, "--device"),
-])
+@pytest.mark.parametrize(
+    "options,why",
+    [
+        ({"mode": "tree"}, "drop --mode tree"),
+        ({"tree": "auto"}, "--tree auto"),
+        ({"k": "auto"}, "--k auto"),
+        ({"kernel_check": True}, "--kernel-check"),
+        ({"compile_target": True}, "--compile-target"),
+        ({"device": "cpu"}, "--device"),
+    ],
+)
 def test_options_without_a_vllm_counterpart_are_refused(tmp_path, vllm_present, options, why):
     cfg = EvalConfig(engine="vllm", drafter=tmp_path / "d", out=tmp_path / "out", **options)
     with pytest.raises(UserError, match="--engine vllm") as e:
@@ -55,8 +58,15 @@ def test_a_drafter_vllm_would_serve_wrongly_is_refused(tmp_path, tiny_target, ti
     cfg.norm_before_fc = cfg.fc_norm = True
     save_drafter(Eagle3Drafter(cfg), tmp_path / "drafter", target=tiny_target.info.to_dict())
     with pytest.raises(UserError, match="cannot be exported for vLLM: .*norm_before_fc and fc_norm"):
-        evaluate(EvalConfig(engine="vllm", target=str(tiny_target_dir), drafter=tmp_path / "drafter", out=tmp_path / "out",
-                            num_questions=1))
+        evaluate(
+            EvalConfig(
+                engine="vllm",
+                target=str(tiny_target_dir),
+                drafter=tmp_path / "drafter",
+                out=tmp_path / "out",
+                num_questions=1,
+            )
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -66,20 +76,45 @@ def test_a_pass_of_the_worker_makes_the_report_rows_and_counters():
     from draftsmith.evaluate.report import build_report, markdown
 
     questions = [Question(0, "writing", ["a"]), Question(1, "math", ["b"])]
-    spec = {"batch_size": 2, "answers": [[{"tokens": [5, 6, 7, 2], "seconds": 0.5, "accepts": [2, 0]}],
-                                         [{"tokens": [8, 9], "seconds": 0.5, "accepts": [1]}]],
-            "counters": {"drafts": 3, "draft_tokens": 9, "accepted": 3, "accepted_per_pos": [2, 1, 0]}}
-    plain = {"batch_size": 2, "answers": [[{"tokens": [5, 6, 7, 2], "seconds": 1.0, "accepts": []}],
-                                          [{"tokens": [8, 4], "seconds": 1.0, "accepts": []}]], "counters": {}}
+    spec = {
+        "batch_size": 2,
+        "answers": [
+            [{"tokens": [5, 6, 7, 2], "seconds": 0.5, "accepts": [2, 0]}],
+            [{"tokens": [8, 9], "seconds": 0.5, "accepts": [1]}],
+        ],
+        "counters": {"drafts": 3, "draft_tokens": 9, "accepted": 3, "accepted_per_pos": [2, 1, 0]},
+    }
+    plain = {
+        "batch_size": 2,
+        "answers": [
+            [{"tokens": [5, 6, 7, 2], "seconds": 1.0, "accepts": []}],
+            [{"tokens": [8, 4], "seconds": 1.0, "accepts": []}],
+        ],
+        "counters": {},
+    }
     summary = vllm_eval.pass_summary(spec, plain, questions, 3, greedy=True)
     assert summary["tau"] == summary["counters_tau"] == 2.0 and summary["steps"] == 3
     assert summary["accept_per_position"] == [round(2 / 3, 4), round(1 / 3, 4), 0.0]
     assert summary["speedup"] == 2.0 and summary["greedy_turns_matching_plain"] == 1  # the second answer differs
     rows = vllm_eval.turn_rows(questions, spec["answers"], plain["answers"], greedy=True)
-    meta = {"engine": "vllm", "mode": "chain", "bench": "b", "target": "t", "drafter": "d", "device": "cpu", "dtype": "float32",
-            "cuda_graphs": False, "questions": 2, "temperature": 0.0, "max_new_tokens": 4, "capture_seconds": 0.0,
-            "warmup_seconds": 0.0, "wall_seconds": 1.0, "shape": None,
-            "vllm": {"version": "0", "start_seconds": {"spec": 1.0, "plain": 1.0}, "passes": [summary]}}
+    meta = {
+        "engine": "vllm",
+        "mode": "chain",
+        "bench": "b",
+        "target": "t",
+        "drafter": "d",
+        "device": "cpu",
+        "dtype": "float32",
+        "cuda_graphs": False,
+        "questions": 2,
+        "temperature": 0.0,
+        "max_new_tokens": 4,
+        "capture_seconds": 0.0,
+        "warmup_seconds": 0.0,
+        "wall_seconds": 1.0,
+        "shape": None,
+        "vllm": {"version": "0", "start_seconds": {"spec": 1.0, "plain": 1.0}, "passes": [summary]},
+    }
     text = markdown(build_report(rows, 3, meta))
     assert "engine vllm" in text and "from its counters 2.000: 3 accepted of 3 drafts, per position [2, 1, 0]" in text
 
@@ -94,7 +129,9 @@ def test_a_gguf_targets_copy_is_rewritten_as_vllm_reads_it(tmp_path, monkeypatch
 
     copy = tmp_path / "copy"
     copy.mkdir()
-    (copy / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": None, "tie_word_embeddings": True}))
+    (copy / "config.json").write_text(
+        json.dumps({"model_type": "llama", "architectures": None, "tie_word_embeddings": True})
+    )
     save_file({"lm_head.weight": torch.ones(4, 2), "model.norm.weight": torch.ones(2)}, str(copy / "model.safetensors"))
     monkeypatch.setattr(vllm_eval, "resolve_spec", lambda spec: (tmp_path, "m.gguf"))
     monkeypatch.setattr(vllm_eval.gguf_cache, "cached", lambda gguf, part: copy)

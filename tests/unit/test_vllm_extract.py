@@ -28,7 +28,7 @@ from tests.helpers import write_tokenized_dataset
 # A stand-in for vllm_worker: for each row, the tiny target's own hidden states at the spec's
 # layer ids (transformers' output_hidden_states, id L before the final norm) in vLLM's file
 # layout; with BAD_ROW set, that row's file holds one token id changed.
-FAKE_WORKER = textwrap.dedent('''
+FAKE_WORKER = textwrap.dedent("""
     import fcntl, json, os, sys, torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
@@ -55,7 +55,7 @@ FAKE_WORKER = textwrap.dedent('''
         save_file({"hidden_states": states.contiguous(), "token_ids": token_ids}, path)
         print("@@draftsmith " + json.dumps({"row": r, "path": path, "cached": 0}), flush=True)
     print("@@draftsmith " + json.dumps({"done": True}), flush=True)
-''')
+""")
 
 
 def test_engine_capture_ids_add_the_last_layer_ascending():
@@ -98,8 +98,14 @@ def fake_worker(monkeypatch, tmp_path):
     def start(spec, out):
         path = out / vllm_capture.REQUESTS / "spec.json"
         path.write_text(vllm_capture.json.dumps(spec))
-        return subprocess.Popen([sys.executable, str(script), str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1)
+        return subprocess.Popen(
+            [sys.executable, str(script), str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
 
     monkeypatch.setattr(vllm_capture, "require_vllm", lambda: None)
     monkeypatch.setattr(vllm_capture, "start_worker", start)
@@ -107,7 +113,9 @@ def fake_worker(monkeypatch, tmp_path):
 
 def dataset(tmp_path):
     g = torch.Generator().manual_seed(0)
-    return write_tokenized_dataset(tmp_path / "ds", [torch.randint(3, 400, (n,), generator=g).tolist() for n in (9, 14, 6)])
+    return write_tokenized_dataset(
+        tmp_path / "ds", [torch.randint(3, 400, (n,), generator=g).tolist() for n in (9, 14, 6)]
+    )
 
 
 def test_request_files_become_the_store(tmp_path, tiny_target_dir, fake_worker):
@@ -117,16 +125,31 @@ def test_request_files_become_the_store(tmp_path, tiny_target_dir, fake_worker):
     got, ref = StoreReader(tmp_path / "engine"), StoreReader(tmp_path / "hooks")
     assert got.meta == ref.meta and got.meta["complete"] and not (tmp_path / "engine" / vllm_capture.REQUESTS).exists()
     for i in range(len(ref)):
-        for key in ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states"):  # final: the norm applied here
+        for key in (
+            "input_ids",
+            "loss_mask",
+            "aux_hidden_states",
+            "final_hidden_states",
+        ):  # final: the norm applied here
             torch.testing.assert_close(got[i][key], ref[i][key])
 
 
 def test_a_token_mismatch_stops_the_run_naming_the_sample(tmp_path, tiny_target_dir, fake_worker, monkeypatch):
     monkeypatch.setenv("BAD_ROW", "1")
     out = tmp_path / "store"
-    cfg = ExtractConfig(dataset_dir=dataset(tmp_path), target=str(tiny_target_dir), out=out, engine="vllm",
-                        aux_layer_ids=[0, 1, 2], device="cpu", check_every=0, engine_chunk=1)
-    with pytest.raises(StageFailed, match=r"sample 1: vLLM returned 14 rows for 14 token ids.*first difference at token 3"):
+    cfg = ExtractConfig(
+        dataset_dir=dataset(tmp_path),
+        target=str(tiny_target_dir),
+        out=out,
+        engine="vllm",
+        aux_layer_ids=[0, 1, 2],
+        device="cpu",
+        check_every=0,
+        engine_chunk=1,
+    )
+    with pytest.raises(
+        StageFailed, match=r"sample 1: vLLM returned 14 rows for 14 token ids.*first difference at token 3"
+    ):
         extract(cfg)
     assert StoreReader(out).sample_ids == [0]  # the sample before it is whole; nothing of sample 1 or after
     assert not list(out.glob("rows_*/1.safetensors")) and not (out / vllm_capture.REQUESTS).exists()

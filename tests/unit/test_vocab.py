@@ -64,11 +64,21 @@ def test_k_out_of_range():
 
 def write_dataset(path: Path, samples: list[tuple[list[int], list[int]]], vocab: int) -> Path:
     path.mkdir(parents=True)
-    write_table(path, {
-        "sample_id": list(range(len(samples))), "input_ids": [s[0] for s in samples],
-        "loss_mask": [s[1] for s in samples], "length": [len(s[0]) for s in samples],
-    })
-    meta = {"format": FORMAT, "version": 1, "target": {"name": "t", "fingerprint": "f", "vocab_size": vocab}, "max_len": 64}
+    write_table(
+        path,
+        {
+            "sample_id": list(range(len(samples))),
+            "input_ids": [s[0] for s in samples],
+            "loss_mask": [s[1] for s in samples],
+            "length": [len(s[0]) for s in samples],
+        },
+    )
+    meta = {
+        "format": FORMAT,
+        "version": 1,
+        "target": {"name": "t", "fingerprint": "f", "vocab_size": vocab},
+        "max_len": 64,
+    }
     (path / META_FILE).write_text(json.dumps(meta))
     return path
 
@@ -128,7 +138,7 @@ class _Failing:
     def __init__(self, fd: int) -> None:
         self.fd = fd
 
-    def __enter__(self) -> "_Failing":
+    def __enter__(self) -> _Failing:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -164,6 +174,8 @@ def test_the_old_size_option_still_works_with_a_warning(dataset, tmp_path):
     assert "'size' (--size) is deprecated" in r.output and "--draft-vocab-size" in r.output
     assert check_semantics(*load_vocab(tmp_path / "a.safetensors"), 3).tolist() == [3, 5, 9]
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({"size": 2}))
-    r = CliRunner().invoke(app, ["vocab", str(dataset), "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "b.safetensors")])
+    r = CliRunner().invoke(
+        app, ["vocab", str(dataset), "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "b.safetensors")]
+    )
     assert r.exit_code == 0 and "deprecated" in r.output, r.output
     assert load_vocab(tmp_path / "b.safetensors")[1].sum() == 2

@@ -13,8 +13,12 @@ from draftsmith.train.walk import walk_counts
 
 
 def test_a_walk_jumps_over_the_accepted_drafts_and_restarts_at_each_answer():
-    runs = torch.tensor([[2, 0, 1, 3, 0, 0, 1, 0],    # one answer: cycles at 0 (2 accepted), 3 (3), 7 (0)
-                         [1, 3, 0, 0, 2, 1, 0, 1]])   # answers 0..2 and 4..7: cycles at 0 (1), 2 (0); 4 (2), 7 (1)
+    runs = torch.tensor(
+        [
+            [2, 0, 1, 3, 0, 0, 1, 0],  # one answer: cycles at 0 (2 accepted), 3 (3), 7 (0)
+            [1, 3, 0, 0, 2, 1, 0, 1],
+        ]
+    )  # answers 0..2 and 4..7: cycles at 0 (1), 2 (0); 4 (2), 7 (1)
     answer = torch.tensor([[True] * 8, [True, True, True, False, True, True, True, True]])
     cycles, reach = walk_counts(runs, answer, ttt=3)
     assert cycles.tolist() == [7.0] * 3
@@ -37,12 +41,38 @@ def test_validation_records_the_walk_and_training_does_not(tmp_path, tiny_target
     from tests.helpers import write_tokenized_dataset
 
     g = np.random.default_rng(0)
-    ds = write_tokenized_dataset(tmp_path / "ds", [g.integers(3, 400, size=int(g.integers(12, 40))).tolist() for _ in range(12)])
-    res = CliRunner().invoke(app, ["train", str(ds), "--target", str(tiny_target_dir), "--out", str(tmp_path / "run"),
-                                   "--steps", "3", "--ttt", "3", "--batch-tokens", "96", "--draft-vocab-size", "300",
-                                   "--log-every", "1", "--val-fraction", "0.3", "--device", "cpu"])
+    ds = write_tokenized_dataset(
+        tmp_path / "ds", [g.integers(3, 400, size=int(g.integers(12, 40))).tolist() for _ in range(12)]
+    )
+    res = CliRunner().invoke(
+        app,
+        [
+            "train",
+            str(ds),
+            "--target",
+            str(tiny_target_dir),
+            "--out",
+            str(tmp_path / "run"),
+            "--steps",
+            "3",
+            "--ttt",
+            "3",
+            "--batch-tokens",
+            "96",
+            "--draft-vocab-size",
+            "300",
+            "--log-every",
+            "1",
+            "--val-fraction",
+            "0.3",
+            "--device",
+            "cpu",
+        ],
+    )
     assert res.exit_code == 0, res.output
     records = read_metrics(tmp_path / "run")
     val = [r for r in records if r["split"] == "val"]
-    assert val and all(len(r["walk_accept_k"]) == 3 and r["tau_walk"] == pytest.approx(1 + sum(r["walk_accept_k"])) for r in val)
+    assert val and all(
+        len(r["walk_accept_k"]) == 3 and r["tau_walk"] == pytest.approx(1 + sum(r["walk_accept_k"])) for r in val
+    )
     assert all("tau_walk" not in r for r in records if r["split"] == "train")

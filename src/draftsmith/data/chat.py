@@ -47,8 +47,10 @@ class TurnMarkers:
     eot: str  # end-of-turn special token text, e.g. "<|im_end|>"; "" when the template has none
 
 
-NO_TEMPLATE_FIX = ("pass one with --chat-template FILE (a Jinja file, e.g. the chat_template.jinja of the "
-                   "instruct version of this model), or use --completion for a base model (raw text, no template)")
+NO_TEMPLATE_FIX = (
+    "pass one with --chat-template FILE (a Jinja file, e.g. the chat_template.jinja of the "
+    "instruct version of this model), or use --completion for a base model (raw text, no template)"
+)
 
 
 def chat_template(tokenizer: Any) -> str:
@@ -72,7 +74,9 @@ def check_template_options(template_file: Path | None, completion: bool) -> None
     if template_file is not None and not Path(template_file).is_file():
         raise UserError(f"--chat-template {template_file}: no such file")
     if completion and template_file is not None:
-        raise UserError("--completion uses no template; drop --chat-template (or drop --completion to render chats with it)")
+        raise UserError(
+            "--completion uses no template; drop --chat-template (or drop --completion to render chats with it)"
+        )
 
 
 def renderer(tokenizer: Any) -> Callable[..., str]:
@@ -83,11 +87,14 @@ def renderer(tokenizer: Any) -> Callable[..., str]:
 
     def render(messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
         try:
-            return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt)
+            return tokenizer.apply_chat_template(
+                messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
         except Exception as e:  # a template error (raise_exception, bad role order, a Jinja error)
-            raise UserError(f"{template_source(tokenizer)} failed on this conversation ({type(e).__name__}: {e}); "
-                            "fix the conversation, or the template") from None
+            raise UserError(
+                f"{template_source(tokenizer)} failed on this conversation ({type(e).__name__}: {e}); "
+                "fix the conversation, or the template"
+            ) from None
 
     return render
 
@@ -95,15 +102,16 @@ def renderer(tokenizer: Any) -> Callable[..., str]:
 SENTINEL = "@@draftsmith-sentinel-5f1c@@"
 
 
-def around_message(tokenizer: Any, history: list[dict[str, str]], role: str,
-                   add_generation_prompt: bool = False) -> tuple[str, str]:
+def around_message(
+    tokenizer: Any, history: list[dict[str, str]], role: str, add_generation_prompt: bool = False
+) -> tuple[str, str]:
     """The template's text before and after the content of a `role` message that follows
     `history`: a conversation whose last message is a sentinel, rendered and cut at it."""
     text = renderer(tokenizer)([*history, {"role": role, "content": SENTINEL}], add_generation_prompt)
     i = text.find(SENTINEL)
     if i < 0:
         raise UserError("the target's chat template drops message content; cannot derive its turn markers")
-    return text[:i], text[i + len(SENTINEL):]
+    return text[:i], text[i + len(SENTINEL) :]
 
 
 def _special_texts(tokenizer: Any) -> set[str]:
@@ -118,14 +126,16 @@ def turn_markers(tokenizer: Any, render: Callable[..., str]) -> TurnMarkers:
         plain, prompted = render(user), render(user, add_generation_prompt=True)
         full = render([*user, {"role": "assistant", "content": PROBE_REPLY}])
     except UserError as e:  # on no record of the data
-        raise UserError(f"{e} (the conversation: one user turn and one reply that draftsmith renders to find the "
-                        "template's turn markers)") from None
+        raise UserError(
+            f"{e} (the conversation: one user turn and one reply that draftsmith renders to find the "
+            "template's turn markers)"
+        ) from None
     header = ""
     if prompted.startswith(plain) and full.startswith(plain):
         # what the generation prompt and a rendered reply agree on: a prompt that opens a
         # <think> block (DeepSeek-R1) is longer than the header of a rendered turn
-        header = os.path.commonprefix([prompted[len(plain):], full[len(plain):]])
-    after = full[full.find(PROBE_REPLY) + len(PROBE_REPLY):].lstrip() if PROBE_REPLY in full else ""
+        header = os.path.commonprefix([prompted[len(plain) :], full[len(plain) :]])
+    after = full[full.find(PROBE_REPLY) + len(PROBE_REPLY) :].lstrip() if PROBE_REPLY in full else ""
     specials = sorted(_special_texts(tokenizer), key=len, reverse=True)
     eot = next((t for t in specials if t and after.startswith(t)), "")
     return TurnMarkers(header=header, eot=eot)
@@ -160,7 +170,9 @@ def _spans_by_header(text: str, replies: list[str], m: TurnMarkers) -> list[tupl
     return spans
 
 
-def _spans_by_prefix(render: Callable[..., str], text: str, messages: list[dict[str, str]], m: TurnMarkers) -> list[tuple[int, int]]:
+def _spans_by_prefix(
+    render: Callable[..., str], text: str, messages: list[dict[str, str]], m: TurnMarkers
+) -> list[tuple[int, int]]:
     """Char spans from prefix renders: what assistant message i adds to the prompt before it."""
     spans = []
     for i, msg in enumerate(messages):
@@ -174,19 +186,23 @@ def _spans_by_prefix(render: Callable[..., str], text: str, messages: list[dict[
                 "earlier turns differently once later turns follow; use --chat-template with a template "
                 "that renders each turn the same way"
             )
-        reply = upto[len(before):]  # the reply and what the template writes after it
+        reply = upto[len(before) :]  # the reply and what the template writes after it
         end = upto.rindex(m.eot) + len(m.eot) if m.eot and m.eot in reply else len(upto.rstrip())
         spans.append((len(before), end))
     return spans
 
 
-def assistant_spans(render: Callable[..., str], text: str, messages: list[dict[str, str]], m: TurnMarkers) -> list[tuple[int, int]]:
+def assistant_spans(
+    render: Callable[..., str], text: str, messages: list[dict[str, str]], m: TurnMarkers
+) -> list[tuple[int, int]]:
     """Char spans `[start, end)` of every assistant turn in `text` (the render of `messages`)."""
     replies = [msg["content"] for msg in messages if msg["role"] == "assistant"]
     if not replies:
-        raise UserError("conversation has no assistant turn, so there is nothing to train on "
-                        "(for prompts, run `draftsmith synth` first to get the target's answers; "
-                        "for plain text, prepare with --completion)")
+        raise UserError(
+            "conversation has no assistant turn, so there is nothing to train on "
+            "(for prompts, run `draftsmith synth` first to get the target's answers; "
+            "for plain text, prepare with --completion)"
+        )
     spans = _spans_by_header(text, replies, m)
     return spans if spans is not None else _spans_by_prefix(render, text, messages, m)
 
@@ -226,7 +242,9 @@ def mask_from_spans(enc: Any, spans: list[tuple[int, int]]) -> np.ndarray:
 
 
 def tokenize_conversations(
-    tokenizer: Any, conversations: list[list[dict[str, str]]], names: list[str] | None = None,
+    tokenizer: Any,
+    conversations: list[list[dict[str, str]]],
+    names: list[str] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Batched `tokenize_conversation`: [(input_ids [T] int32, loss_mask [T] uint8), ...]. `names` label
     the conversations in error messages."""

@@ -29,20 +29,25 @@ def completion_parts(messages: list[dict[str, str]], where: str) -> tuple[str, s
         return "", messages[0]["content"]
     if roles == ["user", "assistant"]:
         return messages[0]["content"], messages[1]["content"]
-    raise UserError(f"{where}: --completion takes plain text or one prompt/completion pair per record, not a "
-                    f"conversation with the turns {roles}; prepare conversations without --completion "
-                    "(a base model then needs --chat-template FILE)")
+    raise UserError(
+        f"{where}: --completion takes plain text or one prompt/completion pair per record, not a "
+        f"conversation with the turns {roles}; prepare conversations without --completion "
+        "(a base model then needs --chat-template FILE)"
+    )
 
 
-def tokenize_completions(tokenizer: Any, conversations: list[list[dict[str, str]]],
-                         names: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+def tokenize_completions(
+    tokenizer: Any, conversations: list[list[dict[str, str]]], names: list[str]
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """[(input_ids [T] int32, loss_mask [T] uint8), ...]: one batched tokenizer call over
     prompt + completion, the mask 1 on the completion's tokens. `names` label the records in
     error messages."""
     parts = [completion_parts(msgs, name) for msgs, name in zip(conversations, names, strict=True)]
     encodings = encode(tokenizer, [p + c for p, c in parts], add_special_tokens=True)
-    return [(np.array(enc.ids, dtype=np.int32), mask_from_spans(enc, [(len(p), len(p) + len(c))]))
-            for enc, (p, c) in zip(encodings, parts)]
+    return [
+        (np.array(enc.ids, dtype=np.int32), mask_from_spans(enc, [(len(p), len(p) + len(c))]))
+        for enc, (p, c) in zip(encodings, parts)
+    ]
 
 
 def completion_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:

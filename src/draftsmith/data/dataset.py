@@ -30,12 +30,14 @@ from draftsmith.errors import UserError, naming
 DATA_FILE, META_FILE, STATS_FILE = "data.parquet", "dataset.json", "stats.json"
 FORMAT = "draftsmith-dataset"
 
-SCHEMA = pa.schema([
-    ("sample_id", pa.int64()),
-    ("input_ids", pa.list_(pa.int32())),
-    ("loss_mask", pa.list_(pa.uint8())),
-    ("length", pa.int32()),
-])
+SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.int64()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.uint8())),
+        ("length", pa.int32()),
+    ]
+)
 
 
 class TokenizedDataset:
@@ -72,12 +74,19 @@ class TokenizedDataset:
         """A short hash of the content (sample ids, lengths, token ids, loss masks): the same
         for a copy or a re-run of `prepare` on the same input, different for any other data."""
         h = hashlib.sha256()
-        for column, dtype in ((self.sample_ids, np.int64), (self.lengths, np.int64), (self.ids, np.int32), (self.mask, np.uint8)):
+        for column, dtype in (
+            (self.sample_ids, np.int64),
+            (self.lengths, np.int64),
+            (self.ids, np.int32),
+            (self.mask, np.uint8),
+        ):
             h.update(np.ascontiguousarray(column, dtype=dtype).data)  # no copy when already so
         return h.hexdigest()[:16]
 
 
-def pad_batch(ds: TokenizedDataset, rows: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def pad_batch(
+    ds: TokenizedDataset, rows: list[int], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Right-padded ids and attention mask [B, T_max] of the dataset's `rows` on `device`, and
     the per-row lengths: a capture batch (`extract`, and `plan`'s calibration)."""
     lengths = [int(ds.lengths[r]) for r in rows]

@@ -35,14 +35,27 @@ from draftsmith.fsutil import json_line
 RECORD_FORMATS = ("sharegpt", "messages", "pairs", "turns", "prompts")
 FORMATS = ("auto", *RECORD_FORMATS, "hf")
 ROLES = {
-    "system": "system", "developer": "system",
-    "user": "user", "human": "user",
-    "assistant": "assistant", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",
-    "bing": "assistant", "model": "assistant", "bot": "assistant",
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
 }
 # (prompt key, response key), tried in this order
-PAIR_KEYS = (("prompt", "response"), ("prompt", "completion"), ("question", "answer"),
-             ("instruction", "output"), ("input", "output"), ("query", "response"))
+PAIR_KEYS = (
+    ("prompt", "response"),
+    ("prompt", "completion"),
+    ("question", "answer"),
+    ("instruction", "output"),
+    ("input", "output"),
+    ("query", "response"),
+)
 PROMPT_KEYS = ("prompt", "text", "instruction", "question")
 ID_KEYS = ("id", "question_id", "conversation_id")
 
@@ -86,7 +99,9 @@ def _message(role: Any, content: Any, where: str) -> dict[str, str]:
 def _list_field(record: dict, key: str, where: str) -> list:
     value = record.get(key)
     if value is None:
-        raise UserError(f"{where}: no '{key}' field; all records must have the format of the first one (or pass --format)")
+        raise UserError(
+            f"{where}: no '{key}' field; all records must have the format of the first one (or pass --format)"
+        )
     if not isinstance(value, list):
         raise UserError(f"{where}: '{key}' must be a list, got {type(value).__name__}")
     return value
@@ -121,14 +136,19 @@ def _pairs(record: dict, where: str) -> list[dict[str, str]]:
             prompt = _text(record[p], where)
             if p == "instruction" and record.get("input"):  # Alpaca style
                 prompt = f"{prompt}\n\n{_text(record['input'], where)}"
-            return [*_system(record, where), {"role": "user", "content": prompt},
-                    {"role": "assistant", "content": _text(record[r], where)}]
+            return [
+                *_system(record, where),
+                {"role": "user", "content": prompt},
+                {"role": "assistant", "content": _text(record[r], where)},
+            ]
     raise UserError(f"{where}: not a prompt/response pair (expected one of {[f'{p}/{r}' for p, r in PAIR_KEYS]})")
 
 
 def _turns(record: dict, where: str) -> list[dict[str, str]]:
-    return [*_system(record, where), *({"role": "user", "content": _text(t, where)}
-                                       for t in _list_field(record, "turns", where))]
+    return [
+        *_system(record, where),
+        *({"role": "user", "content": _text(t, where)} for t in _list_field(record, "turns", where)),
+    ]
 
 
 def _prompts(record: dict, where: str) -> list[dict[str, str]]:
@@ -139,7 +159,11 @@ def _prompts(record: dict, where: str) -> list[dict[str, str]]:
 
 
 PARSERS: dict[str, Callable[[dict, str], list[dict[str, str]]]] = {
-    "sharegpt": _sharegpt, "messages": _messages, "pairs": _pairs, "turns": _turns, "prompts": _prompts,
+    "sharegpt": _sharegpt,
+    "messages": _messages,
+    "pairs": _pairs,
+    "turns": _turns,
+    "prompts": _prompts,
 }
 
 
@@ -191,8 +215,12 @@ def _table_files(folder: Path) -> list[Path]:
         names = [f["filename"] for f in json.loads(state.read_text()).get("_data_files", [])]
         if names:
             return [folder / n for n in names]
-    files = sorted(p for p in folder.iterdir() if p.suffix in (".arrow", ".parquet", ".jsonl", ".json")
-                   and p.name not in ("dataset_info.json", "state.json", "dataset_dict.json"))
+    files = sorted(
+        p
+        for p in folder.iterdir()
+        if p.suffix in (".arrow", ".parquet", ".jsonl", ".json")
+        and p.name not in ("dataset_info.json", "state.json", "dataset_dict.json")
+    )
     if not files:
         raise UserError(f"{folder}: no .arrow, .parquet or .jsonl files; expected a dataset saved with save_to_disk")
     return files

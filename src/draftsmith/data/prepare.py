@@ -63,9 +63,11 @@ def print_stats(stats: dict[str, Any]) -> None:
     table.add_column("")
     table.add_column("value", justify="right")
     rows = [
-        ("conversations read", stats["samples_in"]), ("samples kept", stats["samples_kept"]),
+        ("conversations read", stats["samples_in"]),
+        ("samples kept", stats["samples_kept"]),
         *((f"dropped: {k}", v) for k, v in stats["dropped"].items()),
-        (f"truncated at {stats['max_len']}", stats["truncated"]), ("tokens", stats["tokens"]),
+        (f"truncated at {stats['max_len']}", stats["truncated"]),
+        ("tokens", stats["tokens"]),
         ("assistant tokens", f"{stats['assistant_tokens']} ({stats['assistant_fraction']:.1%})"),
         ("mean / max length", f"{stats['mean_length']:.1f} / {stats['max_length']}"),
         ("samples/s (tokenizing)", f"{stats['throughput']['samples_per_s']:.0f}"),
@@ -90,18 +92,38 @@ def columns(ids_parts: list[np.ndarray], mask_parts: list[np.ndarray]) -> dict[s
     }
 
 
-def summarize(cfg: PrepareConfig, n_in: int, lens: np.ndarray, assistant: int, dropped: dict[str, int],
-              truncated: int, seconds: float, cpu_seconds: float) -> dict[str, Any]:
+def summarize(
+    cfg: PrepareConfig,
+    n_in: int,
+    lens: np.ndarray,
+    assistant: int,
+    dropped: dict[str, int],
+    truncated: int,
+    seconds: float,
+    cpu_seconds: float,
+) -> dict[str, Any]:
     tokens, edges = int(lens.sum()), length_edges(cfg.max_len)
     return {
-        "input": str(cfg.data), "output": str(cfg.out), "format": cfg.format, "max_len": cfg.max_len,
-        "length_policy": cfg.length_policy, "samples_in": n_in, "samples_kept": len(lens),
-        "dropped": dropped, "truncated": truncated, "tokens": tokens, "assistant_tokens": assistant,
-        "assistant_fraction": assistant / tokens, "mean_length": float(lens.mean()), "max_length": int(lens.max()),
+        "input": str(cfg.data),
+        "output": str(cfg.out),
+        "format": cfg.format,
+        "max_len": cfg.max_len,
+        "length_policy": cfg.length_policy,
+        "samples_in": n_in,
+        "samples_kept": len(lens),
+        "dropped": dropped,
+        "truncated": truncated,
+        "tokens": tokens,
+        "assistant_tokens": assistant,
+        "assistant_fraction": assistant / tokens,
+        "mean_length": float(lens.mean()),
+        "max_length": int(lens.max()),
         "length_histogram": {"edges": edges, "counts": np.histogram(lens, bins=edges)[0].tolist()},
         "throughput": {  # the tokenizing phase: read, render, tokenize, mask (not the tokenizer load)
-            "samples_per_s": n_in / seconds, "tokens_per_s": tokens / seconds,
-            "tokenize_seconds": round(seconds, 3), "tokenize_cpu_seconds": round(cpu_seconds, 3),
+            "samples_per_s": n_in / seconds,
+            "tokens_per_s": tokens / seconds,
+            "tokenize_seconds": round(seconds, 3),
+            "tokenize_cpu_seconds": round(cpu_seconds, 3),
         },
     }
 
@@ -118,8 +140,10 @@ def tokenize(cfg: PrepareConfig, tokenizer: Any, batch: list[dict[str, Any]]) ->
 def write_dataset(cfg: PrepareConfig, tmp: Path) -> dict[str, Any]:
     """Read, tokenize and write the dataset into the folder `tmp`; returns its stats."""
     if not cfg.completion and not answers(cfg.data):
-        raise UserError(f"{cfg.data}: a prompt set without answers; answer it first with "
-                        f"`draftsmith synth {cfg.data} --out FILE.jsonl` and prepare that file")
+        raise UserError(
+            f"{cfg.data}: a prompt set without answers; answer it first with "
+            f"`draftsmith synth {cfg.data} --out FILE.jsonl` and prepare that file"
+        )
     convs = read_source(cfg.data, cfg.format).convs
     tokenizer = load_tokenizer(cfg.target, cfg.chat_template)
     target = target_record(cfg.target, tokenizer)
@@ -129,14 +153,14 @@ def write_dataset(cfg: PrepareConfig, tmp: Path) -> dict[str, Any]:
     started, cpu_started = time.perf_counter(), time.process_time()
     with Progress("prepare", tmp, total=len(convs)) as progress:
         for a in range(0, len(convs), cfg.batch_size):
-            batch = convs[a:a + cfg.batch_size]
+            batch = convs[a : a + cfg.batch_size]
             n_tokens = 0
             for ids, mask in tokenize(cfg, tokenizer, batch):
                 if len(ids) > cfg.max_len:
                     if cfg.length_policy == "drop":
                         dropped["longer than max_len"] += 1
                         continue
-                    ids, mask = ids[:cfg.max_len], mask[:cfg.max_len]
+                    ids, mask = ids[: cfg.max_len], mask[: cfg.max_len]
                     truncated += 1
                 if not mask.any():
                     dropped["no assistant tokens within max_len"] += 1
@@ -147,8 +171,11 @@ def write_dataset(cfg: PrepareConfig, tmp: Path) -> dict[str, Any]:
             progress.advance(len(batch), tokens=n_tokens)
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     if not ids_parts:
-        fix = "raise --max-len" + (" or use --length-policy truncate" if cfg.length_policy == "drop" else
-                                   " (samples are truncated already: their assistant turns start after it)")
+        fix = "raise --max-len" + (
+            " or use --length-policy truncate"
+            if cfg.length_policy == "drop"
+            else " (samples are truncated already: their assistant turns start after it)"
+        )
         raise UserError(f"{cfg.data}: every sample was dropped ({dropped}); {fix}")
 
     cols = columns(ids_parts, mask_parts)
@@ -158,13 +185,22 @@ def write_dataset(cfg: PrepareConfig, tmp: Path) -> dict[str, Any]:
     write_table(tmp, cols)
     assistant = int(pc.sum(cols["loss_mask"].values).as_py())
     stats = summarize(cfg, len(convs), cols["length"].to_numpy(), assistant, dropped, truncated, seconds, cpu_seconds)
-    atomic_write_json(tmp / META_FILE, {
-        "format": FORMAT, "version": DATASET_VERSION, "target": target, "max_len": cfg.max_len,
-        "length_policy": cfg.length_policy, "completion": cfg.completion, "loss_on": cfg.loss_on,
-        "chat_template": None if cfg.completion else tokenizer.chat_template,
-        "num_samples": len(ids_parts), "source": str(cfg.data),
-        "mix": mix_card(cfg.data),  # synth --mix's sources, licenses and counts, for the model card
-    })
+    atomic_write_json(
+        tmp / META_FILE,
+        {
+            "format": FORMAT,
+            "version": DATASET_VERSION,
+            "target": target,
+            "max_len": cfg.max_len,
+            "length_policy": cfg.length_policy,
+            "completion": cfg.completion,
+            "loss_on": cfg.loss_on,
+            "chat_template": None if cfg.completion else tokenizer.chat_template,
+            "num_samples": len(ids_parts),
+            "source": str(cfg.data),
+            "mix": mix_card(cfg.data),  # synth --mix's sources, licenses and counts, for the model card
+        },
+    )
     atomic_write_json(tmp / STATS_FILE, stats)
     write_run_record(tmp, cfg)
     return stats
@@ -176,7 +212,8 @@ def run(cfg: PrepareConfig) -> Path:
         with atomic_output_dir(cfg.out, "prepare", [cfg.data, cfg.target, cfg.chat_template], cfg.overwrite) as tmp:
             stats = write_dataset(cfg, tmp)
     except OSError as e:  # a full disk: exit 4, the temporary folder removed
-        raise from_os_error(e, f"nothing was written at {cfg.out} (its temporary folder was removed): run the same "
-                               "command again") from None
+        raise from_os_error(
+            e, f"nothing was written at {cfg.out} (its temporary folder was removed): run the same command again"
+        ) from None
     print_stats(stats)
     return cfg.out

@@ -37,8 +37,15 @@ from draftsmith.errors import UserError
 # other than MIT (CC BY-NC, CC BY-SA, ODC-By, WordNet, ...). Left out always; a LICENSE.md of
 # the installed version that names more folders adds those.
 MIX_FILE = "mix.json"  # written by `synth --mix` next to its output
-EVALS_EXCLUDED = ("text_compression", "steganography", "schelling_point", "ballots", "sandbagging",
-                  "theory_of_mind", "already_said_that")
+EVALS_EXCLUDED = (
+    "text_compression",
+    "steganography",
+    "schelling_point",
+    "ballots",
+    "sandbagging",
+    "theory_of_mind",
+    "already_said_that",
+)
 
 
 @dataclass
@@ -133,7 +140,7 @@ def evals_messages(record: Any) -> list[dict[str, str]] | None:
     if pending:
         last = max(i for i, m in enumerate(out) if m["role"] == "user")
         out[last] = {"role": "user", "content": "\n\n".join([out[last]["content"], *pending])}
-        out = out[:last + 1]
+        out = out[: last + 1]
     while out and out[-1]["role"] == "assistant":
         out.pop()
     return out if any(m["role"] == "user" and m["content"].strip() for m in out) else None
@@ -160,7 +167,9 @@ def read_evals(root: Path | None) -> tuple[list[dict[str, Any]], dict[str, Any]]
     A line that is not a usable sample is skipped and counted; a task without any is listed."""
     root = root or _package_dir("evals", "evals") / "registry" / "data"
     if not root.is_dir():
-        raise UserError(f"evals: no registry data folder at {root}; give the evals registry/data folder as the source's 'path'")
+        raise UserError(
+            f"evals: no registry data folder at {root}; give the evals registry/data folder as the source's 'path'"
+        )
     excluded = evals_license_exclusions(root)
     convs: list[dict[str, Any]] = []
     unusable: Counter[str] = Counter()
@@ -181,11 +190,16 @@ def read_evals(root: Path | None) -> tuple[list[dict[str, Any]], dict[str, Any]]
                         if messages is None:
                             unusable[task] += 1
                             continue
-                        convs.append({"id": f"{rel}:line-{i}" + (f".{j}" if j else ""), "messages": messages, "task": task})
+                        convs.append(
+                            {"id": f"{rel}:line-{i}" + (f".{j}" if j else ""), "messages": messages, "task": task}
+                        )
         if len(convs) == n_before:
             empty_tasks.append(task)
-    skipped = {"license_excluded_tasks": sorted(excluded), "tasks_without_prompts": empty_tasks,
-               "unusable_lines": sum(unusable.values())}
+    skipped = {
+        "license_excluded_tasks": sorted(excluded),
+        "tasks_without_prompts": empty_tasks,
+        "unusable_lines": sum(unusable.values()),
+    }
     return convs, skipped
 
 
@@ -217,12 +231,13 @@ def read_gsm8k(root: Path | None) -> tuple[list[dict[str, Any]], dict[str, Any]]
 SOURCES: dict[str, NamedSource] = {
     "gsm8k": NamedSource("MIT", "GSM8K train questions, bundled", None, True, read_gsm8k),
     "evals": NamedSource("MIT", "OpenAI Evals registry prompts, package evals", "evals", False, read_evals),
-    "chitchat": NamedSource("MIT", "Chit-Chat Challenge small talk, package chitchat-dataset", "chitchat-dataset",
-                            True, read_chitchat),
+    "chitchat": NamedSource(
+        "MIT", "Chit-Chat Challenge small talk, package chitchat-dataset", "chitchat-dataset", True, read_chitchat
+    ),
 }
 INSTALL = {
     "evals": "pip install --no-deps evals  (46 MB; draftsmith reads only its data files. `pip install evals` "
-             "would also pull its ~150 dependencies, TensorFlow among them)",
+    "would also pull its ~150 dependencies, TensorFlow among them)",
     "chitchat-dataset": "pip install 'draftsmith[chitchat]'  (or: pip install chitchat-dataset)",
     "datasets": "pip install 'draftsmith[hf]'  (or: pip install datasets)",
 }
@@ -231,8 +246,10 @@ INSTALL = {
 def describe() -> str:
     """One line for the CLI help: the named sources, their licenses and what evals leaves out."""
     names = "; ".join(f"{n}: {s.about}, {s.license}" for n, s in SOURCES.items())
-    return (f"Named sources: {names}. evals leaves out the folders its LICENSE.md puts under other licenses: "
-            f"{', '.join(EVALS_EXCLUDED)}. hf:ORG/NAME[:SPLIT] reads a Hugging Face dataset (the hf extra: datasets).")
+    return (
+        f"Named sources: {names}. evals leaves out the folders its LICENSE.md puts under other licenses: "
+        f"{', '.join(EVALS_EXCLUDED)}. hf:ORG/NAME[:SPLIT] reads a Hugging Face dataset (the hf extra: datasets)."
+    )
 
 
 # --- Hugging Face datasets ----------------------------------------------------------------------
@@ -261,8 +278,10 @@ def load_hf(spec: str) -> Any:
         else:
             ds = datasets.load_dataset(name, split=split)
     except (ConnectionError, TimeoutError) as e:
-        raise UserError(f"{spec}: the Hugging Face Hub cannot be reached from here ({e}). Load the dataset on a machine "
-                        f"with hub access, `save_to_disk` it, copy the folder here and give hf:FOLDER[:SPLIT]") from None
+        raise UserError(
+            f"{spec}: the Hugging Face Hub cannot be reached from here ({e}). Load the dataset on a machine "
+            f"with hub access, `save_to_disk` it, copy the folder here and give hf:FOLDER[:SPLIT]"
+        ) from None
     except (FileNotFoundError, ValueError, OSError) as e:
         raise UserError(f"{spec}: cannot load this dataset ({type(e).__name__}: {e})") from None
     if isinstance(ds, datasets.DatasetDict):
@@ -272,8 +291,9 @@ def load_hf(spec: str) -> Any:
     return ds
 
 
-def records_to_convs(rows: Iterable[Any], where: str, fmt: str = "auto", text_field: str | None = None,
-                     task: str | None = None) -> list[dict[str, Any]]:
+def records_to_convs(
+    rows: Iterable[Any], where: str, fmt: str = "auto", text_field: str | None = None, task: str | None = None
+) -> list[dict[str, Any]]:
     """Conversations from dataset rows (dicts), as `read_conversations` makes them from a file.
     `text_field` takes one column as the single user prompt instead of detecting the format."""
     parser = PARSERS.get(fmt)
@@ -314,8 +334,13 @@ def label(spec: str | Path) -> str:
     return s if s in SOURCES and not Path(s).exists() else Path(s).stem
 
 
-def read_source(spec: str | Path, fmt: str = "auto", path: Path | None = None, text_field: str | None = None,
-                license: str | None = None) -> Source:
+def read_source(
+    spec: str | Path,
+    fmt: str = "auto",
+    path: Path | None = None,
+    text_field: str | None = None,
+    license: str | None = None,
+) -> Source:
     """Resolve and read one source (see the module docstring). `path` points a named source at
     another copy of its data; `text_field` names the prompt column of a dataset or file."""
     s = str(spec)
@@ -325,7 +350,9 @@ def read_source(spec: str | Path, fmt: str = "auto", path: Path | None = None, t
         return Source(name, s, license or _hf_license(ds), records_to_convs(ds, s, fmt, text_field, task=name))
     if Path(s).exists():
         if text_field is not None:
-            raise UserError(f"{s}: 'text_field' applies to hf: datasets; a file's prompt field is detected from its keys")
+            raise UserError(
+                f"{s}: 'text_field' applies to hf: datasets; a file's prompt field is detected from its keys"
+            )
         return Source(name, s, license or "unknown", [{**c, "task": name} for c in read_conversations(Path(s), fmt)])
     if s in SOURCES:
         src = SOURCES[s]
@@ -335,8 +362,10 @@ def read_source(spec: str | Path, fmt: str = "auto", path: Path | None = None, t
         return Source(name, s, license or src.license, convs, skipped)
     if "/" in s or Path(s).suffix:  # meant as a path
         raise UserError(f"{s}: no such file or folder")
-    raise UserError(f"unknown source {s!r}: no such file or folder, not hf:ORG/NAME[:SPLIT], and not one of "
-                    f"the named sources {sorted(SOURCES)}")
+    raise UserError(
+        f"unknown source {s!r}: no such file or folder, not hf:ORG/NAME[:SPLIT], and not one of "
+        f"the named sources {sorted(SOURCES)}"
+    )
 
 
 def answers(spec: str | Path) -> bool:
@@ -358,13 +387,21 @@ def data_card(mix_json: dict[str, Any]) -> dict[str, Any]:
     its name, license and conversations kept, plus what a source left out for licensing."""
     sources = []
     for s in mix_json.get("sources", []):
-        entry = {"name": s["name"], "source": s["source"], "license": s["license"],
-                 "conversations": (s.get("synth") or {}).get("kept", s.get("selected"))}
+        entry = {
+            "name": s["name"],
+            "source": s["source"],
+            "license": s["license"],
+            "conversations": (s.get("synth") or {}).get("kept", s.get("selected")),
+        }
         if s.get("license_excluded_tasks"):
             entry["left_out"] = s["license_excluded_tasks"]
         sources.append(entry)
-    return {"mix": Path(str(mix_json.get("mix", ""))).name, "seed": mix_json.get("seed"),
-            "conversations": mix_json.get("kept"), "sources": sources}
+    return {
+        "mix": Path(str(mix_json.get("mix", ""))).name,
+        "seed": mix_json.get("seed"),
+        "conversations": mix_json.get("kept"),
+        "sources": sources,
+    }
 
 
 def mix_card(conversations: Path) -> dict[str, Any] | None:

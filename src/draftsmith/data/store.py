@@ -109,20 +109,35 @@ def crc32(data: bytes | memoryview) -> str:
     return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
 
 
-def new_store_meta(target: dict[str, Any], aux_layer_ids: list[int], dtype: str, dataset: dict[str, Any]) -> dict[str, Any]:
+def new_store_meta(
+    target: dict[str, Any], aux_layer_ids: list[int], dtype: str, dataset: dict[str, Any]
+) -> dict[str, Any]:
     """store.json for a new store; `totals` and `complete` are filled in when extraction ends."""
     return {
-        "format": FORMAT, "version": VERSION, "target": target, "aux_layer_ids": list(aux_layer_ids), "dtype": dtype,
-        "hidden_size": int(target["hidden_size"]), "n_aux": len(aux_layer_ids), "folder_size": FOLDER_SIZE,
-        "checksum": "crc32", "dataset": dataset, "totals": None, "complete": False,
+        "format": FORMAT,
+        "version": VERSION,
+        "target": target,
+        "aux_layer_ids": list(aux_layer_ids),
+        "dtype": dtype,
+        "hidden_size": int(target["hidden_size"]),
+        "n_aux": len(aux_layer_ids),
+        "folder_size": FOLDER_SIZE,
+        "checksum": "crc32",
+        "dataset": dataset,
+        "totals": None,
+        "complete": False,
     }
 
 
 def dataset_identity(dataset: TokenizedDataset) -> dict[str, Any]:
     """What store.json records of the dataset a store is made from: its path (for people),
     sample and token counts, and the fingerprint of its content (what the checks compare)."""
-    return {"path": str(Path(dataset.path).resolve()), "samples": len(dataset), "tokens": int(dataset.lengths.sum()),
-            "fingerprint": dataset.fingerprint()}
+    return {
+        "path": str(Path(dataset.path).resolve()),
+        "samples": len(dataset),
+        "tokens": int(dataset.lengths.sum()),
+        "fingerprint": dataset.fingerprint(),
+    }
 
 
 def source_mismatches(meta: dict[str, Any], target: dict[str, Any], dataset: dict[str, Any]) -> list[str]:
@@ -131,11 +146,16 @@ def source_mismatches(meta: dict[str, Any], target: dict[str, Any], dataset: dic
     fingerprinted is compared on what it recorded (sample and token counts)."""
     stored, found = meta["target"], []
     if stored["fingerprint"] != target["fingerprint"]:
-        found.append(f"target fingerprint: store made for {stored.get('name')!r} ({stored['fingerprint']}), "
-                     f"this run has {target.get('name')!r} ({target['fingerprint']})")
+        found.append(
+            f"target fingerprint: store made for {stored.get('name')!r} ({stored['fingerprint']}), "
+            f"this run has {target.get('name')!r} ({target['fingerprint']})"
+        )
     made_from = meta.get("dataset") or {}
-    found += [f"dataset {key}: store made from {made_from[key]!r}, this run has {dataset[key]!r}"
-              for key in ("fingerprint", "samples", "tokens") if key in made_from and made_from[key] != dataset[key]]
+    found += [
+        f"dataset {key}: store made from {made_from[key]!r}, this run has {dataset[key]!r}"
+        for key in ("fingerprint", "samples", "tokens")
+        if key in made_from and made_from[key] != dataset[key]
+    ]
     return found
 
 
@@ -145,8 +165,10 @@ def dataset_rows(store: Path, store_ids: list[int], dataset: TokenizedDataset) -
     row_of = {int(s): i for i, s in enumerate(dataset.sample_ids)}
     missing = [s for s in store_ids if s not in row_of]
     if missing:
-        raise UserError(f"store {store} holds samples {missing[:5]} that the dataset {dataset.path} lacks: "
-                        "give the dataset the store was extracted from")
+        raise UserError(
+            f"store {store} holds samples {missing[:5]} that the dataset {dataset.path} lacks: "
+            "give the dataset the store was extracted from"
+        )
     return [row_of[s] for s in store_ids]
 
 
@@ -157,9 +179,11 @@ def check_store_matches(store: Path, dataset: TokenizedDataset, target: TargetIn
     found = source_mismatches(meta, target.to_dict(), dataset_identity(dataset))
     if found:
         made_from = (meta.get("dataset") or {}).get("path", "not recorded")
-        raise UserError(f"store {store} was not made from the dataset {dataset.path} with this target ({'; '.join(found)}). "
-                        f"Give the dataset (it was {made_from}) and --target the store was extracted from, or extract "
-                        f"a new store from this dataset with this target")
+        raise UserError(
+            f"store {store} was not made from the dataset {dataset.path} with this target ({'; '.join(found)}). "
+            f"Give the dataset (it was {made_from}) and --target the store was extracted from, or extract "
+            f"a new store from this dataset with this target"
+        )
     try:
         validate_layers(meta.get("aux_layer_ids") or [], target.num_layers)
     except UserError as e:  # a store written before the layer rule
@@ -179,7 +203,9 @@ def read_store_meta(path: Path) -> dict[str, Any]:
     if meta.get("format") != FORMAT:
         raise UserError(f"{meta_file}: not a draftsmith hidden-state store (format {meta.get('format')!r})")
     if meta.get("version") != VERSION:
-        raise UserError(f"{meta_file}: store format version {meta.get('version')} is not supported (expected {VERSION})")
+        raise UserError(
+            f"{meta_file}: store format version {meta.get('version')} is not supported (expected {VERSION})"
+        )
     if "layers" in meta:  # stores written before the rename name their aux layer ids "layers"
         meta["aux_layer_ids"] = meta.pop("layers")
     return meta
@@ -248,7 +274,9 @@ def check_sample(tensors: dict[str, torch.Tensor], n_aux: int, hidden_size: int,
         raise UserError(f"{where}: missing tensors {missing}")
     T = tensors["input_ids"].shape[0]
     expected = {
-        "input_ids": (T,), "loss_mask": (T,), "aux_hidden_states": (T, n_aux * hidden_size),
+        "input_ids": (T,),
+        "loss_mask": (T,),
+        "aux_hidden_states": (T, n_aux * hidden_size),
         "final_hidden_states": (T, hidden_size),
     }
     for key, shape in expected.items():
@@ -329,12 +357,16 @@ class StoreReader:
         except OSError as e:
             raise UserError(f"{f}: cannot read sample {entry['sample_id']} ({e.strerror}); {REEXTRACT}") from None
         if crc32(data) != entry["crc32"]:
-            raise UserError(f"{f}: sample {entry['sample_id']} is corrupt (checksum {crc32(data)}, the manifest says "
-                            f"{entry['crc32']}); delete the file and {REEXTRACT}")
+            raise UserError(
+                f"{f}: sample {entry['sample_id']} is corrupt (checksum {crc32(data)}, the manifest says "
+                f"{entry['crc32']}); delete the file and {REEXTRACT}"
+            )
         try:
             t = load_bytes(data)
         except Exception as e:  # safetensors raises its own error type on a bad header
-            raise UserError(f"{f}: cannot read sample {entry['sample_id']} ({e}); delete the file and {REEXTRACT}") from None
+            raise UserError(
+                f"{f}: cannot read sample {entry['sample_id']} ({e}); delete the file and {REEXTRACT}"
+            ) from None
         check_sample(t, self.n_aux, self.hidden_size, str(f))
         if t["input_ids"].shape[0] != int(entry["tokens"]):
             raise UserError(f"{f}: {t['input_ids'].shape[0]} rows but the manifest says {entry['tokens']} tokens")
@@ -357,11 +389,15 @@ class StoreReader:
             try:
                 on_disk = f.stat().st_size
             except OSError as e:
-                raise UserError(f"{f}: sample {entry['sample_id']} is listed in the manifest but cannot be read "
-                                f"({e.strerror}); {REEXTRACT}") from None
+                raise UserError(
+                    f"{f}: sample {entry['sample_id']} is listed in the manifest but cannot be read "
+                    f"({e.strerror}); {REEXTRACT}"
+                ) from None
             if size is not None and on_disk != int(size):
-                raise UserError(f"{f}: sample {entry['sample_id']} is {on_disk} bytes but the manifest says {size}: "
-                                f"truncated or overwritten; delete the file and {REEXTRACT}")
+                raise UserError(
+                    f"{f}: sample {entry['sample_id']} is {on_disk} bytes but the manifest says {size}: "
+                    f"truncated or overwritten; delete the file and {REEXTRACT}"
+                )
         if all(s is not None for s in sizes) and sum(int(s) for s in sizes) <= read_all_below:
             for i in range(len(self)):
                 self[i]  # the checksum, header and shapes of every sample
@@ -378,7 +414,10 @@ class StoreReader:
         s = self[i]
         with safe_open(str(f), framework="pt") as sf:
             file_meta = sf.metadata() or {}
-        if file_meta.get("fingerprint") != self.meta["target"]["fingerprint"] or int(file_meta.get("sample_id", -1)) != entry["sample_id"]:
+        if (
+            file_meta.get("fingerprint") != self.meta["target"]["fingerprint"]
+            or int(file_meta.get("sample_id", -1)) != entry["sample_id"]
+        ):
             raise UserError(f"{f}: metadata {file_meta} does not match the store")
         for key in ("aux_hidden_states", "final_hidden_states"):
             if not torch.isfinite(s[key]).all():

@@ -37,16 +37,20 @@ def draft_vocab_size(size: int | None, vocab_size: int) -> int:
     `size` when given, else min(DEFAULT_SIZE, vocab_size); one larger than the target's is refused,
     and so is a degenerate one (`check_size`)."""
     if size is not None and size > vocab_size:
-        raise UserError(f"--draft-vocab-size {size} is larger than the target's vocab ({vocab_size} tokens): give at most {vocab_size}")
+        raise UserError(
+            f"--draft-vocab-size {size} is larger than the target's vocab ({vocab_size} tokens): give at most {vocab_size}"
+        )
     return check_size(size if size is not None else min(DEFAULT_SIZE, vocab_size), "--draft-vocab-size")
 
 
 def check_size(size: int, where: str) -> int:
     """A draft vocab of at least MIN_SIZE tokens, or a UserError saying why (`where`: the option or file)."""
     if size < MIN_SIZE:
-        raise UserError(f"{where}: a draft vocab of {size} token(s) cannot be trained: the drafter's softmax over one "
-                        f"token is 1 everywhere, so the loss is 0 and nothing is learned; give at least {MIN_SIZE} "
-                        f"(default min({DEFAULT_SIZE}, the target's vocab))")
+        raise UserError(
+            f"{where}: a draft vocab of {size} token(s) cannot be trained: the drafter's softmax over one "
+            f"token is 1 everywhere, so the loss is 0 and nothing is learned; give at least {MIN_SIZE} "
+            f"(default min({DEFAULT_SIZE}, the target's vocab))"
+        )
     return size
 
 
@@ -88,13 +92,19 @@ def load_vocab(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         raise UserError(f"{path}: not a draft vocab file (needs d2t and t2d tensors); {fix}")
     d2t, t2d = t["d2t"], t["t2d"]
     if d2t.ndim != 1 or t2d.ndim != 1 or t2d.dtype != torch.bool or d2t.dtype.is_floating_point:
-        raise UserError(f"{path}: d2t must be 1-D integer offsets and t2d a 1-D bool mask "
-                        f"(got d2t {d2t.dtype} {list(d2t.shape)}, t2d {t2d.dtype} {list(t2d.shape)}); {fix}")
+        raise UserError(
+            f"{path}: d2t must be 1-D integer offsets and t2d a 1-D bool mask "
+            f"(got d2t {d2t.dtype} {list(d2t.shape)}, t2d {t2d.dtype} {list(t2d.shape)}); {fix}"
+        )
     target_ids = d2t.long() + torch.arange(len(d2t))  # [k] the target id of each draft id
-    if len(target_ids) and (int(target_ids.min()) < 0 or int(target_ids.max()) >= len(t2d)
-                            or not torch.equal(t2d.nonzero().flatten(), target_ids)):
-        raise UserError(f"{path}: d2t and t2d disagree (d2t must map draft id i to the i-th target id that t2d "
-                        f"marks); {fix}")
+    if len(target_ids) and (
+        int(target_ids.min()) < 0
+        or int(target_ids.max()) >= len(t2d)
+        or not torch.equal(t2d.nonzero().flatten(), target_ids)
+    ):
+        raise UserError(
+            f"{path}: d2t and t2d disagree (d2t must map draft id i to the i-th target id that t2d marks); {fix}"
+        )
     check_size(len(d2t), str(path))
     return d2t, t2d
 
@@ -109,7 +119,9 @@ def token_counts(ds: TokenizedDataset, vocab_size: int, rows: list[int] | None =
         keep &= np.repeat(member, ds.lengths)  # [total tokens]
     ids = ds.ids[keep]  # [n_assistant]
     if ids.size and int(ids.max()) >= vocab_size:
-        raise UserError(f"{ds.path}: token id {int(ids.max())} is outside the target vocab ({vocab_size}); re-run prepare")
+        raise UserError(
+            f"{ds.path}: token id {int(ids.max())} is outside the target vocab ({vocab_size}); re-run prepare"
+        )
     return np.bincount(ids, minlength=vocab_size).astype(np.int64)
 
 
@@ -130,16 +142,28 @@ def run(cfg: VocabConfig) -> Path:
     covered = int(counts[t2d.numpy()].sum())
     coverage = covered / total if total else 0.0
     try:
-        save_vocab(out, d2t, t2d, meta={
-            "draft_vocab_size": str(size), "target_vocab": str(vocab_size), "dataset": str(cfg.dataset_dir),
-            "target": json.dumps(ds.target), "assistant_tokens": str(total), "coverage": f"{coverage:.6f}",
-        })
+        save_vocab(
+            out,
+            d2t,
+            t2d,
+            meta={
+                "draft_vocab_size": str(size),
+                "target_vocab": str(vocab_size),
+                "dataset": str(cfg.dataset_dir),
+                "target": json.dumps(ds.target),
+                "assistant_tokens": str(total),
+                "coverage": f"{coverage:.6f}",
+            },
+        )
         write_run_record(out.parent, cfg, name=f"{out.name}.run.yaml")
     except OSError as e:  # a full disk: exit 4, no temporary file left
-        raise from_os_error(e, f"{out} was not written (a file there before is unchanged): run the same command "
-                               "again") from None
+        raise from_os_error(
+            e, f"{out} was not written (a file there before is unchanged): run the same command again"
+        ) from None
     padded = max(size - distinct, 0)
-    print(f"[vocab] {cfg.out}: {size} draft tokens of target vocab {vocab_size}; {distinct} distinct assistant tokens in "
-          f"{total} ({len(ds)} samples); the draft vocab covers {coverage:.2%} of assistant tokens"
-          + (f"; padded with {padded} unseen ids (lowest ids first)" if padded else ""))
+    print(
+        f"[vocab] {cfg.out}: {size} draft tokens of target vocab {vocab_size}; {distinct} distinct assistant tokens in "
+        f"{total} ({len(ds)} samples); the draft vocab covers {coverage:.2%} of assistant tokens"
+        + (f"; padded with {padded} unseen ids (lowest ids first)" if padded else "")
+    )
     return cfg.out

@@ -46,7 +46,9 @@ def save_file(tensors: dict[str, torch.Tensor], path: Path | str, metadata: dict
     os.chmod(path, 0o666 & ~_umask())
 
 
-def save_drafter(model: Eagle3Drafter, folder: Path, target: dict[str, Any] | None = None, meta: dict[str, Any] | None = None) -> Path:
+def save_drafter(
+    model: Eagle3Drafter, folder: Path, target: dict[str, Any] | None = None, meta: dict[str, Any] | None = None
+) -> Path:
     """Write weights first, then drafter.json (a folder with a drafter.json is complete)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -54,10 +56,16 @@ def save_drafter(model: Eagle3Drafter, folder: Path, target: dict[str, Any] | No
     tmp = folder / (WEIGHTS + ".tmp")
     save_file(state, tmp)
     tmp.replace(folder / WEIGHTS)
-    atomic_write_json(folder / DRAFTER_FILE, {
-        "format": FORMAT, "version": 1, "config": model.config.to_dict(),
-        "target": target or {}, "meta": meta or {},
-    })
+    atomic_write_json(
+        folder / DRAFTER_FILE,
+        {
+            "format": FORMAT,
+            "version": 1,
+            "config": model.config.to_dict(),
+            "target": target or {},
+            "meta": meta or {},
+        },
+    )
     return folder
 
 
@@ -76,7 +84,9 @@ def read_drafter_record(folder: Path) -> dict[str, Any]:
     return record
 
 
-def load_drafter(path: Path, device: str | torch.device = "cpu", convention: str | None = None) -> tuple[Eagle3Drafter, dict[str, Any]]:
+def load_drafter(
+    path: Path, device: str | torch.device = "cpu", convention: str | None = None
+) -> tuple[Eagle3Drafter, dict[str, Any]]:
     """Load a drafter folder (native, exported, or third-party EAGLE-3; `convention`: the layer-id
     convention of a third-party folder's config, as `import_drafter` takes it). Returns the model
     and its record (drafter.json's `config`, `target`, `meta`). A drafter with a NaN or Inf weight
@@ -98,7 +108,9 @@ def load_drafter(path: Path, device: str | torch.device = "cpu", convention: str
         except RuntimeError as e:  # a tensor of the wrong shape
             raise UserError(f"drafter {path}: weights do not match its config ({e}); {FIX}") from None
         if missing or unexpected:
-            raise UserError(f"drafter {path}: weights do not match its config (missing {missing}, unexpected {unexpected}); {FIX}")
+            raise UserError(
+                f"drafter {path}: weights do not match its config (missing {missing}, unexpected {unexpected}); {FIX}"
+            )
     elif (path / "config.json").exists():
         model, record = import_drafter(path, convention=convention)
     else:
@@ -117,6 +129,8 @@ def check_finite(state: dict[str, torch.Tensor], where: str) -> None:
     neither measured nor served."""
     bad = nonfinite(state)
     if bad:
-        raise UserError(f"{where}: NaN or Inf weights in {', '.join(bad[:5])}; this drafter cannot be evaluated or "
-                        "served. Use an earlier drafter or checkpoint, or retrain it (a training run that diverged: "
-                        "lower --lr)")
+        raise UserError(
+            f"{where}: NaN or Inf weights in {', '.join(bad[:5])}; this drafter cannot be evaluated or "
+            "served. Use an earlier drafter or checkpoint, or retrain it (a training run that diverged: "
+            "lower --lr)"
+        )

@@ -38,7 +38,15 @@ from typing import Any
 
 import torch
 
-from draftsmith.draft.layouts import ARCH_OPTIONS, EXTRA_PREFIX, NESTED_IDS, RECORD_KEY, TOP_LEVEL_IDS, check_vocab, to_draftsmith_key
+from draftsmith.draft.layouts import (
+    ARCH_OPTIONS,
+    EXTRA_PREFIX,
+    NESTED_IDS,
+    RECORD_KEY,
+    TOP_LEVEL_IDS,
+    check_vocab,
+    to_draftsmith_key,
+)
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.fsutil import read_safetensors
@@ -51,7 +59,11 @@ IGNORED_PREFIXES = ("verifier_",)  # speculators' frozen copies of the verifier'
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint folder, whatever the file layout."""
-    single, index, pickled = folder / "model.safetensors", folder / "model.safetensors.index.json", folder / "pytorch_model.bin"
+    single, index, pickled = (
+        folder / "model.safetensors",
+        folder / "model.safetensors.index.json",
+        folder / "pytorch_model.bin",
+    )
     if single.exists():
         return read_safetensors(single, FIX)
     if index.exists():
@@ -60,22 +72,32 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     if pickled.exists():
         try:
             return torch.load(pickled, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any unpickling failure is the same user-facing problem
-            raise UserError(f"{pickled}: cannot be read safely with weights_only=True ({e}); convert it to safetensors") from None
+        except Exception as e:
+            raise UserError(
+                f"{pickled}: cannot be read safely with weights_only=True ({e}); convert it to safetensors"
+            ) from None
     raise UserError(f"{folder}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
 
 
 def to_draftsmith_keys(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """EAGLE / SpecForge / speculators / ModelOpt names -> draftsmith names. A later layer's
     `hidden_norm` (vLLM builds one in every layer and uses layer 0's alone) is dropped."""
-    out = {to_draftsmith_key(key): value for key, value in tensors.items()
-           if not (key.endswith(IGNORED_SUFFIXES) or key.startswith(IGNORED_PREFIXES))}
+    out = {
+        to_draftsmith_key(key): value
+        for key, value in tensors.items()
+        if not (key.endswith(IGNORED_SUFFIXES) or key.startswith(IGNORED_PREFIXES))
+    }
     return {k: v for k, v in out.items() if not (k.startswith(EXTRA_PREFIX) and k.endswith(".hidden_norm.weight"))}
 
 
-def read_aux_layer_ids(config: dict[str, Any], speculators: bool, convention: str | None, where: Path) -> tuple[list[int], str]:
+def read_aux_layer_ids(
+    config: dict[str, Any], speculators: bool, convention: str | None, where: Path
+) -> tuple[list[int], str]:
     """The auxiliary layer ids in draftsmith's convention, and a note on where they came from."""
-    fields = {TOP_LEVEL_IDS: config.get(TOP_LEVEL_IDS), NESTED_IDS: (config.get("eagle_config") or {}).get(TOP_LEVEL_IDS)}
+    fields = {
+        TOP_LEVEL_IDS: config.get(TOP_LEVEL_IDS),
+        NESTED_IDS: (config.get("eagle_config") or {}).get(TOP_LEVEL_IDS),
+    }
     present = {f: [int(k) for k in ids] for f, ids in fields.items() if ids}
     if not present:
         raise UserError(
@@ -87,7 +109,9 @@ def read_aux_layer_ids(config: dict[str, Any], speculators: bool, convention: st
         conventions = record["layer_id_conventions"]
         mapped = {f: from_engine(ids, conventions[f]) for f, ids in present.items() if f in conventions}
         if not mapped or any(ids != record["aux_layer_ids"] for ids in mapped.values()):
-            raise UserError(f"{where}: the layer ids in config.json {present} disagree with draftsmith's record {record}")
+            raise UserError(
+                f"{where}: the layer ids in config.json {present} disagree with draftsmith's record {record}"
+            )
         return list(record["aux_layer_ids"]), f"draftsmith record ({conventions})"
     field = TOP_LEVEL_IDS if speculators or NESTED_IDS not in present else NESTED_IDS
     guess = convention or ("vllm" if field == TOP_LEVEL_IDS else "sglang")
@@ -158,7 +182,9 @@ def load_weights(model: Eagle3Drafter, state: dict[str, torch.Tensor], where: Pa
     unexpected = sorted(set(state) - set(expected))
     missing = sorted(set(expected) - set(state) - {"embed_tokens.weight"})
     if unexpected or missing:
-        raise UserError(f"{where}: weights do not match an EAGLE-3 drafter (missing {missing}, unexpected {unexpected})")
+        raise UserError(
+            f"{where}: weights do not match an EAGLE-3 drafter (missing {missing}, unexpected {unexpected})"
+        )
     wrong = {k: (tuple(v.shape), tuple(expected[k].shape)) for k, v in state.items() if v.shape != expected[k].shape}
     if wrong:
         raise UserError(

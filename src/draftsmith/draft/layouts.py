@@ -31,9 +31,9 @@ def to_engine_key(key: str, first_layer: str) -> str:
     """A draftsmith weight name -> the engines': midlayer.* -> `first_layer`* (midlayer. or layers.0.),
     extra_layers.{j}.* -> layers.{j+1}.*; every other name stays."""
     if key.startswith(DRAFTSMITH_PREFIX):
-        return first_layer + key[len(DRAFTSMITH_PREFIX):]
+        return first_layer + key[len(DRAFTSMITH_PREFIX) :]
     if key.startswith(EXTRA_PREFIX):
-        j, rest = key[len(EXTRA_PREFIX):].split(".", 1)
+        j, rest = key[len(EXTRA_PREFIX) :].split(".", 1)
         return f"layers.{int(j) + 1}.{rest}"
     return key
 
@@ -42,9 +42,9 @@ def to_draftsmith_key(key: str) -> str:
     """An engine's weight name (midlayer.*, layers.{i}.*, maybe under model.) -> draftsmith's."""
     name = key.removeprefix("model.")
     if name.startswith(LAYER_PREFIX):
-        return DRAFTSMITH_PREFIX + name[len(LAYER_PREFIX):]
+        return DRAFTSMITH_PREFIX + name[len(LAYER_PREFIX) :]
     if name.startswith("layers."):
-        i, rest = name[len("layers."):].split(".", 1)
+        i, rest = name[len("layers.") :].split(".", 1)
         return f"{EXTRA_PREFIX}{int(i) - 1}.{rest}"
     return name
 

@@ -165,7 +165,9 @@ class Eagle3Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, attend: Attend) -> torch.Tensor:
+    def forward(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, attend: Attend
+    ) -> torch.Tensor:
         normed = self.hidden_norm(hidden)  # [B, T, H]
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
@@ -197,8 +199,11 @@ class Eagle3Drafter(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # copied from the target, frozen
         self.input_norm = RMSNorm(n_aux * cfg.target_hidden_size, cfg.rms_norm_eps) if cfg.norm_before_fc else None
-        self.fc_norm = (nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(n_aux))
-                        if cfg.fc_norm else None)
+        self.fc_norm = (
+            nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(n_aux))
+            if cfg.fc_norm
+            else None
+        )
         self.fc = nn.Linear(n_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = Eagle3Layer(cfg)
         self.extra_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers - 1))
@@ -225,8 +230,9 @@ class Eagle3Drafter(nn.Module):
         """The layers in order: `midlayer`, then `extra_layers` (the engines' layers.0, 1, ..)."""
         return [self.midlayer, *self.extra_layers]
 
-    def layers_forward(self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                       attend: Attends) -> torch.Tensor:
+    def layers_forward(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, attend: Attends
+    ) -> torch.Tensor:
         """embeds, hidden [B, T, H] -> the last layer's output [B, T, H] (before `norm`). `attend`:
         one callback per layer, or one for all layers when it keeps no keys."""
         if callable(attend):  # one for all layers: only one that keeps no keys, or the layers would share them

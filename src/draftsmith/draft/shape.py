@@ -15,9 +15,20 @@ from draftsmith.draft.model import DrafterConfig
 class DrafterShape(BaseModel):
     """Mixed into a command's config: its draft vocab, MLP width and depth options."""
 
-    draft_vocab_size: int | None = Field(None, gt=0, description="Draft vocab size (train: when --vocab is not given), at most the target's vocab; default min(32000, vocab).")
-    intermediate_size: int | str | None = Field(None, description="Width of the drafter layer's MLP: a number (6144), or a multiple of the target's MLP width (4x); default: the target's (one decoder layer's shape). Served by vLLM and SGLang, which read `intermediate_size` from the exported config.")
-    num_layers: int = Field(1, ge=1, description="Decoder layers in the drafter: the EAGLE-3 layer (embedding and hidden state), then num_layers-1 plain Llama layers on the hidden stream, each with its own attention over the context; every draft step runs them all. Served by vLLM (`num_hidden_layers`); SGLang serves one layer.")
+    draft_vocab_size: int | None = Field(
+        None,
+        gt=0,
+        description="Draft vocab size (train: when --vocab is not given), at most the target's vocab; default min(32000, vocab).",
+    )
+    intermediate_size: int | str | None = Field(
+        None,
+        description="Width of the drafter layer's MLP: a number (6144), or a multiple of the target's MLP width (4x); default: the target's (one decoder layer's shape). Served by vLLM and SGLang, which read `intermediate_size` from the exported config.",
+    )
+    num_layers: int = Field(
+        1,
+        ge=1,
+        description="Decoder layers in the drafter: the EAGLE-3 layer (embedding and hidden state), then num_layers-1 plain Llama layers on the hidden stream, each with its own attention over the context; every draft step runs them all. Served by vLLM (`num_hidden_layers`); SGLang serves one layer.",
+    )
 
     @field_validator("intermediate_size", mode="before")
     @classmethod
@@ -43,4 +54,6 @@ class DrafterShape(BaseModel):
     def shaped(self, target_shape: DrafterConfig) -> DrafterConfig:
         """`target_shape` (`DrafterConfig.from_target`: one decoder layer of the target's) with
         this MLP width and number of decoder layers."""
-        return replace(target_shape, intermediate_size=self.mlp_width(target_shape.intermediate_size), num_layers=self.num_layers)
+        return replace(
+            target_shape, intermediate_size=self.mlp_width(target_shape.intermediate_size), num_layers=self.num_layers
+        )

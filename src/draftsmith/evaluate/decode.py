@@ -26,8 +26,8 @@ import torch
 
 from draftsmith.evaluate.proposer import Draft
 from draftsmith.runtime.engine import TargetEngine
-from draftsmith.runtime.sampling import Sampling, verify_chain_greedy, verify_chain_sampled, verify_tree
 from draftsmith.runtime.engine_choice import Engine
+from draftsmith.runtime.sampling import Sampling, verify_chain_greedy, verify_chain_sampled, verify_tree
 
 
 class Proposer(Protocol):
@@ -71,8 +71,15 @@ def _prefill(engine: Engine, prompts: list[list[int]]) -> tuple[torch.Tensor, to
     return logits[-1:], aux[None], ids, torch.zeros(1, dtype=torch.long, device=engine.device)
 
 
-def _forward(engine: Engine, ids: torch.Tensor, pad: torch.Tensor, n: torch.Tensor, n_host: list[int],
-             block: torch.Tensor | None = None, offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(
+    engine: Engine,
+    ids: torch.Tensor,
+    pad: torch.Tensor,
+    n: torch.Tensor,
+    n_host: list[int],
+    block: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [B, T] after each row's n tokens (`TargetEngine.rows_forward`). Returns logits [B, T, V], aux [B, T, n_aux*H]."""
     if isinstance(engine, TargetEngine):
         return engine.rows_forward(ids, pad, n, block, offsets)
@@ -88,8 +95,16 @@ def _pick(sampling: Sampling, logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1) if sampling.greedy else sampling.draws(sampling.probs(logits))
 
 
-def _verify(engine: Engine, proposer: Proposer, draft: Draft, root: torch.Tensor, pad: torch.Tensor, n: torch.Tensor,
-            n_host: list[int], sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], torch.Tensor]:
+def _verify(
+    engine: Engine,
+    proposer: Proposer,
+    draft: Draft,
+    root: torch.Tensor,
+    pad: torch.Tensor,
+    n: torch.Tensor,
+    n_host: list[int],
+    sampling: Sampling,
+) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], torch.Tensor]:
     """One verification of every row's draft after its n tokens (root [B, 1]: the last token,
     not yet in the target's cache). Returns the accepted counts [B], the new tokens [B, L] (the
     accepted drafts, then the bonus or corrected token), each row's new tokens on the host, and
@@ -108,12 +123,21 @@ def _verify(engine: Engine, proposer: Proposer, draft: Draft, root: torch.Tensor
     logits, aux = _forward(engine, ids, pad, n, n_host, anc, offsets)
     accepted, path, new, host = verify_tree(tokens, parents, depths, anc, logits, sampling, proposer.path_len)
     slots = (pad + n)[:, None] + torch.arange(ids.shape[1], device=engine.device)  # [B, N+1]
-    engine.compact(slots.gather(1, path), slots[:, : path.shape[1]])  # fixed shape: padding rows land where the next forward writes
+    engine.compact(
+        slots.gather(1, path), slots[:, : path.shape[1]]
+    )  # fixed shape: padding rows land where the next forward writes
     return accepted, new, host, aux.gather(1, path[..., None].expand(-1, -1, aux.shape[-1]))
 
 
-def decode(engine: Engine, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int], sampling: Sampling,
-           proposer: Proposer | None = None, width: int = 1) -> list[Turn]:
+def decode(
+    engine: Engine,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    stop_ids: set[int],
+    sampling: Sampling,
+    proposer: Proposer | None = None,
+    width: int = 1,
+) -> list[Turn]:
     """Answer `prompts` (one per engine row) by plain decoding, or by speculative decoding with
     `proposer`. `width` > 1 (plain only): each step's forward has the verification's shape, the
     token then width-1 copies of it after it, of which only the first row's logits are used
@@ -131,8 +155,11 @@ def decode(engine: Engine, prompts: list[list[int]], max_new_tokens: int, stop_i
     out, accepts = [list(t) for t in new_host], [[] for _ in prompts]
 
     def running(i: int) -> bool:
-        return (len(out[i]) < max_new_tokens and stop_ids.isdisjoint(new_host[i])
-                and pad_host[i] + n_host[i] + size + 1 <= engine.max_len)
+        return (
+            len(out[i]) < max_new_tokens
+            and stop_ids.isdisjoint(new_host[i])
+            and pad_host[i] + n_host[i] + size + 1 <= engine.max_len
+        )
 
     alive = [running(i) for i in range(rows)]
     live = torch.tensor(alive, device=dev)  # [B]
@@ -144,7 +171,9 @@ def decode(engine: Engine, prompts: list[list[int]], max_new_tokens: int, stop_i
             new = _pick(sampling, _forward(engine, root.expand(-1, width), pad, n, n_host)[0][:, 0])[:, None]  # [B, 1]
             accepted, new_host = torch.zeros_like(n), new.tolist()  # the one host read
         else:
-            accepted, new, new_host, acc_aux = _verify(engine, proposer, proposer.propose(), root, pad, n, n_host, sampling)
+            accepted, new, new_host, acc_aux = _verify(
+                engine, proposer, proposer.propose(), root, pad, n, n_host, sampling
+            )
         for i in range(rows):
             if alive[i]:
                 out[i] += new_host[i]
@@ -160,30 +189,45 @@ def decode(engine: Engine, prompts: list[list[int]], max_new_tokens: int, stop_i
         root = new.gather(1, accepted[:, None])  # [B, 1]
     _sync(dev)
     seconds = (time.perf_counter() - t0) / rows
-    return [Turn(_finish(o, max_new_tokens, stop_ids), seconds, a if proposer is not None else []) for o, a in zip(out, accepts, strict=True)]
+    return [
+        Turn(_finish(o, max_new_tokens, stop_ids), seconds, a if proposer is not None else [])
+        for o, a in zip(out, accepts, strict=True)
+    ]
 
 
-def decode_all(engine: Engine, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int], sampling: Sampling,
-               proposer: Proposer | None = None, done: Callable[[list[Turn]], None] | None = None, width: int = 1) -> list[Turn]:
+def decode_all(
+    engine: Engine,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    stop_ids: set[int],
+    sampling: Sampling,
+    proposer: Proposer | None = None,
+    done: Callable[[list[Turn]], None] | None = None,
+    width: int = 1,
+) -> list[Turn]:
     """`decode` of any number of prompts, in batches of the engine's rows (the last one filled
     up with copies of its first prompt, whose answers are dropped); `done(turns)` after each batch."""
     rows, out = getattr(engine, "batch", 1), []
     for i in range(0, len(prompts), rows):
         chunk = prompts[i : i + rows]
-        turns = decode(engine, chunk + chunk[:1] * (rows - len(chunk)), max_new_tokens, stop_ids, sampling, proposer, width)[: len(chunk)]
+        turns = decode(
+            engine, chunk + chunk[:1] * (rows - len(chunk)), max_new_tokens, stop_ids, sampling, proposer, width
+        )[: len(chunk)]
         out += turns
         if done is not None:
             done(turns)
     return out
 
 
-def plain_generate(engine: Engine, prompt: list[int], max_new_tokens: int, stop_ids: set[int],
-                   sampling: Sampling) -> Turn:
+def plain_generate(
+    engine: Engine, prompt: list[int], max_new_tokens: int, stop_ids: set[int], sampling: Sampling
+) -> Turn:
     """One prompt by plain decoding (an engine of one row)."""
     return decode(engine, [prompt], max_new_tokens, stop_ids, sampling)[0]
 
 
-def spec_generate(engine: Engine, proposer: Proposer, prompt: list[int], max_new_tokens: int,
-                  stop_ids: set[int], sampling: Sampling) -> Turn:
+def spec_generate(
+    engine: Engine, proposer: Proposer, prompt: list[int], max_new_tokens: int, stop_ids: set[int], sampling: Sampling
+) -> Turn:
     """One prompt by speculative decoding (an engine and a proposer of one row)."""
     return decode(engine, [prompt], max_new_tokens, stop_ids, sampling, proposer)[0]

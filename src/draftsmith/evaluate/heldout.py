@@ -45,14 +45,18 @@ def training_config(drafter: Path) -> dict[str, Any]:
             config = load_yaml_mapping(record, "training run record").get("config") or {}
             if isinstance(config, dict) and "dataset_dir" in config and "val_fraction" in config:
                 return config
-    raise UserError(f"--bench {HELD_OUT} needs the drafter's training run: give --drafter a `draftsmith train` output "
-                    f"folder (its run.yaml names the dataset and the validation split); {drafter} is not one")
+    raise UserError(
+        f"--bench {HELD_OUT} needs the drafter's training run: give --drafter a `draftsmith train` output "
+        f"folder (its run.yaml names the dataset and the validation split); {drafter} is not one"
+    )
 
 
 def held_out_rows(config: dict[str, Any], dataset: TokenizedDataset) -> list[int]:
     """The dataset rows of the run's validation samples, in split order."""
     if not config["val_fraction"]:
-        raise UserError(f"--bench {HELD_OUT}: the run held nothing out (--val-fraction 0); train with a validation split")
+        raise UserError(
+            f"--bench {HELD_OUT}: the run held nothing out (--val-fraction 0); train with a validation split"
+        )
     rows = list(range(len(dataset)))  # online training: the source's i-th sample is the dataset's i-th
     if config.get("hidden"):  # offline: the store's samples, mapped back to the dataset's rows
         from draftsmith.data.store import StoreReader, dataset_rows
@@ -89,9 +93,14 @@ def held_out_questions(drafter: Path, tokenizer: Any, num: int) -> list[Question
     rows = held_out_rows(config, dataset)
     questions, unmatched = first_turns(dataset, rows, tokenizer)
     if not questions:
-        raise UserError(f"--bench {HELD_OUT}: none of the {len(rows)} held-out samples of {config['dataset_dir']} starts "
-                        "with a first user turn in the target's chat template (completion-mode data, or another template)")
+        raise UserError(
+            f"--bench {HELD_OUT}: none of the {len(rows)} held-out samples of {config['dataset_dir']} starts "
+            "with a first user turn in the target's chat template (completion-mode data, or another template)"
+        )
     picked = [questions[i] for i in spread(len(questions), num)]
-    print(f"[eval] {HELD_OUT}: {len(picked)} of the {len(questions)} first user turns of the run's validation split "
-          f"({config['dataset_dir']}; {unmatched} of {len(rows)} samples left out: not the template's first turn)", flush=True)
+    print(
+        f"[eval] {HELD_OUT}: {len(picked)} of the {len(questions)} first user turns of the run's validation split "
+        f"({config['dataset_dir']}; {unmatched} of {len(rows)} samples left out: not the template's first turn)",
+        flush=True,
+    )
     return picked

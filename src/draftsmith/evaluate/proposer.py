@@ -62,7 +62,9 @@ def tree_ancestors(parents: torch.Tensor, depth: int) -> torch.Tensor:
     iff c is r or an ancestor of r (row 0 = root). On the device: depth-1 pointer steps."""
     up = torch.cat([parents[:, :1] * 0, parents], dim=1)  # [B, N+1]: each row's parent row (the root's: itself)
     rows = torch.arange(up.shape[1], device=up.device).expand_as(up)  # [B, N+1]
-    anc = (rows[:, :, None] == rows[:, None, :]) | (rows[:, None, :] == 0)  # [B, N+1, N+1]: self and the root (no setitem: capturable)
+    anc = (rows[:, :, None] == rows[:, None, :]) | (
+        rows[:, None, :] == 0
+    )  # [B, N+1, N+1]: self and the root (no setitem: capturable)
     cur = rows
     for _ in range(depth - 1):
         cur = up.gather(1, cur)  # [B, N+1]: one level up
@@ -74,8 +76,13 @@ def chain_as_tree(draft: Draft) -> Draft:
     """Chain drafts with their tree structure (parents i-1, ancestors: the rows before)."""
     b, k = draft.tokens.shape
     dev = draft.tokens.device
-    return Draft(draft.tokens, draft.depths, torch.arange(k, device=dev).expand(b, k),
-                 torch.ones(k + 1, k + 1, dtype=torch.bool, device=dev).tril().expand(b, k + 1, k + 1), draft.q)
+    return Draft(
+        draft.tokens,
+        draft.depths,
+        torch.arange(k, device=dev).expand(b, k),
+        torch.ones(k + 1, k + 1, dtype=torch.bool, device=dev).tril().expand(b, k + 1, k + 1),
+        draft.q,
+    )
 
 
 def chain_draft(tokens: torch.Tensor, q: torch.Tensor | None = None) -> Draft:
@@ -87,8 +94,18 @@ class DrafterProposer:
     through `torch.compile` (falls back to the eager step, with one stderr line, when compiling
     fails on GPU)."""
 
-    def __init__(self, drafter: Eagle3Drafter, sampling: Sampling, max_len: int, mode: str = "chain",
-                 depth: int = 7, top_k: int = 10, total_tokens: int = 60, compile: bool = False, batch: int = 1) -> None:
+    def __init__(
+        self,
+        drafter: Eagle3Drafter,
+        sampling: Sampling,
+        max_len: int,
+        mode: str = "chain",
+        depth: int = 7,
+        top_k: int = 10,
+        total_tokens: int = 60,
+        compile: bool = False,
+        batch: int = 1,
+    ) -> None:
         cfg = drafter.config
         # eager on CPU: its linear layers over prepacked weights (runtime/linear.py); inductor lowers nn.Linear itself
         self.drafter = drafter if compile else prepacked(drafter)
@@ -117,8 +134,9 @@ class DrafterProposer:
         self.draft = self._chain_from if mode == "chain" else self._tree_from  # from step 0's output, through `_step`
         # the draft as one compiled region, calling the eager step inside it: a chain's K-1 steps and the argmax
         # and id lookups between them, or a tree's expansions, top-k and selection
-        self.draft_region = (torch.compile(functools.partial(self.draft, step=self._step_eager), dynamic=False)
-                             if compile else None)
+        self.draft_region = (
+            torch.compile(functools.partial(self.draft, step=self._step_eager), dynamic=False) if compile else None
+        )
         if compile:  # dynamo keeps one entry per proposer and step shape, on one code object: --k auto makes up to 16
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
@@ -127,8 +145,13 @@ class DrafterProposer:
 
         self.n = zeros(batch)  # [B]: positions observed per row
         # the cycle's inputs: staged rows (aux, next tokens) [B, path_len], each row's base slot, n and valid rows m [B]
-        self.stage = (zeros(batch, self.path_len, drafter.fc.in_features, dtype=self.dtype), zeros(batch, self.path_len),
-                      zeros(batch), zeros(batch), zeros(batch) + 1)
+        self.stage = (
+            zeros(batch, self.path_len, drafter.fc.in_features, dtype=self.dtype),
+            zeros(batch, self.path_len),
+            zeros(batch),
+            zeros(batch),
+            zeros(batch) + 1,
+        )
         # a sampled chain's Exp(1) noise for its K draws [B, K, Vd], refilled in place before each cycle (the
         # graph reads it where it lies, like the KV cache)
         sampled_chain = mode == "chain" and not sampling.greedy
@@ -148,20 +171,31 @@ class DrafterProposer:
             try:
                 self._capture()
                 return
-            except Exception as e:  # noqa: BLE001 (inductor/triton missing or failing, a capture hazard: any error)
+            except Exception as e:
                 self.cycle = None
                 why = f"({type(e).__name__}: {str(e)[:200]})"
                 if self.draft_region is not None:
-                    print(f"eval: torch.compile of the {self.mode} draft as one region failed {why}; compiling its steps one "
-                          "by one", file=sys.stderr, flush=True)
+                    print(
+                        f"eval: torch.compile of the {self.mode} draft as one region failed {why}; compiling its steps one "
+                        "by one",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     self.draft_region = None
                 elif self.compiled:
-                    print(f"eval: torch.compile of the drafter step failed {why}; drafting with the eager step in CUDA graphs",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"eval: torch.compile of the drafter step failed {why}; drafting with the eager step in CUDA graphs",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     self.compiled, self.step_fn = False, self._step_eager
                 else:
-                    print(f"eval: CUDA graph capture of the drafter failed {why}; drafting without graphs (slower: the "
-                          "speed-up is not the graphed one)", file=sys.stderr, flush=True)
+                    print(
+                        f"eval: CUDA graph capture of the drafter failed {why}; drafting without graphs (slower: the "
+                        "speed-up is not the graphed one)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     self.graphed = False
                     return
 
@@ -185,14 +219,16 @@ class DrafterProposer:
     def reset(self) -> None:
         self.n.zero_()
 
-    def _step(self, hidden: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
-              mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(
+        self, hidden: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [B, T, H], ids/pos/slots [B, T], mask [B, T, S]. Returns logits [B, T, Vd], out [B, T, H]."""
         return self.step_fn(hidden, ids, pos, slots, mask)
 
     @torch.no_grad()
-    def _step_eager(self, hidden: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
-                    mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step_eager(
+        self, hidden: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]  # [B, nkv, S, hd]: views
@@ -205,8 +241,9 @@ class DrafterProposer:
         logits, out = self.drafter(hidden, ids, pos, attends)
         return logits.float(), out
 
-    def _context_step(self, aux: torch.Tensor, next_tokens: torch.Tensor, base: torch.Tensor, n: torch.Tensor,
-                      eager: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def _context_step(
+        self, aux: torch.Tensor, next_tokens: torch.Tensor, base: torch.Tensor, n: torch.Tensor, eager: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Step 0 over target states aux [B, T, n_aux*H_t] at positions n..n+T-1 of each row
         (next_tokens [B, T]: the token after each; base, n [B]), written at slots base+n...
         `eager`: the uncompiled step (rows of any number, which would make `torch.compile`
@@ -214,7 +251,9 @@ class DrafterProposer:
         pos = n[:, None] + torch.arange(aux.shape[1], device=self.device)  # [B, T]
         slots = base[:, None] + pos  # [B, T]
         cols = self.cols[None, None, :]  # [1, 1, S]
-        mask = ((cols >= base[:, None, None]) & (cols <= slots[..., None])) | (cols == slots[..., None])  # [B, T, S]: causal, self always
+        mask = ((cols >= base[:, None, None]) & (cols <= slots[..., None])) | (
+            cols == slots[..., None]
+        )  # [B, T, S]: causal, self always
         hidden = self.drafter.project(aux.to(self.dtype))  # [B, T, H]
         return (self._step_eager if eager else self._step)(hidden, next_tokens, pos.clamp(min=0), slots, mask)
 
@@ -235,7 +274,9 @@ class DrafterProposer:
         self.observe(aux[:, -1:], next_tokens[:, -1:], torch.ones_like(pad), start=p - 1 - pad)
 
     @torch.no_grad()
-    def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor, m: torch.Tensor, start: torch.Tensor | None = None) -> None:
+    def observe(
+        self, aux: torch.Tensor, next_tokens: torch.Tensor, m: torch.Tensor, start: torch.Tensor | None = None
+    ) -> None:
         """aux [B, L, n_aux*H_t] and next_tokens [B, L] (L <= path_len), of which the first m[b]
         [B] rows are row b's next positions (`start`: at these positions instead); staged for
         propose(), without a host sync. m[b] = 0 parks row b at position 0 (a finished row)."""
@@ -251,12 +292,15 @@ class DrafterProposer:
     def propose(self) -> Draft:
         if self.noise is not None:  # a sampled chain: fresh noise for its K draws
             self.noise.exponential_(generator=self.sampling.generator(self.device))
-        out = (self.cycle or self._cycle)(*self.stage)  # a graph's outputs: static buffers, overwritten by the next propose()
+        out = (self.cycle or self._cycle)(
+            *self.stage
+        )  # a graph's outputs: static buffers, overwritten by the next propose()
         return chain_draft(*out) if self.mode == "chain" else Draft(*out)
 
     @torch.no_grad()
-    def _cycle(self, aux: torch.Tensor, next_tokens: torch.Tensor, base: torch.Tensor, n: torch.Tensor,
-               m: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _cycle(
+        self, aux: torch.Tensor, next_tokens: torch.Tensor, base: torch.Tensor, n: torch.Tensor, m: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         """One cycle, a function of fixed-shape device tensors (one CUDA graph): step 0 over the
         staged rows aux [B, path_len, n_aux*H_t], next_tokens [B, path_len] at positions n.. of
         which the first m [B] are valid, then the draft (a sampled chain's draws from
@@ -271,8 +315,14 @@ class DrafterProposer:
         hidden = out.gather(1, last.expand(-1, 1, out.shape[-1]))[:, 0]  # [B, H]
         return (self.draft_region or self.draft)(logits, hidden, base, n + m)
 
-    def _chain_from(self, logits: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor,
-                    n: torch.Tensor, step: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _chain_from(
+        self,
+        logits: torch.Tensor,
+        hidden: torch.Tensor,
+        base: torch.Tensor,
+        n: torch.Tensor,
+        step: Callable | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """K chain drafts from step 0's output at each row's last observed position (logits
         [B, Vd], hidden [B, H]); n [B]: positions observed; sampled, each draw races q against
         `self.noise` [B, K, Vd]. `step`: the drafter step (default `_step`). Returns the target
@@ -288,17 +338,30 @@ class DrafterProposer:
             else:
                 q_d = self.sampling.probs(logits)  # [B, Vd]
                 d = race(q_d, self.noise[:, i])  # [B]: a draw from q_d
-                qs.append(torch.zeros(q_d.shape[0], self.vocab_size, device=self.device).index_copy_(1, self.vocab_map, q_d))
+                qs.append(
+                    torch.zeros(q_d.shape[0], self.vocab_size, device=self.device).index_copy_(1, self.vocab_map, q_d)
+                )
             tokens.append(self.vocab_map.index_select(0, d))  # [B] target ids
             if i < self.depth - 1:  # draft step i: [B, 1] position and slot, [B, 1, S] mask
-                logits, out = step(hidden[:, None], tokens[-1][:, None], pos[:, i, :1],
-                                   self.chain_slots[i, :1].expand(b, 1), masks[:, i : i + 1, :s])
+                logits, out = step(
+                    hidden[:, None],
+                    tokens[-1][:, None],
+                    pos[:, i, :1],
+                    self.chain_slots[i, :1].expand(b, 1),
+                    masks[:, i : i + 1, :s],
+                )
                 logits, hidden = logits[:, 0], out[:, 0]  # [B, Vd], [B, H]
         q = torch.stack(qs, dim=1) if qs else None  # [B, K, V]
         return torch.stack(tokens, dim=1), q  # [B, K]
 
-    def _tree_from(self, logits: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor, n: torch.Tensor,
-                   step: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _tree_from(
+        self,
+        logits: torch.Tensor,
+        hidden: torch.Tensor,
+        base: torch.Tensor,
+        n: torch.Tensor,
+        step: Callable | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The EAGLE-2 tree from step 0's output at each row's last observed position (logits
         [B, Vd], hidden [B, H]); n [B] positions observed. Fixed shapes throughout: a pool of
         P = k + (depth-1)k² candidates, then the N best. `step`: the drafter step (default
@@ -312,7 +375,9 @@ class DrafterProposer:
         pool_depths = [torch.ones(b, width, dtype=torch.long, device=dev)]
         frontier, f_tokens = arange.expand(b, width), pool_tokens[0]  # pool indices, target ids [B, k]
         f_hidden = hidden[:, None].expand(b, width, hidden.shape[-1])  # [B, k, H]
-        f_anc = torch.zeros(b, width, self.draft_slots, dtype=torch.bool, device=dev)  # [B, k, draft slots]: expanded ancestors
+        f_anc = torch.zeros(
+            b, width, self.draft_slots, dtype=torch.bool, device=dev
+        )  # [B, k, draft slots]: expanded ancestors
         context = self._context(base, n)[:, None, : self.max_len].expand(b, width, self.max_len)  # [B, k, max_len]
         base_idx = width
         slot_ids = torch.arange(self.draft_slots, device=dev)  # [draft slots]
@@ -323,7 +388,9 @@ class DrafterProposer:
             anc = f_anc | (slot_ids == own[:, None])  # [B, k, draft slots]
             mask = torch.cat([context, anc], dim=2)  # [B, k, S]
             pos = (n - 1 + d)[:, None].expand(b, width)  # [B, k]
-            logits, out = step(f_hidden, f_tokens, pos, (self.max_len + own).expand(b, width), mask)  # [B, k, Vd], [B, k, H]
+            logits, out = step(
+                f_hidden, f_tokens, pos, (self.max_len + own).expand(b, width), mask
+            )  # [B, k, Vd], [B, k, H]
             s, t = torch.log_softmax(logits, -1).topk(width, dim=-1)  # [B, k, k]
             cand = (scores[..., None] + s).flatten(1)  # [B, k*k] cumulative log-probs
             pool_scores.append(cand)
@@ -337,13 +404,20 @@ class DrafterProposer:
             f_anc = anc.gather(1, rows[..., None].expand(b, width, self.draft_slots))
             base_idx += width * width
         all_scores = torch.cat(pool_scores, dim=1)  # [B, P], in depth order
-        keep = torch.sort(-all_scores, dim=1, stable=True).indices[:, : self.size].sort(dim=1).values  # [B, N]: parents before children
+        keep = (
+            torch.sort(-all_scores, dim=1, stable=True).indices[:, : self.size].sort(dim=1).values
+        )  # [B, N]: parents before children
         row_of = torch.zeros_like(all_scores, dtype=torch.long).scatter_(
-            1, keep, torch.arange(1, keep.shape[1] + 1, device=dev).expand_as(keep))  # [B, P]: pool index -> row (kept ones)
+            1, keep, torch.arange(1, keep.shape[1] + 1, device=dev).expand_as(keep)
+        )  # [B, P]: pool index -> row (kept ones)
         pool_parent = torch.cat(pool_parents, dim=1).gather(1, keep)  # [B, N]: -1 at depth 1
         parents = row_of.gather(1, pool_parent.clamp(min=0)) * (pool_parent >= 0)  # [B, N] rows, 0 = root
-        return (torch.cat(pool_tokens, dim=1).gather(1, keep), torch.cat(pool_depths, dim=1).gather(1, keep), parents,
-                tree_ancestors(parents, self.depth))
+        return (
+            torch.cat(pool_tokens, dim=1).gather(1, keep),
+            torch.cat(pool_depths, dim=1).gather(1, keep),
+            parents,
+            tree_ancestors(parents, self.depth),
+        )
 
 
 class OracleProposer:
@@ -374,7 +448,9 @@ class OracleProposer:
         self.n = self.n + int(m[0]) if int(m[0]) else 0
 
     def propose(self) -> Draft:
-        ahead = [self.reference[i] if i < len(self.reference) else 0 for i in range(self.n + 1, self.n + 1 + self.depth)]
+        ahead = [
+            self.reference[i] if i < len(self.reference) else 0 for i in range(self.n + 1, self.n + 1 + self.depth)
+        ]
         if self.mode == "chain":
             return chain_draft(torch.tensor([ahead]))
         tokens, parents = [], []
@@ -383,4 +459,6 @@ class OracleProposer:
             tokens += [(tok + 1) % self.vocab_size, tok]
             parents += [parent, parent]
         depths = torch.arange(1, self.depth + 1).repeat_interleave(2)[None]  # [1, 2*depth]
-        return Draft(torch.tensor([tokens]), depths, torch.tensor([parents]), tree_ancestors(torch.tensor([parents]), self.depth))
+        return Draft(
+            torch.tensor([tokens]), depths, torch.tensor([parents]), tree_ancestors(torch.tensor([parents]), self.depth)
+        )

@@ -40,7 +40,9 @@ def _turns(record: Any, where: str) -> list[str]:
     else:
         turns = [record[k] for k in SINGLE_KEYS if k in record][:1]
     if not turns or not isinstance(turns, list) or not all(isinstance(t, str) and t.strip() for t in turns):
-        raise UserError(f"{where}: no usable prompt; give 'turns' (a list of strings), 'messages', or one of {SINGLE_KEYS}")
+        raise UserError(
+            f"{where}: no usable prompt; give 'turns' (a list of strings), 'messages', or one of {SINGLE_KEYS}"
+        )
     return turns
 
 
@@ -48,12 +50,16 @@ def load_questions(bench: str, limit: int | None = None) -> list[Question]:
     """The first `limit` questions of 'mt_bench' or a JSONL file."""
     path = MT_BENCH if bench == "mt_bench" else Path(bench)
     if bench != "mt_bench" and not path.exists():
-        raise UserError(f"--bench {bench}: no such file; give 'mt_bench', 'held-out' or a JSONL file of prompts or 'turns'")
+        raise UserError(
+            f"--bench {bench}: no such file; give 'mt_bench', 'held-out' or a JSONL file of prompts or 'turns'"
+        )
     questions = []
     for line, record in read_jsonl(path):
         where = f"{path}:{line}"
         turns = _turns(record, where)
-        questions.append(Question(record.get("question_id", record.get("id", line)), str(record.get("category", "all")), turns))
+        questions.append(
+            Question(record.get("question_id", record.get("id", line)), str(record.get("category", "all")), turns)
+        )
         if limit is not None and len(questions) >= limit:
             break
     if not questions:
@@ -72,8 +78,9 @@ def turn_prompt(tokenizer: Any, turns: list[str], answers: list[str], completion
             messages.append({"role": "assistant", "content": answers[i]})
     if completion:
         return completion_ids(tokenizer, messages)
-    ids = tokenizer.apply_chat_template(messages, chat_template=chat_template(tokenizer), add_generation_prompt=True,
-                                        tokenize=True)
+    ids = tokenizer.apply_chat_template(
+        messages, chat_template=chat_template(tokenizer), add_generation_prompt=True, tokenize=True
+    )
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
         ids = ids["input_ids"]
     return list(ids)

@@ -1,17 +1,17 @@
 """The eval report: numbers from the per-turn results, report.json, report.md, PNG plots.
 
-    tau                     tokens per target verification call over the whole run
-                            (accepted drafts + 1, averaged over every verification step)
-    accept_per_position     P(draft position j accepted), j = 1..max depth, over all steps
-    accept_conditional      P(position j accepted | position j-1 accepted)
-    tau_distribution        {tokens per step: number of steps}
-    tau_by_turn             {turn number (1 = a question's first turn): tau over those turns}
-    tau_by_answer_half      {"first", "second": tau over the first / second half of each answer's
-                            verification steps}: a target that repeats itself late in its answers
-                            (small models do) lifts the second half, which a validation split of
-                            other answers does not see
-    speedup                 spec decode tok/s / plain decode tok/s (same engine, prompts, run,
-                            batch size and temperature); null when no plain run was made
+tau                     tokens per target verification call over the whole run
+                        (accepted drafts + 1, averaged over every verification step)
+accept_per_position     P(draft position j accepted), j = 1..max depth, over all steps
+accept_conditional      P(position j accepted | position j-1 accepted)
+tau_distribution        {tokens per step: number of steps}
+tau_by_turn             {turn number (1 = a question's first turn): tau over those turns}
+tau_by_answer_half      {"first", "second": tau over the first / second half of each answer's
+                        verification steps}: a target that repeats itself late in its answers
+                        (small models do) lifts the second half, which a validation split of
+                        other answers does not see
+speedup                 spec decode tok/s / plain decode tok/s (same engine, prompts, run,
+                        batch size and temperature); null when no plain run was made
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ def acceptance(accepts: list[int], depth: int) -> dict[str, Any]:
         "tau": round(sum(a + 1 for a in accepts) / calls, 4),
         "steps": len(accepts),
         "accept_per_position": [round(reached[j] / calls, 4) for j in range(1, depth + 1)],
-        "accept_conditional": [round(reached[j] / reached[j - 1], 4) if reached[j - 1] else None for j in range(1, depth + 1)],
+        "accept_conditional": [
+            round(reached[j] / reached[j - 1], 4) if reached[j - 1] else None for j in range(1, depth + 1)
+        ],
         "tau_distribution": {str(k): v for k, v in sorted(Counter(a + 1 for a in accepts).items())},
     }
 
@@ -48,8 +50,14 @@ def build_report(turns: list[dict[str, Any]], depth: int, meta: dict[str, Any]) 
 
     def speed(rows: list[dict[str, Any]]) -> dict[str, Any]:
         spec_tok, spec_s = sum(t["spec_tokens"] for t in rows), sum(t["spec_seconds"] for t in rows)
-        out = {"tokens": spec_tok, "spec_seconds": round(spec_s, 3), "spec_tok_per_s": _rate(spec_tok, spec_s),
-               "plain_seconds": None, "plain_tok_per_s": None, "speedup": None}
+        out = {
+            "tokens": spec_tok,
+            "spec_seconds": round(spec_s, 3),
+            "spec_tok_per_s": _rate(spec_tok, spec_s),
+            "plain_seconds": None,
+            "plain_tok_per_s": None,
+            "speedup": None,
+        }
         rows_t = [t for t in rows if t.get("plain_seconds") is not None]
         if rows_t:
             plain_tok, plain_s = sum(t["plain_tokens"] for t in rows_t), sum(t["plain_seconds"] for t in rows_t)
@@ -62,14 +70,20 @@ def build_report(turns: list[dict[str, Any]], depth: int, meta: dict[str, Any]) 
     for t in turns:
         by_cat[t["category"]].append(t)
     categories = {
-        cat: {"turns": len(rows), **speed(rows), "tau": acceptance([a for t in rows for a in t["accepts"]], depth)["tau"]}
+        cat: {
+            "turns": len(rows),
+            **speed(rows),
+            "tau": acceptance([a for t in rows for a in t["accepts"]], depth)["tau"],
+        }
         for cat, rows in sorted(by_cat.items())
     }
     by_turn: dict[int, list[int]] = defaultdict(list)
     for t in turns:
         by_turn[t["turn"]] += t["accepts"]
-    halves = {"first": [a for t in turns for a in t["accepts"][: len(t["accepts"]) // 2]],
-              "second": [a for t in turns for a in t["accepts"][len(t["accepts"]) // 2 :]]}
+    halves = {
+        "first": [a for t in turns for a in t["accepts"][: len(t["accepts"]) // 2]],
+        "second": [a for t in turns for a in t["accepts"][len(t["accepts"]) // 2 :]],
+    }
     greedy_checked = [t["matches_plain"] for t in timed if t.get("matches_plain") is not None]
     wide_checked = [t["wide_matches_plain"] for t in timed if t.get("wide_matches_plain") is not None]
     return {
@@ -78,7 +92,9 @@ def build_report(turns: list[dict[str, Any]], depth: int, meta: dict[str, Any]) 
         "turns": len(turns),
         "greedy_turns_checked": len(greedy_checked),
         "greedy_turns_matching_plain": sum(greedy_checked),
-        "verify_shape_turns_checked": len(wide_checked),  # --kernel-check: plain decoding through the verification forward's shape
+        "verify_shape_turns_checked": len(
+            wide_checked
+        ),  # --kernel-check: plain decoding through the verification forward's shape
         "verify_shape_turns_matching_plain": sum(wide_checked),
         "categories": categories,
         "tau_by_turn": {str(n): acceptance(a, depth)["tau"] for n, a in sorted(by_turn.items())},
@@ -105,33 +121,52 @@ def markdown(r: dict[str, Any]) -> str:
         f"- capture {r['capture_seconds']:.1f} s and warm-up {r['warmup_seconds']:.1f} s (not in decode time); wall {r['wall_seconds']:.1f} s",
     ]
     if r.get("vllm"):
-        lines.append("- vLLM engines started in " + ", ".join(f"{s:.1f} s ({name})" for name, s in r["vllm"]["start_seconds"].items())
-                     + " (not in decode time)")
+        lines.append(
+            "- vLLM engines started in "
+            + ", ".join(f"{s:.1f} s ({name})" for name, s in r["vllm"]["start_seconds"].items())
+            + " (not in decode time)"
+        )
     for p in (r.get("vllm") or {}).get("passes", []):  # --engine vllm: each batch size, and vLLM's own counters
         c = p["counters"]
-        lines.append(f"- vLLM {r['vllm']['version']}, batch {p['batch_size']}: tau {p['tau']:.3f} ({p['steps']} steps; "
-                     f"from its counters {fmt(p['counters_tau'], '{:.3f}')}: {c['accepted']} accepted of {c['drafts']} drafts, "
-                     f"per position {c['accepted_per_pos']}), speculative {fmt(p['spec_tok_per_s'], '{:.1f}')} tok/s, "
-                     f"plain {fmt(p['plain_tok_per_s'], '{:.1f}')} tok/s, speed-up {fmt(p['speedup'], '{:.2f}x')}")
+        lines.append(
+            f"- vLLM {r['vllm']['version']}, batch {p['batch_size']}: tau {p['tau']:.3f} ({p['steps']} steps; "
+            f"from its counters {fmt(p['counters_tau'], '{:.3f}')}: {c['accepted']} accepted of {c['drafts']} drafts, "
+            f"per position {c['accepted_per_pos']}), speculative {fmt(p['spec_tok_per_s'], '{:.1f}')} tok/s, "
+            f"plain {fmt(p['plain_tok_per_s'], '{:.1f}')} tok/s, speed-up {fmt(p['speedup'], '{:.2f}x')}"
+        )
     if r.get("shape"):
         sh = r["shape"]
         flag = "--k" if sh["mode"] == "chain" else "--tree"
-        lines.append(f"- `{flag} auto` chose **{sh['chosen']}** (predicted speed-up {sh['predicted_speedup']:.2f}x) from a "
-                     f"calibration of {sh['tokens']} tokens: " + ", ".join(
-                         f"{c['shape']} {c['expected_tokens']:.2f} tok/call, {c['cycle_ms']:.1f} ms/cycle, {c['predicted_speedup']:.2f}x"
-                         for c in sh["candidates"]))
+        lines.append(
+            f"- `{flag} auto` chose **{sh['chosen']}** (predicted speed-up {sh['predicted_speedup']:.2f}x) from a "
+            f"calibration of {sh['tokens']} tokens: "
+            + ", ".join(
+                f"{c['shape']} {c['expected_tokens']:.2f} tok/call, {c['cycle_ms']:.1f} ms/cycle, {c['predicted_speedup']:.2f}x"
+                for c in sh["candidates"]
+            )
+        )
     if r["greedy_turns_checked"]:
-        lines.append(f"- greedy check: {r['greedy_turns_matching_plain']}/{r['greedy_turns_checked']} turns identical to plain decoding")
+        lines.append(
+            f"- greedy check: {r['greedy_turns_matching_plain']}/{r['greedy_turns_checked']} turns identical to plain decoding"
+        )
     if r.get("verify_shape_turns_checked"):
-        lines.append(f"- kernel-shape check: plain decoding through the verification forward's shape matches plain decoding in "
-                     f"{r['verify_shape_turns_matching_plain']}/{r['verify_shape_turns_checked']} turns (rounding of that shape alone)")
+        lines.append(
+            f"- kernel-shape check: plain decoding through the verification forward's shape matches plain decoding in "
+            f"{r['verify_shape_turns_matching_plain']}/{r['verify_shape_turns_checked']} turns (rounding of that shape alone)"
+        )
     lines += ["", "| position | accepted | conditional |", "|---|---|---|"]
     for j, (a, c) in enumerate(zip(r["accept_per_position"], r["accept_conditional"], strict=True), start=1):
         lines.append(f"| {j} | {a:.3f} | {fmt(c, '{:.3f}')} |")
-    lines += ["", "| category | turns | tokens | tau | spec tok/s | plain tok/s | speed-up |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| category | turns | tokens | tau | spec tok/s | plain tok/s | speed-up |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for cat, c in r["categories"].items():
-        lines.append(f"| {cat} | {c['turns']} | {c['tokens']} | {c['tau']:.2f} | {fmt(c['spec_tok_per_s'], '{:.1f}')} | "
-                     f"{fmt(c['plain_tok_per_s'], '{:.1f}')} | {fmt(c['speedup'], '{:.2f}x')} |")
+        lines.append(
+            f"| {cat} | {c['turns']} | {c['tokens']} | {c['tau']:.2f} | {fmt(c['spec_tok_per_s'], '{:.1f}')} | "
+            f"{fmt(c['plain_tok_per_s'], '{:.1f}')} | {fmt(c['speedup'], '{:.2f}x')} |"
+        )
     lines += ["", "![acceptance per position](acceptance.png)", "", "![tau](tau.png)", ""]
     return "\n".join(lines)
 
@@ -145,9 +180,19 @@ def plot(r: dict[str, Any], out: Path) -> None:
     pos = list(range(1, len(r["accept_per_position"]) + 1))
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.bar(pos, r["accept_per_position"], label="accepted")
-    ax.plot(pos, [c if c is not None else float("nan") for c in r["accept_conditional"]], "o-", color="C1", label="conditional")
-    ax.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1.05),
-           title=f"acceptance per position (tau {r['tau']:.2f}, {r['mode']}, temperature {r['temperature']}, batch {r.get('batch_size', 1)})")
+    ax.plot(
+        pos,
+        [c if c is not None else float("nan") for c in r["accept_conditional"]],
+        "o-",
+        color="C1",
+        label="conditional",
+    )
+    ax.set(
+        xlabel="draft position",
+        ylabel="acceptance rate",
+        ylim=(0, 1.05),
+        title=f"acceptance per position (tau {r['tau']:.2f}, {r['mode']}, temperature {r['temperature']}, batch {r.get('batch_size', 1)})",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "acceptance.png", dpi=100)
@@ -173,6 +218,9 @@ def write_report(r: dict[str, Any], out: Path) -> None:
 
 
 def summary_line(r: dict[str, Any], out: Path) -> str:
-    speed = (f"speed-up {r['speedup']:.2f}x (spec {r['spec_tok_per_s']:.1f} tok/s, plain {r['plain_tok_per_s']:.1f} tok/s)"
-             if r["speedup"] is not None else "no speed run")
+    speed = (
+        f"speed-up {r['speedup']:.2f}x (spec {r['spec_tok_per_s']:.1f} tok/s, plain {r['plain_tok_per_s']:.1f} tok/s)"
+        if r["speedup"] is not None
+        else "no speed run"
+    )
     return f"eval: tau {r['tau']:.2f} ({r['mode']}), {speed}, {r['questions']} questions, {r['tokens']} tokens -> {out / 'report.json'}"

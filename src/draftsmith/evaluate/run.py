@@ -38,9 +38,9 @@ from draftsmith.fsutil import atomic_output_dir, atomic_write_text
 from draftsmith.layers import validate_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.engine_choice import Engine, open_engine
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
-from draftsmith.runtime.engine_choice import Engine, open_engine
 from draftsmith.target import Target, default_device, embed_weight, load_target, load_tokenizer
 
 
@@ -55,19 +55,31 @@ def stop_ids(target: Target) -> set[int]:
 def check_compatible(drafter: Eagle3Drafter, target: Target, path: Path) -> None:
     cfg, info = drafter.config, target.info
     if cfg.vocab_size != info.vocab_size or cfg.target_hidden_size != info.hidden_size:
-        raise UserError(f"drafter {path} was made for a target with vocab {cfg.vocab_size} and hidden size "
-                        f"{cfg.target_hidden_size}, but {info.name} has vocab {info.vocab_size} and hidden size {info.hidden_size}")
+        raise UserError(
+            f"drafter {path} was made for a target with vocab {cfg.vocab_size} and hidden size "
+            f"{cfg.target_hidden_size}, but {info.name} has vocab {info.vocab_size} and hidden size {info.hidden_size}"
+        )
     validate_layers(cfg.aux_layer_ids, info.num_layers)
 
 
-def make_proposer(engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampling: Sampling, max_len: int,
-                  shape: Shape) -> DrafterProposer:
+def make_proposer(
+    engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampling: Sampling, max_len: int, shape: Shape
+) -> DrafterProposer:
     """The drafter proposer of `shape` (a chain or a tree); with `cfg.compile`, CUDA graphs for plain decoding (1 token),
     verification (draft size + 1 tokens) and a tree's KV compaction on the fast engine, and for
     the drafter's whole side of a cycle (greedy or sampled)."""
     mode = "chain" if shape.top_k is None else "tree"
-    proposer = DrafterProposer(drafter, sampling, max_len, mode=mode, depth=shape.depth, top_k=shape.top_k or 1,
-                               total_tokens=shape.total_tokens or shape.depth, compile=cfg.compile_drafter, batch=cfg.batch_size)
+    proposer = DrafterProposer(
+        drafter,
+        sampling,
+        max_len,
+        mode=mode,
+        depth=shape.depth,
+        top_k=shape.top_k or 1,
+        total_tokens=shape.total_tokens or shape.depth,
+        compile=cfg.compile_drafter,
+        batch=cfg.batch_size,
+    )
     if cfg.compile and isinstance(engine, TargetEngine):  # the generic engine has no graphs
         for t in (1, proposer.size + 1):
             engine.graph_rows(t)  # counts its own capture time
@@ -80,8 +92,13 @@ def make_proposer(engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampl
     return proposer
 
 
-def answer(tokenizer: Any, questions: list[Question], generators: list[Callable[[list[list[int]]], list[Turn]]],
-           completion: bool = False, chunk: int = 1) -> list[list[list[Turn]]]:
+def answer(
+    tokenizer: Any,
+    questions: list[Question],
+    generators: list[Callable[[list[list[int]]], list[Turn]]],
+    completion: bool = False,
+    chunk: int = 1,
+) -> list[list[list[Turn]]]:
     """Answer every turn of every question with each `generate(prompts) -> turns`, each with its
     own earlier answers in the history (raw text with `completion`). The generators take turns
     `chunk` questions at a time (the engine's batch): turn i of the first chunk by each of them,
@@ -111,7 +128,9 @@ def run(cfg: EvalConfig) -> Path:
     device = torch.device(cfg.device) if cfg.device else default_device()
     on_gpu = device.type == "cuda"
     # the GPU defaults resolved (CUDA graphs, the drafter and the target compiled), recorded in run.yaml as such
-    cfg = cfg.model_copy(update={k: on_gpu for k in ("compile", "compile_drafter", "compile_target") if getattr(cfg, k) is None})
+    cfg = cfg.model_copy(
+        update={k: on_gpu for k in ("compile", "compile_drafter", "compile_target") if getattr(cfg, k) is None}
+    )
     max_new = cfg.max_new_tokens or (256 if on_gpu else 48)
     limit = cfg.num_questions or (None if on_gpu else 4)
     if cfg.bench == HELD_OUT:  # as many as MT-bench has, unless told
@@ -130,11 +149,15 @@ def run(cfg: EvalConfig) -> Path:
     check_template_options(cfg.chat_template, cfg.completion)
     torch.manual_seed(cfg.seed)
     drafter, manifest = load_drafter(cfg.drafter, device)
-    with atomic_output_dir(cfg.out, "eval", [cfg.drafter, cfg.target, cfg.bench, cfg.chat_template], cfg.overwrite) as out:
+    with atomic_output_dir(
+        cfg.out, "eval", [cfg.drafter, cfg.target, cfg.bench, cfg.chat_template], cfg.overwrite
+    ) as out:
         write_run_record(out, cfg)
         target = load_target(cfg.target, device, cfg.dtype, cfg.chat_template)
         check_compatible(drafter, target, cfg.drafter)
-        if manifest.get("meta", {}).get("needs_target_embeddings"):  # saved without them (speculators): the target's, as engines do
+        if manifest.get("meta", {}).get(
+            "needs_target_embeddings"
+        ):  # saved without them (speculators): the target's, as engines do
             drafter.load_target_embeddings(embed_weight(target.model).detach().float())
         drafter.to(dtype=target.dtype)
         tok, stops = target.tokenizer, stop_ids(target)
@@ -146,7 +169,9 @@ def run(cfg: EvalConfig) -> Path:
             return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
 
         spec_sampling, plain_sampling = sampler(), sampler()
-        engine = open_engine(target.model, drafter.config.aux_layer_ids, max_len, mode, cfg.batch_size, cfg.compile_target)
+        engine = open_engine(
+            target.model, drafter.config.aux_layer_ids, max_len, mode, cfg.batch_size, cfg.compile_target
+        )
 
         def proposer_of(shape: Shape) -> DrafterProposer:
             return make_proposer(engine, drafter, cfg, spec_sampling, max_len, shape)
@@ -179,12 +204,16 @@ def run(cfg: EvalConfig) -> Path:
             def plain(prompts: list[list[int]]) -> list[Turn]:
                 return decode_all(engine, prompts, max_new, stops, plain_sampling, None, answered)
 
-            def plain_wide(prompts: list[list[int]]) -> list[Turn]:  # plain decoding through the verification forward's shape
+            def plain_wide(
+                prompts: list[list[int]],
+            ) -> list[Turn]:  # plain decoding through the verification forward's shape
                 return decode_all(engine, prompts, max_new, stops, sampler(), None, answered, proposer.size + 1)
 
             # speculative, plain and plain-through-the-verification-shape decoding take turns, a batch of questions at a time
             generators = [spec, *([plain] if cfg.speed else []), *([plain_wide] if wide else [])]
-            answered_by = iter(answer(tok, questions, generators, cfg.completion, cfg.batch_size))  # in `generators` order
+            answered_by = iter(
+                answer(tok, questions, generators, cfg.completion, cfg.batch_size)
+            )  # in `generators` order
             spec_turns = next(answered_by)
             none = [[None] * len(t) for t in spec_turns]
             plain_turns = next(answered_by) if cfg.speed else none
@@ -194,10 +223,19 @@ def run(cfg: EvalConfig) -> Path:
         for q, spec_q, plain_q, wide_q in zip(questions, spec_turns, plain_turns, wide_turns, strict=True):
             record = {"question_id": q.question_id, "category": q.category, "turns": [], "token_ids": [], "accepts": []}
             for n, (s, pt, wt) in enumerate(zip(spec_q, plain_q, wide_q, strict=True), start=1):
-                row = {"category": q.category, "turn": n, "accepts": s.accepts, "spec_tokens": len(s.tokens), "spec_seconds": s.seconds}
+                row = {
+                    "category": q.category,
+                    "turn": n,
+                    "accepts": s.accepts,
+                    "spec_tokens": len(s.tokens),
+                    "spec_seconds": s.seconds,
+                }
                 if pt is not None:
-                    row.update(plain_tokens=len(pt.tokens), plain_seconds=pt.seconds,
-                               matches_plain=(s.tokens == pt.tokens) if spec_sampling.greedy else None)
+                    row.update(
+                        plain_tokens=len(pt.tokens),
+                        plain_seconds=pt.seconds,
+                        matches_plain=(s.tokens == pt.tokens) if spec_sampling.greedy else None,
+                    )
                     if wt is not None:
                         row.update(wide_matches_plain=wt.tokens == pt.tokens)
                 turns.append(row)
@@ -207,17 +245,39 @@ def run(cfg: EvalConfig) -> Path:
             lines.append(json.dumps(record))
         atomic_write_text(out / "answers.jsonl", "\n".join(lines) + "\n")
         meta = {
-            "engine": "draftsmith", "mode": mode, "k": shape.depth, "k_requested": cfg.k, "tree_requested": cfg.tree, "top_k": shape.top_k,
+            "engine": "draftsmith",
+            "mode": mode,
+            "k": shape.depth,
+            "k_requested": cfg.k,
+            "tree_requested": cfg.tree,
+            "top_k": shape.top_k,
             "shape": {**calibration.to_dict(), "questions": picks} if calibration is not None else None,
-            "total_tokens": proposer.size if mode == "tree" else None, "depth": shape.depth,
-            "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed, "batch_size": cfg.batch_size,
-            "bench": cfg.bench, "completion": cfg.completion, "questions": len(questions), "max_new_tokens": max_new,
-            "target": target.info.name, "target_info": target.info.to_dict(), "drafter": str(cfg.drafter),
-            "drafter_meta": manifest.get("meta", {}), "aux_layer_ids": drafter.config.aux_layer_ids,
-            "device": torch.cuda.get_device_name(device) if on_gpu else "cpu", "dtype": str(target.dtype).removeprefix("torch."),
-            "cuda_graphs": bool(cfg.compile), "drafter_graphed": bool(cfg.compile) and proposer.graphed, "drafter_compiled": proposer.compiled, "kv_cache_len": max_len,
-            "target_engine": engine.name, "target_compiled": engine.compiled, "generic_engine_reason": engine.reason if isinstance(engine, HFEngine) else None,
-            "capture_seconds": round(engine.capture_seconds, 3), "warmup_seconds": round(warmup_s, 3),
+            "total_tokens": proposer.size if mode == "tree" else None,
+            "depth": shape.depth,
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "seed": cfg.seed,
+            "batch_size": cfg.batch_size,
+            "bench": cfg.bench,
+            "completion": cfg.completion,
+            "questions": len(questions),
+            "max_new_tokens": max_new,
+            "target": target.info.name,
+            "target_info": target.info.to_dict(),
+            "drafter": str(cfg.drafter),
+            "drafter_meta": manifest.get("meta", {}),
+            "aux_layer_ids": drafter.config.aux_layer_ids,
+            "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
+            "dtype": str(target.dtype).removeprefix("torch."),
+            "cuda_graphs": bool(cfg.compile),
+            "drafter_graphed": bool(cfg.compile) and proposer.graphed,
+            "drafter_compiled": proposer.compiled,
+            "kv_cache_len": max_len,
+            "target_engine": engine.name,
+            "target_compiled": engine.compiled,
+            "generic_engine_reason": engine.reason if isinstance(engine, HFEngine) else None,
+            "capture_seconds": round(engine.capture_seconds, 3),
+            "warmup_seconds": round(warmup_s, 3),
         }
         meta["wall_seconds"] = round(time.perf_counter() - t_start, 3)
         report = build_report(turns, shape.depth, meta)

@@ -30,8 +30,8 @@ from typing import Any
 
 from draftsmith.errors import UserError
 from draftsmith.evaluate.decode import Proposer, Turn, decode_all
-from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.engine_choice import Engine
+from draftsmith.runtime.sampling import Sampling
 
 
 @dataclass(frozen=True)
@@ -85,13 +85,28 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         best = self.best()
-        return {"mode": self.mode, "accept_cond": self.accept_cond, "plain_seconds": self.plain_seconds, "tokens": self.tokens,
-                "chosen": best.shape.label, "chosen_shape": asdict(best.shape),
-                "chosen_k": best.shape.depth, "predicted_speedup": round(self.predicted_speedup(best), 4),
-                "break_even_tau": round(self.break_even(best), 4),
-                "candidates": [{"shape": c.shape.label, **asdict(c.shape), "k": c.shape.depth,
-                                "expected_tokens": round(c.expected_tokens, 4), "cycle_ms": round(1e3 * c.cycle_seconds, 3),
-                                "predicted_speedup": round(self.predicted_speedup(c), 4)} for c in self.candidates]}
+        return {
+            "mode": self.mode,
+            "accept_cond": self.accept_cond,
+            "plain_seconds": self.plain_seconds,
+            "tokens": self.tokens,
+            "chosen": best.shape.label,
+            "chosen_shape": asdict(best.shape),
+            "chosen_k": best.shape.depth,
+            "predicted_speedup": round(self.predicted_speedup(best), 4),
+            "break_even_tau": round(self.break_even(best), 4),
+            "candidates": [
+                {
+                    "shape": c.shape.label,
+                    **asdict(c.shape),
+                    "k": c.shape.depth,
+                    "expected_tokens": round(c.expected_tokens, 4),
+                    "cycle_ms": round(1e3 * c.cycle_seconds, 3),
+                    "predicted_speedup": round(self.predicted_speedup(c), 4),
+                }
+                for c in self.candidates
+            ],
+        }
 
 
 def spread(n: int, m: int) -> list[int]:
@@ -117,8 +132,15 @@ def conditional_acceptance(accepts: list[int], k_max: int) -> list[float]:
     return [reached[i] / reached[i - 1] if reached[i - 1] else 0.0 for i in range(1, k_max + 1)]
 
 
-def calibrate(engine: Engine, make_proposer: Callable[[Shape], Proposer], prompts: list[list[int]], max_new: int,
-              stops: set[int], sampling: Callable[[], Sampling], shapes: list[Shape]) -> Calibration:
+def calibrate(
+    engine: Engine,
+    make_proposer: Callable[[Shape], Proposer],
+    prompts: list[list[int]],
+    max_new: int,
+    stops: set[int],
+    sampling: Callable[[], Sampling],
+    shapes: list[Shape],
+) -> Calibration:
     """The cycle time and tokens per call of every shape over `prompts` (greedy or sampled as
     `sampling()` says; each call gives a fresh sampler with the run's seed), and plain decoding's
     time per token. Chains: `shapes` are K_max first, whose accepted counts give E(K) for all.
@@ -140,12 +162,16 @@ def calibrate(engine: Engine, make_proposer: Callable[[Shape], Proposer], prompt
         accepts = [a for t in turns for a in t.accepts]  # a row's cycle: its share of a batch's cycle
         measured.append((shape, accepts, sum(t.seconds for t in turns) / max(len(accepts), 1)))
         tokens += sum(len(t.tokens) for t in turns) if not chain or shape == shapes[0] else 0
-    plain_seconds = sum(t.seconds for t in plain) / max(sum(len(t.tokens) - 1 for t in plain), 1)  # the first token is the prefill's
+    plain_seconds = sum(t.seconds for t in plain) / max(
+        sum(len(t.tokens) - 1 for t in plain), 1
+    )  # the first token is the prefill's
     if not chain:
         candidates = [Candidate(s, sum(a + 1 for a in acc) / max(len(acc), 1), c) for s, acc, c in measured]
         return Calibration("tree", candidates, plain_seconds, tokens)
     accept_cond = conditional_acceptance(measured[0][1], shapes[0].depth)
-    candidates = sorted((Candidate(s, expected_tokens(accept_cond, s.depth), c) for s, _, c in measured), key=lambda c: c.shape.depth)
+    candidates = sorted(
+        (Candidate(s, expected_tokens(accept_cond, s.depth), c) for s, _, c in measured), key=lambda c: c.shape.depth
+    )
     return Calibration("chain", candidates, plain_seconds, tokens, accept_cond)
 
 
@@ -154,9 +180,16 @@ def summary(cal: Calibration) -> str:
     flag = "--k" if cal.mode == "chain" else "--tree"
     table = ", ".join(f"{c.shape.label} {cal.predicted_speedup(c):.2f}x" for c in cal.candidates)
     break_even = cal.break_even(best)
-    verdict = "" if cal.predicted_speedup(best) > 1 else (
-        f" (no {cal.mode} shape is predicted to beat plain decoding: a {best.shape.label} cycle costs {break_even:.2f} plain "
-        f"tokens here, so it pays from tau {break_even:.2f} on, and this drafter's expected tau is {best.expected_tokens:.2f})")
+    verdict = (
+        ""
+        if cal.predicted_speedup(best) > 1
+        else (
+            f" (no {cal.mode} shape is predicted to beat plain decoding: a {best.shape.label} cycle costs {break_even:.2f} plain "
+            f"tokens here, so it pays from tau {break_even:.2f} on, and this drafter's expected tau is {best.expected_tokens:.2f})"
+        )
+    )
     accept = f"; acceptance per position {' '.join(f'{a:.2f}' for a in cal.accept_cond)}" if cal.accept_cond else ""
-    return (f"eval: {flag} auto chose {best.shape.label}, predicted speed-up {cal.predicted_speedup(best):.2f}x{verdict}"
-            f"{accept}; {table}")
+    return (
+        f"eval: {flag} auto chose {best.shape.label}, predicted speed-up {cal.predicted_speedup(best):.2f}x{verdict}"
+        f"{accept}; {table}"
+    )

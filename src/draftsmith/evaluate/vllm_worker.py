@@ -34,8 +34,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-            "vllm:spec_decode_num_accepted_tokens": "accepted", "vllm:spec_decode_num_accepted_tokens_per_pos": "accepted_per_pos"}
+COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "accepted_per_pos",
+}
 
 
 def counters(llm: Any, k: int) -> dict[str, Any]:
@@ -51,8 +55,10 @@ def counters(llm: Any, k: int) -> dict[str, Any]:
 
 
 def difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    return {k: [a - b for a, b in zip(v, before[k], strict=True)] if isinstance(v, list) else v - before[k]
-            for k, v in after.items()}
+    return {
+        k: [a - b for a, b in zip(v, before[k], strict=True)] if isinstance(v, list) else v - before[k]
+        for k, v in after.items()
+    }
 
 
 def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[str, Any]:
@@ -67,39 +73,71 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
     tok = load_tokenizer(req["tokenizer"], req["chat_template"])
     questions = [Question(**q) for q in req["questions"]]
     k = int(engine["k"])
-    spec = {"speculative_config": {"method": "eagle3", "model": engine["drafter"], "num_speculative_tokens": k},
-            "per_request_spec_decode_metrics": "detailed"} if engine["drafter"] else {}
+    spec = (
+        {
+            "speculative_config": {"method": "eagle3", "model": engine["drafter"], "num_speculative_tokens": k},
+            "per_request_spec_decode_metrics": "detailed",
+        }
+        if engine["drafter"]
+        else {}
+    )
     t0 = time.perf_counter()
     # token ids in and out (the prompts are eval's own, and a GGUF's converted copy has no tokenizer), stopping
     # exactly at eval's stop ids: no tokenizer, and no generation_config.json defaults
-    llm = LLM(model=req["target"], dtype=req["dtype"], max_model_len=req["max_model_len"], seed=req["seed"],
-              skip_tokenizer_init=True, generation_config="vllm", disable_log_stats=False, **spec, **req["engine_args"])
+    llm = LLM(
+        model=req["target"],
+        dtype=req["dtype"],
+        max_model_len=req["max_model_len"],
+        seed=req["seed"],
+        skip_tokenizer_init=True,
+        generation_config="vllm",
+        disable_log_stats=False,
+        **spec,
+        **req["engine_args"],
+    )
     start_s = time.perf_counter() - t0
-    params = SamplingParams(temperature=req["temperature"], top_p=req["top_p"], max_tokens=req["max_new_tokens"],
-                            seed=req["seed"], stop_token_ids=req["stop_token_ids"], detokenize=False)
+    params = SamplingParams(
+        temperature=req["temperature"],
+        top_p=req["top_p"],
+        max_tokens=req["max_new_tokens"],
+        seed=req["seed"],
+        stop_token_ids=req["stop_token_ids"],
+        detokenize=False,
+    )
 
     def generate(prompts: list[list[int]]) -> list[Turn]:
         t = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)  # noqa: F821 (called before the del below)
         seconds = (time.perf_counter() - t) / len(prompts)  # each row an equal share of its batch's time
         turns = []
         for o in outs:
             done = o.outputs[0]
             metrics = done.spec_decode_metrics
-            turns.append(Turn(list(done.token_ids), seconds, list(metrics.per_step_accepted) if metrics is not None else []))
+            turns.append(
+                Turn(list(done.token_ids), seconds, list(metrics.per_step_accepted) if metrics is not None else [])
+            )
         if progress is not None:
             progress.advance(len(turns), tokens=sum(len(t.tokens) for t in turns))
         return turns
 
     t0 = time.perf_counter()  # warm-up: first-call allocations, as eval's own engine does
-    llm.generate([{"prompt_token_ids": [tok.bos_token_id or 0] * 8}], SamplingParams(max_tokens=8, detokenize=False), use_tqdm=False)
+    llm.generate(
+        [{"prompt_token_ids": [tok.bos_token_id or 0] * 8}],
+        SamplingParams(max_tokens=8, detokenize=False),
+        use_tqdm=False,
+    )
     warmup_s = time.perf_counter() - t0
     passes = []
     for batch in req["batch_sizes"]:
         before = counters(llm, k)
         by_question = answer(tok, questions, [generate], req["completion"], batch)[0]  # [question][turn]
-        passes.append({"batch_size": batch, "answers": [[asdict(t) for t in turns] for turns in by_question],
-                       "counters": difference(counters(llm, k), before)})
+        passes.append(
+            {
+                "batch_size": batch,
+                "answers": [[asdict(t) for t in turns] for turns in by_question],
+                "counters": difference(counters(llm, k), before),
+            }
+        )
     del llm
     gc.collect()
     return {"start_seconds": round(start_s, 3), "warmup_seconds": round(warmup_s, 3), "passes": passes}

@@ -51,43 +51,63 @@ def serving_shape(report: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def _shape_lines(report: dict[str, Any], shape: dict[str, Any]) -> list[str]:
     """What the eval measured with which shape, and how the shape was chosen."""
-    name = (f"a chain of {shape['depth']}" if shape["mode"] == "chain" else
-            f"an EAGLE-2 tree of {shape['total_tokens']} tokens, depth {shape['depth']}, top-k {shape['top_k']}")
+    name = (
+        f"a chain of {shape['depth']}"
+        if shape["mode"] == "chain"
+        else f"an EAGLE-2 tree of {shape['total_tokens']} tokens, depth {shape['depth']}, top-k {shape['top_k']}"
+    )
     where = ", ".join(str(report[k]) for k in ("bench", "device", "dtype") if report.get(k))
-    lines = [f"- draft shape measured: {name}" + (f" ({where}, temperature {report.get('temperature', 0)})" if where else "")]
+    lines = [
+        f"- draft shape measured: {name}" + (f" ({where}, temperature {report.get('temperature', 0)})" if where else "")
+    ]
     auto = report.get("shape")
     if isinstance(auto, dict) and auto.get("candidates"):
-        lines.append(f"- chosen by `{'--k' if shape['mode'] == 'chain' else '--tree'} auto` from "
-                     + ", ".join(f"{c['shape']} ({c['predicted_speedup']:.2f}x)" for c in auto["candidates"])
-                     + " predicted on a short calibration")
+        lines.append(
+            f"- chosen by `{'--k' if shape['mode'] == 'chain' else '--tree'} auto` from "
+            + ", ".join(f"{c['shape']} ({c['predicted_speedup']:.2f}x)" for c in auto["candidates"])
+            + " predicted on a short calibration"
+        )
     return lines
 
 
 def _eval_section(report: dict[str, Any]) -> list[str]:
     lines = ["## Measured acceptance", ""]
     tau = report.get("tau")
-    lines.append(f"- acceptance length τ (tokens per target call): **{tau:.3f}**" if isinstance(tau, int | float)
-                 else f"- acceptance length τ: {tau}")
+    lines.append(
+        f"- acceptance length τ (tokens per target call): **{tau:.3f}**"
+        if isinstance(tau, int | float)
+        else f"- acceptance length τ: {tau}"
+    )
     per_pos = report.get("accept_per_position") or []
     if per_pos:
         lines.append("- acceptance per draft position: " + ", ".join(f"{p:.3f}" for p in per_pos))
     speedup = report.get("speedup")
-    lines.append(f"- decode speed-up over plain decoding: {speedup:.2f}x" if isinstance(speedup, int | float)
-                 else "- decode speed-up: not measured")
+    lines.append(
+        f"- decode speed-up over plain decoding: {speedup:.2f}x"
+        if isinstance(speedup, int | float)
+        else "- decode speed-up: not measured"
+    )
     shape = serving_shape(report)
     if shape is not None:
         lines += _shape_lines(report, shape)
-        lines.append(f"- measured on draftsmith's own static-KV engine at batch size {report.get('batch_size') or 1}, "
-                     "against plain decoding on the same engine; a serving engine's speed-up differs (measure it there)")
+        lines.append(
+            f"- measured on draftsmith's own static-KV engine at batch size {report.get('batch_size') or 1}, "
+            "against plain decoding on the same engine; a serving engine's speed-up differs (measure it there)"
+        )
     return [*lines, ""]
 
 
 def _data_section(mix: dict[str, Any]) -> list[str]:
     """The training data of a `synth --mix` run: its sources, licenses and conversation counts."""
-    lines = ["## Training data", "",
-             f"Conversations answered by the target itself (`draftsmith synth --mix {mix.get('mix')}`, "
-             f"selection seed {mix.get('seed')}): {mix.get('conversations')} in all.", "",
-             "| source | license | conversations | notes |", "|---|---|---|---|"]
+    lines = [
+        "## Training data",
+        "",
+        f"Conversations answered by the target itself (`draftsmith synth --mix {mix.get('mix')}`, "
+        f"selection seed {mix.get('seed')}): {mix.get('conversations')} in all.",
+        "",
+        "| source | license | conversations | notes |",
+        "|---|---|---|---|",
+    ]
     for s in mix.get("sources", []):
         note = f"left out (other licenses): {', '.join(s['left_out'])}" if s.get("left_out") else ""
         name = s["name"] if s["name"] == s["source"] else f"{s['name']} (`{s['source']}`)"
@@ -100,10 +120,13 @@ def _options_section(cfg: DrafterConfig) -> list[str]:
     lines = ["## Architecture options", ""]
     lines += [f"- `{name}`: {str(on).lower()}" for name, on in options.items()]
     if any(options.values()):
-        lines += ["", "`config.json` states each one (`norm_before_fc` also in `eagle_config`), and the weights "
-                  "`input_norm.weight` / `fc_norm.{i}.weight` carry vLLM's and speculators' names. Serve with a "
-                  "vLLM whose `llama_eagle3` has `input_norm`, `fc_norm` and `norm_output` (older ones refuse "
-                  "those weights and ignore `norm_output`). SGLang's `LlamaForCausalLMEagle3` has none of them."]
+        lines += [
+            "",
+            "`config.json` states each one (`norm_before_fc` also in `eagle_config`), and the weights "
+            "`input_norm.weight` / `fc_norm.{i}.weight` carry vLLM's and speculators' names. Serve with a "
+            "vLLM whose `llama_eagle3` has `input_norm`, `fc_norm` and `norm_output` (older ones refuse "
+            "those weights and ignore `norm_output`). SGLang's `LlamaForCausalLMEagle3` has none of them.",
+        ]
     return [*lines, ""]
 
 
@@ -113,33 +136,61 @@ def _sglang_shape(k: int, tree: dict[str, Any] | None) -> str:
     return f"--speculative-num-steps {steps} \\\n    --speculative-eagle-topk {top_k} --speculative-num-draft-tokens {tokens}"
 
 
-def _serving(folder_hint: str, target_name: str, fmt: str, engine: str, k: int, sglang_ok: bool,
-             tree: dict[str, Any] | None) -> list[str]:
+def _serving(
+    folder_hint: str, target_name: str, fmt: str, engine: str, k: int, sglang_ok: bool, tree: dict[str, Any] | None
+) -> list[str]:
     spec = json.dumps({"method": "eagle3", "model": folder_hint, "num_speculative_tokens": k})
     lines = ["## Serving", ""]
     if tree is not None:
-        lines += [f"The eval measured a tree: SGLang below drafts that tree; vLLM drafts a chain, here of {k} "
-                  "(evaluate a chain, `draftsmith eval --k auto`, for its best length).", ""]
+        lines += [
+            f"The eval measured a tree: SGLang below drafts that tree; vLLM drafts a chain, here of {k} "
+            "(evaluate a chain, `draftsmith eval --k auto`, for its best length).",
+            "",
+        ]
     if engine == "vllm":
         lines += ["vLLM:", "", "```bash", f"vllm serve {target_name} --speculative-config '{spec}'", "```", ""]
         if fmt == "speculators":
-            lines += ["or, with the verifier named in `speculators_config`:", "", "```bash",
-                      f"vllm serve {folder_hint}", "```", ""]
+            lines += [
+                "or, with the verifier named in `speculators_config`:",
+                "",
+                "```bash",
+                f"vllm serve {folder_hint}",
+                "```",
+                "",
+            ]
     if fmt == "eagle" and not sglang_ok:
-        lines += ["SGLang cannot serve this drafter: its `LlamaForCausalLMEagle3` has one decoder layer and "
-                  "none of the architecture options above, and would load this drafter without error but "
-                  "serve it wrongly.", ""]
+        lines += [
+            "SGLang cannot serve this drafter: its `LlamaForCausalLMEagle3` has one decoder layer and "
+            "none of the architecture options above, and would load this drafter without error but "
+            "serve it wrongly.",
+            "",
+        ]
     elif fmt == "eagle":
-        note = ("" if engine == "sglang" else
-                " (this export's `eagle_config` ids are in vLLM's convention: re-export with "
-                "`--engine sglang` for SGLang)")
-        lines += [f"SGLang{note}:", "", "```bash",
-                  f"python -m sglang.launch_server --model-path {target_name} --speculative-algorithm EAGLE3 \\",
-                  f"    --speculative-draft-model-path {folder_hint} {_sglang_shape(k, tree)}", "```", ""]
+        note = (
+            ""
+            if engine == "sglang"
+            else " (this export's `eagle_config` ids are in vLLM's convention: re-export with "
+            "`--engine sglang` for SGLang)"
+        )
+        lines += [
+            f"SGLang{note}:",
+            "",
+            "```bash",
+            f"python -m sglang.launch_server --model-path {target_name} --speculative-algorithm EAGLE3 \\",
+            f"    --speculative-draft-model-path {folder_hint} {_sglang_shape(k, tree)}",
+            "```",
+            "",
+        ]
         if engine == "sglang":
-            lines += ["vLLM reads the top-level `eagle_aux_hidden_state_layer_ids` (written in its own "
-                      "convention), so this folder also serves correctly with:", "", "```bash",
-                      f"vllm serve {target_name} --speculative-config '{spec}'", "```", ""]
+            lines += [
+                "vLLM reads the top-level `eagle_aux_hidden_state_layer_ids` (written in its own "
+                "convention), so this folder also serves correctly with:",
+                "",
+                "```bash",
+                f"vllm serve {target_name} --speculative-config '{spec}'",
+                "```",
+                "",
+            ]
     return lines
 
 
@@ -169,8 +220,11 @@ def model_card(
     lines += [f"| {name} | {to_engine(cfg.aux_layer_ids, name)} | {meaning} |" for name, meaning in CONVENTIONS]
     lines += ["", "`config.json` records the convention of each id field under `draftsmith.layer_id_conventions`.", ""]
     meta = manifest.get("meta") or {}
-    lines += ["## Training", ""] + (_scalar_lines({k: v for k, v in meta.items() if k != "data_mix"})
-                                    or ["- no training metadata was recorded"]) + [""]
+    lines += (
+        ["## Training", ""]
+        + (_scalar_lines({k: v for k, v in meta.items() if k != "data_mix"}) or ["- no training metadata was recorded"])
+        + [""]
+    )
     if meta.get("data_mix"):
         lines += _data_section(meta["data_mix"])
     if report is not None:

@@ -12,15 +12,38 @@ from draftsmith.config import CommandConfig
 
 class ExportConfig(CommandConfig):
     positional = "ckpt"
-    ckpt: Path = Field(description="Drafter folder from `draftsmith train` (or an exported/third-party EAGLE-3 folder).")
-    format: Literal["eagle", "speculators"] = Field("eagle", description="Output layout: eagle (vLLM and SGLang) or speculators (vLLM).")
+    ckpt: Path = Field(
+        description="Drafter folder from `draftsmith train` (or an exported/third-party EAGLE-3 folder)."
+    )
+    format: Literal["eagle", "speculators"] = Field(
+        "eagle", description="Output layout: eagle (vLLM and SGLang) or speculators (vLLM)."
+    )
     engine: str = Field("vllm", description="Engine whose layer-id convention eagle_config uses: vllm or sglang.")
     out: Path = Field(description="Output folder (written atomically).")
-    include_embeddings: bool = Field(False, description="Also write embed_tokens.weight (engines otherwise share the target's).")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="Weight dtype; auto keeps the checkpoint's.")
-    eval_report: Path | None = Field(None, description="An eval report.json: its tau, speed-up and draft shape go into the model card, and its shape into the serving commands (a chain's length, a tree's for SGLang).")
-    speculative_tokens: int | None = Field(None, ge=1, description="Draft tokens per step in the speculators config and serving commands; default the --eval-report's chain length, else the training TTT depth, else 3.")
-    verifier: str | None = Field(None, description="Target name or path for the speculators config and serving commands; default the drafter's recorded target.")
-    verifier_architectures: list[str] | None = Field(None, description="Target architectures for the speculators config; default from its model_type.")
-    source_convention: str | None = Field(None, description="Layer-id convention of a third-party CKPT's config.json (vllm, sglang, modelopt, eagle); default guessed from its layout.")
+    include_embeddings: bool = Field(
+        False, description="Also write embed_tokens.weight (engines otherwise share the target's)."
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="Weight dtype; auto keeps the checkpoint's."
+    )
+    eval_report: Path | None = Field(
+        None,
+        description="An eval report.json: its tau, speed-up and draft shape go into the model card, and its shape into the serving commands (a chain's length, a tree's for SGLang).",
+    )
+    speculative_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Draft tokens per step in the speculators config and serving commands; default the --eval-report's chain length, else the training TTT depth, else 3.",
+    )
+    verifier: str | None = Field(
+        None,
+        description="Target name or path for the speculators config and serving commands; default the drafter's recorded target.",
+    )
+    verifier_architectures: list[str] | None = Field(
+        None, description="Target architectures for the speculators config; default from its model_type."
+    )
+    source_convention: str | None = Field(
+        None,
+        description="Layer-id convention of a third-party CKPT's config.json (vllm, sglang, modelopt, eagle); default guessed from its layout.",
+    )
     overwrite: bool = Field(False, description="Replace an existing output folder.")

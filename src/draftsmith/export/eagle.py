@@ -33,7 +33,14 @@ from typing import Any
 
 import torch
 
-from draftsmith.draft.layouts import DRAFTSMITH_PREFIX, NESTED_IDS, RECORD_KEY, TOP_LEVEL_IDS, arch_options, to_engine_key
+from draftsmith.draft.layouts import (
+    DRAFTSMITH_PREFIX,
+    NESTED_IDS,
+    RECORD_KEY,
+    TOP_LEVEL_IDS,
+    arch_options,
+    to_engine_key,
+)
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.layers import to_engine, validate_layers
@@ -79,16 +86,20 @@ def sglang_refusal(cfg: DrafterConfig) -> str | None:
     """Why SGLang's LlamaForCausalLMEagle3 would serve this drafter wrongly (it loads it without
     error), or None when it serves it as trained. The export's check and the model card both ask."""
     if cfg.num_layers > 1:
-        return (f"this drafter has {cfg.num_layers} decoder layers (--num-layers), but SGLang's LlamaForCausalLMEagle3 "
-                "serves one (`midlayer`): it would drop the others. Export with --engine vllm (--format eagle or "
-                "speculators), whose llama_eagle3 builds num_hidden_layers layers, or retrain with `train --for-engine sglang`")
+        return (
+            f"this drafter has {cfg.num_layers} decoder layers (--num-layers), but SGLang's LlamaForCausalLMEagle3 "
+            "serves one (`midlayer`): it would drop the others. Export with --engine vllm (--format eagle or "
+            "speculators), whose llama_eagle3 builds num_hidden_layers layers, or retrain with `train --for-engine sglang`"
+        )
     used = [name for name, on in arch_options(cfg).items() if on]
     if used:
         instead = "; ".join(f"for {name} it {SGLANG_INSTEAD[name]}" for name in used)
-        return (f"this drafter was trained with {', '.join(f'{name}=true' for name in used)}, but SGLang's "
-                f"LlamaForCausalLMEagle3 has no such option ({instead}): it would serve this drafter wrongly. "
-                f"Export with --engine vllm (--format eagle or speculators), whose llama_eagle3 reads {', '.join(used)}, "
-                "or retrain with `train --for-engine sglang`")
+        return (
+            f"this drafter was trained with {', '.join(f'{name}=true' for name in used)}, but SGLang's "
+            f"LlamaForCausalLMEagle3 has no such option ({instead}): it would serve this drafter wrongly. "
+            f"Export with --engine vllm (--format eagle or speculators), whose llama_eagle3 reads {', '.join(used)}, "
+            "or retrain with `train --for-engine sglang`"
+        )
     return None
 
 
@@ -133,8 +144,11 @@ def eagle_config(cfg: DrafterConfig, engine: str, dtype: str, target: dict[str, 
         config["target_hidden_size"] = cfg.target_hidden_size
     config.update(arch_options(cfg))
     config[TOP_LEVEL_IDS] = to_engine(cfg.aux_layer_ids, "vllm")
-    config["eagle_config"] = {"use_aux_hidden_state": True, TOP_LEVEL_IDS: to_engine(cfg.aux_layer_ids, engine),
-                              "norm_before_fc": cfg.norm_before_fc}
+    config["eagle_config"] = {
+        "use_aux_hidden_state": True,
+        TOP_LEVEL_IDS: to_engine(cfg.aux_layer_ids, engine),
+        "norm_before_fc": cfg.norm_before_fc,
+    }
     config[RECORD_KEY] = record(cfg, engine, {TOP_LEVEL_IDS: "vllm", NESTED_IDS: engine}, target)
     return config
 
@@ -147,5 +161,7 @@ def export_tensors(model: Eagle3Drafter, include_embeddings: bool, dtype: torch.
         if key == "embed_tokens.weight" and not include_embeddings:
             continue
         value = value.detach().cpu()
-        out[to_engine_key(key, DRAFTSMITH_PREFIX)] = (value.to(dtype) if value.is_floating_point() else value).contiguous()
+        out[to_engine_key(key, DRAFTSMITH_PREFIX)] = (
+            value.to(dtype) if value.is_floating_point() else value
+        ).contiguous()
     return out

@@ -1,10 +1,10 @@
 """`draftsmith export`: a drafter folder -> a serving-ready folder for vLLM or SGLang.
 
-    load the drafter (native, exported or third-party EAGLE-3)
-    check it can be served without being misread (engine, 3 capturable layers, norm, vocab)
-    build config.json + model.safetensors (eagle.py or speculators.py) and the model card
-    write them into a temporary folder, reload that folder with the importer, compare logits
-    rename the folder into place (nothing is left at --out on any error)
+load the drafter (native, exported or third-party EAGLE-3)
+check it can be served without being misread (engine, 3 capturable layers, norm, vocab)
+build config.json + model.safetensors (eagle.py or speculators.py) and the model card
+write them into a temporary folder, reload that folder with the importer, compare logits
+rename the folder into place (nothing is left at --out on any error)
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ def read_report(path: Path | None) -> dict[str, Any] | None:
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"--eval-report {path}: cannot be read as JSON ({e})") from None
     if not isinstance(report, dict) or "tau" not in report:
-        raise UserError(f"--eval-report {path}: not an eval report.json (it has no 'tau'); pass the one `draftsmith eval` wrote")
+        raise UserError(
+            f"--eval-report {path}: not an eval report.json (it has no 'tau'); pass the one `draftsmith eval` wrote"
+        )
     return report
 
 
@@ -92,8 +94,15 @@ def run(cfg: ExportConfig) -> Path:
         arch = cfg.verifier_architectures or speculators.verifier_architectures(str(target.get("model_type", "llama")))
         config = speculators.speculators_config(dcfg, dtype_name, target, verifier, arch, k)
         tensors = speculators.to_speculators_keys(tensors)
-    card = model_card(dcfg, {**record, "target": {**target, "name": verifier}}, cfg.format, engine,
-                      str(Path(cfg.out).absolute()), k, report)
+    card = model_card(
+        dcfg,
+        {**record, "target": {**target, "name": verifier}},
+        cfg.format,
+        engine,
+        str(Path(cfg.out).absolute()),
+        k,
+        report,
+    )
 
     try:
         with atomic_output_dir(cfg.out, "export", [cfg.ckpt, cfg.eval_report], cfg.overwrite) as tmp:
@@ -103,8 +112,11 @@ def run(cfg: ExportConfig) -> Path:
             write_run_record(tmp, cfg)
             reload_check(model, tmp, dtype)
     except OSError as e:  # a full disk: exit 4, the temporary folder removed
-        raise from_os_error(e, f"nothing was written at {cfg.out} (its temporary folder was removed): run the same "
-                               "command again") from None
-    print(f"[export] {cfg.format} for {engine}: {cfg.out} (layers {dcfg.aux_layer_ids} draftsmith = "
-          f"{to_engine(dcfg.aux_layer_ids, engine)} {engine}; checked: reload gives identical logits)")
+        raise from_os_error(
+            e, f"nothing was written at {cfg.out} (its temporary folder was removed): run the same command again"
+        ) from None
+    print(
+        f"[export] {cfg.format} for {engine}: {cfg.out} (layers {dcfg.aux_layer_ids} draftsmith = "
+        f"{to_engine(dcfg.aux_layer_ids, engine)} {engine}; checked: reload gives identical logits)"
+    )
     return Path(cfg.out)

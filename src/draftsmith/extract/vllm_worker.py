@@ -40,21 +40,33 @@ def emit(record: dict) -> None:
     print(MARK + json.dumps(record), flush=True)
 
 
-def build_llm(spec: dict):  # noqa: ANN201 (vllm.LLM, imported here only)
+def build_llm(spec: dict):
     from vllm import LLM
 
     name, module = CPU_CONNECTOR if spec["device"] == "cpu" else GPU_CONNECTOR
-    kv_transfer = {"kv_connector": name, "kv_role": "kv_producer",
-                   "kv_connector_extra_config": {"shared_storage_path": spec["request_dir"]}}
+    kv_transfer = {
+        "kv_connector": name,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": spec["request_dir"]},
+    }
     if module is not None:
         kv_transfer["kv_connector_module_path"] = module
     return LLM(
-        model=spec["model"], dtype=spec["dtype"], skip_tokenizer_init=True, seed=0,
-        max_model_len=spec["max_model_len"], enable_prefix_caching=spec["prefix_caching"],
-        tensor_parallel_size=spec["tensor_parallel_size"], enable_expert_parallel=spec["expert_parallel"],
-        enforce_eager=spec["device"] == "cpu", **spec.get("engine_args", {}),
-        speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": spec["layer_ids"]}}},
+        model=spec["model"],
+        dtype=spec["dtype"],
+        skip_tokenizer_init=True,
+        seed=0,
+        max_model_len=spec["max_model_len"],
+        enable_prefix_caching=spec["prefix_caching"],
+        tensor_parallel_size=spec["tensor_parallel_size"],
+        enable_expert_parallel=spec["expert_parallel"],
+        enforce_eager=spec["device"] == "cpu",
+        **spec.get("engine_args", {}),
+        speculative_config={
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": spec["layer_ids"]}},
+        },
         kv_transfer_config=kv_transfer,
     )
 
@@ -69,7 +81,7 @@ def written(path: str) -> bool:
     return os.path.exists(path)
 
 
-def step_until_written(llm, paths: list[str]) -> None:  # noqa: ANN001
+def step_until_written(llm, paths: list[str]) -> None:
     """An in-process engine: step it until the connector has written every file in `paths`."""
     while not all(written(p) for p in paths):
         llm.llm_engine.step()
@@ -97,7 +109,9 @@ def main(spec_path: str) -> None:
         paths = [(out.kv_transfer_params or {}).get("hidden_states_path") for out in outputs]
         cached = [int(out.num_cached_tokens or 0) for out in outputs]
         if None in paths:
-            raise SystemExit("vLLM returned a request without a hidden_states_path: its KV connector is not the hidden-states one")
+            raise SystemExit(
+                "vLLM returned a request without a hidden_states_path: its KV connector is not the hidden-states one"
+            )
         if spec["in_process"]:
             step_until_written(llm, paths)
         for r, path, n in zip(part, paths, cached, strict=True):

@@ -96,7 +96,7 @@ def place_file(dest: Path, parts: list[memoryview | bytes], staging_dir: Path | 
             for part in parts:
                 view = memoryview(part)
                 while view.nbytes:
-                    view = view[f.write(view):]
+                    view = view[f.write(view) :]
             if staged is None:
                 os.fsync(f.fileno())
         if staged is not None:
@@ -123,7 +123,9 @@ class HostBuffers:
     each width, grown if a batch needs more) and the copies non-blocking; on CPU the captured
     tensors are used as they are."""
 
-    def __init__(self, n: int, device: torch.device, rows: int = 0, widths: dict[str, tuple[int, torch.dtype]] | None = None) -> None:
+    def __init__(
+        self, n: int, device: torch.device, rows: int = 0, widths: dict[str, tuple[int, torch.dtype]] | None = None
+    ) -> None:
         self.device = device
         self._free: queue.Queue[dict[str, torch.Tensor]] = queue.Queue()
         for _ in range(n):
@@ -179,8 +181,15 @@ class StoreWriter:
     """
 
     def __init__(
-        self, out: Path, manifest: Path, file_meta: dict[str, str], n_aux: int, hidden_size: int,
-        buffers: HostBuffers, threads: int = 4, staging_dir: Path | None = None,
+        self,
+        out: Path,
+        manifest: Path,
+        file_meta: dict[str, str],
+        n_aux: int,
+        hidden_size: int,
+        buffers: HostBuffers,
+        threads: int = 4,
+        staging_dir: Path | None = None,
     ) -> None:
         self.out, self.manifest, self.file_meta = Path(out), Path(manifest), file_meta
         self.n_aux, self.hidden_size, self.buffers, self.staging_dir = n_aux, hidden_size, buffers, staging_dir
@@ -189,16 +198,29 @@ class StoreWriter:
         self.stop_reason: str | None = None  # set when the disk is full or a write fails
         self._manifest_lock = threading.Lock()
 
-    def submit(self, samples: list[tuple[int, np.ndarray, np.ndarray]], host: dict[str, torch.Tensor], event: Any, slot: dict) -> None:
+    def submit(
+        self, samples: list[tuple[int, np.ndarray, np.ndarray]], host: dict[str, torch.Tensor], event: Any, slot: dict
+    ) -> None:
         total = sum(len(ids) for _, ids, _ in samples)
-        assert total == host["aux"].shape[0] == host["final"].shape[0], f"batch rows {host['aux'].shape[0]} != tokens {total}"
+        assert total == host["aux"].shape[0] == host["final"].shape[0], (
+            f"batch rows {host['aux'].shape[0]} != tokens {total}"
+        )
         batch = _Batch(slot=slot, event=event, remaining=len(samples))
         self.pending.append(batch.future)
         offset = 0
         for sample_id, ids, mask in samples:
             rows = slice(offset, offset + len(ids))
             offset += len(ids)
-            self.pool.submit(self._write_sample, batch, sample_id, ids, mask, host["aux"][rows], host["final"][rows], host["finite"][rows])
+            self.pool.submit(
+                self._write_sample,
+                batch,
+                sample_id,
+                ids,
+                mask,
+                host["aux"][rows],
+                host["final"][rows],
+                host["finite"][rows],
+            )
 
     def poll(self) -> list[BatchResult]:
         """Results of the batches finished so far (without waiting)."""
@@ -214,7 +236,7 @@ class StoreWriter:
     def close(self) -> None:
         self.pool.shutdown(wait=True)
 
-    def _write_sample(self, batch: _Batch, sample_id: int, ids, mask, aux, final, finite) -> None:  # noqa: ANN001
+    def _write_sample(self, batch: _Batch, sample_id: int, ids, mask, aux, final, finite) -> None:
         try:
             if batch.event is not None:
                 batch.event.synchronize()
@@ -230,7 +252,7 @@ class StoreWriter:
             if last:
                 self._finish(batch)
 
-    def _write_one(self, batch: _Batch, sample_id: int, ids, mask, aux, final, finite) -> None:  # noqa: ANN001
+    def _write_one(self, batch: _Batch, sample_id: int, ids, mask, aux, final, finite) -> None:
         T = len(ids)
         if aux.shape[0] != T or final.shape[0] != T or len(mask) != T:  # rows == tokens, always
             with batch.lock:
@@ -241,8 +263,12 @@ class StoreWriter:
             with batch.lock:
                 batch.result.errors.append(f"sample {sample_id}: NaN or Inf in the hidden states at token {bad}")
             return
-        check_sample({"input_ids": ids, "loss_mask": mask, "aux_hidden_states": aux, "final_hidden_states": final},
-                     self.n_aux, self.hidden_size, f"sample {sample_id}")
+        check_sample(
+            {"input_ids": ids, "loss_mask": mask, "aux_hidden_states": aux, "final_hidden_states": final},
+            self.n_aux,
+            self.hidden_size,
+            f"sample {sample_id}",
+        )
         parts = encode_sample(ids, mask, aux, final, {**self.file_meta, "sample_id": str(sample_id)})
         rel = sample_relpath(sample_id)
         try:

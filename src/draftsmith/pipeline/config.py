@@ -13,15 +13,22 @@ from draftsmith.config import CommandConfig
 class QuickstartConfig(CommandConfig):
     out: Path = Field(Path("draftsmith-quickstart"), description="Output folder (reruns resume).")
     budget: Literal["small", "full"] | None = Field(
-        None, description="small: minutes on a CPU; full: a real run on a GPU. Default: full with a GPU, else small.")
+        None, description="small: minutes on a CPU; full: a real run on a GPU. Default: full with a GPU, else small."
+    )
 
 
 class PipelineConfig(CommandConfig):
     positional = "pipeline_config"
     pipeline_config: Path = Field(description="YAML listing the stages to run and their options.")
     only: list[str] | None = Field(
-        None, description="Run only these stages (by name); the others are not run, but their outputs still feed later stages.")
+        None,
+        description="Run only these stages (by name); the others are not run, but their outputs still feed later stages.",
+    )
     out: Path | None = Field(
-        None, description="Root folder of the stages' outputs (beats the YAML's `out:`). Default: the YAML's `out:`, else runs/<the YAML's name>.")
+        None,
+        description="Root folder of the stages' outputs (beats the YAML's `out:`). Default: the YAML's `out:`, else runs/<the YAML's name>.",
+    )
     target: str | None = Field(
-        None, description="Target model for every stage that takes one (beats the YAML's `target:`; a stage's own `target:` still wins). Default: the YAML's, else the embedded default.")
+        None,
+        description="Target model for every stage that takes one (beats the YAML's `target:`; a stage's own `target:` still wins). Default: the YAML's, else the embedded default.",
+    )

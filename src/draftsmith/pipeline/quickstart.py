@@ -27,8 +27,11 @@ from draftsmith.pipeline.config import QuickstartConfig
 from draftsmith.pipeline.run import parse_stages, run_stages
 
 SMALL: list[tuple[str, str, dict[str, Any]]] = [
-    ("synth", "synth", {"prompts": "gsm8k", "limit": 48, "max_new_tokens": 96, "batch_size": 16,
-                        "keep_unfinished": True}),
+    (
+        "synth",
+        "synth",
+        {"prompts": "gsm8k", "limit": 48, "max_new_tokens": 96, "batch_size": 16, "keep_unfinished": True},
+    ),
     # self-prompted chat (Magpie), so that the drafter sees more than math before MT-bench
     ("magpie", "synth", {"magpie": 48, "max_new_tokens": 96, "batch_size": 16, "keep_unfinished": True}),
     ("prepare", "prepare", {"max_len": 512}),
@@ -39,11 +42,27 @@ SMALL: list[tuple[str, str, dict[str, Any]]] = [
     # answers alone: val tau 1.76, against 1.24 with 8k rows and lr 1e-3, the defaults then);
     # and every token trained on, the prompts' too (the target's distribution teaches there as
     # well): on these 96 conversations MT-bench tau 1.19 against 1.14 at K=1 (experiments/LOG.md)
-    ("train", "train", {"hidden": "@extract", "epochs": 5, "ttt": 3, "batch_tokens": 512, "lr": 3e-3,
-                        "draft_vocab_size": 4096, "val_fraction": 0.1, "log_every": 10, "loss_tokens": "all"}),
+    (
+        "train",
+        "train",
+        {
+            "hidden": "@extract",
+            "epochs": 5,
+            "ttt": 3,
+            "batch_tokens": 512,
+            "lr": 3e-3,
+            "draft_vocab_size": 4096,
+            "val_fraction": 0.1,
+            "log_every": 10,
+            "loss_tokens": "all",
+        },
+    ),
     # the chain length (1..3) with the best predicted speed-up on this CPU, from a short calibration
-    ("eval", "eval", {"bench": "mt_bench", "mode": "chain", "k": "auto", "k_max": 3, "num_questions": 3,
-                      "max_new_tokens": 48}),
+    (
+        "eval",
+        "eval",
+        {"bench": "mt_bench", "mode": "chain", "k": "auto", "k_max": 3, "num_questions": 3, "max_new_tokens": 48},
+    ),
 ]
 # what `full` runs of the H200 recipe (about 30 minutes on one H200): its data stages, whatever
 # they are, then these two

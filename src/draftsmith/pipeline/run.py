@@ -54,8 +54,14 @@ from draftsmith.pipeline.config import PipelineConfig
 from draftsmith.target import shared_targets
 
 # where each command's main input comes from, and what it produces
-INPUTS = {"prepare": ("data", "synth"), "vocab": ("dataset_dir", "prepare"), "extract": ("dataset_dir", "prepare"),
-          "train": ("dataset_dir", "prepare"), "export": ("ckpt", "train"), "eval": ("drafter", "train")}
+INPUTS = {
+    "prepare": ("data", "synth"),
+    "vocab": ("dataset_dir", "prepare"),
+    "extract": ("dataset_dir", "prepare"),
+    "train": ("dataset_dir", "prepare"),
+    "export": ("ckpt", "train"),
+    "eval": ("drafter", "train"),
+}
 SHORTCUTS = {"gsm8k": str(GSM8K_TRAIN), "mt_bench": "mt_bench"}
 FILE_OUTPUTS = {"synth", "vocab"}  # the commands whose output is a file, not a folder
 
@@ -85,8 +91,10 @@ def parse_stages(raw: Any) -> list[tuple[str, str, dict[str, Any]]]:
         if command not in STAGES:
             raise UserError(f"pipeline config: stage {i + 1}: unknown stage {command!r}")
         if not isinstance(options, dict | None):
-            raise UserError(f"pipeline config: stage {i + 1} ({command}): options must be a mapping like "
-                            f"'- {command}: {{out: DIR}}', not a {type(options).__name__}")
+            raise UserError(
+                f"pipeline config: stage {i + 1} ({command}): options must be a mapping like "
+                f"'- {command}: {{out: DIR}}', not a {type(options).__name__}"
+            )
         options = dict(options or {})
         name = str(options.pop("name", command))
         if name in seen:
@@ -126,8 +134,12 @@ def remade_inputs(done: Path, inputs: list[str], marks: Path, runs_now: set[str]
     recorded (made again in a run since, or new). A marker written before inputs were recorded
     is checked against the stages that run now only."""
     recorded = read_marker(done).get("inputs")
-    return [f"input {n} made again" for n in inputs
-            if n in runs_now or (isinstance(recorded, dict) and recorded.get(n) != read_marker(marks / f"{n}.done").get("id"))]
+    return [
+        f"input {n} made again"
+        for n in inputs
+        if n in runs_now
+        or (isinstance(recorded, dict) and recorded.get(n) != read_marker(marks / f"{n}.done").get("id"))
+    ]
 
 
 def changed_files(done: Path, files: dict[str, str]) -> list[str]:
@@ -146,7 +158,9 @@ def external_files(cfg: CommandConfig, makers: dict[Path, list[str]]) -> dict[st
     return {str(p): content_id(p) for p in paths if p not in makers and p.exists()}
 
 
-def rerun_options(name: str, fields: set[str], values: dict[str, Any], started: Path, chosen: set[str]) -> dict[str, Any]:
+def rerun_options(
+    name: str, fields: set[str], values: dict[str, Any], started: Path, chosen: set[str]
+) -> dict[str, Any]:
     """What a stage needs to run again over an output it left behind: `resume` (train) or
     `overwrite` (the atomic stages). Given only for an output this pipeline proves it made (the
     stage's `started` marker names it) or an empty folder; an existing output made by anyone else
@@ -160,7 +174,9 @@ def rerun_options(name: str, fields: set[str], values: dict[str, Any], started: 
         return {redo: True}  # cut short in an earlier run of this pipeline
     if out.is_dir() and not any(out.iterdir()):
         return {"overwrite": True} if "overwrite" in fields else {}  # an empty folder: nothing to lose
-    how = "'overwrite: true' to replace it" + (" or 'resume: true' to continue the run in it" if "resume" in fields else "")
+    how = "'overwrite: true' to replace it" + (
+        " or 'resume: true' to continue the run in it" if "resume" in fields else ""
+    )
     raise UserError(
         f"pipeline stage {name}: {out} already exists and this pipeline did not make it (no {started}); "
         f"refusing to replace it. Give the stage another 'out:', move {out} away, or give the stage {how}"
@@ -189,13 +205,16 @@ def check_common(path: Path, common: dict[str, Any], stages: list[tuple[str, str
     for key in sorted(set(common) - known - set().union(*(cls.renamed for cls in configs))):
         close = difflib.get_close_matches(key, sorted(known | {"out", "stages"}), n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
-        raise UserError(f"{path}: unknown top-level key '{key}': no stage takes it; {hint}"
-                        f"the top level holds out, stages and options given to every stage that takes them "
-                        f"({', '.join(sorted(known))})")
+        raise UserError(
+            f"{path}: unknown top-level key '{key}': no stage takes it; {hint}"
+            f"the top level holds out, stages and options given to every stage that takes them "
+            f"({', '.join(sorted(known))})"
+        )
 
 
-def plan_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common: dict[str, Any],
-                only: list[str] | None = None) -> list[Planned]:
+def plan_stages(
+    root: Path, stages: list[tuple[str, str, dict[str, Any]]], common: dict[str, Any], only: list[str] | None = None
+) -> list[Planned]:
     """Every stage's config resolved and checked (its options, `@NAME` references, and that its
     output is this pipeline's to replace) before any stage runs: a bad later stage stops the
     pipeline before the first one writes anything."""
@@ -221,7 +240,9 @@ def plan_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], commo
             values[k] = SHORTCUTS.get(v, v) if isinstance(v, str) else v
         done, started = marks / f"{name}.done", marks / f"{name}.started"
         out = Path(values["out"])
-        inputs = sorted({n for k, v in values.items() if k != "out" and isinstance(v, str | Path) for n in makers.get(Path(v), [])})
+        inputs = sorted(
+            {n for k, v in values.items() if k != "out" and isinstance(v, str | Path) for n in makers.get(Path(v), [])}
+        )
         selected = only is None or name in only
         files = external_files(stage_config(name, cls, values), makers) if selected else {}
         changed = stage_changes(done if done.exists() else started, stage_config(name, cls, values)) if selected else []
@@ -235,22 +256,27 @@ def plan_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], commo
         if selected and not finished:
             runs_now.add(name)
             check_stage_out(root, name, command, values, options, started)
-        planned.append(Planned(name, command, stage_config(name, cls, values), selected, finished, changed, inputs, files))
+        planned.append(
+            Planned(name, command, stage_config(name, cls, values), selected, finished, changed, inputs, files)
+        )
         products[name] = latest[command] = product(command, out)
         makers.setdefault(products[name], []).append(name)
     return planned
 
 
-def check_stage_out(root: Path, name: str, command: str, values: dict[str, Any], options: dict[str, Any],
-                    started: Path) -> None:
+def check_stage_out(
+    root: Path, name: str, command: str, values: dict[str, Any], options: dict[str, Any], started: Path
+) -> None:
     """A stage's output, checked as the stage checks it alone (`check_output`), and inside the
     pipeline's folder unless its `out:` is an absolute path. Its `overwrite` is the stage's own
     except over an output this pipeline made (its `.started` marker names it: made by draftsmith)."""
     out, given = Path(values["out"]), options.get("out")
     if given is not None and not Path(given).is_absolute() and root.resolve() not in out.resolve().parents:
-        raise UserError(f"pipeline stage {name}: out: {given} is outside the pipeline's folder {root}; give a path "
-                        "inside it (relative paths are taken from the current folder, as the pipeline's out: is), or an "
-                        "absolute path to write elsewhere")
+        raise UserError(
+            f"pipeline stage {name}: out: {given} is outside the pipeline's folder {root}; give a path "
+            "inside it (relative paths are taken from the current folder, as the pipeline's out: is), or an "
+            "absolute path to write elsewhere"
+        )
     inputs = [v for k, v in values.items() if k != "out" and isinstance(v, str | Path)]
     overwrite = bool(values.get("overwrite")) and not made_here(started, out)
     try:
@@ -267,8 +293,9 @@ def stage_config(name: str, cls: type[CommandConfig], values: dict[str, Any]) ->
         raise UserError(f"pipeline stage {name}: {e}") from None
 
 
-def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common: dict[str, Any],
-               only: list[str] | None = None) -> dict[str, Path]:
+def run_stages(
+    root: Path, stages: list[tuple[str, str, dict[str, Any]]], common: dict[str, Any], only: list[str] | None = None
+) -> dict[str, Path]:
     """Check every stage, then run them in order inside one process (only the `only` ones, when
     given); returns each stage's product path."""
     planned = plan_stages(root, stages, common, only)
@@ -285,20 +312,30 @@ def run_stages(root: Path, stages: list[tuple[str, str, dict[str, Any]]], common
                 print(f"[pipeline] {stage.name}: done earlier, skipped ({out})", flush=True)
                 continue
             if stage.changed:  # stale output: made by this pipeline with other options or inputs
-                print(f"[pipeline] {stage.name}: changed since it ran ({', '.join(stage.changed)}): "
-                      "running it again", flush=True)
+                print(
+                    f"[pipeline] {stage.name}: changed since it ran ({', '.join(stage.changed)}): running it again",
+                    flush=True,
+                )
                 done.unlink(missing_ok=True)
             print(f"[pipeline] {stage.name}: draftsmith {stage.command} -> {out}", flush=True)
             if stage.command not in FILE_OUTPUTS and out.is_dir() and made_by(out) is None and made_here(started, out):
                 mark_output(out, stage.command)  # made by this pipeline before outputs were marked: its to replace
-            atomic_write_json(started, {"command": stage.command, "out": str(out.resolve()),
-                                        "config": cfg.model_dump(mode="json")})
+            atomic_write_json(
+                started, {"command": stage.command, "out": str(out.resolve()), "config": cfg.model_dump(mode="json")}
+            )
             t0 = time.time()
             COMMANDS[stage.command].run(cfg)
-            atomic_write_json(done, {"command": stage.command, "seconds": round(time.time() - t0, 1),
-                                     "config": cfg.model_dump(mode="json"), "id": uuid.uuid4().hex,
-                                     "inputs": {n: read_marker(marks / f"{n}.done").get("id") for n in stage.inputs},
-                                     "files": stage.files})
+            atomic_write_json(
+                done,
+                {
+                    "command": stage.command,
+                    "seconds": round(time.time() - t0, 1),
+                    "config": cfg.model_dump(mode="json"),
+                    "id": uuid.uuid4().hex,
+                    "inputs": {n: read_marker(marks / f"{n}.done").get("id") for n in stage.inputs},
+                    "files": stage.files,
+                },
+            )
     return {stage.name: product(stage.command, Path(stage.cfg.out)) for stage in planned}
 
 
@@ -311,10 +348,11 @@ def run(cfg: PipelineConfig) -> Path:
     stages = parse_stages(spec.pop("stages", None))
     unknown = sorted(set(cfg.only or []) - {name for name, _, _ in stages})
     if unknown:
-        raise UserError(f"--only {','.join(unknown)}: {path} has no such stage; its stages: {', '.join(n for n, _, _ in stages)}")
+        raise UserError(
+            f"--only {','.join(unknown)}: {path} has no such stage; its stages: {', '.join(n for n, _, _ in stages)}"
+        )
     check_common(path, spec, stages)
     if cfg.target is not None:
         spec["target"] = cfg.target  # to the stages that take a target, as the YAML's `target:`
     run_stages(root, stages, common=spec, only=cfg.only)
     return root
-

@@ -19,7 +19,9 @@ class PlanConfig(CommandConfig, DrafterShape):
     dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
     target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
     hidden_dir: Path | None = Field(None, description="Where the hidden-state store would go (checked for free space).")
-    aux_layer_ids: list[int] | None = Field(None, description="Aux layer ids in draftsmith's convention; default [2, L//2, L-3].")
+    aux_layer_ids: list[int] | None = Field(
+        None, description="Aux layer ids in draftsmith's convention; default [2, L//2, L-3]."
+    )
     device: str | None = Field(None, description="Device for the calibration run.")
     shard: Shard = Field("none", description=SHARD_HELP)
     dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32.")

@@ -39,7 +39,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn, device: torch.device, repeats: int = 2) -> float:  # noqa: ANN001
+def timed(fn, device: torch.device, repeats: int = 2) -> float:
     """Seconds per call of `fn` after one warm-up call."""
     fn()
     _sync(device)
@@ -86,7 +86,9 @@ def run(cfg: PlanConfig) -> Path:
     draft_cfg = cfg.shaped(DrafterConfig.from_target(text_config(target.model.config), vocab, aux_layer_ids))
     drafter = Eagle3Drafter(draft_cfg).to(device)
     trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
-    drafter_bytes = trainable * ADAM_BYTES_PER_PARAM + sum(p.numel() * 4 for p in drafter.parameters() if not p.requires_grad)
+    drafter_bytes = trainable * ADAM_BYTES_PER_PARAM + sum(
+        p.numel() * 4 for p in drafter.parameters() if not p.requires_grad
+    )
 
     fwd_tps = drafter_tps = None
     if cfg.calibrate and n:
@@ -100,7 +102,11 @@ def run(cfg: PlanConfig) -> Path:
     store = projected_bytes(tokens, n, n_aux, H, dsize)
     hidden_dir = Path(cfg.hidden_dir) if cfg.hidden_dir else Path(cfg.dataset_dir).absolute().parent
     fit = store_fit(store, hidden_dir)
-    act_bytes = cfg.token_budget * ((n_aux + 2) * H + 3 * int(getattr(text_config(target.model.config), "intermediate_size", 4 * H))) * dsize
+    act_bytes = (
+        cfg.token_budget
+        * ((n_aux + 2) * H + 3 * int(getattr(text_config(target.model.config), "intermediate_size", 4 * H)))
+        * dsize
+    )
     host_bytes = HOST_SLOTS * cfg.token_budget * (n_aux + 1) * H * dsize
     ckpt_bytes = trainable * ADAM_BYTES_PER_PARAM * 2  # the last two checkpoints are kept
 
@@ -108,24 +114,49 @@ def run(cfg: PlanConfig) -> Path:
         return fmt_duration(work / rate) if rate else "-"
 
     rows_out = [
-        ("extract", human_bytes(store), human_bytes(host_bytes), human_bytes(weight_bytes + act_bytes), eta(fwd_tps, tokens)),
-        ("train (offline)", human_bytes(ckpt_bytes), "-", human_bytes(drafter_bytes), eta(drafter_tps, tokens * cfg.epochs)),
-        ("train (online)", human_bytes(ckpt_bytes), "-", human_bytes(weight_bytes + drafter_bytes),
-         eta(1 / (1 / fwd_tps + 1 / drafter_tps) if fwd_tps and drafter_tps else None, tokens * cfg.epochs)),
+        (
+            "extract",
+            human_bytes(store),
+            human_bytes(host_bytes),
+            human_bytes(weight_bytes + act_bytes),
+            eta(fwd_tps, tokens),
+        ),
+        (
+            "train (offline)",
+            human_bytes(ckpt_bytes),
+            "-",
+            human_bytes(drafter_bytes),
+            eta(drafter_tps, tokens * cfg.epochs),
+        ),
+        (
+            "train (online)",
+            human_bytes(ckpt_bytes),
+            "-",
+            human_bytes(weight_bytes + drafter_bytes),
+            eta(1 / (1 / fwd_tps + 1 / drafter_tps) if fwd_tps and drafter_tps else None, tokens * cfg.epochs),
+        ),
     ]
-    table = Table(title=f"draftsmith plan: {n} samples, {tokens} tokens, target {info.name} "
-                        f"({info.num_layers} layers, H={H}, {str(target.dtype).removeprefix('torch.')}) on {device}")
+    table = Table(
+        title=f"draftsmith plan: {n} samples, {tokens} tokens, target {info.name} "
+        f"({info.num_layers} layers, H={H}, {str(target.dtype).removeprefix('torch.')}) on {device}"
+    )
     for col in ("stage", "disk", "host memory", "device memory", "time"):
         table.add_column(col)
     for row in rows_out:
         table.add_row(*row)
     console = Console()
     console.print(table)
-    console.print(f"aux layers {aux_layer_ids}; store ~{human_bytes(store / max(tokens, 1))}/token "
-                  f"(ideal {(n_aux + 1) * H * dsize} B); drafter {trainable / 1e6:.1f}M trainable params")
+    console.print(
+        f"aux layers {aux_layer_ids}; store ~{human_bytes(store / max(tokens, 1))}/token "
+        f"(ideal {(n_aux + 1) * H * dsize} B); drafter {trainable / 1e6:.1f}M trainable params"
+    )
     if fwd_tps:
-        console.print(f"calibration on {device}: target capture forward {fwd_tps:,.0f} tok/s, "
-                      f"drafter TTT-{cfg.ttt} step {drafter_tps:,.0f} tok/s (per epoch; train time uses --epochs {cfg.epochs:g})")
+        console.print(
+            f"calibration on {device}: target capture forward {fwd_tps:,.0f} tok/s, "
+            f"drafter TTT-{cfg.ttt} step {drafter_tps:,.0f} tok/s (per epoch; train time uses --epochs {cfg.epochs:g})"
+        )
     verdict = "fits" if fit.fits else "DOES NOT FIT"
-    console.print(f"disk at {hidden_dir}: store needs ~{human_bytes(fit.need + fit.margin)} with margin, {human_bytes(fit.free)} free: {verdict}")
+    console.print(
+        f"disk at {hidden_dir}: store needs ~{human_bytes(fit.need + fit.margin)} with margin, {human_bytes(fit.free)} free: {verdict}"
+    )
     return Path(cfg.dataset_dir)

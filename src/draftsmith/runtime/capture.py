@@ -21,7 +21,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from draftsmith.target import base_model, decoder_layers, final_norm
 
-
 # Capture sees a new [B, T] with nearly every batch (length-bucketed samples). cuDNN's attention
 # builds an execution plan for each new shape, which cost ~150 ms of host time per training step on
 # an H200 (bench/train_bench.py, 2026-11-30); the flash and memory-efficient kernels need no plan.
@@ -94,10 +93,14 @@ def capture(
     returns aux [B, T, n_aux*H] (layers concatenated in `aux_layer_ids` order), final [B, T, H],
     both on input_ids' device
     """
-    with hooked(model, aux_layer_ids) as captured, sdpa_kernel(VARIABLE_SHAPE_SDPA), \
-            attention_implementation(model, attention):
-        out = base_model(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                use_cache=False)
+    with (
+        hooked(model, aux_layer_ids) as captured,
+        sdpa_kernel(VARIABLE_SHAPE_SDPA),
+        attention_implementation(model, attention),
+    ):
+        out = base_model(model)(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
     # on the inputs' device: a target split over GPUs (`load_target(shard="auto")`) hands each layer's
     # input to it on that layer's GPU
     final = out.last_hidden_state.to(input_ids.device)  # [B, T, H], after the final norm
@@ -121,8 +124,14 @@ def _probe(model: nn.Module) -> tuple[torch.Tensor, list[int], float]:
     return ids, lengths, 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
 
 
-def _agrees(model: nn.Module, aux_layer_ids: list[int], ids: torch.Tensor, lengths: list[int], tol: float,
-            rows: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+def _agrees(
+    model: nn.Module,
+    aux_layer_ids: list[int],
+    ids: torch.Tensor,
+    lengths: list[int],
+    tol: float,
+    rows: list[tuple[torch.Tensor, torch.Tensor]],
+) -> bool:
     """Whether each sample's rows ([1, n, ..] aux and final, in `lengths` order) equal capturing it alone."""
     start = 0
     for n, got in zip(lengths, rows, strict=True):
@@ -145,7 +154,9 @@ def packs_sequences(model: nn.Module, aux_layer_ids: list[int], attention: str |
     head, and sdpa's masked path repeats them again)."""
     ids, lengths, tol = _probe(model)
     try:
-        aux, final = capture(model, ids[None], None, aux_layer_ids, packed_positions(lengths, ids.device)[None], attention)
+        aux, final = capture(
+            model, ids[None], None, aux_layer_ids, packed_positions(lengths, ids.device)[None], attention
+        )
     except torch.OutOfMemoryError:
         raise
     except RuntimeError:  # the forward cannot take this layout at all

@@ -87,13 +87,21 @@ def check_supported(model: nn.Module) -> None:
     layer = decoder_layers(model)[0]
     attn = getattr(layer, "self_attn", None)
     needed = [getattr(layer, n, None) for n in ("input_layernorm", "post_attention_layernorm", "mlp")]
-    if attn is None or any(m is None for m in needed) or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
-        raise UserError(f"draftsmith's static-KV engine (eval, synth) supports Llama-family targets (pre-norm decoder layers with q/k/v/o projections); "
-                        f"{type(layer).__name__} is not one")
+    if (
+        attn is None
+        or any(m is None for m in needed)
+        or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    ):
+        raise UserError(
+            f"draftsmith's static-KV engine (eval, synth) supports Llama-family targets (pre-norm decoder layers with q/k/v/o projections); "
+            f"{type(layer).__name__} is not one"
+        )
     partial = [n for n in SANDWICH_NORMS if hasattr(layer, n)]
     if partial and not is_sandwich(layer):
-        raise UserError(f"draftsmith's static-KV engine: {type(layer).__name__} has {partial} without the rest of Gemma's "
-                        f"sandwich norms ({list(SANDWICH_NORMS)}), which it does not implement")
+        raise UserError(
+            f"draftsmith's static-KV engine: {type(layer).__name__} has {partial} without the rest of Gemma's "
+            f"sandwich norms ({list(SANDWICH_NORMS)}), which it does not implement"
+        )
     if getattr(base_model(model), "rotary_emb", None) is None:
         raise UserError(f"draftsmith's static-KV engine: {type(base_model(model)).__name__} has no rotary_emb module")
 
@@ -148,8 +156,9 @@ class TargetEngine:
 
     name = "fast"
 
-    def __init__(self, model: nn.Module, aux_layer_ids: list[int], max_len: int, batch: int = 1,
-                 compile: bool = False) -> None:
+    def __init__(
+        self, model: nn.Module, aux_layer_ids: list[int], max_len: int, batch: int = 1, compile: bool = False
+    ) -> None:
         check_supported(model)
         tc = text_config(model.config)
         self.model, self.base = model, base_model(model)
@@ -185,8 +194,16 @@ class TargetEngine:
         self.capture_seconds = 0.0
 
     # -- the forward -----------------------------------------------------------------------
-    def _attention(self, i: int, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _attention(
+        self,
+        i: int,
+        layer: nn.Module,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """mask [B, 1, g*T, S] (grouped, see `_forward`): attends over the first S cache slots
         (S = the graph's width when graphed; eager calls pass only the slots in use, which keeps
         CPU decoding cheap). The g = nh/nkv query heads that share a KV head are stacked as g*T
@@ -207,21 +224,25 @@ class TargetEngine:
         self.v_cache[i].scatter_(2, at, v)
         s, g = mask.shape[-1], self.nh // self.nkv
         q = q.reshape(b, self.nkv, g * t, self.hd)  # [B, nkv, g*T, hd]: head h = kv head h//g, as in GQA
-        o = self._attend(q, self.k_cache[i][:, :, :s], self.v_cache[i][:, :, :s], mask,
-                         getattr(attn, "scaling", None))  # [B, nkv, g*T, hd]
+        o = self._attend(
+            q, self.k_cache[i][:, :, :s], self.v_cache[i][:, :, :s], mask, getattr(attn, "scaling", None)
+        )  # [B, nkv, g*T, hd]
         o = o.reshape(b, self.nh, t, self.hd)  # [B, nh, T, hd]
         return attn.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # [B, T, H]
 
     @staticmethod
-    def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None) -> torch.Tensor:
+    def _sdpa(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None
+    ) -> torch.Tensor:
         """q [B, nkv, g*T, hd]; k, v [B, nkv, S, hd]; mask [B, 1, g*T, S] -> [B, nkv, g*T, hd]."""
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
-    def _capped_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                          scale: float | None) -> torch.Tensor:
+    def _capped_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None
+    ) -> torch.Tensor:
         """`_sdpa` with the scores soft-capped before the mask (Gemma-2's attn_logit_softcapping,
         which SDPA cannot do), as the model's eager attention computes it: softmax in float32."""
-        scores = softcap(q @ k.transpose(-1, -2) * (scale or self.hd ** -0.5), self.attn_cap)  # [B, nkv, g*T, S]
+        scores = softcap(q @ k.transpose(-1, -2) * (scale or self.hd**-0.5), self.attn_cap)  # [B, nkv, g*T, S]
         probs = scores.masked_fill(~mask, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
         return probs @ v  # [B, nkv, g*T, hd]
 
@@ -241,8 +262,9 @@ class TargetEngine:
         cos, sin = self.base.rotary_emb(h, pos) if kind is None else self.base.rotary_emb(h, pos, kind)  # [B, T, hd]
         return cos[:, None], sin[:, None]
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
-                 last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(
+        self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, last_only: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids, pos, slots [B, T] (the cache slots each row writes); mask [B, 1, T, S] bool. Returns logits [B, T, V] (float32; [B, 1, V] with `last_only`)
         and aux [B, T, n_aux*H] (n_aux = 0 without aux layers)."""
         h = self.embed(ids)  # [B, T, H] (Gemma's embedding scales by sqrt(H) itself)
@@ -254,7 +276,9 @@ class TargetEngine:
                 aux[i] = h
             h = self._block(i, layer, h, *rope[self.rotary_types[i]], slots, masks[self.sliding[i]])
         aux[len(self.layers)] = h
-        captured = torch.cat([aux[k] for k in self.aux_layer_ids], dim=-1) if self.aux_layer_ids else h[..., :0]  # [B, T, n_aux*H]
+        captured = (
+            torch.cat([aux[k] for k in self.aux_layer_ids], dim=-1) if self.aux_layer_ids else h[..., :0]
+        )  # [B, T, n_aux*H]
         if last_only:
             h = h[:, -1:]  # [B, 1, H]: prompts need only the next token's logits
         logits = self.lm_head(self.norm(h))  # [B, T, V]
@@ -272,19 +296,21 @@ class TargetEngine:
         if self.slot_pos is None:
             return {False: full, True: full}
         self.slot_pos.scatter_(1, slots, pos)  # [B, max_len]: these tokens' positions, at their slots
-        near = self.slot_pos[:, None, None, :mask.shape[-1]] > pos[:, None, :, None] - self.window  # [B, 1, T, S]
+        near = self.slot_pos[:, None, None, : mask.shape[-1]] > pos[:, None, :, None] - self.window  # [B, 1, T, S]
         return {False: full, True: (mask & near).repeat(1, 1, g, 1)}
 
-    def _forward_eager(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
-                       last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward_eager(
+        self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, last_only: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`_forward` over only the cache slots that some token sees. slots [B, T], mask [B, T, S]."""
         used = int(torch.nonzero(mask.flatten(0, 1).any(0)).max()) + 1
         with torch.no_grad():
             return self._forward(ids, pos, slots, mask[:, None, :, :used], last_only)
 
     @torch.no_grad()
-    def forward_batch(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
-                      last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_batch(
+        self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, last_only: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run `ids [B, T]` at positions `pos [B, T]`, writing their K/V at cache `slots [B, T]`
         (or [T]: the same in every row); `mask [B, T, S]` (S <= max_len) says which of the first S cache slots
         each token sees (its own slot included). Returns logits [B, T, V] and aux [B, T, n_aux*H].
@@ -296,7 +322,9 @@ class TargetEngine:
             return graph(ids, pos, slots, mask[:, None])  # mask [B, 1, T, S]
         return self._forward_eager(ids, pos, slots, mask, last_only)
 
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch 1: run `ids [T]` at positions `pos [T]`, writing their K/V at cache `slots [T]`;
         `mask [T, max_len]` says which cache slots each token sees (its own slot included).
         Returns logits [T, V] and aux [T, n_aux*H]."""
@@ -356,11 +384,19 @@ class TargetEngine:
         cols = torch.arange(p, device=self.device)  # [P]: the slots
         seen = (cols >= pad[:, None, None]) & (cols <= cols[:, None])  # [B, P, P]: the prompt's causal mask
         seen |= cols == cols[:, None]  # a padding column sees itself (no empty softmax row)
-        logits, aux = self._forward_eager(ids, (cols - pad[:, None]).clamp(min=0), cols.expand(len(prompts), -1), seen, last_only=True)
+        logits, aux = self._forward_eager(
+            ids, (cols - pad[:, None]).clamp(min=0), cols.expand(len(prompts), -1), seen, last_only=True
+        )
         return logits[:, -1], aux, ids, pad
 
-    def rows_forward(self, ids: torch.Tensor, base: torch.Tensor, n: torch.Tensor, block: torch.Tensor | None = None,
-                     offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rows_forward(
+        self,
+        ids: torch.Tensor,
+        base: torch.Tensor,
+        n: torch.Tensor,
+        block: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Row b runs ids[b] [T] after its n[b] tokens, which sit at slots base[b].. (base, n
         [B] on the device): the tokens go to slots base+n.., at positions n + offsets (default
         0..T-1), each seeing the row's tokens and, among the new ones, `block` [B, T, T] (a
@@ -374,19 +410,23 @@ class TargetEngine:
             return graph(ids, base, n, block, offsets)
         return self._forward_eager(ids, *self._rows_inputs(base, n, block, offsets))
 
-    def _rows_inputs(self, base: torch.Tensor, n: torch.Tensor, block: torch.Tensor,
-                     offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _rows_inputs(
+        self, base: torch.Tensor, n: torch.Tensor, block: torch.Tensor, offsets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`rows_forward`'s positions, slots [B, T] and mask [B, T, S], built on the device."""
         b, t = offsets.shape
         start = base + n  # [B]: the first new slot
         slots = start[:, None] + torch.arange(t, device=self.device)  # [B, T]
         cols = torch.arange(self.max_len, device=self.device)  # [S]
-        mask = ((cols >= base[:, None]) & (cols < start[:, None]))[:, None, :].repeat(1, t, 1)  # [B, T, S]: the row's tokens
+        mask = ((cols >= base[:, None]) & (cols < start[:, None]))[:, None, :].repeat(
+            1, t, 1
+        )  # [B, T, S]: the row's tokens
         mask.scatter_(2, slots[:, None, :].expand(b, t, t), block)  # the new tokens among themselves
         return n[:, None] + offsets, slots, mask
 
-    def _rows_graphed(self, ids: torch.Tensor, base: torch.Tensor, n: torch.Tensor, block: torch.Tensor,
-                      offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rows_graphed(
+        self, ids: torch.Tensor, base: torch.Tensor, n: torch.Tensor, block: torch.Tensor, offsets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         pos, slots, mask = self._rows_inputs(base, n, block, offsets)
         return self._forward(ids, pos, slots, mask[:, None])
 
@@ -399,7 +439,13 @@ class TargetEngine:
         t0 = time.perf_counter()
         b, step = self.batch, torch.arange(t, device=self.device)
         zeros = torch.zeros(b, dtype=torch.long, device=self.device)
-        example = (zeros[:, None].expand(b, t), zeros, zeros, (step[:, None] >= step).expand(b, t, t), step.expand(b, t))
+        example = (
+            zeros[:, None].expand(b, t),
+            zeros,
+            zeros,
+            (step[:, None] >= step).expand(b, t, t),
+            step.expand(b, t),
+        )
         self.row_graphs[t] = self._capture(self._rows_graphed, *example)  # ids; base, n; block, offsets
         self.capture_seconds += time.perf_counter() - t0
 
@@ -412,8 +458,12 @@ class TargetEngine:
             return
         t0 = time.perf_counter()
         b, arange = self.batch, torch.arange(t, device=self.device)
-        example = (torch.zeros(b, t, dtype=torch.long, device=self.device), arange.repeat(b, 1), arange.repeat(b, 1),
-                   self.causal_mask(0, t)[:, :width].repeat(b, 1, 1, 1))  # ids, pos, slots [B, t]; mask [B, 1, t, width]
+        example = (
+            torch.zeros(b, t, dtype=torch.long, device=self.device),
+            arange.repeat(b, 1),
+            arange.repeat(b, 1),
+            self.causal_mask(0, t)[:, :width].repeat(b, 1, 1, 1),
+        )  # ids, pos, slots [B, t]; mask [B, 1, t, width]
         self.graphs[(t, width)] = self._capture(self._forward, *example)
         self.capture_seconds += time.perf_counter() - t0
 
@@ -424,9 +474,13 @@ class TargetEngine:
             try:  # every graph's shape is its own compile of the same forward: more than dynamo's default 8
                 with torch._dynamo.config.patch(recompile_limit=64):
                     return Graphed(torch.compile(fn, dynamic=False), *example)
-            except Exception as e:  # noqa: BLE001 (inductor/triton missing or failing: any error of the compiler)
-                print(f"eval: torch.compile of the target's forward failed ({type(e).__name__}: {str(e)[:200]}); "
-                      "capturing the eager forward", file=sys.stderr, flush=True)
+            except Exception as e:
+                print(
+                    f"eval: torch.compile of the target's forward failed ({type(e).__name__}: {str(e)[:200]}); "
+                    "capturing the eager forward",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.compiled = False
         return Graphed(fn, *example)
 

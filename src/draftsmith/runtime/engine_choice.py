@@ -20,8 +20,9 @@ from draftsmith.runtime.selfcheck import fast_engine_problem, generic_tree_probl
 Engine = TargetEngine | HFEngine
 
 
-def open_engine(model: nn.Module, aux_layer_ids: list[int], max_len: int, mode: str = "chain", batch: int = 1,
-                compile: bool = False) -> Engine:
+def open_engine(
+    model: nn.Module, aux_layer_ids: list[int], max_len: int, mode: str = "chain", batch: int = 1, compile: bool = False
+) -> Engine:
     """The engine `eval` decodes with: the fast engine (of `batch` rows; its graphed forwards
     compiled with `compile`) when it passes the self-check, else the generic one (one row:
     `batch > 1` is refused; `mode == "tree"` where `generic_tree_problem` finds one), announced
@@ -31,13 +32,21 @@ def open_engine(model: nn.Module, aux_layer_ids: list[int], max_len: int, mode: 
         return TargetEngine(model, aux_layer_ids, max_len, batch=batch, compile=compile)
     name = type(model).__name__
     if batch > 1:
-        raise UserError(f"--batch-size {batch} needs draftsmith's fast engine, which does not cover {name}: {problem}. "
-                        "The generic path decodes one row: use --batch-size 1")
+        raise UserError(
+            f"--batch-size {batch} needs draftsmith's fast engine, which does not cover {name}: {problem}. "
+            "The generic path decodes one row: use --batch-size 1"
+        )
     engine = HFEngine(model, aux_layer_ids, max_len, reason=problem)
     tree_problem = generic_tree_problem(engine) if mode == "tree" else None
     if tree_problem is not None:
-        raise UserError(f"--mode tree on {name}: the fast engine does not cover it ({problem}) and the generic path "
-                        f"cannot verify trees for it: {tree_problem}. Use --mode chain")
-    print(f"[eval] {name}: not on the fast engine ({problem}); decoding on the generic path instead "
-          f"(the model's own forward with a DynamicCache: {mode}, one row, no CUDA graphs)", file=sys.stderr, flush=True)
+        raise UserError(
+            f"--mode tree on {name}: the fast engine does not cover it ({problem}) and the generic path "
+            f"cannot verify trees for it: {tree_problem}. Use --mode chain"
+        )
+    print(
+        f"[eval] {name}: not on the fast engine ({problem}); decoding on the generic path instead "
+        f"(the model's own forward with a DynamicCache: {mode}, one row, no CUDA graphs)",
+        file=sys.stderr,
+        flush=True,
+    )
     return engine

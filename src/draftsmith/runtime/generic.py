@@ -40,8 +40,10 @@ def cache_kwarg(model: nn.Module) -> str:
     for name in ("cache", "past_key_values"):
         if name in params:
             return name
-    raise UserError(f"{type(model).__name__}.forward takes no KV cache (neither `cache` nor `past_key_values`), "
-                    "which draftsmith's generic engine needs")
+    raise UserError(
+        f"{type(model).__name__}.forward takes no KV cache (neither `cache` nor `past_key_values`), "
+        "which draftsmith's generic engine needs"
+    )
 
 
 def new_cache(model: nn.Module) -> DynamicCache:
@@ -71,28 +73,38 @@ class HFEngine:
         self.cache_arg = cache_kwarg(model)
         self.cache = new_cache(model)
         if not self.cache.is_croppable:
-            raise UserError(f"{type(model).__name__}: no path of draftsmith can verify drafts for this model: its cache "
-                            "cannot be cropped (recurrent or linear-attention layers keep a state, not per-token keys), "
-                            "so a rejected draft cannot be undone")
+            raise UserError(
+                f"{type(model).__name__}: no path of draftsmith can verify drafts for this model: its cache "
+                "cannot be cropped (recurrent or linear-attention layers keep a state, not per-token keys), "
+                "so a rejected draft cannot be undone"
+            )
         self.capture_seconds = 0.0  # nothing is captured: no CUDA graphs on this path
 
     def graph(self, t: int, width: int | None = None) -> None:
         """No CUDA graphs on the generic path (the cache grows); kept for the engine interface."""
 
     @torch.no_grad()
-    def _run(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(
+        self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids [T] at positions pos [T], after the cache's tokens; `mask` [1, 1, T, cached+T]
         additive (0 or the dtype's min), default causal."""
         t, held = ids.shape[0], self.cache.get_seq_length()
         extra = {} if mask is None else {"attention_mask": mask}
         with hooked(self.model, self.aux_layer_ids) as captured:
-            out = self.model(input_ids=ids[None], position_ids=pos[None], use_cache=True, **{self.cache_arg: self.cache},
-                             **extra)
+            out = self.model(
+                input_ids=ids[None], position_ids=pos[None], use_cache=True, **{self.cache_arg: self.cache}, **extra
+            )
         if self.cache.get_seq_length() != held + t:  # the forward ignored or replaced our cache
-            raise UserError(f"{type(self.model).__name__} did not extend the KV cache it was given "
-                            f"({self.cache.get_seq_length()} tokens, expected {held + t}); the generic engine cannot run it")
-        aux = (torch.cat([captured[k][0] for k in self.aux_layer_ids], dim=-1) if self.aux_layer_ids
-               else torch.empty(t, 0, device=self.device, dtype=self.dtype))
+            raise UserError(
+                f"{type(self.model).__name__} did not extend the KV cache it was given "
+                f"({self.cache.get_seq_length()} tokens, expected {held + t}); the generic engine cannot run it"
+            )
+        aux = (
+            torch.cat([captured[k][0] for k in self.aux_layer_ids], dim=-1)
+            if self.aux_layer_ids
+            else torch.empty(t, 0, device=self.device, dtype=self.dtype)
+        )
         return out.logits[0].float(), aux  # [T, V], [T, n_aux*H]
 
     def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,13 +126,17 @@ class HFEngine:
         self._crop(start)
         return self._run(ids, start + torch.arange(ids.shape[0], device=self.device))
 
-    def tree(self, ids: torch.Tensor, start: int, anc: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def tree(
+        self, ids: torch.Tensor, start: int, anc: torch.Tensor, offsets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Crop the cache to `start` tokens, then run a draft tree `ids [T]` (the root first) at
         positions start + offsets [T], node r seeing the cached tokens and the nodes c with
         anc[r, c] [T, T] (its ancestors and itself)."""
         self._crop(start)
         seen = torch.cat([anc.new_ones(anc.shape[0], start), anc], dim=1)  # [T, start+T]
-        mask = torch.zeros(seen.shape, dtype=self.dtype, device=self.device).masked_fill(~seen, torch.finfo(self.dtype).min)
+        mask = torch.zeros(seen.shape, dtype=self.dtype, device=self.device).masked_fill(
+            ~seen, torch.finfo(self.dtype).min
+        )
         return self._run(ids, start + offsets, mask[None, None])
 
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -78,7 +78,9 @@ def output_head(model: nn.Module) -> OutputHead:
     reads its own, not its text config's)."""
     out = model.get_output_embeddings()
     if out is None or getattr(out, "weight", None) is None:
-        raise UserError(f"{type(model).__name__} has no output embedding (lm_head): draftsmith trains drafters for causal LMs")
+        raise UserError(
+            f"{type(model).__name__} has no output embedding (lm_head): draftsmith trains drafters for causal LMs"
+        )
     cfg = model.config
     scale = 1.0 / float(getattr(cfg, "logits_scaling", None) or 1.0) * float(getattr(cfg, "logit_scale", None) or 1.0)
     cap = getattr(cfg, "final_logit_softcapping", None)
@@ -111,4 +113,5 @@ def check_output_head(model: nn.Module, head: OutputHead) -> None:
             f"{type(model).__name__}: its logits are not {head.describe()} of its final hidden state "
             f"(they differ by {err:.2g} of the largest logit; tolerance {tol:g} in {str(dtype).removeprefix('torch.')}). "
             "Its forward does something to the logits that draftsmith does not know, so training would "
-            "learn from a wrong teacher: this model is not supported for training")
+            "learn from a wrong teacher: this model is not supported for training"
+        )

@@ -67,7 +67,9 @@ class Sampling:
     seed: int = 0
     residual: bool = True  # the rejection-sampling correction; False only to prove it matters
     gen: torch.Generator = field(init=False, repr=False, compare=False)
-    device_gens: dict[torch.device, torch.Generator] = field(init=False, repr=False, compare=False, default_factory=dict)
+    device_gens: dict[torch.device, torch.Generator] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         self.gen = torch.Generator().manual_seed(self.seed)
@@ -96,11 +98,18 @@ class Sampling:
 
     def to_dict(self) -> dict[str, float | int]:
         """The settings a synth output records."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                "max_new_tokens": self.max_new_tokens, "seed": self.seed}
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "max_new_tokens": self.max_new_tokens,
+            "seed": self.seed,
+        }
 
 
-Verified = tuple[torch.Tensor, torch.Tensor, list[list[int]]]  # accepted [B], new tokens [B, L], each row's new tokens on the host
+Verified = tuple[
+    torch.Tensor, torch.Tensor, list[list[int]]
+]  # accepted [B], new tokens [B, L], each row's new tokens on the host
 
 
 def _read(accepted: torch.Tensor, new: torch.Tensor) -> Verified:
@@ -120,8 +129,9 @@ def verify_chain_greedy(tokens: torch.Tensor, logits: torch.Tensor) -> Verified:
     return _read(accepted, top)
 
 
-def verify_chain_sampled(tokens: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor,
-                         sampling: Sampling) -> Verified:
+def verify_chain_sampled(
+    tokens: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor, sampling: Sampling
+) -> Verified:
     """Speculative sampling of chain drafts on the device: draft i (drawn from q [B, K, V];
     None: point masses) is accepted with probability min(1, p_i(x)/q_i(x)) while all before it
     were; at the first rejection j the next token is drawn from normalise(max(p_j - q_j, 0)), or
@@ -143,11 +153,20 @@ def verify_chain_sampled(tokens: torch.Tensor, q: torch.Tensor | None, logits: t
         p_a = torch.where(total > 0, res / total.clamp(min=torch.finfo(res.dtype).tiny), p_a)
     nxt = sampling.draws(p_a)  # [B]
     step = torch.arange(k + 1, device=p.device)  # [K+1]
-    return _read(accepted, torch.where(step == accepted[:, None], nxt[:, None], torch.cat([tokens, nxt[:, None]], dim=1)))
+    return _read(
+        accepted, torch.where(step == accepted[:, None], nxt[:, None], torch.cat([tokens, nxt[:, None]], dim=1))
+    )
 
 
-def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
-                logits: torch.Tensor, sampling: Sampling, path_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
+def verify_tree(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depths: torch.Tensor,
+    anc: torch.Tensor,
+    logits: torch.Tensor,
+    sampling: Sampling,
+    path_len: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
     """Lossless verification of tree drafts on the device, with fixed shapes and one host
     transfer. tokens, parents (rows: node i is row i+1, row 0 the root), depths [B, N], with
     siblings carrying distinct tokens (top-k children); anc [B, N+1, N+1]: row r sees row c iff
@@ -170,17 +189,25 @@ def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     rows = torch.arange(n + 1, device=tokens.device)  # [N+1]
     probs = None if sampling.greedy else sampling.probs(logits)  # [B, N+1, V]
     choice = logits.argmax(-1) if probs is None else sampling.draws(probs)  # [B, N+1]
-    ok = torch.cat([tokens[:, :1] >= 0, tokens == choice.gather(1, parents)], dim=1)  # [B, N+1]: the root, nodes their parent chose
+    ok = torch.cat(
+        [tokens[:, :1] >= 0, tokens == choice.gather(1, parents)], dim=1
+    )  # [B, N+1]: the root, nodes their parent chose
     on_path = ~(anc & ~ok[:, None, :]).any(-1)  # [B, N+1]: every node from the root down to the row was chosen
     row_depth = torch.cat([depths[:, :1] * 0, depths], dim=1)  # [B, N+1]
-    best = (row_depth * on_path).argmax(-1, keepdim=True)  # [B, 1]: the deepest accepted row (one path: siblings differ)
+    best = (row_depth * on_path).argmax(
+        -1, keepdim=True
+    )  # [B, 1]: the deepest accepted row (one path: siblings differ)
     accepted = row_depth.gather(1, best)[:, 0]  # [B]
     seen = anc.gather(1, best[..., None].expand(b, 1, n + 1))[:, 0]  # [B, N+1]: the path's rows
-    path = (rows + (~seen) * (n + 1)).argsort(-1)[:, :path_len]  # [B, path_len]: the path's rows in depth order, then padding
+    path = (rows + (~seen) * (n + 1)).argsort(-1)[
+        :, :path_len
+    ]  # [B, path_len]: the path's rows in depth order, then padding
     nxt = choice.gather(1, best)  # [B, 1]
     if probs is not None and not sampling.residual:
         nxt = sampling.draws(probs.gather(1, best[..., None].expand(b, 1, probs.shape[-1])))  # [B, 1]
-    drafted = torch.cat([tokens[:, :1], tokens], dim=1).gather(1, path[:, 1:])  # [B, path_len-1]: the path's tokens after the root
+    drafted = torch.cat([tokens[:, :1], tokens], dim=1).gather(
+        1, path[:, 1:]
+    )  # [B, path_len-1]: the path's tokens after the root
     new = torch.where(rows[:path_len] == accepted[:, None], nxt, torch.cat([drafted, nxt], dim=1))  # [B, path_len]
     accepted, new, host = _read(accepted, new)
     return accepted, path, new, host

@@ -74,7 +74,9 @@ def logits_gap(model: nn.Module, aux_layer_ids: list[int], max_len: int = 0) -> 
     window, _ = sliding_layers(model)
     prefill = CHECK_PREFILL + (window if window is not None and window < max_len else 0)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, int(text_config(model.config).vocab_size), (prefill + CHECK_CHAIN,), generator=gen).to(p.device)
+    ids = torch.randint(0, int(text_config(model.config).vocab_size), (prefill + CHECK_CHAIN,), generator=gen).to(
+        p.device
+    )
     engine = TargetEngine(model, aux_layer_ids, prefill + CHECK_CHAIN + 1)
     head, head_aux = engine.prefill(ids[:prefill])  # [P, V], [P, n_aux*H]
     tail, tail_aux = engine.chain(ids[prefill:], prefill)  # [C, V], [C, n_aux*H]
@@ -87,8 +89,10 @@ def logits_gap(model: nn.Module, aux_layer_ids: list[int], max_len: int = 0) -> 
     for what, ours, theirs in compared:
         err = relative_error(ours, theirs)
         if not err <= tol:  # NaN fails too
-            return (f"its {what} differ from the model's own forward by {err:.2g} of the largest value "
-                    f"(tolerance {tol:g} in {str(p.dtype).removeprefix('torch.')})")
+            return (
+                f"its {what} differ from the model's own forward by {err:.2g} of the largest value "
+                f"(tolerance {tol:g} in {str(p.dtype).removeprefix('torch.')})"
+            )
     return None
 
 

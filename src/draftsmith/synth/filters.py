@@ -54,8 +54,8 @@ def repetition_loop(text: str, max_period: int = 200, min_repeats: int = 4, min_
         span = period * repeats
         if span > n:
             break
-        block = text[n - period:]
-        if text[n - span:] == block * repeats:
+        block = text[n - period :]
+        if text[n - span :] == block * repeats:
             return True
     return False
 

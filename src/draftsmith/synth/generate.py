@@ -36,7 +36,9 @@ def cache_width(prompt_len: int, max_new_tokens: int) -> int:
     return -(-(prompt_len + max_new_tokens) // SLOT_MULTIPLE) * SLOT_MULTIPLE
 
 
-def left_pad(prompts: list[list[int]], width: int, pad_id: int, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(
+    prompts: list[list[int]], width: int, pad_id: int, rows: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts right-aligned in `rows` (default one per prompt) rows of `width` tokens: ids
     [rows, width] and each row's count of leading pad tokens [rows]. Rows beyond the prompts
     (dummy rows) hold one token, a pad."""
@@ -44,7 +46,7 @@ def left_pad(prompts: list[list[int]], width: int, pad_id: int, rows: int | None
     ids = torch.full((rows, width), pad_id, dtype=torch.long)  # [rows, W]
     pad = torch.full((rows,), width - 1, dtype=torch.long)  # [rows]
     for row, p in enumerate(prompts):
-        ids[row, width - len(p):] = torch.tensor(p)
+        ids[row, width - len(p) :] = torch.tensor(p)
         pad[row] = width - len(p)
     return ids, pad
 
@@ -58,15 +60,18 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) 
 
 
 @torch.no_grad()
-def generate(engine: TargetEngine, prompts: list[list[int]], sampling: Sampling, stop: set[int], pad_id: int,
-             seed: int) -> list[list[int]]:
+def generate(
+    engine: TargetEngine, prompts: list[list[int]], sampling: Sampling, stop: set[int], pad_id: int, seed: int
+) -> list[list[int]]:
     """The new tokens of each prompt: `sampling.max_new_tokens` of them, or fewer once every
     row has produced a stop id. Rows are not cut at their stop id here; the caller cuts."""
     rows, dev, max_new = engine.batch, engine.device, sampling.max_new_tokens
     width = max(map(len, prompts))
     s = cache_width(width, max_new)
     if len(prompts) > rows or s > engine.max_len:
-        raise ValueError(f"a batch of {len(prompts)} prompts x {s} slots does not fit an engine of {rows} x {engine.max_len}")
+        raise ValueError(
+            f"a batch of {len(prompts)} prompts x {s} slots does not fit an engine of {rows} x {engine.max_len}"
+        )
     ids, pad = left_pad(prompts, width, pad_id, rows)  # [B, W], [B]
     ids, pad = ids.to(dev), pad.to(dev)
     engine.graph(1, s)  # before the prefill: capture writes junk at slot 0
@@ -77,8 +82,9 @@ def generate(engine: TargetEngine, prompts: list[list[int]], sampling: Sampling,
         prompt_slots = slots[a : min(a + chunk, width)]  # [c]
         lo = torch.minimum(pad[:, None], prompt_slots)  # [B, c]: first slot each prompt slot sees
         mask = (slots >= lo[..., None]) & (slots <= prompt_slots[:, None])  # [B, c, S]
-        logits, _ = engine.forward_batch(ids[:, a : a + chunk], prompt_slots - pad[:, None], prompt_slots, mask,
-                                         last_only=True)  # [B, 1, V]
+        logits, _ = engine.forward_batch(
+            ids[:, a : a + chunk], prompt_slots - pad[:, None], prompt_slots, mask, last_only=True
+        )  # [B, 1, V]
     seen = mask[:, -1].clone()  # [B, S]: the slots the next token sees, one more each step
 
     gen = torch.Generator(dev).manual_seed(seed)
@@ -94,6 +100,6 @@ def generate(engine: TargetEngine, prompts: list[list[int]], sampling: Sampling,
         slot = width + i
         seen[:, slot] = True
         # ids, pos [B, 1]; slot [1]; mask [B, 1, S]
-        logits, _ = engine.forward_batch(tok[:, None], (slot - pad)[:, None], slots[slot:slot + 1], seen[:, None])
+        logits, _ = engine.forward_batch(tok[:, None], (slot - pad)[:, None], slots[slot : slot + 1], seen[:, None])
         tok = next_tokens(logits[:, -1], sampling, gen)
-    return out[:len(prompts), :i + 1].tolist()
+    return out[: len(prompts), : i + 1].tolist()

@@ -68,8 +68,16 @@ def context_length(target: Target) -> int:
 
 # settings of a model's generation config that HF `generate` applies and the engine does not,
 # with the value that turns each off
-HF_ONLY = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_p": 0.0, "typical_p": 1.0, "min_new_tokens": 0,
-           "bad_words_ids": [], "sequence_bias": {}, "suppress_tokens": []}
+HF_ONLY = {
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "min_p": 0.0,
+    "typical_p": 1.0,
+    "min_new_tokens": 0,
+    "bad_words_ids": [],
+    "sequence_bias": {},
+    "suppress_tokens": [],
+}
 
 
 def uses_engine(target: Target, generator: str) -> bool:
@@ -82,18 +90,29 @@ def uses_engine(target: Target, generator: str) -> bool:
     hf_only = {k: getattr(cfg, k, None) for k, off in HF_ONLY.items() if getattr(cfg, k, None) not in (None, off)}
     if generator == "hf" or (generator == "auto" and hf_only):
         return False
-    problem = ("its layers are split over GPUs (--shard auto)" if target.shard != "none"
-               else fast_engine_problem(target.model, [], context_length(target)))
+    problem = (
+        "its layers are split over GPUs (--shard auto)"
+        if target.shard != "none"
+        else fast_engine_problem(target.model, [], context_length(target))
+    )
     name = type(target.model).__name__
     if problem is not None:
         if generator == "engine":
-            raise UserError(f"--generator engine: draftsmith's fast engine does not cover {name}: {problem}; "
-                            "use --generator hf (or auto) for this target")
-        print(f"[synth] {name}: not on the fast engine ({problem}); generating with the model's own `generate`",
-              file=sys.stderr, flush=True)
+            raise UserError(
+                f"--generator engine: draftsmith's fast engine does not cover {name}: {problem}; "
+                "use --generator hf (or auto) for this target"
+            )
+        print(
+            f"[synth] {name}: not on the fast engine ({problem}); generating with the model's own `generate`",
+            file=sys.stderr,
+            flush=True,
+        )
         return False
     if hf_only:
-        print(f"[synth] --generator engine ignores these settings of the model's generation config: {hf_only}", file=sys.stderr)
+        print(
+            f"[synth] --generator engine ignores these settings of the model's generation config: {hf_only}",
+            file=sys.stderr,
+        )
     return True
 
 
@@ -116,8 +135,14 @@ def _generation_config(target: Target, sampling: Sampling, stop: set[int], pad: 
 class LocalBackend:
     """Batched generation with an HF target (`draftsmith.target.load_target`)."""
 
-    def __init__(self, target: Target, batch_size: int = 32, cache: str = "dynamic", generator: str = "auto",
-                 completion: bool = False) -> None:
+    def __init__(
+        self,
+        target: Target,
+        batch_size: int = 32,
+        cache: str = "dynamic",
+        generator: str = "auto",
+        completion: bool = False,
+    ) -> None:
         self.target, self.batch_size, self.cache, self.completion = target, batch_size, cache, completion
         self.name = target.info.name
         self.tokenizer = target.tokenizer
@@ -134,8 +159,12 @@ class LocalBackend:
         if text is None and self.completion:
             return completion_ids(self.tokenizer, request.messages)
         if text is None:
-            text = self.tokenizer.apply_chat_template(request.messages, chat_template=chat_template(self.tokenizer),
-                                                      tokenize=False, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(
+                request.messages,
+                chat_template=chat_template(self.tokenizer),
+                tokenize=False,
+                add_generation_prompt=True,
+            )
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
@@ -151,7 +180,7 @@ class LocalBackend:
         if self.use_engine and fits:
             self._reserve(min(len(fits), self.batch_size), cache_width(len(prompts[fits[-1]]), sampling.max_new_tokens))
         for start in range(0, len(fits), self.batch_size):
-            batch = fits[start:start + self.batch_size]
+            batch = fits[start : start + self.batch_size]
             stop = set(self.stop)
             for i in batch:
                 ids = self.tokenizer.convert_tokens_to_ids(list(requests[i].stop))
@@ -185,13 +214,16 @@ class LocalBackend:
     def _hf_generate(self, prompts: list[list[int]], sampling: Sampling, stop: set[int], seed: int) -> list[list[int]]:
         width = max(len(p) for p in prompts)
         if self.cache == "static":  # round up, within what the context leaves after the new tokens
-            width = max(width, min(-(-width // STATIC_MULTIPLE) * STATIC_MULTIPLE, self.context - sampling.max_new_tokens))
+            width = max(
+                width, min(-(-width // STATIC_MULTIPLE) * STATIC_MULTIPLE, self.context - sampling.max_new_tokens)
+            )
         device = self.target.device
         input_ids, pad = left_pad(prompts, width, self.pad)  # [b, s], [b]
         mask = (torch.arange(width) >= pad[:, None]).long()  # [b, s]: 1 on the prompt tokens
         torch.manual_seed(seed)
         out = self.target.model.generate(
-            input_ids=input_ids.to(device), attention_mask=mask.to(device),
+            input_ids=input_ids.to(device),
+            attention_mask=mask.to(device),
             generation_config=_generation_config(self.target, sampling, stop, self.pad, self.cache),
         )
         return out[:, width:].tolist()  # [b, <= max_new_tokens]

@@ -58,15 +58,23 @@ class MixSource(Strict):
     name: str | None = Field(None, description="Name in ids and mix.json; default the source's short name.")
     cap: int | None = Field(None, gt=0, description="At most this many prompts.")
     weight: float | None = Field(None, gt=0, description="Share of the mix's total.")
-    per_task_cap: int | None = Field(None, gt=0, description="At most this many prompts per task (an evals folder; a file or dataset is one task).")
+    per_task_cap: int | None = Field(
+        None, gt=0, description="At most this many prompts per task (an evals folder; a file or dataset is one task)."
+    )
     max_turns: int | None = Field(None, gt=0, description="Keep at most N user turns (default the mix's).")
     format: Format = "auto"
-    path: Path | None = Field(None, description="A named source: read its data from this folder instead of the package.")
+    path: Path | None = Field(
+        None, description="A named source: read its data from this folder instead of the package."
+    )
     text_field: str | None = Field(None, description="hf: the column that holds the prompt.")
     license: str | None = Field(None, description="License to record (named sources and hub datasets know theirs).")
     turns: int = Field(1, ge=1, description="magpie: user turns per conversation.")
-    origin: str | None = Field(None, description="Where a frozen file's prompts came from (see `freeze`); recorded as the source.")
-    left_out: list[str] | None = Field(None, description="What the origin left out for licensing (recorded for the data card).")
+    origin: str | None = Field(
+        None, description="Where a frozen file's prompts came from (see `freeze`); recorded as the source."
+    )
+    left_out: list[str] | None = Field(
+        None, description="What the origin left out for licensing (recorded for the data card)."
+    )
 
 
 class Dedup(Strict):
@@ -99,7 +107,9 @@ class MixConfig(Strict):
             raise ValueError("a source has a weight but the mix has no 'total' to share out")
         for s, n in zip(self.sources, names):
             if s.source == "magpie" and s.cap is None and s.weight is None:
-                raise ValueError(f"source {n!r}: magpie needs a cap or a weight (how many conversations to self-prompt)")
+                raise ValueError(
+                    f"source {n!r}: magpie needs a cap or a weight (how many conversations to self-prompt)"
+                )
         return self
 
 
@@ -181,13 +191,25 @@ class MixPlan:
                         per[name][f"dropped_{rec.get('reason')}"] += 1
             for s in sources:
                 c = per[s["name"]]
-                s["synth"] = {"kept": c.pop("kept", 0), "truncated": c.pop("truncated", 0), "dropped": dict(sorted(c.items()))}
+                s["synth"] = {
+                    "kept": c.pop("kept", 0),
+                    "truncated": c.pop("truncated", 0),
+                    "dropped": dict(sorted(c.items())),
+                }
         return {
-            "mix": str(self.path), "output": out.name, "seed": self.mix.seed, "synth_seed": synth_seed,
-            "total": self.mix.total, "max_turns": self.mix.max_turns,
-            "dedup": self.mix.dedup.model_dump(), "filters": self.mix.filters.model_dump(),
-            "selected": len(self.works), "kept": sum(s.get("synth", {}).get("kept", 0) for s in sources) if finished else None,
-            "outside_mix": outside if finished else None, "finished": finished, "sources": sources,
+            "mix": str(self.path),
+            "output": out.name,
+            "seed": self.mix.seed,
+            "synth_seed": synth_seed,
+            "total": self.mix.total,
+            "max_turns": self.mix.max_turns,
+            "dedup": self.mix.dedup.model_dump(),
+            "filters": self.mix.filters.model_dump(),
+            "selected": len(self.works),
+            "kept": sum(s.get("synth", {}).get("kept", 0) for s in sources) if finished else None,
+            "outside_mix": outside if finished else None,
+            "finished": finished,
+            "sources": sources,
         }
 
     def write(self, out: Path, synth_seed: int, finished: bool = False) -> None:
@@ -198,23 +220,45 @@ def select(path: Path, synth_seed: int, system: list[dict[str, str]], fmt: str =
     """Read every source of the mix file and select its prompts (see the module docstring)."""
     path = Path(path)
     mix = load_mix(path)
-    screen = Screen(mix.filters.min_chars, mix.filters.max_chars,
-                    set(mix.filters.scripts) if mix.filters.scripts is not None else None,
-                    set(mix.filters.exclude_scripts), mix.dedup.exact, mix.dedup.near)
+    screen = Screen(
+        mix.filters.min_chars,
+        mix.filters.max_chars,
+        set(mix.filters.scripts) if mix.filters.scripts is not None else None,
+        set(mix.filters.exclude_scripts),
+        mix.dedup.exact,
+        mix.dedup.near,
+    )
     works: list[Work] = []
     stats = []
     for entry, want in zip(mix.sources, shares(mix)):
         name = entry.name or label(entry.source)
         if ":" in name:
-            raise UserError(f"--mix {path}: source {entry.source!r}: its name {name!r} has a ':'; give it a 'name' without one")
+            raise UserError(
+                f"--mix {path}: source {entry.source!r}: its name {name!r} has a ':'; give it a 'name' without one"
+            )
         if entry.source == "magpie":
             assert want is not None
-            works += [Work(f"{name}:{i}:s{synth_seed}", f"{name}:{i}", system, [None] * entry.turns) for i in range(want)]
-            stats.append({"name": name, "source": "magpie", "license": "generated by the target",
-                          "wanted": want, "selected": want, "turns": entry.turns})
+            works += [
+                Work(f"{name}:{i}:s{synth_seed}", f"{name}:{i}", system, [None] * entry.turns) for i in range(want)
+            ]
+            stats.append(
+                {
+                    "name": name,
+                    "source": "magpie",
+                    "license": "generated by the target",
+                    "wanted": want,
+                    "selected": want,
+                    "turns": entry.turns,
+                }
+            )
             continue
-        src = read_source(resolve_path(entry.source, path.parent), entry.format if entry.format != "auto" else fmt,
-                          entry.path, entry.text_field, entry.license)
+        src = read_source(
+            resolve_path(entry.source, path.parent),
+            entry.format if entry.format != "auto" else fmt,
+            entry.path,
+            entry.text_field,
+            entry.license,
+        )
         task_cap = entry.per_task_cap
         max_turns = entry.max_turns or mix.max_turns
         ranked = sorted(src.convs, key=lambda c: rank(mix.seed, name, c["id"]))
@@ -240,15 +284,26 @@ def select(path: Path, synth_seed: int, system: list[dict[str, str]], fmt: str =
             tasks[conv["task"]] += 1
             selected += 1
             works.append(Work(f"{name}:{conv['id']}:s{synth_seed}", conv["id"], head, users))
-        stat = {"name": name, "source": entry.origin or src.spec, "license": src.license, "available": len(src.convs),
-                "wanted": want, "selected": selected, "dropped": dict(sorted(dropped.items())),
-                "tasks": len(tasks), "per_task": dict(sorted(tasks.items())) if len(tasks) > 1 else None, **src.skipped}
+        stat = {
+            "name": name,
+            "source": entry.origin or src.spec,
+            "license": src.license,
+            "available": len(src.convs),
+            "wanted": want,
+            "selected": selected,
+            "dropped": dict(sorted(dropped.items())),
+            "tasks": len(tasks),
+            "per_task": dict(sorted(tasks.items())) if len(tasks) > 1 else None,
+            **src.skipped,
+        }
         if entry.left_out:
             stat["license_excluded_tasks"] = entry.left_out
         if selected == 0:
             why = ", ".join(f"{k} {v}" for k, v in sorted(dropped.items())) or "nothing to select"
-            raise UserError(f"--mix {path}: source {name!r} ({src.spec}) leaves no prompt: {len(src.convs)} available, "
-                            f"dropped: {why}. Loosen its caps or the filters, or remove it from the mix")
+            raise UserError(
+                f"--mix {path}: source {name!r} ({src.spec}) leaves no prompt: {len(src.convs)} available, "
+                f"dropped: {why}. Loosen its caps or the filters, or remove it from the mix"
+            )
         stats.append(stat)
     return MixPlan(path, mix, works, stats)
 
@@ -256,8 +311,10 @@ def select(path: Path, synth_seed: int, system: list[dict[str, str]], fmt: str =
 def plan_from(cfg: SynthConfig) -> MixPlan:
     """The mix of a `SynthConfig` with --mix; the options that pick prompts otherwise are refused."""
     if cfg.prompts is not None or cfg.magpie is not None or cfg.limit is not None:
-        raise UserError("--mix lists the sources itself: give no prompt file, --magpie or --limit with it "
-                        "(add them to the mix file as sources and caps)")
+        raise UserError(
+            "--mix lists the sources itself: give no prompt file, --magpie or --limit with it "
+            "(add them to the mix file as sources and caps)"
+        )
     system = [{"role": "system", "content": cfg.system}] if cfg.system else []
     return select(cfg.mix, cfg.seed, system, cfg.format)
 
@@ -280,11 +337,23 @@ def freeze(mix_path: Path, folder: Path) -> Path:
         if stat["source"] == "magpie":
             entries.append({"source": "magpie", "name": name, "cap": stat["selected"], "turns": stat["turns"]})
             continue
-        lines = [json.dumps({"id": w.source_id, "messages": [*w.system, *({"role": "user", "content": u} for u in w.users)]},
-                            ensure_ascii=False) + "\n" for w in plan.works if w.id.split(":", 1)[0] == name]
+        lines = [
+            json.dumps(
+                {"id": w.source_id, "messages": [*w.system, *({"role": "user", "content": u} for u in w.users)]},
+                ensure_ascii=False,
+            )
+            + "\n"
+            for w in plan.works
+            if w.id.split(":", 1)[0] == name
+        ]
         atomic_write_text(folder / f"{name}.jsonl", "".join(lines))
-        entry = {"source": f"{name}.jsonl", "name": name, "format": "messages", "license": stat["license"],
-                 "origin": stat["source"]}
+        entry = {
+            "source": f"{name}.jsonl",
+            "name": name,
+            "format": "messages",
+            "license": stat["license"],
+            "origin": stat["source"],
+        }
         if stat.get("license_excluded_tasks"):
             entry["left_out"] = stat["license_excluded_tasks"]
         entries.append(entry)

@@ -81,9 +81,13 @@ def done_ids(out: Path) -> Done:
     drop = dropped_path(out)
     for path in all_files(out):
         records = read_records(path)
-        (done.dropped if path in (drop, *parts(drop)) else done.kept).update((str(r["id"]), r.get("key")) for r in records)
+        (done.dropped if path in (drop, *parts(drop)) else done.kept).update(
+            (str(r["id"]), r.get("key")) for r in records
+        )
         done.repeats.update(r["repeat_key"] for r in records if r.get("repeat_key"))
-        done.users.update(normalize(m["content"]) for r in records for m in r.get("messages", []) if m.get("role") == "user")
+        done.users.update(
+            normalize(m["content"]) for r in records for m in r.get("messages", []) if m.get("role") == "user"
+        )
     return done
 
 

@@ -47,8 +47,15 @@ def normalize_endpoint(url: str) -> str:
 class RemoteBackend:
     """A client for one OpenAI-compatible server."""
 
-    def __init__(self, endpoint: str, model: str | None = None, concurrency: int = 16, timeout: float = 120.0,
-                 retries: int = 5, backoff: float = 1.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        model: str | None = None,
+        concurrency: int = 16,
+        timeout: float = 120.0,
+        retries: int = 5,
+        backoff: float = 1.0,
+    ) -> None:
         self.base = normalize_endpoint(endpoint)
         self.concurrency, self.timeout, self.retries, self.backoff = concurrency, timeout, retries, backoff
         self.name = model or self.served_model()
@@ -56,8 +63,11 @@ class RemoteBackend:
     # -- HTTP ------------------------------------------------------------------------------
     def client(self) -> httpx2.Client:
         """A connection pool for `concurrency` requests in flight."""
-        return httpx2.Client(timeout=self.timeout, limits=httpx2.Limits(max_connections=self.concurrency),
-                             headers={"Accept": "application/json"})
+        return httpx2.Client(
+            timeout=self.timeout,
+            limits=httpx2.Limits(max_connections=self.concurrency),
+            headers={"Accept": "application/json"},
+        )
 
     def _call(self, client: httpx2.Client, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         url = self.base + path
@@ -77,12 +87,17 @@ class RemoteBackend:
         except ValueError as e:
             raise _Retryable(f"{url}: the answer is not JSON ({e})") from None
 
-    def request(self, client: httpx2.Client, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def request(
+        self, client: httpx2.Client, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """`_call` with `retries` retries and exponential backoff with jitter (`backoff` seconds,
         doubled each retry, at most MAX_DELAY); raises ServerUnreachable."""
-        retrying = Retrying(retry=retry_if_exception_type(_Retryable), stop=stop_after_attempt(self.retries + 1),
-                            wait=wait_exponential(multiplier=self.backoff, max=MAX_DELAY) + wait_random(0, self.backoff / 4),
-                            reraise=True)
+        retrying = Retrying(
+            retry=retry_if_exception_type(_Retryable),
+            stop=stop_after_attempt(self.retries + 1),
+            wait=wait_exponential(multiplier=self.backoff, max=MAX_DELAY) + wait_random(0, self.backoff / 4),
+            reraise=True,
+        )
         try:
             return retrying(self._call, client, method, path, body)
         except _Retryable as e:
@@ -99,8 +114,11 @@ class RemoteBackend:
     # -- generation --------------------------------------------------------------------------
     def _body(self, request: Request, sampling: Sampling) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {
-            "model": self.name, "max_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "seed": stable_seed(sampling.seed, request.key),
+            "model": self.name,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": stable_seed(sampling.seed, request.key),
         }
         if sampling.top_k > 0:
             body["top_k"] = sampling.top_k  # vLLM / SGLang / llama.cpp extension
@@ -117,7 +135,10 @@ class RemoteBackend:
         return parse_response(resp)
 
     def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
-        with self.client() as client, ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="synth") as pool:
+        with (
+            self.client() as client,
+            ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="synth") as pool,
+        ):
             futures = [pool.submit(self.generate_one, client, r, sampling) for r in requests]
             try:
                 return [f.result() for f in futures]

@@ -56,9 +56,13 @@ def load_work(cfg: SynthConfig) -> tuple[list[Work], int]:
     if cfg.magpie is not None:
         if cfg.prompts is not None:
             raise UserError("give either a prompt file or --magpie N, not both")
-        return [Work(f"magpie:{i}:s{cfg.seed}", f"magpie:{i}", system, [None] * cfg.turns) for i in range(cfg.magpie)], 0
+        return [
+            Work(f"magpie:{i}:s{cfg.seed}", f"magpie:{i}", system, [None] * cfg.turns) for i in range(cfg.magpie)
+        ], 0
     if cfg.prompts is None:
-        raise UserError("give a prompt file (any format `prepare` reads), or --magpie N to let the target write the prompts")
+        raise UserError(
+            "give a prompt file (any format `prepare` reads), or --magpie N to let the target write the prompts"
+        )
     source = read_source(cfg.prompts, cfg.format)
     convs, n_dup = dedupe(source.convs)
     works = []
@@ -69,7 +73,9 @@ def load_work(cfg: SynthConfig) -> tuple[list[Work], int]:
         if users:
             works.append(Work(f"{source.name}:{conv['id']}:s{cfg.seed}", conv["id"], head, users))
     if not works:
-        raise UserError(f"{cfg.prompts}: no user turns to answer; synth needs prompts or conversations with user messages")
+        raise UserError(
+            f"{cfg.prompts}: no user turns to answer; synth needs prompts or conversations with user messages"
+        )
     return works[: cfg.limit] if cfg.limit else works, n_dup
 
 
@@ -117,28 +123,43 @@ def resume_plan(out: Path, done: output.Done, works: list[Work], keys: dict[str,
     resuming would mix two versions in one file."""
     fix = f"give synth another --out (prepare still reads {out} as it is)"
     if any(key is None for key in done.kept.values()):
-        raise UserError(f"{out} was written by an older draftsmith, without resume keys, so a rerun cannot tell "
-                        f"which of its conversations match this run; {fix}")
+        raise UserError(
+            f"{out} was written by an older draftsmith, without resume keys, so a rerun cannot tell "
+            f"which of its conversations match this run; {fix}"
+        )
     changed = [w.id for w in works if w.id in done.kept and done.kept[w.id] != keys[w.id]]
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-        raise UserError(f"{out}: conversation {changed[0]}{more} was made from another prompt "
-                        f"or with other settings (model, sampling, max-new-tokens, seed) than this run; {fix}, "
-                        "or remove those lines")
+        raise UserError(
+            f"{out}: conversation {changed[0]}{more} was made from another prompt "
+            f"or with other settings (model, sampling, max-new-tokens, seed) than this run; {fix}, "
+            "or remove those lines"
+        )
     return {w.id for w in works if keys[w.id] in (done.kept.get(w.id), done.dropped.get(w.id))}
 
 
 def record(work: Work, key: str, repeat: str | None, model: str, generation: dict[str, Any]) -> dict[str, Any]:
-    return {"id": work.id, "key": key, "repeat_key": repeat, "messages": work.messages, "source_id": work.source_id, "model": model,
-            "generation": generation, "generated_tokens": work.tokens, "ended": work.ended}
+    return {
+        "id": work.id,
+        "key": key,
+        "repeat_key": repeat,
+        "messages": work.messages,
+        "source_id": work.source_id,
+        "model": model,
+        "generation": generation,
+        "generated_tokens": work.tokens,
+        "ended": work.ended,
+    }
 
 
 def run(cfg: SynthConfig) -> Path:
     """Synthesize with the output's folder locked for the whole run (rank 0 holds the lock for
     all ranks): a second synth writing there is refused."""
     if Path(cfg.out).is_dir():
-        raise UserError(f"--out {cfg.out} is a folder; synth writes one JSONL file: give a path such as "
-                        f"{Path(cfg.out) / 'conversations.jsonl'}")
+        raise UserError(
+            f"--out {cfg.out} is a folder; synth writes one JSONL file: give a path such as "
+            f"{Path(cfg.out) / 'conversations.jsonl'}"
+        )
     # the real path of a symbolic link; never the prompts or mix file themselves
     out = check_output(cfg.out, "synth", [cfg.prompts, cfg.mix, cfg.chat_template], folder=False)
     rank, _, _ = dist_env()
@@ -151,9 +172,11 @@ def check_completion(cfg: SynthConfig, magpie: bool) -> None:
     check_template_options(cfg.chat_template, cfg.completion)
     if not cfg.completion:
         return
-    for given, what in ((magpie, "--magpie (self-prompting needs a chat template)"),
-                        (cfg.endpoint, "--endpoint (a server's chat API applies its own template)"),
-                        (cfg.system, "--system (a base model has no system turn)")):
+    for given, what in (
+        (magpie, "--magpie (self-prompting needs a chat template)"),
+        (cfg.endpoint, "--endpoint (a server's chat API applies its own template)"),
+        (cfg.system, "--system (a base model has no system turn)"),
+    ):
         if given:
             raise UserError(f"--completion cannot be combined with {what}")
 
@@ -176,8 +199,11 @@ def write_conversations(cfg: SynthConfig) -> Path:
         output.repair_tail(path)
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
     user_sampling = Sampling(cfg.magpie_temperature, cfg.magpie_top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
-    generation = {"backend": "remote" if cfg.endpoint else "local", **sampling.to_dict(),
-                  "magpie": {"temperature": user_sampling.temperature, "top_p": user_sampling.top_p} if magpie else None}
+    generation = {
+        "backend": "remote" if cfg.endpoint else "local",
+        **sampling.to_dict(),
+        "magpie": {"temperature": user_sampling.temperature, "top_p": user_sampling.top_p} if magpie else None,
+    }
     settings = {**generation, "keep_thinking": cfg.keep_thinking, "keep_unfinished": cfg.keep_unfinished}
     if cfg.completion or cfg.chat_template:  # only then: the keys of earlier outputs stay valid
         template = cfg.chat_template and hashlib.sha256(Path(cfg.chat_template).read_bytes()).hexdigest()[:16]
@@ -210,12 +236,21 @@ def write_conversations(cfg: SynthConfig) -> Path:
             progress.set(**plan.count_done([w.id for w in mine if w.id in done]))
         for start in range(0, len(pending), chunk):
             try:
-                batch = synthesize(backend, pending[start:start + chunk], sampling, user_sampling, tokenizer,
-                                   cfg.keep_thinking, cfg.keep_unfinished, found.users)
+                batch = synthesize(
+                    backend,
+                    pending[start : start + chunk],
+                    sampling,
+                    user_sampling,
+                    tokenizer,
+                    cfg.keep_thinking,
+                    cfg.keep_unfinished,
+                    found.users,
+                )
             except ServerUnreachable as e:
                 raise ServerUnreachable(
                     f"{e}\n{totals['kept']} conversations written by this run (and {len(mine) - len(pending)} "
-                    f"before) are kept in {out}; rerun the same command to resume") from None
+                    f"before) are kept in {out}; rerun the same command to resume"
+                ) from None
             counts: Counter[str] = Counter()
             written = 0
             for w in batch:
@@ -224,8 +259,17 @@ def write_conversations(cfg: SynthConfig) -> Path:
                     counts["kept"] += 1
                     counts["truncated"] += w.ended is not None
                 else:
-                    output.write(drop_file, {"id": w.id, "key": keys[w.id], "repeat_key": repeats[w.id], "source_id": w.source_id, "reason": w.ended,
-                                             "rejected": w.rejected[:2000]})
+                    output.write(
+                        drop_file,
+                        {
+                            "id": w.id,
+                            "key": keys[w.id],
+                            "repeat_key": repeats[w.id],
+                            "source_id": w.source_id,
+                            "reason": w.ended,
+                            "rejected": w.rejected[:2000],
+                        },
+                    )
                     counts[f"dropped_{w.ended}"] += 1
             totals.update(counts)
             if plan is not None:
@@ -239,14 +283,23 @@ def write_conversations(cfg: SynthConfig) -> Path:
             output.merge_parts(path)
         details = ", ".join(f"{k} {v}" for k, v in sorted(totals.items()))
         who = "this run" if world == 1 else "rank 0"
-        print(f"[synth] {out}: {len(output.read_records(out))} conversations in the file; {who}: {details or 'nothing to do'}, "
-              f"duplicate prompts skipped {n_dup}", file=sys.stderr)
+        print(
+            f"[synth] {out}: {len(output.read_records(out))} conversations in the file; {who}: {details or 'nothing to do'}, "
+            f"duplicate prompts skipped {n_dup}",
+            file=sys.stderr,
+        )
         if plan is not None:
             plan.write(out, cfg.seed, finished=True)
             print(f"[synth] {out.parent / 'mix.json'}: what came from where, what was dropped and why", file=sys.stderr)
         dropped = {k: v for k, v in totals.items() if k.startswith("dropped_")}
         if dropped and not totals["kept"]:
-            hint = " (pass --keep-unfinished to keep answers cut by --max-new-tokens, or raise it)" if "dropped_no_eot" in dropped else ""
-            raise UserError(f"synth: every answer of this run was dropped ({details}); nothing was added to {out}. "
-                            f"The rejected answers and their reasons are in {output.dropped_path(out)}{hint}")
+            hint = (
+                " (pass --keep-unfinished to keep answers cut by --max-new-tokens, or raise it)"
+                if "dropped_no_eot" in dropped
+                else ""
+            )
+            raise UserError(
+                f"synth: every answer of this run was dropped ({details}); nothing was added to {out}. "
+                f"The rejected answers and their reasons are in {output.dropped_path(out)}{hint}"
+            )
     return out

@@ -68,7 +68,7 @@ def exact_key(messages: list[dict[str, Any]]) -> bytes:
 def shingles(text: str, n: int = 3) -> frozenset[int]:
     """crc32 hashes of the word n-grams of the normalized text (the whole text when shorter)."""
     words = normalize(text).split()
-    grams = [" ".join(words[i:i + n]) for i in range(max(len(words) - n + 1, 1))]
+    grams = [" ".join(words[i : i + n]) for i in range(max(len(words) - n + 1, 1))]
     return frozenset(zlib.crc32(g.encode()) for g in grams)
 
 
@@ -92,7 +92,7 @@ class NearDuplicates:
     def _bands(self, items: frozenset[int]) -> list[bytes]:
         sig = minhash(items)
         rows = N_HASH // BANDS
-        return [sig[b * rows:(b + 1) * rows].tobytes() for b in range(BANDS)]
+        return [sig[b * rows : (b + 1) * rows].tobytes() for b in range(BANDS)]
 
     def find(self, items: frozenset[int]) -> bool:
         seen: set[int] = set()
@@ -115,8 +115,15 @@ class Screen:
     """The filters and duplicate checks of one mix, shared by all its sources, so a prompt taken
     from one source makes its copies in later sources duplicates."""
 
-    def __init__(self, min_chars: int = 1, max_chars: int | None = None, scripts: set[str] | None = None,
-                 exclude_scripts: set[str] | None = None, exact: bool = True, near: float | None = None) -> None:
+    def __init__(
+        self,
+        min_chars: int = 1,
+        max_chars: int | None = None,
+        scripts: set[str] | None = None,
+        exclude_scripts: set[str] | None = None,
+        exact: bool = True,
+        near: float | None = None,
+    ) -> None:
         self.min_chars, self.max_chars = min_chars, max_chars
         self.scripts, self.exclude_scripts = scripts, exclude_scripts or set()
         self.exact = exact

@@ -102,7 +102,9 @@ def synthesize(
         magpie = [w for w in live if w.users[turn] is None]
         if magpie:
             stop = (end_of_turn(tokenizer, "user"),)
-            requests = [Request(f"{w.id}/u{turn}", prefix=user_turn_prefix(tokenizer, w.messages), stop=stop) for w in magpie]
+            requests = [
+                Request(f"{w.id}/u{turn}", prefix=user_turn_prefix(tokenizer, w.messages), stop=stop) for w in magpie
+            ]
             for w, gen in zip(magpie, backend.generate(requests, user_sampling)):
                 w.tokens += gen.tokens
                 text = gen.text.strip()

@@ -83,8 +83,14 @@ def collate(samples: list[dict[str, torch.Tensor]], pad_to: int | None, pin: boo
         return row(x)
 
     doc, pos = doc_and_positions(lengths, total, samples[0]["aux"].device)  # [L], [L]
-    return {"ids": cat("input_ids"), "loss_mask": cat("loss_mask"), "doc": row(doc), "pos": row(pos),
-            "aux": cat("aux"), "final": cat("final")}
+    return {
+        "ids": cat("input_ids"),
+        "loss_mask": cat("loss_mask"),
+        "doc": row(doc),
+        "pos": row(pos),
+        "aux": cat("aux"),
+        "final": cat("final"),
+    }
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
@@ -109,8 +115,12 @@ class OfflineSource:
 
     def _read(self, i: int) -> dict[str, torch.Tensor]:
         s, n = self.reader[i], self.max_len
-        return {"input_ids": s["input_ids"][:n], "loss_mask": s["loss_mask"][:n],
-                "aux": s["aux_hidden_states"][:n], "final": s["final_hidden_states"][:n]}
+        return {
+            "input_ids": s["input_ids"][:n],
+            "loss_mask": s["loss_mask"][:n],
+            "aux": s["aux_hidden_states"][:n],
+            "final": s["final_hidden_states"][:n],
+        }
 
     def samples(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
         return list(self._pool.map(self._read, indices))
@@ -133,8 +143,15 @@ class OnlineSource:
     PACKED_ROW = 8192  # tokens per packed capture row: its attention costs O(row²), so longer rows are split
     FLEX_WIDTH = 1024  # under flex, packed rows are this many tokens wide, or a multiple of it
 
-    def __init__(self, dataset: Any, model: torch.nn.Module, aux_layer_ids: list[int], max_len: int, token_budget: int,
-                 attention: str | None = None) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        model: torch.nn.Module,
+        aux_layer_ids: list[int],
+        max_len: int,
+        token_budget: int,
+        attention: str | None = None,
+    ) -> None:
         self.dataset, self.model, self.aux_layer_ids, self.max_len = dataset, model, aux_layer_ids, max_len
         self.token_budget, self.attention = token_budget, attention
         self.device = next(model.parameters()).device
@@ -143,8 +160,11 @@ class OnlineSource:
         self.padded = self.packed or pads_sequences(model, aux_layer_ids)
         if not self.packed:
             how = "in padded batches" if self.padded else "one sample per forward (its padded batches fail as well)"
-            print(f"[train] {type(model).__name__} does not keep packed samples apart in one forward: its hidden "
-                  f"states are captured {how} instead (slower, same values)", flush=True)
+            print(
+                f"[train] {type(model).__name__} does not keep packed samples apart in one forward: its hidden "
+                f"states are captured {how} instead (slower, same values)",
+                flush=True,
+            )
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -160,7 +180,9 @@ class OnlineSource:
                 self._capture_padded([indices[g] for g in group], items, out)
         return [out[i] for i in indices]
 
-    def _sample(self, item: dict[str, torch.Tensor], n: int, aux: torch.Tensor, final: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _sample(
+        self, item: dict[str, torch.Tensor], n: int, aux: torch.Tensor, final: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         return {"input_ids": item["input_ids"][:n], "loss_mask": item["loss_mask"][:n], "aux": aux, "final": final}
 
     def _capture_packed(self, chosen: list[int], items: dict, out: dict) -> None:
@@ -183,8 +205,9 @@ class OnlineSource:
             tail = [width - sum(lengths)] if width > sum(lengths) else []
             ids[r, : sum(lengths)] = torch.cat([items[i]["input_ids"][:n] for i, n in zip(g, lengths, strict=True)])
             pos[r] = packed_positions(lengths + tail)
-        aux, final = capture(self.model, ids.to(self.device), None, self.aux_layer_ids, pos.to(self.device),
-                             self.attention)  # [G, W, n*H], [G, W, H]
+        aux, final = capture(
+            self.model, ids.to(self.device), None, self.aux_layer_ids, pos.to(self.device), self.attention
+        )  # [G, W, n*H], [G, W, H]
         for r, (g, lengths) in enumerate(zip(groups, sizes, strict=True)):
             start = 0
             for i, n in zip(g, lengths, strict=True):
@@ -198,7 +221,9 @@ class OnlineSource:
         for r, i in enumerate(chosen):
             n = int(self.lengths[i])
             ids[r, :n], mask[r, :n] = items[i]["input_ids"][:n], 1
-        aux, final = capture(self.model, ids.to(self.device), mask.to(self.device), self.aux_layer_ids)  # [b, W, n*H], [b, W, H]
+        aux, final = capture(
+            self.model, ids.to(self.device), mask.to(self.device), self.aux_layer_ids
+        )  # [b, W, n*H], [b, W, H]
         for r, i in enumerate(chosen):
             n = int(self.lengths[i])
             out[i] = self._sample(items[i], n, aux[r, :n], final[r, :n])

@@ -62,7 +62,9 @@ def optimizer_state(objective: nn.Module, optimizers: list[torch.optim.Optimizer
     if fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        return get_optimizer_state_dict(objective, optimizers, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_optimizer_state_dict(
+            objective, optimizers, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
     return [o.state_dict() for o in optimizers]
 
 
@@ -70,11 +72,15 @@ def load_optimizer_state(objective: nn.Module, optimizers: list[torch.optim.Opti
     if fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        set_optimizer_state_dict(objective, optimizers, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
+        set_optimizer_state_dict(
+            objective, optimizers, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+        )
     else:
         if not isinstance(state, list) or len(state) != len(optimizers):
-            raise UserError("this checkpoint's optimizer state is not the run's (one state per optimizer: a checkpoint "
-                            "of an older draftsmith, or of another --optimizer); start a new run or keep the old options")
+            raise UserError(
+                "this checkpoint's optimizer state is not the run's (one state per optimizer: a checkpoint "
+                "of an older draftsmith, or of another --optimizer); start a new run or keep the old options"
+            )
         for opt, st in zip(optimizers, state, strict=True):
             opt.load_state_dict(st)
 
@@ -143,12 +149,14 @@ def read_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
         raise UnreadableCheckpoint(str(e)) from None
     try:
         state = torch.load(folder / STATE, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure is the same user-facing problem
+    except Exception as e:
         raise UnreadableCheckpoint(f"{folder / STATE}: unreadable ({e}); passed over") from None
     return weights, state
 
 
-def resume_checkpoint(out: Path, drafter: nn.Module, say: Callable[[str], None]) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+def resume_checkpoint(
+    out: Path, drafter: nn.Module, say: Callable[[str], None]
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
     """The weights and state of the newest complete checkpoint of run `out` that reads back, checked
     against the run's `drafter` (every tensor's name and shape: a UserError when it was made with
     other options). A newer one that does not read back (torn by a copy, a failing disk) is passed
@@ -165,10 +173,14 @@ def resume_checkpoint(out: Path, drafter: nn.Module, say: Callable[[str], None])
         got = {k: tuple(v.shape) for k, v in weights.items()}
         differ = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
         if differ:
-            raise UserError(f"checkpoint {folder} was made with other options than this run ({', '.join(differ[:4])} "
-                            f"differ); resume with the options in {Path(out) / 'run.yaml'}, or start over with --overwrite")
+            raise UserError(
+                f"checkpoint {folder} was made with other options than this run ({', '.join(differ[:4])} "
+                f"differ); resume with the options in {Path(out) / 'run.yaml'}, or start over with --overwrite"
+            )
         return weights, state
     if found:
-        raise UserError(f"--resume: no checkpoint in {Path(out) / CKPT_DIR} reads back ({', '.join(p.name for p in found)}); "
-                        "start over with --overwrite, or train into another --out")
+        raise UserError(
+            f"--resume: no checkpoint in {Path(out) / CKPT_DIR} reads back ({', '.join(p.name for p in found)}); "
+            "start over with --overwrite, or train into another --out"
+        )
     return None

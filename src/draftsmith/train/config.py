@@ -24,51 +24,117 @@ class TrainConfig(CommandConfig, DrafterShape):
     dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
     target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
     out: Path = Field(description="Output folder for checkpoints, metrics and plots.")
-    hidden: Path | None = Field(None, description="Hidden-state store from `extract` (offline mode); omit to train online.")
-    vocab: Path | None = Field(None, description="Draft vocab file from `draftsmith vocab`; default: built from the dataset.")
+    hidden: Path | None = Field(
+        None, description="Hidden-state store from `extract` (offline mode); omit to train online."
+    )
+    vocab: Path | None = Field(
+        None, description="Draft vocab file from `draftsmith vocab`; default: built from the dataset."
+    )
     aux_layer_ids: list[int] | None = Field(None, description="Aux layer ids (online mode); default [2, L//2, L-3].")
     ttt: int = Field(7, ge=1, description="Training-time-test unroll steps K.")
     steps: int | None = Field(None, gt=0, description="Optimizer steps (overrides --epochs).")
     epochs: float = Field(1.0, gt=0, description="Epochs over the training split.")
     lr: float = Field(2e-3, gt=0, description="Peak learning rate.")
-    optimizer: Literal["adamw", "muon"] = Field("muon", description="adamw, or muon (Muon on the hidden weight matrices at AdamW's update RMS, AdamW on norms and lm_head).")
-    schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="Learning-rate decay after the warm-up.")
+    optimizer: Literal["adamw", "muon"] = Field(
+        "muon",
+        description="adamw, or muon (Muon on the hidden weight matrices at AdamW's update RMS, AdamW on norms and lm_head).",
+    )
+    schedule: Literal["cosine", "linear", "constant"] = Field(
+        "cosine", description="Learning-rate decay after the warm-up."
+    )
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps for linear warm-up.")
     weight_decay: float = Field(0.0, ge=0, description="Weight decay.")
     step_decay: float = Field(STEP_DECAY, gt=0, le=1, description="Loss weight of TTT step k is step_decay**k.")
-    loss_tokens: Literal["answers", "all"] = Field("answers", description="Positions trained on: the answers (prepare's loss mask), or every token of each sample, the prompt's too (the target's distribution there is a teacher as well: more trained positions per row at the same cost). Validation always scores the answers.")
-    ttt_positions: Literal["all", "reached"] = Field("all", description="Positions TTT step k trains on: every valid one, or only those a greedy chain of drafts reaches (steps 0..k-1 drafted the target's token there: the positions whose step-k acceptance counts in τ; GRIFFIN's token alignment). Step 0 trains on every valid position either way.")
-    teacher_temperature: float = Field(1.0, gt=0, description="Training only: divide the target's logits by this before the softmax that the drafter learns (below 1: a sharper teacher, weighted toward the target's top token, which greedy acceptance counts; the top token is the same). Validation scores against the target's own distribution.")
-    aux_noise: float = Field(0.0, ge=0, description="Training only: add Gaussian noise of this many RMS (per aux layer and token) to the aux states, a regulariser for small datasets (EAGLE-1's feature noise); 0: none.")
-    norm_before_fc: bool = Field(False, description="One RMSNorm over the concatenated aux states before fc (served as `input_norm`); then --fc-norm is off unless given.")
-    fc_norm: bool | None = Field(None, description="EAGLE-3.1: one RMSNorm per aux layer before fc (served as `fc_norm.{i}`); default: on, unless --norm-before-fc is given.")
+    loss_tokens: Literal["answers", "all"] = Field(
+        "answers",
+        description="Positions trained on: the answers (prepare's loss mask), or every token of each sample, the prompt's too (the target's distribution there is a teacher as well: more trained positions per row at the same cost). Validation always scores the answers.",
+    )
+    ttt_positions: Literal["all", "reached"] = Field(
+        "all",
+        description="Positions TTT step k trains on: every valid one, or only those a greedy chain of drafts reaches (steps 0..k-1 drafted the target's token there: the positions whose step-k acceptance counts in τ; GRIFFIN's token alignment). Step 0 trains on every valid position either way.",
+    )
+    teacher_temperature: float = Field(
+        1.0,
+        gt=0,
+        description="Training only: divide the target's logits by this before the softmax that the drafter learns (below 1: a sharper teacher, weighted toward the target's top token, which greedy acceptance counts; the top token is the same). Validation scores against the target's own distribution.",
+    )
+    aux_noise: float = Field(
+        0.0,
+        ge=0,
+        description="Training only: add Gaussian noise of this many RMS (per aux layer and token) to the aux states, a regulariser for small datasets (EAGLE-1's feature noise); 0: none.",
+    )
+    norm_before_fc: bool = Field(
+        False,
+        description="One RMSNorm over the concatenated aux states before fc (served as `input_norm`); then --fc-norm is off unless given.",
+    )
+    fc_norm: bool | None = Field(
+        None,
+        description="EAGLE-3.1: one RMSNorm per aux layer before fc (served as `fc_norm.{i}`); default: on, unless --norm-before-fc is given.",
+    )
     norm_output: bool = Field(True, description="Feed norm(out) instead of out to the next TTT / draft step.")
-    norm_before_residual: bool = Field(False, description="The drafter layer's residual is hidden_norm(h) instead of h.")
-    head_init: Literal["random", "target"] = Field("target", description="lm_head and final norm: random, or copied from the target (its lm_head rows of the draft vocab, its final norm).")
-    freeze_head: bool = Field(False, description="Keep lm_head and the final norm fixed (with --head-init target: the target's own).")
+    norm_before_residual: bool = Field(
+        False, description="The drafter layer's residual is hidden_norm(h) instead of h."
+    )
+    head_init: Literal["random", "target"] = Field(
+        "target",
+        description="lm_head and final norm: random, or copied from the target (its lm_head rows of the draft vocab, its final norm).",
+    )
+    freeze_head: bool = Field(
+        False, description="Keep lm_head and the final norm fixed (with --head-init target: the target's own)."
+    )
     grad_clip: float = Field(0.5, gt=0, description="Gradient-norm clip.")
-    batch_tokens: int = Field(8192, gt=0, description="Tokens per packed row (one micro-batch); samples are packed end to end, longer ones truncated.")
+    batch_tokens: int = Field(
+        8192,
+        gt=0,
+        description="Tokens per packed row (one micro-batch); samples are packed end to end, longer ones truncated.",
+    )
     grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
-    max_len: int = Field(2048, gt=0, description="Samples longer than this (or than --batch-tokens) are truncated to it.")
-    val_fraction: float = Field(0.05, ge=0, lt=1, description="Fraction of samples held out for validation (0: validate on the training samples).")
-    val_every: int | None = Field(None, ge=1, description="Validate every N steps instead of at the end of every epoch (and always at the end).")
+    max_len: int = Field(
+        2048, gt=0, description="Samples longer than this (or than --batch-tokens) are truncated to it."
+    )
+    val_fraction: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description="Fraction of samples held out for validation (0: validate on the training samples).",
+    )
+    val_every: int | None = Field(
+        None, ge=1, description="Validate every N steps instead of at the end of every epoch (and always at the end)."
+    )
     log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
     save_every: int = Field(200, ge=1, description="Checkpoint every N steps.")
     keep_checkpoints: int = Field(2, ge=1, description="How many of the newest checkpoints to keep.")
-    attention: Literal["auto", "eager", "flex"] = Field("auto", description="TTT attention: flex (compiled flex_attention, O(T) memory; GPU), eager (explicit scores; CPU); auto picks flex on GPU.")
-    capture_attention: Literal["auto", "dense", "flex"] = Field("auto", description="Online mode: how the target attends in a packed capture row. dense: its own attention (sdpa) with transformers' dense [row, row] mask, every score computed; flex: flex_attention, block by block, the blocks between samples skipped (CUDA; models whose transformers class supports flex). auto: flex on CUDA where the model supports it, else dense.")
+    attention: Literal["auto", "eager", "flex"] = Field(
+        "auto",
+        description="TTT attention: flex (compiled flex_attention, O(T) memory; GPU), eager (explicit scores; CPU); auto picks flex on GPU.",
+    )
+    capture_attention: Literal["auto", "dense", "flex"] = Field(
+        "auto",
+        description="Online mode: how the target attends in a packed capture row. dense: its own attention (sdpa) with transformers' dense [row, row] mask, every score computed; flex: flex_attention, block by block, the blocks between samples skipped (CUDA; models whose transformers class supports flex). auto: flex on CUDA where the model supports it, else dense.",
+    )
     loss_chunk: int = Field(4096, gt=0, description="Tokens per chunk of the vocab-sized loss computation.")
-    compile_step: bool | None = Field(None, description="The drafter's step in its static-shape form (every position of the row padded to --batch-tokens, the valid ones masked instead of gathered: no host syncs), its unroll, loss and backward compiled with torch.compile on CUDA (flex attention inside); on CPU the static form runs eagerly, uncompiled. Same loss and metrics as the dynamic step; more matmul work, fewer kernel launches. Default on for GPU (1.53x the dynamic step's tokens per second on the H200 recipe), off on CPU.")
+    compile_step: bool | None = Field(
+        None,
+        description="The drafter's step in its static-shape form (every position of the row padded to --batch-tokens, the valid ones masked instead of gathered: no host syncs), its unroll, loss and backward compiled with torch.compile on CUDA (flex attention inside); on CPU the static form runs eagerly, uncompiled. Same loss and metrics as the dynamic step; more matmul work, fewer kernel launches. Default on for GPU (1.53x the dynamic step's tokens per second on the H200 recipe), off on CPU.",
+    )
     seed: int = Field(0, description="Random seed: the drafter's initialisation and the order of the training rows.")
-    val_seed: int = Field(0, description="Seed of the train/validation split, kept apart from --seed: runs of several seeds hold out the same samples, so that their validation figures compare.")
+    val_seed: int = Field(
+        0,
+        description="Seed of the train/validation split, kept apart from --seed: runs of several seeds hold out the same samples, so that their validation figures compare.",
+    )
     resume: bool = Field(False, description="Continue the run in --out from its last checkpoint.")
     device: str | None = Field(None, description="Device; default cuda when available.")
     shard: Shard = Field("none", description=SHARD_HELP)
     dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp32.")
     autocast: bool | None = Field(None, description="bf16 autocast for the drafter; default on for GPU.")
-    distributed: Literal["ddp", "fsdp"] = Field("ddp", description="Strategy under torchrun (WORLD_SIZE > 1): DDP, or FSDP2 (fully_shard).")
+    distributed: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="Strategy under torchrun (WORLD_SIZE > 1): DDP, or FSDP2 (fully_shard)."
+    )
     overwrite: bool = Field(False, description="Replace an existing output folder (without --resume).")
-    for_engine: Literal["vllm", "sglang"] = Field("vllm", description="The engine that will serve the drafter: vllm (every option), or sglang (one decoder layer, no fc_norm, norm_output, norm_before_fc or norm_before_residual; docs/train.md gives its τ cost).")
+    for_engine: Literal["vllm", "sglang"] = Field(
+        "vllm",
+        description="The engine that will serve the drafter: vllm (every option), or sglang (one decoder layer, no fc_norm, norm_output, norm_before_fc or norm_before_residual; docs/train.md gives its τ cost).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -83,8 +149,10 @@ class TrainConfig(CommandConfig, DrafterShape):
             if int(data.get("num_layers") or 1) > 1:
                 asked.append(f"--num-layers {data['num_layers']}")
             if asked:
-                raise ValueError(f"--for-engine sglang trains the drafter SGLang's LlamaForCausalLMEagle3 serves: "
-                                 f"one decoder layer, none of {', '.join(SGLANG_UNSERVED)}; drop {', '.join(asked)}")
+                raise ValueError(
+                    f"--for-engine sglang trains the drafter SGLang's LlamaForCausalLMEagle3 serves: "
+                    f"one decoder layer, none of {', '.join(SGLANG_UNSERVED)}; drop {', '.join(asked)}"
+                )
             data = {**data, **dict.fromkeys(SGLANG_UNSERVED, False), "num_layers": 1}
         if data.get("fc_norm") is None:
             data = {**data, "fc_norm": not data.get("norm_before_fc", False)}

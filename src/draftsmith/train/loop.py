@@ -98,8 +98,15 @@ def wrap(objective: TTTObjective, env: Env) -> torch.nn.Module:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, env: Env, objective: TTTObjective, data: TrainData, log: MetricsLog,
-                 drafter_meta: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        env: Env,
+        objective: TTTObjective,
+        data: TrainData,
+        log: MetricsLog,
+        drafter_meta: dict[str, Any],
+    ) -> None:
         self.cfg, self.env, self.objective, self.wrapped = cfg, env, objective, wrap(objective, env)
         self.source, self.train_idx, self.val_idx = data.source, data.train_idx, data.val_idx
         self.log, self.out, self.meta = log, Path(cfg.out), drafter_meta
@@ -108,8 +115,15 @@ class Trainer:
         rows0 = len(self.epoch_rows(0))
         self.steps_per_epoch = max(rows0 // cfg.grad_accum, 1)
         self.total = cfg.steps or max(math.ceil(cfg.epochs * rows0 / cfg.grad_accum), 1)
-        self.optim = Optimizers(self.wrapped, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.schedule, self.total,
-                                int(cfg.warmup_ratio * self.total))
+        self.optim = Optimizers(
+            self.wrapped,
+            cfg.optimizer,
+            cfg.lr,
+            cfg.weight_decay,
+            cfg.schedule,
+            self.total,
+            int(cfg.warmup_ratio * self.total),
+        )
         self.pos = Position()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
         self._ahead: dict[tuple[int, ...], Future] = {}
@@ -163,8 +177,12 @@ class Trainer:
                     (loss / len(rows)).backward()
             device_stats.append({k: v.detach() for k, v in st.items()})
         with record_function("train.optimizer"):
-            norm = torch.nn.utils.clip_grad_norm_([p for p in self.wrapped.parameters() if p.requires_grad], self.cfg.grad_clip)
-            if not torch.isfinite(norm):  # one host sync per step; a NaN/Inf anywhere in loss, data or weights lands here
+            norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in self.wrapped.parameters() if p.requires_grad], self.cfg.grad_clip
+            )
+            if not torch.isfinite(
+                norm
+            ):  # one host sync per step; a NaN/Inf anywhere in loss, data or weights lands here
                 raise self.diverged(f"step {self.pos.step + 1}: the gradient norm is {float(norm)}", rows)
             stats = zero_stats(self.cfg.ttt)
             for st in device_stats:  # read while the device is idle after that sync, before the update is queued
@@ -188,15 +206,26 @@ class Trainer:
                 st = self.wrapped(**batch)[1]  # the loss (and its graph) goes at once
             if i < len(mine):  # a padding forward's counts are not kept
                 add_stats(stats, st)
-        record = {"split": "val", "step": self.pos.step, "epoch": self.pos.epoch,
-                  **summarise(all_reduce_stats(stats, self.env.device), self.objective.reached_only)}
+        record = {
+            "split": "val",
+            "step": self.pos.step,
+            "epoch": self.pos.epoch,
+            **summarise(all_reduce_stats(stats, self.env.device), self.objective.reached_only),
+        }
         if not math.isfinite(record["loss"]):  # (the same on every rank: all-reduced) nothing is published from it
             raise self.diverged(f"validation at step {self.pos.step}: the loss is {record['loss']}", mine)
         self.log.write(record)
         if self.env.main:
-            walked = f", walked τ {record['tau_walk']:.3f} (what eval measures on this distribution)" if "tau_walk" in record else ""
-            print(f"[train] validation at step {record['step']}: acc_0 {record['acc_0']:.4f}, simulated τ {record['tau']:.3f}"
-                  f"{walked}", flush=True)
+            walked = (
+                f", walked τ {record['tau_walk']:.3f} (what eval measures on this distribution)"
+                if "tau_walk" in record
+                else ""
+            )
+            print(
+                f"[train] validation at step {record['step']}: acc_0 {record['acc_0']:.4f}, simulated τ {record['tau']:.3f}"
+                f"{walked}",
+                flush=True,
+            )
         if record["tau"] > self.pos.best_tau:
             self.pos.best_tau = record["tau"]
             self.save_best(record)
@@ -205,7 +234,9 @@ class Trainer:
     # -- non-finite values ------------------------------------------------------------------
     def local_weights(self) -> dict[str, torch.Tensor]:
         """The drafter's parameters as this rank holds them (its shards under FSDP2)."""
-        return {n: getattr(p, "to_local", lambda p=p: p)().detach() for n, p in self.objective.drafter.named_parameters()}
+        return {
+            n: getattr(p, "to_local", lambda p=p: p)().detach() for n, p in self.objective.drafter.named_parameters()
+        }
 
     def diverged(self, what: str, rows: list[list[int]]) -> UserError:
         """The error that stops a run where `what` went NaN or Inf, with its likely cause: the data of
@@ -214,19 +245,31 @@ class Trainer:
         overflows). Runs only on this failure path: it reads `rows` again."""
         kept = "nothing from it was saved: the last saved drafter and checkpoints are untouched"
         bad = nonfinite(self.local_weights())
-        data_bad = not bad and any(t.is_floating_point() and not bool(torch.isfinite(t).all())
-                                   for row in rows for t in self.host_row(row).values())
+        data_bad = not bad and any(
+            t.is_floating_point() and not bool(torch.isfinite(t).all())
+            for row in rows
+            for t in self.host_row(row).values()
+        )
         if data_bad:
-            return UserError(f"{what}: the data of rows {[r[:4] for r in rows]} holds a NaN or Inf; {kept}: check the "
-                             "data (an extract store made with NaNs? extract it again)")
+            return UserError(
+                f"{what}: the data of rows {[r[:4] for r in rows]} holds a NaN or Inf; {kept}: check the "
+                "data (an extract store made with NaNs? extract it again)"
+            )
         if not self.pos.step:  # no update has run: not the learning rate
             where = f"the drafter's initial weights {', '.join(bad[:3])}" if bad else "finite data and weights"
-            return UserError(f"{what} before any update, from {where}: the target's embeddings, head or hidden states "
-                             f"overflow the drafter; check the target (`draftsmith extract` refuses NaN or Inf); {kept}")
-        made = (f"made the drafter's weights NaN or Inf ({', '.join(bad[:3])})" if bad else
-                "left the drafter's weights so large that its own arithmetic overflows (its input data is finite)")
-        return UserError(f"{what}: the update of step {self.pos.step} {made}: the learning rate --lr {self.cfg.lr:g} is too "
-                         f"high for this run; lower --lr (or raise --warmup-ratio) and train again; {kept}")
+            return UserError(
+                f"{what} before any update, from {where}: the target's embeddings, head or hidden states "
+                f"overflow the drafter; check the target (`draftsmith extract` refuses NaN or Inf); {kept}"
+            )
+        made = (
+            f"made the drafter's weights NaN or Inf ({', '.join(bad[:3])})"
+            if bad
+            else "left the drafter's weights so large that its own arithmetic overflows (its input data is finite)"
+        )
+        return UserError(
+            f"{what}: the update of step {self.pos.step} {made}: the learning rate --lr {self.cfg.lr:g} is too "
+            f"high for this run; lower --lr (or raise --warmup-ratio) and train again; {kept}"
+        )
 
     def check_weights(self, what: str) -> None:
         """Before a save: the weights are finite (one pass over them, at each save only)."""
@@ -241,8 +284,15 @@ class Trainer:
             return
         model = Eagle3Drafter(self.objective.drafter.config)
         model.load_state_dict(state)
-        meta = {**self.meta, "simulated_tau": record["tau"], "step": record["step"], "epoch": record["epoch"],
-                "val": {k: record[k] for k in ("loss", "acc_k", "cond_acc_k", "tau", "walk_accept_k", "tau_walk") if k in record}}
+        meta = {
+            **self.meta,
+            "simulated_tau": record["tau"],
+            "step": record["step"],
+            "epoch": record["epoch"],
+            "val": {
+                k: record[k] for k in ("loss", "acc_k", "cond_acc_k", "tau", "walk_accept_k", "tau_walk") if k in record
+            },
+        }
         tmp, final = self.out / ".drafter.tmp", self.out / "drafter"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
@@ -261,8 +311,12 @@ class Trainer:
         weights = ckpt.drafter_state(self.objective, self.env.fsdp)
         optim = ckpt.optimizer_state(self.objective, self.optim.optimizers, self.env.fsdp)
         if self.env.main:
-            state = {"optimizer": optim, "scheduler": self.optim.scheduler_state(), "rng": ckpt.rng_state(),
-                     "train": asdict(self.pos)}
+            state = {
+                "optimizer": optim,
+                "scheduler": self.optim.scheduler_state(),
+                "rng": ckpt.rng_state(),
+                "train": asdict(self.pos),
+            }
             ckpt.save_checkpoint(self.out, self.pos.step, weights, state, keep=self.cfg.keep_checkpoints)
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
@@ -307,17 +361,27 @@ class Trainer:
             add_stats(pending, stats)
             if self.pos.step % cfg.log_every == 0 or self.pos.step == self.total:
                 now = time.time()
-                rec = {"split": "train", "step": self.pos.step, "epoch": self.pos.epoch, "tokens": self.pos.tokens,
-                       "lr": self.optim.lr,
-                       "tok_per_s": (self.pos.tokens - tokens0) / max(now - t0, 1e-9),
-                       **summarise(all_reduce_stats(pending, self.env.device), self.objective.reached_only)}
+                rec = {
+                    "split": "train",
+                    "step": self.pos.step,
+                    "epoch": self.pos.epoch,
+                    "tokens": self.pos.tokens,
+                    "lr": self.optim.lr,
+                    "tok_per_s": (self.pos.tokens - tokens0) / max(now - t0, 1e-9),
+                    **summarise(all_reduce_stats(pending, self.env.device), self.objective.reached_only),
+                }
                 self.log.write(rec)
                 pending = zero_stats(cfg.ttt)
                 if progress is not None:
                     # data_wait: the share of the time since the last log spent reading and collating rows
                     # (for online training, the target's capture forward)
-                    progress.set(loss=round(rec["loss"], 4), acc_0=round(rec["acc_0"], 4), tau=round(rec["tau"], 3),
-                                 data_wait=round(self._data_wait / max(now - t_log, 1e-9), 3), **self.memory())
+                    progress.set(
+                        loss=round(rec["loss"], 4),
+                        acc_0=round(rec["acc_0"], 4),
+                        tau=round(rec["tau"], 3),
+                        data_wait=round(self._data_wait / max(now - t_log, 1e-9), 3),
+                        **self.memory(),
+                    )
                 t_log, self._data_wait = now, 0.0
             if progress is not None:
                 progress.advance(1, tokens=tokens * self.env.world)
@@ -342,8 +406,10 @@ class Trainer:
         if self.env.device.type != "cuda":
             return {}
         stats = torch.cuda.memory_stats()  # the current device: this rank's
-        out = {"gpu_mem_gb": round(stats.get("allocated_bytes.all.peak", 0) / 1e9, 2),
-               "gpu_reserved_gb": round(stats.get("reserved_bytes.all.current", 0) / 1e9, 2)}
+        out = {
+            "gpu_mem_gb": round(stats.get("allocated_bytes.all.peak", 0) / 1e9, 2),
+            "gpu_reserved_gb": round(stats.get("reserved_bytes.all.current", 0) / 1e9, 2),
+        }
         if stats.get("num_alloc_retries", 0):  # the caching allocator ran out and freed its cache: slow steps
             out["alloc_retries"] = int(stats["num_alloc_retries"])
         return out

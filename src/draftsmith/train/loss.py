@@ -75,8 +75,9 @@ def argmax_in_draft_vocab(rows: torch.Tensor, head: OutputHead, t2d: torch.Tenso
 
 
 @torch.no_grad()
-def teacher_in_draft_vocab(final: torch.Tensor, head: OutputHead, t2d: torch.Tensor, where: torch.Tensor,
-                           chunk: int) -> torch.Tensor:
+def teacher_in_draft_vocab(
+    final: torch.Tensor, head: OutputHead, t2d: torch.Tensor, where: torch.Tensor, chunk: int
+) -> torch.Tensor:
     """[B, T] bool: `argmax_in_draft_vocab` of final [B, T, H], computed only where `where`
     [B, T] is set (positions followed by a trained token); False elsewhere."""
     out = torch.zeros(where.shape, dtype=torch.bool, device=final.device)
@@ -110,8 +111,15 @@ def teacher_table(rows: torch.Tensor, draft_head: OutputHead, chunk: int, temper
     return Teacher(logits, lse, top)
 
 
-def _chunk_ce(x: torch.Tensor, w: torch.Tensor, t_logits: torch.Tensor, t_lse: torch.Tensor, rows: torch.Tensor,
-              with_grad: bool, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def _chunk_ce(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    t_logits: torch.Tensor,
+    t_lse: torch.Tensor,
+    rows: torch.Tensor,
+    with_grad: bool,
+    keep: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One chunk of c student rows x [c, H] against the teacher rows `rows` [c] of t_logits [m, Vd]
     and t_lse [m]; x and the lm_head weight w [Vd, H] come in the matmul dtype. `keep` [c] bool:
     the rows that count (ce and gradient zero elsewhere, by selection, so that nothing from a
@@ -139,9 +147,18 @@ def _chunk_kernel(device: torch.device) -> Callable:
     return _compiled_chunk_ce() if device.type == "cuda" else _chunk_ce
 
 
-def _soft_ce_forward(x: torch.Tensor, weight: torch.Tensor, t_logits: torch.Tensor, t_lse: torch.Tensor,
-                     rows: torch.Tensor, keep: torch.Tensor | None, chunk: int, with_grad: bool,
-                     want_dw: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _soft_ce_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    t_logits: torch.Tensor,
+    t_lse: torch.Tensor,
+    rows: torch.Tensor,
+    keep: torch.Tensor | None,
+    chunk: int,
+    with_grad: bool,
+    want_dw: bool,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """SoftCE's forward pass, `chunk` rows at a time, its matmuls in `dtype` -> (Σ ce fp32 [],
     student argmax [n], dx [n, H] (empty without `with_grad`), dW [Vd, H] in the weight's dtype
     (empty without `want_dw`)).
@@ -181,9 +198,13 @@ _soft_ce_op = torch.library.custom_op("draftsmith::soft_ce", _soft_ce_forward, m
 
 
 @_soft_ce_op.register_fake
-def _(x, weight, t_logits, t_lse, rows, keep, chunk, with_grad, want_dw, dtype):  # noqa: ANN001, ANN202 - shapes and dtypes, for tracing
-    return (x.new_empty((), dtype=torch.float32), x.new_empty(x.shape[0], dtype=torch.long),
-            x.new_empty(x.shape if with_grad else (0,)), weight.new_empty(weight.shape if want_dw else (0,)))
+def _(x, weight, t_logits, t_lse, rows, keep, chunk, with_grad, want_dw, dtype):
+    return (
+        x.new_empty((), dtype=torch.float32),
+        x.new_empty(x.shape[0], dtype=torch.long),
+        x.new_empty(x.shape if with_grad else (0,)),
+        weight.new_empty(weight.shape if want_dw else (0,)),
+    )
 
 
 class SoftCE(torch.autograd.Function):
@@ -198,8 +219,17 @@ class SoftCE(torch.autograd.Function):
     Inside a region that torch.compile traces, the forward pass is one opaque op (`_soft_ce_op`)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, t_logits: torch.Tensor, t_lse: torch.Tensor,
-                rows: torch.Tensor, keep: torch.Tensor | None, chunk: int, with_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        t_logits: torch.Tensor,
+        t_lse: torch.Tensor,
+        rows: torch.Tensor,
+        keep: torch.Tensor | None,
+        chunk: int,
+        with_grad: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         want_dw = with_grad and ctx.needs_input_grad[1]  # not for a frozen lm_head
         run = _soft_ce_op if torch.compiler.is_compiling() else _soft_ce_forward
         dtype = matmul_dtype(x.device, weight.dtype)  # here, where autocast is on if the step runs under it
@@ -215,8 +245,14 @@ class SoftCE(torch.autograd.Function):
         return grad * dx, (grad * dw if dw is not None else None), None, None, None, None, None, None
 
 
-def soft_ce(x: torch.Tensor, weight: torch.Tensor, teacher: Teacher, rows: torch.Tensor, chunk: int,
-            keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def soft_ce(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    teacher: Teacher,
+    rows: torch.Tensor,
+    chunk: int,
+    keep: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked soft CE of student rows x [n, H] against teacher rows `rows` [n] -> (Σ ce over the
     rows `keep` [n] sets, or all; student argmax [n]). An empty step still goes through `SoftCE`
     (zero gradients): DDP needs every parameter used."""
@@ -250,9 +286,20 @@ class TTTObjective(nn.Module):
         positions left out (padding, untrained tokens).
     """
 
-    def __init__(self, drafter: nn.Module, head: OutputHead, ttt: int, backend: str, chunk: int = 4096,
-                 step_decay: float = STEP_DECAY, aux_noise: float = 0.0, static: bool = False,
-                 all_tokens: bool = False, reached_only: bool = False, teacher_temperature: float = 1.0) -> None:
+    def __init__(
+        self,
+        drafter: nn.Module,
+        head: OutputHead,
+        ttt: int,
+        backend: str,
+        chunk: int = 4096,
+        step_decay: float = STEP_DECAY,
+        aux_noise: float = 0.0,
+        static: bool = False,
+        all_tokens: bool = False,
+        reached_only: bool = False,
+        teacher_temperature: float = 1.0,
+    ) -> None:
         super().__init__()
         self.drafter, self.ttt, self.backend, self.chunk, self.step_decay = drafter, ttt, backend, chunk, step_decay
         self.aux_noise, self.static, self.all_tokens, self.reached_only = aux_noise, static, all_tokens, reached_only
@@ -270,8 +317,15 @@ class TTTObjective(nn.Module):
         # for minutes of compile time and fuses nothing more. dynamic=False: one row length.
         self.compiled_student = torch.compile(self.static_student, dynamic=False) if static else None
 
-    def forward(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
-                aux: torch.Tensor, final: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+        doc: torch.Tensor,
+        pos: torch.Tensor,
+        aux: torch.Tensor,
+        final: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """ids, loss_mask, doc, pos [B, T]; aux [B, T, n_aux*H_t]; final [B, T, H_t].
         Returns the weighted loss and per-step counts {key: [K] float}. In training with
         `all_tokens` (train --loss-tokens all), every token of every sample is trained on, the
@@ -288,7 +342,10 @@ class TTTObjective(nn.Module):
         loss, stats = step(ids, loss_mask, doc, pos, aux, final)
         runs = stats.pop("runs")  # [B, T]: drafts accepted from each position (the walk reads them in validation)
         if self.training:
-            stats["walk_cycles"], stats["walk_reach"] = torch.zeros_like(stats["n_valid"]), torch.zeros_like(stats["n_valid"])
+            stats["walk_cycles"], stats["walk_reach"] = (
+                torch.zeros_like(stats["n_valid"]),
+                torch.zeros_like(stats["n_valid"]),
+            )
         else:
             answer = valid_steps(doc, loss_mask, torch.ones_like(loss_mask), 1)[0]  # [B, T]: t drafts answer token t+2
             cycles, reach = walk_counts(runs, answer, self.ttt)
@@ -300,8 +357,15 @@ class TTTObjective(nn.Module):
         val loss compares across runs."""
         return self.teacher_temperature if self.training else 1.0
 
-    def compacted_step(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
-                       aux: torch.Tensor, final: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def compacted_step(
+        self,
+        ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+        doc: torch.Tensor,
+        pos: torch.Tensor,
+        aux: torch.Tensor,
+        final: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         d = self.drafter
         needed = shift_left(loss_mask, 1).bool() & (doc >= 0)  # the next token is trained on
         ok = teacher_in_draft_vocab(final, self.head, d.t2d, needed, self.chunk)  # [B, T]
@@ -311,18 +375,28 @@ class TTTObjective(nn.Module):
         slot = used.flatten().cumsum(0).view(used.shape) - 1  # [B, T]: row of final[b, s] in the table
         teacher = teacher_table(final[used], self.draft_head, self.chunk, self.temperature())  # [m, Vd]
 
-        def score(k: int, out: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        def score(
+            k: int, out: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
+        ) -> tuple[torch.Tensor, torch.Tensor]:
             rows = torch.roll(slot, -(1 + k), dims=1)[v]  # [n]: the table rows of final[t+1+k]
-            ce_sum, pred = soft_ce(d.norm(out[v]), d.lm_head.weight, teacher, rows, self.chunk,
-                                   keep=keep[v] if keep is not None else None)
+            ce_sum, pred = soft_ce(
+                d.norm(out[v]), d.lm_head.weight, teacher, rows, self.chunk, keep=keep[v] if keep is not None else None
+            )
             hit = torch.zeros_like(v)  # [B, T]
             hit[v] = pred == teacher.top[rows]
             return ce_sum, hit
 
         return self.unrolled(ids, doc, pos, aux, valid, score)
 
-    def static_step(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
-                    aux: torch.Tensor, final: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def static_step(
+        self,
+        ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+        doc: torch.Tensor,
+        pos: torch.Tensor,
+        aux: torch.Tensor,
+        final: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The teacher at every position (eager: a few matmuls per chunk, no gradient), then the
         student's part (`static_student`: the unroll and the loss), compiled on CUDA. The teacher
         table goes into the compiled region as an input, so the region never copies it."""
@@ -338,8 +412,16 @@ class TTTObjective(nn.Module):
         """Whether the static step runs its compiled region on `device` (CUDA) rather than eagerly."""
         return self.compiled_student is not None and device.type == "cuda"
 
-    def static_student(self, ids: torch.Tensor, loss_mask: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
-                       aux: torch.Tensor, ok: torch.Tensor, teacher: Teacher) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def static_student(
+        self,
+        ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+        doc: torch.Tensor,
+        pos: torch.Tensor,
+        aux: torch.Tensor,
+        ok: torch.Tensor,
+        teacher: Teacher,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """ok [B, T]: the teacher's argmax at t is a draft token and t+1 is trained on; teacher:
         the table of every position (row b*T + t)."""
         d = self.drafter
@@ -347,18 +429,32 @@ class TTTObjective(nn.Module):
         valid = valid_steps(doc, loss_mask, ok, self.ttt)  # [K, B, T]
         flat = torch.arange(b * t, device=ids.device)  # [B*T]
 
-        def score(k: int, out: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        def score(
+            k: int, out: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
+        ) -> tuple[torch.Tensor, torch.Tensor]:
             # the table row of final[t+1+k]; where v is False (the last 1+k positions among them), any row
             rows = (flat + 1 + k).clamp(max=b * t - 1)  # [B*T]
-            ce_sum, pred = soft_ce(d.norm(out).flatten(0, 1), d.lm_head.weight, teacher, rows, self.chunk,
-                                   keep=(keep if keep is not None else v).flatten())  # pred [B*T]
+            ce_sum, pred = soft_ce(
+                d.norm(out).flatten(0, 1),
+                d.lm_head.weight,
+                teacher,
+                rows,
+                self.chunk,
+                keep=(keep if keep is not None else v).flatten(),
+            )  # pred [B*T]
             return ce_sum, v & (pred == teacher.top[rows]).view(b, t)  # hit [B, T]
 
         return self.unrolled(ids, doc, pos, aux, valid, score)
 
-    def unrolled(self, ids: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor, aux: torch.Tensor, valid: torch.Tensor,
-                 score: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]],
-                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def unrolled(
+        self,
+        ids: torch.Tensor,
+        doc: torch.Tensor,
+        pos: torch.Tensor,
+        aux: torch.Tensor,
+        valid: torch.Tensor,
+        score: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The unroll, the weighted loss and the counts, given aux in the drafter's dtype, valid
         [K, B, T] and `score`(k, out_k [B, T, H], valid[k], keep [B, T] ⊆ valid[k] or None: all
         of it) -> (Σ ce over keep, hit [B, T]: valid and the argmaxes agree)."""

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from draftsmith.fsutil import append_line, atomic_write_text
 from draftsmith.draft.step_weights import step_weights
+from draftsmith.fsutil import append_line, atomic_write_text
 from draftsmith.train.loss import STAT_KEYS
 
 METRICS_FILE, PLOT_FILE = "metrics.jsonl", "metrics.png"
@@ -50,13 +50,19 @@ def summarise(stats: dict[str, torch.Tensor], reached_only: bool = False) -> dic
     """Counts summed over some batches -> the metric record (without step/split fields).
     `reached_only` (train --ttt-positions reached): ce_sum covers the reached positions, n_chain."""
     n = stats["n_valid"].clamp(min=1)
-    loss_k = (stats["ce_sum"] / (stats["n_chain"] if reached_only else stats["n_valid"]).clamp(min=1)).tolist()  # per trained position
+    loss_k = (
+        stats["ce_sum"] / (stats["n_chain"] if reached_only else stats["n_valid"]).clamp(min=1)
+    ).tolist()  # per trained position
     acc_k = (stats["n_correct"] / n).tolist()
     cond_k = (stats["n_chain_correct"] / stats["n_chain"].clamp(min=1)).tolist()
     record = {
         "loss": sum(w * v for w, v in zip(step_weights(len(loss_k)), loss_k, strict=True)),
-        "loss_k": loss_k, "acc_k": acc_k, "cond_acc_k": cond_k,
-        "tau": simulated_tau(cond_k), "acc_0": acc_k[0], "valid_tokens": int(stats["n_valid"][0]),
+        "loss_k": loss_k,
+        "acc_k": acc_k,
+        "cond_acc_k": cond_k,
+        "tau": simulated_tau(cond_k),
+        "acc_0": acc_k[0],
+        "valid_tokens": int(stats["n_valid"][0]),
     }
     if stats["walk_cycles"][0] > 0:
         walk_k = (stats["walk_reach"] / stats["walk_cycles"]).tolist()

@@ -42,8 +42,9 @@ def lr_factor(schedule: str, total: int, warmup: int) -> Callable[[int], float]:
     return factor
 
 
-def orthogonalize(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
-                  dtype: torch.dtype) -> torch.Tensor:
+def orthogonalize(
+    g: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float, dtype: torch.dtype
+) -> torch.Tensor:
     """g [m, n] -> about its polar factor U V^T (singular values pushed to ~1, not exactly), in
     `dtype`: Muon's quintic Newton-Schulz iteration on the wide orientation of g."""
     a, b, c = coefficients
@@ -110,19 +111,22 @@ def is_hidden_matrix(name: str, param: nn.Parameter) -> bool:
 class Optimizers:
     """One or two optimizers (and their schedulers) driven as one."""
 
-    def __init__(self, model: nn.Module, kind: str, lr: float, weight_decay: float, schedule: str, total: int,
-                 warmup: int) -> None:
+    def __init__(
+        self, model: nn.Module, kind: str, lr: float, weight_decay: float, schedule: str, total: int, warmup: int
+    ) -> None:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if kind == "muon":
             matrices = [p for n, p in named if is_hidden_matrix(n, p)]
             rest = [p for n, p in named if not is_hidden_matrix(n, p)]
             self.optimizers: list[torch.optim.Optimizer] = [
-                Muon(matrices, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")]
+                Muon(matrices, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
+            ]
             if rest:
                 self.optimizers.append(torch.optim.AdamW(rest, lr=lr, weight_decay=weight_decay, betas=ADAMW_BETAS))
         else:
-            self.optimizers = [torch.optim.AdamW([p for _, p in named], lr=lr, weight_decay=weight_decay,
-                                                 betas=ADAMW_BETAS)]
+            self.optimizers = [
+                torch.optim.AdamW([p for _, p in named], lr=lr, weight_decay=weight_decay, betas=ADAMW_BETAS)
+            ]
         factor = lr_factor(schedule, total, warmup)
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in self.optimizers]
 

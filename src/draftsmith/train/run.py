@@ -43,6 +43,7 @@ from draftsmith.train.loss import TTTObjective
 from draftsmith.train.metrics import METRICS_FILE, MetricsLog, plot_metrics, truncate_metrics
 from draftsmith.train.ttt import default_backend
 
+
 def setup_env(cfg: TrainConfig) -> Env:
     """One process, or one rank of a torchrun job (nccl on GPU, gloo on CPU)."""
     _, world, local_rank = dist_env()
@@ -71,7 +72,9 @@ def check_out(cfg: TrainConfig) -> Path | None:
             print(f"[train] --resume: {out} has no checkpoint yet; starting from step 0", flush=True)
         return found
     if ((out / CKPT_DIR).exists() or (out / METRICS_FILE).exists()) and not cfg.overwrite:
-        raise UserError(f"{out} already holds a training run; pass --resume to continue it or --overwrite to start over")
+        raise UserError(
+            f"{out} already holds a training run; pass --resume to continue it or --overwrite to start over"
+        )
     return None
 
 
@@ -84,18 +87,26 @@ def resumed_options(cfg: TrainConfig) -> TrainConfig:
         return cfg
     recorded = load_yaml_mapping(path, "--resume: the run's record").get("config")
     if not isinstance(recorded, dict):
-        raise UserError(f"--resume: {path} records no options ('config:'); start over with --overwrite or another --out")
+        raise UserError(
+            f"--resume: {path} records no options ('config:'); start over with --overwrite or another --out"
+        )
     kept = {"resume", "overwrite", "out"}
     differ = {k: v for k, v in changed_options(cfg, recorded, kept).items() if k in cfg.model_fields_set}
     if differ:
         listed = ", ".join(f"--{k.replace('_', '-')} {now} (the run's: {was})" for k, (was, now) in differ.items())
-        raise UserError(f"--resume: {cfg.out} was made with other options: {listed}. --resume continues the run as it "
-                        f"was started (its checkpoints hold that schedule and optimizer): leave those options out "
-                        f"({path} gives them), or start a new run with --overwrite or another --out")
+        raise UserError(
+            f"--resume: {cfg.out} was made with other options: {listed}. --resume continues the run as it "
+            f"was started (its checkpoints hold that schedule and optimizer): leave those options out "
+            f"({path} gives them), or start a new run with --overwrite or another --out"
+        )
     fields = type(cfg).model_fields
     record = {type(cfg).renamed.get(k, k): v for k, v in recorded.items()}
-    return type(cfg).model_validate({**cfg.model_dump(), **{k: v for k, v in record.items() if k in fields and k not in kept
-                                                            and k not in cfg.model_fields_set}})
+    return type(cfg).model_validate(
+        {
+            **cfg.model_dump(),
+            **{k: v for k, v in record.items() if k in fields and k not in kept and k not in cfg.model_fields_set},
+        }
+    )
 
 
 def start_out(cfg: TrainConfig, env: Env) -> None:
@@ -116,11 +127,15 @@ def start_out(cfg: TrainConfig, env: Env) -> None:
         dist.barrier()
 
 
-def resolve_vocab(cfg: TrainConfig, dataset: TokenizedDataset, dataset_rows: list[int], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def resolve_vocab(
+    cfg: TrainConfig, dataset: TokenizedDataset, dataset_rows: list[int], vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     if cfg.vocab is not None:
         d2t, t2d = load_vocab(cfg.vocab)
         if t2d.numel() != vocab_size:
-            raise UserError(f"--vocab {cfg.vocab}: made for a vocab of {t2d.numel()} tokens, but the target has {vocab_size}")
+            raise UserError(
+                f"--vocab {cfg.vocab}: made for a vocab of {t2d.numel()} tokens, but the target has {vocab_size}"
+            )
         return d2t, t2d
     size = draft_vocab_size(cfg.draft_vocab_size, vocab_size)
     return build_vocab(token_counts(dataset, vocab_size, dataset_rows), size)  # counts [V]
@@ -130,8 +145,10 @@ def capture_attention(choice: str, target: Target) -> str | None:
     """--capture-attention as the attention implementation `capture` takes (None: the model's own)."""
     flex = supports_flex(target.model)
     if choice == "flex" and not flex:
-        raise UserError(f"--capture-attention flex: transformers runs {type(target.model).__name__} without flex_attention; "
-                        "use --capture-attention dense")
+        raise UserError(
+            f"--capture-attention flex: transformers runs {type(target.model).__name__} without flex_attention; "
+            "use --capture-attention dense"
+        )
     if choice == "flex" or (choice == "auto" and flex and target.device.type == "cuda"):
         return "flex_attention"
     return None
@@ -153,14 +170,22 @@ def step_summary(cfg: TrainConfig, device: torch.device) -> str:
     return "static, compiled" if device.type == "cuda" else "static, eager"
 
 
-def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) -> tuple[OnlineSource | OfflineSource, list[int], list[int]]:
+def build_source(
+    cfg: TrainConfig, target: Target, dataset: TokenizedDataset
+) -> tuple[OnlineSource | OfflineSource, list[int], list[int]]:
     """The sample source, the aux layer ids, and the dataset rows of the source's samples."""
     max_len = min(cfg.max_len, cfg.batch_tokens)
     n_layers = target.info.num_layers
     if cfg.hidden is None:
         aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, n_layers)
-        source = OnlineSource(dataset, target.model, aux_layer_ids, max_len, token_budget=max(cfg.batch_tokens, max_len),
-                              attention=capture_attention(cfg.capture_attention, target))
+        source = OnlineSource(
+            dataset,
+            target.model,
+            aux_layer_ids,
+            max_len,
+            token_budget=max(cfg.batch_tokens, max_len),
+            attention=capture_attention(cfg.capture_attention, target),
+        )
         return source, aux_layer_ids, list(range(len(dataset)))
     from draftsmith.data.store import StoreReader, check_store_matches, dataset_rows
 
@@ -169,21 +194,29 @@ def build_source(cfg: TrainConfig, target: Target, dataset: TokenizedDataset) ->
     reader.check_files()  # a missing, truncated or (in a small store) corrupt sample, before anything is written
     aux_layer_ids = [int(k) for k in reader.meta["aux_layer_ids"]]
     if cfg.aux_layer_ids is not None and validate_layers(cfg.aux_layer_ids, n_layers) != aux_layer_ids:
-        raise UserError(f"--aux-layer-ids {cfg.aux_layer_ids} disagrees with the store {cfg.hidden}, captured at layers {aux_layer_ids}")
+        raise UserError(
+            f"--aux-layer-ids {cfg.aux_layer_ids} disagrees with the store {cfg.hidden}, captured at layers {aux_layer_ids}"
+        )
     if reader.hidden_size != target.info.hidden_size:
-        raise UserError(f"store {cfg.hidden} has hidden size {reader.hidden_size}, target {cfg.target!r} has {target.info.hidden_size}: wrong target?")
+        raise UserError(
+            f"store {cfg.hidden} has hidden size {reader.hidden_size}, target {cfg.target!r} has {target.info.hidden_size}: wrong target?"
+        )
     if len(reader) == 0:
         raise UserError(f"store {cfg.hidden} holds no samples yet; run `draftsmith extract` first")
     return OfflineSource(reader, max_len), aux_layer_ids, dataset_rows(cfg.hidden, reader.sample_ids, dataset)
 
 
-def build_drafter(target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t2d: torch.Tensor, cfg: TrainConfig) -> Eagle3Drafter:
+def build_drafter(
+    target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t2d: torch.Tensor, cfg: TrainConfig
+) -> Eagle3Drafter:
     """A drafter shaped like target layers (--num-layers of them, its MLP --intermediate-size wide, if given), with
     the architecture options of `cfg`, the target's embeddings (frozen) and, with --head-init
     target, its final norm and the draft rows of its lm_head times the head's logit scale (the
     drafter's head has no bias or soft-cap)."""
     shape = cfg.shaped(DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), aux_layer_ids))
-    dcfg = replace(shape, **{k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")})
+    dcfg = replace(
+        shape, **{k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")}
+    )
     drafter = Eagle3Drafter(dcfg)
     drafter.load_target_embeddings(embed_weight(target.model).detach().float())
     drafter.set_vocab(d2t, t2d)
@@ -206,7 +239,9 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     pipeline's `shared_targets` hands back the one it has)."""
     env = setup_env(cfg)
     if cfg.optimizer == "muon" and env.fsdp:
-        raise UserError("--optimizer muon works on whole weight matrices and cannot run under --distributed fsdp; use ddp or adamw")
+        raise UserError(
+            "--optimizer muon works on whole weight matrices and cannot run under --distributed fsdp; use ddp or adamw"
+        )
     out = Path(cfg.out)
     resume_from = check_out(cfg)
     if cfg.resume:
@@ -233,18 +268,37 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         save_vocab(out / "vocab.safetensors", d2t, t2d)
 
     backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
-    objective = TTTObjective(drafter.to(env.device), head.to(env.device), cfg.ttt, backend, cfg.loss_chunk, cfg.step_decay,
-                             cfg.aux_noise, static=cfg.compile_step, all_tokens=cfg.loss_tokens == "all",
-                             reached_only=cfg.ttt_positions == "reached", teacher_temperature=cfg.teacher_temperature)
-    meta = {"target": target.info.to_dict(), "mode": "online" if cfg.hidden is None else "offline",
-            "data": str(cfg.dataset_dir), "hidden": str(cfg.hidden) if cfg.hidden else None, "ttt": cfg.ttt,
-            "train_samples": len(train_idx), "val_samples": len(val_idx)}
+    objective = TTTObjective(
+        drafter.to(env.device),
+        head.to(env.device),
+        cfg.ttt,
+        backend,
+        cfg.loss_chunk,
+        cfg.step_decay,
+        cfg.aux_noise,
+        static=cfg.compile_step,
+        all_tokens=cfg.loss_tokens == "all",
+        reached_only=cfg.ttt_positions == "reached",
+        teacher_temperature=cfg.teacher_temperature,
+    )
+    meta = {
+        "target": target.info.to_dict(),
+        "mode": "online" if cfg.hidden is None else "offline",
+        "data": str(cfg.dataset_dir),
+        "hidden": str(cfg.hidden) if cfg.hidden else None,
+        "ttt": cfg.ttt,
+        "train_samples": len(train_idx),
+        "val_samples": len(val_idx),
+    }
     if dataset.meta.get("mix"):
         meta["data_mix"] = dataset.meta["mix"]  # synth --mix's sources and licenses, for the model card
     if env.main:  # how this run trains, where the GPU and CPU defaults differ
-        print(f"[train] {len(train_idx)} training / {len(val_idx)} validation samples; {source_summary(source, cfg)}; "
-              f"drafter step {step_summary(cfg, env.device)}, TTT attention {backend}, "
-              f"autocast {'bf16' if cfg.autocast else 'off'}", flush=True)
+        print(
+            f"[train] {len(train_idx)} training / {len(val_idx)} validation samples; {source_summary(source, cfg)}; "
+            f"drafter step {step_summary(cfg, env.device)}, TTT attention {backend}, "
+            f"autocast {'bf16' if cfg.autocast else 'off'}",
+            flush=True,
+        )
     log = MetricsLog(out, enabled=env.main)
     trainer = Trainer(cfg, env, objective, TrainData(source, train_idx, val_idx), log, meta)
     if checkpoint is not None:
@@ -260,7 +314,9 @@ def run(cfg: TrainConfig) -> Path:
     """Train (see the module docstring for what --out holds), --out locked against a second
     writer for the whole run (rank 0 holds the lock for all ranks)."""
     main = dist_env().rank == 0
-    check_output(cfg.out, "train", [cfg.dataset_dir, cfg.hidden, cfg.vocab, cfg.target], cfg.overwrite)  # before the lock writes
+    check_output(
+        cfg.out, "train", [cfg.dataset_dir, cfg.hidden, cfg.vocab, cfg.target], cfg.overwrite
+    )  # before the lock writes
     with output_lock(Path(cfg.out)) if main else contextlib.nullcontext():
         trainer = build_trainer(cfg)
         env, out = trainer.env, trainer.out
@@ -273,8 +329,11 @@ def run(cfg: TrainConfig) -> Path:
             else:
                 trainer.run(None)
         except OSError as e:  # a full disk: exit 4, what to free, and how to go on
-            raise from_os_error(e, "the checkpoints, metrics and published drafter written before are kept: rerun "
-                                   "with --resume to continue from the last checkpoint") from None
+            raise from_os_error(
+                e,
+                "the checkpoints, metrics and published drafter written before are kept: rerun "
+                "with --resume to continue from the last checkpoint",
+            ) from None
         finally:
             trainer.log.close()
         if env.main:

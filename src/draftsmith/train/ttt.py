@@ -71,7 +71,9 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
 
-def eager_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], doc: torch.Tensor) -> torch.Tensor:
+def eager_ttt_attention(
+    q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], doc: torch.Tensor
+) -> torch.Tensor:
     """q [B, nh, T, hd]; keys/values: one [B, nkv, T, hd] per step so far (step 0 first)."""
     b, nh, t, hd = q.shape
     rep = nh // keys[0].shape[1]
@@ -109,7 +111,7 @@ def ttt_mask_mod(doc: torch.Tensor) -> _mask_mod_signature:
     [B, T]: key kv is position kv % T of step kv // T. It does not depend on the number of steps."""
     t = doc.shape[1]
 
-    def mask_mod(bi, _h, qi, kv):  # noqa: ANN001, ANN202
+    def mask_mod(bi, _h, qi, kv):
         j, p = kv // t, kv % t
         step0 = (j == 0) & (p <= qi) & (doc[bi, p] == doc[bi, qi])
         return step0 | ((j > 0) & (p == qi))
@@ -132,9 +134,16 @@ def crop_keys(block: BlockMask, kv_len: int) -> BlockMask:
         kept = (listed & (idx < cols)).sum(-1, dtype=torch.int32)  # [B, H, rows]
         return kept, idx[..., :cols].clamp(max=cols - 1).contiguous()  # [B, H, rows, cols]
 
-    full = keep(block.full_kv_num_blocks, block.full_kv_indices) if block.full_kv_num_blocks is not None else (None, None)
-    return BlockMask.from_kv_blocks(*keep(block.kv_num_blocks, block.kv_indices), *full, BLOCK_SIZE=block.BLOCK_SIZE,
-                                    mask_mod=block.mask_mod, seq_lengths=(block.seq_lengths[0], kv_len))
+    full = (
+        keep(block.full_kv_num_blocks, block.full_kv_indices) if block.full_kv_num_blocks is not None else (None, None)
+    )
+    return BlockMask.from_kv_blocks(
+        *keep(block.kv_num_blocks, block.kv_indices),
+        *full,
+        BLOCK_SIZE=block.BLOCK_SIZE,
+        mask_mod=block.mask_mod,
+        seq_lengths=(block.seq_lengths[0], kv_len),
+    )
 
 
 def ttt_block_mask(doc: torch.Tensor, ttt: int, compiled: bool) -> BlockMask:
@@ -142,12 +151,14 @@ def ttt_block_mask(doc: torch.Tensor, ttt: int, compiled: bool) -> BlockMask:
     from torch.nn.attention.flex_attention import create_block_mask
 
     b, t = doc.shape
-    return create_block_mask(ttt_mask_mod(doc), b, None, t, ttt * t, device=doc.device, BLOCK_SIZE=FLEX_BLOCK,
-                             _compile=compiled)
+    return create_block_mask(
+        ttt_mask_mod(doc), b, None, t, ttt * t, device=doc.device, BLOCK_SIZE=FLEX_BLOCK, _compile=compiled
+    )
 
 
-def flex_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], block: BlockMask,
-                       compiled: bool) -> torch.Tensor:
+def flex_ttt_attention(
+    q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], block: BlockMask, compiled: bool
+) -> torch.Tensor:
     """q [B, nh, T, hd]; keys/values: one [B, nkv, T, hd] per step so far (step 0 first); block:
     their BlockMask."""
     from torch.nn.attention.flex_attention import flex_attention
@@ -195,8 +206,15 @@ def ttt_attends(doc: torch.Tensor, ttt: int, backend: str, layers: int) -> list[
     return [first, *(TTTAttention(doc, ttt, backend, whole=first.whole) for _ in range(layers - 1))]
 
 
-def unroll(drafter: torch.nn.Module, hidden0: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, doc: torch.Tensor,
-           ttt: int, backend: str = "eager"):
+def unroll(
+    drafter: torch.nn.Module,
+    hidden0: torch.Tensor,
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    doc: torch.Tensor,
+    ttt: int,
+    backend: str = "eager",
+):
     """Yield (k, out_k [B, T, H]) for k = 0..ttt-1: the drafter's last layer's pre-norm outputs.
     hidden0 [B, T, H] is fc(aux); logits are `lm_head(norm(out_k))` (left to the caller, so the
     loss can compute them in chunks)."""
@@ -214,11 +232,15 @@ def default_backend(device: torch.device) -> str:
     return "flex" if device.type == "cuda" else "eager"
 
 
-def doc_and_positions(lengths: list[int], total: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def doc_and_positions(
+    lengths: list[int], total: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Document ids and per-sample positions [total] for samples of `lengths` packed end to end
     and padded to `total` (padding: doc -1, positions 0.. as one more sample, as capture packs it)."""
     pad = total - sum(lengths)
-    doc = torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lengths)]
-                    + [torch.full((pad,), -1, dtype=torch.long)])  # [total]
+    doc = torch.cat(
+        [torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lengths)]
+        + [torch.full((pad,), -1, dtype=torch.long)]
+    )  # [total]
     pos = packed_positions(list(lengths) + [pad])  # [total]
     return doc.to(device), pos.to(device)

@@ -35,5 +35,5 @@ def walk_counts(runs: torch.Tensor, answer: torch.Tensor, ttt: int) -> tuple[tor
                 t += int(row_runs[t]) + 1
             else:
                 t += 1
-    reach = torch.tensor([accepted[k + 1:].sum() for k in range(ttt)], dtype=torch.float64)
+    reach = torch.tensor([accepted[k + 1 :].sum() for k in range(ttt)], dtype=torch.float64)
     return torch.full((ttt,), float(accepted.sum()), dtype=torch.float64), reach
