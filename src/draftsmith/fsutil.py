@@ -203,6 +203,11 @@ def atomic_output_dir(
         else:
             os.replace(tmp, out)
         fsync_dir(out.parent)
+    except OSError as e:  # a full disk, a file-size limit: exit 4, and nothing of this run left
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise from_os_error(
+            e, f"nothing was written at {given} (its temporary folder was removed): run the same command again"
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

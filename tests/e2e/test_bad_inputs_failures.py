@@ -26,8 +26,7 @@ from typer.testing import CliRunner, Result
 
 from draftsmith.cli import app
 from draftsmith.draft.checkpoint import save_drafter
-from draftsmith.evaluate.proposer import random_drafter
-from tests.helpers import make_tiny_drafter
+from tests.helpers import make_tiny_drafter, random_drafter
 
 
 def cli(*args: object) -> Result:
@@ -242,6 +241,18 @@ def test_export_on_a_full_disk_exits_4_with_nothing_left(tmp_path: Path) -> None
         r = cli("export", drafter, "--out", disk / "export")
         failed(r, 4, "model.safetensors: disk full", "free some space", f"nothing was written at {disk / 'export'}")
         assert os.listdir(disk) == []
+
+
+def test_eval_at_the_file_size_limit_exits_4_with_nothing_left(
+    tiny_target_dir: Path, tiny_model, tmp_path: Path
+) -> None:
+    drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter")
+    args = ["--device", "cpu", "--num-questions", "1", "--max-new-tokens", "4", "--no-speed"]
+    with file_size_limit(2000):  # the report's plots are larger
+        r = cli("eval", "--target", tiny_target_dir, "--drafter", drafter, "--out", tmp_path / "eval", *args)
+    failed(r, 4, "File too large", f"nothing was written at {tmp_path / 'eval'}")
+    assert "what was written is kept" not in r.output and not (tmp_path / "eval").exists()
+    assert leftovers(tmp_path) == []
 
 
 def test_train_on_a_full_disk_exits_4_and_resumes(ds: Path, tiny_target_dir: Path, tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from draftsmith.data.completion import tokenize_completions
 from draftsmith.data.config import PrepareConfig
 from draftsmith.data.dataset import FORMAT, META_FILE, STATS_FILE, write_table
 from draftsmith.data.sources import answers, mix_card, read_source
-from draftsmith.errors import UserError, from_os_error
+from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json
 from draftsmith.progress import Progress
 from draftsmith.target import fingerprint, load_text_config, load_tokenizer, resolve_spec
@@ -208,12 +208,7 @@ def write_dataset(cfg: PrepareConfig, tmp: Path) -> dict[str, Any]:
 
 def run(cfg: PrepareConfig) -> Path:
     check_template_options(cfg.chat_template, cfg.completion)
-    try:
-        with atomic_output_dir(cfg.out, "prepare", [cfg.data, cfg.target, cfg.chat_template], cfg.overwrite) as tmp:
-            stats = write_dataset(cfg, tmp)
-    except OSError as e:  # a full disk: exit 4, the temporary folder removed
-        raise from_os_error(
-            e, f"nothing was written at {cfg.out} (its temporary folder was removed): run the same command again"
-        ) from None
+    with atomic_output_dir(cfg.out, "prepare", [cfg.data, cfg.target, cfg.chat_template], cfg.overwrite) as tmp:
+        stats = write_dataset(cfg, tmp)  # a full disk: exit 4, nothing left (atomic_output_dir)
     print_stats(stats)
     return cfg.out

@@ -21,7 +21,7 @@ from draftsmith.draft.checkpoint import load_drafter, save_file
 from draftsmith.draft.importer import import_drafter
 from draftsmith.draft.layouts import arch_options, check_vocab
 from draftsmith.draft.model import Eagle3Drafter
-from draftsmith.errors import UserError, from_os_error
+from draftsmith.errors import UserError
 from draftsmith.export import eagle, speculators
 from draftsmith.export.card import model_card, serving_shape
 from draftsmith.export.config import ExportConfig
@@ -104,17 +104,12 @@ def run(cfg: ExportConfig) -> Path:
         report,
     )
 
-    try:
-        with atomic_output_dir(cfg.out, "export", [cfg.ckpt, cfg.eval_report], cfg.overwrite) as tmp:
-            save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-            atomic_write_json(tmp / "config.json", config)
-            atomic_write_text(tmp / "README.md", card)
-            write_run_record(tmp, cfg)
-            reload_check(model, tmp, dtype)
-    except OSError as e:  # a full disk: exit 4, the temporary folder removed
-        raise from_os_error(
-            e, f"nothing was written at {cfg.out} (its temporary folder was removed): run the same command again"
-        ) from None
+    with atomic_output_dir(cfg.out, "export", [cfg.ckpt, cfg.eval_report], cfg.overwrite) as tmp:  # full disk: exit 4
+        save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        atomic_write_json(tmp / "config.json", config)
+        atomic_write_text(tmp / "README.md", card)
+        write_run_record(tmp, cfg)
+        reload_check(model, tmp, dtype)
     print(
         f"[export] {cfg.format} for {engine}: {cfg.out} (layers {dcfg.aux_layer_ids} draftsmith = "
         f"{to_engine(dcfg.aux_layer_ids, engine)} {engine}; checked: reload gives identical logits)"
