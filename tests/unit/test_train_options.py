@@ -350,7 +350,17 @@ def test_for_engine_sglang_trains_a_drafter_that_sglang_serves(dataset, tiny_tar
         run = tmp_path / f"run{len(extra)}"
         assert _train(dataset, tiny_target_dir, run, *extra).exit_code == 0
         res = CliRunner().invoke(
-            app, ["export", str(run), "--format", "eagle", "--engine", "sglang", "--out", str(run / "sglang")]
+            app,
+            [
+                "export",
+                str(run),
+                "--format",
+                "eagle",
+                "--engine",
+                "sglang",
+                "--out",
+                str(tmp_path / f"sglang{len(extra)}"),
+            ],
         )
         assert (res.exit_code == 0) is exported, res.output
         assert exported or "train --for-engine sglang" in res.output  # the refusal names the option
