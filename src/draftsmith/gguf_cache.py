@@ -12,7 +12,8 @@ therefore writes that folder, and later loads read it:
                                            float32 load (a bf16 copy would not be them)
 
 `key` hashes the GGUF's absolute path, size and modification time and the transformers version
-(its GGUF conversion defines the result), so a changed file or transformers gets a new copy.
+(its GGUF conversion defines the result) and the copy's FORMAT, so a changed file, transformers
+or layout gets a new copy.
 Each part is written to a temporary folder and renamed into place, so a reader sees a whole
 part or none; two processes converting at once both succeed and one copy stays. A failed
 write (a full disk, a read-only home) only says so: the load it follows has succeeded.
@@ -45,6 +46,9 @@ def cache_root() -> Path | None:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "draftsmith"
 
 
+FORMAT = 2  # the copy's layout: 2 names its class and keeps tied weights under the embedding's name
+
+
 def copy_dir(gguf: Path) -> Path | None:
     """The folder that holds (or will hold) the converted copy of the GGUF file `gguf`."""
     root = cache_root()
@@ -53,7 +57,7 @@ def copy_dir(gguf: Path) -> Path | None:
     import transformers
 
     st = gguf.stat()
-    ident = f"{gguf.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{transformers.__version__}"
+    ident = f"{gguf.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{transformers.__version__}\0{FORMAT}"
     return root / f"{gguf.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
 
@@ -64,15 +68,21 @@ def cached(gguf: Path, part: str) -> Path | None:
 
 
 def save_model(model: Any, folder: Path) -> None:
-    """The GGUF-loaded `model` as a plain HF folder: its config without the GGUF quantisation
-    entry (the weights are de-quantised already; transformers' save_pretrained refuses a model
-    loaded from a GGUF) and its weights, tied ones once."""
-    from safetensors.torch import save_model as save_weights
+    """The GGUF-loaded `model` as a plain HF folder that transformers and vLLM both load: its
+    config without the GGUF quantisation entry (the weights are de-quantised already;
+    transformers' save_pretrained refuses a model loaded from a GGUF) and naming its class (vLLM
+    builds the class `architectures` names), and its weights, a tied output embedding kept once,
+    under the input embedding's name (vLLM loads that one and skips `lm_head` when tied)."""
+    from safetensors.torch import save_file
 
     config = json.loads(model.config.to_json_string(use_diff=False))
     config.pop("quantization_config", None)
+    config["architectures"] = [type(model).__name__]
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    save_weights(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    embed = model.get_input_embeddings().weight
+    tied = [n for n, p in model.named_parameters(remove_duplicate=False) if p is embed][1:]  # the first is its own
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items() if k not in tied}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 def store(gguf: Path, part: str, save: Callable[[Path], None]) -> None:

