@@ -250,6 +250,7 @@ def test_train_with_an_acceptance_loss_lowers_it(objective, dataset, tiny_target
     args = ["--steps", "9", "--log-every", "3", "--lr", "3e-3", "--loss", objective]
     res = CliRunner().invoke(app, train_args(dataset, tiny_target_dir, out, *args))
     assert res.exit_code == 0, res.output
+    assert f"autocast off, loss {objective}" in res.output  # the run's first line says how it trains
     train = [r for r in read_metrics(out) if r["split"] == "train"]
     assert [r["step"] for r in train] == [3, 6, 9]
     assert all(len(r[f"{objective}_k"]) == 2 and "loss_k" in r and "tau" in r for r in train)

@@ -34,9 +34,9 @@ Cost. The teacher at position s is the same for every step that reads final[s], 
 are computed once per batch, for the positions some step uses, and kept in the matmul's dtype
 (bf16 under autocast) with their logsumexp (`Teacher`). The student's vocab-sized part is
 `SoftCE`, an autograd Function that walks `chunk` rows at a time and, in the same pass, makes
-the gradient `softmax(z) - p` (for tv and lk, their own gradient): its output is a sum, so backward
-only scales the saved dx [n, H] and dW [Vd, H]. No [n, Vd] fp32 tensor outlives a chunk and no logits are recomputed. On CUDA
-the per-chunk elementwise work is compiled into a few fused kernels.
+the gradient `softmax(z) - p` (for tv and lk, theirs): its output is a sum, so backward only
+scales the saved dx [n, H] and dW [Vd, H]. No [n, Vd] fp32 tensor outlives a chunk and no logits
+are recomputed. On CUDA the per-chunk elementwise work is compiled into a few fused kernels.
 
 Static form (`TTTObjective(static=True)`, train --compile-step). The same loss and counts with
 fixed shapes and no host sync: the teacher and the student rows at every position of the row,

@@ -299,7 +299,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         print(
             f"[train] {len(train_idx)} training / {len(val_idx)} validation samples; {source_summary(source, cfg)}; "
             f"drafter step {step_summary(cfg, env.device)}, TTT attention {backend}, "
-            f"autocast {'bf16' if cfg.autocast else 'off'}",
+            f"autocast {'bf16' if cfg.autocast else 'off'}" + (f", loss {meta['loss']}" if cfg.loss != "ce" else ""),
             flush=True,
         )
     log = MetricsLog(out, enabled=env.main)
