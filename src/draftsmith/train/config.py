@@ -45,6 +45,13 @@ class TrainConfig(CommandConfig, DrafterShape):
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps for linear warm-up.")
     weight_decay: float = Field(0.0, ge=0, description="Weight decay.")
     step_decay: float = Field(STEP_DECAY, gt=0, le=1, description="Loss weight of TTT step k is step_decay**k.")
+    loss: Literal["ce", "tv", "lk"] = Field(
+        "ce",
+        description="Per-position objective against the target's distribution p on the draft vocab: ce (soft cross-entropy, forward KL), tv (total variation ½Σ|p-q| = 1 - the chance that speculative sampling accepts a draft from q), or lk (LK^λ of arXiv 2602.23881: λ·KL + (1-λ)·TV with λ = exp(-η·acceptance), a blend of ce and tv; η: --lk-eta). Validation τ and the logged loss (soft CE) compare across them.",
+    )
+    lk_eta: float = Field(
+        3.0, ge=0, description="--loss lk: η of the blend weight λ = exp(-η·acceptance) (larger: TV takes over sooner)."
+    )
     loss_tokens: Literal["answers", "all"] = Field(
         "answers",
         description="Positions trained on: the answers (prepare's loss mask), or every token of each sample, the prompt's too (the target's distribution there is a teacher as well: more trained positions per row at the same cost). Validation always scores the answers.",

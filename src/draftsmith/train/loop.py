@@ -210,7 +210,7 @@ class Trainer:
             "split": "val",
             "step": self.pos.step,
             "epoch": self.pos.epoch,
-            **summarise(all_reduce_stats(stats, self.env.device), self.objective.reached_only),
+            **summarise(all_reduce_stats(stats, self.env.device), self.objective.reached_only, self.objective.loss),
         }
         if not math.isfinite(record["loss"]):  # (the same on every rank: all-reduced) nothing is published from it
             raise self.diverged(f"validation at step {self.pos.step}: the loss is {record['loss']}", mine)
@@ -368,7 +368,9 @@ class Trainer:
                     "tokens": self.pos.tokens,
                     "lr": self.optim.lr,
                     "tok_per_s": (self.pos.tokens - tokens0) / max(now - t0, 1e-9),
-                    **summarise(all_reduce_stats(pending, self.env.device), self.objective.reached_only),
+                    **summarise(
+                        all_reduce_stats(pending, self.env.device), self.objective.reached_only, self.objective.loss
+                    ),
                 }
                 self.log.write(rec)
                 pending = zero_stats(cfg.ttt)
@@ -377,6 +379,7 @@ class Trainer:
                     # (for online training, the target's capture forward)
                     progress.set(
                         loss=round(rec["loss"], 4),
+                        **{k: round(rec[k], 4) for k in (self.objective.loss,) if k in rec},  # --loss tv / lk
                         acc_0=round(rec["acc_0"], 4),
                         tau=round(rec["tau"], 3),
                         data_wait=round(self._data_wait / max(now - t_log, 1e-9), 3),

@@ -9,6 +9,15 @@ Per step k (see `ttt.py` for the alignment), over the valid positions only:
     ce_k     = Σ_t (logsumexp(z) - Σ_v p z) / n_valid_k            = -Σ_v p log softmax(z), as Σ_v p = 1
     loss     = Σ_k step_decay**k ce_k              (draft/step_weights.py; step_decay 0.8 by default)
 
+With train --loss tv or lk, ce_k gives way to another per-position objective (`_chunk_acceptance`),
+averaged and weighted the same way; q = softmax(z), α = Σ_v min(p, q) = 1 - TV(p, q) (the chance
+that speculative sampling accepts a draft from q, with p the target's probabilities on the draft vocab):
+    tv:  TV(p, q) = ½ Σ_v |p - q| = 1 - α                  (minimising it maximises expected acceptance)
+    lk:  λ KL(p‖q) + (1 - λ) TV(p, q),  λ = exp(-η·sg[α])   (LK^λ of "LK Losses", arXiv 2602.23881: a blend
+         of the soft CE's KL, which leads while α is small, and TV, which takes over as α grows; η = --lk-eta)
+KL(p‖q) = ce - H(p): the same gradient as the soft CE. The soft CE is still summed (`ce_sum`, logged
+as `loss_k`) and the objective goes to `obj_sum` (zero under ce, where ce_sum is the objective).
+
 Valid = same sample × loss_mask[t+2+k] × t2d[argmax of the target's full-vocab logits at t+1+k]
 (loss_mask: prepare's answer mask; in training with --loss-tokens all, every token of the sample).
 ce_k sums over the trained positions: every valid one, or with --ttt-positions reached only those
@@ -25,9 +34,9 @@ Cost. The teacher at position s is the same for every step that reads final[s], 
 are computed once per batch, for the positions some step uses, and kept in the matmul's dtype
 (bf16 under autocast) with their logsumexp (`Teacher`). The student's vocab-sized part is
 `SoftCE`, an autograd Function that walks `chunk` rows at a time and, in the same pass, makes
-the gradient `softmax(z) - p`: its output is a sum, so backward only scales the saved dx [n, H]
-and dW [Vd, H]. No [n, Vd] fp32 tensor outlives a chunk and no logits are recomputed. On CUDA
-the per-chunk elementwise work is compiled into a few fused kernels.
+the gradient `softmax(z) - p` (for tv and lk, theirs): its output is a sum, so backward only
+scales the saved dx [n, H] and dW [Vd, H]. No [n, Vd] fp32 tensor outlives a chunk and no logits
+are recomputed. On CUDA the per-chunk elementwise work is compiled into a few fused kernels.
 
 Static form (`TTTObjective(static=True)`, train --compile-step). The same loss and counts with
 fixed shapes and no host sync: the teacher and the student rows at every position of the row,
@@ -55,7 +64,10 @@ from draftsmith.runtime.head import OutputHead
 from draftsmith.train.ttt import shift_left, unroll, valid_steps
 from draftsmith.train.walk import walk_counts
 
-STEP_KEYS = ("ce_sum", "n_valid", "n_correct", "n_chain", "n_chain_correct")  # counted at every step's positions
+# counted at every step's positions; obj_sum: the --loss objective's sum where it is not the soft CE
+STEP_KEYS = ("ce_sum", "n_valid", "n_correct", "n_chain", "n_chain_correct", "obj_sum")
+LOSSES = ("ce", "tv", "lk")  # train --loss
+LK_ETA = 3.0  # train --lk-eta: η of LK^λ's weight exp(-η α) (speculators' default, reported as the paper's best)
 STAT_KEYS = (*STEP_KEYS, "walk_cycles", "walk_reach")
 
 
@@ -136,15 +148,56 @@ def _chunk_ce(
     return ce, z.argmax(-1), dz.to(x.dtype) if with_grad else None
 
 
+def _chunk_acceptance(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    t_logits: torch.Tensor,
+    t_lse: torch.Tensor,
+    rows: torch.Tensor,
+    with_grad: bool,
+    keep: torch.Tensor | None = None,
+    eta: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """`_chunk_ce`'s chunk for train --loss tv (`eta` None) or lk (η = `eta`), same arguments ->
+    the objective [c] fp32, ce [c] fp32 (logged), the student's argmax [c], and d objective/dz
+    [c, Vd] in the matmul dtype (or None). With g = ½ sign(q - p): dTV/dz = q (g - Σ_v q g)."""
+    z = (x @ w.T).float()  # [c, Vd] student logits
+    log_p = t_logits[rows].float() - t_lse[rows, None]  # [c, Vd] teacher log-probabilities
+    p = torch.exp(log_p)  # [c, Vd]
+    lse = torch.logsumexp(z, dim=-1)  # [c]
+    q = torch.exp(z - lse[:, None])  # [c, Vd] student probabilities
+    ce = lse - (p * z).sum(-1)  # [c]
+    tv = 0.5 * (q - p).abs().sum(-1)  # [c]: 1 - α
+    if eta is None:
+        value = tv
+    else:
+        lam = torch.exp(-eta * (1.0 - tv))  # [c]: λ = exp(-η α), a constant for the gradient (sg)
+        value = lam * (ce + (p * log_p).sum(-1)) + (1.0 - lam) * tv  # [c]: λ KL + (1 - λ) TV
+    dz = None
+    if with_grad:
+        g = 0.5 * torch.sign(q - p)  # [c, Vd]: dTV/dq
+        dz = q * (g - (q * g).sum(-1, keepdim=True))  # [c, Vd]: dTV/dz
+        if eta is not None:
+            dz = lam[:, None] * (q - p) + (1.0 - lam[:, None]) * dz  # dKL/dz = q - p
+    if keep is not None:
+        value, ce = torch.where(keep, value, 0.0), torch.where(keep, ce, 0.0)
+        dz = torch.where(keep[:, None], dz, 0.0) if with_grad else None
+    return value, ce, z.argmax(-1), dz.to(x.dtype) if with_grad else None
+
+
 @functools.cache
-def _compiled_chunk_ce():
+def _compiled(kernel: Callable) -> Callable:
     # row counts vary (the last chunk of a step, the teacher table of each batch): symbolic shapes
-    return torch.compile(_chunk_ce, dynamic=True)
+    return torch.compile(kernel, dynamic=True)
 
 
-def _chunk_kernel(device: torch.device) -> Callable:
+def _compiled_chunk_ce() -> Callable:
+    return _compiled(_chunk_ce)
+
+
+def _chunk_kernel(device: torch.device, kernel: Callable = _chunk_ce) -> Callable:
     """The chunk kernel that `device` runs: compiled on CUDA (a few fused kernels), eager elsewhere."""
-    return _compiled_chunk_ce() if device.type == "cuda" else _chunk_ce
+    return _compiled(kernel) if device.type == "cuda" else kernel
 
 
 def _soft_ce_forward(
@@ -158,19 +211,23 @@ def _soft_ce_forward(
     with_grad: bool,
     want_dw: bool,
     dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    objective: str = "ce",
+    eta: float = LK_ETA,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """SoftCE's forward pass, `chunk` rows at a time, its matmuls in `dtype` -> (Σ ce fp32 [],
-    student argmax [n], dx [n, H] (empty without `with_grad`), dW [Vd, H] in the weight's dtype
-    (empty without `want_dw`)).
+    Σ objective fp32 [] (zero for "ce", whose objective is Σ ce), student argmax [n], dx [n, H]
+    (empty without `with_grad`), dW [Vd, H] in the weight's dtype (empty without `want_dw`)), the
+    gradients those of the objective: the soft CE, or `objective` "tv" or "lk" (η = `eta`).
 
     The chunks run in one dispatch context whoever calls (SoftCE eagerly, or the compiled static
     step's op, whose first run leaves other dispatch keys on than its later ones, and which runs
     with autocast off): below autograd and ADInplaceOrView, autocast off. So the compiled chunk
     kernel's guards (the inputs' dispatch keys, the autocast state) see one context, and it
     compiles once; `dtype` comes from the caller, where autocast is known."""
-    step = _chunk_kernel(x.device)
+    step = _chunk_kernel(x.device) if objective == "ce" else _chunk_kernel(x.device, _chunk_acceptance)
     n = x.shape[0]
     total = x.new_zeros((), dtype=torch.float32)
+    obj_total = x.new_zeros((), dtype=torch.float32)
     pred = torch.empty(n, dtype=torch.long, device=x.device)
     dx = torch.zeros_like(x) if with_grad else x.new_empty(0)  # [n, H]
     dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if want_dw else None  # [Vd, H]
@@ -179,14 +236,20 @@ def _soft_ce_forward(
         for a in range(0, n, chunk):
             xc = x[a : a + chunk].to(dtype)  # [c, H]
             kc = keep[a : a + chunk] if keep is not None else None  # [c]
-            ce, top, dz = step(xc, w, t_logits, t_lse, rows[a : a + chunk], with_grad, kc)
+            if objective == "ce":
+                ce, top, dz = step(xc, w, t_logits, t_lse, rows[a : a + chunk], with_grad, kc)
+            else:
+                value, ce, top, dz = step(
+                    xc, w, t_logits, t_lse, rows[a : a + chunk], with_grad, kc, eta if objective == "lk" else None
+                )
+                obj_total += value.sum()
             total += ce.sum()
             pred[a : a + chunk] = top
             if with_grad:
                 dx[a : a + chunk] = dz @ w  # [c, H]
                 if want_dw:
                     dw += dz.T @ xc  # [Vd, H]
-    return total, pred, dx, dw.to(weight.dtype) if want_dw else weight.new_empty(0)
+    return total, obj_total, pred, dx, dw.to(weight.dtype) if want_dw else weight.new_empty(0)
 
 
 # `_soft_ce_forward` as one opaque op, for a region that torch.compile traces (the static step).
@@ -198,8 +261,9 @@ _soft_ce_op = torch.library.custom_op("draftsmith::soft_ce", _soft_ce_forward, m
 
 
 @_soft_ce_op.register_fake
-def _(x, weight, t_logits, t_lse, rows, keep, chunk, with_grad, want_dw, dtype):
+def _(x, weight, t_logits, t_lse, rows, keep, chunk, with_grad, want_dw, dtype, objective="ce", eta=LK_ETA):
     return (
+        x.new_empty((), dtype=torch.float32),
         x.new_empty((), dtype=torch.float32),
         x.new_empty(x.shape[0], dtype=torch.long),
         x.new_empty(x.shape if with_grad else (0,)),
@@ -210,7 +274,9 @@ def _(x, weight, t_logits, t_lse, rows, keep, chunk, with_grad, want_dw, dtype):
 class SoftCE(torch.autograd.Function):
     """Σ soft-CE of the student rows x [n, H] (normed drafter outputs) through the lm_head
     `weight` [Vd, H], against the teacher rows `rows` [n] of (t_logits [m, Vd], t_lse [m]),
-    `chunk` rows at a time -> (Σ ce fp32, student argmax [n]).
+    `chunk` rows at a time -> (Σ ce fp32, Σ objective fp32, student argmax [n]). The objective
+    differentiated is the soft CE (`objective` "ce"; Σ objective is then zero), or "tv" or "lk"
+    (η = `eta`; Σ ce is then only counted, not differentiated).
 
     Matmuls run in the autocast dtype when autocast is on (as `lm_head` would under autocast:
     bf16 products, then fp32 logits; dW summed over chunks in fp32), in the weight's dtype
@@ -229,20 +295,26 @@ class SoftCE(torch.autograd.Function):
         keep: torch.Tensor | None,
         chunk: int,
         with_grad: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        objective: str = "ce",
+        eta: float = LK_ETA,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         want_dw = with_grad and ctx.needs_input_grad[1]  # not for a frozen lm_head
         run = _soft_ce_op if torch.compiler.is_compiling() else _soft_ce_forward
         dtype = matmul_dtype(x.device, weight.dtype)  # here, where autocast is on if the step runs under it
-        total, pred, dx, dw = run(x, weight, t_logits, t_lse, rows, keep, chunk, with_grad, want_dw, dtype)
+        total, obj_total, pred, dx, dw = run(
+            x, weight, t_logits, t_lse, rows, keep, chunk, with_grad, want_dw, dtype, objective, eta
+        )
         if with_grad:
             ctx.save_for_backward(dx, dw if want_dw else None)
-        ctx.mark_non_differentiable(pred)
-        return total, pred
+        ctx.ce = objective == "ce"
+        ctx.mark_non_differentiable(obj_total if ctx.ce else total, pred)
+        return total, obj_total, pred
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor, _pred_grad: torch.Tensor) -> tuple:
+    def backward(ctx, grad_ce: torch.Tensor, grad_obj: torch.Tensor, _pred_grad: torch.Tensor) -> tuple:
         dx, dw = ctx.saved_tensors
-        return grad * dx, (grad * dw if dw is not None else None), None, None, None, None, None, None
+        grad = grad_ce if ctx.ce else grad_obj
+        return grad * dx, (grad * dw if dw is not None else None), *[None] * 8
 
 
 def soft_ce(
@@ -252,11 +324,15 @@ def soft_ce(
     rows: torch.Tensor,
     chunk: int,
     keep: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    objective: str = "ce",
+    eta: float = LK_ETA,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Chunked soft CE of student rows x [n, H] against teacher rows `rows` [n] -> (Σ ce over the
-    rows `keep` [n] sets, or all; student argmax [n]). An empty step still goes through `SoftCE`
-    (zero gradients): DDP needs every parameter used."""
-    return SoftCE.apply(x, weight, teacher.logits, teacher.lse, rows, keep, chunk, torch.is_grad_enabled())
+    rows `keep` [n] sets, or all; Σ `objective` over them (zero for "ce"); student argmax [n]).
+    An empty step still goes through `SoftCE` (zero gradients): DDP needs every parameter used."""
+    return SoftCE.apply(
+        x, weight, teacher.logits, teacher.lse, rows, keep, chunk, torch.is_grad_enabled(), objective, eta
+    )
 
 
 def noisy(aux: torch.Tensor, n_aux: int, scale: float) -> torch.Tensor:
@@ -299,11 +375,15 @@ class TTTObjective(nn.Module):
         all_tokens: bool = False,
         reached_only: bool = False,
         teacher_temperature: float = 1.0,
+        loss: str = "ce",
+        lk_eta: float = LK_ETA,
     ) -> None:
         super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"loss {loss!r}: one of {', '.join(LOSSES)}")
         self.drafter, self.ttt, self.backend, self.chunk, self.step_decay = drafter, ttt, backend, chunk, step_decay
         self.aux_noise, self.static, self.all_tokens, self.reached_only = aux_noise, static, all_tokens, reached_only
-        self.teacher_temperature = teacher_temperature
+        self.teacher_temperature, self.loss, self.lk_eta = teacher_temperature, loss, lk_eta
         draft_ids = torch.arange(drafter.d2t.numel(), device=drafter.d2t.device) + drafter.d2t  # [Vd] target ids
         self.head = head
         self.draft_head = head.rows(draft_ids.to(head.weight.device))  # [Vd] outputs
@@ -377,14 +457,21 @@ class TTTObjective(nn.Module):
 
         def score(
             k: int, out: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
-        ) -> tuple[torch.Tensor, torch.Tensor]:
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             rows = torch.roll(slot, -(1 + k), dims=1)[v]  # [n]: the table rows of final[t+1+k]
-            ce_sum, pred = soft_ce(
-                d.norm(out[v]), d.lm_head.weight, teacher, rows, self.chunk, keep=keep[v] if keep is not None else None
+            ce_sum, obj_sum, pred = soft_ce(
+                d.norm(out[v]),
+                d.lm_head.weight,
+                teacher,
+                rows,
+                self.chunk,
+                keep=keep[v] if keep is not None else None,
+                objective=self.loss,
+                eta=self.lk_eta,
             )
             hit = torch.zeros_like(v)  # [B, T]
             hit[v] = pred == teacher.top[rows]
-            return ce_sum, hit
+            return ce_sum, obj_sum, hit
 
         return self.unrolled(ids, doc, pos, aux, valid, score)
 
@@ -431,18 +518,20 @@ class TTTObjective(nn.Module):
 
         def score(
             k: int, out: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
-        ) -> tuple[torch.Tensor, torch.Tensor]:
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             # the table row of final[t+1+k]; where v is False (the last 1+k positions among them), any row
             rows = (flat + 1 + k).clamp(max=b * t - 1)  # [B*T]
-            ce_sum, pred = soft_ce(
+            ce_sum, obj_sum, pred = soft_ce(
                 d.norm(out).flatten(0, 1),
                 d.lm_head.weight,
                 teacher,
                 rows,
                 self.chunk,
                 keep=(keep if keep is not None else v).flatten(),
+                objective=self.loss,
+                eta=self.lk_eta,
             )  # pred [B*T]
-            return ce_sum, v & (pred == teacher.top[rows]).view(b, t)  # hit [B, T]
+            return ce_sum, obj_sum, v & (pred == teacher.top[rows]).view(b, t)  # hit [B, T]
 
         return self.unrolled(ids, doc, pos, aux, valid, score)
 
@@ -453,11 +542,14 @@ class TTTObjective(nn.Module):
         pos: torch.Tensor,
         aux: torch.Tensor,
         valid: torch.Tensor,
-        score: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]],
+        score: Callable[
+            [int, torch.Tensor, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+        ],
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The unroll, the weighted loss and the counts, given aux in the drafter's dtype, valid
         [K, B, T] and `score`(k, out_k [B, T, H], valid[k], keep [B, T] ⊆ valid[k] or None: all
-        of it) -> (Σ ce over keep, hit [B, T]: valid and the argmaxes agree)."""
+        of it) -> (Σ ce over keep, Σ the --loss objective over keep (zero for ce), hit [B, T]:
+        valid and the argmaxes agree)."""
         d = self.drafter
         hidden0 = d.project(aux)  # [B, T, H]
         chain = torch.ones_like(valid[0])  # [B, T]: steps so far all valid and correct
@@ -469,10 +561,12 @@ class TTTObjective(nn.Module):
             v = valid[k]
             reached = chain & v  # [B, T]: the positions a greedy chain reaches at step k
             keep = reached if self.reached_only else None  # the positions trained on; None: all of v
-            ce_sum, hit = score(k, out, v, keep)
+            ce_sum, obj_sum, hit = score(k, out, v, keep)
             n_valid, n_chain = v.sum(), reached.sum()
-            loss = loss + weights[k] * ce_sum / (n_chain if self.reached_only else n_valid).clamp(min=1)
+            trained = ce_sum if self.loss == "ce" else obj_sum
+            loss = loss + weights[k] * trained / (n_chain if self.reached_only else n_valid).clamp(min=1)
             stats["ce_sum"].append(ce_sum.detach())
+            stats["obj_sum"].append(obj_sum.detach())
             stats["n_valid"].append(n_valid)
             stats["n_correct"].append(hit.sum())
             stats["n_chain"].append(n_chain)

@@ -8,6 +8,8 @@
     walk_accept_k, tau_walk   validation only: the answers walked cycle by cycle as decoding
                 walks them (walk.py); accepted drafts per cycle at position k, and 1 + their sum
                 (tokens per target call, what `draftsmith eval` measures, on this split)
+    tv, tv_k / lk, lk_k   train --loss tv / lk: the objective trained on, under its name, per
+                step and weighted as loss (which stays the soft CE, comparable across runs)
 
 A record: {"split": "train"|"val", "step", "epoch", "tokens", "lr", "loss", "loss_k": [..],
 "acc_k": [..], "cond_acc_k": [..], "tau", "acc_0", ...}.
@@ -23,9 +25,10 @@ import torch
 
 from draftsmith.draft.step_weights import step_weights
 from draftsmith.fsutil import append_line, atomic_write_text
-from draftsmith.train.loss import STAT_KEYS
+from draftsmith.train.loss import LOSSES, STAT_KEYS
 
 METRICS_FILE, PLOT_FILE = "metrics.jsonl", "metrics.png"
+OBJECTIVES = tuple(loss for loss in LOSSES if loss != "ce")  # logged under their names besides the soft CE
 
 
 def zero_stats(ttt: int) -> dict[str, torch.Tensor]:
@@ -46,13 +49,14 @@ def simulated_tau(cond_acc: list[float]) -> float:
     return tau
 
 
-def summarise(stats: dict[str, torch.Tensor], reached_only: bool = False) -> dict[str, Any]:
+def summarise(stats: dict[str, torch.Tensor], reached_only: bool = False, loss: str = "ce") -> dict[str, Any]:
     """Counts summed over some batches -> the metric record (without step/split fields).
-    `reached_only` (train --ttt-positions reached): ce_sum covers the reached positions, n_chain."""
+    `reached_only` (train --ttt-positions reached): ce_sum covers the reached positions, n_chain.
+    `loss` (train --loss) other than ce: its objective (obj_sum) as well, under its name
+    (`tv`, `tv_k` or `lk`, `lk_k`), averaged and weighted as `loss` and `loss_k` are."""
     n = stats["n_valid"].clamp(min=1)
-    loss_k = (
-        stats["ce_sum"] / (stats["n_chain"] if reached_only else stats["n_valid"]).clamp(min=1)
-    ).tolist()  # per trained position
+    trained = (stats["n_chain"] if reached_only else stats["n_valid"]).clamp(min=1)
+    loss_k = (stats["ce_sum"] / trained).tolist()  # per trained position
     acc_k = (stats["n_correct"] / n).tolist()
     cond_k = (stats["n_chain_correct"] / stats["n_chain"].clamp(min=1)).tolist()
     record = {
@@ -64,6 +68,11 @@ def summarise(stats: dict[str, torch.Tensor], reached_only: bool = False) -> dic
         "acc_0": acc_k[0],
         "valid_tokens": int(stats["n_valid"][0]),
     }
+    if loss != "ce":
+        obj_k = (stats["obj_sum"] / trained).tolist()
+        record.update(
+            {loss: sum(w * v for w, v in zip(step_weights(len(obj_k)), obj_k, strict=True)), f"{loss}_k": obj_k}
+        )
     if stats["walk_cycles"][0] > 0:
         walk_k = (stats["walk_reach"] / stats["walk_cycles"]).tolist()
         record.update(walk_accept_k=walk_k, tau_walk=1.0 + sum(walk_k))
@@ -87,11 +96,11 @@ class MetricsLog:
             return
         append_line(self.path, json.dumps(record))
         split, step = record["split"], record["step"]
-        for key in ("loss", "tau", "lr", "tok_per_s"):
+        for key in ("loss", "tau", "lr", "tok_per_s", *OBJECTIVES):
             if key in record:
                 self.tb.add_scalar(f"{split}/{key}", record[key], step)
-        for key in ("loss_k", "acc_k", "cond_acc_k"):
-            for k, v in enumerate(record[key]):
+        for key in ("loss_k", "acc_k", "cond_acc_k", *(f"{o}_k" for o in OBJECTIVES)):
+            for k, v in enumerate(record.get(key, ())):
                 self.tb.add_scalar(f"{split}/{key.removesuffix('_k')}_{k}", v, step)
         self.tb.flush()
 

@@ -280,6 +280,8 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         all_tokens=cfg.loss_tokens == "all",
         reached_only=cfg.ttt_positions == "reached",
         teacher_temperature=cfg.teacher_temperature,
+        loss=cfg.loss,
+        lk_eta=cfg.lk_eta,
     )
     meta = {
         "target": target.info.to_dict(),
@@ -287,6 +289,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         "data": str(cfg.dataset_dir),
         "hidden": str(cfg.hidden) if cfg.hidden else None,
         "ttt": cfg.ttt,
+        "loss": cfg.loss if cfg.loss != "lk" else f"lk (eta {cfg.lk_eta:g})",
         "train_samples": len(train_idx),
         "val_samples": len(val_idx),
     }
@@ -296,7 +299,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         print(
             f"[train] {len(train_idx)} training / {len(val_idx)} validation samples; {source_summary(source, cfg)}; "
             f"drafter step {step_summary(cfg, env.device)}, TTT attention {backend}, "
-            f"autocast {'bf16' if cfg.autocast else 'off'}",
+            f"autocast {'bf16' if cfg.autocast else 'off'}" + (f", loss {meta['loss']}" if cfg.loss != "ce" else ""),
             flush=True,
         )
     log = MetricsLog(out, enabled=env.main)
