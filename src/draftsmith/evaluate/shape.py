@@ -17,9 +17,8 @@ shape's own measured tokens per call on the calibration prompts.
 
 The calibration prompts are the first turns of a few of the run's questions, spread evenly over
 its list (question files are often sorted by category), each decoded to the run's own length
-per turn (acceptance changes along an answer: on the H200 run of 2026-12-01 the first 64 tokens
-of two first turns read τ 2.06 where the run measured 3.56). Their answers are not part of the
-reported figures, which come from the full run with the chosen shape.
+per turn (acceptance changes along an answer: experiments/LOG.md 2026-12-01 10:00). Their
+answers are not part of the reported figures, which come from the full run with the chosen shape.
 """
 
 from __future__ import annotations
