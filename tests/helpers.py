@@ -1,13 +1,15 @@
 """Helpers shared by the tests (the fixtures are in conftest.py): tiny models, drafters and
-datasets built in-process, and hand-built third-party checkpoint folders. Test modules import
-these, never each other."""
+datasets built in-process, hand-built third-party checkpoint folders, and the CLI run in-process
+(`cli`, `cli_ok`, `cli_refused`, `failed`, `write_jsonl`, `write_chats`, `tiny_train_args`). Test modules import these, never each other."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,6 +21,9 @@ from draftsmith.data.vocab import build_vocab
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.layers import default_aux_layers
 from draftsmith.target import decoder_layers, embed_weight, text_config
+
+if TYPE_CHECKING:
+    from typer.testing import Result
 
 ASSETS = Path(__file__).parent / "assets"
 SMOLLM2 = os.environ.get(
@@ -354,3 +359,70 @@ def write_dataset_and_store(tmp_path: Path, target, convs=None) -> tuple[Path, P
             )
         )
     return ds, store
+
+
+def cli(*args: object) -> Result:
+    """`draftsmith ARGS` run in-process; whatever its exit code, it must end without a traceback."""
+    from typer.testing import CliRunner
+
+    from draftsmith.cli import app
+
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    assert r.exception is None or isinstance(r.exception, SystemExit), f"traceback: {r.exception!r}\n{r.output}"
+    assert "Traceback" not in r.output
+    return r
+
+
+def failed(r: Result, code: int, *messages: str) -> None:
+    """`r` exited with `code` and a clean `error:` line that says each of `messages`."""
+    assert r.exit_code == code and "error:" in r.output, r.output
+    for m in messages:
+        assert m in r.output, r.output
+
+
+def write_jsonl(path: Path, rows: Iterable[object]) -> Path:
+    """One line a row: a dict as JSON, a string as it is (to write broken lines); folders made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def write_exchanges(path: Path, exchanges: Iterable[tuple[str, str]]) -> Path:
+    """A conversations file (OpenAI `messages`), one (user, assistant) exchange a line."""
+    return write_jsonl(
+        path,
+        ({"messages": [{"role": "user", "content": u}, {"role": "assistant", "content": a}]} for u, a in exchanges),
+    )
+
+
+def cli_ok(*args: object) -> str:
+    """`draftsmith ARGS` in-process, which must succeed; its output."""
+    r = cli(*args)
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def cli_refused(*args: object) -> str:
+    """`draftsmith ARGS` in-process, which must be refused as bad input (exit 2, `error:`); its output."""
+    r = cli(*args)
+    failed(r, 2)
+    return r.output
+
+
+def write_chats(path: Path, words: Iterable[object]) -> Path:
+    """One short exchange per word: "Say w." / "w w w."."""
+    return write_exchanges(path, ((f"Say {w}.", f"{w} {w} {w}.") for w in words))
+
+
+def tiny_train_args(ds: Path, target: Path, out: Path, *extra: object) -> list[object]:
+    """`train` on CPU in batches of 64 tokens with no validation split: seconds on the tiny target."""
+    options = ("--device", "cpu", "--batch-tokens", "64", "--val-fraction", "0")
+    return ["train", ds, "--target", target, "--out", out, *options, *extra]
+
+
+def prepared_chats(root: Path, target: Path) -> tuple[Path, Path]:
+    """Four short exchanges in `root/chats.jsonl`, prepared for `target` into `root/ds`."""
+    chats = write_chats(root / "chats.jsonl", ("one", "two", "three", "four"))
+    r = cli("prepare", chats, "--target", target, "--out", root / "ds")
+    assert r.exit_code == 0, r.output
+    return chats, root / "ds"

@@ -1,26 +1,18 @@
 """A converted copy of a GGUF target, so that only the first command pays for reading the GGUF.
 
-transformers reads a GGUF by parsing the whole file three times (config, tokenizer, weights)
-and de-quantising it: 20-25 s per process for the embedded default's 98 MB on a 2-core VM,
-against under a second for the same model as a Hugging Face folder. The first load of a GGUF
-therefore writes that folder, and later loads read it:
+transformers parses a GGUF three times (config, tokenizer, weights) and de-quantises it, many
+times slower than reading a Hugging Face folder (experiments/LOG.md, CPU figures: loading the
+embedded default). The first load of a GGUF therefore writes that folder, and later loads read it:
 
     <cache>/<gguf stem>-<key>/tokenizer/   the tokenizer as the GGUF gives it (before any
                                            --chat-template override), written by any load
     <cache>/<gguf stem>-<key>/model/       config.json + model.safetensors in float32, the
-                                           de-quantised values themselves; written only by a
-                                           float32 load (a bf16 copy would not be them)
+                                           de-quantised values; written only by a float32 load
 
-`key` hashes the GGUF's absolute path, size and modification time and the transformers version
-(its GGUF conversion defines the result) and the copy's FORMAT, so a changed file, transformers
-or layout gets a new copy.
-Each part is written to a temporary folder and renamed into place, so a reader sees a whole
-part or none; two processes converting at once both succeed and one copy stays. A failed
-write (a full disk, a read-only home) only says so: the load it follows has succeeded.
-
-Where: `$DRAFTSMITH_CACHE` (`off` turns the cache off), else `$XDG_CACHE_HOME/draftsmith`,
-else `~/.cache/draftsmith`. The target's identity in stores and drafters (`TargetInfo`) is
-always the GGUF's, whichever copy was read.
+`key` hashes the GGUF's absolute path, size and modification time, the transformers version and
+the copy's FORMAT. Writes are atomic per part and never fail a load (docs/reliability.md).
+Where: `$DRAFTSMITH_CACHE` (`off` turns the cache off), else `$XDG_CACHE_HOME/draftsmith`, else
+`~/.cache/draftsmith`. The target's identity (`TargetInfo`) is always the GGUF's.
 """
 
 from __future__ import annotations

@@ -19,11 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
-from draftsmith.cli import app
 from draftsmith.draft.checkpoint import save_drafter
-from tests.helpers import make_tiny_drafter
+from tests.helpers import cli, failed, make_tiny_drafter, prepared_chats
 
 
 @dataclass
@@ -461,24 +459,7 @@ PROBES = [
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("bad-inputs")
-    chats = root / "chats.jsonl"
-    chats.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "messages": [
-                        {"role": "user", "content": f"Say {w}."},
-                        {"role": "assistant", "content": f"{w} {w} {w}."},
-                    ]
-                }
-            )
-            + "\n"
-            for w in ("one", "two", "three", "four")
-        )
-    )
-    r = CliRunner().invoke(app, ["prepare", str(chats), "--target", str(tiny_target_dir), "--out", str(root / "ds")])
-    assert r.exit_code == 0, r.output
-    return chats, root / "ds"
+    return prepared_chats(root, tiny_target_dir)
 
 
 @pytest.mark.parametrize("probe", PROBES, ids=[p.name for p in PROBES])
@@ -491,10 +472,7 @@ def test_bad_input(
     args = [str(a) for a in probe.args(env)]
     if probe.patch:
         probe.patch(monkeypatch)
-    r = CliRunner().invoke(app, args)
-    assert r.exception is None or isinstance(r.exception, SystemExit), f"traceback: {r.exception!r}\n{r.output}"
-    assert r.exit_code == probe.code, r.output
-    assert "error:" in r.output and probe.message in r.output, r.output
-    assert "Traceback" not in r.output
+    r = cli(*args)
+    failed(r, probe.code, probe.message)
     if probe.code == 2:
         assert not env.out.exists() or env.out.is_dir() and set(os.listdir(env.out)) <= {"progress.json"}

@@ -22,24 +22,18 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
-from draftsmith.cli import app
 from draftsmith.draft.checkpoint import save_drafter
-from tests.helpers import make_tiny_drafter, random_drafter
-
-
-def cli(*args: object) -> Result:
-    r = CliRunner().invoke(app, [str(a) for a in args])
-    assert r.exception is None or isinstance(r.exception, SystemExit), f"traceback: {r.exception!r}\n{r.output}"
-    assert "Traceback" not in r.output
-    return r
-
-
-def failed(r: Result, code: int, *messages: str) -> None:
-    assert r.exit_code == code and "error:" in r.output, r.output
-    for m in messages:
-        assert m in r.output, r.output
+from tests.helpers import (
+    cli,
+    failed,
+    make_tiny_drafter,
+    prepared_chats,
+    random_drafter,
+    tiny_train_args,
+    write_exchanges,
+)
 
 
 @contextlib.contextmanager
@@ -75,45 +69,13 @@ def leftovers(folder: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path) -> Path:
     root = tmp_path_factory.mktemp("failures")
-    chats = root / "chats.jsonl"
-    chats.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "messages": [
-                        {"role": "user", "content": f"Say {w}."},
-                        {"role": "assistant", "content": f"{w} {w} {w}."},
-                    ]
-                }
-            )
-            + "\n"
-            for w in ("one", "two", "three", "four")
-        )
-    )
-    r = cli("prepare", chats, "--target", tiny_target_dir, "--out", root / "ds")
-    assert r.exit_code == 0, r.output
-    return root / "ds"
+    return prepared_chats(root, tiny_target_dir)[1]
 
 
 def train(ds: Path, target: Path, out: Path, *extra: object) -> Result:
     """A tiny run; a draft vocab of 300 keeps its checkpoints small (a drafter is ~13 MB: the target's embeddings)."""
     vocab = () if "--draft-vocab-size" in extra else ("--draft-vocab-size", "300")
-    return cli(
-        "train",
-        ds,
-        "--target",
-        target,
-        "--out",
-        out,
-        "--device",
-        "cpu",
-        "--batch-tokens",
-        "64",
-        "--val-fraction",
-        "0",
-        *vocab,
-        *extra,
-    )
+    return cli(*tiny_train_args(ds, target, out, *vocab, *extra))
 
 
 # -- 1. nothing non-finite is published ----------------------------------------------------------
@@ -270,21 +232,8 @@ def test_train_on_a_full_disk_exits_4_and_resumes(ds: Path, tiny_target_dir: Pat
 def test_prepare_and_vocab_at_the_file_size_limit_name_the_file_and_keep_nothing(
     command: str, ds: Path, tiny_target_dir: Path, tmp_path: Path
 ) -> None:
-    chats = tmp_path / "chats.jsonl"
-    chats.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "messages": [
-                        {"role": "user", "content": f"Count from {i}."},
-                        {"role": "assistant", "content": f"{i}, {i * 7 + 1}, {i * 13 + 2}."},
-                    ]
-                }
-            )
-            + "\n"
-            for i in range(300)
-        )
-    )  # ~10 KB of parquet, even compressed
+    exchanges = ((f"Count from {i}.", f"{i}, {i * 7 + 1}, {i * 13 + 2}.") for i in range(300))
+    chats = write_exchanges(tmp_path / "chats.jsonl", exchanges)  # ~10 KB of parquet, even compressed
     out = tmp_path / ("ds" if command == "prepare" else "v.safetensors")
     args = ["prepare", chats, "--target", tiny_target_dir] if command == "prepare" else ["vocab", ds]
     with file_size_limit(2000):

@@ -22,35 +22,20 @@ from typer.testing import CliRunner
 from draftsmith.cli import app
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.fsutil import MADE_FILE
-from tests.helpers import make_tiny_drafter
+from tests.helpers import cli, failed, make_tiny_drafter, tiny_train_args, write_chats
 
 
 def chats(path: Path, n: int, start: int = 0) -> Path:
-    path.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "messages": [
-                        {"role": "user", "content": f"Say {i}."},
-                        {"role": "assistant", "content": f"{i} {i} {i}."},
-                    ]
-                }
-            )
-            + "\n"
-            for i in range(start, start + n)
-        )
-    )
-    return path
+    return write_chats(path, range(start, start + n))
 
 
-def cli(*args: object, code: int = 0, says: str = "") -> str:
-    r = CliRunner().invoke(app, [str(a) for a in args])
-    assert r.exception is None or isinstance(r.exception, SystemExit), f"traceback: {r.exception!r}\n{r.output}"
-    assert r.exit_code == code, r.output
-    assert says in r.output, r.output
-    assert "Traceback" not in r.output
+def run_cli(*args: object, code: int = 0, says: str = "") -> str:
+    """The command's output; it exits with `code` (and a clean `error:` when not 0) and says `says`."""
+    r = cli(*args)
     if code:
-        assert "error:" in r.output
+        failed(r, code, says)
+    else:
+        assert r.exit_code == 0 and says in r.output, r.output
     return r.output
 
 
@@ -76,7 +61,7 @@ def test_prepare_out_dot_overwrite_keeps_the_current_folder(tmp_path, tiny_targe
     monkeypatch.chdir(tmp_path)
     chats(tmp_path / "conv.jsonl", 3)
     before = tree(tmp_path)
-    cli(
+    run_cli(
         "prepare",
         "conv.jsonl",
         "--target",
@@ -94,7 +79,7 @@ def test_prepare_out_dot_overwrite_keeps_the_current_folder(tmp_path, tiny_targe
 def test_out_root_or_home_is_refused(tmp_path, tiny_target_dir, out, no_rmtree):
     conv = chats(tmp_path / "conv.jsonl", 3)
     out = os.path.expanduser(out)
-    cli(
+    run_cli(
         "prepare",
         conv,
         "--target",
@@ -111,7 +96,7 @@ def test_prepare_out_holding_its_input_is_refused(tmp_path, tiny_target_dir):
     data = tmp_path / "sb1" / "data"
     data.mkdir(parents=True)
     conv = chats(data / "conv.jsonl", 3)
-    cli(
+    run_cli(
         "prepare",
         conv,
         "--target",
@@ -131,7 +116,7 @@ def test_export_into_the_training_run_it_exports_is_refused(tmp_path):
     (run / "checkpoints" / "step_00000002").mkdir(parents=True)
     (run / "metrics.jsonl").write_text("{}\n")
     before = tree(run)
-    cli(
+    run_cli(
         "export",
         run / "drafter",
         "--out",
@@ -140,7 +125,7 @@ def test_export_into_the_training_run_it_exports_is_refused(tmp_path):
         code=2,
         says=f"holds this command's input {run / 'drafter'}",
     )
-    cli(
+    run_cli(
         "export",
         run / "drafter",
         "--out",
@@ -151,7 +136,7 @@ def test_export_into_the_training_run_it_exports_is_refused(tmp_path):
     )
     assert tree(run) == before
     (run / MADE_FILE).write_text(json.dumps({"command": "train"}))  # as train marks its run
-    cli(
+    run_cli(
         "export",
         run / "drafter",
         "--out",
@@ -166,14 +151,14 @@ def test_overwrite_replaces_only_the_same_commands_output(tmp_path, tiny_target_
     """prepare's own output is replaced (moved aside, deleted once the new one is in place: no
     temporary folder left); export --overwrite of that dataset is refused."""
     conv, ds = chats(tmp_path / "conv.jsonl", 3), tmp_path / "ds"
-    cli("prepare", conv, "--target", tiny_target_dir, "--out", ds)
+    run_cli("prepare", conv, "--target", tiny_target_dir, "--out", ds)
     assert json.loads((ds / MADE_FILE).read_text()) == {"command": "prepare"}
     chats(conv, 5)
-    cli("prepare", conv, "--target", tiny_target_dir, "--out", ds, "--overwrite")
+    run_cli("prepare", conv, "--target", tiny_target_dir, "--out", ds, "--overwrite")
     assert json.loads((ds / "dataset.json").read_text())["num_samples"] == 5
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conv.jsonl", "ds"]
     drafter = save_drafter(make_tiny_drafter(), tmp_path / "drafter")
-    cli(
+    run_cli(
         "export",
         drafter,
         "--out",
@@ -188,7 +173,7 @@ def test_overwrite_replaces_only_the_same_commands_output(tmp_path, tiny_target_
 def test_a_dangling_symlink_out_is_written_at_its_real_path(tmp_path, tiny_target_dir):
     conv, link, real = chats(tmp_path / "conv.jsonl", 3), tmp_path / "ds", tmp_path / "elsewhere" / "ds"
     link.symlink_to(real)
-    cli("prepare", conv, "--target", tiny_target_dir, "--out", link)
+    run_cli("prepare", conv, "--target", tiny_target_dir, "--out", link)
     assert (real / "data.parquet").exists() and link.is_symlink()
 
 
@@ -203,7 +188,7 @@ def test_pipeline_top_level_overwrite_keeps_a_foreign_folder(tmp_path, tiny_targ
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "NOTES.txt").write_text("x\n")
-    cli(
+    run_cli(
         "pipeline",
         pipeline(tmp_path, tiny_target_dir, top="overwrite: true\n", stage=f", out: {foreign}"),
         code=2,
@@ -214,7 +199,7 @@ def test_pipeline_top_level_overwrite_keeps_a_foreign_folder(tmp_path, tiny_targ
 
 def test_pipeline_stage_out_outside_its_folder_is_refused(tmp_path, tiny_target_dir, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cli(
+    run_cli(
         "pipeline",
         pipeline(tmp_path, tiny_target_dir, stage=", out: ../../x"),
         code=2,
@@ -229,66 +214,48 @@ def test_pipeline_stage_out_outside_its_folder_is_refused(tmp_path, tiny_target_
 def test_pipeline_reruns_prepare_when_its_input_file_grew(tmp_path, tiny_target_dir):
     conv = chats(tmp_path / "conv.jsonl", 20)
     pipe = pipeline(tmp_path, tiny_target_dir, data=conv)
-    cli("pipeline", pipe)
-    assert "done earlier, skipped" in cli("pipeline", pipe)
+    run_cli("pipeline", pipe)
+    assert "done earlier, skipped" in run_cli("pipeline", pipe)
     chats(conv, 60)
-    cli("pipeline", pipe, says=f"prepare: changed since it ran (input {conv} changed): running it again")
+    run_cli("pipeline", pipe, says=f"prepare: changed since it ran (input {conv} changed): running it again")
     assert json.loads((tmp_path / "run" / "prepare" / "dataset.json").read_text())["num_samples"] == 60
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path) -> Path:
     root = tmp_path_factory.mktemp("bad-outputs")
-    cli("prepare", chats(root / "conv.jsonl", 4), "--target", tiny_target_dir, "--out", root / "ds")
+    run_cli("prepare", chats(root / "conv.jsonl", 4), "--target", tiny_target_dir, "--out", root / "ds")
     return root / "ds"
 
 
 def train(ds: Path, target: Path, out: Path, *extra: object) -> list[object]:
-    return [
-        "train",
-        ds,
-        "--target",
-        target,
-        "--out",
-        out,
-        "--device",
-        "cpu",
-        "--steps",
-        "2",
-        "--ttt",
-        "1",
-        "--batch-tokens",
-        "64",
-        "--val-fraction",
-        "0",
-        "--save-every",
-        "1",
-        *extra,
-    ]
+    return tiny_train_args(ds, target, out, "--steps", "2", "--ttt", "1", "--save-every", "1", *extra)
 
 
 def test_train_resume_with_other_options_is_refused_and_keeps_run_yaml(tmp_path, dataset, tiny_target_dir):
     out = tmp_path / "train"
-    cli(*train(dataset, tiny_target_dir, out))
+    run_cli(*train(dataset, tiny_target_dir, out))
     record = (out / "run.yaml").read_text()
-    cli(
+    run_cli(
         *train(dataset, tiny_target_dir, out, "--resume", "--lr", "0.01"),
         code=2,
         says=f"--resume: {out} was made with other options: --lr 0.01 (the run's: 0.002)",
     )
     assert (out / "run.yaml").read_text() == record
-    cli(*train(dataset, tiny_target_dir, out, "--resume"), says=f"{out} finished at step 2 already; nothing to train")
+    run_cli(
+        *train(dataset, tiny_target_dir, out, "--resume"), says=f"{out} finished at step 2 already; nothing to train"
+    )
     assert (out / "run.yaml").read_text() == record  # the command line differs: a rewrite would show
     # the record stands for the options not given: no need to repeat them
-    cli("train", dataset, "--target", tiny_target_dir, "--out", out, "--resume", says="nothing to train")
+    run_cli("train", dataset, "--target", tiny_target_dir, "--out", out, "--resume", says="nothing to train")
 
 
 def test_train_resume_falls_back_from_a_torn_newest_checkpoint(tmp_path, dataset, tiny_target_dir):
     out = tmp_path / "train"
-    cli(*train(dataset, tiny_target_dir, out))
+    run_cli(*train(dataset, tiny_target_dir, out))
     newest = out / "checkpoints" / "step_00000002" / "model.safetensors"
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
-    said = cli(
+    said = run_cli(
         *train(dataset, tiny_target_dir, out, "--resume"),
         says=f"[train] --resume: {newest}: not a readable safetensors file",
     )
@@ -321,13 +288,13 @@ def synth(prompts: Path, target: Path, out: Path, *extra: object) -> list[object
 def test_synth_out_equal_to_its_prompts_is_refused(tmp_path, tiny_target_dir):
     prompts = chats(tmp_path / "p.jsonl", 2)
     before = prompts.read_text()
-    cli(*synth(prompts, tiny_target_dir, prompts), code=2, says=f"--out {prompts} is this command's input")
+    run_cli(*synth(prompts, tiny_target_dir, prompts), code=2, says=f"--out {prompts} is this command's input")
     assert prompts.read_text() == before
 
 
 def test_synth_counts_prompts_answered_under_another_file_name(tmp_path, tiny_target_dir):
     out, first = tmp_path / "out" / "c.jsonl", chats(tmp_path / "p.jsonl", 3)
-    cli(*synth(first, tiny_target_dir, out, "--keep-unfinished"))
+    run_cli(*synth(first, tiny_target_dir, out, "--keep-unfinished"))
     again = shutil.copy(first, tmp_path / "q.jsonl")
     r = CliRunner().invoke(app, [str(a) for a in synth(again, tiny_target_dir, out, "--keep-unfinished")])
     assert r.exit_code == 0 and "duplicate prompts skipped 3" in r.output, r.output
@@ -336,6 +303,6 @@ def test_synth_counts_prompts_answered_under_another_file_name(tmp_path, tiny_ta
 
 def test_synth_follows_its_own_advice_after_every_answer_was_dropped(tmp_path, tiny_target_dir):
     out, prompts = tmp_path / "out" / "c.jsonl", chats(tmp_path / "p.jsonl", 2)
-    cli(*synth(prompts, tiny_target_dir, out), code=2, says="pass --keep-unfinished")
-    cli(*synth(prompts, tiny_target_dir, out, "--keep-unfinished"))
+    run_cli(*synth(prompts, tiny_target_dir, out), code=2, says="pass --keep-unfinished")
+    run_cli(*synth(prompts, tiny_target_dir, out, "--keep-unfinished"))
     assert len(out.read_text().splitlines()) == 2

@@ -17,27 +17,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from draftsmith.cli import app
 from draftsmith.data.dataset import load_dataset
-from tests.helpers import ASSETS
+from tests.helpers import ASSETS, cli_ok, cli_refused, write_jsonl
 
 TEXTS = ["The cat sat on the mat and looked at the door.", "Water boils at one hundred degrees."]
 PAIRS = [("Q: What is two plus two?\nA:", " Four."), ("Translate to French: cat =>", " chat")]
 QUESTIONS = [{"prompt": "Once upon a time"}, {"turns": ["The capital of France is", " and of Italy"]}]
-
-
-def invoke(*args: object) -> str:
-    r = CliRunner().invoke(app, [str(a) for a in args])
-    assert r.exit_code == 0 and r.exception is None, r.output
-    return r.output
-
-
-def refused(*args: object) -> str:
-    r = CliRunner().invoke(app, [str(a) for a in args])
-    assert r.exit_code == 2 and "error:" in r.output and "Traceback" not in r.output, r.output
-    return r.output
 
 
 @pytest.fixture(scope="module")
@@ -51,21 +37,16 @@ def base_target(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path)
     return folder
 
 
-def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
-
 def test_completion_mode_every_stage(tmp_path: Path, base_target: Path, tokenizer) -> None:
     data = write_jsonl(tmp_path / "data.jsonl", [{"text": t} for t in TEXTS] * 4)
     pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": p, "completion": c} for p, c in PAIRS] * 4)
-    invoke("prepare", pairs, "--target", base_target, "--out", tmp_path / "pairs", "--completion")
+    cli_ok("prepare", pairs, "--target", base_target, "--out", tmp_path / "pairs", "--completion")
     ds = load_dataset(tmp_path / "pairs")
     for i, (prompt, completion) in enumerate(PAIRS):  # the tokens of prompt + completion, the loss on the completion
         a, b = ds.offsets[i], ds.offsets[i + 1]
         assert ds.ids[a:b].tolist() == tokenizer(prompt + completion)["input_ids"]
         assert tokenizer.decode(ds.ids[a:b][ds.mask[a:b].astype(bool)]).strip() == completion.strip()
-    invoke(
+    cli_ok(
         "prepare", pairs, "--target", base_target, "--out", tmp_path / "pairs-all", "--completion", "--loss-on", "all"
     )
     assert load_dataset(tmp_path / "pairs-all").mask.all()
@@ -73,7 +54,7 @@ def test_completion_mode_every_stage(tmp_path: Path, base_target: Path, tokenize
     assert (meta["completion"], meta["loss_on"], meta["chat_template"]) == (True, "all", None)
 
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p, _ in PAIRS])
-    invoke(
+    cli_ok(
         "synth",
         prompts,
         "--target",
@@ -89,7 +70,7 @@ def test_completion_mode_every_stage(tmp_path: Path, base_target: Path, tokenize
         "1",
         "--keep-unfinished",
     )
-    invoke(
+    cli_ok(
         "prepare",
         tmp_path / "synth" / "c.jsonl",
         "--target",
@@ -100,9 +81,9 @@ def test_completion_mode_every_stage(tmp_path: Path, base_target: Path, tokenize
     )
     assert len(load_dataset(tmp_path / "synth-ds")) == len(PAIRS)  # synth's answers are completions prepare reads
 
-    invoke("prepare", data, "--target", base_target, "--out", tmp_path / "ds", "--completion")
+    cli_ok("prepare", data, "--target", base_target, "--out", tmp_path / "ds", "--completion")
     assert load_dataset(tmp_path / "ds").mask.all()  # plain text: all of it is the completion
-    invoke(
+    cli_ok(
         "extract",
         tmp_path / "ds",
         "--target",
@@ -114,7 +95,7 @@ def test_completion_mode_every_stage(tmp_path: Path, base_target: Path, tokenize
         "--aux-layer-ids",
         "0,1,2",
     )
-    invoke(
+    cli_ok(
         "train",
         tmp_path / "ds",
         "--target",
@@ -135,7 +116,7 @@ def test_completion_mode_every_stage(tmp_path: Path, base_target: Path, tokenize
         "2",
     )
     bench = write_jsonl(tmp_path / "q.jsonl", QUESTIONS)
-    invoke(
+    cli_ok(
         "eval",
         "--target",
         base_target,
@@ -169,9 +150,9 @@ def test_chat_template_file_in_every_stage(tmp_path: Path, base_target: Path) ->
             for w in ("one", "two", "three", "four")
         ],
     )
-    invoke("prepare", chats, "--target", base_target, "--out", tmp_path / "ds", "--chat-template", template)
+    cli_ok("prepare", chats, "--target", base_target, "--out", tmp_path / "ds", "--chat-template", template)
     assert json.loads((tmp_path / "ds" / "dataset.json").read_text())["chat_template"] == template.read_text()
-    invoke(
+    cli_ok(
         "synth",
         chats,
         "--target",
@@ -191,7 +172,7 @@ def test_chat_template_file_in_every_stage(tmp_path: Path, base_target: Path) ->
         "2",
     )
     assert len((tmp_path / "synth" / "c.jsonl").read_text().splitlines()) == 2
-    invoke(
+    cli_ok(
         "train",
         tmp_path / "ds",
         "--target",
@@ -211,7 +192,7 @@ def test_chat_template_file_in_every_stage(tmp_path: Path, base_target: Path) ->
         "--aux-layer-ids",
         "0,1,2",
     )
-    invoke(
+    cli_ok(
         "eval",
         "--target",
         base_target,
@@ -235,8 +216,8 @@ def test_chat_template_file_in_every_stage(tmp_path: Path, base_target: Path) ->
 
 def test_no_template_is_one_clear_error(tmp_path: Path, base_target: Path) -> None:
     chats = write_jsonl(tmp_path / "chats.jsonl", [{"prompt": "Say one.", "response": "One."}] * 2)
-    invoke("prepare", chats, "--target", base_target, "--out", tmp_path / "ds", "--completion")
-    invoke(
+    cli_ok("prepare", chats, "--target", base_target, "--out", tmp_path / "ds", "--completion")
+    cli_ok(
         "train",
         tmp_path / "ds",
         "--target",
@@ -272,13 +253,13 @@ def test_no_template_is_one_clear_error(tmp_path: Path, base_target: Path) -> No
         ],
     }
     for name, args in commands.items():
-        output = refused(*args)
+        output = cli_refused(*args)
         assert "has no chat template" in output and "--chat-template FILE" in output and "--completion" in output, (
             output
         )
         left = sorted(p.name for p in (tmp_path / name).rglob("*")) if (tmp_path / name).exists() else []
         assert set(left) <= {"progress.json"}, (name, left)
-    assert "no such file" in refused(
+    assert "no such file" in cli_refused(
         "eval",
         "--target",
         base_target,
@@ -304,6 +285,6 @@ def test_completion_refuses_conversations(tmp_path: Path, base_target: Path) -> 
             }
         ],
     )
-    output = refused("prepare", chats, "--target", base_target, "--out", tmp_path / "ds", "--completion")
+    output = cli_refused("prepare", chats, "--target", base_target, "--out", tmp_path / "ds", "--completion")
     assert "c.jsonl sample line-1: --completion takes plain text or one prompt/completion pair" in output, output
     assert not (tmp_path / "ds").exists()

@@ -18,15 +18,13 @@ import json
 import math
 
 import torch
-from typer.testing import CliRunner
 
-from draftsmith.cli import app
 from draftsmith.data.dataset import load_dataset
 from draftsmith.data.store import StoreReader
 from draftsmith.runtime.capture import packs_sequences, pads_sequences
 from draftsmith.train.batching import OnlineSource
 from draftsmith.train.metrics import read_metrics
-from tests.helpers import tiny_causal_lm
+from tests.helpers import cli_ok, tiny_causal_lm
 
 LAYERS = [1, 2, 3]
 CONVS = [
@@ -44,12 +42,6 @@ CPU = ["--device", "cpu", "--dtype", "fp32"]
 TRAIN = ["--steps", 3, "--ttt", 2, "--batch-tokens", 128, "--log-every", 1, "--val-fraction", 0.34, *CPU]
 
 
-def invoke(*args: object) -> str:
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    assert result.exit_code == 0, (args[0], result.output, result.exception)
-    return result.output
-
-
 def prepared(tmp_path, tokenizer, **overrides):
     """The tiny DeepSeek-V3 (`overrides` to its config) saved with the tokenizer, and CONVS prepared for it."""
     model = tiny_causal_lm("deepseek_v3", len(tokenizer), num_hidden_layers=4, **overrides)
@@ -57,7 +49,7 @@ def prepared(tmp_path, tokenizer, **overrides):
     tokenizer.save_pretrained(tmp_path / "target")
     data = tmp_path / "convs.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CONVS))
-    invoke("prepare", data, "--target", tmp_path / "target", "--out", tmp_path / "ds")
+    cli_ok("prepare", data, "--target", tmp_path / "target", "--out", tmp_path / "ds")
     return model, tmp_path / "target"
 
 
@@ -69,10 +61,10 @@ def assert_trained(run) -> None:
 def test_deepseek_v3_end_to_end(tmp_path, tokenizer):
     model, target = prepared(tmp_path, tokenizer)
     assert packs_sequences(model, LAYERS)
-    invoke(
+    cli_ok(
         "extract", tmp_path / "ds", "--target", target, "--out", tmp_path / "store", "--aux-layer-ids", "1,2,3", *CPU
     )
-    invoke(
+    cli_ok(
         "train",
         tmp_path / "ds",
         "--target",
@@ -83,14 +75,14 @@ def test_deepseek_v3_end_to_end(tmp_path, tokenizer):
         tmp_path / "offline",
         *TRAIN,
     )
-    out = invoke(
+    out = cli_ok(
         "train", tmp_path / "ds", "--target", target, "--out", tmp_path / "online", "--aux-layer-ids", "1,2,3", *TRAIN
     )
     assert "online, packed capture" in out
     assert_trained(tmp_path / "offline")
     assert_trained(tmp_path / "online")
     for run in ("offline", "online"):
-        invoke(
+        cli_ok(
             "eval",
             "--target",
             target,
@@ -116,11 +108,11 @@ def test_deepseek_v3_end_to_end(tmp_path, tokenizer):
 def test_deepseek_v3_without_packing_captures_one_sample_per_forward(tmp_path, tokenizer):
     model, target = prepared(tmp_path, tokenizer, num_key_value_heads=2)
     assert not packs_sequences(model, LAYERS) and not pads_sequences(model, LAYERS)
-    out = invoke(
+    out = cli_ok(
         "extract", tmp_path / "ds", "--target", target, "--out", tmp_path / "store", "--aux-layer-ids", "1,2,3", *CPU
     )
     assert "one sample per forward instead" in out
-    out = invoke(
+    out = cli_ok(
         "train", tmp_path / "ds", "--target", target, "--out", tmp_path / "online", "--aux-layer-ids", "1,2,3", *TRAIN
     )
     assert out.count("does not keep packed samples apart") == 1

@@ -12,12 +12,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from draftsmith.cli import app
 from draftsmith.data.dataset import load_dataset
 from draftsmith.data.vocab import load_vocab
-from tests.helpers import masked_runs
+from tests.helpers import cli, masked_runs, write_jsonl
 
 REPO = Path(__file__).parents[2]
 GSM8K = REPO / "src/draftsmith/assets/gsm8k_train.jsonl"
@@ -36,21 +34,12 @@ SHAREGPT = [
 ]
 
 
-def invoke(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def write_jsonl(path: Path, records: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
-
 def test_prepare_and_vocab_on_the_embedded_default(tmp_path):
     from draftsmith.target import load_tokenizer
 
     data = write_jsonl(tmp_path / "chats.jsonl", SHAREGPT)
     out = tmp_path / "ds"
-    r = invoke("prepare", data, "--target", "smollm2-135m", "--out", out)
+    r = cli("prepare", data, "--target", "smollm2-135m", "--out", out)
     assert r.exit_code == 0, r.output
     assert "samples kept" in r.output and "assistant tokens" in r.output  # the stats table
     assert {p.name for p in out.iterdir()} >= {
@@ -75,7 +64,7 @@ def test_prepare_and_vocab_on_the_embedded_default(tmp_path):
     assert stats["assistant_tokens"] == int(ds.mask.sum())
 
     vocab = tmp_path / "vocab.safetensors"
-    r = invoke("vocab", out, "--draft-vocab-size", "64", "--out", vocab)
+    r = cli("vocab", out, "--draft-vocab-size", "64", "--out", vocab)
     assert r.exit_code == 0, r.output
     d2t, t2d = load_vocab(vocab)
     assert int(t2d.sum()) == 64 and bool(t2d[ds.ids[ds.mask == 1]].all())  # every assistant token is in it
@@ -84,7 +73,7 @@ def test_prepare_and_vocab_on_the_embedded_default(tmp_path):
 def test_prepare_full_gsm8k_prints_and_writes_the_stats(tmp_path):
     """Issue 2, must-show item 3: all 7,473 GSM8K question/answer pairs on the embedded default."""
     out = tmp_path / "gsm8k"
-    r = invoke("prepare", GSM8K, "--target", "smollm2-135m", "--out", out, "--format", "pairs")
+    r = cli("prepare", GSM8K, "--target", "smollm2-135m", "--out", out, "--format", "pairs")
     assert r.exit_code == 0, r.output
     stats = json.loads((out / "stats.json").read_text())
     assert (stats["samples_in"], stats["samples_kept"], stats["truncated"]) == (7473, 7473, 0)
@@ -99,7 +88,7 @@ def test_prepare_pairs_with_length_policies(tmp_path, tiny_target_dir):
     rows = GSM8K.read_text().splitlines()[:40]
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("\n".join(rows) + "\n")
-    r = invoke(
+    r = cli(
         "prepare",
         data,
         "--target",
@@ -115,7 +104,7 @@ def test_prepare_pairs_with_length_policies(tmp_path, tiny_target_dir):
     )
     assert r.exit_code == 0, r.output
     drop = json.loads((tmp_path / "drop" / "stats.json").read_text())
-    r = invoke("prepare", data, "--target", tiny_target_dir, "--out", tmp_path / "trunc", "--max-len", 200)
+    r = cli("prepare", data, "--target", tiny_target_dir, "--out", tmp_path / "trunc", "--max-len", 200)
     assert r.exit_code == 0, r.output
     trunc = json.loads((tmp_path / "trunc" / "stats.json").read_text())
     n_long = drop["dropped"]["longer than max_len"]
@@ -137,27 +126,27 @@ def assert_failed(r, message: str, out: Path) -> None:
 def test_malformed_json(tmp_path, tiny_target_dir):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "a", "response": "b"}) + "\n{not json}\n")
-    r = invoke("prepare", data, "--target", tiny_target_dir, "--out", tmp_path / "out")
+    r = cli("prepare", data, "--target", tiny_target_dir, "--out", tmp_path / "out")
     assert_failed(r, f"{data}:2: malformed JSON", tmp_path / "out")
 
 
 def test_unknown_format(tmp_path, tiny_target_dir):
     data = write_jsonl(tmp_path / "d.jsonl", [{"foo": "bar"}])
-    r = invoke("prepare", data, "--target", tiny_target_dir, "--out", tmp_path / "out")
+    r = cli("prepare", data, "--target", tiny_target_dir, "--out", tmp_path / "out")
     assert_failed(r, f"{data}:1: unknown conversation format", tmp_path / "out")
-    r = invoke("prepare", data, "--target", tiny_target_dir, "--out", tmp_path / "out", "--format", "alpaca")
+    r = cli("prepare", data, "--target", tiny_target_dir, "--out", tmp_path / "out", "--format", "alpaca")
     assert_failed(r, "--format", tmp_path / "out")
 
 
 def test_empty_conversation(tmp_path, tiny_target_dir):
     data = write_jsonl(tmp_path / "d.jsonl", [SHAREGPT[1], {"conversations": []}])
-    r = invoke("prepare", data, "--target", tiny_target_dir, "--out", tmp_path / "out")
+    r = cli("prepare", data, "--target", tiny_target_dir, "--out", tmp_path / "out")
     assert_failed(r, f"{data}:2: empty conversation", tmp_path / "out")
 
 
 def test_conversation_without_assistant_turn(tmp_path, tiny_target_dir):
     data = write_jsonl(tmp_path / "d.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}])
-    r = invoke("prepare", data, "--target", tiny_target_dir, "--out", tmp_path / "out")
+    r = cli("prepare", data, "--target", tiny_target_dir, "--out", tmp_path / "out")
     assert_failed(r, f"{data} sample line-1: conversation has no assistant turn", tmp_path / "out")
 
 
@@ -169,11 +158,11 @@ def test_target_without_chat_template(tmp_path, tiny_target_dir):
     config.pop("chat_template", None)
     (target / "tokenizer_config.json").write_text(json.dumps(config))
     data = write_jsonl(tmp_path / "d.jsonl", SHAREGPT)
-    r = invoke("prepare", data, "--target", target, "--out", tmp_path / "out")
+    r = cli("prepare", data, "--target", target, "--out", tmp_path / "out")
     assert_failed(r, "no chat template; pass one with --chat-template FILE", tmp_path / "out")
     template = tmp_path / "chat.jinja"
     shutil.copy(tiny_target_dir / "chat_template.jinja", template)
-    r = invoke("prepare", data, "--target", target, "--out", tmp_path / "out", "--chat-template", template)
+    r = cli("prepare", data, "--target", target, "--out", tmp_path / "out", "--chat-template", template)
     assert r.exit_code == 0, r.output
 
 
@@ -183,7 +172,7 @@ def test_non_existent_path(tmp_path, tiny_target_dir, what):
     args = {"data": data, "target": tiny_target_dir}
     args[what] = tmp_path / "missing"
     extra = ["--chat-template", args.pop("chat-template")] if what == "chat-template" else []
-    r = invoke("prepare", args["data"], "--target", args["target"], "--out", tmp_path / "out", *extra)
+    r = cli("prepare", args["data"], "--target", args["target"], "--out", tmp_path / "out", *extra)
     assert_failed(r, str(tmp_path / "missing"), tmp_path / "out")
     assert "no such file" in r.output
 
@@ -193,17 +182,17 @@ def test_existing_output_needs_overwrite(tmp_path, tiny_target_dir):
     out = tmp_path / "out"
     out.mkdir()
     (out / "mine.txt").write_text("keep")
-    r = invoke("prepare", data, "--target", tiny_target_dir, "--out", out)
+    r = cli("prepare", data, "--target", tiny_target_dir, "--out", out)
     assert r.exit_code != 0 and "already exists; pass --overwrite" in r.output
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl", "out"]  # no temporary folder
-    r = invoke("prepare", data, "--target", tiny_target_dir, "--out", out, "--overwrite")
+    r = cli("prepare", data, "--target", tiny_target_dir, "--out", out, "--overwrite")
     assert r.exit_code == 2 and "was not made by `draftsmith prepare`" in r.output  # a folder it did not make
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
     (out / "mine.txt").unlink()
     assert (
-        invoke("prepare", data, "--target", tiny_target_dir, "--out", out, "--overwrite").exit_code == 0
+        cli("prepare", data, "--target", tiny_target_dir, "--out", out, "--overwrite").exit_code == 0
     )  # an empty folder
-    r = invoke("prepare", data, "--target", tiny_target_dir, "--out", out, "--overwrite")  # its own output
+    r = cli("prepare", data, "--target", tiny_target_dir, "--out", out, "--overwrite")  # its own output
     assert r.exit_code == 0, r.output
     assert (out / "data.parquet").exists()

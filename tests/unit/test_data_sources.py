@@ -12,12 +12,7 @@ import pytest
 from draftsmith.data import sources
 from draftsmith.data.sources import EVALS_EXCLUDED, evals_messages, label, parse_hf, read_source
 from draftsmith.errors import UserError
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    return path
+from tests.helpers import write_jsonl
 
 
 def fake_evals(root: Path) -> Path:

@@ -11,15 +11,11 @@ import pytest
 
 from draftsmith.data.formats import read_conversations
 from draftsmith.errors import UserError
+from tests.helpers import write_jsonl
 
 U = {"role": "user", "content": "hi"}
 A = {"role": "assistant", "content": "hello"}
 S = {"role": "system", "content": "be brief"}
-
-
-def jsonl(path: Path, records: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
 
 
 @pytest.mark.parametrize(
@@ -55,7 +51,7 @@ def jsonl(path: Path, records: list) -> Path:
     ],
 )
 def test_each_format_is_detected_and_normalised(tmp_path, record, messages):
-    (conv,) = read_conversations(jsonl(tmp_path / "d.jsonl", [record]))
+    (conv,) = read_conversations(write_jsonl(tmp_path / "d.jsonl", [record]))
     assert conv == {"id": "line-1", "messages": messages}
 
 
@@ -73,7 +69,7 @@ def test_ids_from_fields_else_line_numbers(tmp_path):
 
 
 def test_format_override_beats_detection(tmp_path):
-    path = jsonl(tmp_path / "d.jsonl", [{"prompt": "hi", "response": "hello"}])
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi", "response": "hello"}])
     assert read_conversations(path, "prompts")[0]["messages"] == [U]
     assert read_conversations(path, "pairs")[0]["messages"] == [U, A]
 
@@ -124,31 +120,31 @@ def test_malformed_json_names_file_and_line(tmp_path):
 
 def test_unknown_record_format(tmp_path):
     with pytest.raises(UserError, match=r"d.jsonl:1: unknown conversation format \(keys: \['foo'\]\)"):
-        read_conversations(jsonl(tmp_path / "d.jsonl", [{"foo": 1}]))
+        read_conversations(write_jsonl(tmp_path / "d.jsonl", [{"foo": 1}]))
 
 
 def test_unknown_format_name(tmp_path):
     with pytest.raises(UserError, match="unknown format 'alpaca'"):
-        read_conversations(jsonl(tmp_path / "d.jsonl", [{"prompt": "a"}]), "alpaca")
+        read_conversations(write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a"}]), "alpaca")
 
 
 def test_empty_conversation(tmp_path):
     with pytest.raises(UserError, match=r"d.jsonl:2: empty conversation"):
-        read_conversations(jsonl(tmp_path / "d.jsonl", [{"messages": [U, A]}, {"messages": []}]))
+        read_conversations(write_jsonl(tmp_path / "d.jsonl", [{"messages": [U, A]}, {"messages": []}]))
 
 
 def test_later_record_in_another_format(tmp_path):
     with pytest.raises(UserError, match=r"d.jsonl:2: no 'conversations' field"):
         read_conversations(
-            jsonl(tmp_path / "d.jsonl", [{"conversations": [{"from": "human", "value": "x"}]}, {"messages": [U]}])
+            write_jsonl(tmp_path / "d.jsonl", [{"conversations": [{"from": "human", "value": "x"}]}, {"messages": [U]}])
         )
 
 
 def test_unknown_role_and_bad_content(tmp_path):
     with pytest.raises(UserError, match=r"d.jsonl:1: unknown role 'narrator'"):
-        read_conversations(jsonl(tmp_path / "d.jsonl", [{"messages": [{"role": "narrator", "content": "x"}]}]))
+        read_conversations(write_jsonl(tmp_path / "d.jsonl", [{"messages": [{"role": "narrator", "content": "x"}]}]))
     with pytest.raises(UserError, match=r"e.jsonl:1: message content must be a string"):
-        read_conversations(jsonl(tmp_path / "e.jsonl", [{"prompt": 3, "response": "x"}]))
+        read_conversations(write_jsonl(tmp_path / "e.jsonl", [{"prompt": 3, "response": "x"}]))
 
 
 def test_missing_path_and_empty_file(tmp_path):
@@ -161,4 +157,4 @@ def test_missing_path_and_empty_file(tmp_path):
 
 def test_hf_format_insists_on_a_folder(tmp_path):
     with pytest.raises(UserError, match="--format hf expects a local Hugging Face dataset folder"):
-        read_conversations(jsonl(tmp_path / "d.jsonl", [{"prompt": "a"}]), "hf")
+        read_conversations(write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a"}]), "hf")

@@ -15,6 +15,7 @@ from draftsmith.data.sources import data_card, mix_card
 from draftsmith.errors import UserError
 from draftsmith.synth.mix import load_mix, select, shares
 from draftsmith.synth.screen import Screen, jaccard, script_of, shingles
+from tests.helpers import write_jsonl
 
 TEXT = (
     "the quick brown fox jumps over the lazy dog while the farmer watches from the porch and "
@@ -24,11 +25,6 @@ TEXT = (
 
 def user(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def write_mix(tmp_path: Path, body: str, name: str = "mix.yaml") -> Path:

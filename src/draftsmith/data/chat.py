@@ -4,24 +4,11 @@
     pairs = tokenize_conversations(tokenizer, conversations)   # batched, what `prepare` uses
 
 The loss mask is 1 on exactly the tokens the model would generate in each assistant turn: from
-the end of the assistant header (the template's generation prompt) through the end-of-turn
-token, when the template has one. Thinking blocks the template renders in a turn are part of
-that turn; text the template drops (e.g. Qwen3 strips <think> from earlier turns) is not there to
-mask.
-
-How the template is read (no per-model patterns):
-  1. Probes, once per template: render [user] with and without `add_generation_prompt`, and
-     [user, assistant "<probe>"]. The assistant `header` is what the generation prompt and the
-     rendered reply have in common after the user turn; the first special token after the probe
-     text is the end-of-turn token (`eot`), if any.
-  2. Per conversation, one render of the whole conversation. Each assistant turn's span starts
-     after the next `header` occurrence and ends after the `eot` that follows the message's
-     answer text (its content after any </think>). The answer must lie inside; otherwise, or if
-     the header occurs more often than there are assistant turns (a user quoting the header), or
-     the template has no header, the spans come from prefix renders instead:
-     render(messages[:i], add_generation_prompt=True) against render(messages[:i+1]).
-  3. One fast-tokenizer call over the full texts; `Encoding.char_to_token` turns the few char
-     spans into token ranges, so no per-token Python work is done.
+the end of the assistant header through the end-of-turn token, when the template has one.
+`turn_markers` reads the header and end-of-turn token from three renders once per template;
+each conversation is rendered once, its assistant spans found after each header (or, where that
+is ambiguous, from prefix renders), and one fast-tokenizer call maps the char spans to tokens
+(`Encoding.char_to_token`). How, and which templates it was held against: docs/prepare.md.
 """
 
 from __future__ import annotations

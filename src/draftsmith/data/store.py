@@ -1,30 +1,12 @@
 """The hidden-state store on disk (DESIGN §3): its layout, its manifest, and `StoreReader`.
-`extract` writes it (extract/writer.py), offline `train` reads it.
+`extract` writes it (extract/writer.py), offline `train` reads it; the format, checksums and
+byte projection are in docs/extract.md ("Store format").
 
-Layout of a store folder:
+    store.json, manifest.jsonl (manifest.rank{r}.jsonl under torchrun)
+    rows_{a}-{b}/{sample_id}.safetensors   input_ids [T] int32, loss_mask [T] uint8,
+                                           aux_hidden_states [T, n_aux*H], final_hidden_states [T, H]
 
-    store.json                     format, version, target {name, fingerprint, ...}, aux_layer_ids, dtype,
-                                   hidden_size, n_aux, folder_size, checksum, totals, complete, and
-                                   dataset {path, samples, tokens, fingerprint}: what it was made from
-    manifest.jsonl                 one JSON line per finished file:
-                                   {"sample_id", "path", "tokens", "bytes", "crc32"}
-    manifest.rank{r}.jsonl         per-rank manifests while a torchrun extraction runs (merged at the end)
-    rows_{a}-{b}/{sample_id}.safetensors
-                                   one file per sample; folder `rows_{a}-{b}` holds sample ids a..b,
-                                   2000 to a folder (`rows_0-1999/17.safetensors`, no zero padding)
-
-Each sample file holds
-    input_ids            [T] int32
-    loss_mask            [T] uint8
-    aux_hidden_states    [T, n_aux*H]  target dtype (layers concatenated in store.json's `aux_layer_ids` order)
-    final_hidden_states  [T, H]        target dtype, after the final norm
-and safetensors metadata {format, sample_id, target, fingerprint, aux_layer_ids, dtype}.
-
-The checksum is zlib's CRC-32 of the whole file's bytes (cheap, in the standard library); the
-reader checks it on every read. A file is only listed in a manifest after it was fsynced and
-renamed into place, so a listed file is always complete. Readers take manifest lines, never a
-directory listing. A listed sample whose file is gone (say, deleted after a failed checksum) is
-extracted again by the next `extract` run.
+Readers take manifest lines, never a directory listing: a file is listed only once complete.
 
     check_store_matches(Path("hidden"), dataset, target.info)   # made from this dataset and target?
     reader = StoreReader(Path("hidden"))

@@ -2,32 +2,12 @@
 
 The reader lives in the core (draft/) because `eval` and `export` both load such folders;
 `export` writes them (export/eagle.py, export/speculators.py) with the names in layouts.py.
-
-Accepted layouts (weights in model.safetensors, sharded safetensors with an index, or
-pytorch_model.bin read with `weights_only=True`):
-- EAGLE reference / SpecForge / draftsmith `--format eagle`: a Llama config with
-  `draft_vocab_size`; weights `midlayer.*`, `fc.weight`, `norm.weight`, `lm_head.weight`, `d2t`,
-  `t2d`, maybe `embed_tokens.weight`. ModelOpt's export is this layout with `layers.0.*` names.
-- speculators / draftsmith `--format speculators`: `speculators_model_type: eagle3` with a
-  `transformer_layer_config`; weights `layers.0.*`. A speculators training checkpoint also holds
-  `verifier_norm` / `verifier_lm_head` (frozen copies of the target's, ignored) and may lack
-  `embed_tokens`.
-- Drafters of several decoder layers (`num_hidden_layers`, in `transformer_layer_config` for
-  speculators, as vLLM reads it): the later layers' weights are `layers.{i}.*` in both layouts.
-
-Architecture options are read as vLLM reads them: `norm_before_fc` from `eagle_config` first,
-then the top level; `norm_before_residual`, `fc_norm` and `norm_output` from the top level. A
-missing option is false, except `norm_before_residual` in a speculators config (vLLM's
-`update_eagle3` assumes true). With them on, the weights `input_norm.weight` and
-`fc_norm.{i}.weight` are expected.
-
-Layer ids come back in draftsmith's convention. A draftsmith export records which convention
-each id field uses (`config["draftsmith"]`). For other folders the convention is the one of
-the engine that reads the field: speculators' top-level ids are read by vLLM (layer inputs);
-`eagle_config` ids are read by SGLang, SpecForge and ModelOpt (layer outputs, one lower).
-`convention=` overrides that guess. Folders without an embed_tokens tensor come back with zero
-embeddings and `meta.needs_target_embeddings`: copy the target's in with
-`model.load_target_embeddings(...)`, as the engines do.
+It reads the EAGLE reference / SpecForge / ModelOpt layout (`--format eagle`) and speculators'
+(`--format speculators`), from model.safetensors, sharded safetensors or a `weights_only`
+pytorch_model.bin; architecture options as vLLM reads them; layer ids back in draftsmith's
+convention (`convention=` overrides the guess). A folder without embeddings comes back with
+`meta.needs_target_embeddings` (`model.load_target_embeddings(...)`). Which field and weight
+each layout names, and why: docs/export.md and docs/engine-fields.md.
 """
 
 from __future__ import annotations

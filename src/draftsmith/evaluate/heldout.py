@@ -1,24 +1,15 @@
 """`--bench held-out`: the drafter's own validation split as an eval question set (issue 17).
 
-Training reports τ on its validation split (simulated, and walked as decoding walks it);
-`draftsmith eval` measures τ on a question set. With `--bench held-out` the questions are the
-first user turns of the very samples that training held out, so eval measures the drafter on
-its training distribution, prompts it never trained on, decoded exactly as MT-bench is:
-
-    MT-bench τ / val τ = (held-out τ / val τ) × (MT-bench τ / held-out τ)
-
-The first factor is how well validation predicts decoding, the second the distribution shift.
-
-The split is the run's own: `--drafter` must be a `draftsmith train` output folder (or its
-`drafter/` inside), whose run.yaml names the dataset, `--val-fraction` and `--val-seed` (runs
-from before `--val-seed` split by `--seed`), and, for offline training, the store whose samples
-were split. A turn's text is recovered from the sample's tokens: the chat template applied to
-one sentinel user message gives the text around a first user turn (system prompt, role
-markers; `data.chat.around_message`); the tokens before the sample's first answer token decode to that text with the
-user's words in place of the sentinel. Samples whose prefix does not decode that way (another
-template, a completion-mode sample) are counted and left out. `--num-questions N` takes N
-spread evenly over the split: `prepare` keeps its sources in the order they were synthesised
-(GSM8K first, then Magpie...), so the first N would come from one source only.
+The questions are the first user turns of the very samples that training held out, so eval
+measures the drafter on its training distribution (why: docs/eval.md). The split is the run's
+own: `--drafter` must be a `draftsmith train` output folder (or its `drafter/` inside), whose
+run.yaml names the dataset, `--val-fraction` and `--val-seed` (runs from before `--val-seed`
+split by `--seed`), and, for offline training, the store whose samples were split. A turn's text
+is recovered from the sample's tokens: the template's text around one sentinel user message
+(`data.chat.around_message`) must match the tokens before the sample's first answer token, the
+user's words in place of the sentinel; samples whose prefix does not decode that way (another
+template, a completion-mode sample) are counted and left out. `--num-questions N` takes N spread
+evenly over the split, since `prepare` keeps its sources in the order they were synthesised.
 """
 
 from __future__ import annotations

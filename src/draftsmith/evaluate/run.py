@@ -1,13 +1,14 @@
 """`draftsmith eval`: answer a question set with lossless speculative decoding (chain or
 EAGLE-2 tree) and with plain decoding, on the same engine, and report tau, acceptance per
 position and the decode speed-up. The engine is the static-KV-cache one when it passes its
-self-check on the target, else the generic HF path (runtime/selfcheck.py).
+self-check on the target, else the generic HF path (runtime/engine_choice.py).
 
-    load target + drafter -> engine (self-check) of --batch-size rows -> the draft shape
-    (--k auto / --tree auto: a calibration) -> proposer (+ CUDA graphs on GPU) -> warm-up
-    -> turn by turn, in batches of rows that each decode their own question: every
-       question's speculative answers, then its plain answers (timed)
-    -> report.json, report.md, acceptance.png, tau.png, answers.jsonl
+    resolve_questions, candidate_shapes -> load drafter + target (fit_to_target)
+    -> open_decoding: engine (self-check) of --batch-size rows, the draft shape (--k auto /
+       --tree auto: a calibration), proposer (+ CUDA graphs on GPU) -> warm_up
+    -> answer_all: turn by turn, in batches of rows that each decode their own question:
+       every question's speculative answers, then its plain answers (timed)
+    -> turn_rows, report_meta -> report.json, report.md, acceptance.png, tau.png, answers.jsonl
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
 from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.evaluate.questions import Question, load_questions, token_bound, turn_prompt
 from draftsmith.evaluate.report import build_report, summary_line, write_report
-from draftsmith.evaluate.shape import Shape, calibrate, spread
+from draftsmith.evaluate.shape import Calibration, Shape, calibrate, spread
 from draftsmith.evaluate.shape import summary as shape_summary
 from draftsmith.fsutil import atomic_output_dir, atomic_write_text
 from draftsmith.layers import validate_layers
@@ -119,6 +121,229 @@ def answer(
     return out
 
 
+@dataclass
+class Decoding:
+    """What a run decodes with: the engine, the proposer of the chosen draft shape (with the
+    calibration that chose it, if any), the run's samplers and its token bounds."""
+
+    engine: Engine
+    proposer: DrafterProposer
+    shape: Shape
+    calibration: Calibration | None
+    picks: list[int] | None  # the calibration's questions
+    spec_sampling: Sampling
+    plain_sampling: Sampling
+    sampler: Callable[[], Sampling]  # a fresh sampler with the run's seed
+    stops: set[int]
+    max_new: int
+    max_len: int
+
+
+def with_device_defaults(cfg: EvalConfig, on_gpu: bool) -> EvalConfig:
+    """The GPU defaults resolved (CUDA graphs, the drafter and the target compiled), so that
+    run.yaml records them as such."""
+    unset = [k for k in ("compile", "compile_drafter", "compile_target") if getattr(cfg, k) is None]
+    cfg = cfg.model_copy(update={k: on_gpu for k in unset})
+    if cfg.compile and not on_gpu:
+        raise UserError("--compile needs a CUDA device (CUDA graphs); drop it on CPU")
+    return cfg
+
+
+def resolve_questions(cfg: EvalConfig, on_gpu: bool) -> list[Question]:
+    """The question set: `--bench`'s file or the bundled set, or a training run's held-out
+    prompts (as many as MT-bench has, unless told); a few on CPU."""
+    limit = cfg.num_questions or (None if on_gpu else 4)
+    if cfg.bench == HELD_OUT:
+        return held_out_questions(Path(cfg.drafter), load_tokenizer(cfg.target, cfg.chat_template), limit or 80)
+    return load_questions(cfg.bench, limit)
+
+
+def candidate_shapes(cfg: EvalConfig) -> list[Shape]:
+    """The draft shapes to run: the one asked for, or those `--k auto` / `--tree auto` calibrate."""
+    if cfg.tree == "auto":
+        return [Shape.parse_tree(t) for t in cfg.tree_shapes]
+    if cfg.k == "auto":
+        return [Shape(k) for k in range(cfg.k_max, 0, -1)]  # K_max first: its acceptance serves every K
+    if cfg.drafting == "tree":
+        return [Shape(int(cfg.k), cfg.top_k, cfg.total_tokens)]
+    return [Shape(int(cfg.k))]
+
+
+def fit_to_target(drafter: Eagle3Drafter, manifest: dict[str, Any], target: Target, path: Path) -> None:
+    """Check the drafter against the target, give it the target's embeddings where it was saved
+    without them (speculators, as engines do), and cast it to the target's dtype."""
+    check_compatible(drafter, target, path)
+    if manifest.get("meta", {}).get("needs_target_embeddings"):
+        drafter.load_target_embeddings(embed_weight(target.model).detach().float())
+    drafter.to(dtype=target.dtype)
+
+
+def open_decoding(
+    cfg: EvalConfig,
+    target: Target,
+    drafter: Eagle3Drafter,
+    questions: list[Question],
+    max_new: int,
+    shapes: list[Shape],
+) -> Decoding:
+    """The engine with a KV cache long enough for every turn and draft, and the proposer of the
+    shape asked for or, with `--k auto` / `--tree auto`, of the one a calibration picks."""
+    tok, stops = target.tokenizer, stop_ids(target)
+    bound = max(token_bound(tok, q, max_new, cfg.completion) for q in questions)
+    size_bound = max(max(s.depth, s.total_tokens or 0) for s in shapes)
+    max_len = 64 * math.ceil((bound + size_bound + 8) / 64)
+
+    def sampler() -> Sampling:
+        return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
+
+    spec_sampling, plain_sampling = sampler(), sampler()
+    engine = open_engine(
+        target.model, drafter.config.aux_layer_ids, max_len, cfg.drafting, cfg.batch_size, cfg.compile_target
+    )
+
+    def proposer_of(shape: Shape) -> DrafterProposer:
+        return make_proposer(engine, drafter, cfg, spec_sampling, max_len, shape)
+
+    calibration, picks, shape = None, None, shapes[0]
+    if cfg.k == "auto" or cfg.tree == "auto":
+        picks = spread(len(questions), cfg.calibration_questions)
+        prompts = [turn_prompt(tok, questions[i].turns[:1], [], cfg.completion) for i in picks]
+        calibration = calibrate(engine, proposer_of, prompts, max_new, stops, sampler, shapes)
+        shape = calibration.best().shape
+        print(shape_summary(calibration), flush=True)
+    proposer = proposer_of(shape)
+    return Decoding(
+        engine, proposer, shape, calibration, picks, spec_sampling, plain_sampling, sampler, stops, max_new, max_len
+    )
+
+
+def warm_up(d: Decoding, tok: Any, questions: list[Question], cfg: EvalConfig) -> float:
+    """First-call allocations and kernel selection, speculative and plain, off the clock; the
+    seconds it took."""
+    t0 = time.perf_counter()
+    warm = [turn_prompt(tok, questions[0].turns[:1], [], cfg.completion)] * cfg.batch_size
+    decode(d.engine, warm, 8, d.stops, d.sampler(), d.proposer)
+    decode(d.engine, warm, 8, d.stops, d.sampler())
+    return time.perf_counter() - t0
+
+
+def answer_all(
+    d: Decoding, tok: Any, questions: list[Question], cfg: EvalConfig, out: Path
+) -> tuple[list[list[Turn]], list[list[Turn | None]], list[list[Turn | None]]]:
+    """Every question's turns, speculative, plain (with `--speed`, timed) and plain through the
+    verification forward's shape (with `--kernel-check`, greedy): they take turns, a batch of
+    questions at a time. Where a pass did not run, its turns are None."""
+    wide = cfg.kernel_check and d.spec_sampling.greedy
+    passes = 1 + cfg.speed + wide
+    with Progress("eval", out, total=passes * sum(len(q.turns) for q in questions), unit="turns") as progress:
+
+        def answered(done: list[Turn]) -> None:
+            progress.advance(len(done), tokens=sum(len(t.tokens) for t in done))
+
+        def spec(prompts: list[list[int]]) -> list[Turn]:
+            return decode_all(d.engine, prompts, d.max_new, d.stops, d.spec_sampling, d.proposer, answered)
+
+        def plain(prompts: list[list[int]]) -> list[Turn]:
+            return decode_all(d.engine, prompts, d.max_new, d.stops, d.plain_sampling, None, answered)
+
+        def plain_wide(prompts: list[list[int]]) -> list[Turn]:  # plain, through the verification forward's shape
+            return decode_all(d.engine, prompts, d.max_new, d.stops, d.sampler(), None, answered, d.proposer.size + 1)
+
+        generators = [spec, *([plain] if cfg.speed else []), *([plain_wide] if wide else [])]
+        answered_by = iter(answer(tok, questions, generators, cfg.completion, cfg.batch_size))  # `generators` order
+        spec_turns = next(answered_by)
+        none: list[list[Turn | None]] = [[None] * len(t) for t in spec_turns]
+        plain_turns = next(answered_by) if cfg.speed else none
+        wide_turns = next(answered_by) if wide else none
+    return spec_turns, plain_turns, wide_turns
+
+
+def turn_rows(
+    tok: Any,
+    questions: list[Question],
+    turns: tuple[list[list[Turn]], list[list[Turn | None]], list[list[Turn | None]]],
+    greedy: bool,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The report's rows, one per turn (its accepts; its tokens and seconds speculative and
+    plain; whether they match under greedy decoding), and answers.jsonl's lines, one per question."""
+    rows: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for q, spec_q, plain_q, wide_q in zip(questions, *turns, strict=True):
+        record = {"question_id": q.question_id, "category": q.category, "turns": [], "token_ids": [], "accepts": []}
+        for n, (s, pt, wt) in enumerate(zip(spec_q, plain_q, wide_q, strict=True), start=1):
+            row = {
+                "category": q.category,
+                "turn": n,
+                "accepts": s.accepts,
+                "spec_tokens": len(s.tokens),
+                "spec_seconds": s.seconds,
+            }
+            if pt is not None:
+                row.update(
+                    plain_tokens=len(pt.tokens),
+                    plain_seconds=pt.seconds,
+                    matches_plain=(s.tokens == pt.tokens) if greedy else None,
+                )
+                if wt is not None:
+                    row.update(wide_matches_plain=wt.tokens == pt.tokens)
+            rows.append(row)
+            record["turns"].append(tok.decode(s.tokens, skip_special_tokens=True))
+            record["token_ids"].append(s.tokens)
+            record["accepts"].append(s.accepts)
+        lines.append(json.dumps(record))
+    return rows, lines
+
+
+def report_meta(
+    cfg: EvalConfig,
+    d: Decoding,
+    target: Target,
+    drafter: Eagle3Drafter,
+    manifest: dict[str, Any],
+    questions: list[Question],
+    device: torch.device,
+    warmup_s: float,
+) -> dict[str, Any]:
+    """report.json's description of the run: the shape, sampling, questions, target, drafter,
+    device and engine (wall_seconds is added at the end)."""
+    on_gpu, engine, proposer, tree = device.type == "cuda", d.engine, d.proposer, cfg.drafting == "tree"
+    return {
+        "engine": "draftsmith",
+        "mode": cfg.drafting,
+        "k": d.shape.depth,
+        "k_requested": cfg.k,
+        "tree_requested": cfg.tree,
+        "top_k": d.shape.top_k,
+        "shape": {**d.calibration.to_dict(), "questions": d.picks} if d.calibration is not None else None,
+        "total_tokens": proposer.size if tree else None,
+        "depth": d.shape.depth,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "seed": cfg.seed,
+        "batch_size": cfg.batch_size,
+        "bench": cfg.bench,
+        "completion": cfg.completion,
+        "questions": len(questions),
+        "max_new_tokens": d.max_new,
+        "target": target.info.name,
+        "target_info": target.info.to_dict(),
+        "drafter": str(cfg.drafter),
+        "drafter_meta": manifest.get("meta", {}),
+        "aux_layer_ids": drafter.config.aux_layer_ids,
+        "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "cuda_graphs": bool(cfg.compile),
+        "drafter_graphed": bool(cfg.compile) and proposer.graphed,
+        "drafter_compiled": proposer.compiled,
+        "kv_cache_len": d.max_len,
+        "target_engine": engine.name,
+        "target_compiled": engine.compiled,
+        "generic_engine_reason": engine.reason if isinstance(engine, HFEngine) else None,
+        "capture_seconds": round(engine.capture_seconds, 3),
+        "warmup_seconds": round(warmup_s, 3),
+    }
+
+
 def run(cfg: EvalConfig) -> Path:
     if cfg.engine == "vllm":  # the same figures, measured inside vLLM (evaluate/vllm_eval.py)
         from draftsmith.evaluate import vllm_eval
@@ -127,160 +352,26 @@ def run(cfg: EvalConfig) -> Path:
     t_start = time.perf_counter()
     device = torch.device(cfg.device) if cfg.device else default_device()
     on_gpu = device.type == "cuda"
-    # the GPU defaults resolved (CUDA graphs, the drafter and the target compiled), recorded in run.yaml as such
-    cfg = cfg.model_copy(
-        update={k: on_gpu for k in ("compile", "compile_drafter", "compile_target") if getattr(cfg, k) is None}
-    )
     max_new = cfg.max_new_tokens or (256 if on_gpu else 48)
-    limit = cfg.num_questions or (None if on_gpu else 4)
-    if cfg.bench == HELD_OUT:  # as many as MT-bench has, unless told
-        questions = held_out_questions(Path(cfg.drafter), load_tokenizer(cfg.target, cfg.chat_template), limit or 80)
-    else:
-        questions = load_questions(cfg.bench, limit)
-    if cfg.compile and not on_gpu:
-        raise UserError("--compile needs a CUDA device (CUDA graphs); drop it on CPU")
-    mode, auto = cfg.drafting, cfg.k == "auto" or cfg.tree == "auto"
-    if cfg.tree == "auto":
-        shapes = [Shape.parse_tree(t) for t in cfg.tree_shapes]
-    elif cfg.k == "auto":
-        shapes = [Shape(k) for k in range(cfg.k_max, 0, -1)]  # K_max first: its acceptance serves every K
-    else:
-        shapes = [Shape(int(cfg.k), cfg.top_k, cfg.total_tokens) if mode == "tree" else Shape(int(cfg.k))]
+    questions = resolve_questions(cfg, on_gpu)
+    cfg = with_device_defaults(cfg, on_gpu)
+    shapes = candidate_shapes(cfg)
     check_template_options(cfg.chat_template, cfg.completion)
     torch.manual_seed(cfg.seed)
     drafter, manifest = load_drafter(cfg.drafter, device)
-    with atomic_output_dir(
-        cfg.out, "eval", [cfg.drafter, cfg.target, cfg.bench, cfg.chat_template], cfg.overwrite
-    ) as out:
+    inputs = [cfg.drafter, cfg.target, cfg.bench, cfg.chat_template]
+    with atomic_output_dir(cfg.out, "eval", inputs, cfg.overwrite) as out:
         write_run_record(out, cfg)
         target = load_target(cfg.target, device, cfg.dtype, cfg.chat_template)
-        check_compatible(drafter, target, cfg.drafter)
-        if manifest.get("meta", {}).get(
-            "needs_target_embeddings"
-        ):  # saved without them (speculators): the target's, as engines do
-            drafter.load_target_embeddings(embed_weight(target.model).detach().float())
-        drafter.to(dtype=target.dtype)
-        tok, stops = target.tokenizer, stop_ids(target)
-        bound = max(token_bound(tok, q, max_new, cfg.completion) for q in questions)
-        size_bound = max(max(s.depth, s.total_tokens or 0) for s in shapes)
-        max_len = 64 * math.ceil((bound + size_bound + 8) / 64)
-
-        def sampler() -> Sampling:  # a fresh sampler with the run's seed
-            return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
-
-        spec_sampling, plain_sampling = sampler(), sampler()
-        engine = open_engine(
-            target.model, drafter.config.aux_layer_ids, max_len, mode, cfg.batch_size, cfg.compile_target
-        )
-
-        def proposer_of(shape: Shape) -> DrafterProposer:
-            return make_proposer(engine, drafter, cfg, spec_sampling, max_len, shape)
-
-        calibration, shape = None, shapes[0]
-        if auto:
-            picks = spread(len(questions), cfg.calibration_questions)
-            prompts = [turn_prompt(tok, questions[i].turns[:1], [], cfg.completion) for i in picks]
-            calibration = calibrate(engine, proposer_of, prompts, max_new, stops, sampler, shapes)
-            shape = calibration.best().shape
-            print(shape_summary(calibration), flush=True)
-        proposer = proposer_of(shape)
-
-        t0 = time.perf_counter()  # warm-up: first-call allocations, kernel selection
-        warm = [turn_prompt(tok, questions[0].turns[:1], [], cfg.completion)] * cfg.batch_size
-        decode(engine, warm, 8, stops, sampler(), proposer)
-        decode(engine, warm, 8, stops, sampler())
-        warmup_s = time.perf_counter() - t0
-
-        wide = cfg.kernel_check and spec_sampling.greedy
-        passes = 1 + cfg.speed + wide
-        with Progress("eval", out, total=passes * sum(len(q.turns) for q in questions), unit="turns") as progress:
-
-            def answered(done: list[Turn]) -> None:
-                progress.advance(len(done), tokens=sum(len(t.tokens) for t in done))
-
-            def spec(prompts: list[list[int]]) -> list[Turn]:
-                return decode_all(engine, prompts, max_new, stops, spec_sampling, proposer, answered)
-
-            def plain(prompts: list[list[int]]) -> list[Turn]:
-                return decode_all(engine, prompts, max_new, stops, plain_sampling, None, answered)
-
-            def plain_wide(
-                prompts: list[list[int]],
-            ) -> list[Turn]:  # plain decoding through the verification forward's shape
-                return decode_all(engine, prompts, max_new, stops, sampler(), None, answered, proposer.size + 1)
-
-            # speculative, plain and plain-through-the-verification-shape decoding take turns, a batch of questions at a time
-            generators = [spec, *([plain] if cfg.speed else []), *([plain_wide] if wide else [])]
-            answered_by = iter(
-                answer(tok, questions, generators, cfg.completion, cfg.batch_size)
-            )  # in `generators` order
-            spec_turns = next(answered_by)
-            none = [[None] * len(t) for t in spec_turns]
-            plain_turns = next(answered_by) if cfg.speed else none
-            wide_turns = next(answered_by) if wide else none
-        turns: list[dict[str, Any]] = []
-        lines: list[str] = []
-        for q, spec_q, plain_q, wide_q in zip(questions, spec_turns, plain_turns, wide_turns, strict=True):
-            record = {"question_id": q.question_id, "category": q.category, "turns": [], "token_ids": [], "accepts": []}
-            for n, (s, pt, wt) in enumerate(zip(spec_q, plain_q, wide_q, strict=True), start=1):
-                row = {
-                    "category": q.category,
-                    "turn": n,
-                    "accepts": s.accepts,
-                    "spec_tokens": len(s.tokens),
-                    "spec_seconds": s.seconds,
-                }
-                if pt is not None:
-                    row.update(
-                        plain_tokens=len(pt.tokens),
-                        plain_seconds=pt.seconds,
-                        matches_plain=(s.tokens == pt.tokens) if spec_sampling.greedy else None,
-                    )
-                    if wt is not None:
-                        row.update(wide_matches_plain=wt.tokens == pt.tokens)
-                turns.append(row)
-                record["turns"].append(tok.decode(s.tokens, skip_special_tokens=True))
-                record["token_ids"].append(s.tokens)
-                record["accepts"].append(s.accepts)
-            lines.append(json.dumps(record))
+        fit_to_target(drafter, manifest, target, cfg.drafter)
+        d = open_decoding(cfg, target, drafter, questions, max_new, shapes)
+        warmup_s = warm_up(d, target.tokenizer, questions, cfg)
+        turns = answer_all(d, target.tokenizer, questions, cfg, out)
+        rows, lines = turn_rows(target.tokenizer, questions, turns, d.spec_sampling.greedy)
         atomic_write_text(out / "answers.jsonl", "\n".join(lines) + "\n")
-        meta = {
-            "engine": "draftsmith",
-            "mode": mode,
-            "k": shape.depth,
-            "k_requested": cfg.k,
-            "tree_requested": cfg.tree,
-            "top_k": shape.top_k,
-            "shape": {**calibration.to_dict(), "questions": picks} if calibration is not None else None,
-            "total_tokens": proposer.size if mode == "tree" else None,
-            "depth": shape.depth,
-            "temperature": cfg.temperature,
-            "top_p": cfg.top_p,
-            "seed": cfg.seed,
-            "batch_size": cfg.batch_size,
-            "bench": cfg.bench,
-            "completion": cfg.completion,
-            "questions": len(questions),
-            "max_new_tokens": max_new,
-            "target": target.info.name,
-            "target_info": target.info.to_dict(),
-            "drafter": str(cfg.drafter),
-            "drafter_meta": manifest.get("meta", {}),
-            "aux_layer_ids": drafter.config.aux_layer_ids,
-            "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
-            "dtype": str(target.dtype).removeprefix("torch."),
-            "cuda_graphs": bool(cfg.compile),
-            "drafter_graphed": bool(cfg.compile) and proposer.graphed,
-            "drafter_compiled": proposer.compiled,
-            "kv_cache_len": max_len,
-            "target_engine": engine.name,
-            "target_compiled": engine.compiled,
-            "generic_engine_reason": engine.reason if isinstance(engine, HFEngine) else None,
-            "capture_seconds": round(engine.capture_seconds, 3),
-            "warmup_seconds": round(warmup_s, 3),
-        }
+        meta = report_meta(cfg, d, target, drafter, manifest, questions, device, warmup_s)
         meta["wall_seconds"] = round(time.perf_counter() - t_start, 3)
-        report = build_report(turns, shape.depth, meta)
+        report = build_report(rows, d.shape.depth, meta)
         write_report(report, out)
     print(summary_line(report, Path(cfg.out)), flush=True)
     return Path(cfg.out)

@@ -1,25 +1,17 @@
 """`--k auto` and `--tree auto`: the draft shape that maximises the expected decode speed,
 chosen from a short calibration on the engine and drafter at hand (before the measured run).
 
-    E(s)    expected tokens per target call with shape s
-    c(s)    seconds per draft-and-verify cycle with shape s, measured: a calibration run per
-            shape (its own proposer and, on GPU, its own CUDA graphs), decode time over cycles
-            (at batch size B: each row's share of the batch's time over its cycles)
-    t_plain seconds per token of plain decoding on the same prompts
     predicted speed-up(s) = E(s) / c(s) · t_plain
 
-Chain (`--k auto`, shapes K = 1..K_max): E(K) = 1 + Σ_{i≤K} Π_{j≤i} a_j, where a_i is the
-conditional acceptance of draft position i (accepted, given 1..i-1 were) measured with the
-longest chain, K_max: one acceptance measurement serves every K, since a shorter chain drafts
-the same first tokens. Tree (`--tree auto`, shapes total tokens x depth x top-k from a small
-set): a smaller tree is not a prefix of a larger one (its frontier differs), so E(s) is each
-shape's own measured tokens per call on the calibration prompts.
-
-The calibration prompts are the first turns of a few of the run's questions, spread evenly over
-its list (question files are often sorted by category), each decoded to the run's own length
-per turn (acceptance changes along an answer: on the H200 run of 2026-12-01 the first 64 tokens
-of two first turns read τ 2.06 where the run measured 3.56). Their answers are not part of the
-reported figures, which come from the full run with the chosen shape.
+E(s) is the expected tokens per target call with shape s: for a chain of K, 1 + Σ_{i≤K} Π_{j≤i}
+a_j from the conditional acceptances a_i of the longest chain (one measurement serves every K);
+for a tree, each shape's own measured tokens per call (a smaller tree is not a prefix of a
+larger one). c(s) is the measured seconds per draft-and-verify cycle of each shape (its own
+proposer and, on GPU, its own CUDA graphs; at batch size B, each row's share), t_plain the
+seconds per token of plain decoding on the same prompts. The calibration prompts are the first
+turns of a few of the run's questions spread evenly over its list, each decoded to the run's
+own length per turn; their answers are not part of the reported figures. Why so, and how far
+the prediction reads: docs/eval.md.
 """
 
 from __future__ import annotations

@@ -2,16 +2,11 @@
 
     python -m draftsmith.evaluate.vllm_worker REQUEST.json RESULT.json
 
-vLLM starts engine processes of its own (the `spawn` method), so its `LLM` is only ever made
-here, under `if __name__ == "__main__"`, never in the process that runs `draftsmith eval` or
-pytest. One worker serves several engines in turn (`engines`: each a drafter folder as vLLM
-serves it, or null for plain decoding), so that several drafters pay vLLM's import once:
-
-    for each engine: LLM(target, speculative_config eagle3 of its drafter) -> a warm-up
-      -> for each batch size: every question turn by turn (evaluate/run.py's `answer`, the
-         prompts tokenized as draftsmith eval tokenizes them), each call timed, with
-         vLLM's own counters (drafts, accepted tokens per position) before and after
-      -> the engine is dropped before the next one starts
+vLLM spawns engine processes, so its `LLM` is only ever made here, under `__main__`. One worker
+serves several engines in turn (`engines`: each a drafter folder as vLLM serves it, or null for
+plain decoding), so that several drafters pay vLLM's import once: per engine a warm-up, then per
+batch size every question turn by turn (evaluate/run.py's `answer`), each call timed, with vLLM's
+own counters before and after; the engine is dropped before the next one starts.
 
 REQUEST: target (an HF folder), tokenizer (the target spec draftsmith reads it from),
 chat_template, completion, questions [{question_id, category, turns}], dtype, max_model_len,

@@ -5,22 +5,16 @@
 `vllm_capture` starts it (vLLM's `LLM` must be built under `__main__`, and never in the process
 that writes the store). SPEC names the model folder, dtype, parallelism, the engine's layer ids,
 the dataset and its rows to run, and the folder vLLM writes its request files to. The worker runs
-vLLM's `extract_hidden_states` speculative method with the `ExampleHiddenStatesConnector` KV
-connector (on CPU its synchronous subclass, `vllm_connector`): every prompt goes in as token ids
-with `max_tokens=1`, and vLLM writes one safetensors file per request, `hidden_states
-[T, n_slots, H]` and `token_ids [T]`.
-
-With `in_process` (CPU, one device) vLLM's engine core runs in this process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0): nothing steps it between `generate` calls, while the
-connector writes a finished request's file one engine step after the request ends, so the
-worker steps the engine until the chunk's files are written. Otherwise the engine core's own
-loop keeps stepping, and the parent waits on each file's lock.
+vLLM's `extract_hidden_states` speculative method with the `ExampleHiddenStatesConnector` (on
+CPU its synchronous subclass, `vllm_connector`, stepped by `step_until_written`: docs/extract.md):
+every prompt goes in as token ids with `max_tokens=1`, and vLLM writes one safetensors file per
+request, `hidden_states [T, n_slots, H]` and `token_ids [T]`.
 
 Protocol on stdout: one line `@@draftsmith {"row": r, "path": P, "cached": n}` per request
-(n: its prompt tokens vLLM's prefix cache served), after each chunk
-of `chunk` requests, then `@@draftsmith {"done": true}`; every other line is vLLM's own log.
-Chunk k+2 starts only after the parent has written a line to stdin for chunk k (it has moved
-that chunk's files into the store), which bounds the request files on disk to about two chunks.
+(n: its prompt tokens vLLM's prefix cache served), after each chunk of `chunk` requests, then
+`@@draftsmith {"done": true}`; every other line is vLLM's own log. Chunk k+2 starts only after
+the parent has written a line to stdin for chunk k, which bounds the request files on disk to
+about two chunks.
 """
 
 from __future__ import annotations

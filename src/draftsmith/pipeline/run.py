@@ -1,38 +1,17 @@
 """`draftsmith pipeline CONFIG.yaml`: several stages in one process, the target loaded once.
 
-    out: runs/h200              # stage outputs default to OUT/<stage name> (--out beats it; default runs/<file name>)
-    target: smollm2-135m        # given to every stage that takes a target, unless it sets one (--target beats it)
-    device: cuda                # likewise for device / dtype (optional)
+    out: runs/h200              # stage outputs default to OUT/<stage name>
+    target: smollm2-135m        # given to every stage that takes a target, unless it sets one
     stages:
       - synth: {prompts: gsm8k, limit: 5000, max_new_tokens: 256}
-      - synth: {name: magpie, magpie: 1000}          # same output file: appended, ids distinct
       - prepare: {max_len: 2048}
       - train: {steps: 2000}                          # online: no disk
-      - export: {format: eagle, engine: vllm}
       - eval: {mode: chain, k: 7}
 
-Every stage is checked before the first one runs: the top-level keys (a key no stage takes,
-such as `taget:`, is refused), each stage's options (its config, as when run alone), its `@NAME`
-references, and that its output is this pipeline's to replace. Each stage keeps its own folder,
-progress.json and resume, exactly as when run alone. Inputs
-not given are wired from the latest earlier stage that produces them (synth -> prepare ->
-vocab/extract/train -> export/eval); `@NAME` in any option is the output of stage NAME. A
-stage writes `OUT/.pipeline/NAME.started` (naming its output) before it runs and
-`OUT/.pipeline/NAME.done` when it finished, each with the stage's resolved options (the done
-marker also with an id of its own, the ids of the done markers of the stages it read, and a
-content id of each external input: a file or folder no stage makes); a done stage is skipped on
-a rerun unless its options changed, an input of it was made again since (a stage it reads runs
-now, or ran after it: say a synth stage added to the recipe, which `prepare` must then read), or
-an external input changed (a prompts file that grew), and then it runs again, starting over (`overwrite`) in the output
-this pipeline made. A stage that was
-cut short is rerun with its own resume (`resume: true` for train, a rewrite for atomic stages),
-but only when its `.started` marker proves that this pipeline made the output: an existing
-output the pipeline did not make is refused, never replaced, unless the stage itself says
-`overwrite: true` (or `resume: true`): at the top level they never replace a foreign output.
-Each stage's output is checked as the stage alone checks it (`fsutil.check_output`), and a
-relative `out:` must lie inside the pipeline's folder. `--only NAME,NAME` runs just those stages (say, the evals
-on a second GPU while the first trains); the others still give their output paths to the stages
-that read them.
+Every stage is checked before the first one runs; inputs not given are wired from the latest
+earlier stage that produces them (`@NAME` names one); `.pipeline/NAME.started` and `.done`
+markers decide what a rerun skips, reruns or refuses; `--only` runs some stages. The rules and
+why: docs/pipeline.md.
 """
 
 from __future__ import annotations

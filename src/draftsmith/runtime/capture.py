@@ -22,8 +22,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from draftsmith.target import base_model, decoder_layers, final_norm
 
 # Capture sees a new [B, T] with nearly every batch (length-bucketed samples). cuDNN's attention
-# builds an execution plan for each new shape, which cost ~150 ms of host time per training step on
-# an H200 (bench/train_bench.py, 2026-11-30); the flash and memory-efficient kernels need no plan.
+# builds an execution plan for each new shape, host time paid every training step (experiments/LOG.md
+# 2026-11-30 16:24); the flash and memory-efficient kernels need no plan.
 VARIABLE_SHAPE_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

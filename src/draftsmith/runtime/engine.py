@@ -1,48 +1,20 @@
 """A gpt-fast-style forward of a Llama-family HF target with a static KV cache.
 
-The forward runs the HF model's own modules (embedding, norms, q/k/v/o projections, optional
-q/k norms, MLP, rotary embedding; on CPU their linear layers over weights prepacked once for
-oneDNN, runtime/linear.py), but owns the attention: keys and values go into a
+The forward runs the HF model's own modules (on CPU their linear layers over weights prepacked
+once for oneDNN, runtime/linear.py) but owns the attention: keys and values go into a
 preallocated cache at given slots, and every query attends under an explicit boolean mask over
-the cache. Covered (`check_supported`; selfcheck.py holds every model against its own forward):
+the cache (a sliding layer's mask by each slot's position). One code path gives plain decoding,
+chain and tree verification, the compaction of a tree's accepted path (`compact`), the
+drafter's aux hidden states in the same pass (draftsmith layer ids; none when `aux_layer_ids`
+is empty), and batched rows: in lock-step (`forward_batch`, synth) or each at its own length
+(`prefill_rows`, `rows_forward`, eval).
 
-  - Llama, Mistral, Qwen2/3 (Qwen3's q/k norms) and their kin: pre-norm decoder layers;
-  - Gemma: its scaled embedding and (1 + w) norms are the model's own modules;
-  - Gemma-2/3: sandwich norms (each sublayer's output normed before it joins the residual),
-    the attention scale of `query_pre_attn_scalar` (the attention module's `scaling`),
-    attention scores soft-capped before the mask (`attn_logit_softcapping`, then a plain
-    attention instead of SDPA), logits soft-capped (`final_logit_softcapping`), and Gemma-3's
-    q/k norms and per-layer-type rotary (local layers rotate at their own base frequency: the
-    model's rotary embedding called with each layer's type);
-  - sliding windows (Mistral, Gemma-2/3's local layers): the cache keeps every slot, and a
-    sliding layer's mask also drops the slots more than `sliding_window` positions back (each
-    slot's position is kept beside the cache, so left-padded rows and draft trees are windowed
-    by position, not by slot).
-
-With one code path, that gives:
-
-  - plain decoding (one token, causal mask),
-  - chain and tree verification (one forward, tree mask from the draft's parent links),
-  - KV compaction of the accepted path (a fixed-shape index copy on the device, `compact`),
-  - the drafter's auxiliary hidden states, captured in the same pass (draftsmith layer ids:
-    id k = residual entering decoder layer k; k == L is the last layer's output); none when
-    `aux_layer_ids` is empty,
-  - batched decoding (`batch` rows, `forward_batch`): every row has its own cache slots,
-    positions and mask. Left-padded prompts decode in lock-step (`draftsmith synth`,
-    synth/generate.py: the same slots in every row), or each row on its own (`draftsmith eval
-    --batch-size`: `prefill_rows`, then `rows_forward` at each row's own length, for plain
-    decoding and chain or tree verification alike).
-
-`graph(t, width)` captures the forward of `t` tokens attending over the first `width` cache
-slots in a CUDA graph (static input buffers; the cache is written in place), used by plain
-decoding (t=1), verification (t = draft size + 1) and synth's batched decoding alike;
-`graph_rows(t)` captures `rows_forward` with its mask building (eval), `graph_compact(n)` the
-compaction of a tree's accepted path. On CPU the same code runs eagerly.
-
-With `compile` (eval's default on GPU, `--compile-target`), each captured forward is first `torch.compile`d
-(inductor, one static shape per graph): a small target's graphed forward is ~35 kernels per
-layer, launch-bound, and fusing its norms, rotary and elementwise work cuts that count. A
-forward that fails to compile is captured eagerly instead, with one line on stderr.
+`graph(t, width)`, `graph_rows(t)` and `graph_compact(n)` capture those forwards in CUDA graphs,
+each first `torch.compile`d with `compile` (a forward that fails to compile is captured eagerly,
+with one line on stderr); on CPU the same code runs eagerly. `check_supported` says which
+architectures it covers (Llama, Mistral, Qwen2/3, the Gemma family); selfcheck.py holds every
+model against its own forward. What each family needs, and why the target is compiled:
+docs/eval.md, "How it works".
 """
 
 from __future__ import annotations

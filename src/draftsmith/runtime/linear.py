@@ -1,10 +1,9 @@
 """Linear layers for decoding on CPU: oneDNN over weights prepacked once.
 
 PyTorch's CPU `F.linear` (MKL sgemm) repacks the weight on every call, and for a few rows that
-costs more than the product itself. On 2 AMD EPYC cores (2026-12-01), SmolLM2-135M's linear
-layers take 55 ms for one token and 115 ms for four: a chain's verification (draft size + 1
-tokens) cost twice a plain token. oneDNN's linear over a weight reordered once takes 53 ms for
-one token and 66 ms for four, and row 0 of its four-token product is bitwise its one-token one.
+costs more than the product itself; oneDNN's linear over a weight reordered once does not, and
+row 0 of its few-row product is bitwise its one-row one (figures: experiments/LOG.md, CPU
+figures, 2026-12-01 12:37).
 
 `prepacked(module)` is `module` with every `nn.Linear` inside it running that way: a shallow
 copy that shares every parameter and leaves `module` untouched (the target engine's layers and

@@ -2,19 +2,12 @@
 (engine.py) with a target, the engine must reproduce the model's own forward. When it does
 not, they fall back to a generic path and say so: never wrong logits in silence.
 
-Three checks, cheapest first; the first that fails gives the reason:
-  - structure (`engine.check_supported`): decoder layers with q/k/v/o projections, pre-norm or
-    with Gemma-2/3's sandwich norms, and a rotary embedding;
-  - the config (`config_gaps`): settings the fast engine does not implement, such as
-    Granite's multipliers, bidirectional attention, layer types other than full and sliding
-    attention, layers without rotary embeddings (Gemma-2's soft-capping of attention scores and
-    logits and sliding windows it implements);
-  - the logits (`logits_gap`), the guard that catches anything else: a random prompt,
-    prefilled through the fast engine and continued by a chain forward from its cache, against
-    `model(...)` on the whole prompt. Logits and the aux hidden states must agree within a
-    tolerance of the dtype; the fast engine failing to run at all counts as a gap too. When the
-    run goes past the model's sliding window, so does the prompt (a window-long forward), and
-    the windowed masks are checked too.
+Three checks, cheapest first; the first that fails gives the reason: the structure
+(`engine.check_supported`), the config (`config_gaps`: settings the fast engine does not
+implement, such as Granite's multipliers), and the logits (`logits_gap`: a random prompt,
+prefilled through the fast engine and continued by a chain forward from its cache, against
+`model(...)`, logits and aux hidden states within the dtype's tolerance, past the sliding
+window where the run goes past it). What each check covers: docs/eval.md, "How it works".
 
 `fast_engine_problem` is the verdict: `open_engine` (engine_choice.py) builds eval's engine from
 it, and synth generates with the model's own `generate` when it names a problem.

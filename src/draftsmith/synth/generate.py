@@ -26,8 +26,8 @@ from draftsmith.runtime.sampling import Sampling, exponential_race, target_probs
 SLOT_MULTIPLE = 64  # cache widths are rounded up to this, so that batches share graphs
 CHECK_EVERY = 16  # decode steps between host checks for "every row finished"
 # The prompts are prefilled in chunks of prompt slots whose mask [B, c, S] holds at most this many
-# cells (128 MB of bools), so that a batch of long prompts fits: 1,024 multi-turn prompts of ~4.9k
-# tokens needed a 26 GB mask at once (H200, experiments/recipes/h200_mix.yaml, 2026-11-30).
+# cells (128 MB of bools), so that a batch of long multi-turn prompts fits (experiments/LOG.md
+# 2026-11-30 16:24: the varied mix's synth out of memory).
 PREFILL_CELLS = 2**27
 
 

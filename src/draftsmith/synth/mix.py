@@ -1,30 +1,10 @@
 """`draftsmith synth --mix mix.yaml`: one file that says which prompts to answer, from where.
 
-    seed: 0                     # selection seed (the answers' sampling seed stays --seed)
-    total: 30000                # split among the sources that give a weight
-    max_turns: 3                # keep at most N user turns of a conversation
-    dedup: {exact: true, near: 0.8}            # near: Jaccard of word 3-grams; null turns it off
-    filters: {min_chars: 16, max_chars: 8000, scripts: null, exclude_scripts: []}
-    sources:
-      - {source: gsm8k, cap: 7473}
-      - {source: evals, weight: 1, per_task_cap: 100}   # at most 100 per task (evals folder)
-      - {source: hf:HuggingFaceH4/ultrachat_200k:train_sft, weight: 1, license: MIT}
-      - {source: data/mine.jsonl, name: mine}        # no cap, no weight: all of it
-      - {source: magpie, cap: 4000, turns: 2}        # self-prompted by the target
-
-Selection, per source in the order listed: its prompts are ranked by a hash of (seed, source
-name, prompt id) and walked in that order; a prompt is skipped when its task is full, it fails
-a filter, or it duplicates (exactly or nearly) one taken before, from any source; the walk stops
-at the source's cap (its `cap`, its share of `total`, or the smaller of both). The ranking is a
-hash, not a shuffle, so raising a cap keeps every prompt taken before and resumes into the same
-output. A source that ends up with nothing is an error that names it.
-
-Conversation ids are `NAME:ID:sSEED` (NAME: the source's `name`, default its short name), so
-the output says where every line came from and a rerun skips what is done. `mix.json` next to
-the output records, per source: license, prompts available, wanted, selected, dropped by reason,
-per-task counts, what the source itself left out (evals' license exclusions), and, when synth
-finishes, the conversations kept and dropped. `data.sources.mix_card` is the short form that
-`prepare` and `train` carry into the model card.
+It holds the mix file's config, the selection (per source in the order listed, prompts ranked
+by a hash of seed, source name and prompt id, walked to the source's cap past task caps,
+filters and exact or near duplicates), the conversation ids `NAME:ID:sSEED`, and `mix.json`
+beside the output (`data.sources.mix_card` is its short form for the model card). The file's
+fields, the selection rules and why a hash rather than a shuffle: docs/synth.md ("Mixes").
 """
 
 from __future__ import annotations

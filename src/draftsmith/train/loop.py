@@ -130,9 +130,9 @@ class Trainer:
         self._data_wait = 0.0  # seconds the loop spent getting training rows since the last log
         self.autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=bool(cfg.autocast))
         # The compiled static step validates with gradients on (and no backward): under no_grad
-        # dynamo would compile a second, inference-only graph, ~100 s once per run on the H200
-        # (BENCHMARKS, 2026-12-03). Multi-process runs validate the plain way: DDP and FSDP2 make
-        # ready for a backward after each forward with gradients on.
+        # dynamo would compile a second, inference-only graph (experiments/LOG.md 2026-12-03 06:28).
+        # Multi-process runs validate the plain way: DDP and FSDP2 make ready for a backward after
+        # each forward with gradients on.
         self.validate_with_grad = objective.compiled_on(env.device) and env.world == 1
 
     # -- data ------------------------------------------------------------------------------

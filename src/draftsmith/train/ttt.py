@@ -1,31 +1,20 @@
 """Training-time test (TTT): the K-step unroll of the drafter and its attention (DESIGN §4).
 
-A batch is one or more *packed rows*: several samples laid end to end, each with its own
-document id (`doc [B, T]`, -1 for padding) and its own positions (`pos [B, T]`, restarting at 0
-for every sample). Step k (0-based) of the unroll, at row position t:
+A batch is one or more packed rows: samples laid end to end, each with its own document id
+(`doc [B, T]`, -1 for padding) and positions (`pos [B, T]`, restarting at 0). Step k of the
+unroll, at row position t:
 
     input hidden   step 0: fc(aux[t]);  step k>0: step k-1's output at t (normed with norm_output)
-    input token    ids[t+1+k]                        (the embedding of the next known token)
-    position       pos[t] + k                        (positions advance by one per step)
+    input token    ids[t+1+k]
+    position       pos[t] + k
     predicts       token t+2+k, against the target's distribution from final[t+1+k]
     attends to     step-0 keys at s <= t of the same sample, and the step-1..k keys at t only
 
-`TTTAttention` is the stateful `attend` callback given to each drafter layer (one per layer,
-`ttt_attends`): it keeps that layer's keys/values of earlier steps and combines them with the
-current step's. Two backends give the same result:
-
-  - "eager": step-0 scores `q·K0ᵀ` under the causal, same-sample mask, concatenated with the
-    k per-step diagonal scores `q·Kj` (one number per query), then one softmax over both
-    ([B, nh, T, T+k]; no [T, kT] mask). Exact and portable; memory O(T²) per step.
-  - "flex": `flex_attention` over the keys of all steps concatenated ([B, nkv, (k+1)T, hd])
-    with a block-sparse mask (causal + same sample for step 0, the diagonal for the others),
-    compiled on GPU. Memory O(T), so 32k-token rows fit. The mask does not depend on the step,
-    so when T is a whole number of blocks one block mask, made for all K steps, is cropped to
-    each step's keys (`crop_keys`).
-
-Packing needs no padding between samples: the same-sample mask isolates them (block diagonal),
-positions restart per sample, and a step's target/loss mask is only valid when t+2+k lies in
-the same sample as t (`valid_steps`).
+`TTTAttention` is each drafter layer's `attend` callback (`ttt_attends`): it keeps the layer's
+keys/values of earlier steps. Two backends give the same result: "eager" (step-0 scores and the
+per-step diagonal under one softmax, O(T²)) and "flex" (`flex_attention` over all steps' keys
+with a block-sparse mask, O(T); `crop_keys`). `valid_steps` masks a step whose target leaves
+the sample. The backends and when each is used: docs/train.md.
 """
 
 from __future__ import annotations
