@@ -57,6 +57,8 @@ class DrafterConfig:
     norm_output: bool = False  # True: the next draft step reads norm(out) instead of out
     hidden_act: str = "silu"
     num_layers: int = 1  # decoder layers: the EAGLE-3 layer, then num_layers-1 plain ones
+    method: str = "eagle3"  # "eagle3": one forward per draft; "peagle": one forward proposes all K (draft/peagle.py)
+    ptd_token_id: int = 0  # peagle: the placeholder token id of the draft slots after the first (a target id)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,6 +213,11 @@ class Eagle3Drafter(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        # P-EAGLE: the learned aux-state placeholder of the parallel draft slots, projected like the
+        # target's aux states (vLLM's `mask_hidden`, [n_aux*H_t]; draft/peagle.py)
+        self.mask_hidden = (
+            nn.Parameter(0.02 * torch.randn(n_aux * cfg.target_hidden_size)) if cfg.method == "peagle" else None
+        )
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """Target aux states [.., n_aux*H_t] -> drafter hidden [.., H]."""

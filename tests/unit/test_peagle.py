@@ -1,0 +1,111 @@
+"""P-EAGLE (draft/peagle.py): the TTT unroll of a parallel drafter is vLLM's one forward over the
+context and K-1 placeholder slots (plain causal attention), and eval's proposer drafts what both
+predict, for drafters of one decoder layer and of several."""
+
+import pytest
+import torch
+
+from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.evaluate.proposer import DrafterProposer
+from draftsmith.runtime.sampling import Sampling
+from draftsmith.train.ttt import doc_and_positions, unroll
+
+K = 4
+PTD = 7
+
+
+def tiny_peagle(seed: int = 0, num_layers: int = 1, **options) -> Eagle3Drafter:
+    torch.manual_seed(seed)
+    cfg = DrafterConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=50,
+        draft_vocab_size=20,
+        target_hidden_size=24,
+        aux_layer_ids=[0, 1, 2],
+        num_layers=num_layers,
+        method="peagle",
+        ptd_token_id=PTD,
+        **options,
+    )
+    model = Eagle3Drafter(cfg)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return model.double().eval()
+
+
+def unroll_logits(model, aux, prompt, steps: int) -> list[torch.Tensor]:
+    """The unroll's draft logits [Vd] at t = n-1 for steps 0..steps-1 (later tokens: zeros, unread)."""
+    n = aux.shape[1]
+    ids = torch.cat([prompt, torch.zeros(1, steps - 1, dtype=torch.long)], dim=1)  # [1, n+steps]
+    aux_all = torch.cat([aux, torch.zeros(1, steps, 72, dtype=torch.float64)], dim=1)
+    doc, pos = doc_and_positions([n + steps], n + steps)
+    with torch.no_grad():
+        return [
+            model.lm_head(model.norm(out[0, n - 1]))
+            for _, out in unroll(model, model.project(aux_all), ids, pos[None], doc[None], steps)
+        ]
+
+
+def served_logits(model, aux, prompt, steps: int) -> torch.Tensor:
+    """vLLM's parallel-drafting forward: the context (aux at t, token t+1, position t), then
+    steps-1 slots (project(mask_hidden), the placeholder token, positions n..), causal attention;
+    the logits at n-1.. [steps, Vd]."""
+    n = aux.shape[1]
+    slot = model.project(model.mask_hidden[None])  # [1, H]
+    hidden = torch.cat([model.project(aux)[0], slot.expand(steps - 1, -1)])[None]  # [1, n+steps-1, H]
+    ids = torch.cat([prompt[0, 1:], torch.full((steps - 1,), PTD)])[None]  # [1, n+steps-1]
+    pos = torch.arange(n + steps - 1)[None]
+    with torch.no_grad():
+        logits, _ = model(hidden, ids, pos)
+    return logits[0, n - 1 :]
+
+
+def example(seed: int, n: int):
+    g = torch.Generator().manual_seed(seed)
+    aux = torch.randn(1, n, 72, generator=g, dtype=torch.float64)  # [1, n, n_aux*H_t]
+    prompt = torch.randint(0, 20, (1, n + 1), generator=g)  # x_0..x_n
+    return aux, prompt
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_the_unroll_is_vllms_parallel_forward(num_layers):
+    model = tiny_peagle(seed=1, num_layers=num_layers, fc_norm=True)
+    for seed, n in enumerate((9, 5, 1)):
+        aux, prompt = example(seed, n)
+        trained = torch.stack(unroll_logits(model, aux, prompt, K))  # [K, Vd]
+        torch.testing.assert_close(trained, served_logits(model, aux, prompt, K), rtol=1e-9, atol=1e-9)
+
+
+def test_the_unrolls_parallel_steps_read_no_later_token():
+    model = tiny_peagle(seed=2)
+    aux, prompt = example(0, 6)
+    n = aux.shape[1]
+    ids = torch.cat([prompt, torch.randint(0, 50, (1, K))], dim=1)
+    other = ids.clone()
+    other[0, n + 1 :] = (other[0, n + 1 :] + 1) % 50
+    doc, pos = doc_and_positions([n + K + 1], n + K + 1)
+    aux_all = torch.cat([aux, torch.zeros(1, K + 1, 72, dtype=torch.float64)], dim=1)
+    with torch.no_grad():
+        a = [out[0, n - 1] for _, out in unroll(model, model.project(aux_all), ids, pos[None], doc[None], K)]
+        b = [out[0, n - 1] for _, out in unroll(model, model.project(aux_all), other, pos[None], doc[None], K)]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y)
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_the_proposers_parallel_draft_is_the_unrolls(num_layers):
+    model = tiny_peagle(seed=3, num_layers=num_layers)
+    seen = set()
+    for seed, n in enumerate((9, 5, 12, 7, 3, 10)):
+        aux, prompt = example(seed, n)
+        prop = DrafterProposer(model, Sampling(), 64, depth=K)
+        prop.observe_prompt(aux, prompt[:, 1:], torch.zeros(1, dtype=torch.long))
+        drafts = prop.propose().tokens[0].tolist()
+        trained = [int(model.to_target_ids(lg.argmax())) for lg in unroll_logits(model, aux, prompt, K)]
+        assert drafts == trained, (drafts, trained)
+        seen.update(drafts)
+    assert len(seen) > 3

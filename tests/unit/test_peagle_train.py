@@ -1,0 +1,73 @@
+"""`train --method peagle` on the tiny Llama: it trains a P-EAGLE drafter whose drafter.json
+records the method and placeholder token, resumes on the same curve, and the commands after it
+(export, eval) take it or refuse it with the reason."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from draftsmith.cli import app
+from draftsmith.draft.checkpoint import load_drafter
+from draftsmith.train.metrics import read_metrics
+from tests.unit.test_train_loop import _samples
+from tests.helpers import write_tokenized_dataset
+
+ARGS = ["--steps", "6", "--ttt", "3", "--batch-tokens", "96", "--draft-vocab-size", "300", "--log-every", "1"]
+ARGS += ["--val-fraction", "0.2", "--save-every", "3", "--lr", "1e-3", "--method", "peagle"]
+
+
+@pytest.fixture(scope="module")
+def peagle_run(tmp_path_factory, tiny_target_dir):
+    root = tmp_path_factory.mktemp("peagle")
+    ds = write_tokenized_dataset(root / "ds", _samples(10))
+    out = root / "run"
+    res = CliRunner().invoke(app, ["train", str(ds), "--target", str(tiny_target_dir), "--out", str(out), *ARGS])
+    assert res.exit_code == 0, res.output
+    return root, ds, out
+
+
+def test_train_method_peagle_writes_a_parallel_drafter(peagle_run):
+    _, _, out = peagle_run
+    model, record = load_drafter(out)
+    assert record["config"]["method"] == "peagle" and model.config.method == "peagle"
+    assert model.mask_hidden is not None and model.mask_hidden.shape == (3 * 64,)
+    assert 0 <= record["config"]["ptd_token_id"] < model.config.vocab_size
+    run = yaml.safe_load((out / "run.yaml").read_text())["config"]
+    assert run["method"] == "peagle" and run["step_decay"] == 1.0  # P-EAGLE weighs every depth alike
+    train = [r for r in read_metrics(out) if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6] and all(len(r["acc_k"]) == 3 for r in train)
+    assert train[-1]["loss"] < train[0]["loss"]
+
+
+def test_train_method_peagle_resumes_on_the_same_curve(peagle_run, tiny_target_dir):
+    root, ds, out = peagle_run
+    cut = root / "cut"
+    shutil.copytree(out, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_00000006")
+    res = CliRunner().invoke(
+        app, ["train", str(ds), "--target", str(tiny_target_dir), "--out", str(cut), *ARGS, "--resume"]
+    )
+    assert res.exit_code == 0, res.output
+    whole = {r["step"]: r["loss"] for r in read_metrics(out) if r["split"] == "train"}
+    resumed = {r["step"]: r["loss"] for r in read_metrics(cut) if r["split"] == "train"}
+    assert set(resumed) == set(whole)
+    for step in (4, 5, 6):
+        assert resumed[step] == pytest.approx(whole[step], rel=1e-5)
+    a, _ = load_drafter(out)
+    b, _ = load_drafter(cut)
+    torch.testing.assert_close(a.mask_hidden, b.mask_hidden)
+
+
+def test_for_engine_sglang_is_refused_for_peagle(peagle_run, tiny_target_dir):
+    root, ds, _ = peagle_run
+    res = CliRunner().invoke(
+        app,
+        ["train", str(ds), "--target", str(tiny_target_dir), "--out", str(root / "x"), *ARGS, "--for-engine", "sglang"],
+    )
+    assert res.exit_code != 0 and "SGLang does not serve P-EAGLE" in res.output
+    assert not (root / "x").exists()
