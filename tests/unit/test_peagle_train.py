@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from draftsmith.cli import app
 from draftsmith.draft.checkpoint import load_drafter
 from draftsmith.train.metrics import read_metrics
-from tests.unit.test_train_loop import _samples
 from tests.helpers import write_tokenized_dataset
+from tests.unit.test_train_loop import _samples
 
 ARGS = ["--steps", "6", "--ttt", "3", "--batch-tokens", "96", "--draft-vocab-size", "300", "--log-every", "1"]
 ARGS += ["--val-fraction", "0.2", "--save-every", "3", "--lr", "1e-3", "--method", "peagle"]
