@@ -207,9 +207,7 @@ def random_drafter(
         aux_layer_ids=default_aux_layers(len(decoder_layers(model))),
     )
     drafter = Eagle3Drafter(
-        replace(
-            cfg, intermediate_size=intermediate_size or cfg.intermediate_size, num_layers=num_layers, method=method
-        )
+        replace(cfg, intermediate_size=intermediate_size or cfg.intermediate_size, num_layers=num_layers, method=method)
     )
     drafter.load_target_embeddings(embed_weight(model))
     target_ids = torch.arange(cfg.draft_vocab_size) * stride  # [Vd]

@@ -71,3 +71,61 @@ def test_for_engine_sglang_is_refused_for_peagle(peagle_run, tiny_target_dir):
     )
     assert res.exit_code != 0 and "SGLang does not serve P-EAGLE" in res.output
     assert not (root / "x").exists()
+
+
+@pytest.mark.parametrize("fmt", ["eagle", "speculators"])
+def test_export_for_vllm_reloads_with_identical_logits(peagle_run, fmt):
+    """export's own reload check compares the logits and the slots' input; here the folder is read
+    again as eval reads it: the same drafter, method and placeholder, the fields vLLM reads."""
+    import json
+
+    root, _, out = peagle_run
+    dest = root / f"export-{fmt}"
+    res = CliRunner().invoke(app, ["export", str(out), "--format", fmt, "--engine", "vllm", "--out", str(dest)])
+    assert res.exit_code == 0, res.output
+    config = json.loads((dest / "config.json").read_text())
+    if fmt == "eagle":
+        assert config["pard_token"] == config["ptd_token_id"] and config["architectures"] == ["LlamaForCausalLMEagle3"]
+    else:
+        assert config["speculators_model_type"] == "peagle" and "mask_token_id" in config
+        assert config["transformer_layer_config"]["fc_norm"] is True
+    assert "parallel_drafting" in (dest / "README.md").read_text()
+    a, _ = load_drafter(out)
+    b, record = load_drafter(dest)
+    b.load_target_embeddings(a.embed_tokens.weight)
+    assert b.config.method == "peagle" and b.config.ptd_token_id == a.config.ptd_token_id
+    g = torch.Generator().manual_seed(0)
+    aux = torch.randn(1, 6, a.fc.in_features, generator=g)
+    ids, pos = torch.randint(0, a.config.vocab_size, (1, 6), generator=g), torch.arange(6)[None]
+    with torch.no_grad():
+        assert torch.equal(a(a.project(aux), ids, pos)[0], b(b.project(aux), ids, pos)[0])
+        assert torch.equal(a.project(a.mask_hidden[None]), b.project(b.mask_hidden[None]))
+
+
+def test_export_for_sglang_and_tree_eval_are_refused(peagle_run, tiny_target_dir):
+    root, _, out = peagle_run
+    res = CliRunner().invoke(
+        app, ["export", str(out), "--format", "eagle", "--engine", "sglang", "--out", str(root / "s")]
+    )
+    assert res.exit_code != 0 and "served by vllm" in res.output and "sglang does not serve" in res.output
+    assert not (root / "s").exists()
+    res = CliRunner().invoke(
+        app,
+        ["eval", "--target", str(tiny_target_dir), "--drafter", str(out), "--out", str(root / "e"), "--mode", "tree"],
+    )
+    assert res.exit_code != 0 and "--mode chain" in res.output, res.output
+    assert not (root / "e").exists()
+
+
+def test_eval_chain_runs_on_the_trained_drafter(peagle_run, tiny_target_dir):
+    import json
+
+    root, _, out = peagle_run
+    res = CliRunner().invoke(
+        app,
+        ["eval", "--target", str(tiny_target_dir), "--drafter", str(out), "--out", str(root / "ev"), "--k", "3"]
+        + ["--num-questions", "2", "--max-new-tokens", "12", "--device", "cpu"],
+    )
+    assert res.exit_code == 0, res.output
+    report = json.loads((root / "ev" / "report.json").read_text())
+    assert report["tau"] >= 1.0 and len(report["accept_per_position"]) == 3

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.errors import UserError
 
 METHODS = ("eagle3", "peagle")
 # the engines that serve each method's drafter (export refuses the others)
@@ -53,3 +54,38 @@ def placeholder_inputs(
     and hidden states [B, T, H] (all `placeholder_hidden`)."""
     h = placeholder_hidden(drafter).to(dtype)  # [H]
     return torch.full_like(ids, drafter.config.ptd_token_id), h.expand(*ids.shape, h.shape[-1])  # [B, T], [B, T, H]
+
+
+# config.json fields that name the placeholder token, in the order vLLM's proposer reads them
+# (`_init_parallel_drafting_params`; speculators' `mask_token_id` becomes `pard_token`)
+TOKEN_FIELDS = ("mask_token_id", "pard_token", "ptd_token_id")
+
+
+def serving_refusal(cfg: DrafterConfig, engine: str) -> str | None:
+    """Why `engine` cannot serve this drafter's method, naming the engines that can; None when it can."""
+    if engine in SERVED_BY[cfg.method]:
+        return None
+    return (
+        f"this is a {cfg.method} drafter (P-EAGLE: parallel drafting, one forward proposes all K drafts), which "
+        f"{engine} does not serve (SGLang has no parallel-drafting EAGLE); it is served by "
+        f"{', '.join(SERVED_BY[cfg.method])} (llama_eagle3 with speculative_config parallel_drafting=True): "
+        f"export with --engine {SERVED_BY[cfg.method][0]}"
+    )
+
+
+def engine_fields(cfg: DrafterConfig) -> dict[str, int]:
+    """The placeholder token under the names vLLM reads in an EAGLE-3 config.json (empty for EAGLE-3)."""
+    return {"pard_token": cfg.ptd_token_id, "ptd_token_id": cfg.ptd_token_id} if is_parallel(cfg) else {}
+
+
+def read_method(config: dict, speculators: bool, has_mask_hidden: bool, where: str) -> dict[str, object]:
+    """The method fields of DrafterConfig from an engine's config.json (a speculators `peagle`, or
+    an EAGLE-3 config with a placeholder token) and whether its weights hold `mask_hidden`."""
+    token = next((config[name] for name in TOKEN_FIELDS if config.get(name) is not None), None)
+    parallel = (config.get("speculators_model_type") == "peagle") if speculators else token is not None
+    if not parallel and not has_mask_hidden:
+        return {"method": "eagle3"}
+    if token is None or not has_mask_hidden:
+        missing = "a placeholder token (mask_token_id, pard_token or ptd_token_id)" if token is None else "mask_hidden"
+        raise UserError(f"{where}: a P-EAGLE (parallel drafting) drafter without {missing}; vLLM refuses it too")
+    return {"method": "peagle", "ptd_token_id": int(token)}
