@@ -129,3 +129,13 @@ def test_eval_chain_runs_on_the_trained_drafter(peagle_run, tiny_target_dir):
     assert res.exit_code == 0, res.output
     report = json.loads((root / "ev" / "report.json").read_text())
     assert report["tau"] >= 1.0 and len(report["accept_per_position"]) == 3
+
+
+def test_status_and_plan_for_peagle(peagle_run, tiny_target_dir):
+    root, ds, out = peagle_run
+    status = CliRunner().invoke(app, ["status", str(out)])
+    assert status.exit_code == 0 and "done" in status.output, status.output
+    args = ["plan", str(ds), "--target", str(tiny_target_dir), "--device", "cpu", "--hidden-dir", str(root)]
+    plan = CliRunner().invoke(app, [*args, "--calibrate-tokens", "64", "--ttt", "3", "--method", "peagle"])
+    assert plan.exit_code == 0, plan.output
+    assert "train (online)" in plan.output and "TTT-3 step" in plan.output
