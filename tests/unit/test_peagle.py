@@ -109,3 +109,39 @@ def test_the_proposers_parallel_draft_is_the_unrolls(num_layers):
         assert drafts == trained, (drafts, trained)
         seen.update(drafts)
     assert len(seen) > 3
+
+
+def as_peagle(drafter: Eagle3Drafter) -> Eagle3Drafter:
+    """The same drafter, P-EAGLE: the method set and a random `mask_hidden`."""
+    drafter.config.method, drafter.config.ptd_token_id = "peagle", PTD
+    w = drafter.fc.weight
+    drafter.mask_hidden = torch.nn.Parameter(torch.randn(w.shape[1], generator=torch.Generator().manual_seed(9)).to(w))
+    return drafter
+
+
+def test_static_step_of_a_peagle_drafter_matches_the_compacted_step_and_traces_as_one_graph():
+    """--compile-step's static form (compiled on CUDA) gives the default step's loss, counts and
+    gradients, mask_hidden's too, for a P-EAGLE drafter, with no host sync (one dynamo graph)."""
+    from draftsmith.runtime.head import OutputHead
+    from draftsmith.train.loss import STAT_KEYS, TTTObjective
+    from tests.unit.test_ttt_loss import grads, static_batch, teacher_head
+    from tests.unit.test_ttt_loss import tiny_drafter as loss_drafter
+
+    drafter = as_peagle(loss_drafter())
+    head = OutputHead(teacher_head(drafter))
+    out = {}
+    for static in (False, True):
+        objective = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=5, static=static, step_decay=1.0)
+        loss, stats = objective(**static_batch())
+        loss.backward()
+        out[static] = loss, stats, grads(drafter)
+    (loss, stats, g), (s_loss, s_stats, s_g) = out[False], out[True]
+    torch.testing.assert_close(s_loss, loss, rtol=1e-5, atol=1e-6)
+    for key in STAT_KEYS:
+        torch.testing.assert_close(s_stats[key], stats[key], rtol=1e-5, atol=1e-5, msg=key)
+    assert "mask_hidden" in g and g["mask_hidden"].abs().sum() > 0
+    for name in g:
+        torch.testing.assert_close(s_g[name], g[name], rtol=1e-5, atol=1e-6, msg=name)
+    objective = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=20, static=True)
+    explained = torch._dynamo.explain(objective.static_step)(**static_batch())
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
