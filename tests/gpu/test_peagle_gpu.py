@@ -6,7 +6,6 @@ graph, and graphed speculative decoding equals graphed plain decoding on the emb
 from __future__ import annotations
 
 import pytest
-import torch
 
 from draftsmith.evaluate.decode import decode, plain_generate, spec_generate
 from draftsmith.evaluate.proposer import DrafterProposer
@@ -39,12 +38,13 @@ def test_graphed_peagle_spec_equals_plain(target):  # noqa: F811
 def test_graphed_peagle_batch_equals_each_alone(target):  # noqa: F811
     drafter = random_drafter(target.model, 32000, method="peagle")
     prompts = [turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", 4)]
-    alone = [
-        plain_generate(TargetEngine(target.model, drafter.config.aux_layer_ids, 512), p, 48, set(), Sampling()).tokens
-        for p in prompts
-    ]
+    alone = TargetEngine(target.model, drafter.config.aux_layer_ids, 512)
+    alone.graph_rows(1)
+    ref = [plain_generate(alone, p, 64, set(), Sampling()).tokens for p in prompts]
     eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512, batch=4)
-    prop = DrafterProposer(drafter, Sampling(), 512, mode="chain", depth=5, compile=True, batch=4)
+    prop = DrafterProposer(drafter, Sampling(), 512, mode="chain", depth=7, compile=True, batch=4)
+    eng.graph_rows(1)
+    eng.graph_rows(prop.size + 1)
+    eng.graph_compact(prop.path_len)
     prop.graph()
-    assert [t.tokens for t in decode(eng, prompts, 48, set(), Sampling(), prop)] == alone
-    torch.cuda.synchronize()
+    assert [t.tokens for t in decode(eng, prompts, 64, set(), Sampling(), prop)] == ref
