@@ -145,3 +145,21 @@ def test_static_step_of_a_peagle_drafter_matches_the_compacted_step_and_traces_a
     objective = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=20, static=True)
     explained = torch._dynamo.explain(objective.static_step)(**static_batch())
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_an_engine_folder_of_a_parallel_drafter_needs_its_placeholder():
+    """read_method: a speculators `peagle` or an EAGLE-3 config with a placeholder token is P-EAGLE,
+    and must come with mask_hidden; mask_hidden without a token is refused as vLLM refuses it."""
+    from draftsmith.draft.peagle import read_method
+    from draftsmith.errors import UserError
+
+    assert read_method({}, False, False, "f") == {"method": "eagle3"}
+    assert read_method({"pard_token": 3, "ptd_token_id": 3}, False, True, "f") == {
+        "method": "peagle",
+        "ptd_token_id": 3,
+    }
+    assert read_method({"speculators_model_type": "peagle", "mask_token_id": 5}, True, True, "f")["ptd_token_id"] == 5
+    with pytest.raises(UserError, match="without mask_hidden"):
+        read_method({"ptd_token_id": 3}, False, False, "f")
+    with pytest.raises(UserError, match="placeholder token"):
+        read_method({}, False, True, "f")

@@ -301,6 +301,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         "data": str(cfg.dataset_dir),
         "hidden": str(cfg.hidden) if cfg.hidden else None,
         "ttt": cfg.ttt,
+        "method": cfg.method,
         "train_samples": len(train_idx),
         "val_samples": len(val_idx),
     }
