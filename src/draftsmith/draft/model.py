@@ -18,7 +18,9 @@ and predicts token t+2. Draft id i maps to target id i + d2t[i]; t2d marks the t
 the draft vocab covers. Attention is a callback (`attend`, one per layer: each keeps its own
 keys), so training (TTT masks), eval (KV cache) and the plain causal default share one module.
 The layers 1.. are what vLLM's `llama_eagle3` builds for `num_hidden_layers` > 1 (its
-`layers.1..`) and speculators' drafter for `transformer_layer_config.num_hidden_layers`. No I/O here.
+`layers.1..`) and speculators' drafter for `transformer_layer_config.num_hidden_layers`. A P-EAGLE
+drafter (`method` "peagle", draft/peagle.py) is the same module plus `mask_hidden`, the learned
+aux-state placeholder of its parallel draft slots. No I/O here.
 """
 
 from __future__ import annotations
