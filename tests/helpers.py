@@ -198,8 +198,9 @@ def random_drafter(
     stride: int = 1,
     intermediate_size: int | None = None,
     num_layers: int = 1,
+    method: str = "eagle3",
 ) -> Eagle3Drafter:
-    """An untrained drafter for `model` (default aux layers, target embeddings, `num_layers`
+    """An untrained drafter for `model` (`method`: "peagle" for a P-EAGLE one) (default aux layers, target embeddings, `num_layers`
     decoder layers, its MLP the target's width or `intermediate_size`; draft id i is target id
     stride*i, so stride 1 is the identity over the first `draft_vocab_size` ids): tau ~ 1, for
     tests and smoke benchmarks (bench/eval_bench.py, bench/region_compile_cost.py)."""
@@ -211,7 +212,7 @@ def random_drafter(
         aux_layer_ids=default_aux_layers(len(decoder_layers(model))),
     )
     drafter = Eagle3Drafter(
-        replace(cfg, intermediate_size=intermediate_size or cfg.intermediate_size, num_layers=num_layers)
+        replace(cfg, intermediate_size=intermediate_size or cfg.intermediate_size, num_layers=num_layers, method=method)
     )
     drafter.load_target_embeddings(embed_weight(model))
     target_ids = torch.arange(cfg.draft_vocab_size) * stride  # [Vd]

@@ -13,6 +13,7 @@ each layout names, and why: docs/export.md and docs/engine-fields.md.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from draftsmith.draft.layouts import (
     to_draftsmith_key,
 )
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.draft.peagle import METHODS, read_method
 from draftsmith.errors import UserError
 from draftsmith.fsutil import read_safetensors
 from draftsmith.layers import from_engine
@@ -186,13 +188,18 @@ def import_drafter(path: Path, convention: str | None = None) -> tuple[Eagle3Dra
     if not isinstance(config, dict):
         raise UserError(f"{config_path}: expected a JSON object (a model config); {FIX}")
     speculators = "speculators_model_type" in config
-    if speculators and config["speculators_model_type"] != "eagle3":
-        raise UserError(f"{config_path}: speculators_model_type {config['speculators_model_type']!r} is not eagle3")
+    if speculators and config["speculators_model_type"] not in METHODS:
+        raise UserError(
+            f"{config_path}: speculators_model_type {config['speculators_model_type']!r} is not one of {METHODS}"
+        )
     if not speculators and not any("eagle3" in a.lower() for a in config.get("architectures", [])):
         raise UserError(f"{config_path}: architectures {config.get('architectures')} are not an EAGLE-3 drafter")
     state = to_draftsmith_keys(read_weights(path))
     ids, ids_source = read_aux_layer_ids(config, speculators, convention, path)
-    cfg = drafter_config(config, speculators, ids, path)
+    cfg = replace(
+        drafter_config(config, speculators, ids, path),
+        **read_method(config, speculators, "mask_hidden" in state, str(config_path)),
+    )
     if "fc.weight" in state and state["fc.weight"].shape[1] != len(ids) * cfg.target_hidden_size:
         raise UserError(
             f"{path}: fc.weight takes {state['fc.weight'].shape[1]} inputs but {len(ids)} layers x "

@@ -18,7 +18,9 @@ and predicts token t+2. Draft id i maps to target id i + d2t[i]; t2d marks the t
 the draft vocab covers. Attention is a callback (`attend`, one per layer: each keeps its own
 keys), so training (TTT masks), eval (KV cache) and the plain causal default share one module.
 The layers 1.. are what vLLM's `llama_eagle3` builds for `num_hidden_layers` > 1 (its
-`layers.1..`) and speculators' drafter for `transformer_layer_config.num_hidden_layers`. No I/O here.
+`layers.1..`) and speculators' drafter for `transformer_layer_config.num_hidden_layers`. A P-EAGLE
+drafter (`method` "peagle", draft/peagle.py) is the same module plus `mask_hidden`, the learned
+aux-state placeholder of its parallel draft slots. No I/O here.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class DrafterConfig:
     norm_output: bool = False  # True: the next draft step reads norm(out) instead of out
     hidden_act: str = "silu"
     num_layers: int = 1  # decoder layers: the EAGLE-3 layer, then num_layers-1 plain ones
+    method: str = "eagle3"  # "eagle3": one forward per draft; "peagle": one forward proposes all K (draft/peagle.py)
+    ptd_token_id: int = 0  # peagle: the placeholder token id of the draft slots after the first (a target id)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,6 +215,11 @@ class Eagle3Drafter(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        # P-EAGLE: the learned aux-state placeholder of the parallel draft slots, projected like the
+        # target's aux states (vLLM's `mask_hidden`, [n_aux*H_t]; draft/peagle.py)
+        self.mask_hidden = (
+            nn.Parameter(0.02 * torch.randn(n_aux * cfg.target_hidden_size)) if cfg.method == "peagle" else None
+        )
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """Target aux states [.., n_aux*H_t] -> drafter hidden [.., H]."""

@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.draft.model import Eagle3Drafter
+from draftsmith.draft.peagle import is_parallel
+from draftsmith.evaluate.parallel import parallel_from
 from draftsmith.runtime.engine import Graphed
 from draftsmith.runtime.linear import prepacked
 from draftsmith.runtime.sampling import Sampling, race
@@ -132,6 +134,9 @@ class DrafterProposer:
         self.compiled = compile
         self.step_fn = torch.compile(self._step_eager, dynamic=False) if compile else self._step_eager
         self.draft = self._chain_from if mode == "chain" else self._tree_from  # from step 0's output, through `_step`
+        if is_parallel(cfg):  # P-EAGLE: drafts 2..K in one step (evaluate/parallel.py)
+            assert mode == "chain", "a parallel drafter drafts chains"
+            self.draft = functools.partial(parallel_from, self)
         # the draft as one compiled region, calling the eager step inside it: a chain's K-1 steps and the argmax
         # and id lookups between them, or a tree's expansions, top-k and selection
         self.draft_region = (

@@ -27,6 +27,7 @@ from draftsmith.config import write_run_record
 from draftsmith.data.chat import check_template_options
 from draftsmith.draft.checkpoint import load_drafter
 from draftsmith.draft.model import Eagle3Drafter
+from draftsmith.draft.peagle import is_parallel
 from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.decode import Turn, decode, decode_all
@@ -359,6 +360,11 @@ def run(cfg: EvalConfig) -> Path:
     check_template_options(cfg.chat_template, cfg.completion)
     torch.manual_seed(cfg.seed)
     drafter, manifest = load_drafter(cfg.drafter, device)
+    if is_parallel(drafter.config) and cfg.drafting == "tree":
+        raise UserError(
+            f"drafter {cfg.drafter} is a P-EAGLE drafter (parallel drafting): one forward proposes a chain of K "
+            "drafts, and no tree; evaluate it with --mode chain"
+        )
     inputs = [cfg.drafter, cfg.target, cfg.bench, cfg.chat_template]
     with atomic_output_dir(cfg.out, "eval", inputs, cfg.overwrite) as out:
         write_run_record(out, cfg)

@@ -31,6 +31,7 @@ from typing import Any
 from draftsmith.config import write_run_record
 from draftsmith.data.chat import check_template_options
 from draftsmith.draft.checkpoint import DRAFTER_FILE, load_drafter
+from draftsmith.draft.peagle import TOKEN_FIELDS
 from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
@@ -216,6 +217,13 @@ def pass_summary(
     }
 
 
+def parallel(folder: Path) -> bool:
+    """Whether an exported folder holds a P-EAGLE drafter (its placeholder token), which vLLM serves
+    with `parallel_drafting` (a speculators `peagle` folder sets it itself)."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    return any(config.get(name) is not None for name in TOKEN_FIELDS)
+
+
 def run(cfg: EvalConfig) -> Path:
     t_start = time.perf_counter()
     check_options(cfg)
@@ -260,7 +268,7 @@ def run(cfg: EvalConfig) -> Path:
             "engine_args": engine_args,
             "progress": str(out),
             "engines": [
-                {"name": "spec", "drafter": str(drafter.absolute()), "k": k},
+                {"name": "spec", "drafter": str(drafter.absolute()), "k": k, "parallel_drafting": parallel(drafter)},
                 *([{"name": "plain", "drafter": None, "k": k}] if cfg.speed else []),
             ],
         }

@@ -70,7 +70,8 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
     k = int(engine["k"])
     spec = (
         {
-            "speculative_config": {"method": "eagle3", "model": engine["drafter"], "num_speculative_tokens": k},
+            "speculative_config": {"method": "eagle3", "model": engine["drafter"], "num_speculative_tokens": k}
+            | ({"parallel_drafting": True} if engine.get("parallel_drafting") else {}),  # P-EAGLE
             "per_request_spec_decode_metrics": "detailed",
         }
         if engine["drafter"]

@@ -16,6 +16,7 @@ from typing import Any
 
 from draftsmith.draft.layouts import arch_options
 from draftsmith.draft.model import DrafterConfig
+from draftsmith.draft.peagle import is_parallel
 from draftsmith.export.eagle import sglang_refusal
 from draftsmith.layers import to_engine
 
@@ -137,10 +138,27 @@ def _sglang_shape(k: int, tree: dict[str, Any] | None) -> str:
 
 
 def _serving(
-    folder_hint: str, target_name: str, fmt: str, engine: str, k: int, sglang_ok: bool, tree: dict[str, Any] | None
+    folder_hint: str,
+    target_name: str,
+    fmt: str,
+    engine: str,
+    k: int,
+    sglang_ok: bool,
+    tree: dict[str, Any] | None,
+    parallel: bool = False,
 ) -> list[str]:
-    spec = json.dumps({"method": "eagle3", "model": folder_hint, "num_speculative_tokens": k})
+    spec = json.dumps(
+        {"method": "eagle3", "model": folder_hint, "num_speculative_tokens": k}
+        | ({"parallel_drafting": True} if parallel else {})
+    )
     lines = ["## Serving", ""]
+    if parallel:
+        lines += [
+            "A P-EAGLE drafter (parallel drafting): one drafter forward proposes all "
+            f"{k} drafts, which vLLM runs with `parallel_drafting` (the speculators layout sets it itself). "
+            "SGLang has no parallel-drafting EAGLE and cannot serve it.",
+            "",
+        ]
     if tree is not None:
         lines += [
             f"The eval measured a tree: SGLang below drafts that tree; vLLM drafts a chain, here of {k} "
@@ -158,7 +176,9 @@ def _serving(
                 "```",
                 "",
             ]
-    if fmt == "eagle" and not sglang_ok:
+    if parallel:
+        pass
+    elif fmt == "eagle" and not sglang_ok:
         lines += [
             "SGLang cannot serve this drafter: its `LlamaForCausalLMEagle3` has one decoder layer and "
             "none of the architecture options above, and would load this drafter without error but "
@@ -206,7 +226,7 @@ def model_card(
     target = manifest.get("target") or {}
     target_name = str(target.get("name") or "TARGET")
     lines = [
-        f"# EAGLE-3 drafter for {target_name}",
+        f"# {'P-EAGLE' if is_parallel(cfg) else 'EAGLE-3'} drafter for {target_name}",
         "",
         f"Exported by draftsmith as `--format {fmt}` for **{engine}**. "
         f"{'One decoder layer' if cfg.num_layers == 1 else f'{cfg.num_layers} decoder layers'}, hidden size "
@@ -232,5 +252,5 @@ def model_card(
     sglang_ok = sglang_refusal(cfg) is None
     shape = serving_shape(report)
     tree = shape if shape is not None and shape["mode"] == "tree" else None
-    lines += _serving(folder_hint, target_name, fmt, engine, speculative_tokens, sglang_ok, tree)
+    lines += _serving(folder_hint, target_name, fmt, engine, speculative_tokens, sglang_ok, tree, is_parallel(cfg))
     return "\n".join(lines)

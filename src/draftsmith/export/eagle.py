@@ -7,9 +7,11 @@
                        eagle_config.norm_before_fc                     vLLM reads it here first
                        eagle_aux_hidden_state_layer_ids (top level)    always in vLLM's convention
                        draftsmith: {...}                               which convention each field uses
+                       pard_token, ptd_token_id                        P-EAGLE: the placeholder token
     model.safetensors  midlayer.*, fc.weight, norm.weight, lm_head.weight, d2t, t2d (+ embed_tokens.weight,
                        input_norm.weight with norm_before_fc, fc_norm.{i}.weight with fc_norm,
-                       layers.{i}.* for the layers after the first: vLLM's names for them)
+                       layers.{i}.* for the layers after the first: vLLM's names for them; P-EAGLE:
+                       mask_hidden [n_aux*H_t], which vLLM loads with parallel_drafting=True)
 
 Who reads what (see docs/engine-fields.md for the sources):
 - vLLM reads the top-level ids first, then eagle_config's (`_get_eagle3_aux_layers_from_config`);
@@ -42,6 +44,7 @@ from draftsmith.draft.layouts import (
     to_engine_key,
 )
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.draft.peagle import engine_fields, serving_refusal
 from draftsmith.errors import UserError
 from draftsmith.layers import to_engine, validate_layers
 
@@ -77,7 +80,7 @@ def check_exportable(cfg: DrafterConfig, engine: str, num_target_layers: int | N
             "before input_norm, vLLM's llama_eagle3 applies input_norm first, and speculators refuses the "
             "pair, so no engine would serve it as trained. Retrain with one of the two"
         )
-    why = sglang_refusal(cfg) if engine == "sglang" else None
+    why = serving_refusal(cfg, engine) or (sglang_refusal(cfg) if engine == "sglang" else None)
     if why is not None:
         raise UserError(why)
 
@@ -133,6 +136,7 @@ def record(cfg: DrafterConfig, engine: str, conventions: dict[str, str], target:
         "engine": engine,
         "layer_id_conventions": conventions,
         "aux_layer_ids": list(cfg.aux_layer_ids),
+        "method": cfg.method,
         "target": target,
     }
 
@@ -143,6 +147,7 @@ def eagle_config(cfg: DrafterConfig, engine: str, dtype: str, target: dict[str, 
     if cfg.target_hidden_size != cfg.hidden_size:
         config["target_hidden_size"] = cfg.target_hidden_size
     config.update(arch_options(cfg))
+    config.update(engine_fields(cfg))  # P-EAGLE: its placeholder token, as vLLM's proposer reads it
     config[TOP_LEVEL_IDS] = to_engine(cfg.aux_layer_ids, "vllm")
     config["eagle_config"] = {
         "use_aux_hidden_state": True,

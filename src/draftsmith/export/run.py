@@ -21,6 +21,7 @@ from draftsmith.draft.checkpoint import load_drafter, save_file
 from draftsmith.draft.importer import import_drafter
 from draftsmith.draft.layouts import arch_options, check_vocab
 from draftsmith.draft.model import Eagle3Drafter
+from draftsmith.draft.peagle import is_parallel, placeholder_hidden
 from draftsmith.errors import UserError
 from draftsmith.export import eagle, speculators
 from draftsmith.export.card import model_card, serving_shape
@@ -64,6 +65,10 @@ def reload_check(model: Eagle3Drafter, folder: Path, dtype: torch.dtype) -> None
     pos = torch.arange(8)[None]
     # (logits [1, 8, draft_vocab], next hidden [1, 8, H]): norm_output only shows in the second
     got, want = reloaded(reloaded.project(aux), ids, pos), expected(expected.project(aux), ids, pos)
+    if is_parallel(cfg):  # and the parallel slots' input
+        if (reloaded.config.method, reloaded.config.ptd_token_id) != (cfg.method, cfg.ptd_token_id):
+            raise RuntimeError(f"export reload changed the method: {reloaded.config} != {cfg}")
+        got, want = (*got, placeholder_hidden(reloaded)), (*want, placeholder_hidden(expected))
     same = all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     if not same or not torch.equal(reloaded.d2t, model.d2t) or not torch.equal(reloaded.t2d, model.t2d):
         diff = max(float((a - b).abs().max()) for a, b in zip(got, want, strict=True))

@@ -7,10 +7,13 @@
                        true when it is missing), eagle_aux_hidden_state_layer_ids (vLLM's convention),
                        speculators_config {algorithm, proposal_methods [greedy, speculative_tokens],
                        default_proposal_method, verifier {name_or_path, architectures}},
-                       draftsmith: {...} (conventions, for the reload)
+                       draftsmith: {...} (conventions, for the reload); P-EAGLE: speculators_model_type
+                       "peagle" (vLLM: method eagle3 with parallel_drafting), mask_token_id, and the
+                       architecture options in transformer_layer_config too (`update_peagle` copies
+                       only norm_before_residual and norm_before_fc from the top level)
     model.safetensors  layers.0.* (draftsmith's midlayer.*), layers.{i}.* (extra_layers.{i-1}.*), fc, norm,
                        lm_head, d2t, t2d (+ embed_tokens, input_norm with norm_before_fc, fc_norm.{i} with
-                       fc_norm: speculators' own names); the layer count is
+                       fc_norm: speculators' own names; mask_hidden for P-EAGLE); the layer count is
                        transformer_layer_config.num_hidden_layers, as speculators and vLLM read it
 
 vLLM is the only engine that reads this layout: SGLang's LlamaForCausalLMEagle3 looks weights up
@@ -26,6 +29,7 @@ import torch
 
 from draftsmith.draft.layouts import LAYER_PREFIX, RECORD_KEY, TOP_LEVEL_IDS, arch_options, to_engine_key
 from draftsmith.draft.model import DrafterConfig
+from draftsmith.draft.peagle import is_parallel
 from draftsmith.errors import UserError
 from draftsmith.export.eagle import llama_fields, record
 from draftsmith.layers import to_engine
@@ -64,15 +68,20 @@ def speculators_config(
     architectures: list[str],
     speculative_tokens: int,
 ) -> dict[str, Any]:
+    parallel = is_parallel(cfg)
+    model_type = "peagle" if parallel else MODEL_TYPE
+    layer_config = llama_fields(cfg, dtype)
+    if parallel:  # vLLM's `update_peagle` copies neither fc_norm nor norm_output: the layer config carries them
+        layer_config.update(arch_options(cfg))
     config: dict[str, Any] = {
-        "architectures": [ARCHITECTURE],
-        "speculators_model_type": MODEL_TYPE,
-        "transformer_layer_config": llama_fields(cfg, dtype),
+        "architectures": ["PEagleSpeculator" if parallel else ARCHITECTURE],
+        "speculators_model_type": model_type,
+        "transformer_layer_config": layer_config,
         "draft_vocab_size": cfg.draft_vocab_size,
         **arch_options(cfg),
         TOP_LEVEL_IDS: to_engine(cfg.aux_layer_ids, "vllm"),
         "speculators_config": {
-            "algorithm": MODEL_TYPE,
+            "algorithm": model_type,
             "proposal_methods": [
                 {"proposal_type": "greedy", "speculative_tokens": speculative_tokens, "verifier_accept_k": 1}
             ],
@@ -83,6 +92,8 @@ def speculators_config(
     }
     if cfg.target_hidden_size != cfg.hidden_size:
         config["target_hidden_size"] = cfg.target_hidden_size
+    if parallel:
+        config["mask_token_id"] = cfg.ptd_token_id  # vLLM's `update_peagle` requires it (as pard_token)
     config[RECORD_KEY] = record(cfg, "vllm", {TOP_LEVEL_IDS: "vllm"}, target)
     return config
 

@@ -12,6 +12,7 @@ times out).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from draftsmith.data.dataset import load_dataset, pad_batch
 from draftsmith.data.store import HOST_SLOTS, length_batches, projected_bytes, store_fit
 from draftsmith.data.vocab import draft_vocab_size
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.draft.peagle import is_parallel, placeholder_inputs
 from draftsmith.draft.step_weights import step_weights
 from draftsmith.fsutil import human_bytes
 from draftsmith.layers import resolve_aux_layers
@@ -65,7 +67,10 @@ def calibrate_drafter(drafter: Eagle3Drafter, tokens: int, ttt: int, n_aux_width
     def step() -> None:
         hidden, loss = drafter.project(aux), 0.0
         for k, weight in enumerate(step_weights(ttt)):
-            logits, hidden = drafter(hidden, ids, pos + k)  # [1, T, V_d], [1, T, H]
+            step_ids = ids
+            if k > 0 and is_parallel(drafter.config):  # P-EAGLE: the placeholder slots' inputs
+                step_ids, hidden = placeholder_inputs(drafter, ids, hidden.dtype)  # [1, T], [1, T, H]
+            logits, hidden = drafter(hidden, step_ids, pos + k)  # [1, T, V_d], [1, T, H]
             loss = loss + logits.float().logsumexp(-1).mean() * weight
         loss.backward()
         drafter.zero_grad(set_to_none=True)
@@ -83,7 +88,10 @@ def run(cfg: PlanConfig) -> Path:
     weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
 
     vocab = draft_vocab_size(cfg.draft_vocab_size, info.vocab_size)
-    draft_cfg = cfg.shaped(DrafterConfig.from_target(text_config(target.model.config), vocab, aux_layer_ids))
+    draft_cfg = replace(
+        cfg.shaped(DrafterConfig.from_target(text_config(target.model.config), vocab, aux_layer_ids)),
+        method=cfg.method,
+    )
     drafter = Eagle3Drafter(draft_cfg).to(device)
     trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     drafter_bytes = trainable * ADAM_BYTES_PER_PARAM + sum(

@@ -142,6 +142,10 @@ class TrainConfig(CommandConfig, DrafterShape):
         "vllm",
         description="The engine that will serve the drafter: vllm (every option), or sglang (one decoder layer, no fc_norm, norm_output, norm_before_fc or norm_before_residual; docs/train.md gives its τ cost).",
     )
+    method: Literal["eagle3", "peagle"] = Field(
+        "eagle3",
+        description="eagle3: one drafter forward per draft token (TTT); peagle: P-EAGLE, one forward proposes all --ttt drafts from the target's states and placeholder slots (served by vLLM with parallel_drafting; step weights default to 1.0, as P-EAGLE trains).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -151,6 +155,14 @@ class TrainConfig(CommandConfig, DrafterShape):
         (each engine serves one aux-state norm; export refuses a drafter with both)."""
         if not isinstance(data, dict):
             return data
+        if data.get("method") == "peagle":
+            if data.get("for_engine") == "sglang":
+                raise ValueError(
+                    "--method peagle with --for-engine sglang: SGLang does not serve P-EAGLE (parallel drafting); "
+                    "vLLM does (llama_eagle3 with parallel_drafting). Use --for-engine vllm, or --method eagle3"
+                )
+            if data.get("step_decay") is None:  # P-EAGLE weighs every depth alike
+                data = {**data, "step_decay": 1.0}
         if data.get("for_engine") == "sglang":
             asked = [f"--{k.replace('_', '-')}" for k in SGLANG_UNSERVED if data.get(k)]
             if int(data.get("num_layers") or 1) > 1:

@@ -206,6 +206,17 @@ def build_source(
     return OfflineSource(reader, max_len), aux_layer_ids, dataset_rows(cfg.hidden, reader.sample_ids, dataset)
 
 
+def placeholder_token(config) -> int:
+    """P-EAGLE's placeholder token: the target's pad token, else its end-of-sequence token, else 0
+    (any target id serves: its embedding is the target's, frozen, and the slots learn around it)."""
+    for name in ("pad_token_id", "eos_token_id"):
+        tok = getattr(config, name, None)
+        tok = tok[0] if isinstance(tok, list) and tok else tok
+        if isinstance(tok, int) and tok >= 0:
+            return tok
+    return 0
+
+
 def build_drafter(
     target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t2d: torch.Tensor, cfg: TrainConfig
 ) -> Eagle3Drafter:
@@ -215,7 +226,10 @@ def build_drafter(
     drafter's head has no bias or soft-cap)."""
     shape = cfg.shaped(DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), aux_layer_ids))
     dcfg = replace(
-        shape, **{k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")}
+        shape,
+        **{k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")},
+        method=cfg.method,
+        ptd_token_id=placeholder_token(text_config(target.model.config)),
     )
     drafter = Eagle3Drafter(dcfg)
     drafter.load_target_embeddings(embed_weight(target.model).detach().float())
@@ -290,6 +304,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         "hidden": str(cfg.hidden) if cfg.hidden else None,
         "ttt": cfg.ttt,
         "loss": cfg.loss if cfg.loss != "lk" else f"lk (eta {cfg.lk_eta:g})",
+        "method": cfg.method,
         "train_samples": len(train_idx),
         "val_samples": len(val_idx),
     }

