@@ -13,6 +13,8 @@ from draftsmith.draft.step_weights import STEP_DECAY
 
 # the drafter options SGLang's LlamaForCausalLMEagle3 does not read (export/eagle.py: SGLANG_INSTEAD)
 SGLANG_UNSERVED = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
+# EAGLE-3's architecture options, which a DFlash drafter (draft/dflash.py) does not have
+EAGLE3_OPTIONS = SGLANG_UNSERVED
 
 
 class TrainConfig(CommandConfig, DrafterShape):
@@ -135,6 +137,10 @@ class TrainConfig(CommandConfig, DrafterShape):
         "vllm",
         description="The engine that will serve the drafter: vllm (every option), or sglang (one decoder layer, no fc_norm, norm_output, norm_before_fc or norm_before_residual; docs/train.md gives its τ cost).",
     )
+    method: Literal["eagle3", "dflash"] = Field(
+        "eagle3",
+        description="The drafter: eagle3 (one token per drafter forward, K forwards a cycle, TTT-trained), or dflash (a block drafter: --ttt K mask slots after the last verified token, all K drafted in one forward, conditioned on the target's aux states; served by vLLM's qwen3_dflash).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -144,6 +150,8 @@ class TrainConfig(CommandConfig, DrafterShape):
         (each engine serves one aux-state norm; export refuses a drafter with both)."""
         if not isinstance(data, dict):
             return data
+        if data.get("method") == "dflash":
+            return dflash_options(data)
         if data.get("for_engine") == "sglang":
             asked = [f"--{k.replace('_', '-')}" for k in SGLANG_UNSERVED if data.get(k)]
             if int(data.get("num_layers") or 1) > 1:
@@ -157,3 +165,26 @@ class TrainConfig(CommandConfig, DrafterShape):
         if data.get("fc_norm") is None:
             data = {**data, "fc_norm": not data.get("norm_before_fc", False)}
         return data
+
+
+def dflash_options(data: dict[str, Any]) -> dict[str, Any]:
+    """--method dflash: refuse what a block drafter has no use for, naming it, and turn EAGLE-3's
+    architecture options off (a DFlash drafter has none of them)."""
+    asked = [f"--{k.replace('_', '-')}" for k in EAGLE3_OPTIONS if data.get(k)]
+    reasons = {
+        "for_engine": (
+            "sglang",
+            "SGLang's DFlash is not an export target of draftsmith (export --engine vllm serves it)",
+        ),
+        "ttt_positions": ("reached", "a block is drafted in one forward: every slot sees the same context"),
+        "compile_step": (True, "the DFlash step has no static, compiled form yet"),
+        "attention": ("flex", "the DFlash step attends through SDPA with an explicit block mask"),
+    }
+    why = [f"--{k.replace('_', '-')} {v}: {reason}" for k, (v, reason) in reasons.items() if data.get(k) == v]
+    if data.get("aux_noise"):
+        why.append("--aux-noise: not implemented for DFlash")
+    if asked:
+        why.append(f"{', '.join(asked)}: EAGLE-3 architecture options, which a DFlash drafter does not have")
+    if why:
+        raise ValueError("--method dflash refuses " + "; ".join(why))
+    return {**data, **dict.fromkeys(EAGLE3_OPTIONS, False)}
