@@ -147,3 +147,44 @@ def test_train_dflash_refuses_what_a_block_drafter_has_no_use_for(dflash_run, tm
     res = CliRunner().invoke(app, [*args[: i + 1], str(tmp_path / "x"), *args[i + 2 :], *extra])
     assert res.exit_code != 0 and says in res.output, res.output
     assert not (tmp_path / "x").exists()
+
+
+def test_export_dflash_reloads_with_identical_logits_and_refuses_sglang(dflash_run, tmp_path):
+    """`export` writes vLLM's DFlash layout (its reload check: identical logits), which
+    load_drafter reads back as the same drafter; SGLang and --format speculators are refused
+    before anything is written, naming vLLM."""
+    from draftsmith.draft.dflash_layout import ARCHITECTURE
+
+    _, _, run, _ = dflash_run
+    out = tmp_path / "export"
+    res = CliRunner().invoke(app, ["export", str(run), "--engine", "vllm", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    config = json.loads((out / "config.json").read_text())
+    model, _ = load_drafter(run)
+    assert config["architectures"] == [ARCHITECTURE] and config["block_size"] == 4
+    assert config["dflash_config"] == {
+        "mask_token_id": model.config.mask_token_id,
+        "target_layer_ids": [k - 1 for k in model.config.aux_layer_ids],
+    }
+    assert 'method": "dflash"' in (out / "README.md").read_text() or "dflash" in (out / "README.md").read_text()
+    again, record = load_drafter(out)
+    assert isinstance(again, DFlashDrafter) and record["meta"]["needs_target_embeddings"]
+    again.load_target_embeddings(model.embed_tokens.weight)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(again.state_dict()[name], tensor), name
+    for extra, says in ((["--engine", "sglang"], "--engine vllm"), (["--format", "speculators"], "--format")):
+        bad = tmp_path / f"bad{extra[1]}"
+        res = CliRunner().invoke(app, ["export", str(run), "--out", str(bad), *extra])
+        assert res.exit_code != 0 and says in res.output, res.output
+        assert not bad.exists()
+
+
+def test_eval_refuses_a_tree_or_a_chain_longer_than_the_block(dflash_run, tiny_target_dir, tmp_path):
+    _, _, run, _ = dflash_run
+    for extra, says in ((["--mode", "tree"], "no tree"), (["--k", "5"], "at most 3")):
+        res = CliRunner().invoke(
+            app,
+            ["eval", "--target", str(tiny_target_dir), "--drafter", str(run), "--out", str(tmp_path / "e"), *extra],
+        )
+        assert res.exit_code != 0 and says in res.output, res.output
+        assert not (tmp_path / "e").exists()
