@@ -7,7 +7,7 @@ here, under `if __name__ == "__main__"`, never in the process that runs `draftsm
 pytest. One worker serves several engines in turn (`engines`: each a drafter folder as vLLM
 serves it, or null for plain decoding), so that several drafters pay vLLM's import once:
 
-    for each engine: LLM(target, speculative_config eagle3 of its drafter) -> a warm-up
+    for each engine: LLM(target, speculative_config of its drafter: eagle3, or dflash) -> a warm-up
       -> for each batch size: every question turn by turn (evaluate/run.py's `answer`, the
          prompts tokenized as draftsmith eval tokenizes them), each call timed, with
          vLLM's own counters (drafts, accepted tokens per position) before and after
@@ -17,7 +17,7 @@ REQUEST: target (an HF folder), tokenizer (the target spec draftsmith reads it f
 chat_template, completion, questions [{question_id, category, turns}], dtype, max_model_len,
 seed, temperature, top_p, max_new_tokens, stop_token_ids, batch_sizes, engine_args (more
 keyword arguments for `LLM`), progress (a folder for progress.json, or null), engines
-[{name, drafter, k}].
+[{name, drafter, k, method}] (method: eagle3 unless given, dflash for a DFlash export).
 RESULT: vllm_version, engines {name: {start_seconds, warmup_seconds, passes [{batch_size,
 answers [per question [per turn {tokens, seconds, accepts}]], counters {drafts,
 draft_tokens, accepted, accepted_per_pos}}]} or {error}}.
@@ -75,7 +75,11 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
     k = int(engine["k"])
     spec = (
         {
-            "speculative_config": {"method": "eagle3", "model": engine["drafter"], "num_speculative_tokens": k},
+            "speculative_config": {
+                "method": engine.get("method") or "eagle3",  # "dflash" for a DFlash export
+                "model": engine["drafter"],
+                "num_speculative_tokens": k,
+            },
             "per_request_spec_decode_metrics": "detailed",
         }
         if engine["drafter"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -30,3 +31,7 @@ class PlanConfig(CommandConfig, DrafterShape):
     token_budget: int = Field(65536, gt=0, description="Extraction batch size in tokens (as `extract --token-budget`).")
     epochs: float = Field(1.0, gt=0, description="Training epochs to plan for.")
     ttt: int = Field(7, ge=1, description="Training-time-test unroll steps to plan for.")
+    method: Literal["eagle3", "dflash"] = Field(
+        "eagle3",
+        description="The drafter to plan for (as `train --method`): eagle3, or dflash (a block of --ttt mask slots, one forward).",
+    )
