@@ -189,3 +189,15 @@ def test_eval_refuses_a_tree_or_a_chain_longer_than_the_block(dflash_run, tiny_t
         )
         assert res.exit_code != 0 and says in res.output, res.output
         assert not (tmp_path / "e").exists()
+
+
+def test_plan_and_status_for_a_dflash_run(dflash_run, tiny_target_dir):
+    """`plan --method dflash` times the block step it would train; `status` reads a DFlash run."""
+    _, ds, out, _ = dflash_run
+    args = ["plan", str(ds), "--target", str(tiny_target_dir), "--device", "cpu", "--calibrate-tokens", "64"]
+    res = CliRunner().invoke(app, [*args, "--method", "dflash", "--ttt", "3"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())  # rich wraps lines
+    assert "DFlash block-4 step" in text and "train (online)" in text
+    res = CliRunner().invoke(app, ["status", str(out)])
+    assert res.exit_code == 0 and "6/6" in res.output, res.output
