@@ -1,7 +1,8 @@
 """The drafter folder that `train` writes and `eval` / `export` read.
 
-    drafter.json        {"format": "draftsmith-drafter", "version": 1, "config": DrafterConfig,
-                         "target": TargetInfo dict, "meta": {...}}
+    drafter.json        {"format": "draftsmith-drafter", "version": 1, "method": "eagle3" | "dflash",
+                         "config": DrafterConfig or DFlashConfig, "target": TargetInfo dict, "meta": {...}}
+                        (a record without "method" is an EAGLE-3 drafter)
     model.safetensors   draftsmith key names: embed_tokens.weight, fc.weight, midlayer.*,
                          norm.weight, lm_head.weight, d2t, t2d
 
@@ -19,6 +20,8 @@ from typing import Any
 
 import torch
 
+from draftsmith.draft.dflash import METHOD as DFLASH
+from draftsmith.draft.dflash import DFlashConfig, DFlashDrafter
 from draftsmith.draft.importer import import_drafter
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
@@ -46,8 +49,21 @@ def save_file(tensors: dict[str, torch.Tensor], path: Path | str, metadata: dict
     os.chmod(path, 0o666 & ~_umask())
 
 
+def drafter_method(model: torch.nn.Module) -> str:
+    """ "dflash" or "eagle3": the method of a drafter module."""
+    return DFLASH if isinstance(model, DFlashDrafter) else "eagle3"
+
+
+def record_method(record: dict[str, Any]) -> str:
+    """The method a drafter.json records (an older record, without one, is EAGLE-3's)."""
+    return str(record.get("method") or record.get("config", {}).get("method") or "eagle3")
+
+
 def save_drafter(
-    model: Eagle3Drafter, folder: Path, target: dict[str, Any] | None = None, meta: dict[str, Any] | None = None
+    model: Eagle3Drafter | DFlashDrafter,
+    folder: Path,
+    target: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> Path:
     """Write weights first, then drafter.json (a folder with a drafter.json is complete)."""
     folder = Path(folder)
@@ -61,6 +77,7 @@ def save_drafter(
         {
             "format": FORMAT,
             "version": 1,
+            "method": drafter_method(model),
             "config": model.config.to_dict(),
             "target": target or {},
             "meta": meta or {},
@@ -86,7 +103,7 @@ def read_drafter_record(folder: Path) -> dict[str, Any]:
 
 def load_drafter(
     path: Path, device: str | torch.device = "cpu", convention: str | None = None
-) -> tuple[Eagle3Drafter, dict[str, Any]]:
+) -> tuple[Eagle3Drafter | DFlashDrafter, dict[str, Any]]:
     """Load a drafter folder (native, exported, or third-party EAGLE-3; `convention`: the layer-id
     convention of a third-party folder's config, as `import_drafter` takes it). Returns the model
     and its record (drafter.json's `config`, `target`, `meta`). A drafter with a NaN or Inf weight
@@ -99,7 +116,16 @@ def load_drafter(
     if (path / DRAFTER_FILE).exists():
         record = read_drafter_record(path)
         try:
-            model = Eagle3Drafter(DrafterConfig.from_dict(record["config"]))
+            method = record_method(record)
+            if method not in ("eagle3", DFLASH):
+                raise UserError(
+                    f"{path / DRAFTER_FILE}: method {method!r} is not one draftsmith knows (eagle3, dflash)"
+                )
+            model = (
+                DFlashDrafter(DFlashConfig.from_dict(record["config"]))
+                if method == DFLASH
+                else Eagle3Drafter(DrafterConfig.from_dict(record["config"]))
+            )
         except (TypeError, ValueError, RuntimeError) as e:  # a missing or mistyped field
             raise UserError(f"{path / DRAFTER_FILE}: its config does not describe a drafter ({e}); {FIX}") from None
         state = read_safetensors(path / WEIGHTS, FIX)
@@ -112,7 +138,12 @@ def load_drafter(
                 f"drafter {path}: weights do not match its config (missing {missing}, unexpected {unexpected}); {FIX}"
             )
     elif (path / "config.json").exists():
-        model, record = import_drafter(path, convention=convention)
+        from draftsmith.draft.dflash_layout import import_dflash, is_dflash_folder
+
+        if is_dflash_folder(path):
+            model, record = import_dflash(path)
+        else:
+            model, record = import_drafter(path, convention=convention)
     else:
         raise UserError(f"{path} is not a drafter folder (no {DRAFTER_FILE} or config.json)")
     check_finite(model.state_dict(), f"drafter {path}")

@@ -26,11 +26,13 @@ import torch
 from draftsmith.config import write_run_record
 from draftsmith.data.chat import check_template_options
 from draftsmith.draft.checkpoint import load_drafter
+from draftsmith.draft.dflash import DFlashDrafter
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.draft.peagle import is_parallel
 from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.decode import Turn, decode, decode_all
+from draftsmith.evaluate.dflash_proposer import DFlashProposer
 from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
 from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.evaluate.questions import Question, load_questions, token_bound, turn_prompt
@@ -65,6 +67,23 @@ def check_compatible(drafter: Eagle3Drafter, target: Target, path: Path) -> None
     validate_layers(cfg.aux_layer_ids, info.num_layers)
 
 
+def dflash_shapes(drafter: DFlashDrafter, mode: str, shapes: list[Shape], cfg: EvalConfig) -> list[Shape]:
+    """The chains a DFlash drafter can draft: one block gives at most its block size - 1 tokens,
+    and no tree (its drafts come from one forward, not a search); --k auto tries 1..that."""
+    most = drafter.config.drafts
+    if mode == "tree":
+        raise UserError(
+            "a DFlash drafter drafts a chain: its block of mask slots is filled in one forward, so there is "
+            "no tree to search; drop --tree/--top-k/--total-tokens (eval --mode chain)"
+        )
+    if cfg.k != "auto" and int(cfg.k) > most:
+        raise UserError(
+            f"--k {cfg.k}: this DFlash drafter's block holds {drafter.config.block_size} tokens (the verified one and "
+            f"{most} mask slots), so it drafts at most {most}; use --k {most} or less"
+        )
+    return [s for s in shapes if s.depth <= most] or [Shape(most)]
+
+
 def make_proposer(
     engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampling: Sampling, max_len: int, shape: Shape
 ) -> DrafterProposer:
@@ -72,17 +91,20 @@ def make_proposer(
     verification (draft size + 1 tokens) and a tree's KV compaction on the fast engine, and for
     the drafter's whole side of a cycle (greedy or sampled)."""
     mode = "chain" if shape.top_k is None else "tree"
-    proposer = DrafterProposer(
-        drafter,
-        sampling,
-        max_len,
-        mode=mode,
-        depth=shape.depth,
-        top_k=shape.top_k or 1,
-        total_tokens=shape.total_tokens or shape.depth,
-        compile=cfg.compile_drafter,
-        batch=cfg.batch_size,
-    )
+    if isinstance(drafter, DFlashDrafter):  # a chain from one block forward (checked by `dflash_shapes`)
+        proposer = DFlashProposer(drafter, sampling, max_len, shape.depth, cfg.batch_size)
+    else:
+        proposer = DrafterProposer(
+            drafter,
+            sampling,
+            max_len,
+            mode=mode,
+            depth=shape.depth,
+            top_k=shape.top_k or 1,
+            total_tokens=shape.total_tokens or shape.depth,
+            compile=cfg.compile_drafter,
+            batch=cfg.batch_size,
+        )
     if cfg.compile and isinstance(engine, TargetEngine):  # the generic engine has no graphs
         for t in (1, proposer.size + 1):
             engine.graph_rows(t)  # counts its own capture time
@@ -365,6 +387,8 @@ def run(cfg: EvalConfig) -> Path:
             f"drafter {cfg.drafter} is a P-EAGLE drafter (parallel drafting): one forward proposes a chain of K "
             "drafts, and no tree; evaluate it with --mode chain"
         )
+    if isinstance(drafter, DFlashDrafter):
+        shapes = dflash_shapes(drafter, cfg.drafting, shapes, cfg)
     inputs = [cfg.drafter, cfg.target, cfg.bench, cfg.chat_template]
     with atomic_output_dir(cfg.out, "eval", inputs, cfg.overwrite) as out:
         write_run_record(out, cfg)

@@ -12,7 +12,7 @@ REQUEST: target (an HF folder), tokenizer (the target spec draftsmith reads it f
 chat_template, completion, questions [{question_id, category, turns}], dtype, max_model_len,
 seed, temperature, top_p, max_new_tokens, stop_token_ids, batch_sizes, engine_args (more
 keyword arguments for `LLM`), progress (a folder for progress.json, or null), engines
-[{name, drafter, k}].
+[{name, drafter, k, method}] (method: eagle3 unless given, dflash for a DFlash export).
 RESULT: vllm_version, engines {name: {start_seconds, warmup_seconds, passes [{batch_size,
 answers [per question [per turn {tokens, seconds, accepts}]], counters {drafts,
 draft_tokens, accepted, accepted_per_pos}}]} or {error}}.
@@ -70,7 +70,11 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
     k = int(engine["k"])
     spec = (
         {
-            "speculative_config": {"method": "eagle3", "model": engine["drafter"], "num_speculative_tokens": k}
+            "speculative_config": {
+                "method": engine.get("method") or "eagle3",  # "dflash" for a DFlash export
+                "model": engine["drafter"],
+                "num_speculative_tokens": k,
+            }
             | ({"parallel_drafting": True} if engine.get("parallel_drafting") else {}),  # P-EAGLE
             "per_request_spec_decode_metrics": "detailed",
         }

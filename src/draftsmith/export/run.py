@@ -18,12 +18,13 @@ import torch
 
 from draftsmith.config import write_run_record
 from draftsmith.draft.checkpoint import load_drafter, save_file
+from draftsmith.draft.dflash import DFlashDrafter
 from draftsmith.draft.importer import import_drafter
 from draftsmith.draft.layouts import arch_options, check_vocab
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.draft.peagle import is_parallel, placeholder_hidden
 from draftsmith.errors import UserError
-from draftsmith.export import eagle, speculators
+from draftsmith.export import dflash, eagle, speculators
 from draftsmith.export.card import model_card, serving_shape
 from draftsmith.export.config import ExportConfig
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
@@ -80,6 +81,8 @@ def run(cfg: ExportConfig) -> Path:
     if cfg.format == "speculators":
         speculators.check_engine_for_speculators(engine)
     model, record = load_drafter(cfg.ckpt, convention=cfg.source_convention)  # a NaN or Inf weight is refused there
+    if isinstance(model, DFlashDrafter):  # its own layout, engines and checks
+        return dflash.run(cfg, model, record)
     dcfg, target, meta = model.config, record.get("target") or {}, record.get("meta") or {}
     eagle.check_exportable(dcfg, engine, target.get("num_layers"))
     check_vocab(dcfg, model.d2t, model.t2d, str(cfg.ckpt))

@@ -31,6 +31,6 @@ class PlanConfig(CommandConfig, DrafterShape):
     token_budget: int = Field(65536, gt=0, description="Extraction batch size in tokens (as `extract --token-budget`).")
     epochs: float = Field(1.0, gt=0, description="Training epochs to plan for.")
     ttt: int = Field(7, ge=1, description="Training-time-test unroll steps to plan for.")
-    method: Literal["eagle3", "peagle"] = Field(
-        "eagle3", description="The drafter method to plan for (as `train --method`): eagle3, or peagle (P-EAGLE)."
+    method: Literal["eagle3", "peagle", "dflash"] = Field(
+        "eagle3", description="The drafter method to plan for, as `train --method`."
     )

@@ -23,6 +23,7 @@ from rich.table import Table
 from draftsmith.data.dataset import load_dataset, pad_batch
 from draftsmith.data.store import HOST_SLOTS, length_batches, projected_bytes, store_fit
 from draftsmith.data.vocab import draft_vocab_size
+from draftsmith.draft.dflash import DFlashConfig, DFlashDrafter, block_mask
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.draft.peagle import is_parallel, placeholder_inputs
 from draftsmith.draft.step_weights import step_weights
@@ -78,6 +79,28 @@ def calibrate_drafter(drafter: Eagle3Drafter, tokens: int, ttt: int, n_aux_width
     return timed(step, device, repeats=1)
 
 
+def calibrate_dflash(drafter: DFlashDrafter, tokens: int, n_aux_width: int, device: torch.device) -> float:
+    """Seconds for one DFlash training step's forward+backward over a [1, tokens] row: blocks of
+    the drafter's size anchored across it, about `tokens` queries in all (train/dflash.py)."""
+    bs = drafter.config.block_size
+    aux = torch.randn(1, tokens, n_aux_width, device=device)  # [1, T, n_aux*H]
+    ids = torch.randint(0, drafter.config.vocab_size, (1, tokens), device=device)
+    pos = torch.arange(tokens, device=device)[None]  # [1, T]
+    anchors = torch.arange(0, tokens, bs, device=device)  # [n]
+    doc = torch.zeros(tokens, dtype=torch.long, device=device)
+    block_ids = drafter.block_ids(ids[0, anchors]).flatten()[None]  # [1, n*bs]
+    block_pos = (anchors[:, None] + torch.arange(bs, device=device)).flatten()[None]  # [1, n*bs]
+    mask = block_mask(anchors, doc, bs, tokens)[None]  # [1, n*bs, T + n*bs]
+
+    def step() -> None:
+        kv = drafter.context_kv(drafter.context(aux), pos)
+        loss = drafter.logits(drafter(block_ids, block_pos, kv, mask)).float().logsumexp(-1).mean()
+        loss.backward()
+        drafter.zero_grad(set_to_none=True)
+
+    return timed(step, device, repeats=1)
+
+
 def run(cfg: PlanConfig) -> Path:
     ds = load_dataset(cfg.dataset_dir)
     target = load_target(cfg.target, cfg.device, cfg.dtype, shard=cfg.shard)
@@ -90,9 +113,16 @@ def run(cfg: PlanConfig) -> Path:
     vocab = draft_vocab_size(cfg.draft_vocab_size, info.vocab_size)
     draft_cfg = replace(
         cfg.shaped(DrafterConfig.from_target(text_config(target.model.config), vocab, aux_layer_ids)),
-        method=cfg.method,
+        method="peagle" if cfg.method == "peagle" else "eagle3",
     )
-    drafter = Eagle3Drafter(draft_cfg).to(device)
+    dflash = cfg.method == "dflash"
+    if dflash:  # the block drafter train --method dflash builds (its mask token does not change its size)
+        block = DFlashConfig.from_target(text_config(target.model.config), vocab, aux_layer_ids, 0, cfg.ttt + 1)
+        drafter = DFlashDrafter(
+            replace(block, intermediate_size=draft_cfg.intermediate_size, num_layers=draft_cfg.num_layers)
+        ).to(device)
+    else:
+        drafter = Eagle3Drafter(draft_cfg).to(device)
     trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     drafter_bytes = trainable * ADAM_BYTES_PER_PARAM + sum(
         p.numel() * 4 for p in drafter.parameters() if not p.requires_grad
@@ -105,7 +135,11 @@ def run(cfg: PlanConfig) -> Path:
         seconds = timed(lambda: capture(target.model, ids, mask, aux_layer_ids), device)
         fwd_tps = sum(lengths) / seconds
         T = min(int(max(lengths)), cfg.calibrate_tokens)
-        drafter_tps = T / calibrate_drafter(drafter, T, cfg.ttt, n_aux * H, device)
+        drafter_tps = T / (
+            calibrate_dflash(drafter, T, n_aux * H, device)
+            if dflash
+            else calibrate_drafter(drafter, T, cfg.ttt, n_aux * H, device)
+        )
 
     store = projected_bytes(tokens, n, n_aux, H, dsize)
     hidden_dir = Path(cfg.hidden_dir) if cfg.hidden_dir else Path(cfg.dataset_dir).absolute().parent
@@ -161,7 +195,7 @@ def run(cfg: PlanConfig) -> Path:
     if fwd_tps:
         console.print(
             f"calibration on {device}: target capture forward {fwd_tps:,.0f} tok/s, "
-            f"drafter TTT-{cfg.ttt} step {drafter_tps:,.0f} tok/s (per epoch; train time uses --epochs {cfg.epochs:g})"
+            f"drafter {f'DFlash block-{cfg.ttt + 1}' if dflash else f'TTT-{cfg.ttt}'} step {drafter_tps:,.0f} tok/s (per epoch; train time uses --epochs {cfg.epochs:g})"
         )
     verdict = "fits" if fit.fits else "DOES NOT FIT"
     console.print(

@@ -13,6 +13,8 @@ from draftsmith.draft.step_weights import STEP_DECAY
 
 # the drafter options SGLang's LlamaForCausalLMEagle3 does not read (export/eagle.py: SGLANG_INSTEAD)
 SGLANG_UNSERVED = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
+# EAGLE-3's architecture options, which a DFlash drafter (draft/dflash.py) does not have
+EAGLE3_OPTIONS = SGLANG_UNSERVED
 
 
 class TrainConfig(CommandConfig, DrafterShape):
@@ -142,9 +144,9 @@ class TrainConfig(CommandConfig, DrafterShape):
         "vllm",
         description="The engine that will serve the drafter: vllm (every option), or sglang (one decoder layer, no fc_norm, norm_output, norm_before_fc or norm_before_residual; docs/train.md gives its τ cost).",
     )
-    method: Literal["eagle3", "peagle"] = Field(
+    method: Literal["eagle3", "peagle", "dflash"] = Field(
         "eagle3",
-        description="eagle3: one drafter forward per draft token (TTT); peagle: P-EAGLE, one forward proposes all --ttt drafts from the target's states and placeholder slots (served by vLLM with parallel_drafting; step weights default to 1.0, as P-EAGLE trains).",
+        description="The drafter: eagle3 (one forward per draft token), peagle (P-EAGLE: all --ttt drafts in one forward) or dflash (a block drafter); docs/train.md, Methods.",
     )
 
     @model_validator(mode="before")
@@ -163,6 +165,8 @@ class TrainConfig(CommandConfig, DrafterShape):
                 )
             if data.get("step_decay") is None:  # P-EAGLE weighs every depth alike
                 data = {**data, "step_decay": 1.0}
+        if data.get("method") == "dflash":
+            return dflash_options(data)
         if data.get("for_engine") == "sglang":
             asked = [f"--{k.replace('_', '-')}" for k in SGLANG_UNSERVED if data.get(k)]
             if int(data.get("num_layers") or 1) > 1:
@@ -176,3 +180,28 @@ class TrainConfig(CommandConfig, DrafterShape):
         if data.get("fc_norm") is None:
             data = {**data, "fc_norm": not data.get("norm_before_fc", False)}
         return data
+
+
+def dflash_options(data: dict[str, Any]) -> dict[str, Any]:
+    """--method dflash: refuse what a block drafter has no use for, naming it, and turn EAGLE-3's
+    architecture options off (a DFlash drafter has none of them)."""
+    asked = [f"--{k.replace('_', '-')}" for k in EAGLE3_OPTIONS if data.get(k)]
+    reasons = {
+        "for_engine": (
+            "sglang",
+            "SGLang's DFlash is not an export target of draftsmith (export --engine vllm serves it)",
+        ),
+        "ttt_positions": ("reached", "a block is drafted in one forward: every slot sees the same context"),
+        "compile_step": (True, "the DFlash step has no static, compiled form yet"),
+        "attention": ("flex", "the DFlash step attends through SDPA with an explicit block mask"),
+    }
+    why = [f"--{k.replace('_', '-')} {v}: {reason}" for k, (v, reason) in reasons.items() if data.get(k) == v]
+    if data.get("aux_noise"):
+        why.append("--aux-noise: not implemented for DFlash")
+    if data.get("loss", "ce") != "ce":
+        why.append(f"--loss {data['loss']}: the DFlash block objective is the soft cross-entropy only")
+    if asked:
+        why.append(f"{', '.join(asked)}: EAGLE-3 architecture options, which a DFlash drafter does not have")
+    if why:
+        raise ValueError("--method dflash refuses " + "; ".join(why))
+    return {**data, **dict.fromkeys(EAGLE3_OPTIONS, False)}

@@ -27,7 +27,6 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from draftsmith.draft.checkpoint import nonfinite, save_drafter
-from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.progress import Progress
 from draftsmith.train import checkpointing as ckpt
@@ -282,7 +281,7 @@ class Trainer:
         state = ckpt.drafter_state(self.objective, self.env.fsdp)
         if not self.env.main:
             return
-        model = Eagle3Drafter(self.objective.drafter.config)
+        model = type(self.objective.drafter)(self.objective.drafter.config)
         model.load_state_dict(state)
         meta = {
             **self.meta,

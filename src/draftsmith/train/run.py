@@ -26,6 +26,7 @@ import torch.distributed as dist
 from draftsmith.config import RUN_RECORD, changed_options, load_yaml_mapping, write_run_record
 from draftsmith.data.dataset import TokenizedDataset, load_dataset, split_indices
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
+from draftsmith.draft.dflash import DFlashConfig, DFlashDrafter, default_mask_token
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError, from_os_error
 from draftsmith.fsutil import LOCK_FILE, check_output, mark_output, output_lock
@@ -38,6 +39,7 @@ from draftsmith.torchrun import dist_env
 from draftsmith.train.batching import OfflineSource, OnlineSource
 from draftsmith.train.checkpointing import CKPT_DIR, latest_checkpoint, resume_checkpoint
 from draftsmith.train.config import TrainConfig
+from draftsmith.train.dflash import DFlashObjective
 from draftsmith.train.loop import Env, TrainData, Trainer
 from draftsmith.train.loss import TTTObjective
 from draftsmith.train.metrics import METRICS_FILE, MetricsLog, plot_metrics, truncate_metrics
@@ -234,6 +236,29 @@ def build_drafter(
     drafter = Eagle3Drafter(dcfg)
     drafter.load_target_embeddings(embed_weight(target.model).detach().float())
     drafter.set_vocab(d2t, t2d)
+    init_head(drafter, target, d2t, cfg)
+    return drafter
+
+
+def build_dflash_drafter(
+    target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t2d: torch.Tensor, cfg: TrainConfig
+) -> DFlashDrafter:
+    """--method dflash: a block drafter of --num-layers target-shaped layers (--intermediate-size
+    wide), --ttt mask slots, the target's embeddings (frozen; the mask token's row is the target's
+    own) and, with --head-init target, the target's final norm and head rows, as for EAGLE-3."""
+    tc = text_config(target.model.config)
+    shape = cfg.shaped(DrafterConfig.from_target(tc, d2t.numel(), aux_layer_ids))
+    dcfg = DFlashConfig.from_target(tc, d2t.numel(), aux_layer_ids, default_mask_token(t2d, tc.vocab_size), cfg.ttt + 1)
+    dcfg = replace(dcfg, intermediate_size=shape.intermediate_size, num_layers=shape.num_layers)
+    drafter = DFlashDrafter(dcfg)
+    drafter.load_target_embeddings(embed_weight(target.model).detach().float())
+    drafter.set_vocab(d2t, t2d)
+    init_head(drafter, target, d2t, cfg)
+    return drafter
+
+
+def init_head(drafter: torch.nn.Module, target: Target, d2t: torch.Tensor, cfg: TrainConfig) -> None:
+    """--head-init target and --freeze-head, for either method's drafter (`lm_head`, `norm`)."""
     if cfg.head_init == "target":
         draft_ids = torch.arange(d2t.numel()) + d2t  # [Vd] target ids
         head = output_head(target.model)
@@ -243,7 +268,6 @@ def build_drafter(
     if cfg.freeze_head:
         drafter.lm_head.weight.requires_grad_(False)
         drafter.norm.weight.requires_grad_(False)
-    return drafter
 
 
 def build_trainer(cfg: TrainConfig) -> Trainer:
@@ -271,7 +295,8 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     source, aux_layer_ids, dataset_rows = build_source(cfg, target, dataset)
     train_idx, val_idx = split_indices(len(source), cfg.val_fraction, cfg.val_seed)
     d2t, t2d = resolve_vocab(cfg, dataset, [dataset_rows[i] for i in train_idx], target.info.vocab_size)
-    drafter = build_drafter(target, aux_layer_ids, d2t, t2d, cfg)
+    dflash = cfg.method == "dflash"
+    drafter = (build_dflash_drafter if dflash else build_drafter)(target, aux_layer_ids, d2t, t2d, cfg)
     say = (lambda line: print(line, flush=True)) if env.main else (lambda line: None)
     checkpoint = resume_checkpoint(out, drafter, say) if resume_from is not None else None
 
@@ -282,29 +307,43 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         save_vocab(out / "vocab.safetensors", d2t, t2d)
 
     backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
-    objective = TTTObjective(
-        drafter.to(env.device),
-        head.to(env.device),
-        cfg.ttt,
-        backend,
-        cfg.loss_chunk,
-        cfg.step_decay,
-        cfg.aux_noise,
-        static=cfg.compile_step,
-        all_tokens=cfg.loss_tokens == "all",
-        reached_only=cfg.ttt_positions == "reached",
-        teacher_temperature=cfg.teacher_temperature,
-        loss=cfg.loss,
-        lk_eta=cfg.lk_eta,
+    objective = (
+        DFlashObjective(
+            drafter.to(env.device),
+            head.to(env.device),
+            cfg.loss_chunk,
+            cfg.step_decay,
+            anchors_per_row=max(cfg.batch_tokens // (cfg.ttt + 1), 1),
+            all_tokens=cfg.loss_tokens == "all",
+            teacher_temperature=cfg.teacher_temperature,
+        )
+        if dflash
+        else TTTObjective(
+            drafter.to(env.device),
+            head.to(env.device),
+            cfg.ttt,
+            backend,
+            cfg.loss_chunk,
+            cfg.step_decay,
+            cfg.aux_noise,
+            static=cfg.compile_step,
+            all_tokens=cfg.loss_tokens == "all",
+            reached_only=cfg.ttt_positions == "reached",
+            teacher_temperature=cfg.teacher_temperature,
+            loss=cfg.loss,
+            lk_eta=cfg.lk_eta,
+        )
     )
+    if dflash:
+        backend = objective.backend
     meta = {
         "target": target.info.to_dict(),
         "mode": "online" if cfg.hidden is None else "offline",
         "data": str(cfg.dataset_dir),
         "hidden": str(cfg.hidden) if cfg.hidden else None,
+        "method": cfg.method,
         "ttt": cfg.ttt,
         "loss": cfg.loss if cfg.loss != "lk" else f"lk (eta {cfg.lk_eta:g})",
-        "method": cfg.method,
         "train_samples": len(train_idx),
         "val_samples": len(val_idx),
     }

