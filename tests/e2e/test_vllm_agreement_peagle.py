@@ -154,3 +154,27 @@ def test_a_lost_mask_hidden_fails_the_equality(world, served):
     got_tokens, _ = vllm_view(run)
     assert got_tokens == tokens
     assert run["counters"]["accepted_per_pos"] != per_position(accepts)
+
+
+def test_eval_engine_vllm_serves_a_peagle_train_folder(world, tmp_path):
+    """`draftsmith eval --engine vllm` on a P-EAGLE train folder exports it and serves it with
+    parallel_drafting: its answers and accepted counts are draftsmith eval's."""
+    out = evaluate(
+        EvalConfig(
+            engine="vllm",
+            drafter=world["run"],
+            target=str(world["target"]),
+            out=tmp_path / "eval",
+            bench=str(world["root"] / "bench.jsonl"),
+            k=K,
+            num_questions=2,
+            max_new_tokens=NEW_TOKENS,
+            speed=False,
+        )
+    )
+    report = json.loads((out / "report.json").read_text())
+    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    tokens, accepts = draftsmith_view(world)
+    assert [a["token_ids"][0] for a in answers] == tokens[:2] and [a["accepts"][0] for a in answers] == accepts[:2]
+    assert report["engine"] == "vllm" and report["steps"] == sum(len(a) for a in accepts[:2])
+    assert json.loads((out / "drafter-vllm" / "config.json").read_text())["ptd_token_id"] is not None
