@@ -32,6 +32,7 @@ from draftsmith import gguf_cache
 from draftsmith.config import write_run_record
 from draftsmith.data.chat import check_template_options
 from draftsmith.draft.checkpoint import DRAFTER_FILE, load_drafter
+from draftsmith.draft.dflash_layout import is_dflash_folder
 from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
@@ -280,7 +281,12 @@ def run(cfg: EvalConfig) -> Path:
             "engine_args": engine_args,
             "progress": str(out),
             "engines": [
-                {"name": "spec", "drafter": str(drafter.absolute()), "k": k},
+                {
+                    "name": "spec",
+                    "drafter": str(drafter.absolute()),
+                    "k": k,
+                    "method": "dflash" if is_dflash_folder(drafter) else "eagle3",  # vLLM's method for the layout
+                },
                 *([{"name": "plain", "drafter": None, "k": k}] if cfg.speed else []),
             ],
         }
