@@ -193,3 +193,26 @@ def test_dflash_export_reloads_in_draftsmith_with_identical_logits(world):
     again, _ = load_drafter(world["export"])
     again.load_target_embeddings(model.embed_tokens.weight)
     assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_eval_engine_vllm_serves_a_dflash_run_as_draftsmith_eval(world, tmp_path):
+    """`draftsmith eval --engine vllm` on a DFlash train folder: exported, served with method
+    dflash; its answers and accepted counts are draftsmith eval's."""
+    out = evaluate(
+        EvalConfig(
+            engine="vllm",
+            drafter=world["root"] / "train",
+            target=str(world["target"]),
+            out=tmp_path / "eval",
+            bench=str(world["root"] / "bench.jsonl"),
+            k=K,
+            num_questions=2,
+            max_new_tokens=NEW_TOKENS,
+        )
+    )
+    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    tokens, accepts = views(world["answers"])
+    assert [a["token_ids"][0] for a in answers] == tokens[:2] and [a["accepts"][0] for a in answers] == accepts[:2]
+    report = json.loads((out / "report.json").read_text())
+    assert report["greedy_turns_matching_plain"] == report["greedy_turns_checked"] == 2
+    assert json.loads((out / "drafter-vllm" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]

@@ -31,6 +31,7 @@ from typing import Any
 from draftsmith.config import write_run_record
 from draftsmith.data.chat import check_template_options
 from draftsmith.draft.checkpoint import DRAFTER_FILE, load_drafter
+from draftsmith.draft.dflash_layout import is_dflash_folder
 from draftsmith.draft.peagle import TOKEN_FIELDS
 from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
@@ -268,7 +269,13 @@ def run(cfg: EvalConfig) -> Path:
             "engine_args": engine_args,
             "progress": str(out),
             "engines": [
-                {"name": "spec", "drafter": str(drafter.absolute()), "k": k, "parallel_drafting": parallel(drafter)},
+                {
+                    "name": "spec",
+                    "drafter": str(drafter.absolute()),
+                    "k": k,
+                    "method": "dflash" if is_dflash_folder(drafter) else "eagle3",  # vLLM's method for the layout
+                    "parallel_drafting": parallel(drafter),  # P-EAGLE
+                },
                 *([{"name": "plain", "drafter": None, "k": k}] if cfg.speed else []),
             ],
         }
