@@ -32,6 +32,8 @@ class CommandConfig(BaseModel):
     # refused when the options are parsed, not after it has turned the weights to NaN)
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     positional: ClassVar[str | None] = None
+    # the positional field is also taken as a flag of its own name (export's DRAFTER as --drafter, as eval spells it)
+    positional_flag: ClassVar[bool] = False
     # old option name -> its name now: still taken (flag, --config YAML, pipeline stage) for one
     # release, with a warning on stderr
     renamed: ClassVar[dict[str, str]] = {}

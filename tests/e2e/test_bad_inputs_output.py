@@ -255,7 +255,7 @@ def train(ds: Path, target: Path, out: Path, *extra: object) -> list[object]:
         "cpu",
         "--steps",
         "2",
-        "--ttt",
+        "--depth",
         "1",
         "--batch-tokens",
         "64",

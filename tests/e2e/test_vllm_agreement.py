@@ -141,7 +141,7 @@ def world(tmp_path_factory):
                         "out": run,
                         "device": "cpu",
                         "steps": 20,
-                        "ttt": K,
+                        "depth": K,
                         "lr": 1e-2,
                         "warmup_ratio": 0,
                         "val_fraction": 0,
@@ -179,11 +179,7 @@ def world(tmp_path_factory):
 def exported(world, name: str, fmt: str) -> Path:
     out = world["root"] / f"export-{name}-{fmt}"
     if not out.exists():
-        export(
-            ExportConfig(
-                ckpt=world["drafters"][name]["folder"], format=fmt, engine="vllm", out=out, speculative_tokens=K
-            )
-        )
+        export(ExportConfig(drafter=world["drafters"][name]["folder"], format=fmt, engine="vllm", out=out, depth=K))
     return out
 
 

@@ -1,5 +1,7 @@
 """CLI contract: flags beat YAML, YAML beats defaults; placeholders fail loudly."""
 
+import re
+
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -57,6 +59,57 @@ def test_the_old_layers_key_still_works_with_a_warning(tmp_path, capsys):
     assert DEPRECATED_LAYERS in capsys.readouterr().err
     assert ExtractConfig(dataset_dir="ds", out="o", layers=[2, 5, 8]).aux_layer_ids == [2, 5, 8]  # in code too
     assert DEPRECATED_LAYERS in capsys.readouterr().err
+
+
+MODULES = {
+    "train": "draftsmith.train.run",
+    "plan": "draftsmith.plan.run",
+    "eval": "draftsmith.evaluate.run",
+    "export": "draftsmith.export.run",
+}
+
+
+@pytest.mark.parametrize(
+    "command,old,value,field,expected",
+    [
+        ("train", "--ttt", "3", "depth", 3),
+        ("plan", "--ttt", "3", "depth", 3),
+        ("plan", "--hidden-dir", "store", "hidden", "store"),
+        ("eval", "--k", "auto", "depth", "auto"),
+        ("eval", "--k-max", "4", "depth_max", 4),
+        ("export", "--speculative-tokens", "5", "depth", 5),
+        ("export", "--ckpt", "d", "drafter", "d"),
+    ],
+)
+def test_each_renamed_flag_still_works_with_a_warning(command, old, value, field, expected, tmp_path, monkeypatch):
+    """Issue 41's one name per concept: the draft depth is `depth`, the store `hidden`, the
+    drafter folder `drafter`; each old spelling is hidden but still taken, with a warning."""
+    seen = []
+    monkeypatch.setattr(f"{MODULES[command]}.run", seen.append)
+    args = {
+        "train": ["train", "ds", "--out", str(tmp_path / "o")],
+        "plan": ["plan", "ds"],
+        "eval": ["eval", "--drafter", "d", "--out", str(tmp_path / "o")],
+        "export": ["export", "--out", str(tmp_path / "o")] + (["d"] if old != "--ckpt" else []),
+    }[command]
+    r = CliRunner().invoke(app, [*args, old, value])
+    assert r.exit_code == 0, r.output
+    got = getattr(seen[-1], field)
+    assert (str(got) if isinstance(expected, str) else got) == expected
+    assert f"({old}) is deprecated" in r.output and f"(--{field.replace('_', '-')})" in r.output
+    assert not re.search(re.escape(old) + r"(?![\w-])", CliRunner().invoke(app, [command, "--help"]).output)
+
+
+def test_export_takes_the_drafter_as_a_flag_or_positionally(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr("draftsmith.export.run.run", seen.append)
+    out = ["--out", str(tmp_path / "o")]
+    for args in (["export", "d", *out], ["export", "--drafter", "d", *out], ["export", "d", "--drafter", "d", *out]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 0, r.output
+        assert str(seen[-1].drafter) == "d"
+    r = CliRunner().invoke(app, ["export", "d", "--drafter", "e", *out])
+    assert r.exit_code == 2 and "--drafter and the positional argument differ" in r.output
 
 
 def test_help_lists_every_stage():

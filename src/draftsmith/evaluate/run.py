@@ -4,7 +4,7 @@ position and the decode speed-up. The engine is the static-KV-cache one when it 
 self-check on the target, else the generic HF path (runtime/selfcheck.py).
 
     load target + drafter -> engine (self-check) of --batch-size rows -> the draft shape
-    (--k auto / --tree auto: a calibration) -> proposer (+ CUDA graphs on GPU) -> warm-up
+    (--depth auto / --tree auto: a calibration) -> proposer (+ CUDA graphs on GPU) -> warm-up
     -> turn by turn, in batches of rows that each decode their own question: every
        question's speculative answers, then its plain answers (timed)
     -> report.json, report.md, acceptance.png, tau.png, answers.jsonl
@@ -139,13 +139,13 @@ def run(cfg: EvalConfig) -> Path:
         questions = load_questions(cfg.bench, limit)
     if cfg.compile and not on_gpu:
         raise UserError("--compile needs a CUDA device (CUDA graphs); drop it on CPU")
-    mode, auto = cfg.drafting, cfg.k == "auto" or cfg.tree == "auto"
+    mode, auto = cfg.drafting, cfg.depth == "auto" or cfg.tree == "auto"
     if cfg.tree == "auto":
         shapes = [Shape.parse_tree(t) for t in cfg.tree_shapes]
-    elif cfg.k == "auto":
-        shapes = [Shape(k) for k in range(cfg.k_max, 0, -1)]  # K_max first: its acceptance serves every K
+    elif cfg.depth == "auto":
+        shapes = [Shape(k) for k in range(cfg.depth_max, 0, -1)]  # K_max first: its acceptance serves every K
     else:
-        shapes = [Shape(int(cfg.k), cfg.top_k, cfg.total_tokens) if mode == "tree" else Shape(int(cfg.k))]
+        shapes = [Shape(int(cfg.depth), cfg.top_k, cfg.total_tokens) if mode == "tree" else Shape(int(cfg.depth))]
     check_template_options(cfg.chat_template, cfg.completion)
     torch.manual_seed(cfg.seed)
     drafter, manifest = load_drafter(cfg.drafter, device)
@@ -247,8 +247,7 @@ def run(cfg: EvalConfig) -> Path:
         meta = {
             "engine": "draftsmith",
             "mode": mode,
-            "k": shape.depth,
-            "k_requested": cfg.k,
+            "depth_requested": cfg.depth,
             "tree_requested": cfg.tree,
             "top_k": shape.top_k,
             "shape": {**calibration.to_dict(), "questions": picks} if calibration is not None else None,

@@ -1,4 +1,4 @@
-"""`--k auto` and `--tree auto`: the draft shape that maximises the expected decode speed,
+"""`--depth auto` and `--tree auto`: the draft shape that maximises the expected decode speed,
 chosen from a short calibration on the engine and drafter at hand (before the measured run).
 
     E(s)    expected tokens per target call with shape s
@@ -8,7 +8,7 @@ chosen from a short calibration on the engine and drafter at hand (before the me
     t_plain seconds per token of plain decoding on the same prompts
     predicted speed-up(s) = E(s) / c(s) · t_plain
 
-Chain (`--k auto`, shapes K = 1..K_max): E(K) = 1 + Σ_{i≤K} Π_{j≤i} a_j, where a_i is the
+Chain (`--depth auto`, shapes K = 1..K_max): E(K) = 1 + Σ_{i≤K} Π_{j≤i} a_j, where a_i is the
 conditional acceptance of draft position i (accepted, given 1..i-1 were) measured with the
 longest chain, K_max: one acceptance measurement serves every K, since a shorter chain drafts
 the same first tokens. Tree (`--tree auto`, shapes total tokens x depth x top-k from a small
@@ -92,14 +92,13 @@ class Calibration:
             "tokens": self.tokens,
             "chosen": best.shape.label,
             "chosen_shape": asdict(best.shape),
-            "chosen_k": best.shape.depth,
+            "chosen_depth": best.shape.depth,
             "predicted_speedup": round(self.predicted_speedup(best), 4),
             "break_even_tau": round(self.break_even(best), 4),
             "candidates": [
                 {
                     "shape": c.shape.label,
                     **asdict(c.shape),
-                    "k": c.shape.depth,
                     "expected_tokens": round(c.expected_tokens, 4),
                     "cycle_ms": round(1e3 * c.cycle_seconds, 3),
                     "predicted_speedup": round(self.predicted_speedup(c), 4),
@@ -177,7 +176,7 @@ def calibrate(
 
 def summary(cal: Calibration) -> str:
     best = cal.best()
-    flag = "--k" if cal.mode == "chain" else "--tree"
+    flag = "--depth" if cal.mode == "chain" else "--tree"
     table = ", ".join(f"{c.shape.label} {cal.predicted_speedup(c):.2f}x" for c in cal.candidates)
     break_even = cal.break_even(best)
     verdict = (

@@ -9,7 +9,7 @@
       - prepare: {max_len: 2048}
       - train: {steps: 2000}                          # online: no disk
       - export: {format: eagle, engine: vllm}
-      - eval: {mode: chain, k: 7}
+      - eval: {mode: chain, depth: 7}
 
 Every stage is checked before the first one runs: the top-level keys (a key no stage takes,
 such as `taget:`, is refused), each stage's options (its config, as when run alone), its `@NAME`
@@ -59,7 +59,7 @@ INPUTS = {
     "vocab": ("dataset_dir", "prepare"),
     "extract": ("dataset_dir", "prepare"),
     "train": ("dataset_dir", "prepare"),
-    "export": ("ckpt", "train"),
+    "export": ("drafter", "train"),
     "eval": ("drafter", "train"),
 }
 SHORTCUTS = {"gsm8k": str(GSM8K_TRAIN), "mt_bench": "mt_bench"}

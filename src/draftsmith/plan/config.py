@@ -15,10 +15,11 @@ class PlanConfig(CommandConfig, DrafterShape):
     will train with."""
 
     positional = "dataset_dir"
-    renamed = {"layers": "aux_layer_ids"}  # one name with the store and drafter.json
+    # one name per concept across commands and files
+    renamed = {"layers": "aux_layer_ids", "ttt": "depth", "hidden_dir": "hidden"}
     dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
     target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
-    hidden_dir: Path | None = Field(None, description="Where the hidden-state store would go (checked for free space).")
+    hidden: Path | None = Field(None, description="Where the hidden-state store would go (checked for free space).")
     aux_layer_ids: list[int] | None = Field(
         None, description="Aux layer ids in draftsmith's convention; default [2, L//2, L-3]."
     )
@@ -29,4 +30,4 @@ class PlanConfig(CommandConfig, DrafterShape):
     calibrate_tokens: int = Field(2048, gt=0, description="Tokens in the calibration batch.")
     token_budget: int = Field(65536, gt=0, description="Extraction batch size in tokens (as `extract --token-budget`).")
     epochs: float = Field(1.0, gt=0, description="Training epochs to plan for.")
-    ttt: int = Field(7, ge=1, description="Training-time-test unroll steps to plan for.")
+    depth: int = Field(7, ge=1, description="Draft depth to plan training for: the training-time-test unroll steps.")

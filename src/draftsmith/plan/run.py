@@ -97,10 +97,10 @@ def run(cfg: PlanConfig) -> Path:
         seconds = timed(lambda: capture(target.model, ids, mask, aux_layer_ids), device)
         fwd_tps = sum(lengths) / seconds
         T = min(int(max(lengths)), cfg.calibrate_tokens)
-        drafter_tps = T / calibrate_drafter(drafter, T, cfg.ttt, n_aux * H, device)
+        drafter_tps = T / calibrate_drafter(drafter, T, cfg.depth, n_aux * H, device)
 
     store = projected_bytes(tokens, n, n_aux, H, dsize)
-    hidden_dir = Path(cfg.hidden_dir) if cfg.hidden_dir else Path(cfg.dataset_dir).absolute().parent
+    hidden_dir = Path(cfg.hidden) if cfg.hidden else Path(cfg.dataset_dir).absolute().parent
     fit = store_fit(store, hidden_dir)
     act_bytes = (
         cfg.token_budget
@@ -153,7 +153,7 @@ def run(cfg: PlanConfig) -> Path:
     if fwd_tps:
         console.print(
             f"calibration on {device}: target capture forward {fwd_tps:,.0f} tok/s, "
-            f"drafter TTT-{cfg.ttt} step {drafter_tps:,.0f} tok/s (per epoch; train time uses --epochs {cfg.epochs:g})"
+            f"drafter TTT-{cfg.depth} step {drafter_tps:,.0f} tok/s (per epoch; train time uses --epochs {cfg.epochs:g})"
         )
     verdict = "fits" if fit.fits else "DOES NOT FIT"
     console.print(

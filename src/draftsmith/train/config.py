@@ -20,7 +20,7 @@ class TrainConfig(CommandConfig, DrafterShape):
     the drafter's vocab size, MLP width and depth come from `DrafterShape`."""
 
     positional = "dataset_dir"
-    renamed = {"layers": "aux_layer_ids"}  # one name with the store and drafter.json
+    renamed = {"layers": "aux_layer_ids", "ttt": "depth"}  # one name per concept across commands and files
     dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
     target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
     out: Path = Field(description="Output folder for checkpoints, metrics and plots.")
@@ -31,7 +31,7 @@ class TrainConfig(CommandConfig, DrafterShape):
         None, description="Draft vocab file from `draftsmith vocab`; default: built from the dataset."
     )
     aux_layer_ids: list[int] | None = Field(None, description="Aux layer ids (online mode); default [2, L//2, L-3].")
-    ttt: int = Field(7, ge=1, description="Training-time-test unroll steps K.")
+    depth: int = Field(7, ge=1, description="Draft depth trained for: the training-time-test unroll steps.")
     steps: int | None = Field(None, gt=0, description="Optimizer steps (overrides --epochs).")
     epochs: float = Field(1.0, gt=0, description="Epochs over the training split.")
     lr: float = Field(2e-3, gt=0, description="Peak learning rate.")

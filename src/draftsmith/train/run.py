@@ -271,7 +271,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     objective = TTTObjective(
         drafter.to(env.device),
         head.to(env.device),
-        cfg.ttt,
+        cfg.depth,
         backend,
         cfg.loss_chunk,
         cfg.step_decay,
@@ -286,7 +286,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         "mode": "online" if cfg.hidden is None else "offline",
         "data": str(cfg.dataset_dir),
         "hidden": str(cfg.hidden) if cfg.hidden else None,
-        "ttt": cfg.ttt,
+        "depth": cfg.depth,
         "train_samples": len(train_idx),
         "val_samples": len(val_idx),
     }
