@@ -2,7 +2,8 @@
 
 Every subcommand is generated from its typed config: each pydantic field becomes an option
 (`max_len` -> `--max-len`) whose help is the field's description; the config's `positional`
-field is the positional argument (also a flag with `positional_flag`); `renamed` old names are
+field is the positional argument (also a flag with `positional_flag`); a config with `common`
+lists those options first and the rest under "Advanced options"; `renamed` old names are
 hidden flags. `--config run.yaml` supplies any field, and a flag given on
 the command line beats the YAML. The command then calls the stage's `run(cfg)`.
 
@@ -76,6 +77,7 @@ def _cli_type(annotation: Any) -> tuple[Any, str]:
     return Optional[str], ""
 
 
+ADVANCED = "Advanced options"  # the --help panel of the options not in a config's `common`
 FLAG = "flag__"  # the parameter name of a positional field's flag spelling (`positional_flag`)
 
 
@@ -99,6 +101,7 @@ def _make_command(name: str, entry: Command) -> None:
             help_parts.append("(required)")
         help_str = " ".join(p for p in help_parts if p)
         opt_name = "--" + field_name.replace("_", "-")
+        panel = ADVANCED if cls.common and field_name not in cls.common else None
         if field_name == cls.positional:
             info = typer.Argument(None, help=help_str, show_default=False)
             if cls.positional_flag:  # the same field as a flag too: `export DRAFTER` or `export --drafter DRAFTER`
@@ -109,9 +112,11 @@ def _make_command(name: str, entry: Command) -> None:
                     inspect.Parameter(FLAG + field_name, inspect.Parameter.KEYWORD_ONLY, default=flag, annotation=typ)
                 )
         elif typ == Optional[bool]:
-            info = typer.Option(None, f"{opt_name}/--no-{opt_name[2:]}", help=help_str, show_default=False)
+            info = typer.Option(
+                None, f"{opt_name}/--no-{opt_name[2:]}", help=help_str, show_default=False, rich_help_panel=panel
+            )
         else:
-            info = typer.Option(None, opt_name, help=help_str, show_default=False)
+            info = typer.Option(None, opt_name, help=help_str, show_default=False, rich_help_panel=panel)
         params.append(inspect.Parameter(field_name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=typ))
     for old, new in cls.renamed.items():  # deprecated flags: hidden, handed to the config under their old name
         typ, _ = _cli_type(cls.model_fields[new].annotation)

@@ -6,7 +6,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from draftsmith.cli import app
+from draftsmith.cli import ALL_COMMANDS, app
 from draftsmith.config import resolve_config
 from draftsmith.extract.config import ExtractConfig
 
@@ -128,3 +128,33 @@ def test_help_lists_every_stage():
         "pipeline",
     ):
         assert name in r.output
+
+
+def test_every_option_has_a_one_sentence_help_and_common_names_options():
+    """Issue 41: a field's description is its --help line, one sentence of at most 120
+    characters (the reasons live in docs/<command>.md); `common` names options that exist."""
+    for name, entry in ALL_COMMANDS.items():
+        cls = entry.config
+        assert set(cls.common) <= set(cls.model_fields), (name, set(cls.common) - set(cls.model_fields))
+        for field_name, field in cls.model_fields.items():
+            text = field.description or ""
+            assert 0 < len(text) <= 120 and text.endswith(".") and ". " not in text, (name, field_name, text)
+
+
+def test_train_help_lists_common_options_first_then_advanced():
+    out = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"}).output
+    common, advanced = out.split("Advanced options")
+    assert all(f"--{o} " in common for o in ("depth", "hidden", "target", "device", "steps", "lr", "out"))
+    assert all(f"--{o} " in advanced for o in ("aux-noise", "step-decay", "ttt-positions", "compile-step"))
+    assert "--aux-noise" not in common
+
+
+def test_the_target_options_are_one_block_with_the_same_flags():
+    """target, device, dtype (and shard) come from `TargetOptions` / `ShardOption`: one help text each."""
+    helps = {}
+    for name in ("synth", "extract", "train", "eval", "plan"):
+        fields = ALL_COMMANDS[name].config.model_fields
+        assert {"target", "device", "dtype"} <= set(fields) and ("shard" in fields) == (name != "eval")
+        helps.setdefault("device", set()).add(fields["device"].description)
+        helps.setdefault("dtype", set()).add(fields["dtype"].description)
+    assert all(len(texts) == 1 for texts in helps.values())

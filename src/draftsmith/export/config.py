@@ -30,7 +30,7 @@ class ExportConfig(CommandConfig):
     )
     eval_report: Path | None = Field(
         None,
-        description="An eval report.json: its tau, speed-up and draft shape go into the model card, and its shape into the serving commands (a chain's length, a tree's for SGLang).",
+        description="An eval report.json whose τ, speed-up and draft shape go into the model card and the serving commands.",
     )
     depth: int | None = Field(
         None,
@@ -46,6 +46,6 @@ class ExportConfig(CommandConfig):
     )
     source_convention: str | None = Field(
         None,
-        description="Layer-id convention of a third-party --drafter's config.json (vllm, sglang, modelopt, eagle); default guessed from its layout.",
+        description="Layer-id convention of a third-party drafter's config.json (vllm, sglang, modelopt, eagle); default: guessed.",
     )
     overwrite: bool = Field(False, description="Replace an existing output folder.")
