@@ -6,7 +6,7 @@ what one token costs (memory-bound either way). On a CPU it costs what the BLAS'
 products cost: this prints the fast engine's forward (the embedded default, fp32, eager, as
 `eval` runs it on CPU) at T = 1..4 tokens, and each of the model's weight shapes through
 F.linear at M = 1, 2, 4 rows, as multiples of T = 1 / M = 1. A cycle pays from tau = its cost in
-plain tokens (eval's `--k auto` measures the same on real answers and says so).
+plain tokens (eval's `--depth auto` measures the same on real answers and says so).
 
     python bench/cpu_verify_cost.py [--target smollm2-135m] [--repeats 20]
 """

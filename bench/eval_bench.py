@@ -408,9 +408,7 @@ def main() -> None:
                 target, drafter, prompts, args.plain_tokens, cycle_shapes, compile_modes[-1:], reps, compile_target=True
             )
     del target
-    evals = {
-        name: {k.replace("depth", "k"): v for k, v in shape.items()} for name, shape in shapes.items()
-    }  # EvalConfig's names
+    evals = shapes  # EvalConfig's names
     if "chain" in parts:
         result["chain"] = spec_run(args, drafter, out_dir / "chain", **evals["chain"])
     if "tree" in parts:

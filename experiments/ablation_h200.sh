@@ -41,7 +41,7 @@ driver_start 21 4
   lane abl2_top abl2_top_chain abl2_alltok abl2_alltok_chain & B2=$!
   wait $B1 $B2
   step eval_kernel_check 300 python3 -m draftsmith eval --target $HF --drafter $RUN/abl2_defaults --mode chain \
-    --k 7 --kernel-check --out /root/eval_kernel_check
+    --depth 7 --kernel-check --out /root/eval_kernel_check
   step eval_tree_auto 300 python3 -m draftsmith eval --target $HF --drafter $RUN/abl2_defaults --tree auto \
     --out /root/eval_tree_auto ) & B=$!
 wait $A $B

@@ -102,7 +102,7 @@ recipe_eval() {  # the recipe's eval stage $1 (MT-bench τ and the speed-up, as 
 }
 mtbench_tau() {  # MT-bench chain τ of training stage $1 (K=7, 80 q, greedy): its best drafter so far; τ only, the target eager
   [ -d "$RUN/$1/drafter" ] && step "$1_chain" 270 python3 -m draftsmith eval --target $HF --drafter "$RUN/$1" \
-    --mode chain --k 7 --num-questions 80 --max-new-tokens 256 --no-speed --no-compile-target --out "$RUN/$1_mtbench"
+    --mode chain --depth 7 --num-questions 80 --max-new-tokens 256 --no-speed --no-compile-target --out "$RUN/$1_mtbench"
 }
 EVAL_S=${EVAL_S:-300}  # eval_chain after the training (its plain decoding timed too, the target compiled) and a margin
 if [ -n "${ONLY_STEPS:-}" ]; then  # a short lease: only these steps, in order (ONLY_STEPS="gpu_tests cycle_widths")

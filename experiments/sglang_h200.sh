@@ -16,6 +16,6 @@ EVAL_S=290
 left=$(( DEADLINE - EVAL_S - $(date +%s) ))
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step train_sglang "$left" python3 -m draftsmith pipeline experiments/recipes/sglang_h200.yaml --only train_sglang
 [ -d "$RUN/train_sglang/drafter" ] && step train_sglang_chain 280 python3 -m draftsmith eval --target $HF --drafter "$RUN/train_sglang" \
-    --mode chain --k 7 --num-questions 80 --max-new-tokens 256 --no-speed --no-compile-target --out "$RUN/train_sglang_mtbench"
+    --mode chain --depth 7 --num-questions 80 --max-new-tokens 256 --no-speed --no-compile-target --out "$RUN/train_sglang_mtbench"
 [ -d "$RUN/train_sglang/drafter" ] && step export_sglang 60 python3 -m draftsmith export "$RUN/train_sglang" --format eagle --engine sglang --out "$RUN/train_sglang_sglang_export"
 touch "$R/ALL_DONE"

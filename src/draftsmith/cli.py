@@ -2,7 +2,9 @@
 
 Every subcommand is generated from its typed config: each pydantic field becomes an option
 (`max_len` -> `--max-len`) whose help is the field's description; the config's `positional`
-field is the positional argument. `--config run.yaml` supplies any field, and a flag given on
+field is the positional argument (also a flag with `positional_flag`); a config with `common`
+lists those options first and the rest under "Advanced options"; `renamed` old names are
+hidden flags. `--config run.yaml` supplies any field, and a flag given on
 the command line beats the YAML. The command then calls the stage's `run(cfg)`.
 
 The commands come from the registry (`draftsmith.commands`); `quickstart` and `pipeline` are
@@ -75,6 +77,10 @@ def _cli_type(annotation: Any) -> tuple[Any, str]:
     return Optional[str], ""
 
 
+ADVANCED = "Advanced options"  # the --help panel of the options not in a config's `common`
+FLAG = "flag__"  # the parameter name of a positional field's flag spelling (`positional_flag`)
+
+
 def fail(e: UserError) -> typing.NoReturn:
     """The one way a command reports a user error: `error: ...` on stderr, its exit code."""
     typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
@@ -95,12 +101,22 @@ def _make_command(name: str, entry: Command) -> None:
             help_parts.append("(required)")
         help_str = " ".join(p for p in help_parts if p)
         opt_name = "--" + field_name.replace("_", "-")
+        panel = ADVANCED if cls.common and field_name not in cls.common else None
         if field_name == cls.positional:
             info = typer.Argument(None, help=help_str, show_default=False)
+            if cls.positional_flag:  # the same field as a flag too: `export DRAFTER` or `export --drafter DRAFTER`
+                flag = typer.Option(
+                    None, opt_name, help=f"The positional {field_name.upper()}, as a flag.", show_default=False
+                )
+                params.append(
+                    inspect.Parameter(FLAG + field_name, inspect.Parameter.KEYWORD_ONLY, default=flag, annotation=typ)
+                )
         elif typ == Optional[bool]:
-            info = typer.Option(None, f"{opt_name}/--no-{opt_name[2:]}", help=help_str, show_default=False)
+            info = typer.Option(
+                None, f"{opt_name}/--no-{opt_name[2:]}", help=help_str, show_default=False, rich_help_panel=panel
+            )
         else:
-            info = typer.Option(None, opt_name, help=help_str, show_default=False)
+            info = typer.Option(None, opt_name, help=help_str, show_default=False, rich_help_panel=panel)
         params.append(inspect.Parameter(field_name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=typ))
     for old, new in cls.renamed.items():  # deprecated flags: hidden, handed to the config under their old name
         typ, _ = _cli_type(cls.model_fields[new].annotation)
@@ -119,6 +135,10 @@ def _make_command(name: str, entry: Command) -> None:
         yaml_path = kwargs.pop("config")
         flags = {k: v for k, v in kwargs.items() if v is not None}
         try:
+            if FLAG + str(cls.positional) in flags:  # --drafter D as well as the positional D
+                given = flags.pop(FLAG + str(cls.positional))
+                if flags.setdefault(cls.positional, given) != given:
+                    raise UserError(f"--{cls.positional} and the positional argument differ; give one of them")
             cfg = resolve_config(cls, yaml_path, flags)
             entry.run(cfg)
         except UserError as e:

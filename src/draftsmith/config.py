@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_text
@@ -32,6 +32,10 @@ class CommandConfig(BaseModel):
     # refused when the options are parsed, not after it has turned the weights to NaN)
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     positional: ClassVar[str | None] = None
+    # the positional field is also taken as a flag of its own name (export's DRAFTER as --drafter, as eval spells it)
+    positional_flag: ClassVar[bool] = False
+    # the options `--help` lists first, under "Options"; the others go under "Advanced options" (none: one list)
+    common: ClassVar[tuple[str, ...]] = ()
     # old option name -> its name now: still taken (flag, --config YAML, pipeline stage) for one
     # release, with a warning on stderr
     renamed: ClassVar[dict[str, str]] = {}
@@ -178,7 +182,23 @@ def write_run_record(out_dir: Path, cfg: CommandConfig, name: str = RUN_RECORD) 
 
 
 Shard = Literal["none", "auto"]
-SHARD_HELP = (
-    "Where the target's weights go: none = all on --device; auto = split layer by layer over every visible GPU "
-    "(transformers' device_map='auto', one process; not under torchrun), for a target larger than one GPU."
-)
+
+
+class TargetOptions(BaseModel):
+    """Mixed into the config of every command that runs the target (synth, extract, train, eval,
+    plan): which target, on which device, in which dtype. One definition, one help text."""
+
+    target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
+    device: str | None = Field(
+        None, description="Device (cpu, cuda, cuda:1); default cuda when available (cuda:LOCAL_RANK under torchrun)."
+    )
+    dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp16 or fp32.")
+
+
+class ShardOption(BaseModel):
+    """Mixed in beside `TargetOptions` where the target may be split over the visible GPUs."""
+
+    shard: Shard = Field(
+        "none",
+        description="Target weights: none = all on --device; auto = split over every visible GPU (docs/large-targets.md).",
+    )

@@ -104,7 +104,7 @@ def run(request, tmp_path_factory, tokenizer):
                 hidden=root / "store",
                 out=root / "train",
                 steps=3,
-                ttt=2,
+                depth=2,
                 batch_tokens=64,
                 log_every=1,
                 val_fraction=0.25,
@@ -114,7 +114,7 @@ def run(request, tmp_path_factory, tokenizer):
         )
     export(
         ExportConfig(
-            ckpt=root / "train", format="speculators", engine="vllm", out=root / "export", include_embeddings=True
+            drafter=root / "train", format="speculators", engine="vllm", out=root / "export", include_embeddings=True
         )
     )
     return arch, target, root

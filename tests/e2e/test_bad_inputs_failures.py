@@ -321,12 +321,12 @@ def test_k_auto_in_tree_mode_names_the_flags(tiny_target_dir: Path, tmp_path: Pa
         tmp_path,
         "--out",
         tmp_path / "out",
-        "--k",
+        "--depth",
         "auto",
         "--mode",
         "tree",
     )
-    failed(r, 2, "--k auto chooses a chain length")
+    failed(r, 2, "--depth auto chooses a chain length")
     assert "--config" not in r.output
 
 

@@ -229,7 +229,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path) -> 
 
 
 def train(ds: Path, target: Path, out: Path, *extra: object) -> list[object]:
-    return tiny_train_args(ds, target, out, "--steps", "2", "--ttt", "1", "--save-every", "1", *extra)
+    return tiny_train_args(ds, target, out, "--steps", "2", "--depth", "1", "--save-every", "1", *extra)
 
 
 def test_train_resume_with_other_options_is_refused_and_keeps_run_yaml(tmp_path, dataset, tiny_target_dir):

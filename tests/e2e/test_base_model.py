@@ -112,7 +112,7 @@ def test_completion_mode_every_stage(tmp_path: Path, base_target: Path, tokenize
         "64",
         "--val-fraction",
         "0",
-        "--ttt",
+        "--depth",
         "2",
     )
     bench = write_jsonl(tmp_path / "q.jsonl", QUESTIONS)
@@ -129,7 +129,7 @@ def test_completion_mode_every_stage(tmp_path: Path, base_target: Path, tokenize
         "--completion",
         "--device",
         "cpu",
-        "--k",
+        "--depth",
         "2",
         "--max-new-tokens",
         "8",
@@ -187,7 +187,7 @@ def test_chat_template_file_in_every_stage(tmp_path: Path, base_target: Path) ->
         "64",
         "--val-fraction",
         "0",
-        "--ttt",
+        "--depth",
         "1",
         "--aux-layer-ids",
         "0,1,2",
@@ -208,7 +208,7 @@ def test_chat_template_file_in_every_stage(tmp_path: Path, base_target: Path) ->
         "1",
         "--max-new-tokens",
         "4",
-        "--k",
+        "--depth",
         "1",
     )
     assert (tmp_path / "eval" / "report.json").is_file()
@@ -232,7 +232,7 @@ def test_no_template_is_one_clear_error(tmp_path: Path, base_target: Path) -> No
         "64",
         "--val-fraction",
         "0",
-        "--ttt",
+        "--depth",
         "1",
         "--aux-layer-ids",
         "0,1,2",

@@ -39,7 +39,7 @@ CONVS = [
     ]
 ]
 CPU = ["--device", "cpu", "--dtype", "fp32"]
-TRAIN = ["--steps", 3, "--ttt", 2, "--batch-tokens", 128, "--log-every", 1, "--val-fraction", 0.34, *CPU]
+TRAIN = ["--steps", 3, "--depth", 2, "--batch-tokens", 128, "--log-every", 1, "--val-fraction", 0.34, *CPU]
 
 
 def prepared(tmp_path, tokenizer, **overrides):
@@ -92,7 +92,7 @@ def test_deepseek_v3_end_to_end(tmp_path, tokenizer):
             tmp_path / f"eval-{run}",
             "--bench",
             "held-out",
-            "--k",
+            "--depth",
             2,
             "--num-questions",
             2,

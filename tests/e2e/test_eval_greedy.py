@@ -91,7 +91,7 @@ def test_cli_eval_writes_report(smollm2, tmp_path, monkeypatch):
             str(bench),
             "--mode",
             "tree",
-            "--k",
+            "--depth",
             "3",
             "--top-k",
             "3",

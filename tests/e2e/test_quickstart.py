@@ -16,8 +16,8 @@ from draftsmith.pipeline import quickstart
 TOY = {
     "synth": {"limit": 2, "max_new_tokens": 12, "batch_size": 2},
     "magpie": {"magpie": 2, "max_new_tokens": 12, "batch_size": 2},
-    "train": {"epochs": 1, "ttt": 2, "batch_tokens": 512, "draft_vocab_size": 512, "val_fraction": 0.5},
-    "eval": {"num_questions": 1, "max_new_tokens": 8, "k_max": 2, "calibration_questions": 1},
+    "train": {"epochs": 1, "depth": 2, "batch_tokens": 512, "draft_vocab_size": 512, "val_fraction": 0.5},
+    "eval": {"num_questions": 1, "max_new_tokens": 8, "depth_max": 2, "calibration_questions": 1},
 }
 
 
@@ -51,7 +51,7 @@ def test_quickstart_layout_and_report_fields(tmp_path, toy_budget):
         assert (out / rel).exists(), rel
     report = json.loads((out / "eval" / "report.json").read_text())
     assert report["tau"] >= 1.0
-    assert report["k_requested"] == "auto" and len(report["accept_per_position"]) == report["shape"]["chosen_k"]
+    assert report["depth_requested"] == "auto" and len(report["accept_per_position"]) == report["shape"]["chosen_depth"]
     assert "speedup" in report
     assert "acceptance length tau" in r.output and "speed-up vs plain decoding" in r.output
     val = json.loads((out / "train" / "drafter" / "drafter.json").read_text())["meta"]["val"]

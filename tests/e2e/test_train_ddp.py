@@ -25,7 +25,7 @@ def _args(ds, target, out):
         str(out),
         "--steps",
         "4",
-        "--ttt",
+        "--depth",
         "2",
         "--batch-tokens",
         "64",

@@ -56,7 +56,7 @@ def test_measured_tau_matches_simulated_tau(tmp_path, smollm2):
             "out": tmp_path / "run",
             "device": "cpu",
             "steps": 30,
-            "ttt": 2,
+            "depth": 2,
             "lr": 1e-2,
             "warmup_ratio": 0,
             "val_fraction": 0,

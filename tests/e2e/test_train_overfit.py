@@ -51,7 +51,7 @@ def test_overfit_eight_conversations(tmp_path, smollm2):
             "out": out,
             "device": "cpu",
             "steps": 30,
-            "ttt": 2,
+            "depth": 2,
             "lr": 1e-2,
             "warmup_ratio": 0,
             "val_fraction": 0,

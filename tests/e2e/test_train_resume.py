@@ -30,7 +30,7 @@ def _cmd(ds, target, out, *extra):
         str(out),
         "--steps",
         str(STEPS),
-        "--ttt",
+        "--depth",
         "3",
         "--batch-tokens",
         "64",

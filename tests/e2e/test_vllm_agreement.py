@@ -141,7 +141,7 @@ def world(tmp_path_factory):
                         "out": run,
                         "device": "cpu",
                         "steps": 20,
-                        "ttt": K,
+                        "depth": K,
                         "lr": 1e-2,
                         "warmup_ratio": 0,
                         "val_fraction": 0,
@@ -160,7 +160,7 @@ def world(tmp_path_factory):
                     target=str(folder),
                     out=root / f"eval-{name}",
                     bench=str(bench),
-                    k=K,
+                    depth=K,
                     num_questions=QUESTIONS,
                     max_new_tokens=NEW_TOKENS,
                     speed=False,
@@ -179,11 +179,7 @@ def world(tmp_path_factory):
 def exported(world, name: str, fmt: str) -> Path:
     out = world["root"] / f"export-{name}-{fmt}"
     if not out.exists():
-        export(
-            ExportConfig(
-                ckpt=world["drafters"][name]["folder"], format=fmt, engine="vllm", out=out, speculative_tokens=K
-            )
-        )
+        export(ExportConfig(drafter=world["drafters"][name]["folder"], format=fmt, engine="vllm", out=out, depth=K))
     return out
 
 
@@ -309,7 +305,7 @@ def test_eval_engine_vllm_reports_what_draftsmith_eval_reports(world, tmp_path):
             target=str(world["target"]),
             out=tmp_path / "eval",
             bench=str(bench),
-            k=K,
+            depth=K,
             num_questions=2,
             max_new_tokens=NEW_TOKENS,
         )

@@ -71,7 +71,7 @@ def world(tmp_path_factory):
                 target=str(folder),
                 out=root / "eval-P",
                 bench=str(bench),
-                k=K,
+                depth=K,
                 num_questions=QUESTIONS,
                 max_new_tokens=NEW_TOKENS,
                 speed=False,
@@ -86,7 +86,7 @@ def world(tmp_path_factory):
 def exported(world, fmt: str):
     out = world["root"] / f"export-P-{fmt}"
     if not out.exists():
-        export(ExportConfig(ckpt=world["run"] / "drafter", format=fmt, engine="vllm", out=out, speculative_tokens=K))
+        export(ExportConfig(drafter=world["run"] / "drafter", format=fmt, engine="vllm", out=out, depth=K))
     return out
 
 
@@ -166,7 +166,7 @@ def test_eval_engine_vllm_serves_a_peagle_train_folder(world, tmp_path):
             target=str(world["target"]),
             out=tmp_path / "eval",
             bench=str(world["root"] / "bench.jsonl"),
-            k=K,
+            depth=K,
             num_questions=2,
             max_new_tokens=NEW_TOKENS,
             speed=False,

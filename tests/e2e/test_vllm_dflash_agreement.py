@@ -99,7 +99,7 @@ def world(tmp_path_factory):
                 target=str(folder),
                 out=root / "eval",
                 bench=str(bench),
-                k=K,
+                depth=K,
                 num_questions=QUESTIONS,
                 max_new_tokens=NEW_TOKENS,
                 speed=False,
@@ -108,7 +108,7 @@ def world(tmp_path_factory):
         )
     answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
     exported = root / "export"
-    export(ExportConfig(ckpt=run / "drafter", engine="vllm", out=exported, speculative_tokens=K))
+    export(ExportConfig(drafter=run / "drafter", engine="vllm", out=exported, depth=K))
     broken = root / "broken"
     shutil.copytree(exported, broken)
     config = json.loads((broken / "config.json").read_text())
@@ -205,7 +205,7 @@ def test_eval_engine_vllm_serves_a_dflash_run_as_draftsmith_eval(world, tmp_path
             target=str(world["target"]),
             out=tmp_path / "eval",
             bench=str(world["root"] / "bench.jsonl"),
-            k=K,
+            depth=K,
             num_questions=2,
             max_new_tokens=NEW_TOKENS,
         )

@@ -1,10 +1,12 @@
 """CLI contract: flags beat YAML, YAML beats defaults; placeholders fail loudly."""
 
+import re
+
 import pytest
 import yaml
 from typer.testing import CliRunner
 
-from draftsmith.cli import app
+from draftsmith.cli import ALL_COMMANDS, app
 from draftsmith.config import resolve_config
 from draftsmith.extract.config import ExtractConfig
 
@@ -59,6 +61,57 @@ def test_the_old_layers_key_still_works_with_a_warning(tmp_path, capsys):
     assert DEPRECATED_LAYERS in capsys.readouterr().err
 
 
+MODULES = {
+    "train": "draftsmith.train.run",
+    "plan": "draftsmith.plan.run",
+    "eval": "draftsmith.evaluate.run",
+    "export": "draftsmith.export.run",
+}
+
+
+@pytest.mark.parametrize(
+    "command,old,value,field,expected",
+    [
+        ("train", "--ttt", "3", "depth", 3),
+        ("plan", "--ttt", "3", "depth", 3),
+        ("plan", "--hidden-dir", "store", "hidden", "store"),
+        ("eval", "--k", "auto", "depth", "auto"),
+        ("eval", "--k-max", "4", "depth_max", 4),
+        ("export", "--speculative-tokens", "5", "depth", 5),
+        ("export", "--ckpt", "d", "drafter", "d"),
+    ],
+)
+def test_each_renamed_flag_still_works_with_a_warning(command, old, value, field, expected, tmp_path, monkeypatch):
+    """Issue 41's one name per concept: the draft depth is `depth`, the store `hidden`, the
+    drafter folder `drafter`; each old spelling is hidden but still taken, with a warning."""
+    seen = []
+    monkeypatch.setattr(f"{MODULES[command]}.run", seen.append)
+    args = {
+        "train": ["train", "ds", "--out", str(tmp_path / "o")],
+        "plan": ["plan", "ds"],
+        "eval": ["eval", "--drafter", "d", "--out", str(tmp_path / "o")],
+        "export": ["export", "--out", str(tmp_path / "o")] + (["d"] if old != "--ckpt" else []),
+    }[command]
+    r = CliRunner().invoke(app, [*args, old, value])
+    assert r.exit_code == 0, r.output
+    got = getattr(seen[-1], field)
+    assert (str(got) if isinstance(expected, str) else got) == expected
+    assert f"({old}) is deprecated" in r.output and f"(--{field.replace('_', '-')})" in r.output
+    assert not re.search(re.escape(old) + r"(?![\w-])", CliRunner().invoke(app, [command, "--help"]).output)
+
+
+def test_export_takes_the_drafter_as_a_flag_or_positionally(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr("draftsmith.export.run.run", seen.append)
+    out = ["--out", str(tmp_path / "o")]
+    for args in (["export", "d", *out], ["export", "--drafter", "d", *out], ["export", "d", "--drafter", "d", *out]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 0, r.output
+        assert str(seen[-1].drafter) == "d"
+    r = CliRunner().invoke(app, ["export", "d", "--drafter", "e", *out])
+    assert r.exit_code == 2 and "--drafter and the positional argument differ" in r.output
+
+
 def test_help_lists_every_stage():
     r = CliRunner().invoke(app, ["--help"])
     for name in (
@@ -75,3 +128,33 @@ def test_help_lists_every_stage():
         "pipeline",
     ):
         assert name in r.output
+
+
+def test_every_option_has_a_one_sentence_help_and_common_names_options():
+    """Issue 41: a field's description is its --help line, one sentence of at most 120
+    characters (the reasons live in docs/<command>.md); `common` names options that exist."""
+    for name, entry in ALL_COMMANDS.items():
+        cls = entry.config
+        assert set(cls.common) <= set(cls.model_fields), (name, set(cls.common) - set(cls.model_fields))
+        for field_name, field in cls.model_fields.items():
+            text = field.description or ""
+            assert 0 < len(text) <= 120 and text.endswith(".") and ". " not in text, (name, field_name, text)
+
+
+def test_train_help_lists_common_options_first_then_advanced():
+    out = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"}).output
+    common, advanced = out.split("Advanced options")
+    assert all(f"--{o} " in common for o in ("depth", "hidden", "target", "device", "steps", "lr", "out"))
+    assert all(f"--{o} " in advanced for o in ("aux-noise", "step-decay", "ttt-positions", "compile-step"))
+    assert "--aux-noise" not in common
+
+
+def test_the_target_options_are_one_block_with_the_same_flags():
+    """target, device, dtype (and shard) come from `TargetOptions` / `ShardOption`: one help text each."""
+    helps = {}
+    for name in ("synth", "extract", "train", "eval", "plan"):
+        fields = ALL_COMMANDS[name].config.model_fields
+        assert {"target", "device", "dtype"} <= set(fields) and ("shard" in fields) == (name != "eval")
+        helps.setdefault("device", set()).add(fields["device"].description)
+        helps.setdefault("dtype", set()).add(fields["dtype"].description)
+    assert all(len(texts) == 1 for texts in helps.values())

@@ -85,7 +85,7 @@ def test_train_and_export_put_the_data_in_the_model_card(prepared, tiny_target_d
             str(out),
             "--steps",
             "1",
-            "--ttt",
+            "--depth",
             "1",
             "--batch-tokens",
             "64",
@@ -102,7 +102,7 @@ def test_train_and_export_put_the_data_in_the_model_card(prepared, tiny_target_d
     assert manifest["meta"]["data_mix"] == data_card(MIX_JSON)
     # the 2-layer tiny target's aux layers cannot be served, so export a servable drafter with that meta
     save_drafter(make_tiny_drafter(), prepared / "ckpt", target={"name": "t", "num_layers": 30}, meta=manifest["meta"])
-    card = (export(ExportConfig(ckpt=prepared / "ckpt", out=prepared / "export")) / "README.md").read_text()
+    card = (export(ExportConfig(drafter=prepared / "ckpt", out=prepared / "export")) / "README.md").read_text()
     assert "## Training data" in card and "`draftsmith synth --mix h200.yaml`" in card and ": 3 in all" in card
     assert "| evals | MIT | 2 | left out (other licenses): ballots, steganography |" in card
     assert "| mine (`data/mine.jsonl`) | CC-BY-4.0 | 1 |  |" in card
@@ -110,9 +110,10 @@ def test_train_and_export_put_the_data_in_the_model_card(prepared, tiny_target_d
 
 
 def test_a_card_without_a_mix_has_no_data_table(tmp_path):
+    # a drafter trained before `ttt` was renamed: its meta reads as `depth`
     save_drafter(make_tiny_drafter(), tmp_path / "ckpt", target={"name": "t", "num_layers": 30}, meta={"ttt": 1})
-    card = (export(ExportConfig(ckpt=tmp_path / "ckpt", out=tmp_path / "out")) / "README.md").read_text()
-    assert "## Training data" not in card and "- `ttt`: 1" in card
+    card = (export(ExportConfig(drafter=tmp_path / "ckpt", out=tmp_path / "out")) / "README.md").read_text()
+    assert "## Training data" not in card and "- `depth`: 1" in card and "ttt" not in card
 
 
 def test_prepare_refuses_a_prompt_set_and_reads_named_sources(tmp_path, tiny_target_dir):

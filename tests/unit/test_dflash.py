@@ -105,7 +105,7 @@ def dflash_run(tmp_path_factory, tiny_target_dir):
     ds = write_tokenized_dataset(root / "ds", _samples(10))
     args = [
         "train", str(ds), "--target", str(tiny_target_dir), "--out", str(root / "run"), "--method", "dflash",
-        "--steps", "6", "--ttt", "3", "--batch-tokens", "96", "--draft-vocab-size", "300", "--log-every", "2",
+        "--steps", "6", "--depth", "3", "--batch-tokens", "96", "--draft-vocab-size", "300", "--log-every", "2",
         "--val-fraction", "0.2", "--save-every", "3", "--lr", "1e-3", "--device", "cpu",
     ]  # fmt: skip
     res = CliRunner().invoke(app, args)
@@ -182,7 +182,7 @@ def test_export_dflash_reloads_with_identical_logits_and_refuses_sglang(dflash_r
 
 def test_eval_refuses_a_tree_or_a_chain_longer_than_the_block(dflash_run, tiny_target_dir, tmp_path):
     _, _, run, _ = dflash_run
-    for extra, says in ((["--mode", "tree"], "no tree"), (["--k", "5"], "at most 3")):
+    for extra, says in ((["--mode", "tree"], "no tree"), (["--depth", "5"], "at most 3")):
         res = CliRunner().invoke(
             app,
             ["eval", "--target", str(tiny_target_dir), "--drafter", str(run), "--out", str(tmp_path / "e"), *extra],
@@ -195,7 +195,7 @@ def test_plan_and_status_for_a_dflash_run(dflash_run, tiny_target_dir):
     """`plan --method dflash` times the block step it would train; `status` reads a DFlash run."""
     _, ds, out, _ = dflash_run
     args = ["plan", str(ds), "--target", str(tiny_target_dir), "--device", "cpu", "--calibrate-tokens", "64"]
-    res = CliRunner().invoke(app, [*args, "--method", "dflash", "--ttt", "3"])
+    res = CliRunner().invoke(app, [*args, "--method", "dflash", "--depth", "3"])
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())  # rich wraps lines
     assert "DFlash block-4 step" in text and "train (online)" in text

@@ -187,7 +187,7 @@ def test_cli_eval_on_the_generic_path(tmp_path, tokenizer):
         str(drafter),
         "--bench",
         str(tmp_path / "q.jsonl"),
-        "--k",
+        "--depth",
         "3",
         "--max-new-tokens",
         "12",

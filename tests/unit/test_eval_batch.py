@@ -54,7 +54,7 @@ def evaluate(setup, name: str, *options: str) -> dict:
 
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_batches_answer_as_batch_one(setup, mode):
-    shape = ["--mode", mode, "--k", "3"] + (["--top-k", "2", "--total-tokens", "5"] if mode == "tree" else [])
+    shape = ["--mode", mode, "--depth", "3"] + (["--top-k", "2", "--total-tokens", "5"] if mode == "tree" else [])
     one = evaluate(setup, f"{mode}1", *shape)
     three = evaluate(setup, f"{mode}3", *shape, "--batch-size", "3", "--kernel-check")
     assert three["ids"] == one["ids"]

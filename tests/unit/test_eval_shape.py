@@ -1,4 +1,4 @@
-"""`--k auto` / `--tree auto`: the draft shape with the best predicted speed, from acceptance and
+"""`--depth auto` / `--tree auto`: the draft shape with the best predicted speed, from acceptance and
 measured cycle costs. The arithmetic on hand-made numbers, the calibration on the tiny Llama with
 a perfect and a useless proposer, and the CLI's report."""
 
@@ -56,7 +56,7 @@ def test_best_k_trades_acceptance_against_cycle_cost():
     assert "predicted to beat" not in summary(cal)
     assert useless.to_dict()["break_even_tau"] == pytest.approx(1.1)  # what the quickstart's table shows
     d = cal.to_dict()
-    assert d["chosen_k"] == 3 and d["chosen"] == "K=3" and [c["k"] for c in d["candidates"]] == [1, 2, 3, 4]
+    assert d["chosen_depth"] == 3 and d["chosen"] == "K=3" and [c["depth"] for c in d["candidates"]] == [1, 2, 3, 4]
 
 
 def test_calibration_questions_spread_over_the_run():
@@ -154,9 +154,9 @@ def test_cli_k_auto_reports_its_choice(tiny_model, tiny_target_dir, tmp_path):
             str(drafter),
             "--bench",
             str(tmp_path / "q.jsonl"),
-            "--k",
+            "--depth",
             "auto",
-            "--k-max",
+            "--depth-max",
             "3",
             "--max-new-tokens",
             "12",
@@ -167,14 +167,14 @@ def test_cli_k_auto_reports_its_choice(tiny_model, tiny_target_dir, tmp_path):
         ],
     )
     assert res.exit_code == 0, res.output
-    assert "--k auto chose K=" in res.output
+    assert "--depth auto chose K=" in res.output
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     shape = report["shape"]
-    assert report["k_requested"] == "auto" and report["k"] == shape["chosen_k"] in (1, 2, 3)
+    assert report["depth_requested"] == "auto" and report["depth"] == shape["chosen_depth"] in (1, 2, 3)
     assert shape["questions"] == [1]  # the middle of the two questions
-    assert len(report["accept_per_position"]) == report["k"] and len(shape["candidates"]) == 3
+    assert len(report["accept_per_position"]) == report["depth"] and len(shape["candidates"]) == 3
     assert report["greedy_turns_matching_plain"] == report["turns"]
-    assert "`--k auto` chose" in (tmp_path / "eval" / "report.md").read_text()
+    assert "`--depth auto` chose" in (tmp_path / "eval" / "report.md").read_text()
     tree = CliRunner().invoke(
         app,
         [
@@ -183,7 +183,7 @@ def test_cli_k_auto_reports_its_choice(tiny_model, tiny_target_dir, tmp_path):
             str(tiny_target_dir),
             "--drafter",
             str(drafter),
-            "--k",
+            "--depth",
             "auto",
             "--mode",
             "tree",

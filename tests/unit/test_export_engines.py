@@ -40,7 +40,7 @@ def drafter():
 
 def export(drafter, folder, fmt, engine, **kw):
     save_drafter(drafter, folder / "ckpt", target={"name": "tiny", "num_layers": L, "model_type": "llama"})
-    return run(ExportConfig(ckpt=folder / "ckpt", format=fmt, engine=engine, out=folder / "out", **kw))
+    return run(ExportConfig(drafter=folder / "ckpt", format=fmt, engine=engine, out=folder / "out", **kw))
 
 
 def engine_aux(target, input_ids, layers):

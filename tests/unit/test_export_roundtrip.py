@@ -31,7 +31,7 @@ def without(model, option):
 @pytest.fixture
 def ckpt(tmp_path):
     model = make_tiny_drafter()
-    save_drafter(model, tmp_path / "ckpt", target=TARGET, meta={"ttt": 5, "dataset": "gsm8k (40 conversations)"})
+    save_drafter(model, tmp_path / "ckpt", target=TARGET, meta={"depth": 5, "dataset": "gsm8k (40 conversations)"})
     return model, tmp_path / "ckpt"
 
 
@@ -39,7 +39,9 @@ def ckpt(tmp_path):
 @pytest.mark.parametrize("embeddings", [True, False])
 def test_round_trip_identical_logits_and_layer_ids(ckpt, tmp_path, fmt, engine, embeddings):
     model, path = ckpt
-    out = run(ExportConfig(ckpt=path, format=fmt, engine=engine, out=tmp_path / "out", include_embeddings=embeddings))
+    out = run(
+        ExportConfig(drafter=path, format=fmt, engine=engine, out=tmp_path / "out", include_embeddings=embeddings)
+    )
     reloaded, manifest = load_drafter(out)
     assert manifest["meta"]["needs_target_embeddings"] is (not embeddings)
     if not embeddings:  # the engines share the target's embeddings; so does an evaluator
@@ -60,7 +62,9 @@ def test_architecture_options_round_trip(tmp_path, fmt, option):
     )  # the option changes what is served
     save_drafter(model, tmp_path / "ckpt", target=TARGET)
     out = run(
-        ExportConfig(ckpt=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True)
+        ExportConfig(
+            drafter=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True
+        )
     )
     config = json.loads((out / "config.json").read_text())
     assert {name: config[name] for name in OPTIONS} == {name: name == option for name in OPTIONS}  # all explicit
@@ -76,7 +80,9 @@ def test_a_wider_mlp_round_trips(tmp_path, fmt):
     model = make_tiny_drafter(intermediate_size=200)
     save_drafter(model, tmp_path / "ckpt", target=TARGET)
     out = run(
-        ExportConfig(ckpt=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True)
+        ExportConfig(
+            drafter=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True
+        )
     )
     reloaded, _ = load_drafter(out)
     assert reloaded.config.intermediate_size == 200 and reloaded.midlayer.mlp.down_proj.weight.shape == (64, 200)
@@ -92,7 +98,9 @@ def test_a_deeper_drafter_round_trips(tmp_path, fmt):
     assert not torch.equal(draft_logits(model), draft_logits(first_only.eval()))  # the second layer counts
     save_drafter(model, tmp_path / "ckpt", target=TARGET)
     out = run(
-        ExportConfig(ckpt=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True)
+        ExportConfig(
+            drafter=tmp_path / "ckpt", format=fmt, engine="vllm", out=tmp_path / "out", include_embeddings=True
+        )
     )
     reloaded, _ = load_drafter(out)
     assert reloaded.config.to_dict() == model.config.to_dict()
@@ -104,7 +112,7 @@ def test_a_deeper_drafter_round_trips(tmp_path, fmt):
 
 def test_bf16_export_matches_bf16_weights(ckpt, tmp_path):
     model, path = ckpt
-    out = run(ExportConfig(ckpt=path, out=tmp_path / "out", dtype="bfloat16", include_embeddings=True))
+    out = run(ExportConfig(drafter=path, out=tmp_path / "out", dtype="bfloat16", include_embeddings=True))
     reloaded, _ = load_drafter(out)
     assert torch.equal(draft_logits(reloaded), draft_logits(model.to(torch.bfloat16).float()))
     assert not torch.equal(draft_logits(reloaded), draft_logits(make_tiny_drafter()))  # bf16 rounding is visible
@@ -113,7 +121,7 @@ def test_bf16_export_matches_bf16_weights(ckpt, tmp_path):
 def test_exported_ids_are_in_the_chosen_engines_convention(ckpt, tmp_path):
     _, path = ckpt
     for engine, nested in (("vllm", [2, 15, 27]), ("sglang", [1, 14, 26])):
-        out = run(ExportConfig(ckpt=path, engine=engine, out=tmp_path / engine))
+        out = run(ExportConfig(drafter=path, engine=engine, out=tmp_path / engine))
         config = json.loads((out / "config.json").read_text())
         assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
         assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == nested
@@ -125,7 +133,7 @@ def test_model_card(ckpt, tmp_path):
     _, path = ckpt
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"tau": 2.345, "accept_per_position": [0.7, 0.5, 0.3], "speedup": 1.8}))
-    out = run(ExportConfig(ckpt=path, engine="sglang", out=tmp_path / "out", eval_report=report))
+    out = run(ExportConfig(drafter=path, engine="sglang", out=tmp_path / "out", eval_report=report))
     card = (out / "README.md").read_text()
     assert "| draftsmith | [2, 15, 27] |" in card and "| sglang | [1, 14, 26] |" in card
     assert "**2.345**" in card and "1.80x" in card and "0.700, 0.500, 0.300" in card
@@ -160,11 +168,13 @@ def test_model_card_serves_the_measured_shape(ckpt, tmp_path):
     cards = {}
     for name, report in (("chain", chain), ("tree", tree)):
         (tmp_path / f"{name}.json").write_text(json.dumps(report))
-        out = run(ExportConfig(ckpt=path, engine="sglang", out=tmp_path / name, eval_report=tmp_path / f"{name}.json"))
+        out = run(
+            ExportConfig(drafter=path, engine="sglang", out=tmp_path / name, eval_report=tmp_path / f"{name}.json")
+        )
         cards[name] = (out / "README.md").read_text()
     assert (
         "a chain of 3 (mt_bench, NVIDIA H200, bfloat16" in cards["chain"]
-        and "chosen by `--k auto` from K=1 (1.10x)" in cards["chain"]
+        and "chosen by `--depth auto` from K=1 (1.10x)" in cards["chain"]
     )
     assert (
         '"num_speculative_tokens": 3' in cards["chain"]
@@ -180,7 +190,7 @@ def test_model_card_serves_the_measured_shape(ckpt, tmp_path):
 
 def test_model_card_states_the_options(tmp_path):
     save_drafter(make_tiny_drafter(norm_before_fc=True), tmp_path / "ckpt", target=TARGET)
-    card = (run(ExportConfig(ckpt=tmp_path / "ckpt", out=tmp_path / "out")) / "README.md").read_text()
+    card = (run(ExportConfig(drafter=tmp_path / "ckpt", out=tmp_path / "out")) / "README.md").read_text()
     assert "- `norm_before_fc`: true" in card and "- `fc_norm`: false" in card and "- `norm_output`: false" in card
     assert "SGLang cannot serve this drafter" in card and "sglang.launch_server" not in card
     assert "vllm serve tiny-target" in card
@@ -188,7 +198,7 @@ def test_model_card_states_the_options(tmp_path):
 
 def test_speculators_config_fields(ckpt, tmp_path):
     _, path = ckpt
-    out = run(ExportConfig(ckpt=path, format="speculators", out=tmp_path / "out"))
+    out = run(ExportConfig(drafter=path, format="speculators", out=tmp_path / "out"))
     config = json.loads((out / "config.json").read_text())
     spec = config["speculators_config"]
     assert config["speculators_model_type"] == "eagle3" and config["norm_before_residual"] is False
@@ -202,13 +212,13 @@ def test_existing_out_needs_overwrite(ckpt, tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("x")
     with pytest.raises(UserError, match="already exists"):
-        run(ExportConfig(ckpt=path, out=tmp_path / "out"))
+        run(ExportConfig(drafter=path, out=tmp_path / "out"))
     assert (tmp_path / "out" / "keep.txt").exists()
     with pytest.raises(UserError, match="was not made by `draftsmith export`"):  # --overwrite: only its own output
-        run(ExportConfig(ckpt=path, out=tmp_path / "out", overwrite=True))
+        run(ExportConfig(drafter=path, out=tmp_path / "out", overwrite=True))
     (tmp_path / "out" / "keep.txt").unlink()
-    run(ExportConfig(ckpt=path, out=tmp_path / "out", overwrite=True))  # an empty folder
-    run(ExportConfig(ckpt=path, out=tmp_path / "out", overwrite=True))  # its own output
+    run(ExportConfig(drafter=path, out=tmp_path / "out", overwrite=True))  # an empty folder
+    run(ExportConfig(drafter=path, out=tmp_path / "out", overwrite=True))  # its own output
     assert (tmp_path / "out" / "config.json").exists()
 
 

@@ -130,7 +130,7 @@ def test_speculators_training_checkpoint_loads_and_exports(tmp_path, embeddings)
     assert loaded.config.to_dict() == model.config.to_dict()
     assert torch.equal(draft_logits(loaded), draft_logits(model))
     for fmt in ("eagle", "speculators"):
-        exported, _ = load_drafter(run(ExportConfig(ckpt=folder, format=fmt, out=tmp_path / f"out-{fmt}")))
+        exported, _ = load_drafter(run(ExportConfig(drafter=folder, format=fmt, out=tmp_path / f"out-{fmt}")))
         exported.load_target_embeddings(model.embed_tokens.weight)
         assert exported.config.to_dict() == model.config.to_dict()
         assert torch.equal(draft_logits(exported), draft_logits(model))
@@ -189,7 +189,7 @@ def test_full_vocab_checkpoint_without_maps_gets_identity(tmp_path):
 def test_imported_checkpoint_exports_for_both_engines(tmp_path):
     folder = write_eagle_folder(tmp_path / "sf", specforge_config(), make_tiny_drafter().state_dict())
     for engine, nested in (("vllm", [2, 15, 27]), ("sglang", [1, 14, 26])):
-        out = run(ExportConfig(ckpt=folder, engine=engine, out=tmp_path / engine))
+        out = run(ExportConfig(drafter=folder, engine=engine, out=tmp_path / engine))
         assert (
             json.loads((out / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == nested
         )

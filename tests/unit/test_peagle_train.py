@@ -17,7 +17,7 @@ from draftsmith.train.metrics import read_metrics
 from tests.helpers import write_tokenized_dataset
 from tests.unit.test_train_loop import _samples
 
-ARGS = ["--steps", "6", "--ttt", "3", "--batch-tokens", "96", "--draft-vocab-size", "300", "--log-every", "1"]
+ARGS = ["--steps", "6", "--depth", "3", "--batch-tokens", "96", "--draft-vocab-size", "300", "--log-every", "1"]
 ARGS += ["--val-fraction", "0.2", "--save-every", "3", "--lr", "1e-3", "--method", "peagle"]
 
 
@@ -123,7 +123,7 @@ def test_eval_chain_runs_on_the_trained_drafter(peagle_run, tiny_target_dir):
     root, _, out = peagle_run
     res = CliRunner().invoke(
         app,
-        ["eval", "--target", str(tiny_target_dir), "--drafter", str(out), "--out", str(root / "ev"), "--k", "3"]
+        ["eval", "--target", str(tiny_target_dir), "--drafter", str(out), "--out", str(root / "ev"), "--depth", "3"]
         + ["--num-questions", "2", "--max-new-tokens", "12", "--device", "cpu"],
     )
     assert res.exit_code == 0, res.output
@@ -136,6 +136,6 @@ def test_status_and_plan_for_peagle(peagle_run, tiny_target_dir):
     status = CliRunner().invoke(app, ["status", str(out)])
     assert status.exit_code == 0 and "done" in status.output, status.output
     args = ["plan", str(ds), "--target", str(tiny_target_dir), "--device", "cpu", "--hidden-dir", str(root)]
-    plan = CliRunner().invoke(app, [*args, "--calibrate-tokens", "64", "--ttt", "3", "--method", "peagle"])
+    plan = CliRunner().invoke(app, [*args, "--calibrate-tokens", "64", "--depth", "3", "--method", "peagle"])
     assert plan.exit_code == 0, plan.output
     assert "train (online)" in plan.output and "TTT-3 step" in plan.output

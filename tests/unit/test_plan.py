@@ -23,11 +23,11 @@ def test_plan_table(tmp_path, tiny_target_dir):
             str(tiny_target_dir),
             "--device",
             "cpu",
-            "--hidden-dir",
+            "--hidden",
             str(tmp_path),
             "--calibrate-tokens",
             "64",
-            "--ttt",
+            "--depth",
             "2",
         ],
     )

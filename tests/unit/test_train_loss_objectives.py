@@ -228,7 +228,7 @@ def train_args(ds, target, out, *extra: str) -> list[str]:
         str(target),
         "--out",
         str(out),
-        "--ttt",
+        "--depth",
         "2",
         "--batch-tokens",
         "96",

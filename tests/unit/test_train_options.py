@@ -44,7 +44,7 @@ def _train(ds, target_dir, out, *extra):
             str(out),
             "--steps",
             "4",
-            "--ttt",
+            "--depth",
             "2",
             "--batch-tokens",
             "96",

@@ -29,7 +29,7 @@ def vllm_present(monkeypatch):
     [
         ({"mode": "tree"}, "drop --mode tree"),
         ({"tree": "auto"}, "--tree auto"),
-        ({"k": "auto"}, "--k auto"),
+        ({"depth": "auto"}, "--depth auto"),
         ({"kernel_check": True}, "--kernel-check"),
         ({"compile_target": True}, "--compile-target"),
         ({"device": "cpu"}, "--device"),

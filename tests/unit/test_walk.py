@@ -55,7 +55,7 @@ def test_validation_records_the_walk_and_training_does_not(tmp_path, tiny_target
             str(tmp_path / "run"),
             "--steps",
             "3",
-            "--ttt",
+            "--depth",
             "3",
             "--batch-tokens",
             "96",

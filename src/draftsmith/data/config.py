@@ -16,7 +16,7 @@ LossOn = Literal["completion", "all"]
 class PrepareConfig(CommandConfig):
     positional = "data"
     data: Path = Field(
-        description="Conversations: a JSONL/JSON/parquet file, a local HF dataset folder, hf:ORG/NAME[:SPLIT] (the hf extra) or a named source with answers (gsm8k, chitchat). A synth --mix output carries its mix.json's sources and licenses into dataset.json."
+        description="Conversations: a JSONL/JSON/parquet file, an HF dataset folder, hf:ORG/NAME[:SPLIT], or gsm8k or chitchat."
     )
     target: str = Field(
         DEFAULT_TARGET, description="Target whose tokenizer and chat template are used (weights are not loaded)."
@@ -24,9 +24,7 @@ class PrepareConfig(CommandConfig):
     out: Path = Field(description="Output folder for the tokenized dataset.")
     format: Format = Field(
         "auto",
-        description="Record format: sharegpt (conversations/from/value), messages (OpenAI), pairs "
-        "(prompt/response, question/answer, instruction/output), turns (MT-bench), prompts, or hf "
-        "(a saved HF dataset folder, records auto-detected); 'auto' detects it from the first record.",
+        description="Record format (docs/prepare.md gives each one's fields); auto detects it from the first record.",
     )
     max_len: int = Field(2048, gt=0, description="Maximum tokens per sample.")
     length_policy: Literal["truncate", "drop"] = Field(
@@ -37,11 +35,11 @@ class PrepareConfig(CommandConfig):
     )
     completion: bool = Field(
         False,
-        description="Completion mode, for base models: no chat template at all; each record is plain text ('text') or a prompt/completion pair, tokenized as prompt + completion with the tokenizer's own special tokens (as `eval --completion` prompts).",
+        description="Completion mode for base models: plain text or prompt/completion records, tokenized without a chat template.",
     )
     loss_on: LossOn = Field(
         "completion",
-        description="Tokens that carry the loss: 'completion' = the assistant turns (chat) or the completion (--completion; all of a plain text), 'all' = every token.",
+        description="Tokens that carry the loss: completion = the assistant turns (or the completion), all = every token.",
     )
     batch_size: int = Field(1024, gt=0, description="Conversations tokenized per batched tokenizer call.")
     overwrite: bool = Field(False, description="Replace an existing output folder.")

@@ -243,15 +243,6 @@ INSTALL = {
 }
 
 
-def describe() -> str:
-    """One line for the CLI help: the named sources, their licenses and what evals leaves out."""
-    names = "; ".join(f"{n}: {s.about}, {s.license}" for n, s in SOURCES.items())
-    return (
-        f"Named sources: {names}. evals leaves out the folders its LICENSE.md puts under other licenses: "
-        f"{', '.join(EVALS_EXCLUDED)}. hf:ORG/NAME[:SPLIT] reads a Hugging Face dataset (the hf extra: datasets)."
-    )
-
-
 # --- Hugging Face datasets ----------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
-"""`draftsmith vocab`: the draft vocabulary, the `size` most frequent assistant tokens. The one
-builder: `train` calls it too when it is given no vocab file.
+"""`draftsmith vocab`: the draft vocabulary, the `--draft-vocab-size` most frequent assistant
+tokens. The one builder: `train` calls it too when it is given no vocab file.
 
 Semantics (the same as EAGLE-3, SpecForge and speculators), for a draft vocab of size Vd:
     d2t [Vd] int64: target id = draft id + d2t[draft id]   (draft ids sorted by target id)
@@ -9,8 +9,8 @@ Ranking: count of loss-masked (assistant) tokens descending, then target id asce
 rule: when the data has fewer than Vd distinct assistant tokens, the remaining slots go to the
 lowest unseen target ids, so the vocab always has exactly Vd entries.
 
-Stored as safetensors (`d2t`, `t2d`) with metadata (`k` = Vd, dataset, target, coverage), plus
-`<out>.run.yaml` next to it.
+Stored as safetensors (`d2t`, `t2d`) with metadata (`draft_vocab_size` = Vd, dataset, target,
+coverage), plus `<out>.run.yaml` next to it.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def load_vocab(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
             f"{path}: d2t must be 1-D integer offsets and t2d a 1-D bool mask "
             f"(got d2t {d2t.dtype} {list(d2t.shape)}, t2d {t2d.dtype} {list(t2d.shape)}); {fix}"
         )
-    target_ids = d2t.long() + torch.arange(len(d2t))  # [k] the target id of each draft id
+    target_ids = d2t.long() + torch.arange(len(d2t))  # [Vd] the target id of each draft id
     if len(target_ids) and (
         int(target_ids.min()) < 0
         or int(target_ids.max()) >= len(t2d)

@@ -22,12 +22,12 @@ class DrafterShape(BaseModel):
     )
     intermediate_size: int | str | None = Field(
         None,
-        description="Width of the drafter layer's MLP: a number (6144), or a multiple of the target's MLP width (4x); default: the target's (one decoder layer's shape). Served by vLLM and SGLang, which read `intermediate_size` from the exported config.",
+        description="Width of the drafter layer's MLP: a number (6144) or a multiple of the target's (4x); default: the target's.",
     )
     num_layers: int = Field(
         1,
         ge=1,
-        description="Decoder layers in the drafter: the EAGLE-3 layer (embedding and hidden state), then num_layers-1 plain Llama layers on the hidden stream, each with its own attention over the context; every draft step runs them all. Served by vLLM (`num_hidden_layers`); SGLang serves one layer.",
+        description="Decoder layers in the drafter: the EAGLE-3 layer, then plain Llama layers on its hidden stream (SGLang serves one).",
     )
 
     @field_validator("intermediate_size", mode="before")

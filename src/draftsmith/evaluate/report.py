@@ -136,7 +136,7 @@ def markdown(r: dict[str, Any]) -> str:
         )
     if r.get("shape"):
         sh = r["shape"]
-        flag = "--k" if sh["mode"] == "chain" else "--tree"
+        flag = "--depth" if sh["mode"] == "chain" else "--tree"
         lines.append(
             f"- `{flag} auto` chose **{sh['chosen']}** (predicted speed-up {sh['predicted_speedup']:.2f}x) from a "
             f"calibration of {sh['tokens']} tokens: "

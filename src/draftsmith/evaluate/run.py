@@ -4,7 +4,7 @@ position and the decode speed-up. The engine is the static-KV-cache one when it 
 self-check on the target, else the generic HF path (runtime/engine_choice.py).
 
     resolve_questions, candidate_shapes -> load drafter + target (fit_to_target)
-    -> open_decoding: engine (self-check) of --batch-size rows, the draft shape (--k auto /
+    -> open_decoding: engine (self-check) of --batch-size rows, the draft shape (--depth auto /
        --tree auto: a calibration), proposer (+ CUDA graphs on GPU) -> warm_up
     -> answer_all: turn by turn, in batches of rows that each decode their own question:
        every question's speculative answers, then its plain answers (timed)
@@ -69,17 +69,17 @@ def check_compatible(drafter: Eagle3Drafter, target: Target, path: Path) -> None
 
 def dflash_shapes(drafter: DFlashDrafter, mode: str, shapes: list[Shape], cfg: EvalConfig) -> list[Shape]:
     """The chains a DFlash drafter can draft: one block gives at most its block size - 1 tokens,
-    and no tree (its drafts come from one forward, not a search); --k auto tries 1..that."""
+    and no tree (its drafts come from one forward, not a search); --depth auto tries 1..that."""
     most = drafter.config.drafts
     if mode == "tree":
         raise UserError(
             "a DFlash drafter drafts a chain: its block of mask slots is filled in one forward, so there is "
             "no tree to search; drop --tree/--top-k/--total-tokens (eval --mode chain)"
         )
-    if cfg.k != "auto" and int(cfg.k) > most:
+    if cfg.depth != "auto" and int(cfg.depth) > most:
         raise UserError(
-            f"--k {cfg.k}: this DFlash drafter's block holds {drafter.config.block_size} tokens (the verified one and "
-            f"{most} mask slots), so it drafts at most {most}; use --k {most} or less"
+            f"--depth {cfg.depth}: this DFlash drafter's block holds {drafter.config.block_size} tokens (the verified one and "
+            f"{most} mask slots), so it drafts at most {most}; use --depth {most} or less"
         )
     return [s for s in shapes if s.depth <= most] or [Shape(most)]
 
@@ -182,14 +182,14 @@ def resolve_questions(cfg: EvalConfig, on_gpu: bool) -> list[Question]:
 
 
 def candidate_shapes(cfg: EvalConfig) -> list[Shape]:
-    """The draft shapes to run: the one asked for, or those `--k auto` / `--tree auto` calibrate."""
+    """The draft shapes to run: the one asked for, or those `--depth auto` / `--tree auto` calibrate."""
     if cfg.tree == "auto":
         return [Shape.parse_tree(t) for t in cfg.tree_shapes]
-    if cfg.k == "auto":
-        return [Shape(k) for k in range(cfg.k_max, 0, -1)]  # K_max first: its acceptance serves every K
+    if cfg.depth == "auto":
+        return [Shape(k) for k in range(cfg.depth_max, 0, -1)]  # K_max first: its acceptance serves every K
     if cfg.drafting == "tree":
-        return [Shape(int(cfg.k), cfg.top_k, cfg.total_tokens)]
-    return [Shape(int(cfg.k))]
+        return [Shape(int(cfg.depth), cfg.top_k, cfg.total_tokens)]
+    return [Shape(int(cfg.depth))]
 
 
 def fit_to_target(drafter: Eagle3Drafter, manifest: dict[str, Any], target: Target, path: Path) -> None:
@@ -210,7 +210,7 @@ def open_decoding(
     shapes: list[Shape],
 ) -> Decoding:
     """The engine with a KV cache long enough for every turn and draft, and the proposer of the
-    shape asked for or, with `--k auto` / `--tree auto`, of the one a calibration picks."""
+    shape asked for or, with `--depth auto` / `--tree auto`, of the one a calibration picks."""
     tok, stops = target.tokenizer, stop_ids(target)
     bound = max(token_bound(tok, q, max_new, cfg.completion) for q in questions)
     size_bound = max(max(s.depth, s.total_tokens or 0) for s in shapes)
@@ -228,7 +228,7 @@ def open_decoding(
         return make_proposer(engine, drafter, cfg, spec_sampling, max_len, shape)
 
     calibration, picks, shape = None, None, shapes[0]
-    if cfg.k == "auto" or cfg.tree == "auto":
+    if cfg.depth == "auto" or cfg.tree == "auto":
         picks = spread(len(questions), cfg.calibration_questions)
         prompts = [turn_prompt(tok, questions[i].turns[:1], [], cfg.completion) for i in picks]
         calibration = calibrate(engine, proposer_of, prompts, max_new, stops, sampler, shapes)
@@ -333,8 +333,7 @@ def report_meta(
     return {
         "engine": "draftsmith",
         "mode": cfg.drafting,
-        "k": d.shape.depth,
-        "k_requested": cfg.k,
+        "depth_requested": cfg.depth,
         "tree_requested": cfg.tree,
         "top_k": d.shape.top_k,
         "shape": {**d.calibration.to_dict(), "questions": d.picks} if d.calibration is not None else None,

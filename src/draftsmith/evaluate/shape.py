@@ -1,4 +1,4 @@
-"""`--k auto` and `--tree auto`: the draft shape that maximises the expected decode speed,
+"""`--depth auto` and `--tree auto`: the draft shape that maximises the expected decode speed,
 chosen from a short calibration on the engine and drafter at hand (before the measured run).
 
     predicted speed-up(s) = E(s) / c(s) · t_plain
@@ -84,14 +84,13 @@ class Calibration:
             "tokens": self.tokens,
             "chosen": best.shape.label,
             "chosen_shape": asdict(best.shape),
-            "chosen_k": best.shape.depth,
+            "chosen_depth": best.shape.depth,
             "predicted_speedup": round(self.predicted_speedup(best), 4),
             "break_even_tau": round(self.break_even(best), 4),
             "candidates": [
                 {
                     "shape": c.shape.label,
                     **asdict(c.shape),
-                    "k": c.shape.depth,
                     "expected_tokens": round(c.expected_tokens, 4),
                     "cycle_ms": round(1e3 * c.cycle_seconds, 3),
                     "predicted_speedup": round(self.predicted_speedup(c), 4),
@@ -169,7 +168,7 @@ def calibrate(
 
 def summary(cal: Calibration) -> str:
     best = cal.best()
-    flag = "--k" if cal.mode == "chain" else "--tree"
+    flag = "--depth" if cal.mode == "chain" else "--tree"
     table = ", ".join(f"{c.shape.label} {cal.predicted_speedup(c):.2f}x" for c in cal.candidates)
     break_even = cal.break_even(best)
     verdict = (

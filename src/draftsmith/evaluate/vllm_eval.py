@@ -72,10 +72,10 @@ def check_options(cfg: EvalConfig) -> None:
     for name, why in REFUSED.items():
         if name in cfg.model_fields_set and (name != "mode" or cfg.mode == "tree"):
             raise UserError(f"--engine vllm: {why}")
-    if cfg.k == "auto":
+    if cfg.depth == "auto":
         raise UserError(
-            "--engine vllm: --k auto calibrates on draftsmith's engine; run `draftsmith eval --k auto` "
-            "and pass the K it chose as --k"
+            "--engine vllm: --depth auto calibrates on draftsmith's engine; run `draftsmith eval --depth auto` "
+            "and pass the depth it chose as --depth"
         )
     if cfg.dtype not in DTYPES:
         raise UserError(f"--engine vllm: unknown --dtype {cfg.dtype!r}; choose one of {sorted(DTYPES)}")
@@ -136,7 +136,7 @@ def export(cfg: EvalConfig, dest: Path, k: int) -> Path:
         "vllm",
         "--out",
         str(dest),
-        "--speculative-tokens",
+        "--depth",
         str(k),
         "--verifier",
         cfg.target,
@@ -240,7 +240,7 @@ def run(cfg: EvalConfig) -> Path:
     )
     text_config = load_text_config(cfg.target)
     check_drafter(cfg, text_config)
-    k, greedy = int(cfg.k), cfg.temperature == 0
+    k, greedy = int(cfg.depth), cfg.temperature == 0
     stops = stop_ids(tok, text_config, cfg.target)
     bound = max(token_bound(tok, q, max_new, cfg.completion) for q in questions)
     batch = min(cfg.batch_size, len(questions))
@@ -310,8 +310,7 @@ def run(cfg: EvalConfig) -> Path:
         meta = {
             "engine": "vllm",
             "mode": "chain",
-            "k": k,
-            "k_requested": cfg.k,
+            "depth_requested": cfg.depth,
             "tree_requested": None,
             "top_k": None,
             "shape": None,

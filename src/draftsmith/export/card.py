@@ -64,7 +64,7 @@ def _shape_lines(report: dict[str, Any], shape: dict[str, Any]) -> list[str]:
     auto = report.get("shape")
     if isinstance(auto, dict) and auto.get("candidates"):
         lines.append(
-            f"- chosen by `{'--k' if shape['mode'] == 'chain' else '--tree'} auto` from "
+            f"- chosen by `{'--depth' if shape['mode'] == 'chain' else '--tree'} auto` from "
             + ", ".join(f"{c['shape']} ({c['predicted_speedup']:.2f}x)" for c in auto["candidates"])
             + " predicted on a short calibration"
         )
@@ -131,9 +131,11 @@ def _options_section(cfg: DrafterConfig) -> list[str]:
     return [*lines, ""]
 
 
-def _sglang_shape(k: int, tree: dict[str, Any] | None) -> str:
-    """SGLang's draft flags: a chain of k (top-k 1), or the measured tree (verified tokens + root)."""
-    steps, top_k, tokens = (k, 1, k + 1) if tree is None else (tree["depth"], tree["top_k"], tree["total_tokens"] + 1)
+def _sglang_shape(depth: int, tree: dict[str, Any] | None) -> str:
+    """SGLang's draft flags: a chain of `depth` (top-k 1), or the measured tree (verified tokens + root)."""
+    steps, top_k, tokens = (
+        (depth, 1, depth + 1) if tree is None else (tree["depth"], tree["top_k"], tree["total_tokens"] + 1)
+    )
     return f"--speculative-num-steps {steps} \\\n    --speculative-eagle-topk {top_k} --speculative-num-draft-tokens {tokens}"
 
 
@@ -142,27 +144,27 @@ def _serving(
     target_name: str,
     fmt: str,
     engine: str,
-    k: int,
+    depth: int,
     sglang_ok: bool,
     tree: dict[str, Any] | None,
     parallel: bool = False,
 ) -> list[str]:
     spec = json.dumps(
-        {"method": "eagle3", "model": folder_hint, "num_speculative_tokens": k}
+        {"method": "eagle3", "model": folder_hint, "num_speculative_tokens": depth}
         | ({"parallel_drafting": True} if parallel else {})
     )
     lines = ["## Serving", ""]
     if parallel:
         lines += [
             "A P-EAGLE drafter (parallel drafting): one drafter forward proposes all "
-            f"{k} drafts, which vLLM runs with `parallel_drafting` (the speculators layout sets it itself). "
+            f"{depth} drafts, which vLLM runs with `parallel_drafting` (the speculators layout sets it itself). "
             "SGLang has no parallel-drafting EAGLE and cannot serve it.",
             "",
         ]
     if tree is not None:
         lines += [
-            f"The eval measured a tree: SGLang below drafts that tree; vLLM drafts a chain, here of {k} "
-            "(evaluate a chain, `draftsmith eval --k auto`, for its best length).",
+            f"The eval measured a tree: SGLang below drafts that tree; vLLM drafts a chain, here of {depth} "
+            "(evaluate a chain, `draftsmith eval --depth auto`, for its best length).",
             "",
         ]
     if engine == "vllm":
@@ -197,7 +199,7 @@ def _serving(
             "",
             "```bash",
             f"python -m sglang.launch_server --model-path {target_name} --speculative-algorithm EAGLE3 \\",
-            f"    --speculative-draft-model-path {folder_hint} {_sglang_shape(k, tree)}",
+            f"    --speculative-draft-model-path {folder_hint} {_sglang_shape(depth, tree)}",
             "```",
             "",
         ]
@@ -220,7 +222,7 @@ def model_card(
     fmt: str,
     engine: str,
     folder_hint: str,
-    speculative_tokens: int,
+    depth: int,
     report: dict[str, Any] | None,
 ) -> str:
     target = manifest.get("target") or {}
@@ -252,5 +254,5 @@ def model_card(
     sglang_ok = sglang_refusal(cfg) is None
     shape = serving_shape(report)
     tree = shape if shape is not None and shape["mode"] == "tree" else None
-    lines += _serving(folder_hint, target_name, fmt, engine, speculative_tokens, sglang_ok, tree, is_parallel(cfg))
+    lines += _serving(folder_hint, target_name, fmt, engine, depth, sglang_ok, tree, is_parallel(cfg))
     return "\n".join(lines)

@@ -11,8 +11,10 @@ from draftsmith.config import CommandConfig
 
 
 class ExportConfig(CommandConfig):
-    positional = "ckpt"
-    ckpt: Path = Field(
+    positional = "drafter"
+    positional_flag = True  # also `--drafter`, as eval spells it
+    renamed = {"ckpt": "drafter", "speculative_tokens": "depth"}  # one name per concept across commands
+    drafter: Path = Field(
         description="Drafter folder from `draftsmith train` (or an exported/third-party EAGLE-3 folder)."
     )
     format: Literal["eagle", "speculators"] = Field(
@@ -28,12 +30,12 @@ class ExportConfig(CommandConfig):
     )
     eval_report: Path | None = Field(
         None,
-        description="An eval report.json: its tau, speed-up and draft shape go into the model card, and its shape into the serving commands (a chain's length, a tree's for SGLang).",
+        description="An eval report.json whose τ, speed-up and draft shape go into the model card and the serving commands.",
     )
-    speculative_tokens: int | None = Field(
+    depth: int | None = Field(
         None,
         ge=1,
-        description="Draft tokens per step in the speculators config and serving commands; default the --eval-report's chain length, else the training TTT depth, else 3.",
+        description="Draft depth (chain length) for the speculators config and serving commands; default: the eval's, else trained.",
     )
     verifier: str | None = Field(
         None,
@@ -44,6 +46,6 @@ class ExportConfig(CommandConfig):
     )
     source_convention: str | None = Field(
         None,
-        description="Layer-id convention of a third-party CKPT's config.json (vllm, sglang, modelopt, eagle); default guessed from its layout.",
+        description="Layer-id convention of a third-party drafter's config.json (vllm, sglang, modelopt, eagle); default: guessed.",
     )
     overwrite: bool = Field(False, description="Replace an existing output folder.")

@@ -54,7 +54,7 @@ def check_exportable(model: DFlashDrafter, cfg: ExportConfig, num_target_layers:
         validate_layers(list(model.config.aux_layer_ids), num_target_layers)
     except UserError as e:
         raise UserError(f"this drafter's auxiliary layers cannot be served: {e}") from None
-    check_vocab(model.config, model.d2t, model.t2d, str(cfg.ckpt))  # type: ignore[arg-type]
+    check_vocab(model.config, model.d2t, model.t2d, str(cfg.drafter))  # type: ignore[arg-type]
 
 
 def dflash_config(model: DFlashDrafter, dtype: str, target: dict[str, Any]) -> dict[str, Any]:
@@ -172,15 +172,15 @@ def run(cfg: ExportConfig, model: DFlashDrafter, record: dict[str, Any]) -> Path
     target, meta = record.get("target") or {}, record.get("meta") or {}
     check_exportable(model, cfg, target.get("num_layers"))
     if cfg.include_embeddings and meta.get("needs_target_embeddings"):
-        raise UserError(f"{cfg.ckpt} has no embed_tokens of its own, so --include-embeddings has nothing to write")
+        raise UserError(f"{cfg.drafter} has no embed_tokens of its own, so --include-embeddings has nothing to write")
     dtype = model.fc.weight.dtype if cfg.dtype == "auto" else DTYPES[cfg.dtype]
-    k = cfg.speculative_tokens or model.config.drafts
+    k = cfg.depth or model.config.drafts
     if k > model.config.drafts:
-        raise UserError(f"--speculative-tokens {k}: this DFlash drafter drafts at most {model.config.drafts} per block")
+        raise UserError(f"--depth {k}: this DFlash drafter drafts at most {model.config.drafts} per block")
     verifier = cfg.verifier or str(target.get("name") or "TARGET")
     config = dflash_config(model, str(dtype).removeprefix("torch."), target)
     card = model_card(model, {**record, "target": {**target, "name": verifier}}, str(Path(cfg.out).absolute()), k)
-    with atomic_output_dir(cfg.out, "export", [cfg.ckpt, cfg.eval_report], cfg.overwrite) as tmp:
+    with atomic_output_dir(cfg.out, "export", [cfg.drafter, cfg.eval_report], cfg.overwrite) as tmp:
         save_file(
             export_tensors(model, cfg.include_embeddings, dtype), tmp / "model.safetensors", metadata={"format": "pt"}
         )

@@ -43,6 +43,8 @@ def read_report(path: Path | None) -> dict[str, Any] | None:
         raise UserError(
             f"--eval-report {path}: not an eval report.json (it has no 'tau'); pass the one `draftsmith eval` wrote"
         )
+    if "depth" not in report and "k" in report:  # a report written before `k` was renamed `depth`
+        report["depth"] = report["k"]
     return report
 
 
@@ -80,27 +82,29 @@ def run(cfg: ExportConfig) -> Path:
     engine = eagle.check_engine(cfg.engine)
     if cfg.format == "speculators":
         speculators.check_engine_for_speculators(engine)
-    model, record = load_drafter(cfg.ckpt, convention=cfg.source_convention)  # a NaN or Inf weight is refused there
+    model, record = load_drafter(cfg.drafter, convention=cfg.source_convention)  # a NaN or Inf weight is refused there
+    if "ttt" in (record.get("meta") or {}):  # a drafter trained before train's `ttt` was renamed `depth`
+        record = {**record, "meta": {("depth" if k == "ttt" else k): v for k, v in record["meta"].items()}}
     if isinstance(model, DFlashDrafter):  # its own layout, engines and checks
         return dflash.run(cfg, model, record)
     dcfg, target, meta = model.config, record.get("target") or {}, record.get("meta") or {}
     eagle.check_exportable(dcfg, engine, target.get("num_layers"))
-    check_vocab(dcfg, model.d2t, model.t2d, str(cfg.ckpt))
+    check_vocab(dcfg, model.d2t, model.t2d, str(cfg.drafter))
     if cfg.include_embeddings and meta.get("needs_target_embeddings"):
-        raise UserError(f"{cfg.ckpt} has no embed_tokens of its own, so --include-embeddings has nothing to write")
+        raise UserError(f"{cfg.drafter} has no embed_tokens of its own, so --include-embeddings has nothing to write")
     dtype = weight_dtype(model, cfg.dtype)
     dtype_name = str(dtype).removeprefix("torch.")
     report = read_report(cfg.eval_report)
     measured = serving_shape(report)
-    chain_k = measured["depth"] if measured is not None and measured["mode"] == "chain" else None
-    k = cfg.speculative_tokens or chain_k or int(meta.get("ttt") or 3)  # the eval's chain length before the TTT depth
+    chain = measured["depth"] if measured is not None and measured["mode"] == "chain" else None
+    depth = cfg.depth or chain or int(meta.get("depth") or 3)  # the eval's chain length before the trained depth
     verifier = cfg.verifier or str(target.get("name") or "TARGET")
     tensors = eagle.export_tensors(model, cfg.include_embeddings, dtype)
     if cfg.format == "eagle":
         config = eagle.eagle_config(dcfg, engine, dtype_name, target)
     else:
         arch = cfg.verifier_architectures or speculators.verifier_architectures(str(target.get("model_type", "llama")))
-        config = speculators.speculators_config(dcfg, dtype_name, target, verifier, arch, k)
+        config = speculators.speculators_config(dcfg, dtype_name, target, verifier, arch, depth)
         tensors = speculators.to_speculators_keys(tensors)
     card = model_card(
         dcfg,
@@ -108,11 +112,12 @@ def run(cfg: ExportConfig) -> Path:
         cfg.format,
         engine,
         str(Path(cfg.out).absolute()),
-        k,
+        depth,
         report,
     )
 
-    with atomic_output_dir(cfg.out, "export", [cfg.ckpt, cfg.eval_report], cfg.overwrite) as tmp:  # full disk: exit 4
+    inputs = [cfg.drafter, cfg.eval_report]
+    with atomic_output_dir(cfg.out, "export", inputs, cfg.overwrite) as tmp:  # full disk: exit 4
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         atomic_write_json(tmp / "config.json", config)
         atomic_write_text(tmp / "README.md", card)

@@ -7,14 +7,17 @@ from typing import Literal
 
 from pydantic import Field
 
-from draftsmith.config import DEFAULT_TARGET, SHARD_HELP, CommandConfig, Shard
+from draftsmith.config import CommandConfig, ShardOption, TargetOptions
 
 
-class ExtractConfig(CommandConfig):
+class ExtractConfig(CommandConfig, TargetOptions, ShardOption):
     positional = "dataset_dir"
+    common = (
+        *("dataset_dir", "target", "out", "aux_layer_ids", "force", "plan", "device", "dtype", "shard"),
+        *("token_budget", "engine", "tensor_parallel_size"),
+    )
     renamed = {"layers": "aux_layer_ids"}  # one name with the store and drafter.json
     dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
-    target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
     out: Path = Field(description="Output folder of the hidden-state store.")
     aux_layer_ids: list[int] | None = Field(
         None,
@@ -23,11 +26,8 @@ class ExtractConfig(CommandConfig):
     force: bool = Field(False, description="Start even when the disk cannot hold the projected store.")
     plan: bool = Field(
         False,
-        description="Only print the store's projected size against the free space at --out, from the dataset and the target's config (no weights loaded, nothing written); --dtype bf16 plans a GPU run from a machine without one.",
+        description="Only print the store's projected size against the free space at --out, loading no weights, writing nothing.",
     )
-    device: str | None = Field(None, description="Device (cuda, cuda:1, cpu); default cuda when available.")
-    shard: Shard = Field("none", description=SHARD_HELP)
-    dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32.")
     token_budget: int = Field(65536, gt=0, description="Tokens per forward batch (length-bucketed, padding counted).")
     writers: int = Field(4, gt=0, description="Writer threads.")
     check_every: int = Field(
@@ -38,11 +38,11 @@ class ExtractConfig(CommandConfig):
     )
     max_errors: int = Field(10, ge=0, description="Stop after this many validation failures.")
     staging_dir: Path | None = Field(
-        None, description="Write files here first (e.g. /dev/shm), then move them into the store."
+        None, description="A folder to write files in first (such as /dev/shm), before they move into the store."
     )
     engine: Literal["transformers", "vllm"] = Field(
         "transformers",
-        description="What runs the target: transformers in this process (hook capture), or vLLM's extract_hidden_states in a worker process (the vllm extra; --target must be an HF model folder).",
+        description="What runs the target: transformers in this process, or vLLM in a worker process (the vllm extra; docs/extract.md).",
     )
     prefix_caching: bool = Field(
         False,

@@ -13,7 +13,7 @@ from draftsmith.config import CommandConfig
 class QuickstartConfig(CommandConfig):
     out: Path = Field(Path("draftsmith-quickstart"), description="Output folder (reruns resume).")
     budget: Literal["small", "full"] | None = Field(
-        None, description="small: minutes on a CPU; full: a real run on a GPU. Default: full with a GPU, else small."
+        None, description="small: minutes on a CPU; full: a real run on a GPU; default: full with a GPU, else small."
     )
 
 
@@ -26,9 +26,9 @@ class PipelineConfig(CommandConfig):
     )
     out: Path | None = Field(
         None,
-        description="Root folder of the stages' outputs (beats the YAML's `out:`). Default: the YAML's `out:`, else runs/<the YAML's name>.",
+        description="Root folder of the stages' outputs, beating the YAML's `out:`; default: the YAML's, else runs/<the YAML's name>.",
     )
     target: str | None = Field(
         None,
-        description="Target model for every stage that takes one (beats the YAML's `target:`; a stage's own `target:` still wins). Default: the YAML's, else the embedded default.",
+        description="Target of every stage that takes one, beating the YAML's `target:` but not a stage's own; default: the YAML's.",
     )

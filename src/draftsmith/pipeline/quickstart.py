@@ -48,7 +48,7 @@ SMALL: list[tuple[str, str, dict[str, Any]]] = [
         {
             "hidden": "@extract",
             "epochs": 5,
-            "ttt": 3,
+            "depth": 3,
             "batch_tokens": 512,
             "lr": 3e-3,
             "draft_vocab_size": 4096,
@@ -61,7 +61,14 @@ SMALL: list[tuple[str, str, dict[str, Any]]] = [
     (
         "eval",
         "eval",
-        {"bench": "mt_bench", "mode": "chain", "k": "auto", "k_max": 3, "num_questions": 3, "max_new_tokens": 48},
+        {
+            "bench": "mt_bench",
+            "mode": "chain",
+            "depth": "auto",
+            "depth_max": 3,
+            "num_questions": 3,
+            "max_new_tokens": 48,
+        },
     ),
 ]
 # what `full` runs of the H200 recipe (about 30 minutes on one H200): its data stages, whatever
@@ -123,5 +130,5 @@ def validation(drafter: Path) -> str:
 def break_even(shape: dict[str, Any] | None) -> str:
     """The tau from which the calibrated cycle pays on this machine (`Calibration.break_even`)."""
     if not shape:
-        return "not calibrated (--k auto measures it)"
+        return "not calibrated (--depth auto measures it)"
     return f"{shape['break_even_tau']:.2f} (a {shape['chosen']} cycle costs {shape['break_even_tau']:.2f} plain tokens)"

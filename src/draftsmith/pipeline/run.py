@@ -6,7 +6,8 @@
       - synth: {prompts: gsm8k, limit: 5000, max_new_tokens: 256}
       - prepare: {max_len: 2048}
       - train: {steps: 2000}                          # online: no disk
-      - eval: {mode: chain, k: 7}
+      - export: {format: eagle, engine: vllm}
+      - eval: {mode: chain, depth: 7}
 
 Every stage is checked before the first one runs; inputs not given are wired from the latest
 earlier stage that produces them (`@NAME` names one); `.pipeline/NAME.started` and `.done`
@@ -38,7 +39,7 @@ INPUTS = {
     "vocab": ("dataset_dir", "prepare"),
     "extract": ("dataset_dir", "prepare"),
     "train": ("dataset_dir", "prepare"),
-    "export": ("ckpt", "train"),
+    "export": ("drafter", "train"),
     "eval": ("drafter", "train"),
 }
 SHORTCUTS = {"gsm8k": str(GSM8K_TRAIN), "mt_bench": "mt_bench"}

@@ -117,7 +117,7 @@ def run(cfg: PlanConfig) -> Path:
     )
     dflash = cfg.method == "dflash"
     if dflash:  # the block drafter train --method dflash builds (its mask token does not change its size)
-        block = DFlashConfig.from_target(text_config(target.model.config), vocab, aux_layer_ids, 0, cfg.ttt + 1)
+        block = DFlashConfig.from_target(text_config(target.model.config), vocab, aux_layer_ids, 0, cfg.depth + 1)
         drafter = DFlashDrafter(
             replace(block, intermediate_size=draft_cfg.intermediate_size, num_layers=draft_cfg.num_layers)
         ).to(device)
@@ -138,11 +138,11 @@ def run(cfg: PlanConfig) -> Path:
         drafter_tps = T / (
             calibrate_dflash(drafter, T, n_aux * H, device)
             if dflash
-            else calibrate_drafter(drafter, T, cfg.ttt, n_aux * H, device)
+            else calibrate_drafter(drafter, T, cfg.depth, n_aux * H, device)
         )
 
     store = projected_bytes(tokens, n, n_aux, H, dsize)
-    hidden_dir = Path(cfg.hidden_dir) if cfg.hidden_dir else Path(cfg.dataset_dir).absolute().parent
+    hidden_dir = Path(cfg.hidden) if cfg.hidden else Path(cfg.dataset_dir).absolute().parent
     fit = store_fit(store, hidden_dir)
     act_bytes = (
         cfg.token_budget
@@ -195,7 +195,7 @@ def run(cfg: PlanConfig) -> Path:
     if fwd_tps:
         console.print(
             f"calibration on {device}: target capture forward {fwd_tps:,.0f} tok/s, "
-            f"drafter {f'DFlash block-{cfg.ttt + 1}' if dflash else f'TTT-{cfg.ttt}'} step {drafter_tps:,.0f} tok/s (per epoch; train time uses --epochs {cfg.epochs:g})"
+            f"drafter {f'DFlash block-{cfg.depth + 1}' if dflash else f'TTT-{cfg.depth}'} step {drafter_tps:,.0f} tok/s (per epoch; train time uses --epochs {cfg.epochs:g})"
         )
     verdict = "fits" if fit.fits else "DOES NOT FIT"
     console.print(

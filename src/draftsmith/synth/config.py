@@ -7,28 +7,30 @@ from typing import Literal
 
 from pydantic import Field
 
-from draftsmith.config import DEFAULT_TARGET, SHARD_HELP, CommandConfig, Shard
+from draftsmith.config import DEFAULT_TARGET, CommandConfig, ShardOption, TargetOptions
 from draftsmith.data.config import Format
-from draftsmith.data.sources import describe as describe_sources
 
 
-class SynthConfig(CommandConfig):
+class SynthConfig(CommandConfig, TargetOptions, ShardOption):
     positional = "prompts"
+    common = (
+        *("prompts", "mix", "target", "out", "format", "magpie", "turns", "system", "max_new_tokens", "temperature"),
+        *("seed", "limit", "endpoint", "model", "concurrency", "batch_size", "device", "dtype", "shard"),
+    )
     prompts: Path | None = Field(
         None,
-        description="Prompts or conversations in any format `prepare` reads (user turns are kept, assistant turns regenerated), or a named source; omit with --magpie or --mix. "
-        + describe_sources(),
+        description="Prompts or conversations (user turns kept), or a named source (docs/synth.md); omit with --magpie or --mix.",
     )
     mix: Path | None = Field(
         None,
-        description="A mix file (YAML): sources with a cap or weight each, per-task caps, duplicate removal, length and script filters, a seed (docs/synth.md). Writes mix.json next to the output.",
+        description="A mix file (YAML) of sources, caps, weights and filters (docs/synth.md); writes mix.json next to the output.",
     )
     target: str = Field(
         DEFAULT_TARGET,
-        description="Target model for the local backend. With --endpoint it only supplies the chat template (Magpie).",
+        description="Target model (HF folder, .gguf file, or alias); with --endpoint, only its chat template.",
     )
     out: Path = Field(
-        description="Output JSONL (OpenAI messages format, appended; a rerun resumes). Give it its own folder: progress.json goes next to it."
+        description="Output JSONL (OpenAI messages, appended: a rerun resumes), in a folder of its own (progress.json goes there)."
     )
     format: Format = Field("auto", description="Input format, as for `prepare`.")
     chat_template: Path | None = Field(
@@ -36,7 +38,7 @@ class SynthConfig(CommandConfig):
     )
     completion: bool = Field(
         False,
-        description="Completion mode, for base models (local backend): each prompt is continued as raw text, no chat template; the output's user/assistant pairs are what `prepare --completion` reads.",
+        description="Completion mode for base models (local backend): continue each prompt as raw text, without a chat template.",
     )
     magpie: int | None = Field(
         None, gt=0, description="Self-prompt N conversations (Magpie-style) instead of reading prompts."
@@ -60,7 +62,7 @@ class SynthConfig(CommandConfig):
         False, description="Keep turns cut by --max-new-tokens instead of ending the conversation there."
     )
     endpoint: str | None = Field(
-        None, description="OpenAI-compatible server URL (remote backend), e.g. http://localhost:8000/v1."
+        None, description="OpenAI-compatible server URL of the remote backend, such as http://localhost:8000/v1."
     )
     model: str | None = Field(
         None, description="Remote backend: model name to request; default the first one the server lists."
@@ -74,14 +76,9 @@ class SynthConfig(CommandConfig):
     batch_size: int = Field(32, ge=1, description="Local backend: prompts per generation batch.")
     generator: Literal["auto", "engine", "hf"] = Field(
         "auto",
-        description="Local backend: engine = draftsmith's static-KV engine, batched, decode step in a CUDA graph (Llama-family targets); hf = HF generate (any model); auto = engine (GPU or CPU) when the target passes its self-check (and its generation config has no repetition penalty or the like), else hf.",
+        description="Local backend: engine (draftsmith's static-KV engine), hf (HF generate, any model), or auto (docs/synth.md).",
     )
     cache: Literal["dynamic", "static"] = Field(
         "dynamic",
         description="Local backend with --generator hf: KV cache; static preallocates it and pads prompts to a multiple of 64.",
     )
-    device: str | None = Field(
-        None, description="Device; default cuda when available (cuda:LOCAL_RANK under torchrun)."
-    )
-    shard: Shard = Field("none", description="Local backend: " + SHARD_HELP + " Generates with HF generate.")
-    dtype: str = Field("auto", description="Target dtype.")

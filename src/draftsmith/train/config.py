@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from draftsmith.config import DEFAULT_TARGET, SHARD_HELP, CommandConfig, Shard
+from draftsmith.config import CommandConfig, ShardOption, TargetOptions
 from draftsmith.draft.shape import DrafterShape
 from draftsmith.draft.step_weights import STEP_DECAY
 
@@ -17,14 +17,18 @@ SGLANG_UNSERVED = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_resi
 EAGLE3_OPTIONS = SGLANG_UNSERVED
 
 
-class TrainConfig(CommandConfig, DrafterShape):
+class TrainConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
     """Defaults are the best of the ablation in docs/train.md (the H200 recipe's data, 2026-11-30);
     the drafter's vocab size, MLP width and depth come from `DrafterShape`."""
 
     positional = "dataset_dir"
-    renamed = {"layers": "aux_layer_ids"}  # one name with the store and drafter.json
+    common = (
+        *("dataset_dir", "target", "out", "hidden", "vocab", "depth", "steps", "epochs", "lr", "batch_tokens"),
+        *("grad_accum", "max_len", "val_fraction", "val_every", "save_every", "seed", "resume", "overwrite"),
+        *("device", "dtype", "shard", "for_engine", "draft_vocab_size", "intermediate_size", "num_layers"),
+    )
+    renamed = {"layers": "aux_layer_ids", "ttt": "depth"}  # one name per concept across commands and files
     dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
-    target: str = Field(DEFAULT_TARGET, description="Target model: HF folder, .gguf file, or alias.")
     out: Path = Field(description="Output folder for checkpoints, metrics and plots.")
     hidden: Path | None = Field(
         None, description="Hidden-state store from `extract` (offline mode); omit to train online."
@@ -33,7 +37,7 @@ class TrainConfig(CommandConfig, DrafterShape):
         None, description="Draft vocab file from `draftsmith vocab`; default: built from the dataset."
     )
     aux_layer_ids: list[int] | None = Field(None, description="Aux layer ids (online mode); default [2, L//2, L-3].")
-    ttt: int = Field(7, ge=1, description="Training-time-test unroll steps K.")
+    depth: int = Field(7, ge=1, description="Draft depth trained for: the training-time-test unroll steps.")
     steps: int | None = Field(None, gt=0, description="Optimizer steps (overrides --epochs).")
     epochs: float = Field(1.0, gt=0, description="Epochs over the training split.")
     lr: float = Field(2e-3, gt=0, description="Peak learning rate.")
@@ -49,28 +53,26 @@ class TrainConfig(CommandConfig, DrafterShape):
     step_decay: float = Field(STEP_DECAY, gt=0, le=1, description="Loss weight of TTT step k is step_decay**k.")
     loss: Literal["ce", "tv", "lk"] = Field(
         "ce",
-        description="Per-position objective against the target's distribution p on the draft vocab: ce (soft cross-entropy, forward KL), tv (total variation ½Σ|p-q| = 1 - the chance that speculative sampling accepts a draft from q), or lk (LK^λ of arXiv 2602.23881: λ·KL + (1-λ)·TV with λ = exp(-η·acceptance), a blend of ce and tv; η: --lk-eta). Validation τ and the logged loss (soft CE) compare across them.",
+        description="Training objective: ce (soft cross-entropy), tv (total variation) or lk (the LK blend); docs/train.md.",
     )
-    lk_eta: float = Field(
-        3.0, ge=0, description="--loss lk: η of the blend weight λ = exp(-η·acceptance) (larger: TV takes over sooner)."
-    )
+    lk_eta: float = Field(3.0, ge=0, description="--loss lk: η of the blend weight λ = exp(-η·acceptance).")
     loss_tokens: Literal["answers", "all"] = Field(
         "answers",
-        description="Positions trained on: the answers (prepare's loss mask), or every token of each sample, the prompt's too (the target's distribution there is a teacher as well: more trained positions per row at the same cost). Validation always scores the answers.",
+        description="Positions trained on: the answers (prepare's loss mask), or every token, the prompt's too (docs/train.md).",
     )
     ttt_positions: Literal["all", "reached"] = Field(
         "all",
-        description="Positions TTT step k trains on: every valid one, or only those a greedy chain of drafts reaches (steps 0..k-1 drafted the target's token there: the positions whose step-k acceptance counts in τ; GRIFFIN's token alignment). Step 0 trains on every valid position either way.",
+        description="Positions TTT step k trains on: every valid one, or only those a greedy chain of drafts reaches (docs/train.md).",
     )
     teacher_temperature: float = Field(
         1.0,
         gt=0,
-        description="Training only: divide the target's logits by this before the softmax that the drafter learns (below 1: a sharper teacher, weighted toward the target's top token, which greedy acceptance counts; the top token is the same). Validation scores against the target's own distribution.",
+        description="Training only: divide the target's logits by this before the softmax the drafter learns (below 1: sharper).",
     )
     aux_noise: float = Field(
         0.0,
         ge=0,
-        description="Training only: add Gaussian noise of this many RMS (per aux layer and token) to the aux states, a regulariser for small datasets (EAGLE-1's feature noise); 0: none.",
+        description="Training only: Gaussian noise of this many RMS on the aux states, a regulariser for small datasets (0: none).",
     )
     norm_before_fc: bool = Field(
         False,
@@ -119,22 +121,19 @@ class TrainConfig(CommandConfig, DrafterShape):
     )
     capture_attention: Literal["auto", "dense", "flex"] = Field(
         "auto",
-        description="Online mode: how the target attends in a packed capture row. dense: its own attention (sdpa) with transformers' dense [row, row] mask, every score computed; flex: flex_attention, block by block, the blocks between samples skipped (CUDA; models whose transformers class supports flex). auto: flex on CUDA where the model supports it, else dense.",
+        description="Online mode: the target's attention in a packed row: dense (sdpa), flex (skips other samples; CUDA), or auto.",
     )
     loss_chunk: int = Field(4096, gt=0, description="Tokens per chunk of the vocab-sized loss computation.")
     compile_step: bool | None = Field(
         None,
-        description="The drafter's step in its static-shape form (every position of the row padded to --batch-tokens, the valid ones masked instead of gathered: no host syncs), its unroll, loss and backward compiled with torch.compile on CUDA (flex attention inside); on CPU the static form runs eagerly, uncompiled. Same loss and metrics as the dynamic step; more matmul work, fewer kernel launches. Default on for GPU (1.53x the dynamic step's tokens per second on the H200 recipe), off on CPU.",
+        description="The drafter's static-shape step, compiled with torch.compile on CUDA (docs/train.md); default on for GPU.",
     )
     seed: int = Field(0, description="Random seed: the drafter's initialisation and the order of the training rows.")
     val_seed: int = Field(
         0,
-        description="Seed of the train/validation split, kept apart from --seed: runs of several seeds hold out the same samples, so that their validation figures compare.",
+        description="Seed of the train/validation split, apart from --seed, so that runs of several seeds hold out the same samples.",
     )
     resume: bool = Field(False, description="Continue the run in --out from its last checkpoint.")
-    device: str | None = Field(None, description="Device; default cuda when available.")
-    shard: Shard = Field("none", description=SHARD_HELP)
-    dtype: str = Field("auto", description="Target dtype: auto (bf16 on GPU, fp32 on CPU), bf16, fp32.")
     autocast: bool | None = Field(None, description="bf16 autocast for the drafter; default on for GPU.")
     distributed: Literal["ddp", "fsdp"] = Field(
         "ddp", description="Strategy under torchrun (WORLD_SIZE > 1): DDP, or FSDP2 (fully_shard)."
@@ -142,11 +141,11 @@ class TrainConfig(CommandConfig, DrafterShape):
     overwrite: bool = Field(False, description="Replace an existing output folder (without --resume).")
     for_engine: Literal["vllm", "sglang"] = Field(
         "vllm",
-        description="The engine that will serve the drafter: vllm (every option), or sglang (one decoder layer, no fc_norm, norm_output, norm_before_fc or norm_before_residual; docs/train.md gives its τ cost).",
+        description="The engine that will serve the drafter: vllm (every option), or sglang (one layer, none of the norm options).",
     )
     method: Literal["eagle3", "peagle", "dflash"] = Field(
         "eagle3",
-        description="The drafter: eagle3 (one forward per draft token), peagle (P-EAGLE: all --ttt drafts in one forward) or dflash (a block drafter); docs/train.md, Methods.",
+        description="The drafter: eagle3, peagle (all drafts in one forward) or dflash (a block drafter); docs/train.md.",
     )
 
     @model_validator(mode="before")

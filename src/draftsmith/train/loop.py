@@ -183,7 +183,7 @@ class Trainer:
                 norm
             ):  # one host sync per step; a NaN/Inf anywhere in loss, data or weights lands here
                 raise self.diverged(f"step {self.pos.step + 1}: the gradient norm is {float(norm)}", rows)
-            stats = zero_stats(self.cfg.ttt)
+            stats = zero_stats(self.cfg.depth)
             for st in device_stats:  # read while the device is idle after that sync, before the update is queued
                 add_stats(stats, st)
             self.optim.step()
@@ -198,7 +198,7 @@ class Trainer:
         rows = pack_rows(self.source.lengths, indices, self.cfg.batch_tokens, seed=None)
         mine = rows[self.env.rank :: self.env.world]
         per_rank = -(-len(rows) // self.env.world)  # every rank runs as many forwards (FSDP gathers in each)
-        stats = zero_stats(self.cfg.ttt)
+        stats = zero_stats(self.cfg.depth)
         for i in range(per_rank):
             batch = self.batch(mine[i] if i < len(mine) else rows[0])  # captured as training's rows are: outside both
             with self.autocast, torch.set_grad_enabled(self.validate_with_grad):
@@ -341,7 +341,7 @@ class Trainer:
         cfg = self.cfg
         if self.pos.step >= self.total:  # resuming a finished run
             return None
-        pending = zero_stats(cfg.ttt)
+        pending = zero_stats(cfg.depth)
         if self.pos.pending and self.env.main:  # saved summed over ranks: rank 0 carries them
             pending.update({k: torch.tensor(v, dtype=torch.float64) for k, v in self.pos.pending.items()})
         last_val = None
@@ -372,7 +372,7 @@ class Trainer:
                     ),
                 }
                 self.log.write(rec)
-                pending = zero_stats(cfg.ttt)
+                pending = zero_stats(cfg.depth)
                 if progress is not None:
                     # data_wait: the share of the time since the last log spent reading and collating rows
                     # (for online training, the target's capture forward)

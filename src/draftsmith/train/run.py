@@ -244,11 +244,11 @@ def build_dflash_drafter(
     target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t2d: torch.Tensor, cfg: TrainConfig
 ) -> DFlashDrafter:
     """--method dflash: a block drafter of --num-layers target-shaped layers (--intermediate-size
-    wide), --ttt mask slots, the target's embeddings (frozen; the mask token's row is the target's
+    wide), --depth mask slots, the target's embeddings (frozen; the mask token's row is the target's
     own) and, with --head-init target, the target's final norm and head rows, as for EAGLE-3."""
     tc = text_config(target.model.config)
     shape = cfg.shaped(DrafterConfig.from_target(tc, d2t.numel(), aux_layer_ids))
-    dcfg = DFlashConfig.from_target(tc, d2t.numel(), aux_layer_ids, default_mask_token(t2d, tc.vocab_size), cfg.ttt + 1)
+    dcfg = DFlashConfig.from_target(tc, d2t.numel(), aux_layer_ids, default_mask_token(t2d, tc.vocab_size), cfg.depth + 1)
     dcfg = replace(dcfg, intermediate_size=shape.intermediate_size, num_layers=shape.num_layers)
     drafter = DFlashDrafter(dcfg)
     drafter.load_target_embeddings(embed_weight(target.model).detach().float())
@@ -313,7 +313,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
             head.to(env.device),
             cfg.loss_chunk,
             cfg.step_decay,
-            anchors_per_row=max(cfg.batch_tokens // (cfg.ttt + 1), 1),
+            anchors_per_row=max(cfg.batch_tokens // (cfg.depth + 1), 1),
             all_tokens=cfg.loss_tokens == "all",
             teacher_temperature=cfg.teacher_temperature,
         )
@@ -321,14 +321,14 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         else TTTObjective(
             drafter.to(env.device),
             head.to(env.device),
-            cfg.ttt,
+            cfg.depth,
             backend,
             cfg.loss_chunk,
             cfg.step_decay,
             cfg.aux_noise,
             static=cfg.compile_step,
             all_tokens=cfg.loss_tokens == "all",
-            reached_only=cfg.ttt_positions == "reached",
+            reached_only=cfg.depth_positions == "reached",
             teacher_temperature=cfg.teacher_temperature,
             loss=cfg.loss,
             lk_eta=cfg.lk_eta,
@@ -342,7 +342,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         "data": str(cfg.dataset_dir),
         "hidden": str(cfg.hidden) if cfg.hidden else None,
         "method": cfg.method,
-        "ttt": cfg.ttt,
+        "depth": cfg.depth,
         "loss": cfg.loss if cfg.loss != "lk" else f"lk (eta {cfg.lk_eta:g})",
         "train_samples": len(train_idx),
         "val_samples": len(val_idx),
