@@ -328,7 +328,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
             cfg.aux_noise,
             static=cfg.compile_step,
             all_tokens=cfg.loss_tokens == "all",
-            reached_only=cfg.depth_positions == "reached",
+            reached_only=cfg.ttt_positions == "reached",
             teacher_temperature=cfg.teacher_temperature,
             loss=cfg.loss,
             lk_eta=cfg.lk_eta,
