@@ -142,7 +142,9 @@ class DrafterProposer:
         self.draft_region = (
             torch.compile(functools.partial(self.draft, step=self._step_eager), dynamic=False) if compile else None
         )
-        if compile:  # dynamo keeps one entry per proposer and step shape, on one code object: --depth auto makes up to 16
+        if (
+            compile
+        ):  # dynamo keeps one entry per proposer and step shape, on one code object: --depth auto makes up to 16
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
         def zeros(*size: int, dtype: torch.dtype = torch.long) -> torch.Tensor:

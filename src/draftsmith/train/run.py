@@ -231,7 +231,7 @@ def build_drafter(
         shape,
         **{k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")},
         method=cfg.method,
-        ptd_token_id=placeholder_token(text_config(target.model.config)),
+        ptd_token_id=placeholder_token(text_config(target.model.config)) if cfg.method == "peagle" else 0,
     )
     drafter = Eagle3Drafter(dcfg)
     drafter.load_target_embeddings(embed_weight(target.model).detach().float())
@@ -248,7 +248,9 @@ def build_dflash_drafter(
     own) and, with --head-init target, the target's final norm and head rows, as for EAGLE-3."""
     tc = text_config(target.model.config)
     shape = cfg.shaped(DrafterConfig.from_target(tc, d2t.numel(), aux_layer_ids))
-    dcfg = DFlashConfig.from_target(tc, d2t.numel(), aux_layer_ids, default_mask_token(t2d, tc.vocab_size), cfg.depth + 1)
+    dcfg = DFlashConfig.from_target(
+        tc, d2t.numel(), aux_layer_ids, default_mask_token(t2d, tc.vocab_size), cfg.depth + 1
+    )
     dcfg = replace(dcfg, intermediate_size=shape.intermediate_size, num_layers=shape.num_layers)
     drafter = DFlashDrafter(dcfg)
     drafter.load_target_embeddings(embed_weight(target.model).detach().float())
