@@ -216,15 +216,8 @@ BROKEN = [
 ]
 
 
-@pytest.fixture(scope="module")
-def served(world):
-    """One vLLM worker for plain decoding and every export, intact and broken: {case: its result}."""
-    engines = [{"name": "plain", "drafter": None, "k": K}]
-    for name, drafter, fmt, config_edit, tensors_edit in CASES + BROKEN:
-        folder = exported(world, drafter, fmt)
-        if config_edit or tensors_edit:
-            folder = broken(world, folder, name, config_edit, tensors_edit)
-        engines.append({"name": name, "drafter": str(folder), "k": K})
+def serve_greedy(world: dict, engines: list[dict]) -> dict:
+    """One vLLM worker run of `engines` on the world's prompts, fp32 greedy: {engine: its pass, or its error}."""
     tok = load_target(str(world["target"]), "cpu", "float32").tokenizer
     request = {
         "target": str(world["target"]),
@@ -247,7 +240,20 @@ def served(world):
     out = world["root"] / "served"
     out.mkdir()
     result = run_worker(request, out, out / "vllm.log")["engines"]
+    (out / "result.json").write_text(json.dumps(result))  # for a failure's post-mortem
     return {name: r["passes"][0] if "passes" in r else r for name, r in result.items()}
+
+
+@pytest.fixture(scope="module")
+def served(world):
+    """One vLLM worker for plain decoding and every export, intact and broken: {case: its result}."""
+    engines = [{"name": "plain", "drafter": None, "k": K}]
+    for name, drafter, fmt, config_edit, tensors_edit in CASES + BROKEN:
+        folder = exported(world, drafter, fmt)
+        if config_edit or tensors_edit:
+            folder = broken(world, folder, name, config_edit, tensors_edit)
+        engines.append({"name": name, "drafter": str(folder), "k": K})
+    return serve_greedy(world, engines)
 
 
 def per_position(accepts: list[list[int]]) -> list[int]:

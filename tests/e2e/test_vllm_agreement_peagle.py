@@ -26,14 +26,12 @@ from draftsmith.data.config import PrepareConfig
 from draftsmith.data.prepare import run as prepare
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.run import run as evaluate
-from draftsmith.evaluate.vllm_eval import run_worker
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run as export
 from draftsmith.target import load_target, shared_targets
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.run import run as train
 from tests.e2e.test_vllm_agreement import (
-    ENGINE_ARGS,
     NEW_TOKENS,
     QUESTIONS,
     K,
@@ -41,6 +39,7 @@ from tests.e2e.test_vllm_agreement import (
     greedy_conversations,
     make_target,
     per_position,
+    serve_greedy,
     small_kv_cache,  # noqa: F401  (a module fixture: 1 GiB of KV cache per engine)
 )
 
@@ -101,29 +100,7 @@ def served(world):
         engines.append({"name": fmt, "drafter": str(exported(world, fmt)), "k": K, "parallel_drafting": True})
     lost = broken(world, exported(world, "eagle"), "P-no-mask-hidden", tensors_edit=no_mask_hidden)
     engines.append({"name": "no-mask-hidden", "drafter": str(lost), "k": K, "parallel_drafting": True})
-    tok = load_target(str(world["target"]), "cpu", "float32").tokenizer
-    request = {
-        "target": str(world["target"]),
-        "tokenizer": str(world["target"]),
-        "chat_template": None,
-        "completion": False,
-        "questions": [{"question_id": i, "category": "all", "turns": [p]} for i, p in enumerate(world["prompts"])],
-        "dtype": "float32",
-        "max_model_len": 256,
-        "seed": 0,
-        "temperature": 0.0,
-        "top_p": 1.0,
-        "max_new_tokens": NEW_TOKENS,
-        "stop_token_ids": [tok.eos_token_id],
-        "batch_sizes": [QUESTIONS],
-        "engine_args": ENGINE_ARGS,
-        "progress": None,
-        "engines": engines,
-    }
-    out = world["root"] / "served"
-    out.mkdir()
-    result = run_worker(request, out, out / "vllm.log")["engines"]
-    return {name: r["passes"][0] if "passes" in r else r for name, r in result.items()}
+    return serve_greedy(world, engines)
 
 
 def draftsmith_view(world):

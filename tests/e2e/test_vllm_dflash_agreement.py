@@ -38,13 +38,18 @@ from draftsmith.data.config import PrepareConfig
 from draftsmith.data.prepare import run as prepare
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.run import run as evaluate
-from draftsmith.evaluate.vllm_eval import run_worker
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run as export
 from draftsmith.target import load_target, shared_targets
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.run import run as train
-from tests.e2e.test_vllm_agreement import ENGINE_ARGS, QUESTIONS, greedy_conversations, make_target, per_position
+from tests.e2e.test_vllm_agreement import (
+    QUESTIONS,
+    greedy_conversations,
+    make_target,
+    per_position,
+    serve_greedy,
+)
 
 K, NEW_TOKENS = 3, 32
 
@@ -132,30 +137,7 @@ def served(world):
         {"name": "dflash", "drafter": str(world["export"]), "k": K, "method": "dflash"},
         {"name": "broken", "drafter": str(world["broken"]), "k": K, "method": "dflash"},
     ]
-    tok = load_target(str(world["target"]), "cpu", "float32").tokenizer
-    request = {
-        "target": str(world["target"]),
-        "tokenizer": str(world["target"]),
-        "chat_template": None,
-        "completion": False,
-        "questions": [{"question_id": i, "category": "all", "turns": [p]} for i, p in enumerate(world["prompts"])],
-        "dtype": "float32",
-        "max_model_len": 256,
-        "seed": 0,
-        "temperature": 0.0,
-        "top_p": 1.0,
-        "max_new_tokens": NEW_TOKENS,
-        "stop_token_ids": [tok.eos_token_id],
-        "batch_sizes": [QUESTIONS],
-        "engine_args": ENGINE_ARGS,
-        "progress": None,
-        "engines": engines,
-    }
-    out = world["root"] / "served"
-    out.mkdir()
-    result = run_worker(request, out, out / "vllm.log")["engines"]
-    (out / "result.json").write_text(json.dumps(result))  # for a failure's post-mortem
-    return {name: r["passes"][0] if "passes" in r else r for name, r in result.items()}
+    return serve_greedy(world, engines)
 
 
 def views(answers: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
