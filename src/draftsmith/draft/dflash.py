@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.draft.model import MLP, RMSNorm, rope, rope_theta
+from draftsmith.draft.model import MLP, RMSNorm, layer_shape, rope
 
 METHOD = "dflash"
 
@@ -74,23 +74,12 @@ class DFlashConfig:
         cls, target_config: Any, draft_vocab_size: int, aux_layer_ids: list[int], mask_token_id: int, block_size: int
     ) -> DFlashConfig:
         """Decoder layers shaped like the target's (its HF text config)."""
-        tc = target_config
-        heads = int(tc.num_attention_heads)
         return cls(
-            hidden_size=int(tc.hidden_size),
-            intermediate_size=int(tc.intermediate_size),
-            num_attention_heads=heads,
-            num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or heads),
-            head_dim=int(getattr(tc, "head_dim", None) or tc.hidden_size // heads),
-            vocab_size=int(tc.vocab_size),
+            **layer_shape(target_config),
             draft_vocab_size=int(draft_vocab_size),
-            target_hidden_size=int(tc.hidden_size),
             aux_layer_ids=list(aux_layer_ids),
             mask_token_id=int(mask_token_id),
             block_size=int(block_size),
-            rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
-            rope_theta=rope_theta(tc),
-            max_position_embeddings=int(getattr(tc, "max_position_embeddings", 4096)),
         )
 
 

@@ -39,6 +39,23 @@ Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Attends = Attend | Sequence[Attend]
 
 
+def layer_shape(tc: Any) -> dict[str, Any]:
+    """The fields of a drafter config that copy a decoder layer of the target (its HF text config)."""
+    heads = int(tc.num_attention_heads)
+    return {
+        "hidden_size": int(tc.hidden_size),
+        "intermediate_size": int(tc.intermediate_size),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(getattr(tc, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(tc, "head_dim", None) or tc.hidden_size // heads),
+        "vocab_size": int(tc.vocab_size),
+        "target_hidden_size": int(tc.hidden_size),
+        "rms_norm_eps": float(getattr(tc, "rms_norm_eps", 1e-6)),
+        "rope_theta": rope_theta(tc),
+        "max_position_embeddings": int(getattr(tc, "max_position_embeddings", 4096)),
+    }
+
+
 @dataclass
 class DrafterConfig:
     hidden_size: int
@@ -72,21 +89,8 @@ class DrafterConfig:
     @classmethod
     def from_target(cls, target_config: Any, draft_vocab_size: int, aux_layer_ids: list[int]) -> DrafterConfig:
         """A drafter shaped like one decoder layer of the target (its HF text config)."""
-        tc = target_config
-        heads = int(tc.num_attention_heads)
         return cls(
-            hidden_size=int(tc.hidden_size),
-            intermediate_size=int(tc.intermediate_size),
-            num_attention_heads=heads,
-            num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or heads),
-            head_dim=int(getattr(tc, "head_dim", None) or tc.hidden_size // heads),
-            vocab_size=int(tc.vocab_size),
-            draft_vocab_size=int(draft_vocab_size),
-            target_hidden_size=int(tc.hidden_size),
-            aux_layer_ids=list(aux_layer_ids),
-            rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
-            rope_theta=rope_theta(tc),
-            max_position_embeddings=int(getattr(tc, "max_position_embeddings", 4096)),
+            **layer_shape(target_config), draft_vocab_size=int(draft_vocab_size), aux_layer_ids=list(aux_layer_ids)
         )
 
 
