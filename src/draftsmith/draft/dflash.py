@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.draft.model import MLP, RMSNorm, layer_shape, rope
+from draftsmith.draft.model import MLP, RMSNorm, TargetVocab, layer_shape, rope
 
 METHOD = "dflash"
 
@@ -138,7 +138,7 @@ class DFlashLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))  # [B, T, H]
 
 
-class DFlashDrafter(nn.Module):
+class DFlashDrafter(TargetVocab, nn.Module):
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
         self.config = cfg
@@ -186,18 +186,6 @@ class DFlashDrafter(nn.Module):
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(out))  # [.., draft_vocab]
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
-
-    def load_target_embeddings(self, weight: torch.Tensor) -> None:
-        with torch.no_grad():
-            self.embed_tokens.weight.copy_(weight)
-
-    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        assert d2t.shape == self.d2t.shape and t2d.shape == self.t2d.shape, (d2t.shape, t2d.shape)
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
 
 
 def block_mask(anchors: torch.Tensor, doc: torch.Tensor, block_size: int, context_len: int) -> torch.Tensor:

@@ -199,7 +199,29 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))  # [B, T, H]
 
 
-class Eagle3Drafter(nn.Module):
+class TargetVocab:
+    """What every drafter kind shares with its target: the draft vocab's map to target ids
+    (buffers d2t [Vd], t2d [V]) and the target's embedding (`embed_tokens`)."""
+
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+    embed_tokens: nn.Embedding
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft vocab ids -> target vocab ids (target = draft + d2t[draft])."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def load_target_embeddings(self, weight: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(weight)
+
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        assert d2t.shape == self.d2t.shape and t2d.shape == self.t2d.shape, (d2t.shape, t2d.shape)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+
+class Eagle3Drafter(TargetVocab, nn.Module):
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
         self.config = cfg
@@ -273,16 +295,3 @@ class Eagle3Drafter(nn.Module):
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
         out = self.layers_forward(embeds, hidden, position_ids, attend)  # [B, T, H]
         return self.lm_head(self.norm(out)), self.next_hidden(out)
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        """Draft vocab ids -> target vocab ids (target = draft + d2t[draft])."""
-        return draft_ids + self.d2t[draft_ids]
-
-    def load_target_embeddings(self, weight: torch.Tensor) -> None:
-        with torch.no_grad():
-            self.embed_tokens.weight.copy_(weight)
-
-    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        assert d2t.shape == self.d2t.shape and t2d.shape == self.t2d.shape, (d2t.shape, t2d.shape)
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
