@@ -6,25 +6,14 @@ batch 1 and in a batch of rows."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from draftsmith.evaluate.decode import decode, plain_generate, spec_generate
 from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
-from tests.helpers import random_drafter
+from tests.helpers import random_drafter, random_prompts
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model):
-    return tiny_model.to("cuda")
-
-
-def prompts(n: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(0)
-    return [torch.randint(0, 1000, (int(length),), generator=g).tolist() for length in (12, 5, 20, 9)[:n]]
 
 
 def graphed(model, drafter, batch: int, depth: int = 7):
@@ -41,7 +30,7 @@ def graphed(model, drafter, batch: int, depth: int = 7):
 def test_graphed_peagle_spec_equals_plain(model):
     drafter = random_drafter(model, 4000, stride=2, method="peagle")
     eng, prop = graphed(model, drafter, 1)
-    for p in prompts(4):
+    for p in random_prompts(4):
         assert (
             spec_generate(eng, prop, p, 48, set(), Sampling()).tokens
             == plain_generate(eng, p, 48, set(), Sampling()).tokens
@@ -52,6 +41,6 @@ def test_graphed_peagle_batch_equals_each_alone(model):
     drafter = random_drafter(model, 4000, stride=2, method="peagle")
     alone = TargetEngine(model, drafter.config.aux_layer_ids, 512)
     alone.graph_rows(1)
-    ref = [plain_generate(alone, p, 48, set(), Sampling()).tokens for p in prompts(4)]
+    ref = [plain_generate(alone, p, 48, set(), Sampling()).tokens for p in random_prompts(4)]
     eng, prop = graphed(model, drafter, 4, depth=5)
-    assert [t.tokens for t in decode(eng, prompts(4), 48, set(), Sampling(), prop)] == ref
+    assert [t.tokens for t in decode(eng, random_prompts(4), 48, set(), Sampling(), prop)] == ref

@@ -87,11 +87,80 @@ def chain_as_tree(draft: Draft) -> Draft:
     )
 
 
+def failure(e: Exception) -> str:
+    """An exception as one short parenthesised phrase, for a fallback's stderr line."""
+    return f"({type(e).__name__}: {str(e)[:200]})"
+
+
+def say_ungraphed(e: Exception) -> None:
+    """The stderr line of a drafter whose cycle could not be captured in a CUDA graph (it then drafts eagerly)."""
+    print(
+        f"eval: CUDA graph capture of the drafter failed {failure(e)}; drafting without graphs (slower: the "
+        "speed-up is not the graphed one)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+class StagedCycle:
+    """What the proposers whose cycle is one function of fixed-shape device tensors share
+    (`DrafterProposer`, `DFlashProposer`): `observe()` stages each newly verified row without a
+    host sync, and `replay()` runs the cycle on the staged rows, as the CUDA graph that the
+    subclass's `graph()` captured (`self.cycle`) or eagerly (`self._cycle`). A sampled draft
+    draws from Exp(1) noise that `replay()` refills before the cycle, so the graph holds no
+    random-number generator and each replay gets fresh draws. Subclasses set `device`,
+    `sampling` and `_cycle`, and call `init_stage`."""
+
+    device: torch.device
+    sampling: Sampling
+    _cycle: Callable[..., tuple[torch.Tensor, ...]]
+
+    def init_stage(self, batch: int, rows: int, width: int, dtype: torch.dtype, noise: tuple[int, ...] | None) -> None:
+        """Staging for `rows` rows [B, rows] of aux states `width` wide, in `dtype`; `noise`: the
+        shape of a sampled draft's Exp(1) noise, None for greedy drafts."""
+
+        def zeros(*size: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.zeros(size, dtype=dtype, device=self.device)
+
+        self.n = zeros(batch)  # [B]: positions observed per row
+        # the cycle's inputs: staged rows (aux [B, rows, width], next tokens [B, rows]), each row's base slot, the
+        # position of its first staged row and its valid rows m [B]
+        aux, tokens = zeros(batch, rows, width, dtype=dtype), zeros(batch, rows)
+        self.stage = (aux, tokens, zeros(batch), zeros(batch), zeros(batch) + 1)
+        self.noise = None if noise is None else zeros(*noise, dtype=torch.float32)  # refilled in place per cycle
+        self.cycle: Graphed | None = None
+
+    def reset(self) -> None:
+        self.n.zero_()
+
+    @torch.no_grad()
+    def observe(
+        self, aux: torch.Tensor, next_tokens: torch.Tensor, m: torch.Tensor, start: torch.Tensor | None = None
+    ) -> None:
+        """aux [B, L, n_aux*H_t] and next_tokens [B, L] (L <= the staged rows), of which the first
+        m[b] [B] rows are row b's next positions (`start`: at these positions instead); staged for
+        the next cycle, without a host sync. m[b] = 0 parks row b at position 0 (a finished row)."""
+        stage_aux, stage_tokens, _, stage_n, stage_m = self.stage
+        length = aux.shape[1]
+        stage_aux[:, :length].copy_(aux)
+        stage_tokens[:, :length].copy_(next_tokens)
+        live = m > 0
+        stage_n.copy_((self.n if start is None else start) * live)
+        stage_m.copy_(m.clamp(min=1))
+        self.n.copy_((stage_n + m) * live)
+
+    def replay(self) -> tuple[torch.Tensor, ...]:
+        """The cycle on the staged rows; a graph's outputs are static buffers, overwritten by the next replay."""
+        if self.noise is not None:  # a sampled draft: fresh noise for its draws
+            self.noise.exponential_(generator=self.sampling.generator(self.device))
+        return (self.cycle or self._cycle)(*self.stage)
+
+
 def chain_draft(tokens: torch.Tensor, q: torch.Tensor | None = None) -> Draft:
     return Draft(tokens, torch.arange(1, tokens.shape[1] + 1, device=tokens.device).expand_as(tokens), q=q)
 
 
-class DrafterProposer:
+class DrafterProposer(StagedCycle):
     """The drafter behind the `Proposer` interface, for `batch` rows. `compile`: the drafter step
     through `torch.compile` (falls back to the eager step, with one stderr line, when compiling
     fails on GPU)."""
@@ -147,23 +216,10 @@ class DrafterProposer:
         ):  # dynamo keeps one entry per proposer and step shape, on one code object: --depth auto makes up to 16
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
-        def zeros(*size: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
-            return torch.zeros(size, dtype=dtype, device=self.device)
-
-        self.n = zeros(batch)  # [B]: positions observed per row
-        # the cycle's inputs: staged rows (aux, next tokens) [B, path_len], each row's base slot, n and valid rows m [B]
-        self.stage = (
-            zeros(batch, self.path_len, drafter.fc.in_features, dtype=self.dtype),
-            zeros(batch, self.path_len),
-            zeros(batch),
-            zeros(batch),
-            zeros(batch) + 1,
-        )
-        # a sampled chain's Exp(1) noise for its K draws [B, K, Vd], refilled in place before each cycle (the
-        # graph reads it where it lies, like the KV cache)
+        # a sampled chain's Exp(1) noise for its K draws [B, K, Vd] (the graph reads it where it lies, like the KV cache)
         sampled_chain = mode == "chain" and not sampling.greedy
-        self.noise = zeros(batch, depth, cfg.draft_vocab_size, dtype=torch.float32) if sampled_chain else None
-        self.cycle: Graphed | None = None
+        noise = (batch, depth, cfg.draft_vocab_size) if sampled_chain else None
+        self.init_stage(batch, self.path_len, drafter.fc.in_features, self.dtype, noise)
         self.graphed = self.device.type == "cuda"  # False once a capture has failed (`graph`)
 
     def graph(self) -> None:
@@ -180,7 +236,7 @@ class DrafterProposer:
                 return
             except Exception as e:
                 self.cycle = None
-                why = f"({type(e).__name__}: {str(e)[:200]})"
+                why = failure(e)
                 if self.draft_region is not None:
                     print(
                         f"eval: torch.compile of the {self.mode} draft as one region failed {why}; compiling its steps one "
@@ -197,12 +253,7 @@ class DrafterProposer:
                     )
                     self.compiled, self.step_fn = False, self._step_eager
                 else:
-                    print(
-                        f"eval: CUDA graph capture of the drafter failed {why}; drafting without graphs (slower: the "
-                        "speed-up is not the graphed one)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    say_ungraphed(e)
                     self.graphed = False
                     return
 
@@ -222,9 +273,6 @@ class DrafterProposer:
     def path_len(self) -> int:
         """The most rows one verification accepts (the root included): the rows observed after it."""
         return min(self.depth, self.size) + 1
-
-    def reset(self) -> None:
-        self.n.zero_()
 
     def _step(
         self, hidden: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
@@ -280,28 +328,8 @@ class DrafterProposer:
             self._context_step(aux[:, :-1], next_tokens[:, :-1], pad, -pad, eager=True)
         self.observe(aux[:, -1:], next_tokens[:, -1:], torch.ones_like(pad), start=p - 1 - pad)
 
-    @torch.no_grad()
-    def observe(
-        self, aux: torch.Tensor, next_tokens: torch.Tensor, m: torch.Tensor, start: torch.Tensor | None = None
-    ) -> None:
-        """aux [B, L, n_aux*H_t] and next_tokens [B, L] (L <= path_len), of which the first m[b]
-        [B] rows are row b's next positions (`start`: at these positions instead); staged for
-        propose(), without a host sync. m[b] = 0 parks row b at position 0 (a finished row)."""
-        stage_aux, stage_tokens, _, stage_n, stage_m = self.stage
-        length = aux.shape[1]
-        stage_aux[:, :length].copy_(aux)
-        stage_tokens[:, :length].copy_(next_tokens)
-        live = m > 0
-        stage_n.copy_((self.n if start is None else start) * live)
-        stage_m.copy_(m.clamp(min=1))
-        self.n.copy_((stage_n + m) * live)
-
     def propose(self) -> Draft:
-        if self.noise is not None:  # a sampled chain: fresh noise for its K draws
-            self.noise.exponential_(generator=self.sampling.generator(self.device))
-        out = (self.cycle or self._cycle)(
-            *self.stage
-        )  # a graph's outputs: static buffers, overwritten by the next propose()
+        out = self.replay()
         return chain_draft(*out) if self.mode == "chain" else Draft(*out)
 
     @torch.no_grad()
