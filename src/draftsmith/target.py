@@ -184,6 +184,18 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new allocations on `device`: the GPU's free memory, or the host's
+    MemAvailable (Linux); None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on GPU, fp32 on CPU."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32

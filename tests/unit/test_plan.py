@@ -61,9 +61,10 @@ def test_extract_plan_loads_no_weights_and_writes_nothing(tmp_path, tiny_target_
 
 def test_plan_sizes_the_drafter_train_would_build(tmp_path, tiny_target_dir):
     """--draft-vocab-size, --intermediate-size and --num-layers are train's (one definition,
-    `DrafterShape`): the training rows' device memory is that drafter's, optimizer state included."""
+    `DrafterShape`): the training rows' device memory is that drafter's, optimizer state included,
+    and on CPU the eager TTT attention's scores over one --batch-tokens row, which plan says."""
     from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
-    from draftsmith.draft.shape import DrafterShape
+    from draftsmith.draft.shape import DrafterShape, eager_attention_bytes
     from draftsmith.plan.run import ADAM_BYTES_PER_PARAM
     from draftsmith.target import load_target, text_config
 
@@ -81,7 +82,10 @@ def test_plan_sizes_the_drafter_train_would_build(tmp_path, tiny_target_dir):
         )
         trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
         frozen = sum(p.numel() for p in drafter.parameters() if not p.requires_grad)
-        expected = human_bytes(trainable * ADAM_BYTES_PER_PARAM + frozen * 4)
+        cfg = drafter.config
+        scores = eager_attention_bytes(8192, cfg.num_attention_heads, 7, cfg.num_layers)
+        expected = human_bytes(trainable * ADAM_BYTES_PER_PARAM + frozen * 4 + scores)
+        assert f"eager TTT attention, ~{human_bytes(scores)} of scores at --batch-tokens 8192" in r.output
         row = next(line for line in r.output.splitlines() if "train (offline)" in line)
         assert expected in row, (expected, row)
         rows.append(row)

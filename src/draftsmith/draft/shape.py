@@ -1,5 +1,6 @@
 """The drafter's shape options, one definition for the commands that build or size a drafter:
-`train` (the drafter it trains) and `plan` (the drafter whose memory and time it estimates)."""
+`train` (the drafter it trains) and `plan` (the drafter whose memory and time it estimates), and
+what its training costs that both read: the default TTT attention and the eager one's memory."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
+import torch
 from pydantic import BaseModel, Field, field_validator
 
 from draftsmith.draft.model import DrafterConfig
@@ -57,3 +59,17 @@ class DrafterShape(BaseModel):
         return replace(
             target_shape, intermediate_size=self.mlp_width(target_shape.intermediate_size), num_layers=self.num_layers
         )
+
+
+def default_backend(device: torch.device) -> str:
+    """Train's TTT attention under `--attention auto` (train/ttt.py): flex on GPU, eager elsewhere."""
+    return "flex" if device.type == "cuda" else "eager"
+
+
+def eager_attention_bytes(tokens: int, heads: int, depth: int, layers: int) -> int:
+    """Peak memory of the eager backend's scores over one packed row of `tokens`: each layer's
+    step keeps one fp32 [heads, T, T] softmax for backward, and the step being computed or
+    differentiated ~3 more: 4-9 % under the peak RSS measured on CPU (`bench/eager_attention_memory.py`,
+    experiments/LOG.md 2026-12-03 22:55); at the defaults on the embedded target (T 8192, K 7,
+    9 heads) 24 GB."""
+    return (depth * layers + 3) * heads * tokens * tokens * 4

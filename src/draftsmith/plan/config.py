@@ -28,6 +28,7 @@ class PlanConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
     token_budget: int = Field(65536, gt=0, description="Extraction batch size in tokens (as `extract --token-budget`).")
     epochs: float = Field(1.0, gt=0, description="Training epochs to plan for.")
     depth: int = Field(7, ge=1, description="Draft depth to plan training for: the training-time-test unroll steps.")
+    batch_tokens: int = Field(8192, gt=0, description="Tokens per packed training row, as `train --batch-tokens`.")
     method: Literal["eagle3", "peagle", "dflash"] = Field(
         "eagle3", description="The drafter method to plan for, as `train --method`."
     )

@@ -3,8 +3,10 @@
 Disk comes from the store format (`projected_bytes`) and the dataset's token count, checked
 against the free space where the store would go (`store_fit`, extract's own check). Memory comes
 from the target's and the drafter's parameter counts and the batch sizes (extract's host slots,
-`HOST_SLOTS`). Time comes from a short measured calibration: a capture forward of the target and
-a TTT-unrolled forward+backward of a fresh drafter with train's shape options and step weights
+`HOST_SLOTS`), and on CPU the eager TTT attention's O(T²) scores over one training row
+(`draft.shape.eager_attention_bytes`, which `train` also checks before it starts). Time comes
+from a short measured calibration: a capture forward of the target and a TTT-unrolled
+forward+backward of a fresh drafter with train's shape options and step weights
 (`step_weights`), on a few of the dataset's own samples (`--no-calibrate` skips it and leaves
 times out).
 """
@@ -26,6 +28,7 @@ from draftsmith.data.vocab import draft_vocab_size
 from draftsmith.draft.dflash import DFlashConfig, DFlashDrafter, block_mask
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.draft.peagle import is_parallel, placeholder_inputs
+from draftsmith.draft.shape import default_backend, eager_attention_bytes
 from draftsmith.draft.step_weights import step_weights
 from draftsmith.fsutil import human_bytes
 from draftsmith.layers import resolve_aux_layers
@@ -124,8 +127,13 @@ def run(cfg: PlanConfig) -> Path:
     else:
         drafter = Eagle3Drafter(draft_cfg).to(device)
     trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
-    drafter_bytes = trainable * ADAM_BYTES_PER_PARAM + sum(
-        p.numel() * 4 for p in drafter.parameters() if not p.requires_grad
+    # the weights and optimizer state, and on CPU (eager TTT attention, O(T²)) the row's scores
+    eager = not dflash and default_backend(device) == "eager"
+    scores = eager_attention_bytes(cfg.batch_tokens, draft_cfg.num_attention_heads, cfg.depth, draft_cfg.num_layers)
+    drafter_bytes = (
+        trainable * ADAM_BYTES_PER_PARAM
+        + sum(p.numel() * 4 for p in drafter.parameters() if not p.requires_grad)
+        + (scores if eager else 0)
     )
 
     fwd_tps = drafter_tps = None
@@ -196,6 +204,11 @@ def run(cfg: PlanConfig) -> Path:
         console.print(
             f"calibration on {device}: target capture forward {fwd_tps:,.0f} tok/s, "
             f"drafter {f'DFlash block-{cfg.depth + 1}' if dflash else f'TTT-{cfg.depth}'} step {drafter_tps:,.0f} tok/s (per epoch; train time uses --epochs {cfg.epochs:g})"
+        )
+    if eager:
+        console.print(
+            f"train on {device}: eager TTT attention, ~{human_bytes(scores)} of scores at --batch-tokens "
+            f"{cfg.batch_tokens} (quadratic in it), in the device memory above"
         )
     verdict = "fits" if fit.fits else "DOES NOT FIT"
     console.print(

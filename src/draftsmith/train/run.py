@@ -28,13 +28,22 @@ from draftsmith.data.dataset import TokenizedDataset, load_dataset, split_indice
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
 from draftsmith.draft.dflash import DFlashConfig, DFlashDrafter, default_mask_token
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.draft.shape import default_backend, eager_attention_bytes
 from draftsmith.errors import UserError, from_os_error
-from draftsmith.fsutil import LOCK_FILE, check_output, mark_output, output_lock
+from draftsmith.fsutil import LOCK_FILE, check_output, human_bytes, mark_output, output_lock
 from draftsmith.layers import resolve_aux_layers, validate_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.capture import supports_flex
 from draftsmith.runtime.head import check_output_head, output_head
-from draftsmith.target import Target, default_device, embed_weight, final_norm, load_target, text_config
+from draftsmith.target import (
+    Target,
+    available_memory,
+    default_device,
+    embed_weight,
+    final_norm,
+    load_target,
+    text_config,
+)
 from draftsmith.torchrun import dist_env
 from draftsmith.train.batching import OfflineSource, OnlineSource
 from draftsmith.train.checkpointing import CKPT_DIR, latest_checkpoint, resume_checkpoint
@@ -43,7 +52,6 @@ from draftsmith.train.dflash import DFlashObjective
 from draftsmith.train.loop import Env, TrainData, Trainer
 from draftsmith.train.loss import TTTObjective
 from draftsmith.train.metrics import METRICS_FILE, MetricsLog, plot_metrics, truncate_metrics
-from draftsmith.train.ttt import default_backend
 
 
 def setup_env(cfg: TrainConfig) -> Env:
@@ -287,7 +295,9 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if cfg.resume:
         cfg = resumed_options(cfg)
     on_gpu = env.device.type == "cuda"  # what the GPU defaults resolve to, recorded in run.yaml as such
-    cfg = cfg.model_copy(update={k: on_gpu for k in ("autocast", "compile_step") if getattr(cfg, k) is None})
+    # (a DFlash step has no static, compiled form: off, so that its log line, its run.yaml and a --resume agree)
+    defaults = {"autocast": on_gpu, "compile_step": on_gpu and cfg.method != "dflash"}
+    cfg = cfg.model_copy(update={k: v for k, v in defaults.items() if getattr(cfg, k) is None})
     torch.manual_seed(cfg.seed)
 
     target = load_target(cfg.target, env.device, cfg.dtype, shard=cfg.shard)
@@ -302,13 +312,15 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     say = (lambda line: print(line, flush=True)) if env.main else (lambda line: None)
     checkpoint = resume_checkpoint(out, drafter, say) if resume_from is not None else None
 
+    backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
+    if not dflash and backend == "eager":
+        check_eager_memory(cfg, drafter.config, env.device, int(dataset.lengths.sum()))
     start_out(cfg, env)  # all validated: from here on the run writes
     if env.main:
         if not (cfg.resume and (out / RUN_RECORD).exists()):  # a resumed run keeps the record it started with
             write_run_record(out, cfg)
         save_vocab(out / "vocab.safetensors", d2t, t2d)
 
-    backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
     objective = (
         DFlashObjective(
             drafter.to(env.device),
@@ -367,6 +379,30 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if cfg.resume and env.main:
         truncate_metrics(out, trainer.pos.step)  # records after the checkpoint are logged again
     return trainer
+
+
+def check_eager_memory(cfg: TrainConfig, drafter: DrafterConfig, device: torch.device, data_tokens: int) -> None:
+    """Refuse, before anything is written, a run whose eager TTT attention (the CPU's; O(T²)
+    scores) would not fit in the memory free on `device`, naming the largest --batch-tokens that
+    does: the kernel would otherwise kill the process mid-step, with nothing in the log. A row
+    holds at most `data_tokens` (the dataset's), however large --batch-tokens is."""
+    free = available_memory(device)
+    heads, layers = drafter.num_attention_heads, drafter.num_layers
+    row = min(cfg.batch_tokens, data_tokens)
+
+    def need(tokens: int) -> int:
+        return eager_attention_bytes(tokens, heads, cfg.depth, layers)
+
+    if free is None or need(row) <= 0.8 * free:
+        return
+    fits = next((t for t in (2**i for i in range(16, 6, -1)) if t < row and need(t) <= 0.5 * free), None)
+    hint = f"give --batch-tokens {fits} (~{human_bytes(need(fits))})" if fits else "give a smaller --depth"
+    on_gpu = " or --attention flex (O(T) memory)" if device.type == "cuda" else ""
+    raise UserError(
+        f"--batch-tokens {cfg.batch_tokens}: the eager TTT attention keeps ~{human_bytes(need(row))} of "
+        f"[{heads} heads, T, T] scores over rows of {row} tokens at --depth {cfg.depth} and {layers} layer(s), "
+        f"and {device} has {human_bytes(free)} free; {hint}{on_gpu}"
+    )
 
 
 def run(cfg: TrainConfig) -> Path:

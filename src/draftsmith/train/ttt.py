@@ -222,10 +222,6 @@ def unroll(
         hidden = drafter.next_hidden(out)  # [B, T, H]: out, or norm(out) with norm_output
 
 
-def default_backend(device: torch.device) -> str:
-    return "flex" if device.type == "cuda" else "eager"
-
-
 def doc_and_positions(
     lengths: list[int], total: int, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
