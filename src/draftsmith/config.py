@@ -144,7 +144,7 @@ def resolve_config(cls: type[CommandConfig], yaml_path: Path | None, flags: dict
         for err in e.errors():  # a field's error names its flag; a check of several (no loc) names its own flags
             loc = ".".join(str(p) for p in err["loc"])
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"  --{loc.replace('_', '-')}: {msg}" if loc else f"  {msg}")
+            lines.append(f"  {option_name(cls, loc)}: {msg}" if loc else f"  {msg}")
         raise UserError("invalid options:\n" + "\n".join(lines)) from None
 
 
@@ -202,3 +202,12 @@ class ShardOption(BaseModel):
         "none",
         description="Target weights: none = all on --device; auto = split over every visible GPU (docs/large-targets.md).",
     )
+
+
+def option_name(cls: type[CommandConfig], field: str) -> str:
+    """How the command line spells a field: --max-len, or DATASET_DIR (the positional argument,
+    which is a flag too only with `positional_flag`)."""
+    flag = f"--{field.replace('_', '-')}"
+    if field != cls.positional:
+        return flag
+    return f"{field.upper()} (the positional argument, or {flag})" if cls.positional_flag else field.upper()

@@ -358,6 +358,19 @@ PROBES = [
         2,
         "layer ids [3] are out of range: this target has 2 decoder layers, so ids must be in 0..2",
     ),
+    Probe(
+        "train --lr 1e38",
+        lambda e: e.train("--lr", "1e38"),
+        2,
+        "--lr: 1e+38 is above 1e30, where the optimizer's step overflows fp32",
+    ),
+    Probe(
+        "train whose eager attention does not fit in memory",
+        lambda e: e.train("--batch-tokens", "4096"),
+        2,
+        "the eager TTT attention keeps",
+        patch=lambda mp: mp.setattr("draftsmith.train.run.available_memory", lambda device: 1024),
+    ),
     Probe("status of a corrupt progress.json", lambda e: ["status", _progress(e)], 2, "not a readable progress file"),
     Probe(
         "synth --out DIR",

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from draftsmith.cli import ALL_COMMANDS, app
 from draftsmith.config import resolve_config
 from draftsmith.extract.config import ExtractConfig
+from tests.helpers import cli_refused
 
 
 def test_precedence_flag_over_yaml_over_default(tmp_path):
@@ -158,3 +159,11 @@ def test_the_target_options_are_one_block_with_the_same_flags():
         helps.setdefault("device", set()).add(fields["device"].description)
         helps.setdefault("dtype", set()).add(fields["dtype"].description)
     assert all(len(texts) == 1 for texts in helps.values())
+
+
+def test_a_missing_positional_argument_is_named_as_the_command_line_spells_it():
+    """`train` without its dataset folder names DATASET_DIR, not a --dataset-dir flag it does not
+    have; `export` (whose DRAFTER is a flag too) names both spellings."""
+    out = cli_refused("train")
+    assert "DATASET_DIR: Field required" in out and "--dataset-dir" not in out
+    assert "DRAFTER (the positional argument, or --drafter): Field required" in cli_refused("export")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from draftsmith.config import CommandConfig, ShardOption, TargetOptions
 from draftsmith.draft.shape import DrafterShape
@@ -147,6 +147,16 @@ class TrainConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
         "eagle3",
         description="The drafter: eagle3, peagle (all drafts in one forward) or dflash (a block drafter); docs/train.md.",
     )
+
+    @field_validator("lr")
+    @classmethod
+    def _lr_in_range(cls, lr: float) -> float:
+        """AdamW's first step divides the rate by 1 - beta1 and Muon's scales it by up to ~50: past
+        ~1e36 that overflows fp32 inside torch's optimizer step, a traceback instead of the
+        diverged run the trainer names (a rate of 1e30 still diverges into that clear error)."""
+        if lr > 1e30:
+            raise ValueError(f"{lr:g} is above 1e30, where the optimizer's step overflows fp32; give a rate like 2e-3")
+        return lr
 
     @model_validator(mode="before")
     @classmethod
