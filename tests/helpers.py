@@ -18,6 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftsmith.data.dataset import FORMAT, META_FILE, write_table
 from draftsmith.data.vocab import build_vocab
+from draftsmith.draft.dflash import DFlashConfig, DFlashDrafter
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.layers import default_aux_layers
 from draftsmith.target import decoder_layers, embed_weight, text_config
@@ -220,6 +221,18 @@ def random_drafter(
         target_ids - torch.arange(cfg.draft_vocab_size),
         torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill_(0, target_ids, True),
     )
+    return drafter.to(embed_weight(model).device).eval()
+
+
+def random_dflash(model: torch.nn.Module, block_size: int = 4, num_layers: int = 2, seed: int = 0) -> DFlashDrafter:
+    """An untrained DFlash drafter for `model`, on its device: the full vocab as its draft vocab, mask token 7."""
+    tc = text_config(model.config)
+    torch.manual_seed(seed)
+    aux = default_aux_layers(len(decoder_layers(model)))
+    cfg = DFlashConfig.from_target(tc, tc.vocab_size, aux, mask_token_id=7, block_size=block_size)
+    drafter = DFlashDrafter(DFlashConfig(**{**cfg.to_dict(), "num_layers": num_layers}))
+    drafter.load_target_embeddings(embed_weight(model))
+    drafter.set_vocab(torch.zeros(tc.vocab_size, dtype=torch.long), torch.ones(tc.vocab_size, dtype=torch.bool))
     return drafter.to(embed_weight(model).device).eval()
 
 
@@ -427,3 +440,32 @@ def prepared_chats(root: Path, target: Path) -> tuple[Path, Path]:
     r = cli("prepare", chats, "--target", target, "--out", root / "ds")
     assert r.exit_code == 0, r.output
     return chats, root / "ds"
+
+
+def random_prompts(n: int) -> list[list[int]]:
+    """n (at most 4) seeded random prompts of 12, 5, 20 and 9 token ids below 1000."""
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, 1000, (int(length),), generator=g).tolist() for length in (12, 5, 20, 9)[:n]]
+
+
+def tiny_ttt_drafter(seed: int = 0, num_layers: int = 1, vocab_size: int = 50, draft_vocab_size: int = 20, **options):
+    """A seeded tiny EAGLE-3 drafter (hidden 32, 3 aux layers of width 24) with N(0, 0.3) weights,
+    for the TTT, loss and P-EAGLE unit tests; `options`: more DrafterConfig fields."""
+    torch.manual_seed(seed)
+    cfg = DrafterConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=vocab_size,
+        draft_vocab_size=draft_vocab_size,
+        target_hidden_size=24,
+        aux_layer_ids=[0, 1, 2],
+        num_layers=num_layers,
+        **options,
+    )
+    model = Eagle3Drafter(cfg)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return model

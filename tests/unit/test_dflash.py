@@ -13,27 +13,15 @@ from typer.testing import CliRunner
 
 from draftsmith.cli import app
 from draftsmith.draft.checkpoint import load_drafter
-from draftsmith.draft.dflash import DFlashConfig, DFlashDrafter, block_mask
+from draftsmith.draft.dflash import DFlashDrafter, block_mask
 from draftsmith.evaluate.decode import decode
 from draftsmith.evaluate.dflash_proposer import DFlashProposer
 from draftsmith.layers import default_aux_layers
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
-from draftsmith.target import decoder_layers, embed_weight, text_config
+from draftsmith.target import decoder_layers
 from draftsmith.train.metrics import read_metrics
-from tests.helpers import write_tokenized_dataset
-
-
-def random_dflash(model: torch.nn.Module, block_size: int = 4, num_layers: int = 2, seed: int = 0) -> DFlashDrafter:
-    """An untrained DFlash drafter for `model`: the full vocab as its draft vocab, mask token 7."""
-    tc = text_config(model.config)
-    torch.manual_seed(seed)
-    aux = default_aux_layers(len(decoder_layers(model)))
-    cfg = DFlashConfig.from_target(tc, tc.vocab_size, aux, mask_token_id=7, block_size=block_size)
-    drafter = DFlashDrafter(DFlashConfig(**{**cfg.to_dict(), "num_layers": num_layers}))
-    drafter.load_target_embeddings(embed_weight(model))
-    drafter.set_vocab(torch.zeros(tc.vocab_size, dtype=torch.long), torch.ones(tc.vocab_size, dtype=torch.bool))
-    return drafter.eval()
+from tests.helpers import random_dflash, write_tokenized_dataset
 
 
 @torch.no_grad()

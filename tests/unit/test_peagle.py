@@ -5,36 +5,18 @@ predict, for drafters of one decoder layer and of several."""
 import pytest
 import torch
 
-from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.train.ttt import doc_and_positions, unroll
+from tests.helpers import tiny_ttt_drafter
 
 K = 4
 PTD = 7
 
 
 def tiny_peagle(seed: int = 0, num_layers: int = 1, **options) -> Eagle3Drafter:
-    torch.manual_seed(seed)
-    cfg = DrafterConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        vocab_size=50,
-        draft_vocab_size=20,
-        target_hidden_size=24,
-        aux_layer_ids=[0, 1, 2],
-        num_layers=num_layers,
-        method="peagle",
-        ptd_token_id=PTD,
-        **options,
-    )
-    model = Eagle3Drafter(cfg)
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.3)
-    return model.double().eval()
+    return tiny_ttt_drafter(seed, num_layers, method="peagle", ptd_token_id=PTD, **options).double().eval()
 
 
 def unroll_logits(model, aux, prompt, steps: int) -> list[torch.Tensor]:

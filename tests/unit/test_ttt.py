@@ -9,30 +9,15 @@ import math
 import pytest
 import torch
 
-from draftsmith.draft.model import DrafterConfig, Eagle3Drafter, causal_attend
+from draftsmith.draft.model import Eagle3Drafter, causal_attend
 from draftsmith.train.ttt import crop_keys, doc_and_positions, ttt_mask_mod, unroll
+from tests.helpers import tiny_ttt_drafter
 
 K = 3
 
 
 def tiny_drafter(seed: int = 0, num_layers: int = 1) -> Eagle3Drafter:
-    torch.manual_seed(seed)
-    cfg = DrafterConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        vocab_size=50,
-        draft_vocab_size=20,
-        target_hidden_size=24,
-        aux_layer_ids=[0, 1, 2],
-        num_layers=num_layers,
-    )
-    model = Eagle3Drafter(cfg)
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.3)
-    return model.double()
+    return tiny_ttt_drafter(seed, num_layers).double()
 
 
 class ExplicitAttend:

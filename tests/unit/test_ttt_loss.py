@@ -8,34 +8,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.draft.step_weights import STEP_DECAY
 from draftsmith.runtime.head import OutputHead
 from draftsmith.train import loss as loss_module
 from draftsmith.train.loss import STAT_KEYS, TTTObjective, _chunk_ce, _compiled_chunk_ce, _soft_ce_op
 from draftsmith.train.metrics import summarise
 from draftsmith.train.ttt import doc_and_positions, unroll
+from tests.helpers import tiny_ttt_drafter
 
 V, VD, HT = 50, 6, 24
 
 
 def tiny_drafter(seed: int = 0, num_layers: int = 1) -> Eagle3Drafter:
-    torch.manual_seed(seed)
-    cfg = DrafterConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        vocab_size=V,
-        draft_vocab_size=VD,
-        target_hidden_size=HT,
-        aux_layer_ids=[0, 1, 2],
-        num_layers=num_layers,
-    )
-    model = Eagle3Drafter(cfg)
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.3)
+    model = tiny_ttt_drafter(seed, num_layers, vocab_size=V, draft_vocab_size=VD)
     draft_ids = torch.randperm(V)[:VD].sort().values  # target ids of the draft vocab
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[draft_ids] = True
@@ -267,18 +253,23 @@ def test_compiled_static_student_matches_the_compacted_step():
     static = TTTObjective(drafter, head, ttt=3, backend="eager", chunk=7, static=True)
     static.static_student = torch.compile(static.static_student, backend="aot_eager", fullgraph=True, dynamic=False)
     for i, batch in enumerate((static_batch(), packed_batch([[20, 6], [3, 9, 11]], T=32, seed=8))):
-        loss, stats = compacted(**batch)
-        loss.backward()
-        g = grads(drafter)
         with torch._dynamo.config.patch(error_on_recompile=i > 0):
-            s_loss, s_stats = static(**batch)
-        s_loss.backward()
-        s_g = grads(drafter)
-        torch.testing.assert_close(s_loss, loss, rtol=1e-5, atol=1e-6)
-        for key in STAT_KEYS:
-            torch.testing.assert_close(s_stats[key], stats[key], rtol=1e-5, atol=1e-5, msg=key)
-        for name in g:
-            torch.testing.assert_close(s_g[name], g[name], rtol=1e-5, atol=1e-6, msg=name)
+            assert_same_step(drafter, compacted, static, batch)
+
+
+def assert_same_step(drafter: Eagle3Drafter, compacted: TTTObjective, static: TTTObjective, batch: dict) -> None:
+    """The static objective's loss, counts and gradients on `batch` equal the compacted one's."""
+    loss, stats = compacted(**batch)
+    loss.backward()
+    g = grads(drafter)
+    s_loss, s_stats = static(**batch)
+    s_loss.backward()
+    s_g = grads(drafter)
+    torch.testing.assert_close(s_loss, loss, rtol=1e-5, atol=1e-6)
+    for key in STAT_KEYS:
+        torch.testing.assert_close(s_stats[key], stats[key], rtol=1e-5, atol=1e-5, msg=key)
+    for name in g:
+        torch.testing.assert_close(s_g[name], g[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_the_compiled_region_runs_on_cuda_only_and_only_in_the_static_form():
