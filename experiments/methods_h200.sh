@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Issue 40's side-by-side on one H200: the recipe's data (synth answers restored from .data), then
-# for each run RUNS names (stages of experiments/recipes/methods_h200.yaml), one after another:
-#   1. its training, alone on the GPU;
-#   2. for TIMED runs, its MT-bench chain evals (K=7, 80 q, greedy, 256 tokens, the speed-up against
-#      plain decoding timed in the same process) at batch 1, then batch 16, alone on the GPU;
-#   3. its tau-only evals (batch 16, no speed: the recipe's held-out split, HumanEval, and MT-bench
-#      for runs not in TIMED), beside the next run's training.
+#   1. the trainings RUNS names (stages of experiments/recipes/methods_h200.yaml), one after
+#      another, each alone on the GPU; each run's tau-only evals (batch 16, no speed: the recipe's
+#      held-out split and HumanEval) beside the next run's training;
+#   2. the timed MT-bench chain evals of the RUNS side by side (`eval --compare`: K=7, 80 q, greedy,
+#      256 tokens, one compiled target and one plain pass for all drafters, their speed-ups against
+#      it in the same process), at batch 1, then batch 16, alone on the GPU;
+#   3. the EXTRA runs (trained and evaluated tau-only) while the lease lasts.
 # While the data is made, the GPU tests of the new methods' eval engines (P-EAGLE, DFlash) run.
-# Each run is finished before the next starts, so a lease that runs out cuts only the last one:
-# the lease of 2026-12-03 20:54 trained all four first and had no time left for two of the
-# timed evals (experiments/LOG.md). A timed eval costs ~3.6 min (69 s of compiling and capture).
-#   setsid bash experiments/methods_h200.sh &   # RUNS="m_peagle m_dflash" for fewer; then: bash experiments/fetch_results.sh 530
+# The lease of 2026-12-03 20:54 timed one drafter per eval process (~3.6 min each, 69 s of it
+# compiling and capturing, plus its own plain pass) and had no time left for two of them
+# (experiments/LOG.md); side by side, the run pays one compile and one plain pass.
+#   setsid bash experiments/methods_h200.sh &   # RUNS="m_ce m_peagle" for fewer; then: bash experiments/fetch_results.sh 530
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -23,27 +24,31 @@ ONLY_STEPS=data bash experiments/h200_recipe.sh > /root/data_driver.log 2>&1  # 
 rm -f "$R/ALL_DONE"  # h200_recipe.sh's, which fetch_results.sh would take for this driver's
 wait  # the GPU tests: the GPU is the runs' alone from here
 RECIPE=experiments/recipes/methods_h200.yaml
-RUNS=${RUNS:-m_peagle m_peagle4 m_dflash m_ce m_lk}
-TIMED=${TIMED:-m_peagle m_peagle4 m_dflash m_ce m_lk}
-chain() {  # NAME_SUFFIX RUN_NAME ARGS...: one MT-bench-style chain eval of a run's drafter
-  local suffix=$1 name=$2; shift 2
-  [ -d "$RUN/$name/drafter" ] && step "${name}_$suffix" 300 python3 -m draftsmith eval --target $HF --drafter "$RUN/$name" \
-    --mode chain --depth 7 --num-questions 80 --max-new-tokens 256 --out "$RUN/${name}_$suffix" "$@"
+RUNS=${RUNS:-m_ce m_peagle m_dflash}  # the first is --drafter, the reference the others are compared with
+EXTRA=${EXTRA:-m_peagle4 m_lk}
+chain() {  # NAME ARGS...: one MT-bench-style K=7 chain eval, its report in $RUN/NAME
+  local name=$1; shift
+  step "$name" 420 python3 -m draftsmith eval --target $HF --mode chain --depth 7 --num-questions 80 \
+    --max-new-tokens 256 --out "$RUN/$name" "$@"
 }
-tau_only() {  # RUN_NAME: the tau-only evals, in the background
-  local name=$1
-  chain heldout "$name" --bench held-out --batch-size 16 --no-speed --no-compile-target --no-compile-drafter
-  chain humaneval "$name" --bench experiments/data/humaneval.jsonl --batch-size 16 --no-speed --no-compile-target --no-compile-drafter
-  [[ " $TIMED " == *" $name "* ]] || chain mtbench_tau "$name" --batch-size 16 --no-speed --no-compile-target --no-compile-drafter
+tau_only() {  # RUN_NAME: its tau-only evals, in the background
+  local name=$1 fast=(--batch-size 16 --no-speed --no-compile-target --no-compile-drafter)
+  chain "${name}_heldout" --drafter "$RUN/$name" --bench held-out "${fast[@]}"
+  chain "${name}_humaneval" --drafter "$RUN/$name" --bench experiments/data/humaneval.jsonl "${fast[@]}"
 }
-for name in $RUNS; do
-  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "$name" 330 python3 -m draftsmith pipeline "$RECIPE" --only "$name"
-  wait  # the previous run's tau-only evals: the timed ones run alone
-  if [[ " $TIMED " == *" $name "* ]]; then
-    chain mtbench_b1 "$name"
-    chain mtbench_b16 "$name" --batch-size 16
-  fi
-  tau_only "$name" &
-done
-wait
+train_all() {  # RUN_NAME...: each training alone on the GPU, its tau-only evals beside the next one's
+  for name in "$@"; do
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "$name" 330 python3 -m draftsmith pipeline "$RECIPE" --only "$name"
+    wait  # the last run's tau-only evals
+    [ -d "$RUN/$name/drafter" ] && tau_only "$name" &
+  done
+  wait
+}
+train_all $RUNS
+trained=() && for name in $RUNS; do [ -d "$RUN/$name/drafter" ] && trained+=("$RUN/$name"); done
+if [ ${#trained[@]} -gt 0 ]; then
+  others=$(IFS=,; echo "${trained[*]:1}")
+  for b in 1 16; do chain "methods_mtbench_b$b" --drafter "${trained[0]}" ${others:+--compare "$others"} --batch-size $b; done
+fi
+train_all $EXTRA
 touch "$R/ALL_DONE"

@@ -3,8 +3,11 @@ run's validation tau by training tokens, and its MT-bench speed-up per category 
 
     python experiments/summarise_methods.py RUN_DIR [--out docs/figures] [--runs m_ce m_lk ...]
 
-RUN_DIR holds the runs (RUN_DIR/m_ce/metrics.jsonl) and their evals (RUN_DIR/m_ce_mtbench_b1/
-report.json, _mtbench_b16, _mtbench_tau, _heldout, _humaneval); what is missing prints as "-".
+RUN_DIR holds the runs (RUN_DIR/m_ce/metrics.jsonl) and their evals: each run's own
+(RUN_DIR/m_ce_heldout/report.json, _humaneval; before 2026-12-04 also _mtbench_b1, _mtbench_b16,
+_mtbench_tau) and the side-by-side MT-bench evals (`eval --compare`: RUN_DIR/methods_mtbench_b1/
+report.json for the first run, compare/NAME/report.json for the others, and _b16); what is
+missing prints as "-".
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ LABELS = {
     "m_lk": "EAGLE-3, LK",
     "m_tv": "EAGLE-3, TV",
     "m_peagle": "P-EAGLE",
+    "m_peagle4": "P-EAGLE, 4 layers",
     "m_dflash": "DFlash",
 }
 
@@ -43,8 +47,15 @@ def train_speed(run: Path) -> float | None:
 
 
 def report(root: Path, name: str, suffix: str) -> dict | None:
-    path = root / f"{name}_{suffix}" / "report.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    """Run `name`'s eval report of kind `suffix` (mtbench_b1, heldout, ...): its own, or its part
+    of the side-by-side eval (methods_SUFFIX)."""
+    side = root / f"methods_{suffix}"
+    for path in (root / f"{name}_{suffix}" / "report.json", side / "compare" / name / "report.json"):
+        if path.exists():
+            return json.loads(path.read_text())
+    first = side / "report.json"  # the side-by-side eval's --drafter
+    r = json.loads(first.read_text()) if first.exists() else None
+    return r if r is not None and Path(r["drafter"]).name == name else None
 
 
 def fmt(x: float | None, spec: str = ".2f", unit: str = "") -> str:
@@ -144,7 +155,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", type=Path)
     ap.add_argument("--out", type=Path, default=Path("docs/figures"))
-    ap.add_argument("--runs", nargs="+", default=["m_ce", "m_lk", "m_peagle", "m_dflash"])
+    ap.add_argument("--runs", nargs="+", default=["m_ce", "m_lk", "m_peagle", "m_peagle4", "m_dflash"])
     args = ap.parse_args()
     print(table(args.root, args.runs))
     print()

@@ -110,6 +110,28 @@ def test_held_out_refuses_what_has_no_split(dataset, tiny_target_dir, tmp_path):
         held_out_questions(none, tok, 80)
 
 
+def test_compared_drafters_must_have_held_out_the_same_prompts(dataset, tiny_target_dir, tmp_path):
+    """`eval --compare --bench held-out` asks --drafter's held-out prompts of every drafter: only
+    where each compared run held out the same ones, which none of them trained on."""
+    from draftsmith.evaluate.config import EvalConfig
+    from draftsmith.evaluate.run import resolve_questions
+
+    runs = {
+        name: fake_run(tmp_path / name, dataset_dir=str(dataset), val_fraction=0.25, val_seed=seed)
+        for name, seed in (("a", 3), ("b", 3), ("other", 4))
+    }
+
+    def questions(*compare):
+        cfg = EvalConfig(
+            drafter=runs["a"], compare=list(compare), bench=HELD_OUT, target=str(tiny_target_dir), out=tmp_path / "e"
+        )
+        return resolve_questions(cfg, on_gpu=False)
+
+    assert questions(runs["b"]) == questions()
+    with pytest.raises(UserError, match="held out different prompts"):
+        questions(runs["b"], runs["other"])
+
+
 def test_eval_measures_tau_on_the_held_out_prompts(dataset, tiny_target_dir, tmp_path):
     """End to end on CPU: train a drafter (4 steps) with a split, then eval it on that split."""
     res = CliRunner().invoke(

@@ -99,11 +99,9 @@ def test_calibration_on_the_engine(tiny_model):
         24,
         set(),
         Sampling,
-        chains[1:],
+        [Shape(4), Shape(1)],  # not K=2 against K=1, whose cycles differ by less than a loaded CPU's noise
     )
-    assert useless.accept_cond[0] < 0.5 and useless.best().shape == Shape(
-        1
-    )  # a draft that is rarely right: the shortest chain
+    assert useless.accept_cond[0] < 0.5 and useless.best().shape == Shape(1)  # a draft rarely right: the shortest chain
     trees = [Shape(2, 2, 3), Shape(4, 1, 4)]  # the oracle's tree: each true node with a wrong sibling
     tree = calibrate(
         engine,

@@ -12,7 +12,7 @@ from draftsmith.config import CommandConfig, TargetOptions
 
 class EvalConfig(CommandConfig, TargetOptions):
     common = (
-        *("engine", "target", "drafter", "out", "bench", "mode", "depth", "tree", "top_k", "total_tokens"),
+        *("engine", "target", "drafter", "compare", "out", "bench", "mode", "depth", "tree", "top_k", "total_tokens"),
         *("batch_size", "temperature", "num_questions", "max_new_tokens", "speed", "device", "dtype", "overwrite"),
     )
     renamed = {"k": "depth", "k_max": "depth_max"}  # one name for the draft depth across commands and files
@@ -21,6 +21,10 @@ class EvalConfig(CommandConfig, TargetOptions):
         description="Engine that decodes: draftsmith's own, or vLLM serving the exported drafter (chains; the vllm extra; docs/eval.md).",
     )
     drafter: Path = Field(description="Drafter: a train output folder, checkpoint, or exported folder.")
+    compare: list[Path] = Field(
+        [],
+        description="More drafters run side by side with --drafter, against one plain pass (docs/eval.md, Side by side).",
+    )
     out: Path = Field(description="Output folder for report.json, report.md, plots and answers.jsonl.")
     chat_template: Path | None = Field(
         None, description="Jinja chat template file to use instead of the tokenizer's own (a base model has none)."
@@ -94,9 +98,28 @@ class EvalConfig(CommandConfig, TargetOptions):
         return v
 
     @property
+    def drafters(self) -> list[Path]:
+        """The run's drafters: --drafter, then each --compare."""
+        return [self.drafter, *self.compare]
+
+    @property
     def drafting(self) -> str:
         """The drafting mode this run uses: --mode, or tree with --tree auto."""
         return "tree" if self.tree == "auto" else self.mode
+
+    @model_validator(mode="after")
+    def _compare(self) -> EvalConfig:
+        if self.compare and self.engine == "vllm":
+            raise ValueError(
+                "--compare runs the drafters side by side in draftsmith's engine; vLLM serves one drafter per server: "
+                "drop --engine vllm, or run one eval per drafter"
+            )
+        seen = [p.resolve() for p in self.drafters]
+        if len(set(seen)) < len(seen):
+            raise ValueError(
+                f"a drafter is given twice in --drafter and --compare ({', '.join(map(str, self.drafters))})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tree_auto(self) -> EvalConfig:

@@ -12,6 +12,9 @@ tau_by_answer_half      {"first", "second": tau over the first / second half of 
                         other answers does not see
 speedup                 spec decode tok/s / plain decode tok/s (same engine, prompts, run,
                         batch size and temperature); null when no plain run was made
+
+With `eval --compare`, compare.json / compare.md / compare.png put the drafters' reports side
+by side: each one's tau and speed-up, overall and per category, against the one plain pass.
 """
 
 from __future__ import annotations
@@ -224,3 +227,95 @@ def summary_line(r: dict[str, Any], out: Path) -> str:
         else "no speed run"
     )
     return f"eval: tau {r['tau']:.2f} ({r['mode']}), {speed}, {r['questions']} questions, {r['tokens']} tokens -> {out / 'report.json'}"
+
+
+def shape_label(r: dict[str, Any]) -> str:
+    """A report's draft shape: `chain K=7` or `tree 60x7x10` (TOTALxDEPTHxTOPK)."""
+    if r["mode"] == "tree":
+        return f"tree {r['total_tokens']}x{r['depth']}x{r['top_k']}"
+    return f"chain K={r['depth']}"
+
+
+def comparison(names: list[str], reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """compare.json: the run's settings and, per drafter (`eval --compare`), its figures and
+    where its report is (the first drafter's in the run's folder, the others' in compare/NAME)."""
+    first = reports[0]
+    return {
+        **{k: first[k] for k in ("bench", "questions", "turns", "mode", "temperature", "batch_size", "max_new_tokens")},
+        **{k: first[k] for k in ("target", "device", "dtype", "plain_tok_per_s")},
+        "drafters": [
+            {
+                "name": name,
+                "drafter": r["drafter"],
+                "method": r["method"],
+                "shape": shape_label(r),
+                "report": "report.json" if i == 0 else f"compare/{name}/report.json",
+                **{k: r[k] for k in ("tau", "spec_tok_per_s", "speedup", "accept_per_position")},
+                **{k: r[k] for k in ("greedy_turns_checked", "greedy_turns_matching_plain")},
+                "categories": {c: {"tau": v["tau"], "speedup": v["speedup"]} for c, v in r["categories"].items()},
+            }
+            for i, (name, r) in enumerate(zip(names, reports, strict=True))
+        ],
+    }
+
+
+def comparison_markdown(c: dict[str, Any]) -> str:
+    fmt = lambda v, spec: "n/a" if v is None else spec.format(v)  # noqa: E731
+    drafters = c["drafters"]
+    lines = [
+        f"# draftsmith eval: {len(drafters)} drafters side by side on {c['bench']}",
+        "",
+        f"- target `{c['target']}`, device {c['device']} ({c['dtype']}), {c['questions']} questions, {c['turns']} turns, "
+        f"temperature {c['temperature']}, max {c['max_new_tokens']} new tokens per turn, batch size {c['batch_size']}",
+        f"- one target engine and one plain-decoding pass ({fmt(c['plain_tok_per_s'], '{:.1f}')} tok/s) for all; the "
+        "speculative passes and the plain one took turns a batch of questions at a time, so the speed-ups stand side by side",
+        "",
+        "| drafter | method | shape | tau | spec tok/s | speed-up | greedy check | report |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for d in drafters:
+        check = f"{d['greedy_turns_matching_plain']}/{d['greedy_turns_checked']}" if d["greedy_turns_checked"] else "-"
+        lines.append(
+            f"| {d['name']} | {d['method']} | {d['shape']} | {d['tau']:.3f} | {fmt(d['spec_tok_per_s'], '{:.1f}')} | "
+            f"{fmt(d['speedup'], '{:.2f}x')} | {check} | [{d['report']}]({d['report']}) |"
+        )
+    cats = list(drafters[0]["categories"])
+    for key, title, spec in (("tau", "tau", "{:.2f}"), ("speedup", "speed-up", "{:.2f}x")):
+        lines += ["", f"| {title} by category | " + " | ".join(d["name"] for d in drafters) + " |"]
+        lines.append("|---" * (len(drafters) + 1) + "|")
+        for cat in cats:
+            lines.append(f"| {cat} | " + " | ".join(fmt(d["categories"][cat][key], spec) for d in drafters) + " |")
+    lines += ["", "![side by side](compare.png)", ""]
+    return "\n".join(lines)
+
+
+def comparison_plot(c: dict[str, Any], out: Path) -> None:
+    """compare.png: tau and (when timed) the speed-up per category, a bar per drafter."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drafters, cats = c["drafters"], list(c["drafters"][0]["categories"])
+    keys = [("tau", "tau")] + ([("speedup", "speed-up (x)")] if c["plain_tok_per_s"] else [])
+    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4), squeeze=False)
+    width = 0.8 / len(drafters)
+    for ax, (key, label) in zip(axes[0], keys, strict=True):
+        for i, d in enumerate(drafters):
+            values = [d["categories"][cat][key] or 0.0 for cat in cats]
+            ax.bar([j + i * width for j in range(len(cats))], values, width, label=d["name"])
+        ax.set_xticks([j + width * (len(drafters) - 1) / 2 for j in range(len(cats))], cats, rotation=45, ha="right")
+        ax.set(ylabel=label, title=f"{label} by category ({Path(c['bench']).name}, batch {c['batch_size']})")
+        if key == "speedup":
+            ax.axhline(1.0, color="grey", lw=0.8)
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(out / "compare.png", dpi=100)
+    plt.close(fig)
+
+
+def write_comparison(names: list[str], reports: list[dict[str, Any]], out: Path) -> None:
+    c = comparison(names, reports)
+    atomic_write_json(out / "compare.json", c)
+    atomic_write_text(out / "compare.md", comparison_markdown(c))
+    comparison_plot(c, out)

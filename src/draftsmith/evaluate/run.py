@@ -3,12 +3,15 @@ EAGLE-2 tree) and with plain decoding, on the same engine, and report tau, accep
 position and the decode speed-up. The engine is the static-KV-cache one when it passes its
 self-check on the target, else the generic HF path (runtime/engine_choice.py).
 
-    resolve_questions, candidate_shapes -> load drafter + target (fit_to_target)
-    -> open_decoding: engine (self-check) of --batch-size rows, the draft shape (--depth auto /
-       --tree auto: a calibration), proposer (+ CUDA graphs on GPU) -> warm_up
+    resolve_questions, candidate_shapes -> load the entrants (--drafter, each --compare) + target
+    (fit_to_target)
+    -> open_decoding: engine (self-check) of --batch-size rows; per entrant the draft shape
+       (--depth auto / --tree auto: a calibration) and its proposer (+ CUDA graphs on GPU) -> warm_up
     -> answer_all: turn by turn, in batches of rows that each decode their own question:
-       every question's speculative answers, then its plain answers (timed)
-    -> turn_rows, report_meta -> report.json, report.md, acceptance.png, tau.png, answers.jsonl
+       every question's speculative answers by each entrant, then its plain answers (timed)
+    -> per entrant turn_rows, report_meta -> report.json, report.md, acceptance.png, tau.png,
+       answers.jsonl (--drafter's in OUT, each --compare drafter's in OUT/compare/NAME); with
+       --compare, the side-by-side compare.json, compare.md, compare.png in OUT
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from draftsmith.evaluate.dflash_proposer import DFlashProposer
 from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
 from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.evaluate.questions import Question, load_questions, token_bound, turn_prompt
-from draftsmith.evaluate.report import build_report, summary_line, write_report
+from draftsmith.evaluate.report import build_report, summary_line, write_comparison, write_report
 from draftsmith.evaluate.shape import Calibration, Shape, calibrate, spread
 from draftsmith.evaluate.shape import summary as shape_summary
 from draftsmith.fsutil import atomic_output_dir, atomic_write_text
@@ -145,18 +148,46 @@ def answer(
 
 
 @dataclass
-class Decoding:
-    """What a run decodes with: the engine, the proposer of the chosen draft shape (with the
-    calibration that chose it, if any), the run's samplers and its token bounds."""
+class Entrant:
+    """A drafter of the run (--drafter, or one of --compare): its path and name in the comparison,
+    the drafter (fitted to the target once it is loaded) with its manifest, and the draft shapes
+    it may run."""
 
-    engine: Engine
+    path: Path
+    name: str
+    drafter: Eagle3Drafter | DFlashDrafter
+    manifest: dict[str, Any]
+    shapes: list[Shape]
+
+    @property
+    def method(self) -> str:
+        if isinstance(self.drafter, DFlashDrafter):
+            return "dflash"
+        return "peagle" if is_parallel(self.drafter.config) else "eagle3"
+
+
+@dataclass
+class Drafting:
+    """An entrant's side of the run: the proposer of its draft shape (with the calibration that
+    chose it, if any) and its own speculative sampler."""
+
+    entrant: Entrant
     proposer: DrafterProposer
     shape: Shape
     calibration: Calibration | None
     picks: list[int] | None  # the calibration's questions
-    spec_sampling: Sampling
+    sampling: Sampling
+
+
+@dataclass
+class Decoding:
+    """What a run decodes with: the engine, each entrant's drafting, the plain pass's sampler, a
+    fresh sampler with the run's seed, and the token bounds."""
+
+    engine: Engine
+    draftings: list[Drafting]
     plain_sampling: Sampling
-    sampler: Callable[[], Sampling]  # a fresh sampler with the run's seed
+    sampler: Callable[[], Sampling]
     stops: set[int]
     max_new: int
     max_len: int
@@ -174,11 +205,21 @@ def with_device_defaults(cfg: EvalConfig, on_gpu: bool) -> EvalConfig:
 
 def resolve_questions(cfg: EvalConfig, on_gpu: bool) -> list[Question]:
     """The question set: `--bench`'s file or the bundled set, or a training run's held-out
-    prompts (as many as MT-bench has, unless told); a few on CPU."""
+    prompts (as many as MT-bench has, unless told; with --compare, every drafter's run must
+    have held out the same ones); a few on CPU."""
     limit = cfg.num_questions or (None if on_gpu else 4)
-    if cfg.bench == HELD_OUT:
-        return held_out_questions(Path(cfg.drafter), load_tokenizer(cfg.target, cfg.chat_template), limit or 80)
-    return load_questions(cfg.bench, limit)
+    if cfg.bench != HELD_OUT:
+        return load_questions(cfg.bench, limit)
+    tok = load_tokenizer(cfg.target, cfg.chat_template)
+    questions = held_out_questions(Path(cfg.drafter), tok, limit or 80)
+    for other in cfg.compare:
+        if held_out_questions(Path(other), tok, limit or 80) != questions:
+            raise UserError(
+                f"--bench {HELD_OUT}: the training runs of {cfg.drafter} and {other} held out different prompts (another "
+                "dataset or split), so one's held-out questions may be the other's training data; compare them on a "
+                "--bench both have not seen, or evaluate each on its own held-out split"
+            )
+    return questions
 
 
 def candidate_shapes(cfg: EvalConfig) -> list[Shape]:
@@ -201,91 +242,129 @@ def fit_to_target(drafter: Eagle3Drafter, manifest: dict[str, Any], target: Targ
     drafter.to(dtype=target.dtype)
 
 
+def entrant_names(paths: list[Path]) -> list[str]:
+    """Distinct short names for the run's drafters: the last part of each path, or as many of its
+    last parts as tell them apart (runs/a/drafter and runs/b/drafter: a-drafter, b-drafter)."""
+    parts = [p.resolve().parts for p in paths]
+    for k in range(1, max(map(len, parts)) + 1):
+        names = ["-".join(q[-k:]) for q in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [str(i) for i in range(len(paths))]  # unreachable: the config refuses a drafter given twice
+
+
+def load_entrants(cfg: EvalConfig, device: torch.device, shapes: list[Shape]) -> list[Entrant]:
+    """The run's drafters (--drafter, then each --compare), each with the shapes it may draft;
+    refused before anything is written where a drafter cannot draft the mode asked for, or where
+    they read different target layers (one engine captures one set of layers for all)."""
+    entrants = []
+    for path, name in zip(cfg.drafters, entrant_names(cfg.drafters), strict=True):
+        drafter, manifest = load_drafter(path, device)
+        if is_parallel(drafter.config) and cfg.drafting == "tree":
+            raise UserError(
+                f"drafter {path} is a P-EAGLE drafter (parallel drafting): one forward proposes a chain of K "
+                "drafts, and no tree; evaluate it with --mode chain"
+            )
+        own = dflash_shapes(drafter, cfg.drafting, shapes, cfg) if isinstance(drafter, DFlashDrafter) else shapes
+        entrants.append(Entrant(Path(path), name, drafter, manifest, own))
+    layers = {e.path: e.drafter.config.aux_layer_ids for e in entrants}
+    if len({tuple(ids) for ids in layers.values()}) > 1:
+        raise UserError(
+            "--compare: the drafters read different target layers ("
+            + "; ".join(f"{p}: {ids}" for p, ids in layers.items())
+            + "), and one engine captures one set of layers for all of them; evaluate them in separate runs"
+        )
+    return entrants
+
+
 def open_decoding(
-    cfg: EvalConfig,
-    target: Target,
-    drafter: Eagle3Drafter,
-    questions: list[Question],
-    max_new: int,
-    shapes: list[Shape],
+    cfg: EvalConfig, target: Target, entrants: list[Entrant], questions: list[Question], max_new: int
 ) -> Decoding:
-    """The engine with a KV cache long enough for every turn and draft, and the proposer of the
-    shape asked for or, with `--depth auto` / `--tree auto`, of the one a calibration picks."""
+    """The engine with a KV cache long enough for every turn and every entrant's draft, and each
+    entrant's proposer of the shape asked for or, with `--depth auto` / `--tree auto`, of the one
+    a calibration of its own picks."""
     tok, stops = target.tokenizer, stop_ids(target)
     bound = max(token_bound(tok, q, max_new, cfg.completion) for q in questions)
-    size_bound = max(max(s.depth, s.total_tokens or 0) for s in shapes)
+    size_bound = max(max(s.depth, s.total_tokens or 0) for e in entrants for s in e.shapes)
     max_len = 64 * math.ceil((bound + size_bound + 8) / 64)
 
     def sampler() -> Sampling:
         return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
 
-    spec_sampling, plain_sampling = sampler(), sampler()
-    engine = open_engine(
-        target.model, drafter.config.aux_layer_ids, max_len, cfg.drafting, cfg.batch_size, cfg.compile_target
-    )
+    aux_layer_ids = entrants[0].drafter.config.aux_layer_ids  # every entrant's (load_entrants)
+    engine = open_engine(target.model, aux_layer_ids, max_len, cfg.drafting, cfg.batch_size, cfg.compile_target)
+    draftings = []
+    for e in entrants:
+        spec_sampling = sampler()
 
-    def proposer_of(shape: Shape) -> DrafterProposer:
-        return make_proposer(engine, drafter, cfg, spec_sampling, max_len, shape)
+        def proposer_of(shape: Shape, e: Entrant = e, spec_sampling: Sampling = spec_sampling) -> DrafterProposer:
+            return make_proposer(engine, e.drafter, cfg, spec_sampling, max_len, shape)
 
-    calibration, picks, shape = None, None, shapes[0]
-    if cfg.depth == "auto" or cfg.tree == "auto":
-        picks = spread(len(questions), cfg.calibration_questions)
-        prompts = [turn_prompt(tok, questions[i].turns[:1], [], cfg.completion) for i in picks]
-        calibration = calibrate(engine, proposer_of, prompts, max_new, stops, sampler, shapes)
-        shape = calibration.best().shape
-        print(shape_summary(calibration), flush=True)
-    proposer = proposer_of(shape)
-    return Decoding(
-        engine, proposer, shape, calibration, picks, spec_sampling, plain_sampling, sampler, stops, max_new, max_len
-    )
+        calibration, picks, shape = None, None, e.shapes[0]
+        if cfg.depth == "auto" or cfg.tree == "auto":
+            picks = spread(len(questions), cfg.calibration_questions)
+            prompts = [turn_prompt(tok, questions[i].turns[:1], [], cfg.completion) for i in picks]
+            calibration = calibrate(engine, proposer_of, prompts, max_new, stops, sampler, e.shapes)
+            shape = calibration.best().shape
+            print((f"{e.name}: " if cfg.compare else "") + shape_summary(calibration), flush=True)
+        draftings.append(Drafting(e, proposer_of(shape), shape, calibration, picks, spec_sampling))
+    return Decoding(engine, draftings, sampler(), sampler, stops, max_new, max_len)
 
 
 def warm_up(d: Decoding, tok: Any, questions: list[Question], cfg: EvalConfig) -> float:
-    """First-call allocations and kernel selection, speculative and plain, off the clock; the
-    seconds it took."""
+    """First-call allocations and kernel selection, speculative (each entrant) and plain, off the
+    clock; the seconds it took."""
     t0 = time.perf_counter()
     warm = [turn_prompt(tok, questions[0].turns[:1], [], cfg.completion)] * cfg.batch_size
-    decode(d.engine, warm, 8, d.stops, d.sampler(), d.proposer)
+    for drafting in d.draftings:
+        decode(d.engine, warm, 8, d.stops, d.sampler(), drafting.proposer)
     decode(d.engine, warm, 8, d.stops, d.sampler())
     return time.perf_counter() - t0
 
 
-def answer_all(
-    d: Decoding, tok: Any, questions: list[Question], cfg: EvalConfig, out: Path
-) -> tuple[list[list[Turn]], list[list[Turn | None]], list[list[Turn | None]]]:
-    """Every question's turns, speculative, plain (with `--speed`, timed) and plain through the
-    verification forward's shape (with `--kernel-check`, greedy): they take turns, a batch of
-    questions at a time. Where a pass did not run, its turns are None."""
-    wide = cfg.kernel_check and d.spec_sampling.greedy
-    passes = 1 + cfg.speed + wide
+Turns = tuple[list[list[Turn]], list[list[Turn | None]], list[list[Turn | None]]]  # speculative, plain, wide
+
+
+def answer_all(d: Decoding, tok: Any, questions: list[Question], cfg: EvalConfig, out: Path) -> list[Turns]:
+    """Every question's turns, speculative by each entrant, plain (with `--speed`, timed) and
+    plain through each verification forward's shape (with `--kernel-check`, greedy; one pass per
+    distinct shape): they take turns, a batch of questions at a time. Per entrant, its
+    speculative turns and the plain and wide turns it is compared with; where a pass did not
+    run, its turns are None."""
+    wide_sizes = (
+        sorted({x.proposer.size + 1 for x in d.draftings}) if cfg.kernel_check and d.plain_sampling.greedy else []
+    )
+    passes = len(d.draftings) + cfg.speed + len(wide_sizes)
     with Progress("eval", out, total=passes * sum(len(q.turns) for q in questions), unit="turns") as progress:
 
         def answered(done: list[Turn]) -> None:
             progress.advance(len(done), tokens=sum(len(t.tokens) for t in done))
 
-        def spec(prompts: list[list[int]]) -> list[Turn]:
-            return decode_all(d.engine, prompts, d.max_new, d.stops, d.spec_sampling, d.proposer, answered)
+        def spec(drafting: Drafting) -> Callable[[list[list[int]]], list[Turn]]:
+            return lambda prompts: decode_all(
+                d.engine, prompts, d.max_new, d.stops, drafting.sampling, drafting.proposer, answered
+            )
 
         def plain(prompts: list[list[int]]) -> list[Turn]:
             return decode_all(d.engine, prompts, d.max_new, d.stops, d.plain_sampling, None, answered)
 
-        def plain_wide(prompts: list[list[int]]) -> list[Turn]:  # plain, through the verification forward's shape
-            return decode_all(d.engine, prompts, d.max_new, d.stops, d.sampler(), None, answered, d.proposer.size + 1)
+        def plain_wide(size: int) -> Callable[[list[list[int]]], list[Turn]]:  # plain, through a verification's shape
+            return lambda prompts: decode_all(d.engine, prompts, d.max_new, d.stops, d.sampler(), None, answered, size)
 
-        generators = [spec, *([plain] if cfg.speed else []), *([plain_wide] if wide else [])]
+        generators = [*map(spec, d.draftings), *([plain] if cfg.speed else []), *map(plain_wide, wide_sizes)]
         answered_by = iter(answer(tok, questions, generators, cfg.completion, cfg.batch_size))  # `generators` order
-        spec_turns = next(answered_by)
-        none: list[list[Turn | None]] = [[None] * len(t) for t in spec_turns]
+        spec_turns = [next(answered_by) for _ in d.draftings]
+        none: list[list[Turn | None]] = [[None] * len(t) for t in spec_turns[0]]
         plain_turns = next(answered_by) if cfg.speed else none
-        wide_turns = next(answered_by) if wide else none
-    return spec_turns, plain_turns, wide_turns
+        wide_turns = dict(zip(wide_sizes, answered_by, strict=True))
+    return [
+        (s, plain_turns, wide_turns.get(x.proposer.size + 1, none))
+        for s, x in zip(spec_turns, d.draftings, strict=True)
+    ]
 
 
 def turn_rows(
-    tok: Any,
-    questions: list[Question],
-    turns: tuple[list[list[Turn]], list[list[Turn | None]], list[list[Turn | None]]],
-    greedy: bool,
+    tok: Any, questions: list[Question], turns: Turns, greedy: bool
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The report's rows, one per turn (its accepts; its tokens and seconds speculative and
     plain; whether they match under greedy decoding), and answers.jsonl's lines, one per question."""
@@ -320,25 +399,24 @@ def turn_rows(
 def report_meta(
     cfg: EvalConfig,
     d: Decoding,
+    x: Drafting,
     target: Target,
-    drafter: Eagle3Drafter,
-    manifest: dict[str, Any],
     questions: list[Question],
     device: torch.device,
     warmup_s: float,
 ) -> dict[str, Any]:
-    """report.json's description of the run: the shape, sampling, questions, target, drafter,
-    device and engine (wall_seconds is added at the end)."""
-    on_gpu, engine, proposer, tree = device.type == "cuda", d.engine, d.proposer, cfg.drafting == "tree"
+    """report.json's description of one entrant's run: the shape, sampling, questions, target,
+    drafter, device and engine, and the drafters it ran beside (wall_seconds is added at the end)."""
+    on_gpu, engine, proposer, tree, e = device.type == "cuda", d.engine, x.proposer, cfg.drafting == "tree", x.entrant
     return {
         "engine": "draftsmith",
         "mode": cfg.drafting,
         "depth_requested": cfg.depth,
         "tree_requested": cfg.tree,
-        "top_k": d.shape.top_k,
-        "shape": {**d.calibration.to_dict(), "questions": d.picks} if d.calibration is not None else None,
+        "top_k": x.shape.top_k,
+        "shape": {**x.calibration.to_dict(), "questions": x.picks} if x.calibration is not None else None,
         "total_tokens": proposer.size if tree else None,
-        "depth": d.shape.depth,
+        "depth": x.shape.depth,
         "temperature": cfg.temperature,
         "top_p": cfg.top_p,
         "seed": cfg.seed,
@@ -349,9 +427,11 @@ def report_meta(
         "max_new_tokens": d.max_new,
         "target": target.info.name,
         "target_info": target.info.to_dict(),
-        "drafter": str(cfg.drafter),
-        "drafter_meta": manifest.get("meta", {}),
-        "aux_layer_ids": drafter.config.aux_layer_ids,
+        "drafter": str(e.path),
+        "drafter_meta": e.manifest.get("meta", {}),
+        "method": e.method,
+        "side_by_side_with": [str(y.entrant.path) for y in d.draftings if y is not x],
+        "aux_layer_ids": e.drafter.config.aux_layer_ids,
         "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
         "dtype": str(target.dtype).removeprefix("torch."),
         "cuda_graphs": bool(cfg.compile),
@@ -377,30 +457,32 @@ def run(cfg: EvalConfig) -> Path:
     max_new = cfg.max_new_tokens or (256 if on_gpu else 48)
     questions = resolve_questions(cfg, on_gpu)
     cfg = with_device_defaults(cfg, on_gpu)
-    shapes = candidate_shapes(cfg)
     check_template_options(cfg.chat_template, cfg.completion)
     torch.manual_seed(cfg.seed)
-    drafter, manifest = load_drafter(cfg.drafter, device)
-    if is_parallel(drafter.config) and cfg.drafting == "tree":
-        raise UserError(
-            f"drafter {cfg.drafter} is a P-EAGLE drafter (parallel drafting): one forward proposes a chain of K "
-            "drafts, and no tree; evaluate it with --mode chain"
-        )
-    if isinstance(drafter, DFlashDrafter):
-        shapes = dflash_shapes(drafter, cfg.drafting, shapes, cfg)
-    inputs = [cfg.drafter, cfg.target, cfg.bench, cfg.chat_template]
+    entrants = load_entrants(cfg, device, candidate_shapes(cfg))
+    inputs = [*cfg.drafters, cfg.target, cfg.bench, cfg.chat_template]
     with atomic_output_dir(cfg.out, "eval", inputs, cfg.overwrite) as out:
         write_run_record(out, cfg)
         target = load_target(cfg.target, device, cfg.dtype, cfg.chat_template)
-        fit_to_target(drafter, manifest, target, cfg.drafter)
-        d = open_decoding(cfg, target, drafter, questions, max_new, shapes)
+        for e in entrants:
+            fit_to_target(e.drafter, e.manifest, target, e.path)
+        d = open_decoding(cfg, target, entrants, questions, max_new)
         warmup_s = warm_up(d, target.tokenizer, questions, cfg)
-        turns = answer_all(d, target.tokenizer, questions, cfg, out)
-        rows, lines = turn_rows(target.tokenizer, questions, turns, d.spec_sampling.greedy)
-        atomic_write_text(out / "answers.jsonl", "\n".join(lines) + "\n")
-        meta = report_meta(cfg, d, target, drafter, manifest, questions, device, warmup_s)
-        meta["wall_seconds"] = round(time.perf_counter() - t_start, 3)
-        report = build_report(rows, d.shape.depth, meta)
-        write_report(report, out)
-    print(summary_line(report, Path(cfg.out)), flush=True)
+        answered = answer_all(d, target.tokenizer, questions, cfg, out)
+        reports, places = [], [Path(), *(Path("compare") / x.entrant.name for x in d.draftings[1:])]
+        for x, turns, place in zip(d.draftings, answered, places, strict=True):
+            folder = out / place  # --drafter's report in OUT, as without --compare
+            folder.mkdir(parents=True, exist_ok=True)
+            rows, lines = turn_rows(target.tokenizer, questions, turns, x.sampling.greedy)
+            atomic_write_text(folder / "answers.jsonl", "\n".join(lines) + "\n")
+            meta = report_meta(cfg, d, x, target, questions, device, warmup_s)
+            meta["wall_seconds"] = round(time.perf_counter() - t_start, 3)
+            reports.append(build_report(rows, x.shape.depth, meta))
+            write_report(reports[-1], folder)
+        if cfg.compare:
+            write_comparison([x.entrant.name for x in d.draftings], reports, out)
+    for x, report, place in zip(d.draftings, reports, places, strict=True):
+        print((f"{x.entrant.name}: " if cfg.compare else "") + summary_line(report, Path(cfg.out) / place), flush=True)
+    if cfg.compare:
+        print(f"eval: {len(reports)} drafters side by side -> {Path(cfg.out) / 'compare.md'}", flush=True)
     return Path(cfg.out)
