@@ -28,7 +28,7 @@ RUNS=${RUNS:-m_ce m_peagle m_dflash}  # the first is --drafter, the reference th
 EXTRA=${EXTRA:-m_peagle4 m_lk}
 chain() {  # NAME ARGS...: one MT-bench-style K=7 chain eval, its report in $RUN/NAME
   local name=$1; shift
-  step "$name" 420 python3 -m draftsmith eval --target $HF --mode chain --depth 7 --num-questions 80 \
+  step "$name" 540 python3 -m draftsmith eval --target $HF --mode chain --depth 7 --num-questions 80 \
     --max-new-tokens 256 --out "$RUN/$name" "$@"
 }
 tau_only() {  # RUN_NAME: its tau-only evals, in the background
