@@ -7,7 +7,9 @@
 #      256 tokens, one compiled target and one plain pass for all drafters, their speed-ups against
 #      it in the same process), at batch 1, then batch 16, alone on the GPU;
 #   3. the EXTRA runs (trained and evaluated tau-only) while the lease lasts.
-# While the data is made, the GPU tests of the new methods' eval engines (P-EAGLE, DFlash) run.
+# While the data is made, the GPU tests of the new methods' eval engines (P-EAGLE, DFlash) and of
+# `eval --compare` run. TAU_ONLY=0 skips the tau-only evals (a lease that measured them already;
+# they slow the training beside them).
 # The lease of 2026-12-03 20:54 timed one drafter per eval process (~3.6 min each, 69 s of it
 # compiling and capturing, plus its own plain pass) and had no time left for two of them
 # (experiments/LOG.md); side by side, the run pays one compile and one plain pass.
@@ -18,7 +20,8 @@ export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1
 export DEADLINE=$(( $(date +%s) + ${LEASE_MIN:-24} * 60 )) && export HARD_DEADLINE=$(( DEADLINE + 60 ))
 . experiments/steps.sh
 mkdir -p "$R" && rm -f "$R/ALL_DONE"
-step gpu_tests 300 python3 -m pytest -q -p no:cacheprovider --run-gpu tests/gpu/test_peagle_gpu.py tests/gpu/test_dflash_gpu.py &
+step gpu_tests 420 python3 -m pytest -q -p no:cacheprovider --run-gpu tests/gpu/test_peagle_gpu.py tests/gpu/test_dflash_gpu.py \
+  tests/gpu/test_compare_gpu.py &
 driver_start 24 1   # the GGUF as an HF folder, once
 ONLY_STEPS=data bash experiments/h200_recipe.sh > /root/data_driver.log 2>&1  # restores the answers, then prepare and vocab
 rm -f "$R/ALL_DONE"  # h200_recipe.sh's, which fetch_results.sh would take for this driver's
@@ -40,7 +43,7 @@ train_all() {  # RUN_NAME...: each training alone on the GPU, its tau-only evals
   for name in "$@"; do
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "$name" 330 python3 -m draftsmith pipeline "$RECIPE" --only "$name"
     wait  # the last run's tau-only evals
-    [ -d "$RUN/$name/drafter" ] && tau_only "$name" &
+    [ "${TAU_ONLY:-1}" = 1 ] && [ -d "$RUN/$name/drafter" ] && tau_only "$name" &
   done
   wait
 }
