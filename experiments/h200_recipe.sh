@@ -76,13 +76,15 @@ val_gpu_test() {  # the compiled static step at 8k-token rows: one graph for tra
   DRAFTSMITH_TEST_TARGET=$HF step val_gpu_test 300 python3 -m pytest -q -p no:cacheprovider --run-gpu \
     tests/gpu/test_train_gpu.py::test_compiled_static_step_8k_memory_and_no_recompile
 }
-data() {  # the recipe's data stages: those quickstart --budget full runs before training
+data() {  # the recipe's data stages: those quickstart --budget full runs before training (SYNTH_SETS=N: its first N synth sets)
   local stages synths
   {  # line 1: the data stages, comma-separated; line 2: the synth ones among them
     read -r stages; read -r synths
-  } < <(python3 -c "from draftsmith.pipeline.quickstart import DATA_COMMANDS, budget_stages as b
+  } < <(python3 -c "import os; from draftsmith.pipeline.quickstart import DATA_COMMANDS, budget_stages as b
 data = [s for s in b('full') if s[1] in DATA_COMMANDS]
-print(','.join(s[0] for s in data)); print(' '.join(s[0] for s in data if s[1] == 'synth'))")
+synth = [s[0] for s in data if s[1] == 'synth'][: int(os.environ.get('SYNTH_SETS') or 99)]
+data = [s for s in data if s[1] != 'synth' or s[0] in synth]
+print(','.join(s[0] for s in data)); print(' '.join(synth))")
   # a lease before made these answers (synth is deterministic: the same recipe gives the same file,
   # experiments/LOG.md, 2026-12-01 18:28); pipeline then skips the synth stages as done earlier
   [ -f "$RUN/.pipeline/synth.done" ] || restore_answers h200

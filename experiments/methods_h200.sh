@@ -9,7 +9,8 @@
 #   3. the EXTRA runs (trained and evaluated tau-only) while the lease lasts.
 # While the data is made, the GPU tests of the new methods' eval engines (P-EAGLE, DFlash) and of
 # `eval --compare` run. TAU_ONLY=0 skips the tau-only evals (a lease that measured them already;
-# they slow the training beside them).
+# they slow the training beside them). SYNTH_SETS=5 makes only the recipe's first five synth sets
+# (~10M tokens, half the data minutes: a lease without .data that must time all the methods).
 # The lease of 2026-12-03 20:54 timed one drafter per eval process (~3.6 min each, 69 s of it
 # compiling and capturing, plus its own plain pass) and had no time left for two of them
 # (experiments/LOG.md); side by side, the run pays one compile and one plain pass.
