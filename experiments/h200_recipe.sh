@@ -61,8 +61,11 @@ pack_answers() {  # pack_answers NAME DIR STAGE...: DIR's synth answers and the 
     for m in "${marks[@]}"; do [[ $m == *.done ]] && ! grep -qxF "$m" <<< "$have" && fresh=1; done
     [ "$fresh" = 1 ] || return 0
   fi
-  mkdir -p "$CARRY" && tar -C / -czf - "$dir/synth/conversations.jsonl" "$dir/synth/conversations.run.yaml" "${marks[@]}" \
-    | split -b 15m - "$CARRY/${name}_synth.tgz.part"
+  local files=("$dir/synth/conversations.jsonl" "$dir/synth/conversations.run.yaml")
+  # the dropped ones too: without them a resume tries those prompts again, and keeps some (a
+  # smaller batch, other bf16 sums): the lease of 2026-12-04 12:16 got 5,227 conversations more
+  [ -f "/$dir/synth/conversations.dropped.jsonl" ] && files+=("$dir/synth/conversations.dropped.jsonl")
+  mkdir -p "$CARRY" && tar -C / -czf - "${files[@]}" "${marks[@]}" | split -b 15m - "$CARRY/${name}_synth.tgz.part"
 }
 cycle_widths() {  # the chain cycle of a random drafter at the target's MLP width, and at 4x with 1, 2 and 3 layers, in one process (~3 min)
   step cycle_widths 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain --drafter-widths 1536,6144,6144:2,6144:3 \
