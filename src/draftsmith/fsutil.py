@@ -318,13 +318,16 @@ def json_line(path: Path, line: int, raw: bytes) -> Any:
         ) from None
 
 
-SMALL_FILE = 1 << 20  # content_id hashes the bytes of a file up to this size
+SMALL_FILE = 64 << 20  # content_id hashes every byte of a file up to this size
+SAMPLES, SAMPLE = 16, 64 << 10  # and of a larger one, this many blocks of this size, spread over it
+CONTENT_ID = "c2:"  # the scheme of content_id: a recorded id without it was made otherwise, and is not compared
 
 
 def content_id(path: Path) -> str:
-    """An id of what a file or folder holds, that changes when it does: for a file up to
-    SMALL_FILE bytes a hash of its bytes, for a larger one its size and modification time; for a
-    folder the same of each file in it (hidden ones, such as a lock, left out)."""
+    """An id of what a file or folder holds, the same for a copy (whatever its path or times)
+    and changed by an edit: for a file up to SMALL_FILE bytes a hash of its bytes, for a larger one
+    (a model's weights) its size and SAMPLES blocks spread from its first byte to its last; for
+    a folder the same of each file in it (hidden ones, such as a lock, left out)."""
     path = Path(path)
     files = (
         sorted(
@@ -337,10 +340,17 @@ def content_id(path: Path) -> str:
     )
     h = hashlib.sha256()
     for f in files:
-        st = f.stat()
-        h.update(f"{f.relative_to(path) if f != path else ''}\0{st.st_size}\0".encode())
-        h.update(f.read_bytes() if st.st_size <= SMALL_FILE else str(st.st_mtime_ns).encode())
-    return h.hexdigest()[:24]
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(path) if f != path else ''}\0{size}\0".encode())
+        with f.open("rb") as fh:
+            if size <= SMALL_FILE:
+                for chunk in iter(lambda: fh.read(SAMPLE), b""):
+                    h.update(chunk)
+            else:
+                for i in range(SAMPLES):
+                    fh.seek((size - SAMPLE) * i // (SAMPLES - 1))
+                    h.update(fh.read(SAMPLE))
+    return CONTENT_ID + h.hexdigest()[:24]
 
 
 def read_safetensors(path: Path, fix: str) -> dict[str, Any]:

@@ -221,6 +221,20 @@ def test_pipeline_reruns_prepare_when_its_input_file_grew(tmp_path, tiny_target_
     assert json.loads((tmp_path / "run" / "prepare" / "dataset.json").read_text())["num_samples"] == 60
 
 
+def test_pipeline_skips_a_stage_whose_target_was_written_again_alike(tmp_path, tiny_target_dir):
+    """A target folder converted or copied again (the same bytes, new times: a new machine, a
+    restore) is no change: the stages done with it are skipped, not run again over their output."""
+    target = tmp_path / "target"
+    shutil.copytree(tiny_target_dir, target)
+    pipe = pipeline(tmp_path, target)
+    run_cli("pipeline", pipe)
+    for f in target.rglob("*"):
+        if f.is_file():
+            f.write_bytes(f.read_bytes())
+            os.utime(f, (1, 1))
+    assert "done earlier, skipped" in run_cli("pipeline", pipe)
+
+
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path) -> Path:
     root = tmp_path_factory.mktemp("bad-outputs")

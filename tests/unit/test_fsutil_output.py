@@ -1,13 +1,17 @@
 """`check_output`, the one rule of where an output may go, and `content_id`, what a pipeline's
 done marker records of an external input."""
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
+from draftsmith import fsutil
 from draftsmith.errors import UserError
-from draftsmith.fsutil import SMALL_FILE, atomic_output_dir, check_output, content_id, mark_output
+from draftsmith.fsutil import atomic_output_dir, check_output, content_id, mark_output
+from draftsmith.pipeline.run import changed_files
 
 
 @pytest.mark.parametrize("out", ["/", os.path.expanduser("~"), ".", ".."])
@@ -70,18 +74,30 @@ def test_a_failed_replacement_keeps_the_old_output(tmp_path):
     assert (out / "old").read_text() == "1" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_content_id_follows_the_content(tmp_path):
+def test_content_id_follows_the_content_not_the_times(tmp_path, monkeypatch):
+    monkeypatch.setattr(fsutil, "SMALL_FILE", 1 << 20)  # a large file without writing 64 MiB
     small, big, folder = tmp_path / "s.jsonl", tmp_path / "b.bin", tmp_path / "d"
     small.write_text("a\n")
     first = content_id(small)
     os.utime(small, (0, 0))
-    assert content_id(small) == first  # a small file: its bytes, not its time
+    assert content_id(small) == first  # its bytes, not its time
     small.write_text("b\n")
     assert content_id(small) != first
-    big.write_bytes(b"x" * (SMALL_FILE + 1))
+    data = bytearray(os.urandom(3 << 20))
+    big.write_bytes(data)
     first = content_id(big)
     os.utime(big, (1, 1))
-    assert content_id(big) != first  # a large one: its size and modification time
+    copy = tmp_path / "copy" / "b.bin"
+    copy.parent.mkdir()
+    shutil.copyfile(big, copy)
+    assert content_id(big) == content_id(copy) == first  # a copy, or a rewrite of the same bytes: the same id
+    for at in (0, len(data) - 1):  # an edit of its first or its last byte (one between blocks is not seen)
+        edited = bytearray(data)
+        edited[at] ^= 1
+        big.write_bytes(edited)
+        assert content_id(big) != first, at
+    big.write_bytes(data + b"x")
+    assert content_id(big) != first
     folder.mkdir()
     (folder / "a").write_text("1")
     first = content_id(folder)
@@ -89,3 +105,17 @@ def test_content_id_follows_the_content(tmp_path):
     assert content_id(folder) == first
     (folder / "b").write_text("2")
     assert content_id(folder) != first
+
+
+def test_a_content_id_of_the_earlier_scheme_is_not_compared(tmp_path):
+    """Markers of a pipeline run before content ids hashed large files (their size and time, which
+    a copy changes) rerun nothing; an id of this scheme that differs reruns the stage."""
+    done, conv = tmp_path / "prepare.done", tmp_path / "conv.jsonl"
+    conv.write_text("a\n")
+    now = {str(conv): content_id(conv)}
+    done.write_text(json.dumps({"files": {str(conv): "0123456789abcdef01234567"}}))
+    assert changed_files(done, now) == []
+    done.write_text(json.dumps({"files": {str(conv): "c2:0123456789abcdef01234567"}}))
+    assert changed_files(done, now) == [f"input {conv} changed"]
+    done.write_text(json.dumps({"files": now}))
+    assert changed_files(done, now) == []

@@ -29,7 +29,7 @@ from draftsmith.assets import GSM8K_TRAIN
 from draftsmith.commands import COMMANDS, STAGES
 from draftsmith.config import CommandConfig, changed_options, load_yaml_mapping, resolve_config
 from draftsmith.errors import UserError
-from draftsmith.fsutil import atomic_write_json, check_output, content_id, made_by, mark_output
+from draftsmith.fsutil import CONTENT_ID, atomic_write_json, check_output, content_id, made_by, mark_output
 from draftsmith.pipeline.config import PipelineConfig
 from draftsmith.target import shared_targets
 
@@ -125,9 +125,16 @@ def remade_inputs(done: Path, inputs: list[str], marks: Path, runs_now: set[str]
 def changed_files(done: Path, files: dict[str, str]) -> list[str]:
     """The external inputs of a finished stage (files and folders no stage of this pipeline
     makes) whose content is not what its done marker recorded (`content_id`). A marker written
-    before contents were recorded has none to compare."""
+    before contents were recorded, or with ids of an earlier scheme (a large file's size and
+    modification time, which a copy changes), has none to compare."""
     recorded = read_marker(done).get("files")
-    return [f"input {p} changed" for p, cid in files.items() if isinstance(recorded, dict) and recorded.get(p) != cid]
+    if not isinstance(recorded, dict):
+        return []
+    return [
+        f"input {p} changed"
+        for p, cid in files.items()
+        if str(recorded.get(p, CONTENT_ID)).startswith(CONTENT_ID) and recorded.get(p) != cid
+    ]
 
 
 def external_files(cfg: CommandConfig, makers: dict[Path, list[str]]) -> dict[str, str]:
