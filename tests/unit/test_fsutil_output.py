@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith import fsutil
 from draftsmith.errors import UserError
-from draftsmith.fsutil import atomic_output_dir, check_output, content_id, mark_output
+from draftsmith.fsutil import SMALL_FILE, atomic_output_dir, check_output, content_id, mark_output
 from draftsmith.pipeline.run import changed_files
 
 
@@ -74,8 +73,7 @@ def test_a_failed_replacement_keeps_the_old_output(tmp_path):
     assert (out / "old").read_text() == "1" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_content_id_follows_the_content_not_the_times(tmp_path, monkeypatch):
-    monkeypatch.setattr(fsutil, "SMALL_FILE", 1 << 20)  # a large file without writing 64 MiB
+def test_content_id_follows_the_content_not_the_times(tmp_path):
     small, big, folder = tmp_path / "s.jsonl", tmp_path / "b.bin", tmp_path / "d"
     small.write_text("a\n")
     first = content_id(small)
@@ -83,7 +81,7 @@ def test_content_id_follows_the_content_not_the_times(tmp_path, monkeypatch):
     assert content_id(small) == first  # its bytes, not its time
     small.write_text("b\n")
     assert content_id(small) != first
-    data = bytearray(os.urandom(3 << 20))
+    data = bytearray(os.urandom(3 * SMALL_FILE))  # a large file: size and blocks
     big.write_bytes(data)
     first = content_id(big)
     os.utime(big, (1, 1))
