@@ -15,6 +15,9 @@
 # compiling and capturing, plus its own plain pass) and had no time left for two of them
 # (experiments/LOG.md); side by side, the run pays one compile and one plain pass.
 #   setsid bash experiments/methods_h200.sh &   # RUNS="m_ce m_peagle" for fewer; then: bash experiments/fetch_results.sh 530
+# What the 2026-12-04 12:05 lease owes, from a session without .data (~25 device-minutes):
+#   LEASE_MIN=25 TAU_ONLY=0 EXTRA="" SYNTH_SETS=5 setsid bash experiments/methods_h200.sh &
+# Poll at once after each return: a lease idle for 30 s is given back with everything on it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1
