@@ -30,6 +30,7 @@ from torch import nn
 from draftsmith import gguf_cache
 from draftsmith.config import DEFAULT_TARGET
 from draftsmith.errors import UserError
+from draftsmith.fsutil import content_id
 from draftsmith.layers import default_aux_layers
 from draftsmith.torchrun import dist_env
 
@@ -104,6 +105,13 @@ def resolve_spec(spec: str) -> tuple[Path, str | None]:
     if not (path / "config.json").exists():
         raise UserError(f"target folder {spec!r} has no config.json; is it a Hugging Face model folder?")
     return path, None
+
+
+def files_id(spec: str) -> str:
+    """A content id of a target's files (its GGUF, or every file of its folder: `content_id`): the
+    same for a copy at another path, another once its weights change."""
+    folder, gguf_file = resolve_spec(spec)
+    return content_id(folder / gguf_file if gguf_file else folder)
 
 
 def source(folder: Path, gguf_file: str | None, part: str) -> tuple[Path, dict[str, Any]]:
