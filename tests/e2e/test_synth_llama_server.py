@@ -126,13 +126,12 @@ def test_chat_completions_against_llama_cpp_server(server, tmp_path):
     recs = _records(out)
     assert sorted(r["id"] for r in recs) == [f"gsm8k:line-{i}:s0" for i in (1, 2, 3)]
     for r in recs:
-        assert r["model"] == name and r["generation"]["backend"] == "remote" and r["target_files"] is None
+        assert r["model"] == name and r["generation"]["backend"] == "remote"
         assert [m["role"] for m in r["messages"]] == ["user", "assistant"] and r["messages"][1]["content"].strip()
         assert 0 < r["generated_tokens"] <= 32
     (dropped,) = _records(out.with_name("convs.dropped.jsonl"))
     assert len(dropped.pop("key")) == 24  # the resume key
     assert len(dropped.pop("repeat_key")) == 24  # the prompt's key under any file name
-    assert dropped.pop("target_files") is None  # a server's answer: no local target files to record
     assert dropped == {"id": "gsm8k:line-4:s0", "source_id": "line-4", "reason": "too_long", "rejected": "[assistant] "}
     assert json.loads((out.parent / "progress.json").read_text())["counters"]["dropped_too_long"] == 1
 

@@ -9,10 +9,8 @@ Layout next to the output `OUT.jsonl`:
 Every line goes out in one `append_line` (single write + fsync), so a crash leaves at most one
 torn last line, which `repair_tail` cuts off before anything is appended again. An id is done
 when it appears in any of these files with the same resume key (a hash of its prompt, the
-generation settings, the seed and the model: `synth/run.py`) and, for a local target, the same
-content id of its files; a dropped id with another key (a rerun with other settings, such as
---keep-unfinished) or made by the target before its files changed is tried again, a kept one
-made so is refused. A prompt answered before
+generation settings, the seed and the model: `synth/run.py`); a dropped id with another key (a
+rerun with other settings, such as --keep-unfinished) is tried again. A prompt answered before
 under another id (the same prompts in a file of another name) with the same settings and model
 has the same `repeat_key`, and is skipped as a duplicate. Rank 0 merges the part files into the two main files
 at the end, skipping ids already there, and only then deletes them. A crash at any instant
@@ -74,24 +72,19 @@ class Done:
     kept: dict[str, str | None]  # id of a kept conversation -> its resume key (None in files written before keys)
     dropped: dict[str, str | None]  # id of a dropped one -> its resume key
     users: set[str]  # the normalized user turns of the kept conversations (Magpie refuses repeats of them)
-    repeats: set[str]  # repeat keys of the lines these target files made: a prompt answered before, under any id
-    target_files: dict[str, str | None]  # id -> the local target's `files_id` then (None: a server, or an older line)
+    repeats: set[str]  # the repeat keys of every line: a prompt answered before, under any id
 
 
-def done_ids(out: Path, target_files: str | None = None) -> Done:
-    """What the output `out`, its dropped file and their part files hold; the repeat keys of the
-    lines made by the local target's files `target_files` (or with none recorded) only."""
-    done = Done({}, {}, set(), set(), {})
+def done_ids(out: Path) -> Done:
+    """What the output `out`, its dropped file and their part files hold."""
+    done = Done({}, {}, set(), set())
     drop = dropped_path(out)
     for path in all_files(out):
         records = read_records(path)
         (done.dropped if path in (drop, *parts(drop)) else done.kept).update(
             (str(r["id"]), r.get("key")) for r in records
         )
-        done.target_files.update((str(r["id"]), r.get("target_files")) for r in records)
-        done.repeats.update(
-            r["repeat_key"] for r in records if r.get("repeat_key") and r.get("target_files") in (None, target_files)
-        )
+        done.repeats.update(r["repeat_key"] for r in records if r.get("repeat_key"))
         done.users.update(
             normalize(m["content"]) for r in records for m in r.get("messages", []) if m.get("role") == "user"
         )

@@ -99,7 +99,8 @@ def build_backend(cfg: SynthConfig, world: int, local_rank: int, magpie: bool = 
 
 def resume_key(work: Work, generation: dict[str, Any], model: str) -> str:
     """What makes a conversation the same one on a rerun: a hash of its id, its system and user
-    turns as given (before generation), the generation settings with the seed, and the model."""
+    turns as given (before generation), the generation settings with the seed, and the model (a
+    local target's files' content id)."""
     blob = json.dumps([work.id, work.messages, work.users, generation, model], sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -116,14 +117,11 @@ def repeat_key(work: Work, settings: dict[str, Any], model: str) -> str | None:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def resume_plan(
-    out: Path, done: output.Done, works: list[Work], keys: dict[str, str], target_files: str | None
-) -> set[str]:
-    """The ids of `works` already in the output files with the same key and made by the target's
-    files as they are now (`target_files`; a line without that record passes): kept, or dropped (a
-    dropped one made otherwise is tried again). A kept line written before resume keys, or a kept id
-    whose prompt, settings or target files changed, is refused: resuming would mix two versions in
-    one file (a target rewritten in place has the same path, so the key alone cannot tell)."""
+def resume_plan(out: Path, done: output.Done, works: list[Work], keys: dict[str, str]) -> set[str]:
+    """The ids of `works` already in the output files with the same key: kept, or dropped (a
+    dropped one under another key, made with other settings, is tried again). A kept line
+    written before resume keys, or a kept id whose prompt or settings changed, is refused:
+    resuming would mix two versions in one file."""
     fix = f"give synth another --out (prepare still reads {out} as it is)"
     if any(key is None for key in done.kept.values()):
         raise UserError(
@@ -135,28 +133,13 @@ def resume_plan(
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
         raise UserError(
             f"{out}: conversation {changed[0]}{more} was made from another prompt "
-            f"or with other settings (model, sampling, max-new-tokens, seed) than this run; {fix}, "
+            f"or with other settings (the target's files, sampling, max-new-tokens, seed) than this run; {fix}, "
             "or remove those lines"
         )
-    made_now = {None, target_files}
-    stale = [w.id for w in works if w.id in done.kept and done.target_files.get(w.id) not in made_now]
-    if stale:
-        more = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
-        raise UserError(
-            f"{out}: conversation {stale[0]}{more} was answered by the target before its files changed "
-            f"(content id {done.target_files[stale[0]]}, now {target_files}); its answers are no longer "
-            f"on-policy: {fix}, or remove those lines"
-        )
-    return {
-        w.id
-        for w in works
-        if keys[w.id] in (done.kept.get(w.id), done.dropped.get(w.id)) and done.target_files.get(w.id) in made_now
-    }
+    return {w.id for w in works if keys[w.id] in (done.kept.get(w.id), done.dropped.get(w.id))}
 
 
-def record(
-    work: Work, key: str, repeat: str | None, model: str, target_files: str | None, generation: dict[str, Any]
-) -> dict[str, Any]:
+def record(work: Work, key: str, repeat: str | None, model: str, generation: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": work.id,
         "key": key,
@@ -164,7 +147,6 @@ def record(
         "messages": work.messages,
         "source_id": work.source_id,
         "model": model,
-        "target_files": target_files,
         "generation": generation,
         "generated_tokens": work.tokens,
         "ended": work.ended,
@@ -230,13 +212,14 @@ def write_conversations(cfg: SynthConfig) -> Path:
     from draftsmith.target import files_id
 
     # a server's URL and model name can change between a run and its resume (a restart, another
-    # port); each line records the model that answered, and the key holds the local target only
-    model = "" if cfg.endpoint else cfg.target
-    target_files = None if cfg.endpoint else files_id(cfg.target)  # what the path holds now
+    # port); each line records the model that answered, and the key holds the local target only: its
+    # files' content id, so a copy at another path is the same target and one rewritten in place
+    # (a fine-tune saved over it) another, whose kept answers are refused as done by other weights
+    model = "" if cfg.endpoint else files_id(cfg.target)
     keys = {w.id: resume_key(w, settings, model) for w in works}
     repeats = {w.id: repeat_key(w, settings, model) for w in works}
-    found = output.done_ids(out, target_files)
-    done = resume_plan(out, found, works, keys, target_files)
+    found = output.done_ids(out)
+    done = resume_plan(out, found, works, keys)
     answered = {w.id for w in works if w.id not in done and repeats[w.id] in found.repeats}  # under another id
     works, n_dup = [w for w in works if w.id not in answered], n_dup + len(answered)
     mine = [w for w in works if shard_of(w.id, world) == rank]
@@ -277,8 +260,7 @@ def write_conversations(cfg: SynthConfig) -> Path:
             written = 0
             for w in batch:
                 if w.answered:
-                    line = record(w, keys[w.id], repeats[w.id], backend.name, target_files, generation)
-                    written += output.write(kept_file, line)
+                    written += output.write(kept_file, record(w, keys[w.id], repeats[w.id], backend.name, generation))
                     counts["kept"] += 1
                     counts["truncated"] += w.ended is not None
                 else:
@@ -288,7 +270,6 @@ def write_conversations(cfg: SynthConfig) -> Path:
                             "id": w.id,
                             "key": keys[w.id],
                             "repeat_key": repeats[w.id],
-                            "target_files": target_files,
                             "source_id": w.source_id,
                             "reason": w.ended,
                             "rejected": w.rejected[:2000],
