@@ -17,6 +17,12 @@
 #   setsid bash experiments/methods_h200.sh &   # RUNS="m_ce m_peagle" for fewer; then: bash experiments/fetch_results.sh 530
 # What the 2026-12-04 12:05 lease owes, from a session without .data (~25 device-minutes):
 #   LEASE_MIN=25 TAU_ONLY=0 EXTRA="" SYNTH_SETS=5 setsid bash experiments/methods_h200.sh &
+# TOGETHER=1 trains the RUNS and the EXTRA ones all at once, then times them all in one `eval
+# --compare` (a 135M target leaves most of an H200 idle: online training ran at 34.5k tok/s with
+# data_wait 0.42, so four trainings side by side should take less than the four one after another;
+# their tok/s are then not each one's alone); TAU_AFTER names runs whose tau-only evals come last.
+# What the 2026-12-04 12:35 stop owed, from a session with .data (this one's 61,421 conversations):
+#   LEASE_MIN=24 TOGETHER=1 TAU_ONLY=0 TAU_AFTER=m_peagle4 setsid bash experiments/methods_h200.sh &
 # Poll at once after each return: a lease idle for 30 s is given back with everything on it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -51,11 +57,19 @@ train_all() {  # RUN_NAME...: each training alone on the GPU, its tau-only evals
   done
   wait
 }
-train_all $RUNS
+train_together() {  # RUN_NAME...: all at once on the GPU, then nothing else (TOGETHER=1: see the header)
+  for name in "$@"; do
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "$name" 1200 python3 -m draftsmith pipeline "$RECIPE" --only "$name" &
+  done
+  wait
+}
+if [ "${TOGETHER:-0}" = 1 ]; then train_together $RUNS $EXTRA && RUNS="$RUNS $EXTRA" EXTRA=""; else train_all $RUNS; fi
 trained=() && for name in $RUNS; do [ -d "$RUN/$name/drafter" ] && trained+=("$RUN/$name"); done
 if [ ${#trained[@]} -gt 0 ]; then
   others=$(IFS=,; echo "${trained[*]:1}")
   for b in 1 16; do chain "methods_mtbench_b$b" --drafter "${trained[0]}" ${others:+--compare "$others"} --batch-size $b; done
 fi
 train_all $EXTRA
+for name in ${TAU_AFTER:-}; do [ -d "$RUN/$name/drafter" ] && tau_only "$name" & done
+wait
 touch "$R/ALL_DONE"
