@@ -15,14 +15,13 @@
 # compiling and capturing, plus its own plain pass) and had no time left for two of them
 # (experiments/LOG.md); side by side, the run pays one compile and one plain pass.
 #   setsid bash experiments/methods_h200.sh &   # RUNS="m_ce m_peagle" for fewer; then: bash experiments/fetch_results.sh 530
-# What the 2026-12-04 12:05 lease owes, from a session without .data (~25 device-minutes):
-#   LEASE_MIN=25 TAU_ONLY=0 EXTRA="" SYNTH_SETS=5 setsid bash experiments/methods_h200.sh &
 # TOGETHER=1 trains the RUNS and the EXTRA ones all at once, then times them all in one `eval
-# --compare` (a 135M target leaves most of an H200 idle: online training ran at 34.5k tok/s with
-# data_wait 0.42, so four trainings side by side should take less than the four one after another;
-# their tok/s are then not each one's alone); TAU_AFTER names runs whose tau-only evals come last.
-# What the 2026-12-04 12:35 stop owed, from a session with .data (this one's 61,421 conversations):
-#   LEASE_MIN=24 TOGETHER=1 TAU_ONLY=0 TAU_AFTER=m_peagle4 setsid bash experiments/methods_h200.sh &
+# --compare`; TAU_AFTER names runs whose tau-only evals come last. Side by side the GPU is busy
+# (100 % with four runs), but the lease of 2026-12-04 15:05 trained m_ce, m_peagle and m_dflash
+# together in 6.8 min against 12.6 alone in earlier leases, to their val tau within 0.011 (each
+# run's tok/s is then not its own alone). Four at once (m_peagle4 too) would have left the evals
+# no time: it was stopped and trained alone after them. That lease's command:
+#   LEASE_MIN=26 TOGETHER=1 TAU_ONLY=0 EXTRA=m_peagle4 TAU_AFTER=m_peagle4 setsid bash experiments/methods_h200.sh &
 # Poll at once after each return: a lease idle for 30 s is given back with everything on it.
 set -uo pipefail
 cd "$(dirname "$0")/.."

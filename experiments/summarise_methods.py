@@ -1,5 +1,6 @@
-"""Issue 40's side-by-side (experiments/methods_h200.sh) as one Markdown table and two plots: each
-run's validation tau by training tokens, and its MT-bench speed-up per category at batch 1.
+"""Issue 40's side-by-side (experiments/methods_h200.sh) as one Markdown table and three plots: each
+run's validation tau by training tokens, its tau by question set, and its MT-bench speed-up per
+category at batch 1 and 16.
 
     python experiments/summarise_methods.py RUN_DIR [--out docs/figures] [--runs m_ce m_lk ...]
 
@@ -132,20 +133,22 @@ def plots(root: Path, runs: list[str], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "methods_tau_by_set.png", dpi=120)
     plt.close(fig)
-    reports = {name: r for name in runs if (r := report(root, name, "mtbench_b1"))}
-    if not reports:
+    panels = {b: {name: r for name in runs if (r := report(root, name, f"mtbench_b{b}"))} for b in (1, 16)}
+    panels = {b: reports for b, reports in panels.items() if reports}
+    if not panels:
         return
-    cats = sorted({c for r in reports.values() for c in r["categories"]})
-    fig, ax = plt.subplots(figsize=(9, 4))
-    width = 0.8 / len(reports)
-    for i, (name, r) in enumerate(reports.items()):
-        xs = [j + i * width for j in range(len(cats))]
-        ax.bar(xs, [r["categories"][c].get("speedup") or 0 for c in cats], width, label=LABELS.get(name, name))
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks([j + width * (len(reports) - 1) / 2 for j in range(len(cats))], cats, rotation=20)
-    ax.set(ylabel="speed-up over plain decoding", title="MT-bench, batch 1, greedy: speed-up per category")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend()
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 3.6 * len(panels)), squeeze=False)
+    for ax, (batch, reports) in zip(axes[:, 0], panels.items()):
+        cats = sorted({c for r in reports.values() for c in r["categories"]})
+        width = 0.8 / len(reports)
+        for i, (name, r) in enumerate(reports.items()):
+            xs = [j + i * width for j in range(len(cats))]
+            ax.bar(xs, [r["categories"][c].get("speedup") or 0 for c in cats], width, label=LABELS.get(name, name))
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks([j + width * (len(reports) - 1) / 2 for j in range(len(cats))], cats, rotation=20)
+        ax.set(ylabel="speed-up over plain decoding", title=f"MT-bench, batch {batch}, greedy: speed-up per category")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "methods_mtbench_speedup.png", dpi=120)
     plt.close(fig)
