@@ -324,10 +324,10 @@ SAMPLES, SAMPLE = 4, 4 << 10  # and of a larger one, this many blocks of this si
 CONTENT_ID = "c2:"  # the scheme of content_id: a recorded id without it was made otherwise, and is not compared
 
 
-def content_id(path: Path) -> str:
+def content_id(path: Path, samples: int = SAMPLES) -> str:
     """An id of what a file or folder holds, the same for a copy (whatever its path or times)
     and changed by an edit: for a file up to SMALL_FILE bytes a hash of its bytes, for a larger one
-    (a model's weights) its size and SAMPLES blocks spread from its first byte to its last; for
+    (a model's weights) its size and `samples` blocks spread from its first byte to its last; for
     a folder the same of each file in it (hidden ones, such as a lock, left out)."""
     path = Path(path)
     files = (
@@ -347,8 +347,8 @@ def content_id(path: Path) -> str:
             if size <= SMALL_FILE:
                 h.update(fh.read())
             else:
-                for i in range(SAMPLES):
-                    fh.seek((size - SAMPLE) * i // (SAMPLES - 1))
+                for i in range(samples):
+                    fh.seek((size - SAMPLE) * i // (samples - 1))
                     h.update(fh.read(SAMPLE))
     return CONTENT_ID + h.hexdigest()[:24]
 

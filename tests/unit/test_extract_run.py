@@ -75,6 +75,43 @@ def test_a_store_of_an_older_version_still_opens(dataset, tiny_target_dir, tmp_p
     assert written["aux_layer_ids"] == [0, 1, 2] and "layers" not in written
 
 
+def test_a_fine_tune_of_the_same_shapes_is_another_target(dataset, tiny_target_dir, tmp_path):
+    """Weights of the same names, sizes and config (a fine-tune saved like its base) are another
+    target: extract refuses to resume the base's store with them, and train to read it. A store
+    recorded before fingerprints read the weights (its fingerprint: the shape part alone) still
+    resumes and trains with the target of its shapes."""
+    import shutil
+
+    from transformers import LlamaForCausalLM
+
+    from draftsmith.data.dataset import load_dataset
+    from draftsmith.data.store import check_store_matches
+    from draftsmith.target import load_target
+
+    tuned = tmp_path / "tuned"
+    shutil.copytree(tiny_target_dir, tuned)
+    model = LlamaForCausalLM.from_pretrained(tuned)
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight.add_(0.01)  # one matrix, as a merged LoRA changes some
+    model.save_pretrained(tuned)
+    base, other = (load_target(str(t), "cpu", "fp32").info for t in (tiny_target_dir, tuned))
+    assert base.fingerprint.split(".")[0] == other.fingerprint.split(".")[0]  # the same shapes
+    assert base.fingerprint != other.fingerprint
+    out = run(cfg(dataset, tiny_target_dir, tmp_path / "store"))
+    with pytest.raises(UserError, match=r"target fingerprint: store made for .*refusing to mix"):
+        run(cfg(dataset, tuned, out))
+    with pytest.raises(UserError, match="target fingerprint"):
+        check_store_matches(out, load_dataset(dataset), other)
+    meta = json.loads((out / "store.json").read_text())
+    meta["target"]["fingerprint"] = meta["target"]["fingerprint"].split(".")[0]  # as recorded before
+    (out / "store.json").write_text(json.dumps(meta))
+    check_store_matches(out, load_dataset(dataset), base)
+    run(cfg(dataset, tiny_target_dir, out))  # resumed, not refused
+    reader = StoreReader(out)
+    for i in range(len(reader)):
+        reader.verify(i)  # the files' own (full) fingerprints agree with store.json's shape part
+
+
 def test_refuses_to_mix_aux_layer_ids(dataset, tmp_path, tokenizer):
     target = tmp_path / "five-layers"  # room for two sets of three ids the engines capture (1..4)
     make_tiny_llama(len(tokenizer), num_layers=5).save_pretrained(target)

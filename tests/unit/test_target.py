@@ -2,6 +2,7 @@
 
 import importlib.util
 
+import numpy as np
 import pytest
 import torch
 
@@ -93,3 +94,36 @@ def test_remote_code_is_refused_explicitly(tiny_target_dir, monkeypatch):
     load_target(str(tiny_target_dir), device="cpu")
     assert {name for name, _ in seen} >= {"AutoTokenizer", "AutoConfig", "AutoModelForCausalLM"}
     assert all(value is False for _, value in seen), seen
+
+
+def test_fingerprint_reads_large_weights_in_blocks(tmp_path):
+    """A weight file over 1 MiB is fingerprinted by its name, size and blocks spread over it: a copy
+    at another path (other times) has the same fingerprint, rewritten weights of the same size
+    another with the same shape part; `same_target` takes a shape-only record (before 2026-12-04)
+    for either, and a full one for its own weights only."""
+    import shutil
+
+    from draftsmith.target import fingerprint, same_target
+
+    rng = np.random.default_rng(0)
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "llama"}')
+    weights = rng.integers(0, 256, 8 << 20, dtype=np.uint8)  # 8 MiB
+    (base / "model.safetensors").write_bytes(weights.tobytes())
+    (base / "README.md").write_text("not part of the identity")
+    copy = tmp_path / "copy"
+    shutil.copytree(base, copy)
+    (copy / "README.md").write_text("edited")
+    tuned = tmp_path / "tuned"
+    shutil.copytree(base, tuned)
+    changed = weights.copy()
+    changed[1 << 20 : 2 << 20] ^= 1  # one eighth of the bytes, as a fine-tune of some matrices
+    (tuned / "model.safetensors").write_bytes(changed.tobytes())
+    fp = {name: fingerprint(tmp_path / name, None) for name in ("base", "copy", "tuned")}
+    assert fp["base"] == fp["copy"] != fp["tuned"]
+    shape = fp["base"].split(".")[0]
+    assert shape == fp["tuned"].split(".")[0]
+    assert same_target(shape, fp["base"]) and same_target(shape, fp["tuned"])
+    assert same_target(fp["base"], fp["copy"]) and not same_target(fp["base"], fp["tuned"])
+    assert not same_target("in-memory", fp["base"]) and same_target("in-memory", "in-memory")

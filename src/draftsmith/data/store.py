@@ -32,6 +32,7 @@ from safetensors.torch import load as load_bytes
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_text, free_bytes, read_jsonl
 from draftsmith.layers import validate_layers
+from draftsmith.target import same_target
 
 if TYPE_CHECKING:
     from draftsmith.data.dataset import TokenizedDataset
@@ -127,7 +128,7 @@ def source_mismatches(meta: dict[str, Any], target: dict[str, Any], dataset: dic
     and dataset (`dataset_identity`), one phrase each. A store made before the dataset was
     fingerprinted is compared on what it recorded (sample and token counts)."""
     stored, found = meta["target"], []
-    if stored["fingerprint"] != target["fingerprint"]:
+    if not same_target(stored["fingerprint"], target["fingerprint"]):
         found.append(
             f"target fingerprint: store made for {stored.get('name')!r} ({stored['fingerprint']}), "
             f"this run has {target.get('name')!r} ({target['fingerprint']})"
@@ -397,7 +398,7 @@ class StoreReader:
         with safe_open(str(f), framework="pt") as sf:
             file_meta = sf.metadata() or {}
         if (
-            file_meta.get("fingerprint") != self.meta["target"]["fingerprint"]
+            not same_target(self.meta["target"]["fingerprint"], file_meta.get("fingerprint", ""))
             or int(file_meta.get("sample_id", -1)) != entry["sample_id"]
         ):
             raise UserError(f"{f}: metadata {file_meta} does not match the store")
