@@ -256,6 +256,34 @@ def test_a_failed_resume_writes_nothing(data_and_store, tiny_target_dir):
     assert not (root / "no-such-run").exists()
 
 
+def test_a_resume_against_other_weights_is_refused(data_and_store, tiny_target_dir, tmp_path):
+    """A checkpoint records its target's fingerprint: --resume after a fine-tune of the same shapes
+    was saved over the target is refused (the drafter would learn from two teachers), naming the
+    checkpoint; with the same weights back, --resume goes on."""
+    import shutil
+
+    from transformers import LlamaForCausalLM
+
+    root, ds, _ = data_and_store
+    target, out = tmp_path / "target", tmp_path / "run"
+    shutil.copytree(tiny_target_dir, target)
+    args = ["train", str(ds), "--target", str(target), "--out", str(out), "--steps", "1", "--depth", "1"]
+    args += ["--batch-tokens", "96", "--val-fraction", "0", "--save-every", "1"]
+    runner = CliRunner()
+    assert runner.invoke(app, args).exit_code == 0
+    model = LlamaForCausalLM.from_pretrained(target)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.01)
+    model.save_pretrained(target)  # a fine-tune saved over the target
+    res = runner.invoke(app, [*args, "--resume"])
+    assert res.exit_code == 2 and "trained against a target of other weights" in res.output, res.output
+    assert "step_00000001" in res.output
+    shutil.copy(tiny_target_dir / "model.safetensors", target / "model.safetensors")
+    res = runner.invoke(app, [*args, "--resume"])
+    assert res.exit_code == 0 and "nothing to train" in res.output, res.output
+
+
 def test_a_model_that_ignores_packing_is_captured_padded(tiny_target_dir, monkeypatch):
     """If the model's forward lets packed samples attend to each other (here: transformers'
     packed-sequence detection switched off), the check says so and capture falls back."""

@@ -27,6 +27,7 @@ from torch import nn
 from draftsmith.draft.checkpoint import save_file
 from draftsmith.errors import UserError, naming
 from draftsmith.fsutil import fsync_dir, read_safetensors
+from draftsmith.target import same_target
 
 CKPT_DIR, WEIGHTS, STATE = "checkpoints", "model.safetensors", "state.pt"
 FROZEN = ("embed_tokens.weight",)
@@ -155,13 +156,15 @@ def read_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
 
 
 def resume_checkpoint(
-    out: Path, drafter: nn.Module, say: Callable[[str], None]
+    out: Path, drafter: nn.Module, fingerprint: str, say: Callable[[str], None]
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
     """The weights and state of the newest complete checkpoint of run `out` that reads back, checked
     against the run's `drafter` (every tensor's name and shape: a UserError when it was made with
-    other options). A newer one that does not read back (torn by a copy, a failing disk) is passed
-    over with one line through `say`. None when the run has no checkpoint; a UserError when none
-    reads back."""
+    other options) and its target's `fingerprint` (a UserError when the checkpoint was trained
+    against other weights, such as a fine-tune saved over the target; checkpoints before
+    2026-12-04 recorded none). A newer one that does not read back (torn by a copy, a failing
+    disk) is passed over with one line through `say`. None when the run has no checkpoint; a
+    UserError when none reads back."""
     found = complete_checkpoints(out)
     for folder in reversed(found):
         try:
@@ -176,6 +179,13 @@ def resume_checkpoint(
             raise UserError(
                 f"checkpoint {folder} was made with other options than this run ({', '.join(differ[:4])} "
                 f"differ); resume with the options in {Path(out) / 'run.yaml'}, or start over with --overwrite"
+            )
+        made_for = state.get("target")
+        if made_for is not None and not same_target(made_for, fingerprint):
+            raise UserError(
+                f"checkpoint {folder} was trained against a target of other weights (fingerprint {made_for}, "
+                f"this run's {fingerprint}: a fine-tune saved over it?); resume with the target it started with, "
+                "or start over with --overwrite"
             )
         return weights, state
     if found:

@@ -315,6 +315,7 @@ class Trainer:
                 "scheduler": self.optim.scheduler_state(),
                 "rng": ckpt.rng_state(),
                 "train": asdict(self.pos),
+                "target": self.meta["target"]["fingerprint"],  # the teacher's weights: a resume checks them
             }
             ckpt.save_checkpoint(self.out, self.pos.step, weights, state, keep=self.cfg.keep_checkpoints)
         if dist.is_available() and dist.is_initialized():

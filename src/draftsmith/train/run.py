@@ -310,7 +310,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     dflash = cfg.method == "dflash"
     drafter = (build_dflash_drafter if dflash else build_drafter)(target, aux_layer_ids, d2t, t2d, cfg)
     say = (lambda line: print(line, flush=True)) if env.main else (lambda line: None)
-    checkpoint = resume_checkpoint(out, drafter, say) if resume_from is not None else None
+    checkpoint = resume_checkpoint(out, drafter, target.info.fingerprint, say) if resume_from is not None else None
 
     backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
     if not dflash and backend == "eager":
