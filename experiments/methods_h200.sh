@@ -48,18 +48,19 @@ tau_only() {  # RUN_NAME: its tau-only evals, in the background
   chain "${name}_heldout" --drafter "$RUN/$name" --bench held-out "${fast[@]}"
   chain "${name}_humaneval" --drafter "$RUN/$name" --bench experiments/data/humaneval.jsonl "${fast[@]}"
 }
+train_one() {  # RUN_NAME LIMIT_S: one training stage of $RECIPE
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "$1" "$2" python3 -m draftsmith pipeline "$RECIPE" --only "$1"
+}
 train_all() {  # RUN_NAME...: each training alone on the GPU, its tau-only evals beside the next one's
   for name in "$@"; do
-    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "$name" 330 python3 -m draftsmith pipeline "$RECIPE" --only "$name"
+    train_one "$name" 330
     wait  # the last run's tau-only evals
     [ "${TAU_ONLY:-1}" = 1 ] && [ -d "$RUN/$name/drafter" ] && tau_only "$name" &
   done
   wait
 }
 train_together() {  # RUN_NAME...: all at once on the GPU, then nothing else (TOGETHER=1: see the header)
-  for name in "$@"; do
-    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "$name" 1200 python3 -m draftsmith pipeline "$RECIPE" --only "$name" &
-  done
+  for name in "$@"; do train_one "$name" 1200 & done
   wait
 }
 if [ "${TOGETHER:-0}" = 1 ]; then train_together $RUNS $EXTRA && RUNS="$RUNS $EXTRA" EXTRA=""; else train_all $RUNS; fi

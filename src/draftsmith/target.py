@@ -174,16 +174,12 @@ def text_config(config: Any) -> Any:
     return getattr(config, "text_config", None) or config
 
 
-FINGERPRINT_SAMPLES = 64  # blocks of 4 KiB read of each weight file (64 shards: 16 MB in all); of a fine-tune
-# that changed 8 % of the weights (a merged LoRA), 4 blocks all miss the change ~70 % of the time, 64 ~0.5 %
-
-
 def fingerprint(folder: Path, gguf_file: str | None) -> str:
     """A target's identity, as stores record it, cheap for a large one: `SHAPE.WEIGHTS`. SHAPE
     hashes config.json and the weight files' names and sizes (all a fingerprint held before
-    2026-12-04, when a fine-tune of the same shapes had its base's); WEIGHTS hashes
-    FINGERPRINT_SAMPLES blocks spread over each weight file (`content_id`), so other weights of
-    the same shapes have another. `same_target` compares a recorded one of either kind."""
+    2026-12-04, when a fine-tune of the same shapes had its base's); WEIGHTS hashes each weight
+    file's `content_id` (up to 64 blocks spread over it), so other weights of the same shapes
+    have another. `same_target` compares a recorded one of either kind."""
     shape, weights = hashlib.sha256(), hashlib.sha256()
     files = [folder / gguf_file] if gguf_file else sorted(folder.iterdir())
     for f in files:
@@ -193,7 +189,7 @@ def fingerprint(folder: Path, gguf_file: str | None) -> str:
             if f.name == "config.json":
                 shape.update(f.read_bytes())
             else:
-                weights.update(content_id(f, FINGERPRINT_SAMPLES).encode())
+                weights.update(content_id(f).encode())
     return f"{shape.hexdigest()[:16]}.{weights.hexdigest()[:16]}"
 
 

@@ -96,6 +96,12 @@ def test_content_id_follows_the_content_not_the_times(tmp_path):
         assert content_id(big) != first, at
     big.write_bytes(data + b"x")
     assert content_id(big) != first
+    weights = bytearray(os.urandom(16 * SMALL_FILE))  # a block per 2 MiB: a change to an eighth of the bytes
+    big.write_bytes(weights)  # between the 4 blocks a smaller file gets (at 0, 1/3, 2/3 and the end) is seen
+    first = content_id(big)
+    weights[2 * SMALL_FILE : 4 * SMALL_FILE] = os.urandom(2 * SMALL_FILE)
+    big.write_bytes(weights)
+    assert content_id(big) != first
     folder.mkdir()
     (folder / "a").write_text("1")
     first = content_id(folder)
@@ -107,13 +113,14 @@ def test_content_id_follows_the_content_not_the_times(tmp_path):
 
 def test_a_content_id_of_the_earlier_scheme_is_not_compared(tmp_path):
     """Markers of a pipeline run before content ids hashed large files (their size and time, which
-    a copy changes) rerun nothing; an id of this scheme that differs reruns the stage."""
+    a copy changes) or before they read up to 64 blocks of one (c2: 4 blocks) rerun nothing; an id of this scheme that differs reruns the stage."""
     done, conv = tmp_path / "prepare.done", tmp_path / "conv.jsonl"
     conv.write_text("a\n")
     now = {str(conv): content_id(conv)}
-    done.write_text(json.dumps({"files": {str(conv): "0123456789abcdef01234567"}}))
-    assert changed_files(done, now) == []
-    done.write_text(json.dumps({"files": {str(conv): "c2:0123456789abcdef01234567"}}))
+    for earlier in ("0123456789abcdef01234567", "c2:0123456789abcdef01234567"):  # size and time; 4 blocks
+        done.write_text(json.dumps({"files": {str(conv): earlier}}))
+        assert changed_files(done, now) == []
+    done.write_text(json.dumps({"files": {str(conv): "c3:0123456789abcdef01234567"}}))
     assert changed_files(done, now) == [f"input {conv} changed"]
     done.write_text(json.dumps({"files": now}))
     assert changed_files(done, now) == []

@@ -109,7 +109,7 @@ def test_fingerprint_reads_large_weights_in_blocks(tmp_path):
     base = tmp_path / "base"
     base.mkdir()
     (base / "config.json").write_text('{"model_type": "llama"}')
-    weights = rng.integers(0, 256, 8 << 20, dtype=np.uint8)  # 8 MiB
+    weights = rng.integers(0, 256, 16 << 20, dtype=np.uint8)  # 16 MiB: 8 blocks
     (base / "model.safetensors").write_bytes(weights.tobytes())
     (base / "README.md").write_text("not part of the identity")
     copy = tmp_path / "copy"
@@ -118,7 +118,7 @@ def test_fingerprint_reads_large_weights_in_blocks(tmp_path):
     tuned = tmp_path / "tuned"
     shutil.copytree(base, tuned)
     changed = weights.copy()
-    changed[1 << 20 : 2 << 20] ^= 1  # one eighth of the bytes, as a fine-tune of some matrices
+    changed[2 << 20 : 4 << 20] ^= 1  # one eighth of the bytes, as a fine-tune of some matrices
     (tuned / "model.safetensors").write_bytes(changed.tobytes())
     fp = {name: fingerprint(tmp_path / name, None) for name in ("base", "copy", "tuned")}
     assert fp["base"] == fp["copy"] != fp["tuned"]

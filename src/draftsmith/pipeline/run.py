@@ -126,7 +126,7 @@ def changed_files(done: Path, files: dict[str, str]) -> list[str]:
     """The external inputs of a finished stage (files and folders no stage of this pipeline
     makes) whose content is not what its done marker recorded (`content_id`). A marker written
     before contents were recorded, or with ids of an earlier scheme (a large file's size and
-    modification time, which a copy changes), has none to compare."""
+    modification time, which a copy changes; or 4 of its blocks), has none to compare."""
     recorded = read_marker(done).get("files")
     if not isinstance(recorded, dict):
         return []
