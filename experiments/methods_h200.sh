@@ -22,6 +22,9 @@
 # run's tok/s is then not its own alone). Four at once (m_peagle4 too) would have left the evals
 # no time: it was stopped and trained alone after them. That lease's command:
 #   LEASE_MIN=26 TOGETHER=1 TAU_ONLY=0 EXTRA=m_peagle4 TAU_AFTER=m_peagle4 setsid bash experiments/methods_h200.sh &
+# GPU_TESTS=0 skips the GPU tests; TRAIN_LIMIT_S (330) bounds each training run alone. The recipe's
+# whole budget, P-EAGLE alone (the lease of 2026-12-04 17:30):
+#   LEASE_MIN=26 GPU_TESTS=0 TRAIN_LIMIT_S=1260 RUNS=f_peagle EXTRA="" TAU_ONLY=0 TAU_AFTER=f_peagle setsid bash experiments/methods_h200.sh &
 # Poll at once after each return: a lease idle for 30 s is given back with everything on it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +32,7 @@ export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1
 export DEADLINE=$(( $(date +%s) + ${LEASE_MIN:-24} * 60 )) && export HARD_DEADLINE=$(( DEADLINE + 60 ))
 . experiments/steps.sh
 mkdir -p "$R" && rm -f "$R/ALL_DONE"
-step gpu_tests 420 python3 -m pytest -q -p no:cacheprovider --run-gpu tests/gpu/test_peagle_gpu.py tests/gpu/test_dflash_gpu.py \
+[ "${GPU_TESTS:-1}" = 1 ] && step gpu_tests 420 python3 -m pytest -q -p no:cacheprovider --run-gpu tests/gpu/test_peagle_gpu.py tests/gpu/test_dflash_gpu.py \
   tests/gpu/test_compare_gpu.py &
 driver_start 24 1   # the GGUF as an HF folder, once
 ONLY_STEPS=data bash experiments/h200_recipe.sh > /root/data_driver.log 2>&1  # restores the answers, then prepare and vocab
@@ -53,7 +56,7 @@ train_one() {  # RUN_NAME LIMIT_S: one training stage of $RECIPE
 }
 train_all() {  # RUN_NAME...: each training alone on the GPU, its tau-only evals beside the next one's
   for name in "$@"; do
-    train_one "$name" 330
+    train_one "$name" "${TRAIN_LIMIT_S:-330}"
     wait  # the last run's tau-only evals
     [ "${TAU_ONLY:-1}" = 1 ] && [ -d "$RUN/$name/drafter" ] && tau_only "$name" &
   done
