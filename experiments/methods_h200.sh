@@ -23,7 +23,7 @@
 # no time: it was stopped and trained alone after them. That lease's command:
 #   LEASE_MIN=26 TOGETHER=1 TAU_ONLY=0 EXTRA=m_peagle4 TAU_AFTER=m_peagle4 setsid bash experiments/methods_h200.sh &
 # GPU_TESTS=0 skips the GPU tests; TRAIN_LIMIT_S (330) bounds each training run alone. The recipe's
-# whole budget, P-EAGLE alone (the lease of 2026-12-04 17:30):
+# whole budget, P-EAGLE alone (the lease of 2026-12-04 17:08; RUNS=f_dflash for DFlash):
 #   LEASE_MIN=26 GPU_TESTS=0 TRAIN_LIMIT_S=1260 RUNS=f_peagle EXTRA="" TAU_ONLY=0 TAU_AFTER=f_peagle setsid bash experiments/methods_h200.sh &
 # Poll at once after each return: a lease idle for 30 s is given back with everything on it.
 set -uo pipefail
@@ -40,7 +40,7 @@ rm -f "$R/ALL_DONE"  # h200_recipe.sh's, which fetch_results.sh would take for t
 wait  # the GPU tests: the GPU is the runs' alone from here
 RECIPE=experiments/recipes/methods_h200.yaml
 RUNS=${RUNS:-m_ce m_peagle m_dflash}  # the first is --drafter, the reference the others are compared with
-EXTRA=${EXTRA:-m_peagle4 m_lk}
+EXTRA=${EXTRA-m_peagle4 m_lk}  # EXTRA="" for none
 chain() {  # NAME ARGS...: one MT-bench-style K=7 chain eval, its report in $RUN/NAME
   local name=$1; shift
   step "$name" 540 python3 -m draftsmith eval --target $HF --mode chain --depth 7 --num-questions 80 \
