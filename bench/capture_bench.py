@@ -10,7 +10,10 @@ recipe's prepared data: mean 315, longest 1,070), packed into rows as training p
 Each variant captures `--warmup` rows (flex compiles here), then times `--rows` rows (the host
 packing, the forward, the split into samples) and reports ms per row, tok/s and peak memory;
 the first timed row's states are compared between variants (the largest difference relative to
-the largest state).
+the largest state). On CUDA each variant also reports where a row's time goes: `host_ms_per_row`,
+the host's time to issue a row (its capture without waiting for the GPU), and
+`gpu_busy_ms_per_row`, the sum of its kernels' times (torch.profiler); a row whose wall time is
+near its host time and far above its kernels' is bound by the launches, not by the GPU.
 
     python bench/capture_bench.py --out-json capture_bench.json
 """
@@ -47,6 +50,20 @@ class Rows:
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.ids[i], "loss_mask": torch.ones_like(self.ids[i])}
+
+
+def issue_and_kernel_ms(source: OnlineSource, rows: list[list[int]]) -> tuple[float, float]:
+    """(host ms a row to issue its capture, GPU kernel ms a row) over `rows`, after a sync."""
+    torch.cuda.synchronize()
+    host = 0.0
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for row in rows:
+            t0 = time.perf_counter()
+            source.samples(row)
+            host += time.perf_counter() - t0
+        torch.cuda.synchronize()
+    kernels_us = sum(e.self_device_time_total for e in prof.key_averages())
+    return round(host / len(rows) * 1e3, 2), round(kernels_us / len(rows) / 1e3, 2)
 
 
 def main() -> None:
@@ -105,6 +122,8 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
+        if device.type == "cuda":
+            host_ms, busy_ms = issue_and_kernel_ms(source, rows[args.warmup :])
         r = {
             "variant": name,
             "packed": source.packed,
@@ -114,6 +133,8 @@ def main() -> None:
             "tok_per_s": round(tokens / wall, 1),
             "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
         }
+        if device.type == "cuda":
+            r |= {"host_ms_per_row": host_ms, "gpu_busy_ms_per_row": busy_ms}
         results.append(r)
         print(json.dumps(r), file=sys.stderr, flush=True)
     ref = first["dense"]
