@@ -1,5 +1,6 @@
-"""Online training's capture, dense against flex attention (issue 13, item 5): the target's
-packed forward over training rows, as `OnlineSource` runs it (`--capture-attention`).
+"""Online training's capture, dense against flex attention (issue 13, item 5), and flex compiled
+(`--compile-capture`): the target's packed forward over training rows, as `OnlineSource` runs it
+(`--capture-attention`).
 
 The target is a Llama of the embedded default's shape (SmolLM2-135M: 30 layers, hidden 576, 9
 heads, 3 KV heads, MLP 1,536, vocab 49,152) with random weights, or `--target`: the capture's
@@ -34,7 +35,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from draftsmith.target import load_target
 from draftsmith.train.batching import OnlineSource, pack_rows
 
-VARIANTS = {"dense": None, "flex": "flex_attention"}
+VARIANTS = {"dense": (None, False), "flex": ("flex_attention", False), "flex-compiled": ("flex_attention", True)}
 
 
 class Rows:
@@ -106,8 +107,10 @@ def main() -> None:
     aux_ids = [2, len(model.model.layers) // 2, len(model.model.layers) - 3]
 
     results, first = [], {}
-    for name, attention in VARIANTS.items():
-        source = OnlineSource(data, model, aux_ids, max_len=2048, token_budget=args.row_tokens, attention=attention)
+    for name, (attention, compiled) in VARIANTS.items():
+        source = OnlineSource(
+            data, model, aux_ids, max_len=2048, token_budget=args.row_tokens, attention=attention, compile=compiled
+        )
         for row in rows[: args.warmup]:
             source.samples(row)
         if device.type == "cuda":
@@ -149,6 +152,7 @@ def main() -> None:
         "results": results,
         "final_state_max_rel_diff_vs_dense": diff,
         "speedup_flex_vs_dense": round(results[0]["ms_per_row"] / results[1]["ms_per_row"], 2),
+        "speedup_compiled_vs_flex": round(results[1]["ms_per_row"] / results[2]["ms_per_row"], 2),
     }
     print(json.dumps(report, indent=2))
     if args.out_json:

@@ -136,7 +136,8 @@ def test_flex_capture_gives_the_dense_capture_states(tmp_path):
     """--capture-attention flex on CUDA (bf16, compiled flex kernels, a row padded to FLEX_WIDTH)
     captures each packed sample's states as sdpa's dense packed mask does, within bf16's
     tolerance, and leaves the model's own attention in place after it; a second row of other
-    lengths reuses the compiled kernels."""
+    lengths reuses the compiled kernels. --compile-capture (the forward compiled, rows at one
+    width) captures the same states."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from draftsmith.data.dataset import load_dataset
@@ -162,13 +163,17 @@ def test_flex_capture_gives_the_dense_capture_states(tmp_path):
     )
     dense = OnlineSource(data, model, [1, 2, 4], max_len=2048, token_budget=4096)
     flex = OnlineSource(data, model, [1, 2, 4], max_len=2048, token_budget=4096, attention="flex_attention")
+    compiled = OnlineSource(
+        data, model, [1, 2, 4], max_len=2048, token_budget=4096, attention="flex_attention", compile=True
+    )
     assert dense.packed and flex.packed
     for row in ([0, 1, 2], [3, 4, 5, 6]):
         with torch._dynamo.config.patch(error_on_recompile=row[0] > 0):
             got = flex.samples(row)
-        for a, b in zip(dense.samples(row), got, strict=True):
+        for a, b, c in zip(dense.samples(row), got, compiled.samples(row), strict=True):
             for key in ("aux", "final"):
-                torch.testing.assert_close(
-                    b[key].float(), a[key].float(), rtol=5e-2, atol=5e-2 * a[key].float().abs().max().item()
-                )
+                for x in (b, c):
+                    torch.testing.assert_close(
+                        x[key].float(), a[key].float(), rtol=5e-2, atol=5e-2 * a[key].float().abs().max().item()
+                    )
     assert model.config._attn_implementation == "sdpa"

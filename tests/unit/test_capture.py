@@ -1,8 +1,11 @@
-"""Hook capture equals HF's output_hidden_states (the reference) on a tiny model."""
+"""Hook capture equals HF's output_hidden_states (the reference) on a tiny model; the compiled
+capture of packed rows equals the hook capture."""
 
+import pytest
 import torch
 
-from draftsmith.runtime.capture import capture
+from draftsmith.runtime.capture import CompiledCapture, capture, packed_positions
+from draftsmith.target import decoder_layers, final_norm
 
 
 def test_capture_equals_output_hidden_states(tiny_model):
@@ -22,3 +25,28 @@ def test_capture_equals_output_hidden_states(tiny_model):
     # id L = the input of the final norm: norm(aux_L) == final
     norm = tiny_model.model.norm
     torch.testing.assert_close(norm(aux[..., 2 * H :]), final)
+
+
+@pytest.mark.parametrize("attention", [None, "flex_attention"])
+def test_compiled_capture_equals_capture_and_compiles_once(tiny_model, attention):
+    """CompiledCapture (train --compile-capture) gives `capture`'s states for packed rows of other
+    packings than the one it was compiled on, without compiling again; after each row its hooks
+    are gone and the model has its own attention implementation back."""
+    aux_layer_ids = [0, 1, 2]
+    own = tiny_model.config._attn_implementation
+    compiled = CompiledCapture(tiny_model, aux_layer_ids, attention)
+    frames = torch._dynamo.utils.counters["frames"]
+    torch.manual_seed(0)
+    for j, lengths in enumerate([[10, 20, 34], [40, 24], [64]]):  # one width, three packings
+        ids = torch.randint(3, 1000, (1, 64))
+        pos = packed_positions(lengths)[None]  # [1, 64]
+        before = frames["total"]
+        got = compiled(ids, pos)
+        assert j == 0 or frames["total"] == before, "a new packing compiled again"
+        want = capture(tiny_model, ids, None, aux_layer_ids, pos, attention)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+        hooked_modules = [*decoder_layers(tiny_model), final_norm(tiny_model)]
+        assert not any(m._forward_pre_hooks for m in hooked_modules)
+        assert tiny_model.config._attn_implementation == own
+        assert not compiled.captured  # emptied after each row

@@ -40,11 +40,12 @@ def data_and_store(tmp_path_factory, tiny_target_dir):
     return root, ds, root / "store"
 
 
-@pytest.mark.parametrize("capture", ["packed", "packed-split", "padded", "packed-flex"])
+@pytest.mark.parametrize("capture", ["packed", "packed-split", "padded", "packed-flex", "packed-split-compiled"])
 def test_offline_and_online_give_the_same_loss(capture, data_and_store, tiny_target_dir, monkeypatch):
     """Online capture, whichever way (a row's samples packed in one forward; packed rows split
     at PACKED_ROW with a padding tail; length-bucketed padded batches; packed with flex attention,
-    --capture-attention flex, in a row padded to FLEX_WIDTH), gives the loss of the stored states."""
+    --capture-attention flex, in a row padded to FLEX_WIDTH; split rows captured one at a time by
+    the compiled forward, --compile-capture), gives the loss of the stored states."""
     _, ds_path, store = data_and_store
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
     ds, reader = load_dataset(ds_path), StoreReader(store)
@@ -57,10 +58,11 @@ def test_offline_and_online_give_the_same_loss(capture, data_and_store, tiny_tar
         max_len=2048,
         token_budget=64,  # several padded sub-batches
         attention=attention,
+        compile=capture.endswith("compiled"),
     )
     assert online.packed  # the tiny Llama keeps packed samples apart
     online.packed = capture != "padded"
-    if capture == "packed-split":
+    if capture.startswith("packed-split"):
         monkeypatch.setattr(OnlineSource, "PACKED_ROW", 40)
     offline = OfflineSource(reader, max_len=2048)
     d2t, t2d = resolve_vocab(

@@ -343,6 +343,31 @@ def test_capture_attention_resolves_per_device_and_refuses_a_model_without_flex(
         capture_attention("flex", target)
 
 
+def test_compile_capture_is_refused_where_nothing_is_captured_packed(dataset, tiny_target_dir, tmp_path, monkeypatch):
+    """--compile-capture compiles the packed online capture on one device: train runs with it
+    and its first log line says so; with --hidden (a store is read), on a target split over
+    GPUs, or for a model that cannot be captured packed, it is refused, naming the option and why."""
+    import dataclasses
+
+    from draftsmith.errors import UserError
+    from draftsmith.train.run import build_source
+
+    res = _train(dataset, tiny_target_dir, tmp_path / "run", "--compile-capture")
+    assert res.exit_code == 0 and "packed capture with the model's own attention, compiled" in res.output, res.output
+    target = load_target(str(tiny_target_dir), "cpu", "fp32")
+    ds = load_dataset(dataset)
+    cfg = TrainConfig(dataset_dir=dataset, out=tmp_path, compile_capture=True)
+    with pytest.raises(UserError, match="--compile-capture .* a store's states are read"):
+        build_source(cfg.model_copy(update={"hidden": tmp_path / "store"}), target, ds)
+    with pytest.raises(UserError, match="--compile-capture .* split over GPUs"):
+        build_source(cfg, dataclasses.replace(target, shard="auto"), ds)
+    monkeypatch.setattr(
+        "draftsmith.train.batching.packs_sequences", lambda *a: False
+    )  # a model that mixes packed samples
+    with pytest.raises(UserError, match="cannot be captured packed; leave --compile-capture out"):
+        OnlineSource(ds, target.model, [0, 1, 2], 2048, 2048, compile=True)
+
+
 def test_for_engine_sglang_trains_a_drafter_that_sglang_serves(dataset, tiny_target_dir, tmp_path):
     """The defaults (fc_norm, norm_output) are off, and export --engine sglang takes the drafter
     that export refuses without the option."""

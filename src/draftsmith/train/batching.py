@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from draftsmith.data.store import length_batches
-from draftsmith.runtime.capture import capture, packed_positions, packs_sequences, pads_sequences
+from draftsmith.errors import UserError
+from draftsmith.runtime.capture import CompiledCapture, capture, packed_positions, packs_sequences, pads_sequences
 from draftsmith.train.ttt import doc_and_positions
 
 OPEN_ROWS = 8
@@ -138,7 +139,11 @@ class OnlineSource:
     `attention` is the packed forward's attention implementation (`capture`): None, the model's
     own (sdpa: a dense [W, W] mask, every score computed), or "flex_attention" (block by block,
     the blocks between samples skipped). Under flex the row's width is rounded up to a multiple of
-    FLEX_WIDTH, so that its compiled kernels see few shapes."""
+    FLEX_WIDTH, so that its compiled kernels see few shapes.
+
+    `compile`: the packed forward runs compiled (`runtime.capture.CompiledCapture`), one row at a
+    time, every row as wide as the widest a row can be (PACKED_ROW, or `token_budget` below it;
+    wider only for a longer sample), so that it compiles once."""
 
     PACKED_ROW = 8192  # tokens per packed capture row: its attention costs O(row²), so longer rows are split
     FLEX_WIDTH = 1024  # under flex, packed rows are this many tokens wide, or a multiple of it
@@ -151,6 +156,7 @@ class OnlineSource:
         max_len: int,
         token_budget: int,
         attention: str | None = None,
+        compile: bool = False,
     ) -> None:
         self.dataset, self.model, self.aux_layer_ids, self.max_len = dataset, model, aux_layer_ids, max_len
         self.token_budget, self.attention = token_budget, attention
@@ -165,6 +171,12 @@ class OnlineSource:
                 f"states are captured {how} instead (slower, same values)",
                 flush=True,
             )
+        if compile and not self.packed:
+            raise UserError(
+                f"--compile-capture compiles the packed capture, and {type(model).__name__} cannot be "
+                "captured packed; leave --compile-capture out"
+            )
+        self.compiled = CompiledCapture(model, aux_layer_ids, attention) if compile else None
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -197,6 +209,8 @@ class OnlineSource:
             used += n
         sizes = [[int(self.lengths[i]) for i in g] for g in groups]
         width = max(map(sum, sizes))
+        if self.compiled is not None:  # as wide as a group can be: a training row, at most PACKED_ROW
+            width = max(width, min(self.PACKED_ROW, self.token_budget))
         if self.attention == "flex_attention":
             width = -(-width // self.FLEX_WIDTH) * self.FLEX_WIDTH
         ids = torch.zeros(len(groups), width, dtype=torch.long)  # [G, W]; a row's tail is a padding "sample"
@@ -205,13 +219,18 @@ class OnlineSource:
             tail = [width - sum(lengths)] if width > sum(lengths) else []
             ids[r, : sum(lengths)] = torch.cat([items[i]["input_ids"][:n] for i, n in zip(g, lengths, strict=True)])
             pos[r] = packed_positions(lengths + tail)
-        aux, final = capture(
-            self.model, ids.to(self.device), None, self.aux_layer_ids, pos.to(self.device), self.attention
-        )  # [G, W, n*H], [G, W, H]
-        for r, (g, lengths) in enumerate(zip(groups, sizes, strict=True)):
+        ids, pos = ids.to(self.device), pos.to(self.device)
+        if self.compiled is None:
+            aux, final = capture(
+                self.model, ids, None, self.aux_layer_ids, pos, self.attention
+            )  # [G, W, n*H], [G, W, H]
+            states = list(zip(aux, final, strict=True))  # per row: [W, n*H], [W, H]
+        else:  # one [1, W] row at a time: the compiled forward's one shape
+            states = [tuple(x[0] for x in self.compiled(ids[r : r + 1], pos[r : r + 1])) for r in range(len(groups))]
+        for (aux_r, final_r), g, lengths in zip(states, groups, sizes, strict=True):
             start = 0
             for i, n in zip(g, lengths, strict=True):
-                out[i] = self._sample(items[i], n, aux[r, start : start + n], final[r, start : start + n])
+                out[i] = self._sample(items[i], n, aux_r[start : start + n], final_r[start : start + n])
                 start += n
 
     def _capture_padded(self, chosen: list[int], items: dict, out: dict) -> None:

@@ -123,6 +123,10 @@ class TrainConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
         "auto",
         description="Online mode: the target's attention in a packed row: dense (sdpa), flex (skips other samples; CUDA), or auto.",
     )
+    compile_capture: bool = Field(
+        False,
+        description="Online mode: the target's packed capture forward compiled (torch.compile, one width); fewer host launches.",
+    )
     loss_chunk: int = Field(4096, gt=0, description="Tokens per chunk of the vocab-sized loss computation.")
     compile_step: bool | None = Field(
         None,

@@ -170,7 +170,8 @@ def source_summary(source: OnlineSource | OfflineSource, cfg: TrainConfig) -> st
         return f"offline from {cfg.hidden}"
     attention = source.attention or "the model's own"
     layout = "packed" if source.packed else "padded" if source.padded else "one-sample"
-    return f"online, {layout} capture with {attention} attention"
+    compiled = ", compiled" if source.compiled is not None else ""
+    return f"online, {layout} capture with {attention} attention{compiled}"
 
 
 def step_summary(cfg: TrainConfig, device: torch.device) -> str:
@@ -186,6 +187,9 @@ def build_source(
     """The sample source, the aux layer ids, and the dataset rows of the source's samples."""
     max_len = min(cfg.max_len, cfg.batch_tokens)
     n_layers = target.info.num_layers
+    if cfg.compile_capture and (cfg.hidden is not None or target.shard != "none"):
+        why = "a store's states are read, not captured" if cfg.hidden else "the target is split over GPUs (--shard)"
+        raise UserError(f"--compile-capture compiles online training's capture on one device, and {why}; leave it out")
     if cfg.hidden is None:
         aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, n_layers)
         source = OnlineSource(
@@ -195,6 +199,7 @@ def build_source(
             max_len,
             token_budget=max(cfg.batch_tokens, max_len),
             attention=capture_attention(cfg.capture_attention, target),
+            compile=cfg.compile_capture,
         )
         return source, aux_layer_ids, list(range(len(dataset)))
     from draftsmith.data.store import StoreReader, check_store_matches, dataset_rows
