@@ -22,7 +22,8 @@
 # run's tok/s is then not its own alone). Four at once (m_peagle4 too) would have left the evals
 # no time: it was stopped and trained alone after them. That lease's command:
 #   LEASE_MIN=26 TOGETHER=1 TAU_ONLY=0 EXTRA=m_peagle4 TAU_AFTER=m_peagle4 setsid bash experiments/methods_h200.sh &
-# GPU_TESTS=0 skips the GPU tests; TRAIN_LIMIT_S (330) bounds each training run alone. The recipe's
+# GPU_TESTS=0 skips the GPU tests; CAPTURE_BENCH=1 times the capture first (bench/capture_bench.py:
+# dense, flex, flex compiled); TRAIN_LIMIT_S bounds each training run (330 s alone, 1200 together). The recipe's
 # whole budget, P-EAGLE alone (the lease of 2026-12-04 17:08; RUNS=f_dflash for DFlash):
 #   LEASE_MIN=26 GPU_TESTS=0 TRAIN_LIMIT_S=1260 RUNS=f_peagle EXTRA="" TAU_ONLY=0 TAU_AFTER=f_peagle setsid bash experiments/methods_h200.sh &
 # Poll at once after each return: a lease idle for 30 s is given back with everything on it.
@@ -32,8 +33,9 @@ export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1
 export DEADLINE=$(( $(date +%s) + ${LEASE_MIN:-24} * 60 )) && export HARD_DEADLINE=$(( DEADLINE + 60 ))
 . experiments/steps.sh
 mkdir -p "$R" && rm -f "$R/ALL_DONE"
+[ "${CAPTURE_BENCH:-0}" = 1 ] && step capture_bench 300 python3 bench/capture_bench.py --out-json "$R/capture_bench.json"  # alone on the GPU
 [ "${GPU_TESTS:-1}" = 1 ] && step gpu_tests 420 python3 -m pytest -q -p no:cacheprovider --run-gpu tests/gpu/test_peagle_gpu.py tests/gpu/test_dflash_gpu.py \
-  tests/gpu/test_compare_gpu.py &
+  tests/gpu/test_compare_gpu.py tests/gpu/test_train_gpu.py::test_flex_capture_gives_the_dense_capture_states &
 driver_start 24 1   # the GGUF as an HF folder, once
 ONLY_STEPS=data bash experiments/h200_recipe.sh > /root/data_driver.log 2>&1  # restores the answers, then prepare and vocab
 rm -f "$R/ALL_DONE"  # h200_recipe.sh's, which fetch_results.sh would take for this driver's
@@ -63,7 +65,7 @@ train_all() {  # RUN_NAME...: each training alone on the GPU, its tau-only evals
   wait
 }
 train_together() {  # RUN_NAME...: all at once on the GPU, then nothing else (TOGETHER=1: see the header)
-  for name in "$@"; do train_one "$name" 1200 & done
+  for name in "$@"; do train_one "$name" "${TRAIN_LIMIT_S:-1200}" & done
   wait
 }
 if [ "${TOGETHER:-0}" = 1 ]; then train_together $RUNS $EXTRA && RUNS="$RUNS $EXTRA" EXTRA=""; else train_all $RUNS; fi
