@@ -128,7 +128,8 @@ class CompiledCapture:
     """`capture` of one packed row (ids and positions [1, W], no mask) through a forward compiled
     once per width (torch.compile, static shapes). The eager forward of a small target spends
     most of a row issuing its kernels: on the H200, 51.9 ms of host time a flex row against 17.2
-    ms of kernels (bench/capture_bench.py); compiled, the host issues a few fused kernels a layer.
+    ms of kernels (bench/capture_bench.py). Compiled, it issues a few fused kernels a layer (its
+    time on the GPU not yet measured: the bench's flex-compiled variant; train keeps it opt-in).
 
     The hooks fill one dict that lives as long as this object: the compiled graph writes to the
     dict it was traced with (dynamo keeps no guard on hooks), and it is emptied after each row,
