@@ -23,8 +23,8 @@ import matplotlib.pyplot as plt
 from draftsmith.train.metrics import read_metrics
 
 
-def val_curve(folder: Path) -> list[tuple[int, float]]:
-    """(training tokens, val τ) at each validation of the run in `folder`. Training records come
+def val_curve(folder: Path) -> list[tuple[int, float, float | None]]:
+    """(training tokens, val τ, walked val τ or None) at each validation of the run in `folder`. Training records come
     every `log_every` steps; the tokens at a validation step are interpolated between the records
     around it (rows hold a near-constant number of tokens), or scaled from the last one."""
     records = read_metrics(folder)
@@ -40,7 +40,7 @@ def val_curve(folder: Path) -> list[tuple[int, float]]:
             else:
                 frac = (r["step"] - steps[i]) / (steps[i + 1] - steps[i])
                 at = tokens[i] + frac * (tokens[i + 1] - tokens[i])
-            curve.append((round(at), r["tau"]))
+            curve.append((round(at), r["tau"], r.get("tau_walk")))
     return curve
 
 
@@ -55,8 +55,8 @@ def main() -> None:
     for spec in args.runs:
         label, _, folder = spec.partition("=")
         curve = val_curve(Path(folder))
-        print(label, [(t, round(tau, 3)) for t, tau in curve])
-        ax.plot([t / 1e6 for t, _ in curve], [tau for _, tau in curve], marker="o", label=label)
+        print(label, [(t, round(tau, 3)) for t, tau, _ in curve])
+        ax.plot([t / 1e6 for t, _, _ in curve], [tau for _, tau, _ in curve], marker="o", label=label)
     for spec in args.point:
         label, _, value = spec.partition("=")
         points = [tuple(float(x) for x in pair.split(":")) for pair in value.split(",")]

@@ -21,6 +21,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from plot_tau_tokens import val_curve  # experiments/, this script's folder
 
 LABELS = {
     "m_ce": "EAGLE-3, CE",
@@ -30,14 +31,6 @@ LABELS = {
     "m_peagle4": "P-EAGLE, 4 layers",
     "m_dflash": "DFlash",
 }
-
-
-def val_curve(run: Path) -> list[tuple[float, float, float | None]]:
-    """(tokens in millions, val tau, val walked tau) at each validation of a run."""
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    logged = [r for r in rows if r.get("split") == "train" and r.get("tokens")]
-    per_step = logged[-1]["tokens"] / logged[-1]["step"] if logged else 0  # fixed tokens per step
-    return [(r["step"] * per_step / 1e6, r["tau"], r.get("tau_walk")) for r in rows if r.get("split") == "val"]
 
 
 def train_speed(run: Path) -> float | None:
@@ -74,6 +67,7 @@ def table(root: Path, runs: list[str]) -> str:
             continue
         curve = val_curve(root / name)
         tok, tau, walk = curve[-1] if curve else (None, None, None)
+        tok = tok / 1e6 if tok is not None else None
         b1, b16 = report(root, name, "mtbench_b1"), report(root, name, "mtbench_b16")
         tau_only = report(root, name, "mtbench_tau")
         mt_tau = (b1 or b16 or tau_only or {}).get("tau")
@@ -108,7 +102,7 @@ def plots(root: Path, runs: list[str], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in runs:
         if (root / name / "metrics.jsonl").exists() and (curve := val_curve(root / name)):
-            ax.plot([c[0] for c in curve], [c[1] for c in curve], marker="o", label=LABELS.get(name, name))
+            ax.plot([c[0] / 1e6 for c in curve], [c[1] for c in curve], marker="o", label=LABELS.get(name, name))
     ax.set(xlabel="training tokens (M)", ylabel="validation τ (simulated, K=7)", title="Validation τ by method")
     ax.grid(alpha=0.3)
     ax.legend()
