@@ -23,7 +23,8 @@
 # no time: it was stopped and trained alone after them. That lease's command:
 #   LEASE_MIN=26 TOGETHER=1 TAU_ONLY=0 EXTRA=m_peagle4 TAU_AFTER=m_peagle4 setsid bash experiments/methods_h200.sh &
 # GPU_TESTS=0 skips the GPU tests; CAPTURE_BENCH=1 times the capture first (bench/capture_bench.py:
-# dense, flex, flex compiled); TRAIN_LIMIT_S bounds each training run (330 s alone, 1200 together). The recipe's
+# dense, flex, flex compiled), then the recipe's training step with and without --compile-capture
+# (bench/train_bench.py, on the data); TRAIN_LIMIT_S bounds each training run (330 s alone, 1200 together). The recipe's
 # whole budget, P-EAGLE alone (the lease of 2026-12-04 17:08; RUNS=f_dflash for DFlash):
 #   LEASE_MIN=26 GPU_TESTS=0 TRAIN_LIMIT_S=1260 RUNS=f_peagle EXTRA="" TAU_ONLY=0 TAU_AFTER=f_peagle setsid bash experiments/methods_h200.sh &
 # Poll at once after each return: a lease idle for 30 s is given back with everything on it.
@@ -40,6 +41,8 @@ driver_start 24 1   # the GGUF as an HF folder, once
 ONLY_STEPS=data bash experiments/h200_recipe.sh > /root/data_driver.log 2>&1  # restores the answers, then prepare and vocab
 rm -f "$R/ALL_DONE"  # h200_recipe.sh's, which fetch_results.sh would take for this driver's
 wait  # the GPU tests: the GPU is the runs' alone from here
+[ "${CAPTURE_BENCH:-0}" = 1 ] && step train_bench_capture 420 python3 bench/train_bench.py "$RUN/prepare" --target $HF \
+  --variant defaults: --variant compiled_capture:compile_capture=true --steps 40 --out-json "$R/train_bench_capture.json"
 RECIPE=experiments/recipes/methods_h200.yaml
 RUNS=${RUNS:-m_ce m_peagle m_dflash}  # the first is --drafter, the reference the others are compared with
 EXTRA=${EXTRA-m_peagle4 m_lk}  # EXTRA="" for none
