@@ -23,6 +23,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from plot_tau_tokens import val_curve  # experiments/, this script's folder
 
+from draftsmith.train.metrics import read_metrics
+
 LABELS = {
     "m_ce": "EAGLE-3, CE",
     "m_lk": "EAGLE-3, LK",
@@ -35,8 +37,7 @@ LABELS = {
 
 def train_speed(run: Path) -> float | None:
     """The run's last logged training throughput (tokens/s)."""
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    speeds = [r["tok_per_s"] for r in rows if r.get("split") == "train" and r.get("tok_per_s")]
+    speeds = [r["tok_per_s"] for r in read_metrics(run) if r.get("split") == "train" and r.get("tok_per_s")]
     return speeds[-1] if speeds else None
 
 
