@@ -347,20 +347,19 @@ def test_compile_capture_is_refused_where_nothing_is_captured_packed(dataset, ti
     """--compile-capture compiles the packed online capture on one device: train runs with it
     and its first log line says so; with --hidden (a store is read), on a target split over
     GPUs, or for a model that cannot be captured packed, it is refused, naming the option and why."""
-    import dataclasses
+    from pydantic import ValidationError
 
     from draftsmith.errors import UserError
-    from draftsmith.train.run import build_source
 
     res = _train(dataset, tiny_target_dir, tmp_path / "run", "--compile-capture")
     assert res.exit_code == 0 and "packed capture with the model's own attention, compiled" in res.output, res.output
+    res = _train(dataset, tiny_target_dir, tmp_path / "offline", "--compile-capture", "--hidden", str(tmp_path / "s"))
+    assert res.exit_code == 2 and "a store's states are read" in res.output, res.output
+    assert not (tmp_path / "offline").exists()
+    with pytest.raises(ValidationError, match="--compile-capture .* --shard splits the target"):
+        TrainConfig(dataset_dir=dataset, out=tmp_path, compile_capture=True, shard="auto")
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
     ds = load_dataset(dataset)
-    cfg = TrainConfig(dataset_dir=dataset, out=tmp_path, compile_capture=True)
-    with pytest.raises(UserError, match="--compile-capture .* a store's states are read"):
-        build_source(cfg.model_copy(update={"hidden": tmp_path / "store"}), target, ds)
-    with pytest.raises(UserError, match="--compile-capture .* split over GPUs"):
-        build_source(cfg, dataclasses.replace(target, shard="auto"), ds)
     monkeypatch.setattr(
         "draftsmith.train.batching.packs_sequences", lambda *a: False
     )  # a model that mixes packed samples

@@ -162,6 +162,15 @@ class TrainConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
             raise ValueError(f"{lr:g} is above 1e30, where the optimizer's step overflows fp32; give a rate like 2e-3")
         return lr
 
+    @model_validator(mode="after")
+    def _compile_capture_online_on_one_device(self) -> TrainConfig:
+        """--compile-capture compiles online training's capture on one device: refused, before the
+        target loads, where nothing is captured (--hidden) or the target is split over GPUs."""
+        if self.compile_capture and (self.hidden is not None or self.shard != "none"):
+            why = "a store's states are read, not captured (--hidden)" if self.hidden else "--shard splits the target"
+            raise ValueError(f"--compile-capture compiles online training's capture on one device, and {why}")
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _engine_options(cls, data: Any) -> Any:

@@ -187,9 +187,6 @@ def build_source(
     """The sample source, the aux layer ids, and the dataset rows of the source's samples."""
     max_len = min(cfg.max_len, cfg.batch_tokens)
     n_layers = target.info.num_layers
-    if cfg.compile_capture and (cfg.hidden is not None or target.shard != "none"):
-        why = "a store's states are read, not captured" if cfg.hidden else "the target is split over GPUs (--shard)"
-        raise UserError(f"--compile-capture compiles online training's capture on one device, and {why}; leave it out")
     if cfg.hidden is None:
         aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, n_layers)
         source = OnlineSource(
