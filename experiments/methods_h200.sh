@@ -27,6 +27,8 @@
 # (bench/train_bench.py, on the data); TRAIN_LIMIT_S bounds each training run (330 s alone, 1200 together). The recipe's
 # whole budget, P-EAGLE alone (the lease of 2026-12-04 17:08; RUNS=f_dflash for DFlash):
 #   LEASE_MIN=26 GPU_TESTS=0 TRAIN_LIMIT_S=1260 RUNS=f_peagle EXTRA="" TAU_ONLY=0 TAU_AFTER=f_peagle setsid bash experiments/methods_h200.sh &
+# Both of the others at that budget side by side, each one's tau-only evals as soon as it ends:
+#   LEASE_MIN=25 GPU_TESTS=0 TRAIN_LIMIT_S=1260 RUNS="f_ce f_dflash" TOGETHER=1 EXTRA="" setsid bash experiments/methods_h200.sh &
 # Poll at once after each return: a lease idle for 30 s is given back with everything on it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -67,8 +69,11 @@ train_all() {  # RUN_NAME...: each training alone on the GPU, its tau-only evals
   done
   wait
 }
-train_together() {  # RUN_NAME...: all at once on the GPU, then nothing else (TOGETHER=1: see the header)
-  for name in "$@"; do train_one "$name" "${TRAIN_LIMIT_S:-1200}" & done
+train_together() {  # RUN_NAME...: all at once on the GPU, each one's tau-only evals once it ends (TOGETHER=1: see the header)
+  for name in "$@"; do
+    { train_one "$name" "${TRAIN_LIMIT_S:-1200}"
+      [ "${TAU_ONLY:-1}" = 1 ] && [ -d "$RUN/$name/drafter" ] && tau_only "$name"; } &
+  done
   wait
 }
 if [ "${TOGETHER:-0}" = 1 ]; then train_together $RUNS $EXTRA && RUNS="$RUNS $EXTRA" EXTRA=""; else train_all $RUNS; fi
