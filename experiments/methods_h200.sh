@@ -27,7 +27,8 @@
 # (bench/train_bench.py, on the data); TRAIN_LIMIT_S bounds each training run (330 s alone, 1200 together). The recipe's
 # whole budget, P-EAGLE alone (the lease of 2026-12-04 17:08; RUNS=f_dflash for DFlash):
 #   LEASE_MIN=26 GPU_TESTS=0 TRAIN_LIMIT_S=1260 RUNS=f_peagle EXTRA="" TAU_ONLY=0 TAU_AFTER=f_peagle setsid bash experiments/methods_h200.sh &
-# Both of the others at that budget side by side, each one's tau-only evals as soon as it ends:
+# The other two at that budget side by side, each one's tau-only evals as soon as it ends (the
+# lease of 2026-12-04 20:08: 25.8 device-minutes):
 #   LEASE_MIN=25 GPU_TESTS=0 TRAIN_LIMIT_S=1260 RUNS="f_ce f_dflash" TOGETHER=1 EXTRA="" setsid bash experiments/methods_h200.sh &
 # Poll at once after each return: a lease idle for 30 s is given back with everything on it.
 set -uo pipefail

@@ -32,6 +32,9 @@ LABELS = {
     "m_peagle": "P-EAGLE",
     "m_peagle4": "P-EAGLE, 4 layers",
     "m_dflash": "DFlash",
+    "f_ce": "EAGLE-3, the recipe",
+    "f_peagle": "P-EAGLE",
+    "f_dflash": "DFlash",
 }
 
 
