@@ -360,9 +360,7 @@ def test_compile_capture_is_refused_where_nothing_is_captured_packed(dataset, ti
         TrainConfig(dataset_dir=dataset, out=tmp_path, compile_capture=True, shard="auto")
     target = load_target(str(tiny_target_dir), "cpu", "fp32")
     ds = load_dataset(dataset)
-    monkeypatch.setattr(
-        "draftsmith.train.batching.packs_sequences", lambda *a: False
-    )  # a model that mixes packed samples
+    monkeypatch.setattr("draftsmith.train.batching.packs_sequences", lambda *a: False)  # mixes packed samples
     with pytest.raises(UserError, match="cannot be captured packed; leave --compile-capture out"):
         OnlineSource(ds, target.model, [0, 1, 2], 2048, 2048, compile=True)
 

@@ -91,6 +91,12 @@ def capturing(
         yield filled
 
 
+def stacked_aux(captured: dict[int, torch.Tensor], aux_layer_ids: list[int], device: torch.device) -> torch.Tensor:
+    """The hooked layers' inputs ({k: [B, T, H]}) side by side in `aux_layer_ids` order, on `device`:
+    [B, T, n_aux*H]."""
+    return torch.cat([captured[k].to(device) for k in aux_layer_ids], dim=-1)
+
+
 @torch.no_grad()
 def capture(
     model: nn.Module,
@@ -119,7 +125,7 @@ def capture(
     # on the inputs' device: a target split over GPUs (`load_target(shard="auto")`) hands each layer's
     # input to it on that layer's GPU
     final = out.last_hidden_state.to(input_ids.device)  # [B, T, H], after the final norm
-    aux = torch.cat([captured[k].to(input_ids.device) for k in aux_layer_ids], dim=-1)  # [B, T, n_aux*H]
+    aux = stacked_aux(captured, aux_layer_ids, input_ids.device)  # [B, T, n_aux*H]
     assert aux.shape[:2] == input_ids.shape and final.shape[:2] == input_ids.shape, (aux.shape, input_ids.shape)
     return aux, final
 
@@ -144,7 +150,7 @@ class CompiledCapture:
 
         def forward(ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             out = base(input_ids=ids, position_ids=pos, use_cache=False)
-            aux = torch.cat([self.captured[k] for k in aux_layer_ids], dim=-1)  # [1, W, n_aux*H]
+            aux = stacked_aux(self.captured, aux_layer_ids, ids.device)  # [1, W, n_aux*H]
             return aux, out.last_hidden_state  # [1, W, H]
 
         self.forward = torch.compile(forward, dynamic=False)

@@ -220,10 +220,8 @@ class OnlineSource:
             ids[r, : sum(lengths)] = torch.cat([items[i]["input_ids"][:n] for i, n in zip(g, lengths, strict=True)])
             pos[r] = packed_positions(lengths + tail)
         ids, pos = ids.to(self.device), pos.to(self.device)
-        if self.compiled is None:
-            aux, final = capture(
-                self.model, ids, None, self.aux_layer_ids, pos, self.attention
-            )  # [G, W, n*H], [G, W, H]
+        if self.compiled is None:  # all rows in one forward: aux [G, W, n*H], final [G, W, H]
+            aux, final = capture(self.model, ids, None, self.aux_layer_ids, pos, self.attention)
             states = list(zip(aux, final, strict=True))  # per row: [W, n*H], [W, H]
         else:  # one [1, W] row at a time: the compiled forward's one shape
             states = [tuple(x[0] for x in self.compiled(ids[r : r + 1], pos[r : r + 1])) for r in range(len(groups))]
