@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from pydantic import BaseModel, Field, field_validator
 
-from draftsmith.draft.model import DrafterConfig
+if TYPE_CHECKING:  # annotations only: the configs that mix this in load without torch (a fast --help)
+    import torch
+
+    from draftsmith.draft.model import DrafterConfig
 
 
 class DrafterShape(BaseModel):
