@@ -1,8 +1,7 @@
 """A converted copy of a GGUF target, so that only the first command pays for reading the GGUF.
 
 transformers parses a GGUF three times (config, tokenizer, weights) and de-quantises it, many
-times slower than reading a Hugging Face folder (experiments/LOG.md, CPU figures: loading the
-embedded default). The first load of a GGUF therefore writes that folder, and later loads read it:
+times slower than reading a Hugging Face folder. The first load of a GGUF writes that folder:
 
     <cache>/<gguf stem>-<key>/tokenizer/   the tokenizer as the GGUF gives it (before any
                                            --chat-template override), written by any load

@@ -2,24 +2,14 @@
 
     read_conversations(path, fmt="auto") -> [{"id": str, "messages": [{"role", "content"}, ...]}, ...]
 
-Roles are always "system", "user" or "assistant". Record formats (`fmt`):
-
-    sharegpt  {"conversations": [{"from": "human"|"gpt"|"system", "value": ...}, ...]}
-    messages  {"messages": [{"role": "user", "content": ...}, ...]}            (OpenAI)
-    pairs     {"prompt": .., "response": ..}, also question/answer, instruction(+input)/output,
-              prompt/completion; an optional "system" field becomes a system message
-    turns     {"turns": ["first user turn", "second user turn", ...]}          (MT-bench; user turns only)
-    prompts   {"prompt": ..} or {"text": ..}: one user message                 (input of `synth`)
-
-Containers: a JSONL file, a JSON file holding a list of records, a parquet or arrow file, or
-a folder: a local Hugging Face dataset saved with `save_to_disk` (arrow files, read with
-pyarrow; a DatasetDict uses its "train" split), or a folder of parquet/jsonl files. `fmt="hf"`
-insists on a folder and detects the record format. With "auto" the format is detected from the
-first record; every record must then have that format. Ids come from an `id`,
-`question_id` or `conversation_id` field, else from the position (`line-N` for JSON lines,
-`row-N` for tables), so they are stable across runs.
-
-Every problem is a UserError naming the file and line (or row) and what to do.
+Roles are always "system", "user" or "assistant". The record formats (`sharegpt`, `messages`,
+`pairs`, `turns`, `prompts`) and the containers (a JSONL file, a JSON list, a parquet or arrow
+file, a saved Hugging Face dataset or a folder of parquet/jsonl files; `fmt="hf"` insists on a
+folder) are tabled in docs/prepare.md. With "auto" the format is detected from the first
+record; every record must then have that format. Ids come from an `id`, `question_id` or
+`conversation_id` field, else from the position (`line-N` for JSON lines, `row-N` for tables),
+so they are stable across runs. Every problem is a UserError naming the file and line (or row)
+and what to do.
 """
 
 from __future__ import annotations

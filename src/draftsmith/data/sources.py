@@ -3,21 +3,14 @@ data, and Hugging Face datasets.
 
     read_source(spec, fmt="auto") -> Source(name, spec, license, convs, skipped)
 
-`spec` is, in this order:
-
-    an existing file or folder   any container `formats.py` reads (JSONL, JSON, parquet, a saved HF dataset)
-    gsm8k                        GSM8K train questions bundled with draftsmith (MIT)
-    evals                        OpenAI Evals' registry data (the `evals` package, MIT), one task per folder;
-                                 the folders its LICENSE.md puts under other licenses are left out
-    chitchat                     BYU's Chit-Chat Challenge small talk (the `chitchat-dataset` package, MIT)
-    hf:ORG/NAME[:SPLIT]          a Hugging Face dataset through `datasets` (hub name, or a local folder
-                                 saved with `save_to_disk` or holding parquet/JSON files); split default train
-
-Each conversation is `{"id", "messages", "task"}` as `read_conversations` gives them, plus the
-task it belongs to (an evals folder; the source's name elsewhere), for per-task caps. Package
-sources read the package's data files and never import the package. A missing package, an
-unknown name, an unreachable hub or a dataset without a usable text field is a UserError that
-names the source and says what to do.
+`spec` is an existing file or folder (any container `formats.py` reads), else a name: `gsm8k`
+(bundled), `evals`, `chitchat` or `hf:ORG/NAME[:SPLIT]`; docs/synth.md ("Named sources") tables
+them with their licenses and the evals folders left out for theirs. Each conversation is
+`{"id", "messages", "task"}` as `read_conversations` gives them, plus the task it belongs to (an
+evals folder; the source's name elsewhere), for per-task caps. Package sources read the
+package's data files and never import the package. A missing package, an unknown name, an
+unreachable hub or a dataset without a usable text field is a UserError that names the source
+and says what to do.
 """
 
 from __future__ import annotations

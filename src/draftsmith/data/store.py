@@ -1,6 +1,6 @@
-"""The hidden-state store on disk (DESIGN §3): its layout, its manifest, and `StoreReader`.
-`extract` writes it (extract/writer.py), offline `train` reads it; the format, checksums and
-byte projection are in docs/extract.md ("Store format").
+"""The hidden-state store on disk: its layout, its manifest, and `StoreReader`. `extract` writes
+it (extract/writer.py), offline `train` reads it; the layout, checksums and byte projection are
+in docs/extract.md ("Store format").
 
     store.json, manifest.jsonl (manifest.rank{r}.jsonl under torchrun)
     rows_{a}-{b}/{sample_id}.safetensors   input_ids [T] int32, loss_mask [T] uint8,

@@ -1,21 +1,18 @@
 """`extract --engine vllm`: the store filled from vLLM's own forward of the target.
 
-Reads top to bottom: `open_engine` checks that vLLM is installed, finds the HF folder vLLM
-loads, and describes the target from its config on the meta device (no weights), loading only
-its final norm. `capture_samples` then starts the worker (`vllm_worker`: vLLM's `LLM` must be
-built under `__main__`, and in its own process) and turns each request file it reports into a
-store sample, through the same `StoreWriter` as transformers capture:
+`open_engine` checks that vLLM is installed, finds the HF folder vLLM loads, and describes the
+target from its config on the meta device (no weights), loading only its final norm.
+`capture_samples` starts the worker (`vllm_worker`: vLLM's `LLM` must be built under `__main__`,
+in its own process) and turns each request file it reports into a store sample, through the
+same `StoreWriter` as transformers capture:
 
-- the ids asked for are draftsmith's aux layer ids converted at this edge (`layers`), plus id L,
-  the last layer's output before the final norm; slot j of a file holds the j-th id, ascending;
-- a file whose token ids or row count differ from the dataset's sample stops the run, naming the
-  sample (prefix caching or chunked prefill that skipped positions); nothing of it is written;
-- aux [T, n_aux*H] is the aux slots side by side; final [T, H] is the target's own final norm
-  applied to slot L;
-- every `--check-every` samples (and the first) one sample is compared with a reference forward
-  of the target loaded here (transformers, `--device`/`--shard`); a difference stops the run;
-- each request file is deleted once its sample is handed to the writer, and the request folder
-  (`OUT/.vllm-requests`) is removed at the start and the end of a run.
+- the ids asked for are draftsmith's aux layer ids converted here (`layers`), plus id L, the last
+  layer's output before the final norm; slot j of a file holds the j-th id, ascending;
+- a file whose token ids or row count differ from the dataset's sample stops the run, naming it;
+- aux [T, n_aux*H] is the aux slots side by side; final [T, H] the target's final norm of slot L;
+- every `--check-every` samples (and the first) one is compared with a reference forward of the
+  target loaded here (transformers, `--device`/`--shard`); a difference stops the run;
+- request files are deleted once written; `OUT/.vllm-requests` is removed at a run's start and end.
 """
 
 from __future__ import annotations

@@ -4,17 +4,16 @@
 
 `vllm_capture` starts it (vLLM's `LLM` must be built under `__main__`, and never in the process
 that writes the store). SPEC names the model folder, dtype, parallelism, the engine's layer ids,
-the dataset and its rows to run, and the folder vLLM writes its request files to. The worker runs
-vLLM's `extract_hidden_states` speculative method with the `ExampleHiddenStatesConnector` (on
-CPU its synchronous subclass, `vllm_connector`, stepped by `step_until_written`: docs/extract.md):
-every prompt goes in as token ids with `max_tokens=1`, and vLLM writes one safetensors file per
-request, `hidden_states [T, n_slots, H]` and `token_ids [T]`.
+the dataset rows to run and the folder for vLLM's request files. The worker runs vLLM's
+`extract_hidden_states` method with the `ExampleHiddenStatesConnector` (on CPU its synchronous
+subclass, `vllm_connector`: docs/extract.md): every prompt goes in as token ids with
+`max_tokens=1`, and vLLM writes one safetensors file per request (`hidden_states [T, n_slots, H]`,
+`token_ids [T]`).
 
-Protocol on stdout: one line `@@draftsmith {"row": r, "path": P, "cached": n}` per request
-(n: its prompt tokens vLLM's prefix cache served), after each chunk of `chunk` requests, then
-`@@draftsmith {"done": true}`; every other line is vLLM's own log. Chunk k+2 starts only after
-the parent has written a line to stdin for chunk k, which bounds the request files on disk to
-about two chunks.
+Protocol on stdout: `@@draftsmith {"row": r, "path": P, "cached": n}` per request (n: prompt
+tokens served by the prefix cache), after each chunk of `chunk` requests, then `@@draftsmith
+{"done": true}`; other lines are vLLM's log. Chunk k+2 starts only after the parent writes a
+line to stdin for chunk k, which bounds the request files on disk to about two chunks.
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
 """The asynchronous store writer: host buffers, per-sample validation, atomic files, manifest.
 
-The extraction loop hands over one forward batch at a time, already gathered to the valid rows
-(`[N, ...]`, N = the batch's real tokens) and copied to host memory with non-blocking
-transfers. A thread pool writes the batch's samples in parallel, one safetensors file each. A
-small pool of reusable (pinned, on GPU) host buffers is the bounded queue: when every buffer is
-still being written, the loop waits for the disk, never the other way round.
+The extraction loop hands over one forward batch at a time, gathered to the valid rows (`[N, ...]`,
+N = the batch's real tokens) and copied to host memory with non-blocking transfers. A thread
+pool writes its samples in parallel, one safetensors file each. A small pool of reusable (pinned,
+on GPU) host buffers is the bounded queue: when every buffer is still being written, the loop
+waits for the disk, never the other way round. The safetensors header is built here and the
+tensor bytes written straight from the host buffer, so the threads spend their time in
+`write`/`fsync`/CRC, which release the GIL.
 
-Files are encoded without copies: the safetensors header is built here and the tensor bytes
-are written straight from the host buffer, so the writer threads spend their time in
-`write`/`fsync`/CRC, which release the GIL, and the loop keeps the GPU fed.
-
-Each sample is validated before it is written (rows == tokens, no NaN/Inf), written to a
-temporary name, fsynced and renamed into place. When all of a batch's files are in place their
-manifest lines are appended with one `write()` + fsync. A failed write (a full disk, the file-size
-limit) stops the writer cleanly; samples already listed stay valid.
+Each sample is validated (rows == tokens, no NaN/Inf), written to a temporary name, fsynced and
+renamed into place; then the batch's manifest lines are appended with one `write()` + fsync. A
+failed write (a full disk, the file-size limit) stops the writer cleanly; samples already listed
+stay valid.
 """
 
 from __future__ import annotations

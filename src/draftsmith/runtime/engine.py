@@ -3,18 +3,16 @@
 The forward runs the HF model's own modules (on CPU their linear layers over weights prepacked
 once for oneDNN, runtime/linear.py) but owns the attention: keys and values go into a
 preallocated cache at given slots, and every query attends under an explicit boolean mask over
-the cache (a sliding layer's mask by each slot's position). One code path gives plain decoding,
-chain and tree verification, the compaction of a tree's accepted path (`compact`), the
-drafter's aux hidden states in the same pass (draftsmith layer ids; none when `aux_layer_ids`
-is empty), and batched rows: in lock-step (`forward_batch`, synth) or each at its own length
-(`prefill_rows`, `rows_forward`, eval).
+the cache (a sliding layer's by each slot's position). One code path gives plain decoding, chain
+and tree verification, the compaction of a tree's accepted path (`compact`), the drafter's aux
+hidden states in the same pass (none when `aux_layer_ids` is empty), and batched rows: in
+lock-step (`forward_batch`, synth) or each at its own length (`prefill_rows`, `rows_forward`, eval).
 
 `graph(t, width)`, `graph_rows(t)` and `graph_compact(n)` capture those forwards in CUDA graphs,
-each first `torch.compile`d with `compile` (a forward that fails to compile is captured eagerly,
-with one line on stderr); on CPU the same code runs eagerly. `check_supported` says which
-architectures it covers (Llama, Mistral, Qwen2/3, the Gemma family); selfcheck.py holds every
-model against its own forward. What each family needs, and why the target is compiled:
-docs/eval.md, "How it works".
+each first `torch.compile`d with `compile` (one that fails to compile is captured eagerly, with a
+line on stderr); on CPU the same code runs eagerly. `check_supported` names the architectures it
+covers; selfcheck.py holds every model against its own forward. What each family needs, and why
+the target is compiled: docs/eval.md, "How it works".
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """The generic target engine: the model's own Hugging Face forward with a transformers
-`DynamicCache`, for targets that draftsmith's static-KV engine (engine.py) does not cover
+`DynamicCache`, for targets that the static-KV engine (engine.py) does not cover
 (`engine_choice.open_engine` decides). Slower (no CUDA graphs, a growing cache), but exact for any
 `AutoModelForCausalLM` whose cache can be cropped: the model computes its own logits, with
 whatever multipliers, soft-capping or sliding windows it has.
 
-A rejected draft suffix is dropped by cropping the cache back to the accepted length before
-the next forward (`chain`). A draft tree runs in one forward under a 4-D attention mask (each
-node sees the cached tokens and its ancestors, `tree`), and the accepted path's keys and values
-are moved behind the context (`compact`) before the next crop. `selfcheck.generic_tree_problem`
-checks that a model honours the mask and keeps every cached position (no sliding-window
-layers); where it does not, `open_engine` refuses `--mode tree` on this path with the reason.
-
-The drafter's aux hidden states come from the same forward, by forward pre-hooks in
-draftsmith's layer convention (runtime/capture.py: id k = residual entering decoder layer k,
-k == L the final norm's input).
+A rejected draft suffix is dropped by cropping the cache to the accepted length (`chain`). A
+draft tree runs in one forward under a 4-D attention mask (each node sees the cached tokens and
+its ancestors, `tree`), and the accepted path's keys and values are moved behind the context
+(`compact`) before the next crop. `selfcheck.generic_tree_problem` checks that a model honours
+the mask and keeps every cached position; where it does not, `open_engine` refuses `--mode tree`
+on this path with the reason. The aux hidden states come from the same forward, by forward
+pre-hooks in draftsmith's layer convention (runtime/capture.py).
 """
 
 from __future__ import annotations

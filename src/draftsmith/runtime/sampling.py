@@ -1,22 +1,17 @@
 """Token choice and lossless verification of a draft (chain or tree) against the target.
 
 Greedy (temperature 0): walk down the draft from the root, following the child whose token is
-the target's argmax; the target's argmax at the last accepted node is the bonus token. The
-output is the target's own greedy output, token for token. Chains and trees are verified on
-the device with fixed shapes and one host transfer (`verify_chain_greedy`,
-`verify_chain_sampled`, `verify_tree`).
+the target's argmax; the target's argmax at the last accepted node is the bonus token, so the
+output is the target's own greedy output. Chains and trees are verified on the device with fixed
+shapes and one host transfer (`verify_chain_greedy`, `verify_chain_sampled`, `verify_tree`).
 
-Sampling (temperature, top-p): recursive rejection sampling. At each accepted node the
-children are tried in order with the target's distribution `p` at that node:
-  - a child drawn from a known draft distribution `q` (chain mode: standard speculative
-    sampling) is accepted with probability min(1, p(x)/q(x)); on rejection
-    p <- normalise(max(p - q, 0));
-  - a child chosen deterministically (tree mode, EAGLE-2's top-k tree: q is a point mass) is
-    accepted with probability p(x); on rejection p <- p with x removed, renormalised. With
-    distinct siblings that is one draw y ~ p per node, followed down the tree (`verify_tree`).
-When no child is accepted, the next token is sampled from the remaining `p`. Either way every
-emitted token is distributed exactly as the target's own sampling. `residual=False` skips the
-correction (tests show that the output distribution then differs from the target's).
+Sampling (temperature, top-p): recursive rejection sampling with the target's distribution `p`
+at each accepted node. A child drawn from a known draft distribution `q` (chain mode) is
+accepted with probability min(1, p(x)/q(x)), on rejection p <- normalise(max(p - q, 0)); a child
+chosen deterministically (tree mode, EAGLE-2's top-k: q a point mass) with probability p(x), on
+rejection p <- p without x, renormalised. When no child is accepted the next token is sampled
+from the remaining `p`, so every emitted token is distributed as the target's own sampling.
+`residual=False` skips the correction (tests show the output distribution then differs).
 """
 
 from __future__ import annotations

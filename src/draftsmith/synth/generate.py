@@ -6,13 +6,12 @@ starts at slot pad[b]; its positions are slot - pad[b] and it sees cache slots p
 (a padding slot sees only itself, so that no attention row is empty).
 
     prefill the batch (eager, in chunks of prompt slots, logits of the last position only)
-    -> decode one token per step with the batched forward: a CUDA graph of (1 token, S slots),
-       S = W + max new tokens rounded up to a multiple of 64; eager on CPU, same code
-    -> choose the next tokens on the device (greedy argmax, or temperature / top-k / top-p with
-       a seeded generator), track finished rows (stop ids) on the device
-    -> the host looks at "all rows finished" only every CHECK_EVERY steps.
+    -> decode one token per step: a CUDA graph of (1 token, S slots), S = W + max new tokens
+       rounded up to a multiple of 64; eager on CPU, same code
+    -> choose the next tokens and track finished rows (stop ids) on the device (greedy, or
+       temperature / top-k / top-p with a seeded generator); the host looks every CHECK_EVERY steps.
 
-The engine has a fixed number of rows. A smaller batch is filled with dummy rows, finished from
+The engine has a fixed number of rows: a smaller batch is filled with dummy rows, finished from
 the start, so that one graph per width bucket serves every batch.
 """
 

@@ -1,20 +1,17 @@
 """The synth output files: append-only JSONL, resume, and data-parallel part files.
 
-Layout next to the output `OUT.jsonl`:
-  OUT.jsonl              kept conversations, one JSON object a line (what `prepare` reads)
-  OUT.dropped.jsonl      dropped conversations: id, reason, the rejected text (for inspection and resume)
-  OUT.part{r}.jsonl      rank r's kept conversations while a torchrun job runs
-  OUT.dropped.part{r}.jsonl  rank r's dropped ones
+  OUT.jsonl                  kept conversations, one JSON object a line (what `prepare` reads)
+  OUT.dropped.jsonl          dropped conversations: id, reason, the rejected text (inspection, resume)
+  OUT.part{r}.jsonl, OUT.dropped.part{r}.jsonl   rank r's lines while a torchrun job runs
 
 Every line goes out in one `append_line` (single write + fsync), so a crash leaves at most one
-torn last line, which `repair_tail` cuts off before anything is appended again. An id is done
-when it appears in any of these files with the same resume key (a hash of its prompt, the
-generation settings, the seed and the model: `synth/run.py`); a dropped id with another key (a
-rerun with other settings, such as --keep-unfinished) is tried again. A prompt answered before
-under another id (the same prompts in a file of another name) with the same settings and model
-has the same `repeat_key`, and is skipped as a duplicate. Rank 0 merges the part files into the two main files
-at the end, skipping ids already there, and only then deletes them. A crash at any instant
-therefore loses no finished line and never duplicates an id.
+torn last line, which `repair_tail` cuts before anything is appended again. An id is done when
+it appears in any of these files with the same resume key (a hash of its prompt, the generation
+settings, the seed and the model: `synth/run.py`); a dropped id with another key (a rerun with
+other settings) is tried again. A prompt answered before under another id with the same settings
+and model has the same `repeat_key` and is skipped as a duplicate. Rank 0 merges the part files
+into the main files at the end, skipping ids already there, and only then deletes them: a crash
+at any instant loses no finished line and never duplicates an id.
 """
 
 from __future__ import annotations

@@ -6,13 +6,11 @@
     -> generate chunk by chunk, turn by turn (local HF batches or a remote server)
     -> append each finished conversation as one JSONL line; rank 0 merges torchrun parts.
 
-Output lines are OpenAI `messages` records that `prepare` reads unchanged, with extra fields:
-`id` (stable: source file stem and id, or Magpie index, plus the seed), `key` (the resume key: a
-hash of the prompt, the generation settings, the seed and the model), `source_id`, `model`,
-`generation` (backend and sampling parameters), `generated_tokens` and `ended` (why a
-conversation stopped before its last user turn, or null). See `synth/output.py` for the files
-and the resume rules. The output's folder is locked while synth runs: a second synth writing
-there is refused.
+Output lines are OpenAI `messages` records that `prepare` reads unchanged, plus `id` (stable:
+source file stem and id, or Magpie index, plus the seed), `key` (the resume key: a hash of the
+prompt, the generation settings, the seed and the model), `source_id`, `model`, `generation`,
+`generated_tokens` and `ended` (why a conversation stopped before its last user turn, or null).
+Files and resume rules: `synth/output.py`. The output's folder is locked while synth runs.
 """
 
 from __future__ import annotations

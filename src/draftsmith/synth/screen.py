@@ -4,17 +4,15 @@
     reason = screen.check(messages)   # None, or why the prompt is dropped
     screen.add(messages)              # count it as taken: later copies are duplicates
 
-- **Length** counts the characters of the system and user turns together.
-- **Script** is the Unicode script of most letters in the user turns (`latin`, `cyrillic`,
-  `han`, `arabic`, ...; `none` without letters): a cheap, deterministic stand-in for language
-  identification. `scripts` keeps only those; `exclude_scripts` drops those.
-- **Exact duplicates** share the normalized system and user turns (whitespace collapsed, case
-  folded: `filters.prompt_key`), compared as a 16-byte hash.
-- **Near duplicates** have a Jaccard similarity of at least `near` between the sets of word
-  3-grams of their user turns (the system turn is left out: many tasks share a long one).
-  Candidates come from MinHash LSH (64 hashes in 16 bands of 4, so a pair at 0.8 is missed with
-  probability about 2e-4); each candidate is confirmed on the exact sets. Hashes are crc32 and
-  fixed constants, so a rerun takes the same decisions.
+Length counts the characters of the system and user turns. Script is the Unicode script of most
+letters in the user turns (`latin`, `cyrillic`, `han`, ...; `none` without letters), a cheap,
+deterministic stand-in for language identification (`scripts` keeps, `exclude_scripts` drops).
+Exact duplicates share the normalized system and user turns (`filters.prompt_key`), compared as
+a 16-byte hash. Near duplicates have a Jaccard similarity of at least `near` between the sets of
+word 3-grams of their user turns (many tasks share a long system turn). Candidates come from
+MinHash LSH (64 hashes in 16 bands of 4: a pair at 0.8 is missed with probability about 2e-4),
+each confirmed on the exact sets. Hashes are crc32 and fixed constants, so a rerun takes the
+same decisions.
 """
 
 from __future__ import annotations
