@@ -18,8 +18,9 @@ EAGLE3_OPTIONS = SGLANG_UNSERVED
 
 
 class TrainConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
-    """Defaults are the best of the ablation in docs/train.md (the H200 recipe's data, 2026-11-30);
-    the drafter's vocab size, MLP width and depth come from `DrafterShape`."""
+    """Defaults are the ones the ablations on the H200 recipe's data chose (docs/train.md, "Why
+    these defaults", names each run); the drafter's vocab size, MLP width and depth come from
+    `DrafterShape`."""
 
     positional = "dataset_dir"
     common = (
