@@ -77,11 +77,19 @@ def append_line(path: Path, line: str) -> None:
 
 
 LOCK_FILE = ".draftsmith.lock"
+OWN_FOLDER = {"train": "run.yaml", "extract": "store.json"}  # the commands that write, resume and clean up in an
+# existing folder of their own, and the file each such output holds (also one made before outputs were marked)
 MADE_FILE = ".draftsmith"  # in each output folder draftsmith publishes: {"command": the command that made it}
 
 
 def mark_output(folder: Path, command: str) -> None:
-    """Mark `folder` as the output of `draftsmith COMMAND`: what `--overwrite` may replace."""
+    """Mark `folder` as the output of `draftsmith COMMAND`: what `--overwrite` may replace. A
+    folder another command marked is never re-marked (a UserError): no command takes over another's output."""
+    maker = made_by(folder)
+    if maker is not None and maker != command:
+        raise UserError(
+            f"{folder} is the output of `draftsmith {maker}`, not of `draftsmith {command}`; give another --out"
+        )
     atomic_write_json(Path(folder) / MADE_FILE, {"command": command})
 
 
@@ -100,8 +108,56 @@ def run_folder(path: Path) -> Path | None:
     return next((p for p in (path, *path.parents) if made_by(p) is not None), None)
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file or folder (device and inode: a hard link or a symbolic
+    link to it counts, a copy does not); False when either is missing."""
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except (OSError, ValueError):
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def holds_only_lock(folder: Path) -> bool:
+    """Whether `folder` is empty but for an output lock (a run that stopped before writing)."""
+    return all(p.name == LOCK_FILE for p in Path(folder).iterdir())
+
+
+def check_owned(out: Path, real: Path, command: str, legacy: str) -> None:
+    """For a command that writes into an existing folder of its own (train and extract resume
+    there): an existing non-empty `real` must be this command's output, `--overwrite` or not:
+    marked by it, or unmarked and holding `legacy` (a file every such output holds, written
+    before outputs were marked). Anything else (a file, a folder made by hand, another
+    command's output) is refused, so that nothing in it is rewritten, resumed into or deleted."""
+    if not real.exists():
+        return
+    if not real.is_dir():
+        raise UserError(
+            f"--out {out} is a file, and `draftsmith {command}` writes a folder; give a new folder as --out "
+            "(--overwrite never replaces a file with a folder)"
+        )
+    maker = made_by(real)
+    if maker == command or holds_only_lock(real) or (maker is None and (real / legacy).is_file()):
+        return
+    why = (
+        f"it is the output of `draftsmith {maker}`"
+        if maker
+        else f"it holds files draftsmith did not write (no {MADE_FILE} marker, no {legacy})"
+    )
+    raise UserError(
+        f"--out {out} is not a `draftsmith {command}` output ({why}); {command} writes, resumes and cleans "
+        f"up only in a folder of its own, with --overwrite or not. Give a new or empty --out, or move {out} "
+        "away yourself"
+    )
+
+
 def check_output(
-    out: Path, command: str, inputs: Iterable[Path | str | None] = (), overwrite: bool = False, folder: bool = True
+    out: Path,
+    command: str,
+    inputs: Iterable[Path | str | None] = (),
+    overwrite: bool = False,
+    folder: bool = True,
+    legacy: str | None = None,
 ) -> Path:
     """The real path of `out` (a symbolic link followed, dangling or not) once it is safe for
     `draftsmith COMMAND` to write there, else a UserError saying why and what to do. The one rule
@@ -110,8 +166,13 @@ def check_output(
     - a folder output is not the current folder, the home folder or a folder above either (`/`);
     - `out` does not equal an input, hold one (a folder output), or lie inside the output folder
       of the run an input came from (a drafter's training run, a dataset: `run_folder`);
+    - `out` does not equal an input by file identity (device and inode: a hard link counts);
+    - a folder output that is a file is refused (no `--overwrite` turns a file into a folder);
+    - a file output does not lie inside a folder another command marked as its output;
     - `--overwrite` replaces only an earlier output of the same command (its MADE_FILE says so)
-      or an empty folder, never a folder draftsmith did not make.
+      or an empty folder, never a folder draftsmith did not make;
+    - with `legacy` (the commands that resume in their folder: train, extract) an existing
+      non-empty folder must be this command's output even without `--overwrite` (`check_owned`).
     Inputs are the paths among the command's inputs (a named source or alias is no path: skipped).
     """
     given, real = Path(out), Path(out).resolve()
@@ -128,7 +189,7 @@ def check_output(
         if path is None or not path.exists():
             continue
         source = path.resolve()
-        if real == source or (folder and real in source.parents):
+        if real == source or same_file(real, source) or (folder and real in source.parents):
             how = "is" if real == source else "holds"
             raise UserError(
                 f"--out {given} {how} this command's input {name}: writing there would destroy what {command} "
@@ -140,6 +201,21 @@ def check_output(
                 f"--out {given} is inside {run}, the output of the `draftsmith {made_by(run)}` run that "
                 f"{name} comes from, which a rerun of that command replaces; give an --out outside {run}"
             )
+    if folder and real.exists() and not real.is_dir():
+        raise UserError(
+            f"--out {given} is a file, and `draftsmith {command}` writes a folder (--overwrite never replaces a "
+            "file with a folder); give a new folder as --out, or move the file away yourself"
+        )
+    if not folder:
+        owner = run_folder(real.parent)
+        if owner is not None and made_by(owner) != command:
+            raise UserError(
+                f"--out {given} is inside {owner}, the output of `draftsmith {made_by(owner)}`, whose files it could "
+                f"replace and which that command's --overwrite deletes; give an --out outside {owner}"
+            )
+    legacy = legacy or OWN_FOLDER.get(command)
+    if folder and legacy is not None:
+        check_owned(given, real, command, legacy)
     if (
         overwrite
         and folder

@@ -59,7 +59,7 @@ def test_overwrite_replaces_only_an_output_of_the_same_command(tmp_path):
         check_output(out, "prepare", overwrite=True)
     check_output(out, "eval", overwrite=True)
     (tmp_path / "file").write_text("x")
-    with pytest.raises(UserError, match="was not made by"):
+    with pytest.raises(UserError, match="is a file, and `draftsmith eval` writes a folder"):
         check_output(tmp_path / "file", "eval", overwrite=True)
 
 

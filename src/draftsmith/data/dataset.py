@@ -53,7 +53,16 @@ class TokenizedDataset:
         self.mask = mask_col.values.to_numpy()  # [total] uint8
         self.sample_ids = table.column("sample_id").to_numpy()
         self.lengths = table.column("length").to_numpy().astype(np.int64)
-        assert (np.diff(self.offsets) == self.lengths).all(), f"{path}: lengths disagree with input_ids"
+        redo = f"run `draftsmith prepare DATA --out {path} --overwrite` again"
+        if len(mask_col.offsets) != len(self.offsets) or not (
+            np.array_equal(np.diff(self.offsets), self.lengths)
+            and np.array_equal(mask_col.offsets.to_numpy(), self.offsets)
+        ):
+            raise UserError(
+                f"{path / DATA_FILE}: its lengths, input_ids and loss_mask disagree (edited by hand?); {redo}"
+            )
+        if self.ids.size and int(self.ids.min()) < 0:
+            raise UserError(f"{path / DATA_FILE}: holds a negative token id ({int(self.ids.min())}); {redo}")
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -144,3 +153,54 @@ def write_table(path: Path, rows: dict[str, list]) -> None:
         pq.write_table(table, path / DATA_FILE)
     except OSError as e:  # pyarrow names no file
         raise naming(e, path / DATA_FILE) from None
+
+
+def trainable_tokens(ds: TokenizedDataset, rows: list[int], max_len: int, first: int, all_tokens: bool) -> int:
+    """How many tokens of the dataset's `rows` a training run learns to draft: those at position
+    `first` or later (a drafter predicts a token from the states of earlier ones: EAGLE-3's first
+    target is the third token) within the first `max_len` of their sample, and (unless
+    `all_tokens`) marked in the loss mask."""
+    if not len(rows) or not ds.ids.size:
+        return 0
+    pos = np.arange(ds.ids.size) - np.repeat(ds.offsets[:-1], ds.lengths)  # position within its sample
+    ok = (pos >= first) & (pos < max_len) & (True if all_tokens else ds.mask.astype(bool))
+    cum = np.concatenate([[0], np.cumsum(ok, dtype=np.int64)])
+    per_sample = cum[ds.offsets[1:]] - cum[ds.offsets[:-1]]
+    return int(per_sample[np.asarray(rows, dtype=np.int64)].sum())
+
+
+def check_trainable(ds: TokenizedDataset, rows: list[int], max_len: int, first: int, all_tokens: bool) -> int:
+    """`trainable_tokens`, or a UserError before a run starts that would train on nothing (its
+    loss 0 at every step, and a drafter published that never learnt)."""
+    n = trainable_tokens(ds, rows, max_len, first, all_tokens)
+    if n == 0:
+        masked = int(ds.mask.sum()) == 0 and not all_tokens
+        why = (
+            "its loss masks are all zero (no assistant tokens: a completion dataset, or a chat template without "
+            "answers?); give --loss-tokens all to train on every token, or prepare data with answers"
+            if masked
+            else f"no sample has a trained token at position {first} or later within the first {max_len} tokens; "
+            "give a larger --batch-tokens and --max-len (rows of at least a few tokens)"
+        )
+        raise UserError(f"{ds.path}: nothing to train on in the {len(rows)} training samples: {why}")
+    return n
+
+
+def tokenizer_id(tokenizer: Any) -> str:
+    """An id of a tokenizer's vocabulary (its tokens and their ids, added ones too): two
+    targets of one id read a dataset's token ids as the same text."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def check_tokenizer(ds: TokenizedDataset, tokenizer: Any, spec: str) -> None:
+    """Refuse a dataset tokenized with another vocabulary than `--target`'s (its ids would be
+    other text to this target). A dataset prepared before tokenizers were recorded is not checked."""
+    recorded = ds.target.get("tokenizer")
+    if recorded is None or recorded == tokenizer_id(tokenizer):
+        return
+    raise UserError(
+        f"{ds.path} was tokenized for target {ds.target.get('name')!r}, whose tokenizer is not --target {spec}'s "
+        f"(another vocabulary: its token ids are other text to this target); prepare the conversations again "
+        f"with `draftsmith prepare DATA --target {spec} --out NEW_DATASET`, or give the dataset's own --target"
+    )

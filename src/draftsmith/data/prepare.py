@@ -25,7 +25,7 @@ from draftsmith.config import write_run_record
 from draftsmith.data.chat import check_template_options, tokenize_conversations
 from draftsmith.data.completion import tokenize_completions
 from draftsmith.data.config import PrepareConfig
-from draftsmith.data.dataset import FORMAT, META_FILE, STATS_FILE, write_table
+from draftsmith.data.dataset import FORMAT, META_FILE, STATS_FILE, tokenizer_id, write_table
 from draftsmith.data.sources import answers, mix_card, read_source
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json
@@ -43,7 +43,12 @@ def target_record(spec: str, tokenizer: Any) -> dict[str, Any]:
     vocab = len(tokenizer)
     if gguf_file is None:
         vocab = max(vocab, int(load_text_config(spec).vocab_size))
-    return {"name": spec, "fingerprint": fingerprint(folder, gguf_file), "vocab_size": vocab}
+    return {
+        "name": spec,
+        "fingerprint": fingerprint(folder, gguf_file),
+        "vocab_size": vocab,
+        "tokenizer": tokenizer_id(tokenizer),
+    }
 
 
 def length_edges(max_len: int) -> list[int]:

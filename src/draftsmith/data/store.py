@@ -30,7 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import load as load_bytes
 
 from draftsmith.errors import UserError
-from draftsmith.fsutil import atomic_write_text, free_bytes, read_jsonl
+from draftsmith.fsutil import atomic_write_text, free_bytes, lock_holder, read_jsonl
 from draftsmith.layers import validate_layers
 from draftsmith.target import same_target
 
@@ -171,6 +171,32 @@ def check_store_matches(store: Path, dataset: TokenizedDataset, target: TargetIn
         validate_layers(meta.get("aux_layer_ids") or [], target.num_layers)
     except UserError as e:  # a store written before the layer rule
         raise UserError(f"store {store}: {e}; extract a new store with such --aux-layer-ids") from None
+
+
+def check_store_ready(store: Path, partial: bool = False) -> None:
+    """Refuse a store that does not hold what it claims: one that `extract` is still writing (its
+    output lock is held) or one marked incomplete (an extraction stopped before the end). With
+    `partial` (train's --partial-store) it is used as it stands, and one line says so."""
+    meta = read_store_meta(store)
+    holder = lock_holder(Path(store))
+    total = (meta.get("dataset") or {}).get("samples")
+    if holder is not None:
+        how = f"is being written by `draftsmith extract` (pid {holder})"
+        fix = "wait for the extraction to finish (`draftsmith status STORE`)"
+    elif meta.get("complete", True) is False:
+        how = "is incomplete (its extraction stopped before the end)"
+        fix = "rerun the same `draftsmith extract` to finish it"
+    else:
+        return
+    held = len(read_manifest(store))
+    count = f"{held} of {total} samples" if total is not None else f"{held} samples"
+    if partial:
+        print(f"[train] --partial-store: store {store} {how}; training on the {count} it holds now", flush=True)
+        return
+    raise UserError(
+        f"store {store} {how}: it holds {count}. {fix[0].upper()}{fix[1:]}, or pass --partial-store to train "
+        "on the samples it holds now"
+    )
 
 
 def read_store_meta(path: Path) -> dict[str, Any]:

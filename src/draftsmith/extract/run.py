@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from draftsmith.config import write_run_record
-from draftsmith.data.dataset import TokenizedDataset, load_dataset, pad_batch
+from draftsmith.data.dataset import TokenizedDataset, check_tokenizer, load_dataset, pad_batch
 from draftsmith.data.store import (
     HOST_SLOTS,
     MANIFEST,
@@ -50,11 +50,11 @@ from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.recheck import recheck
 from draftsmith.extract.vllm_capture import capture_samples, open_engine
 from draftsmith.extract.writer import HostBuffers, StoreWriter, clean_orphans
-from draftsmith.fsutil import atomic_write_json, check_output, human_bytes, mark_output, output_lock
+from draftsmith.fsutil import atomic_write_json, check_output, human_bytes, made_by, mark_output, output_lock
 from draftsmith.layers import resolve_aux_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.capture import capture, pads_sequences
-from draftsmith.target import Target, default_device, load_target, load_text_config, parse_dtype
+from draftsmith.target import Target, default_device, load_target, load_text_config, load_tokenizer, parse_dtype
 from draftsmith.torchrun import dist_env
 
 
@@ -87,6 +87,8 @@ def open_store(out: Path, meta: dict, create: bool) -> None:
                 f"{out} holds a store made by another run ({'; '.join(mismatches)}); refusing to mix. "
                 f"Use a new --out, or the original dataset/--target/--aux-layer-ids/--dtype"
             )
+        if create and made_by(out) is None:
+            mark_output(out, "extract")  # a store made before outputs were marked
     elif create:
         mark_output(out, "extract")
         atomic_write_json(out / STORE_FILE, meta)
@@ -180,7 +182,7 @@ def run(cfg: ExtractConfig) -> Path:
     --plan, only print the store's projection (`plan_store`)."""
     if cfg.plan:
         return plan_store(cfg)
-    check_output(cfg.out, "extract", [cfg.dataset_dir, cfg.target])
+    check_output(cfg.out, "extract", [cfg.dataset_dir, cfg.target])  # an existing --out must be a store
     rank, _, _ = dist_env()
     with output_lock(Path(cfg.out)) if rank == 0 else contextlib.nullcontext():
         return extract(cfg)
@@ -203,6 +205,7 @@ def extract(cfg: ExtractConfig) -> Path:
         info, dtype = target.info, target.dtype
     aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, info.num_layers)
     check_token_ids(ds, info.vocab_size)
+    check_tokenizer(ds, target.tokenizer if target is not None else load_tokenizer(cfg.target), cfg.target)
     meta = new_store_meta(info.to_dict(), aux_layer_ids, str(dtype).removeprefix("torch."), dataset_identity(ds))
 
     if rank == 0:
@@ -223,7 +226,8 @@ def extract(cfg: ExtractConfig) -> Path:
                 flush=True,
             )
             write_manifest(out, done)
-        clean_orphans(out, {e["path"] for e in done.values()})
+        if made_by(out) == "extract":  # only in a folder marked as a store
+            clean_orphans(out, {e["path"] for e in done.values()})
         write_run_record(out, cfg)
     barrier(world)
 

@@ -77,6 +77,12 @@ def parse_stages(raw: Any) -> list[tuple[str, str, dict[str, Any]]]:
             )
         options = dict(options or {})
         name = str(options.pop("name", command))
+        if not name or name in (".", "..") or name.startswith(".") or any(c in name for c in "/\\\0"):
+            raise UserError(
+                f"pipeline config: stage {i + 1} ({command}): name: {name!r} is not a plain name; a stage's "
+                "output and markers are named after it inside the pipeline's folder, so give a name without "
+                "'/', '\\' or a leading '.', such as 'train_long'"
+            )
         if name in seen:
             raise UserError(f"pipeline config: two stages are named {name!r}; give one a 'name:'")
         seen.add(name)

@@ -34,13 +34,17 @@ class TrainConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
     hidden: Path | None = Field(
         None, description="Hidden-state store from `extract` (offline mode); omit to train online."
     )
+    partial_store: bool = Field(
+        False,
+        description="Train on a --hidden store that is incomplete or still being written, on the samples it holds now.",
+    )
     vocab: Path | None = Field(
         None, description="Draft vocab file from `draftsmith vocab`; default: built from the dataset."
     )
     aux_layer_ids: list[int] | None = Field(None, description="Aux layer ids (online mode); default [2, L//2, L-3].")
     depth: int = Field(7, ge=1, description="Draft depth trained for: the training-time-test unroll steps.")
     steps: int | None = Field(None, gt=0, description="Optimizer steps (overrides --epochs).")
-    epochs: float = Field(1.0, gt=0, description="Epochs over the training split.")
+    epochs: float = Field(1.0, gt=0, le=10_000, description="Epochs over the training split.")
     lr: float = Field(2e-3, gt=0, description="Peak learning rate.")
     optimizer: Literal["adamw", "muon"] = Field(
         "muon",

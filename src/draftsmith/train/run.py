@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from draftsmith.config import RUN_RECORD, changed_options, load_yaml_mapping, write_run_record
-from draftsmith.data.dataset import TokenizedDataset, load_dataset, split_indices
+from draftsmith.data.dataset import TokenizedDataset, check_tokenizer, check_trainable, load_dataset, split_indices
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
 from draftsmith.draft.dflash import DFlashConfig, DFlashDrafter, default_mask_token
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
@@ -199,8 +199,9 @@ def build_source(
             compile=cfg.compile_capture,
         )
         return source, aux_layer_ids, list(range(len(dataset)))
-    from draftsmith.data.store import StoreReader, check_store_matches, dataset_rows
+    from draftsmith.data.store import StoreReader, check_store_matches, check_store_ready, dataset_rows
 
+    check_store_ready(cfg.hidden, cfg.partial_store)  # not still being written, not incomplete
     check_store_matches(cfg.hidden, dataset, target.info)  # made from this dataset, for this target
     reader = StoreReader(cfg.hidden)
     reader.check_files()  # a missing, truncated or (in a small store) corrupt sample, before anything is written
@@ -306,8 +307,12 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     head = output_head(target.model)  # the teacher: the target's own output path,
     check_output_head(target.model, head)  # checked against its logits (a UserError, before any output)
     dataset = load_dataset(cfg.dataset_dir)
+    check_tokenizer(dataset, target.tokenizer, cfg.target)  # tokenized with this target's vocabulary
     source, aux_layer_ids, dataset_rows = build_source(cfg, target, dataset)
     train_idx, val_idx = split_indices(len(source), cfg.val_fraction, cfg.val_seed)
+    first = 2 if cfg.method == "eagle3" else 1  # EAGLE-3's first drafted token is a sample's third
+    rows = [dataset_rows[i] for i in train_idx]
+    check_trainable(dataset, rows, min(cfg.max_len, cfg.batch_tokens), first, cfg.loss_tokens == "all")
     d2t, t2d = resolve_vocab(cfg, dataset, [dataset_rows[i] for i in train_idx], target.info.vocab_size)
     dflash = cfg.method == "dflash"
     drafter = (build_dflash_drafter if dflash else build_drafter)(target, aux_layer_ids, d2t, t2d, cfg)

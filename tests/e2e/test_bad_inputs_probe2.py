@@ -1,0 +1,172 @@
+"""Issue 55's probes (reliability, second probe), one test each, through the real CLI on the tiny
+target folder: no command takes over a folder it did not make, no output destroys an input or
+another command's output. Each refusal comes before the target loads: seconds a test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from draftsmith.fsutil import MADE_FILE, made_by
+from tests.helpers import cli, failed, prepared_chats, tiny_train_args
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory, tiny_target_dir) -> Path:
+    """A dataset of four short exchanges prepared for the tiny target."""
+    return prepared_chats(tmp_path_factory.mktemp("probe2"), tiny_target_dir)[1]
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# -- 1. train and extract never take over a folder they did not make -------------------------------
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_train_refuses_a_folder_made_by_hand(tmp_path, dataset, tiny_target_dir, overwrite):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    extra = ["--steps", "1"] + (["--overwrite"] if overwrite else [])
+    r = cli(*tiny_train_args(dataset, tiny_target_dir, mine, *extra))
+    failed(r, 2, "is not a `draftsmith train` output", "no .draftsmith marker")
+    assert tree(mine) == {"notes.txt": b"precious"}
+
+
+def test_extract_refuses_a_training_run(tmp_path, dataset, tiny_target_dir):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / MADE_FILE).write_text(json.dumps({"command": "train"}))
+    (run / "run.yaml").write_text("config: {steps: 1}\n")
+    before = tree(run)
+    r = cli("extract", dataset, "--target", tiny_target_dir, "--out", run, "--device", "cpu")
+    failed(r, 2, "it is the output of `draftsmith train`")
+    assert tree(run) == before and made_by(run) == "train"
+
+
+def test_extract_never_deletes_files_in_a_folder_that_is_not_a_store(tmp_path, dataset, tiny_target_dir):
+    us = tmp_path / "us"
+    (us / "rows_0-1999").mkdir(parents=True)
+    (us / "rows_0-1999" / "mine.safetensors").write_text("x")
+    r = cli("extract", dataset, "--target", tiny_target_dir, "--out", us, "--device", "cpu")
+    failed(r, 2, "is not a `draftsmith extract` output")
+    assert tree(us) == {"rows_0-1999/mine.safetensors": b"x"}
+
+
+def test_train_may_start_in_an_empty_folder(tmp_path, dataset, tiny_target_dir):
+    out = tmp_path / "empty"
+    out.mkdir()
+    r = cli(*tiny_train_args(dataset, tiny_target_dir, out, "--steps", "1"))
+    assert r.exit_code == 0, r.output
+    assert made_by(out) == "train"
+
+
+# -- 2. file outputs never replace another command's output ----------------------------------------
+
+
+def test_vocab_out_inside_an_export_is_refused(tmp_path, dataset):
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / MADE_FILE).write_text(json.dumps({"command": "export"}))
+    (export / "model.safetensors").write_bytes(b"weights")
+    r = cli("vocab", dataset, "--out", export / "model.safetensors", "--overwrite")
+    failed(r, 2, "the output of `draftsmith export`")
+    assert (export / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_vocab_out_over_its_datasets_file_is_refused(tmp_path, dataset):
+    r = cli("vocab", dataset, "--out", dataset / "dataset.json", "--overwrite")
+    failed(r, 2, "--out")
+    assert json.loads((dataset / "dataset.json").read_text())
+
+
+def test_synth_out_as_a_hard_link_to_its_prompts_is_refused(tmp_path, tiny_target_dir):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    link = tmp_path / "out.jsonl"
+    os.link(prompts, link)
+    r = cli("synth", prompts, "--target", tiny_target_dir, "--out", link, "--device", "cpu")
+    failed(r, 2, "this command's input")
+    assert prompts.read_text() == json.dumps({"prompt": "hi"}) + "\n"
+
+
+def test_synth_out_inside_a_dataset_is_refused(tmp_path, dataset, tiny_target_dir):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    before = tree(dataset)
+    r = cli("synth", prompts, "--target", tiny_target_dir, "--out", dataset / "more.jsonl", "--device", "cpu")
+    failed(r, 2, "the output of `draftsmith prepare`")
+    assert tree(dataset) == before
+
+
+# -- 10. misleading: a file --out of a folder command is not told to use --overwrite ----------------
+
+
+def test_a_file_out_of_a_folder_command_is_not_sent_to_overwrite(tmp_path, tiny_target_dir):
+    conv = tmp_path / "c.jsonl"
+    conv.write_text(json.dumps({"messages": [{"role": "user", "content": "a"}]}) + "\n")
+    out = tmp_path / "afile"
+    out.write_text("x")
+    r = cli("prepare", conv, "--target", tiny_target_dir, "--out", out)
+    failed(r, 2, "is a file")
+    assert "pass --overwrite" not in r.output and out.read_text() == "x"
+
+
+# -- 4. no training on data that is not what it claims ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, dataset, tiny_target_dir) -> Path:
+    out = tmp_path_factory.mktemp("probe2_store") / "store"
+    r = cli("extract", dataset, "--target", tiny_target_dir, "--out", out, "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_train_refuses_an_incomplete_store_unless_told(tmp_path, dataset, store, tiny_target_dir):
+    part = shutil.copytree(store, tmp_path / "part")  # a copy, marked incomplete as a killed extraction leaves it
+    meta = json.loads((part / "store.json").read_text())
+    (part / "store.json").write_text(json.dumps({**meta, "complete": False}))
+    args = tiny_train_args(dataset, tiny_target_dir, tmp_path / "run", "--hidden", part, "--steps", "1")
+    failed(cli(*args), 2, "is incomplete", "--partial-store")
+    assert not (tmp_path / "run").exists()
+    r = cli(*args, "--partial-store")
+    assert r.exit_code == 0 and "--partial-store" in r.output, r.output
+
+
+def retokenized(src: Path, dst: Path, **target: object) -> Path:
+    """A copy of dataset `src` whose dataset.json records another target."""
+    shutil.copytree(src, dst)
+    meta = json.loads((dst / "dataset.json").read_text())
+    (dst / "dataset.json").write_text(json.dumps({**meta, "target": {**meta["target"], **target}}))
+    return dst
+
+
+def test_train_and_extract_refuse_a_dataset_of_another_tokenizer(tmp_path, dataset, tiny_target_dir):
+    other = retokenized(dataset, tmp_path / "other", name="someone-else", tokenizer="0" * 16)
+    r = cli(*tiny_train_args(other, tiny_target_dir, tmp_path / "run", "--steps", "1"))
+    failed(r, 2, "tokenized for target 'someone-else'", "draftsmith prepare")
+    r = cli("extract", other, "--target", tiny_target_dir, "--out", tmp_path / "store", "--device", "cpu")
+    failed(r, 2, "tokenized for target 'someone-else'")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "store").exists()
+
+
+def test_train_refuses_data_with_no_trainable_token(tmp_path, dataset, tiny_target_dir):
+    zero = retokenized(dataset, tmp_path / "zero")
+    table = pq.read_table(zero / "data.parquet")
+    masks = [[0] * len(m) for m in table.column("loss_mask").to_pylist()]
+    table = table.set_column(table.column_names.index("loss_mask"), "loss_mask", pa.array(masks, pa.list_(pa.uint8())))
+    pq.write_table(table, zero / "data.parquet")
+    failed(cli(*tiny_train_args(zero, tiny_target_dir, tmp_path / "a", "--steps", "1")), 2, "loss masks are all zero")
+    r = cli(*tiny_train_args(dataset, tiny_target_dir, tmp_path / "b", "--steps", "1", "--batch-tokens", "1"))
+    failed(r, 2, "nothing to train on")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

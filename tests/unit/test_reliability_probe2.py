@@ -1,0 +1,170 @@
+"""Issue 55's probes at the level of the functions that enforce them (fsutil's output rule, the
+pipeline's stage names, fingerprints, the data checks): no model, no CLI, milliseconds each."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from draftsmith.errors import UserError
+from draftsmith.fsutil import MADE_FILE, check_output, made_by, mark_output, same_file
+from draftsmith.pipeline.run import parse_stages
+
+
+def marked(folder, command):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MADE_FILE).write_text(json.dumps({"command": command}))
+    return folder
+
+
+# -- 1. one ownership rule -------------------------------------------------------------------------
+
+
+def test_no_command_rewrites_another_commands_marker(tmp_path):
+    run = marked(tmp_path / "run", "train")
+    with pytest.raises(UserError, match="output of `draftsmith train`"):
+        mark_output(run, "extract")
+    assert made_by(run) == "train"
+    mark_output(run, "train")  # its own: fine
+
+
+def test_inputs_are_compared_by_device_and_inode(tmp_path):
+    src = tmp_path / "p.jsonl"
+    src.write_text("{}\n")
+    os.link(src, tmp_path / "hard.jsonl")
+    assert same_file(src, tmp_path / "hard.jsonl") and not same_file(src, tmp_path / "gone")
+    with pytest.raises(UserError, match="this command's input"):
+        check_output(tmp_path / "hard.jsonl", "synth", [src], folder=False)
+
+
+def test_a_file_out_inside_another_commands_folder_is_refused(tmp_path):
+    ds = marked(tmp_path / "ds", "prepare")
+    (ds / "data").mkdir()
+    with pytest.raises(UserError, match="output of `draftsmith prepare`"):
+        check_output(ds / "data" / "conversations.jsonl", "vocab", [], overwrite=True, folder=False)
+    check_output(tmp_path / "elsewhere" / "vocab.safetensors", "vocab", [ds], folder=False)
+
+
+@pytest.mark.parametrize("command", ["train", "extract"])
+def test_train_and_extract_own_only_their_folders(tmp_path, command):
+    legacy = {"train": "run.yaml", "extract": "store.json"}[command]
+    hand = tmp_path / "hand"
+    hand.mkdir()
+    (hand / "notes.txt").write_text("x")
+    for overwrite in (False, True):
+        with pytest.raises(UserError, match="no .draftsmith marker"):
+            check_output(hand, command, [], overwrite)
+    other = marked(tmp_path / "other", "prepare")
+    with pytest.raises(UserError, match="output of `draftsmith prepare`"):
+        check_output(other, command, [])
+    old = tmp_path / "old"  # made before outputs were marked: still its own
+    old.mkdir()
+    (old / legacy).write_text("x")
+    check_output(old, command, [])
+    check_output(marked(tmp_path / "own", command), command, [])
+
+
+# -- pipeline stage names are plain names ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["../../escape", "a/b", "..", ".hidden", "", "a\\b"])
+def test_a_pipeline_stage_name_must_be_plain(name):
+    with pytest.raises(UserError, match="not a plain name"):
+        parse_stages([{"prepare": {"name": name}}])
+    assert parse_stages([{"prepare": {"name": "prep_2"}}])[0][0] == "prep_2"
+
+
+# -- 2. no training on data that is not what it claims ---------------------------------------------
+
+
+def tiny_dataset(path, samples, masks=None, target=None):
+    from draftsmith.data.dataset import FORMAT, META_FILE, write_table
+
+    path.mkdir(parents=True, exist_ok=True)
+    write_table(
+        path,
+        {
+            "sample_id": list(range(len(samples))),
+            "input_ids": samples,
+            "loss_mask": masks if masks is not None else [[1] * len(s) for s in samples],
+            "length": [len(s) for s in samples],
+        },
+    )
+    meta = {"format": FORMAT, "version": 1, "target": target or {}, "max_len": 2048}
+    (path / META_FILE).write_text(json.dumps(meta))
+    return path
+
+
+def test_a_store_still_being_written_or_incomplete_is_refused_unless_accepted(tmp_path, capsys):
+    from draftsmith.data.store import STORE_FILE, check_store_ready, new_store_meta
+    from draftsmith.fsutil import atomic_write_json, output_lock
+
+    store = tmp_path / "store"
+    store.mkdir()
+    meta = new_store_meta({"name": "t", "fingerprint": "f", "hidden_size": 8}, [0, 1, 2], "float32", {"samples": 20})
+    atomic_write_json(store / STORE_FILE, meta)  # complete: False, as extract leaves it until the end
+    with pytest.raises(UserError, match=r"is incomplete .* holds 0 of 20 samples.*--partial-store"):
+        check_store_ready(store)
+    check_store_ready(store, partial=True)
+    assert "--partial-store" in capsys.readouterr().out
+    atomic_write_json(store / STORE_FILE, {**meta, "complete": True})
+    check_store_ready(store)
+    with output_lock(store):  # extract writing into it
+        with pytest.raises(UserError, match=rf"is being written by `draftsmith extract` \(pid {os.getpid()}\)"):
+            check_store_ready(store)
+
+
+def test_a_dataset_of_another_tokenizer_is_refused(tmp_path, tokenizer):
+    from draftsmith.data.dataset import check_tokenizer, load_dataset, tokenizer_id
+
+    ds = load_dataset(tiny_dataset(tmp_path / "ds", [[1, 2, 3]], target={"name": "other", "tokenizer": "0" * 16}))
+    with pytest.raises(UserError, match="tokenized for target 'other', whose tokenizer is not --target mine's"):
+        check_tokenizer(ds, tokenizer, "mine")
+    ok = load_dataset(tiny_dataset(tmp_path / "ok", [[1, 2, 3]], target={"tokenizer": tokenizer_id(tokenizer)}))
+    check_tokenizer(ok, tokenizer, "mine")
+    check_tokenizer(load_dataset(tiny_dataset(tmp_path / "old", [[1, 2, 3]])), tokenizer, "mine")  # not recorded
+
+
+def test_a_run_with_no_trainable_tokens_is_refused(tmp_path):
+    from draftsmith.data.dataset import check_trainable, load_dataset, trainable_tokens
+
+    ds = load_dataset(tiny_dataset(tmp_path / "zero", [[1, 2, 3, 4]] * 3, masks=[[0, 0, 0, 0]] * 3))
+    with pytest.raises(UserError, match="loss masks are all zero.*--loss-tokens all"):
+        check_trainable(ds, [0, 1, 2], 2048, 2, all_tokens=False)
+    assert check_trainable(ds, [0, 1, 2], 2048, 2, all_tokens=True) == 6
+    ds = load_dataset(tiny_dataset(tmp_path / "ok", [[1, 2, 3, 4], [5]], masks=[[0, 1, 1, 1], [1]]))
+    assert trainable_tokens(ds, [0, 1], 2048, 2, False) == 2 and trainable_tokens(ds, [1], 2048, 2, False) == 0
+    with pytest.raises(UserError, match="larger --batch-tokens"):  # --batch-tokens 1: rows of one token
+        check_trainable(ds, [0, 1], 1, 2, all_tokens=False)
+
+
+def test_epochs_is_bounded():
+    from pydantic import ValidationError
+
+    from draftsmith.train.config import TrainConfig
+
+    with pytest.raises(ValidationError, match="less than or equal to 10000"):
+        TrainConfig(dataset_dir="d", out="o", epochs=1e30)
+    assert TrainConfig(dataset_dir="d", out="o", epochs=100).epochs == 100
+
+
+# -- 8. a corrupt dataset is a clean error ---------------------------------------------------------
+
+
+def test_a_dataset_whose_lengths_disagree_or_with_a_negative_id_is_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from draftsmith.data.dataset import DATA_FILE, SCHEMA, load_dataset
+
+    bad = tiny_dataset(tmp_path / "bad", [[1, 2, 3]])
+    table = pa.table(
+        {"sample_id": [0], "input_ids": [[1, 2, 3]], "loss_mask": [[1, 1, 1]], "length": [5]}, schema=SCHEMA
+    )
+    pq.write_table(table, bad / DATA_FILE)
+    with pytest.raises(UserError, match=r"data.parquet: its lengths, input_ids and loss_mask disagree"):
+        load_dataset(bad)
+    with pytest.raises(UserError, match=r"data.parquet: holds a negative token id \(-4\)"):
+        load_dataset(tiny_dataset(tmp_path / "neg", [[1, -4, 3]]))
