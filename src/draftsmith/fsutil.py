@@ -394,31 +394,33 @@ def json_line(path: Path, line: int, raw: bytes) -> Any:
         ) from None
 
 
-SMALL_FILE = 1 << 20  # content_id hashes every byte of a file up to this size
+SMALL_FILE = 1 << 20  # sampled_id hashes every byte of a file up to this size
 SAMPLE, SAMPLE_SPAN, SAMPLES = 4 << 10, 2 << 20, (4, 64)  # and of a larger one, blocks of SAMPLE bytes spread
-# over it, one per SAMPLE_SPAN within SAMPLES: a store's per-sample files of ~5 MB get 4 (1.2 TB: ~4 GB read), a
-# weight file of 128 MiB or more 64 (a 64-shard target: 16 MB), which a fine-tune that changed 8 % of the
-# weights (a merged LoRA) escapes ~0.5 % of the time (4 blocks: ~70 %)
-CONTENT_ID = "c3:"  # the scheme of content_id: a recorded id without it was made otherwise, and is not compared
+# over it, one per SAMPLE_SPAN within SAMPLES (a weight file of 128 MiB or more: 64)
+SAMPLED_ID = "c3:"  # sampled_id's scheme: content ids recorded before issue 55
+TENSOR_BLOCKS = 3  # content_id reads of each tensor of a safetensors file its first, middle and last SAMPLE bytes
+WHOLE_FILE = 256 << 20  # and hashes every byte of any other file up to this size
+CONTENT_ID = "c4:"  # the scheme of content_id: a recorded id without it was made otherwise, and is not compared
 
 
-def content_id(path: Path) -> str:
-    """An id of what a file or folder holds, the same for a copy (whatever its path or times)
-    and changed by an edit: for a file up to SMALL_FILE bytes a hash of its bytes, for a larger one
-    (a model's weights) its size and blocks spread from its first byte to its last (SAMPLES); for
-    a folder the same of each file in it (hidden ones, such as a lock, left out)."""
-    path = Path(path)
-    files = (
-        sorted(
-            p
-            for p in path.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        )
-        if path.is_dir()
-        else [path]
+def tree_files(path: Path) -> list[Path]:
+    """`path` itself, or the files of folder `path` in a stable order (hidden ones, such as a lock, left out)."""
+    if not path.is_dir():
+        return [path]
+    return sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
     )
+
+
+def sampled_id(path: Path) -> str:
+    """content_id as it was before issue 55 (scheme SAMPLED_ID): for a file over SMALL_FILE bytes
+    its size and 4 to 64 blocks spread over it. Kept for the ids recorded with it (a target
+    fingerprint's middle part, synth's resume keys); an edit between the blocks escapes it."""
+    path = Path(path)
     h = hashlib.sha256()
-    for f in files:
+    for f in tree_files(path):
         size = f.stat().st_size
         h.update(f"{f.relative_to(path) if f != path else ''}\0{size}\0".encode())
         with f.open("rb") as fh:
@@ -429,6 +431,70 @@ def content_id(path: Path) -> str:
                 for i in range(n):
                     fh.seek((size - SAMPLE) * i // (n - 1))
                     h.update(fh.read(SAMPLE))
+    return SAMPLED_ID + h.hexdigest()[:24]
+
+
+def tensor_ranges(fh: Any, size: int) -> list[tuple[int, int]] | None:
+    """The byte ranges [start, end) of a safetensors file's header and of each of its tensors, in
+    file order, or None when the file is not safetensors (its header does not parse or fit)."""
+    fh.seek(0)
+    head = fh.read(8)
+    n = int.from_bytes(head, "little") if len(head) == 8 else -1
+    if not 0 < n <= min(size - 8, 100 << 20):
+        return None
+    try:
+        header = json.loads(fh.read(n))
+        spans = sorted(
+            (8 + n + int(t["data_offsets"][0]), 8 + n + int(t["data_offsets"][1]))
+            for k, t in header.items()
+            if k != "__metadata__"
+        )
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None
+    if any(not 8 + n <= a <= b <= size for a, b in spans):
+        return None
+    return [(0, 8 + n), *spans]
+
+
+def hash_file(h: Any, f: Path, size: int) -> None:
+    """Feed `h` content_id's view of file `f`: every byte up to SMALL_FILE; of a larger
+    safetensors file (weights, a store's samples) its header and TENSOR_BLOCKS blocks of every
+    tensor (a tensor of up to that many blocks whole), so that a layer a fine-tune changed is
+    seen; of any other file every byte up to WHOLE_FILE, and of a larger one (a GGUF, a pickled
+    checkpoint) SAMPLES[1] blocks spread over it."""
+    with f.open("rb") as fh:
+        ranges = tensor_ranges(fh, size) if size > SMALL_FILE else None
+        fh.seek(0)
+        if ranges is None and size <= WHOLE_FILE:
+            while chunk := fh.read(8 << 20):
+                h.update(chunk)
+        elif ranges is None:
+            for i in range(SAMPLES[1]):
+                fh.seek((size - SAMPLE) * i // (SAMPLES[1] - 1))
+                h.update(fh.read(SAMPLE))
+        else:
+            header, *tensors = ranges
+            h.update(fh.read(header[1]))
+            for a, b in tensors:
+                if b - a <= TENSOR_BLOCKS * SAMPLE:
+                    fh.seek(a)
+                    h.update(fh.read(b - a))
+                    continue
+                for i in range(TENSOR_BLOCKS):
+                    fh.seek(a + (b - a - SAMPLE) * i // (TENSOR_BLOCKS - 1))
+                    h.update(fh.read(SAMPLE))
+
+
+def content_id(path: Path) -> str:
+    """An id of what a file or folder holds, the same for a copy (whatever its path or times)
+    and changed by an edit: a hash of each file's name in the folder, its size and its content
+    (`hash_file`: every tensor of a safetensors file sampled, any other file whole up to WHOLE_FILE)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    for f in tree_files(path):
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(path) if f != path else ''}\0{size}\0".encode())
+        hash_file(h, f, size)
     return CONTENT_ID + h.hexdigest()[:24]
 
 

@@ -30,7 +30,7 @@ from torch import nn
 from draftsmith import gguf_cache
 from draftsmith.config import DEFAULT_TARGET
 from draftsmith.errors import UserError
-from draftsmith.fsutil import content_id
+from draftsmith.fsutil import content_id, sampled_id
 from draftsmith.layers import default_aux_layers
 from draftsmith.torchrun import dist_env
 
@@ -108,10 +108,12 @@ def resolve_spec(spec: str) -> tuple[Path, str | None]:
 
 
 def files_id(spec: str) -> str:
-    """A content id of a target's files (its GGUF, or every file of its folder: `content_id`): the
-    same for a copy at another path, another once its weights change."""
+    """A content id of a target's files (its GGUF, or every file of its folder): the same for a
+    copy at another path, another once its weights change. `sampled_id`, the scheme synth's
+    resume keys were recorded with (a kept answer stays done across versions): a large weight
+    file's 64 blocks, which an edit between them escapes (`fingerprint` reads every tensor)."""
     folder, gguf_file = resolve_spec(spec)
-    return content_id(folder / gguf_file if gguf_file else folder)
+    return sampled_id(folder / gguf_file if gguf_file else folder)
 
 
 def source(folder: Path, gguf_file: str | None, part: str) -> tuple[Path, dict[str, Any]]:
@@ -175,12 +177,14 @@ def text_config(config: Any) -> Any:
 
 
 def fingerprint(folder: Path, gguf_file: str | None) -> str:
-    """A target's identity, as stores record it, cheap for a large one: `SHAPE.WEIGHTS`. SHAPE
-    hashes config.json and the weight files' names and sizes (all a fingerprint held before
-    2026-12-04, when a fine-tune of the same shapes had its base's); WEIGHTS hashes each weight
-    file's `content_id` (up to 64 blocks spread over it), so other weights of the same shapes
-    have another. `same_target` compares a recorded one of either kind."""
-    shape, weights = hashlib.sha256(), hashlib.sha256()
+    """A target's identity, as stores and checkpoints record it, cheap for a large one:
+    `SHAPE.SAMPLED.TENSORS`. SHAPE hashes config.json and the weight files' names and sizes (all
+    a fingerprint held before 2026-12-04, when a fine-tune of the same shapes had its base's);
+    SAMPLED each weight file's `sampled_id` (up to 64 blocks spread over it: all it held until
+    issue 55); TENSORS each weight file's `content_id`, which reads 3 blocks of every tensor of a
+    safetensors file (so a fine-tune that changed any layer is another target) and every byte of
+    another file up to 256 MiB. `same_target` compares a recorded one of any of these kinds."""
+    shape, weights, tensors = hashlib.sha256(), hashlib.sha256(), hashlib.sha256()
     files = [folder / gguf_file] if gguf_file else sorted(folder.iterdir())
     for f in files:
         if f.is_file() and (f.suffix in {".gguf", ".safetensors", ".bin"} or f.name == "config.json"):
@@ -189,15 +193,18 @@ def fingerprint(folder: Path, gguf_file: str | None) -> str:
             if f.name == "config.json":
                 shape.update(f.read_bytes())
             else:
-                weights.update(content_id(f).encode())
-    return f"{shape.hexdigest()[:16]}.{weights.hexdigest()[:16]}"
+                weights.update(sampled_id(f).encode())
+                tensors.update(content_id(f).encode())
+    return f"{shape.hexdigest()[:16]}.{weights.hexdigest()[:16]}.{tensors.hexdigest()[:16]}"
 
 
 def same_target(recorded: str, current: str) -> bool:
-    """Whether a fingerprint recorded earlier (a store's) names the target whose fingerprint is
-    `current`: the same, or, recorded before fingerprints read the weights (no '.'), the same
-    SHAPE part, all such a record can tell."""
-    return recorded == current or ("." not in recorded and recorded == current.split(".")[0])
+    """Whether a fingerprint recorded earlier (a store's, a checkpoint's) names the target whose
+    fingerprint is `current`: the same, or, recorded by an earlier draftsmith with fewer parts
+    (SHAPE before 2026-12-04, SHAPE.SAMPLED before issue 55), the same leading parts, all such a
+    record can tell."""
+    parts = recorded.split(".")
+    return recorded == current or (len(parts) < 3 and parts == current.split(".")[: len(parts)])
 
 
 def default_device() -> torch.device:

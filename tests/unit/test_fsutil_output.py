@@ -117,10 +117,10 @@ def test_a_content_id_of_the_earlier_scheme_is_not_compared(tmp_path):
     done, conv = tmp_path / "prepare.done", tmp_path / "conv.jsonl"
     conv.write_text("a\n")
     now = {str(conv): content_id(conv)}
-    for earlier in ("0123456789abcdef01234567", "c2:0123456789abcdef01234567"):  # size and time; 4 blocks
-        done.write_text(json.dumps({"files": {str(conv): earlier}}))
+    for earlier in ("0123456789abcdef01234567", "c2:0123456789abcdef01234567", "c3:0123456789abcdef01234567"):
+        done.write_text(json.dumps({"files": {str(conv): earlier}}))  # size and time; 4 blocks; up to 64 blocks
         assert changed_files(done, now) == []
-    done.write_text(json.dumps({"files": {str(conv): "c3:0123456789abcdef01234567"}}))
+    done.write_text(json.dumps({"files": {str(conv): "c4:0123456789abcdef01234567"}}))
     assert changed_files(done, now) == [f"input {conv} changed"]
     done.write_text(json.dumps({"files": now}))
     assert changed_files(done, now) == []

@@ -168,3 +168,55 @@ def test_a_dataset_whose_lengths_disagree_or_with_a_negative_id_is_refused(tmp_p
         load_dataset(bad)
     with pytest.raises(UserError, match=r"data.parquet: holds a negative token id \(-4\)"):
         load_dataset(tiny_dataset(tmp_path / "neg", [[1, -4, 3]]))
+
+
+# -- 5. content ids and fingerprints see a same-size fine-tune -------------------------------------
+
+
+def test_a_same_size_edit_of_one_tensor_changes_the_content_id(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from draftsmith.fsutil import content_id, sampled_id
+
+    tensors = {f"layer.{i:02d}": torch.randn(256, 256, generator=torch.Generator().manual_seed(i)) for i in range(20)}
+    path = tmp_path / "model.safetensors"  # 5.2 MB: sampled_id reads 4 blocks of it
+    save_file(tensors, path)
+    before, size, old = content_id(path), path.stat().st_size, sampled_id(path)
+    save_file({**tensors, "layer.07": tensors["layer.07"] * 1.01}, path)  # one layer fine-tuned, saved over it
+    assert path.stat().st_size == size
+    assert sampled_id(path) == old  # what the fingerprint read before issue 55: the edit fell between its blocks
+    assert content_id(path) != before
+
+
+def test_a_same_size_edit_of_a_large_text_file_changes_the_content_id(tmp_path):
+    from draftsmith.fsutil import content_id
+
+    path = tmp_path / "conv.jsonl"
+    lines = [json.dumps({"messages": [{"role": "user", "content": f"question {i:06d}"}]}) for i in range(200_000)]
+    path.write_text("\n".join(lines) + "\n")  # ~12 MB
+    before = content_id(path)
+    text = path.read_text()
+    path.write_text(text.replace("question 123457", "question 754321"))
+    assert content_id(path) != before
+
+
+def test_a_target_fine_tuned_in_place_has_another_fingerprint(tmp_path, tiny_target_dir):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from draftsmith.target import fingerprint, same_target
+
+    folder = shutil.copytree(tiny_target_dir, tmp_path / "t")
+    base = fingerprint(folder, None)
+    weights = load_file(folder / "model.safetensors")
+    name = next(k for k in sorted(weights) if "layers.1." in k and k.endswith("down_proj.weight"))
+    size = (folder / "model.safetensors").stat().st_size
+    save_file({**weights, name: weights[name] * 1.5}, folder / "model.safetensors", metadata={"format": "pt"})
+    assert (folder / "model.safetensors").stat().st_size == size
+    tuned = fingerprint(folder, None)
+    assert not same_target(base, tuned) and not same_target(tuned, base)
+    shape, sampled, _ = base.split(".")
+    assert same_target(shape, base) and same_target(f"{shape}.{sampled}", base)  # records of earlier versions
+    assert not same_target(f"{shape}.{'0' * 16}", base)
