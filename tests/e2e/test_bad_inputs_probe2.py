@@ -170,3 +170,22 @@ def test_train_refuses_data_with_no_trainable_token(tmp_path, dataset, tiny_targ
     r = cli(*tiny_train_args(dataset, tiny_target_dir, tmp_path / "b", "--steps", "1", "--batch-tokens", "1"))
     failed(r, 2, "nothing to train on")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+# -- 7. memory: the eval batch is capped at the number of questions ---------------------------------
+
+
+def test_eval_batch_is_capped_at_the_number_of_questions(tmp_path, tiny_target_dir, tiny_model, monkeypatch):
+    import draftsmith.evaluate.run as eval_run
+    from draftsmith.draft.checkpoint import save_drafter
+    from draftsmith.errors import UserError
+    from tests.helpers import random_drafter
+
+    def engine(model, aux, max_len, drafting, batch_size, *args, **kwargs):
+        raise UserError(f"engine of {batch_size} rows")  # stop before anything is allocated
+
+    monkeypatch.setattr(eval_run, "open_engine", engine)
+    drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter")
+    args = ["--device", "cpu", "--num-questions", "1", "--max-new-tokens", "4", "--no-speed", "--batch-size", "100000"]
+    r = cli("eval", "--target", tiny_target_dir, "--drafter", drafter, "--out", tmp_path / "eval", *args)
+    failed(r, 2, "engine of 1 rows")

@@ -457,6 +457,7 @@ def run(cfg: EvalConfig) -> Path:
     max_new = cfg.max_new_tokens or (256 if on_gpu else 48)
     questions = resolve_questions(cfg, on_gpu)
     cfg = with_device_defaults(cfg, on_gpu)
+    cfg = cfg.model_copy(update={"batch_size": min(cfg.batch_size, max(len(questions), 1))})  # KV rows used
     check_template_options(cfg.chat_template, cfg.completion)
     torch.manual_seed(cfg.seed)
     entrants = load_entrants(cfg, device, candidate_shapes(cfg))
