@@ -1,8 +1,9 @@
 """The drafter folder that `train` writes and `eval` / `export` read.
 
-    drafter.json        {"format": "draftsmith-drafter", "version": 1, "method": "eagle3" | "dflash",
-                         "config": DrafterConfig or DFlashConfig, "target": TargetInfo dict, "meta": {...}}
-                        (a record without "method" is an EAGLE-3 drafter)
+    drafter.json        {"format": "draftsmith-drafter", "version": 1, "method": a METHODS name,
+                         "config": its config (with the same `method`), "target": TargetInfo dict,
+                         "meta": {...}} (a record without "method" is an EAGLE-3 drafter; an older
+                         P-EAGLE one says "eagle3" at the top and "peagle" in its config: read as P-EAGLE)
     model.safetensors   draftsmith key names: embed_tokens.weight, fc.weight, midlayer.*,
                          norm.weight, lm_head.weight, d2t, t2d
 
@@ -20,10 +21,8 @@ from typing import Any
 
 import torch
 
-from draftsmith.draft.dflash import METHOD as DFLASH
-from draftsmith.draft.dflash import DFlashConfig, DFlashDrafter
 from draftsmith.draft.importer import import_drafter
-from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.draft.methods import METHODS, method_named, method_of, record_method
 from draftsmith.errors import UserError
 from draftsmith.fsutil import _umask, atomic_write_json, read_safetensors
 
@@ -49,18 +48,8 @@ def save_file(tensors: dict[str, torch.Tensor], path: Path | str, metadata: dict
     os.chmod(path, 0o666 & ~_umask())
 
 
-def drafter_method(model: torch.nn.Module) -> str:
-    """ "dflash" or "eagle3": the method of a drafter module."""
-    return DFLASH if isinstance(model, DFlashDrafter) else "eagle3"
-
-
-def record_method(record: dict[str, Any]) -> str:
-    """The method a drafter.json records (an older record, without one, is EAGLE-3's)."""
-    return str(record.get("method") or record.get("config", {}).get("method") or "eagle3")
-
-
 def save_drafter(
-    model: Eagle3Drafter | DFlashDrafter,
+    model: torch.nn.Module,
     folder: Path,
     target: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
@@ -77,7 +66,7 @@ def save_drafter(
         {
             "format": FORMAT,
             "version": 1,
-            "method": drafter_method(model),
+            "method": method_of(model).name,
             "config": model.config.to_dict(),
             "target": target or {},
             "meta": meta or {},
@@ -103,7 +92,7 @@ def read_drafter_record(folder: Path) -> dict[str, Any]:
 
 def load_drafter(
     path: Path, device: str | torch.device = "cpu", convention: str | None = None
-) -> tuple[Eagle3Drafter | DFlashDrafter, dict[str, Any]]:
+) -> tuple[Any, dict[str, Any]]:
     """Load a drafter folder (native, exported, or third-party EAGLE-3; `convention`: the layer-id
     convention of a third-party folder's config, as `import_drafter` takes it). Returns the model
     and its record (drafter.json's `config`, `target`, `meta`). A drafter with a NaN or Inf weight
@@ -115,17 +104,9 @@ def load_drafter(
         path = path / "drafter"
     if (path / DRAFTER_FILE).exists():
         record = read_drafter_record(path)
+        method = method_named(record_method(record), str(path / DRAFTER_FILE))
         try:
-            method = record_method(record)
-            if method not in ("eagle3", DFLASH):
-                raise UserError(
-                    f"{path / DRAFTER_FILE}: method {method!r} is not one draftsmith knows (eagle3, dflash)"
-                )
-            model = (
-                DFlashDrafter(DFlashConfig.from_dict(record["config"]))
-                if method == DFLASH
-                else Eagle3Drafter(DrafterConfig.from_dict(record["config"]))
-            )
+            model = method.build({**record["config"], "method": method.name})
         except (TypeError, ValueError, RuntimeError) as e:  # a missing or mistyped field
             raise UserError(f"{path / DRAFTER_FILE}: its config does not describe a drafter ({e}); {FIX}") from None
         state = read_safetensors(path / WEIGHTS, FIX)
@@ -137,11 +118,10 @@ def load_drafter(
             raise UserError(
                 f"drafter {path}: weights do not match its config (missing {missing}, unexpected {unexpected}); {FIX}"
             )
-    elif (path / "config.json").exists():
-        from draftsmith.draft.dflash_layout import import_dflash, is_dflash_folder
-
-        if is_dflash_folder(path):
-            model, record = import_dflash(path)
+    elif (path / "config.json").exists():  # an engine's layout: a method's own, else an EAGLE-3 one
+        own = next((m for m in METHODS.values() if m.claims_folder(path)), None)
+        if own is not None and own.read_folder is not None:
+            model, record = own.read_folder(path)
         else:
             model, record = import_drafter(path, convention=convention)
     else:

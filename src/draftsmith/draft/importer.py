@@ -29,7 +29,7 @@ from draftsmith.draft.layouts import (
     to_draftsmith_key,
 )
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
-from draftsmith.draft.peagle import METHODS, read_method
+from draftsmith.draft.peagle import SPECULATORS_TYPES, read_method
 from draftsmith.errors import UserError
 from draftsmith.fsutil import read_safetensors
 from draftsmith.layers import from_engine
@@ -188,9 +188,9 @@ def import_drafter(path: Path, convention: str | None = None) -> tuple[Eagle3Dra
     if not isinstance(config, dict):
         raise UserError(f"{config_path}: expected a JSON object (a model config); {FIX}")
     speculators = "speculators_model_type" in config
-    if speculators and config["speculators_model_type"] not in METHODS:
+    if speculators and config["speculators_model_type"] not in SPECULATORS_TYPES:
         raise UserError(
-            f"{config_path}: speculators_model_type {config['speculators_model_type']!r} is not one of {METHODS}"
+            f"{config_path}: speculators_model_type {config['speculators_model_type']!r} is not one of {SPECULATORS_TYPES}"
         )
     if not speculators and not any("eagle3" in a.lower() for a in config.get("architectures", [])):
         raise UserError(f"{config_path}: architectures {config.get('architectures')} are not an EAGLE-3 drafter")

@@ -28,17 +28,12 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.draft.layouts import arch_options
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
 
-METHODS = ("eagle3", "peagle")
-# the engines that serve each method's drafter (export refuses the others)
-SERVED_BY = {"eagle3": ("vllm", "sglang"), "peagle": ("vllm",)}
-
-
-def is_parallel(cfg: DrafterConfig) -> bool:
-    """Whether one drafter forward proposes all K drafts (P-EAGLE)."""
-    return cfg.method == "peagle"
+METHOD = "peagle"  # its name in draft/methods.py's METHODS
+SPECULATORS_TYPES = ("eagle3", METHOD)  # the speculators_model_type values of the EAGLE-3 module's layouts
 
 
 def placeholder_hidden(drafter: Eagle3Drafter) -> torch.Tensor:
@@ -61,21 +56,19 @@ def placeholder_inputs(
 TOKEN_FIELDS = ("mask_token_id", "pard_token", "ptd_token_id")
 
 
-def serving_refusal(cfg: DrafterConfig, engine: str) -> str | None:
-    """Why `engine` cannot serve this drafter's method, naming the engines that can; None when it can."""
-    if engine in SERVED_BY[cfg.method]:
-        return None
-    return (
-        f"this is a {cfg.method} drafter (P-EAGLE: parallel drafting, one forward proposes all K drafts), which "
-        f"{engine} does not serve (SGLang has no parallel-drafting EAGLE); it is served by "
-        f"{', '.join(SERVED_BY[cfg.method])} (llama_eagle3 with speculative_config parallel_drafting=True): "
-        f"export with --engine {SERVED_BY[cfg.method][0]}"
-    )
+def speculators_fields(cfg: DrafterConfig) -> tuple[dict[str, object], dict[str, object]]:
+    """P-EAGLE's fields in the speculators layout (empty for EAGLE-3): in transformer_layer_config,
+    the architecture options (vLLM's `update_peagle` copies only norm_before_residual and
+    norm_before_fc from the top level); at the top level, the placeholder token as `mask_token_id`
+    (which `update_peagle` requires, as pard_token)."""
+    if cfg.method != METHOD:
+        return {}, {}
+    return arch_options(cfg), {"mask_token_id": cfg.ptd_token_id}
 
 
 def engine_fields(cfg: DrafterConfig) -> dict[str, int]:
     """The placeholder token under the names vLLM reads in an EAGLE-3 config.json (empty for EAGLE-3)."""
-    return {"pard_token": cfg.ptd_token_id, "ptd_token_id": cfg.ptd_token_id} if is_parallel(cfg) else {}
+    return {"pard_token": cfg.ptd_token_id, "ptd_token_id": cfg.ptd_token_id} if cfg.method == METHOD else {}
 
 
 def read_method(config: dict, speculators: bool, has_mask_hidden: bool, where: str) -> dict[str, object]:
@@ -88,4 +81,4 @@ def read_method(config: dict, speculators: bool, has_mask_hidden: bool, where: s
     if token is None or not has_mask_hidden:
         missing = "a placeholder token (mask_token_id, pard_token or ptd_token_id)" if token is None else "mask_hidden"
         raise UserError(f"{where}: a P-EAGLE (parallel drafting) drafter without {missing}; vLLM refuses it too")
-    return {"method": "peagle", "ptd_token_id": int(token)}
+    return {"method": METHOD, "ptd_token_id": int(token)}

@@ -42,9 +42,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from draftsmith.draft.methods import method_of
 from draftsmith.draft.model import Eagle3Drafter
-from draftsmith.draft.peagle import is_parallel
-from draftsmith.evaluate.parallel import parallel_from
+from draftsmith.draft.peagle import placeholder_inputs
 from draftsmith.runtime.engine import Graphed
 from draftsmith.runtime.linear import prepacked
 from draftsmith.runtime.sampling import Sampling, race
@@ -161,9 +161,15 @@ def chain_draft(tokens: torch.Tensor, q: torch.Tensor | None = None) -> Draft:
 
 
 class DrafterProposer(StagedCycle):
-    """The drafter behind the `Proposer` interface, for `batch` rows. `compile`: the drafter step
-    through `torch.compile` (falls back to the eager step, with one stderr line, when compiling
-    fails on GPU)."""
+    """The EAGLE-3 drafter behind the `Proposer` interface, for `batch` rows. `compile`: the
+    drafter step through `torch.compile` (falls back to the eager step, with one stderr line, when
+    compiling fails on GPU). A drafter of a method whose one forward drafts the cycle (P-EAGLE's
+    module is EAGLE-3's) gets the subclass that drafts so, `ParallelProposer`."""
+
+    def __new__(cls, drafter: Eagle3Drafter, *args: object, **kwargs: object) -> DrafterProposer:
+        if cls is DrafterProposer and method_of(drafter).one_forward:
+            cls = ParallelProposer
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -203,9 +209,6 @@ class DrafterProposer(StagedCycle):
         self.compiled = compile
         self.step_fn = torch.compile(self._step_eager, dynamic=False) if compile else self._step_eager
         self.draft = self._chain_from if mode == "chain" else self._tree_from  # from step 0's output, through `_step`
-        if is_parallel(cfg):  # P-EAGLE: drafts 2..K in one step (evaluate/parallel.py)
-            assert mode == "chain", "a parallel drafter drafts chains"
-            self.draft = functools.partial(parallel_from, self)
         # the draft as one compiled region, calling the eager step inside it: a chain's K-1 steps and the argmax
         # and id lookups between them, or a tree's expansions, top-k and selection
         self.draft_region = (
@@ -368,15 +371,7 @@ class DrafterProposer(StagedCycle):
         masks = self._context(base, n)[:, None] | self.chain_masks  # [B, K-1, S16]
         pos = n[:, None, None] + self.chain_steps  # [B, K-1, 2]: draft step i at position n+i
         for i in range(self.depth):
-            if self.noise is None:
-                d = logits.argmax(-1)  # [B]
-            else:
-                q_d = self.sampling.probs(logits)  # [B, Vd]
-                d = race(q_d, self.noise[:, i])  # [B]: a draw from q_d
-                qs.append(
-                    torch.zeros(q_d.shape[0], self.vocab_size, device=self.device).index_copy_(1, self.vocab_map, q_d)
-                )
-            tokens.append(self.vocab_map.index_select(0, d))  # [B] target ids
+            self._draw(logits, i, tokens, qs)
             if i < self.depth - 1:  # draft step i: [B, 1] position and slot, [B, 1, S] mask
                 logits, out = step(
                     hidden[:, None],
@@ -388,6 +383,19 @@ class DrafterProposer(StagedCycle):
                 logits, hidden = logits[:, 0], out[:, 0]  # [B, Vd], [B, H]
         q = torch.stack(qs, dim=1) if qs else None  # [B, K, V]
         return torch.stack(tokens, dim=1), q  # [B, K]
+
+    def _draw(self, logits: torch.Tensor, i: int, tokens: list[torch.Tensor], qs: list[torch.Tensor]) -> None:
+        """Draft i of a chain from its logits [B, Vd]: the argmax, or sampling, a draw racing q
+        against `self.noise`; its target ids [B] appended to `tokens` and, sampling, q [B, V] to `qs`."""
+        if self.noise is None:
+            d = logits.argmax(-1)  # [B]
+        else:
+            q_d = self.sampling.probs(logits)  # [B, Vd]
+            d = race(q_d, self.noise[:, i])  # [B]: a draw from q_d
+            qs.append(
+                torch.zeros(q_d.shape[0], self.vocab_size, device=self.device).index_copy_(1, self.vocab_map, q_d)
+            )
+        tokens.append(self.vocab_map.index_select(0, d))  # [B] target ids
 
     def _tree_from(
         self,
@@ -453,6 +461,51 @@ class DrafterProposer(StagedCycle):
             parents,
             tree_ancestors(parents, self.depth),
         )
+
+
+class ParallelProposer(DrafterProposer):
+    """A P-EAGLE drafter (draft/peagle.py): one drafter forward over K-1 placeholder slots after
+    step 0, instead of a chain's K-1 steps; chains only.
+
+    Draft 1 comes from step 0's output at each row's last observed position, as in a chain; drafts
+    2..K from one step over the K-1 slots, each at a chain's draft slot, position and mask (draft
+    step i of a chain: slot max_len+i, position n+i, the context and draft slots 0..i), which is
+    vLLM's causal attention over its parallel slots. Fixed shapes, no host sync: the cycle stays
+    one CUDA graph."""
+
+    def __init__(
+        self, drafter: Eagle3Drafter, sampling: Sampling, max_len: int, mode: str = "chain", *args, **kw
+    ) -> None:
+        assert mode == "chain", "a parallel drafter drafts chains"
+        super().__init__(drafter, sampling, max_len, mode, *args, **kw)
+
+    def _chain_from(
+        self,
+        logits: torch.Tensor,
+        hidden: torch.Tensor,
+        base: torch.Tensor,
+        n: torch.Tensor,
+        step: Callable | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """K drafts from step 0's logits [B, Vd] at each row's last observed position (`hidden`,
+        its output, is not read: no slot reads another's output); n [B]: positions observed.
+        Returns the target ids [B, K] and, sampling, their distributions [B, K, V]."""
+        step = step or self._step
+        b, s, k = n.shape[0], self.cols.shape[0], self.depth
+        rows = [logits]  # [B, Vd] per draft
+        if k > 1:
+            ids, slot_hidden = placeholder_inputs(self.drafter, self.chain_slots[:, 0].expand(b, k - 1), self.dtype)
+            masks = self._context(base, n)[:, None] | self.chain_masks  # [B, K-1, S16]: context, slots 0..i
+            pos = n[:, None] + self.chain_steps[:, 0]  # [B, K-1]: slot i at position n+i
+            slots = self.chain_slots[:, 0].expand(b, k - 1)  # [B, K-1]
+            par, _ = step(slot_hidden, ids, pos, slots, masks[..., :s])  # [B, K-1, Vd]
+            rows += list(par.unbind(1))
+        tokens: list[torch.Tensor] = []
+        qs: list[torch.Tensor] = []
+        for i, row in enumerate(rows):
+            self._draw(row, i, tokens, qs)
+        q = torch.stack(qs, dim=1) if qs else None  # [B, K, V]
+        return torch.stack(tokens, dim=1), q  # [B, K]
 
 
 class OracleProposer:

@@ -29,15 +29,13 @@ import torch
 from draftsmith.config import write_run_record
 from draftsmith.data.chat import check_template_options
 from draftsmith.draft.checkpoint import load_drafter
-from draftsmith.draft.dflash import DFlashDrafter
-from draftsmith.draft.model import Eagle3Drafter
-from draftsmith.draft.peagle import is_parallel
+from draftsmith.draft.methods import check_depth, method_of
 from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.decode import Turn, decode, decode_all
-from draftsmith.evaluate.dflash_proposer import DFlashProposer
 from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
-from draftsmith.evaluate.proposer import DrafterProposer
+from draftsmith.evaluate.proposer import StagedCycle
+from draftsmith.evaluate.proposers import PROPOSERS
 from draftsmith.evaluate.questions import Question, load_questions, token_bound, turn_prompt
 from draftsmith.evaluate.report import build_report, summary_line, write_comparison, write_report
 from draftsmith.evaluate.shape import Calibration, Shape, calibrate, spread
@@ -60,7 +58,7 @@ def stop_ids(target: Target) -> set[int]:
     return {int(i) for i in ids if i is not None}
 
 
-def check_compatible(drafter: Eagle3Drafter, target: Target, path: Path) -> None:
+def check_compatible(drafter: Any, target: Target, path: Path) -> None:
     cfg, info = drafter.config, target.info
     if cfg.vocab_size != info.vocab_size or cfg.target_hidden_size != info.hidden_size:
         raise UserError(
@@ -70,44 +68,33 @@ def check_compatible(drafter: Eagle3Drafter, target: Target, path: Path) -> None
     validate_layers(cfg.aux_layer_ids, info.num_layers)
 
 
-def dflash_shapes(drafter: DFlashDrafter, mode: str, shapes: list[Shape], cfg: EvalConfig) -> list[Shape]:
-    """The chains a DFlash drafter can draft: one block gives at most its block size - 1 tokens,
-    and no tree (its drafts come from one forward, not a search); --depth auto tries 1..that."""
-    most = drafter.config.drafts
-    if mode == "tree":
+def own_shapes(drafter: Any, path: Path, shapes: list[Shape], cfg: EvalConfig) -> list[Shape]:
+    """The shapes this drafter's method drafts: a method that drafts no tree refuses one, and
+    one with a depth limit (`Method.depth_limit`) a deeper --depth; --depth auto tries 1..that."""
+    method = method_of(drafter)
+    if cfg.drafting == "tree" and not method.trees:
         raise UserError(
-            "a DFlash drafter drafts a chain: its block of mask slots is filled in one forward, so there is "
-            "no tree to search; drop --tree/--top-k/--total-tokens (eval --mode chain)"
+            f"drafter {path} is a {method.title} drafter ({method.drafting}): one forward drafts the whole chain, "
+            "so there is no tree to search; drop --tree/--top-k/--total-tokens and evaluate it with --mode chain"
         )
-    if cfg.depth != "auto" and int(cfg.depth) > most:
-        raise UserError(
-            f"--depth {cfg.depth}: this DFlash drafter's block holds {drafter.config.block_size} tokens (the verified one and "
-            f"{most} mask slots), so it drafts at most {most}; use --depth {most} or less"
-        )
+    most = method.depth_limit(drafter.config)
+    if most is None:
+        return shapes
+    if cfg.depth != "auto":
+        check_depth(drafter.config, int(cfg.depth))
     return [s for s in shapes if s.depth <= most] or [Shape(most)]
 
 
 def make_proposer(
-    engine: Engine, drafter: Eagle3Drafter, cfg: EvalConfig, sampling: Sampling, max_len: int, shape: Shape
-) -> DrafterProposer:
-    """The drafter proposer of `shape` (a chain or a tree); with `cfg.compile`, CUDA graphs for plain decoding (1 token),
-    verification (draft size + 1 tokens) and a tree's KV compaction on the fast engine, and for
-    the drafter's whole side of a cycle (greedy or sampled)."""
+    engine: Engine, drafter: Any, cfg: EvalConfig, sampling: Sampling, max_len: int, shape: Shape
+) -> StagedCycle:
+    """The drafter's method's proposer (`PROPOSERS`) of `shape` (a chain or a tree); with
+    `cfg.compile`, CUDA graphs for plain decoding (1 token), verification (draft size + 1 tokens)
+    and a tree's KV compaction on the fast engine, and for the drafter's whole side of a cycle
+    (greedy or sampled)."""
     mode = "chain" if shape.top_k is None else "tree"
-    if isinstance(drafter, DFlashDrafter):  # a chain from one block forward (checked by `dflash_shapes`)
-        proposer = DFlashProposer(drafter, sampling, max_len, shape.depth, cfg.batch_size)
-    else:
-        proposer = DrafterProposer(
-            drafter,
-            sampling,
-            max_len,
-            mode=mode,
-            depth=shape.depth,
-            top_k=shape.top_k or 1,
-            total_tokens=shape.total_tokens or shape.depth,
-            compile=cfg.compile_drafter,
-            batch=cfg.batch_size,
-        )
+    make = PROPOSERS[method_of(drafter).name]
+    proposer = make(drafter, sampling, max_len, shape, bool(cfg.compile_drafter), cfg.batch_size)
     if cfg.compile and isinstance(engine, TargetEngine):  # the generic engine has no graphs
         for t in (1, proposer.size + 1):
             engine.graph_rows(t)  # counts its own capture time
@@ -155,15 +142,13 @@ class Entrant:
 
     path: Path
     name: str
-    drafter: Eagle3Drafter | DFlashDrafter
+    drafter: Any  # a METHODS module
     manifest: dict[str, Any]
     shapes: list[Shape]
 
     @property
     def method(self) -> str:
-        if isinstance(self.drafter, DFlashDrafter):
-            return "dflash"
-        return "peagle" if is_parallel(self.drafter.config) else "eagle3"
+        return method_of(self.drafter).name
 
 
 @dataclass
@@ -172,7 +157,7 @@ class Drafting:
     chose it, if any) and its own speculative sampler."""
 
     entrant: Entrant
-    proposer: DrafterProposer
+    proposer: StagedCycle
     shape: Shape
     calibration: Calibration | None
     picks: list[int] | None  # the calibration's questions
@@ -233,7 +218,7 @@ def candidate_shapes(cfg: EvalConfig) -> list[Shape]:
     return [Shape(int(cfg.depth))]
 
 
-def fit_to_target(drafter: Eagle3Drafter, manifest: dict[str, Any], target: Target, path: Path) -> None:
+def fit_to_target(drafter: Any, manifest: dict[str, Any], target: Target, path: Path) -> None:
     """Check the drafter against the target, give it the target's embeddings where it was saved
     without them (speculators, as engines do), and cast it to the target's dtype."""
     check_compatible(drafter, target, path)
@@ -260,13 +245,7 @@ def load_entrants(cfg: EvalConfig, device: torch.device, shapes: list[Shape]) ->
     entrants = []
     for path, name in zip(cfg.drafters, entrant_names(cfg.drafters), strict=True):
         drafter, manifest = load_drafter(path, device)
-        if is_parallel(drafter.config) and cfg.drafting == "tree":
-            raise UserError(
-                f"drafter {path} is a P-EAGLE drafter (parallel drafting): one forward proposes a chain of K "
-                "drafts, and no tree; evaluate it with --mode chain"
-            )
-        own = dflash_shapes(drafter, cfg.drafting, shapes, cfg) if isinstance(drafter, DFlashDrafter) else shapes
-        entrants.append(Entrant(Path(path), name, drafter, manifest, own))
+        entrants.append(Entrant(Path(path), name, drafter, manifest, own_shapes(drafter, path, shapes, cfg)))
     layers = {e.path: e.drafter.config.aux_layer_ids for e in entrants}
     if len({tuple(ids) for ids in layers.values()}) > 1:
         raise UserError(
@@ -297,7 +276,7 @@ def open_decoding(
     for e in entrants:
         spec_sampling = sampler()
 
-        def proposer_of(shape: Shape, e: Entrant = e, spec_sampling: Sampling = spec_sampling) -> DrafterProposer:
+        def proposer_of(shape: Shape, e: Entrant = e, spec_sampling: Sampling = spec_sampling) -> StagedCycle:
             return make_proposer(engine, e.drafter, cfg, spec_sampling, max_len, shape)
 
         calibration, picks, shape = None, None, e.shapes[0]

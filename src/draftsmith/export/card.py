@@ -15,8 +15,8 @@ import json
 from typing import Any
 
 from draftsmith.draft.layouts import arch_options
+from draftsmith.draft.methods import method_of
 from draftsmith.draft.model import DrafterConfig
-from draftsmith.draft.peagle import is_parallel
 from draftsmith.export.eagle import sglang_refusal
 from draftsmith.layers import to_engine
 
@@ -228,7 +228,7 @@ def model_card(
     target = manifest.get("target") or {}
     target_name = str(target.get("name") or "TARGET")
     lines = [
-        f"# {'P-EAGLE' if is_parallel(cfg) else 'EAGLE-3'} drafter for {target_name}",
+        f"# {method_of(cfg).title} drafter for {target_name}",
         "",
         f"Exported by draftsmith as `--format {fmt}` for **{engine}**. "
         f"{'One decoder layer' if cfg.num_layers == 1 else f'{cfg.num_layers} decoder layers'}, hidden size "
@@ -254,5 +254,5 @@ def model_card(
     sglang_ok = sglang_refusal(cfg) is None
     shape = serving_shape(report)
     tree = shape if shape is not None and shape["mode"] == "tree" else None
-    lines += _serving(folder_hint, target_name, fmt, engine, depth, sglang_ok, tree, is_parallel(cfg))
+    lines += _serving(folder_hint, target_name, fmt, engine, depth, sglang_ok, tree, method_of(cfg).one_forward)
     return "\n".join(lines)

@@ -9,9 +9,10 @@
 
 Engines: vLLM serves this layout (`--speculative-config '{"method": "dflash", ...}'`; checked by
 tests/e2e/test_vllm_agreement.py against `draftsmith eval`). SGLang's DFlashDraftModel is
-refused: it has no lm_head or d2t of its own and drafts through the target's full-vocab head, so
-it would drop this drafter's trained draft-vocab head. The `speculators` format has no DFlash
-layout in draftsmith. Both are refused before anything is written.
+refused (draft/methods.py: DFlash's `engines`): it has no lm_head or d2t of its own and drafts
+through the target's full-vocab head, so it would drop this drafter's trained draft-vocab head.
+The `speculators` format has no DFlash layout in draftsmith (export/run.py's `WRITERS`). Both are
+refused before anything is written.
 """
 
 from __future__ import annotations
@@ -22,39 +23,14 @@ from typing import Any
 
 import torch
 
-from draftsmith.config import write_run_record
-from draftsmith.draft.checkpoint import save_file
 from draftsmith.draft.dflash import DFlashDrafter
 from draftsmith.draft.dflash_layout import ARCHITECTURE, import_dflash, target_layer_ids
 from draftsmith.draft.layouts import RECORD_KEY, check_vocab
+from draftsmith.draft.methods import check_depth
 from draftsmith.errors import UserError
 from draftsmith.export.config import ExportConfig
-from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
+from draftsmith.export.writer import Files
 from draftsmith.layers import validate_layers
-from draftsmith.target import DTYPES
-
-ENGINES = ("vllm",)
-
-
-def check_exportable(model: DFlashDrafter, cfg: ExportConfig, num_target_layers: int | None) -> None:
-    """Refuse what no engine would serve as trained, before anything is written."""
-    if cfg.engine != "vllm":
-        raise UserError(
-            f"--engine {cfg.engine}: a DFlash drafter is served by {', '.join(ENGINES)} (its qwen3_dflash "
-            "reads this layout, lm_head and d2t included). SGLang's DFlashDraftModel has no lm_head or d2t of its "
-            "own: it drafts through the target's full-vocab head, so it would drop this drafter's trained "
-            "draft-vocab head. Export with --engine vllm"
-        )
-    if cfg.format != "eagle":
-        raise UserError(
-            f"--format {cfg.format}: draftsmith writes a DFlash drafter in vLLM's own DFlash layout only "
-            "(config.json with dflash_config); drop --format or use --format eagle"
-        )
-    try:
-        validate_layers(list(model.config.aux_layer_ids), num_target_layers)
-    except UserError as e:
-        raise UserError(f"this drafter's auxiliary layers cannot be served: {e}") from None
-    check_vocab(model.config, model.d2t, model.t2d, str(cfg.drafter))  # type: ignore[arg-type]
 
 
 def dflash_config(model: DFlashDrafter, dtype: str, target: dict[str, Any]) -> dict[str, Any]:
@@ -167,29 +143,20 @@ def reload_check(model: DFlashDrafter, folder: Path, dtype: torch.dtype) -> None
         )
 
 
-def run(cfg: ExportConfig, model: DFlashDrafter, record: dict[str, Any]) -> Path:
-    """Export the loaded DFlash drafter (`export.run` has loaded it and dispatched here)."""
-    target, meta = record.get("target") or {}, record.get("meta") or {}
-    check_exportable(model, cfg, target.get("num_layers"))
-    if cfg.include_embeddings and meta.get("needs_target_embeddings"):
-        raise UserError(f"{cfg.drafter} has no embed_tokens of its own, so --include-embeddings has nothing to write")
-    dtype = model.fc.weight.dtype if cfg.dtype == "auto" else DTYPES[cfg.dtype]
+def dflash_files(model: DFlashDrafter, record: dict[str, Any], cfg: ExportConfig, dtype: torch.dtype) -> Files:
+    """The layout's files: its config, weights and model card, after the checks that no engine
+    would serve this drafter as trained otherwise (its layers, its vocab, --depth)."""
+    target = record.get("target") or {}
+    try:
+        validate_layers(list(model.config.aux_layer_ids), target.get("num_layers"))
+    except UserError as e:
+        raise UserError(f"this drafter's auxiliary layers cannot be served: {e}") from None
+    check_vocab(model.config, model.d2t, model.t2d, str(cfg.drafter))  # type: ignore[arg-type]
     k = cfg.depth or model.config.drafts
-    if k > model.config.drafts:
-        raise UserError(f"--depth {k}: this DFlash drafter drafts at most {model.config.drafts} per block")
+    check_depth(model.config, k)
     verifier = cfg.verifier or str(target.get("name") or "TARGET")
     config = dflash_config(model, str(dtype).removeprefix("torch."), target)
     card = model_card(model, {**record, "target": {**target, "name": verifier}}, str(Path(cfg.out).absolute()), k)
-    with atomic_output_dir(cfg.out, "export", [cfg.drafter, cfg.eval_report], cfg.overwrite) as tmp:
-        save_file(
-            export_tensors(model, cfg.include_embeddings, dtype), tmp / "model.safetensors", metadata={"format": "pt"}
-        )
-        atomic_write_json(tmp / "config.json", config)
-        atomic_write_text(tmp / "README.md", card)
-        write_run_record(tmp, cfg)
-        reload_check(model, tmp, dtype)
-    print(
-        f"[export] dflash for vllm: {cfg.out} (layers {model.config.aux_layer_ids} draftsmith = target_layer_ids "
-        f"{target_layer_ids(model.config.aux_layer_ids)}; checked: reload gives identical logits)"
-    )
-    return Path(cfg.out)
+    ids = model.config.aux_layer_ids
+    layers = f"{ids} draftsmith = target_layer_ids {target_layer_ids(ids)}"
+    return Files(config, export_tensors(model, cfg.include_embeddings, dtype), card, "dflash", layers)

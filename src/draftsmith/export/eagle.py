@@ -44,7 +44,7 @@ from draftsmith.draft.layouts import (
     to_engine_key,
 )
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
-from draftsmith.draft.peagle import engine_fields, serving_refusal
+from draftsmith.draft.peagle import engine_fields
 from draftsmith.errors import UserError
 from draftsmith.layers import to_engine, validate_layers
 
@@ -80,7 +80,7 @@ def check_exportable(cfg: DrafterConfig, engine: str, num_target_layers: int | N
             "before input_norm, vLLM's llama_eagle3 applies input_norm first, and speculators refuses the "
             "pair, so no engine would serve it as trained. Retrain with one of the two"
         )
-    why = serving_refusal(cfg, engine) or (sglang_refusal(cfg) if engine == "sglang" else None)
+    why = sglang_refusal(cfg) if engine == "sglang" else None  # (the method's engines: export.run checks them)
     if why is not None:
         raise UserError(why)
 

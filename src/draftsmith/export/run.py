@@ -1,9 +1,10 @@
 """`draftsmith export`: a drafter folder -> a serving-ready folder for vLLM or SGLang.
 
-load the drafter (native, exported or third-party EAGLE-3)
-check it can be served without being misread (engine, 3 capturable layers, norm, vocab)
-build config.json + model.safetensors (eagle.py or speculators.py) and the model card
-write them into a temporary folder, reload that folder with the importer, compare logits
+load the drafter (native, exported or third-party)
+check its method is served by --engine (`Method.engines`) and has a layout for --format (`WRITERS`)
+the layout's writer: its checks (3 capturable layers, norms, vocab), config.json, model.safetensors
+  and the model card (EAGLE-3 and P-EAGLE: eagle.py or speculators.py; DFlash: dflash.py)
+write them into a temporary folder, reload that folder, compare logits (the writer's reload check)
 rename the folder into place (nothing is left at --out on any error)
 """
 
@@ -18,15 +19,16 @@ import torch
 
 from draftsmith.config import write_run_record
 from draftsmith.draft.checkpoint import load_drafter, save_file
-from draftsmith.draft.dflash import DFlashDrafter
 from draftsmith.draft.importer import import_drafter
 from draftsmith.draft.layouts import arch_options, check_vocab
+from draftsmith.draft.methods import method_of, serving_refusal
 from draftsmith.draft.model import Eagle3Drafter
-from draftsmith.draft.peagle import is_parallel, placeholder_hidden
+from draftsmith.draft.peagle import placeholder_hidden
 from draftsmith.errors import UserError
 from draftsmith.export import dflash, eagle, speculators
 from draftsmith.export.card import model_card, serving_shape
 from draftsmith.export.config import ExportConfig
+from draftsmith.export.writer import Files, Writer
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
 from draftsmith.layers import to_engine
 from draftsmith.target import DTYPES
@@ -68,14 +70,50 @@ def reload_check(model: Eagle3Drafter, folder: Path, dtype: torch.dtype) -> None
     pos = torch.arange(8)[None]
     # (logits [1, 8, draft_vocab], next hidden [1, 8, H]): norm_output only shows in the second
     got, want = reloaded(reloaded.project(aux), ids, pos), expected(expected.project(aux), ids, pos)
-    if is_parallel(cfg):  # and the parallel slots' input
-        if (reloaded.config.method, reloaded.config.ptd_token_id) != (cfg.method, cfg.ptd_token_id):
-            raise RuntimeError(f"export reload changed the method: {reloaded.config} != {cfg}")
+    if (reloaded.config.method, reloaded.config.ptd_token_id) != (cfg.method, cfg.ptd_token_id):
+        raise RuntimeError(f"export reload changed the method: {reloaded.config} != {cfg}")
+    if expected.mask_hidden is not None:  # and the parallel slots' input (P-EAGLE)
         got, want = (*got, placeholder_hidden(reloaded)), (*want, placeholder_hidden(expected))
     same = all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     if not same or not torch.equal(reloaded.d2t, model.d2t) or not torch.equal(reloaded.t2d, model.t2d):
         diff = max(float((a - b).abs().max()) for a, b in zip(got, want, strict=True))
         raise RuntimeError(f"export reload gives different outputs or vocab maps (max diff {diff:.3g})")
+
+
+def eagle_files(model: Eagle3Drafter, record: dict[str, Any], cfg: ExportConfig, dtype: torch.dtype) -> Files:
+    """An EAGLE-3 module (EAGLE-3 or P-EAGLE) in `--format eagle` or `speculators`."""
+    dcfg, target, meta = model.config, record.get("target") or {}, record.get("meta") or {}
+    eagle.check_exportable(dcfg, cfg.engine, target.get("num_layers"))
+    check_vocab(dcfg, model.d2t, model.t2d, str(cfg.drafter))
+    dtype_name = str(dtype).removeprefix("torch.")
+    report = read_report(cfg.eval_report)
+    measured = serving_shape(report)
+    chain = measured["depth"] if measured is not None and measured["mode"] == "chain" else None
+    depth = cfg.depth or chain or int(meta.get("depth") or 3)  # the eval's chain length before the trained depth
+    verifier = cfg.verifier or str(target.get("name") or "TARGET")
+    tensors = eagle.export_tensors(model, cfg.include_embeddings, dtype)
+    if cfg.format == "eagle":
+        config = eagle.eagle_config(dcfg, cfg.engine, dtype_name, target)
+    else:
+        arch = cfg.verifier_architectures or speculators.verifier_architectures(str(target.get("model_type", "llama")))
+        config = speculators.speculators_config(dcfg, dtype_name, target, verifier, arch, depth)
+        tensors = speculators.to_speculators_keys(tensors)
+    hint = str(Path(cfg.out).absolute())
+    card = model_card(
+        dcfg, {**record, "target": {**target, "name": verifier}}, cfg.format, cfg.engine, hint, depth, report
+    )
+    ids = f"{dcfg.aux_layer_ids} draftsmith = {to_engine(dcfg.aux_layer_ids, cfg.engine)} {cfg.engine}"
+    return Files(config, tensors, card, cfg.format, ids)
+
+
+EAGLE = Writer(eagle_files, reload_check)
+DFLASH = Writer(dflash.dflash_files, dflash.reload_check)
+# each method's writer per --format (a method's engine-layout folder under "eagle", the default)
+WRITERS: dict[str, dict[str, Writer]] = {
+    "eagle3": {"eagle": EAGLE, "speculators": EAGLE},
+    "peagle": {"eagle": EAGLE, "speculators": EAGLE},
+    "dflash": {"eagle": DFLASH},
+}
 
 
 def run(cfg: ExportConfig) -> Path:
@@ -85,46 +123,28 @@ def run(cfg: ExportConfig) -> Path:
     model, record = load_drafter(cfg.drafter, convention=cfg.source_convention)  # a NaN or Inf weight is refused there
     if "ttt" in (record.get("meta") or {}):  # a drafter trained before train's `ttt` was renamed `depth`
         record = {**record, "meta": {("depth" if k == "ttt" else k): v for k, v in record["meta"].items()}}
-    if isinstance(model, DFlashDrafter):  # its own layout, engines and checks
-        return dflash.run(cfg, model, record)
-    dcfg, target, meta = model.config, record.get("target") or {}, record.get("meta") or {}
-    eagle.check_exportable(dcfg, engine, target.get("num_layers"))
-    check_vocab(dcfg, model.d2t, model.t2d, str(cfg.drafter))
-    if cfg.include_embeddings and meta.get("needs_target_embeddings"):
+    method = method_of(model)
+    why = serving_refusal(model.config, engine)
+    if why is not None:
+        raise UserError(why)
+    writer = WRITERS[method.name].get(cfg.format)
+    if writer is None:
+        raise UserError(
+            f"--format {cfg.format}: draftsmith writes a {method.title} drafter in its engine's own layout only; "
+            "drop --format or use --format eagle"
+        )
+    if cfg.include_embeddings and (record.get("meta") or {}).get("needs_target_embeddings"):
         raise UserError(f"{cfg.drafter} has no embed_tokens of its own, so --include-embeddings has nothing to write")
     dtype = weight_dtype(model, cfg.dtype)
-    dtype_name = str(dtype).removeprefix("torch.")
-    report = read_report(cfg.eval_report)
-    measured = serving_shape(report)
-    chain = measured["depth"] if measured is not None and measured["mode"] == "chain" else None
-    depth = cfg.depth or chain or int(meta.get("depth") or 3)  # the eval's chain length before the trained depth
-    verifier = cfg.verifier or str(target.get("name") or "TARGET")
-    tensors = eagle.export_tensors(model, cfg.include_embeddings, dtype)
-    if cfg.format == "eagle":
-        config = eagle.eagle_config(dcfg, engine, dtype_name, target)
-    else:
-        arch = cfg.verifier_architectures or speculators.verifier_architectures(str(target.get("model_type", "llama")))
-        config = speculators.speculators_config(dcfg, dtype_name, target, verifier, arch, depth)
-        tensors = speculators.to_speculators_keys(tensors)
-    card = model_card(
-        dcfg,
-        {**record, "target": {**target, "name": verifier}},
-        cfg.format,
-        engine,
-        str(Path(cfg.out).absolute()),
-        depth,
-        report,
-    )
-
+    files = writer.files(model, record, cfg, dtype)
     inputs = [cfg.drafter, cfg.eval_report]
     with atomic_output_dir(cfg.out, "export", inputs, cfg.overwrite) as tmp:  # full disk: exit 4
-        save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-        atomic_write_json(tmp / "config.json", config)
-        atomic_write_text(tmp / "README.md", card)
+        save_file(files.tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        atomic_write_json(tmp / "config.json", files.config)
+        atomic_write_text(tmp / "README.md", files.card)
         write_run_record(tmp, cfg)
-        reload_check(model, tmp, dtype)
+        writer.reload_check(model, tmp, dtype)
     print(
-        f"[export] {cfg.format} for {engine}: {cfg.out} (layers {dcfg.aux_layer_ids} draftsmith = "
-        f"{to_engine(dcfg.aux_layer_ids, engine)} {engine}; checked: reload gives identical logits)"
+        f"[export] {files.layout} for {engine}: {cfg.out} (layers {files.layers}; checked: reload gives identical logits)"
     )
     return Path(cfg.out)

@@ -29,13 +29,13 @@ import torch
 
 from draftsmith.draft.layouts import LAYER_PREFIX, RECORD_KEY, TOP_LEVEL_IDS, arch_options, to_engine_key
 from draftsmith.draft.model import DrafterConfig
-from draftsmith.draft.peagle import is_parallel
+from draftsmith.draft.peagle import speculators_fields
 from draftsmith.errors import UserError
 from draftsmith.export.eagle import llama_fields, record
 from draftsmith.layers import to_engine
 
-MODEL_TYPE = "eagle3"
-ARCHITECTURE = "Eagle3Speculator"
+# speculators' class of each method this layout holds; its speculators_model_type is the method's name
+ARCHITECTURES = {"eagle3": "Eagle3Speculator", "peagle": "PEagleSpeculator"}
 
 
 def check_engine_for_speculators(engine: str) -> None:
@@ -68,15 +68,12 @@ def speculators_config(
     architectures: list[str],
     speculative_tokens: int,
 ) -> dict[str, Any]:
-    parallel = is_parallel(cfg)
-    model_type = "peagle" if parallel else MODEL_TYPE
-    layer_config = llama_fields(cfg, dtype)
-    if parallel:  # vLLM's `update_peagle` copies neither fc_norm nor norm_output: the layer config carries them
-        layer_config.update(arch_options(cfg))
+    model_type = cfg.method
+    layer_fields, top_fields = speculators_fields(cfg)
     config: dict[str, Any] = {
-        "architectures": ["PEagleSpeculator" if parallel else ARCHITECTURE],
+        "architectures": [ARCHITECTURES[model_type]],
         "speculators_model_type": model_type,
-        "transformer_layer_config": layer_config,
+        "transformer_layer_config": {**llama_fields(cfg, dtype), **layer_fields},
         "draft_vocab_size": cfg.draft_vocab_size,
         **arch_options(cfg),
         TOP_LEVEL_IDS: to_engine(cfg.aux_layer_ids, "vllm"),
@@ -92,8 +89,7 @@ def speculators_config(
     }
     if cfg.target_hidden_size != cfg.hidden_size:
         config["target_hidden_size"] = cfg.target_hidden_size
-    if parallel:
-        config["mask_token_id"] = cfg.ptd_token_id  # vLLM's `update_peagle` requires it (as pard_token)
+    config.update(top_fields)
     config[RECORD_KEY] = record(cfg, "vllm", {TOP_LEVEL_IDS: "vllm"}, target)
     return config
 

@@ -26,8 +26,9 @@ from draftsmith.data.dataset import load_dataset, pad_batch
 from draftsmith.data.store import HOST_SLOTS, length_batches, projected_bytes, store_fit
 from draftsmith.data.vocab import draft_vocab_size
 from draftsmith.draft.dflash import DFlashConfig, DFlashDrafter, block_mask
+from draftsmith.draft.methods import method_of
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
-from draftsmith.draft.peagle import is_parallel, placeholder_inputs
+from draftsmith.draft.peagle import placeholder_inputs
 from draftsmith.draft.shape import default_backend, eager_attention_bytes
 from draftsmith.draft.step_weights import step_weights
 from draftsmith.fsutil import human_bytes
@@ -72,7 +73,7 @@ def calibrate_drafter(drafter: Eagle3Drafter, tokens: int, ttt: int, n_aux_width
         hidden, loss = drafter.project(aux), 0.0
         for k, weight in enumerate(step_weights(ttt)):
             step_ids = ids
-            if k > 0 and is_parallel(drafter.config):  # P-EAGLE: the placeholder slots' inputs
+            if k > 0 and method_of(drafter).one_forward:  # P-EAGLE: the placeholder slots' inputs
                 step_ids, hidden = placeholder_inputs(drafter, ids, hidden.dtype)  # [1, T], [1, T, H]
             logits, hidden = drafter(hidden, step_ids, pos + k)  # [1, T, V_d], [1, T, H]
             loss = loss + logits.float().logsumexp(-1).mean() * weight

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from draftsmith.draft.peagle import is_parallel, placeholder_inputs
+from draftsmith.draft.methods import method_of
+from draftsmith.draft.peagle import placeholder_inputs
 from draftsmith.runtime.capture import packed_positions
 
 if TYPE_CHECKING:
@@ -207,10 +208,11 @@ def unroll(
 ):
     """Yield (k, out_k [B, T, H]) for k = 0..ttt-1: the drafter's last layer's pre-norm outputs.
     hidden0 [B, T, H] is fc(aux); logits are `lm_head(norm(out_k))` (left to the caller, so the
-    loss can compute them in chunks). A P-EAGLE drafter's steps k >= 1 read its placeholder token
-    and hidden state instead (draft/peagle.py: its parallel slots)."""
+    loss can compute them in chunks). A drafter whose one forward drafts the cycle (P-EAGLE) reads
+    its placeholder token and hidden state at steps k >= 1 instead (draft/peagle.py: its parallel
+    slots)."""
     attends = ttt_attends(doc, ttt, backend, drafter.config.num_layers)
-    parallel = is_parallel(drafter.config)
+    parallel = method_of(drafter).one_forward
     hidden = hidden0
     for k in range(ttt):
         ids_k, pos_k = step_inputs(ids, pos, k)
