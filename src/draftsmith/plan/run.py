@@ -5,16 +5,16 @@ against the free space where the store would go (`store_fit`, extract's own chec
 from the target's and the drafter's parameter counts and the batch sizes (extract's host slots,
 `HOST_SLOTS`), and on CPU the eager TTT attention's O(T²) scores over one training row
 (`draft.shape.eager_attention_bytes`, which `train` also checks before it starts). Time comes
-from a short measured calibration: a capture forward of the target and a TTT-unrolled
-forward+backward of a fresh drafter with train's shape options and step weights
-(`step_weights`), on a few of the dataset's own samples (`--no-calibrate` skips it and leaves
-times out).
+from a short measured calibration: a capture forward of the target on a few of the dataset's own
+samples, and one forward+backward of train's own step (its `OBJECTIVES`: the drafter and
+objective `train --method` builds) over a row of random target states (`--no-calibrate` skips
+it and leaves times out). `plan` reads train/'s tables, so it sits beside the pipeline, above
+the stages (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,19 +24,17 @@ from rich.table import Table
 
 from draftsmith.data.dataset import load_dataset, pad_batch
 from draftsmith.data.store import HOST_SLOTS, length_batches, projected_bytes, store_fit
-from draftsmith.data.vocab import draft_vocab_size
-from draftsmith.draft.dflash import DFlashConfig, DFlashDrafter, block_mask
-from draftsmith.draft.methods import method_of
-from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
-from draftsmith.draft.peagle import placeholder_inputs
+from draftsmith.data.vocab import build_vocab, draft_vocab_size, token_counts
 from draftsmith.draft.shape import default_backend, eager_attention_bytes
-from draftsmith.draft.step_weights import step_weights
 from draftsmith.fsutil import human_bytes
 from draftsmith.layers import resolve_aux_layers
 from draftsmith.plan.config import PlanConfig
 from draftsmith.progress import fmt_duration
 from draftsmith.runtime.capture import capture
+from draftsmith.runtime.head import output_head
 from draftsmith.target import load_target, text_config
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.objectives import OBJECTIVES, Objective
 
 ADAM_BYTES_PER_PARAM = 16  # fp32 weight + grad + two AdamW moments
 
@@ -63,44 +61,27 @@ def calibration_rows(lengths: np.ndarray, max_tokens: int) -> list[int]:
     return [int(order[i]) for i in length_batches(lengths[order], max_tokens)[0]]
 
 
-def calibrate_drafter(drafter: Eagle3Drafter, tokens: int, ttt: int, n_aux_width: int, device: torch.device) -> float:
-    """Seconds for one TTT-unrolled forward+backward over a [1, tokens] sequence."""
-    aux = torch.randn(1, tokens, n_aux_width, device=device)  # [1, T, n_aux*H]
-    ids = torch.randint(0, drafter.config.vocab_size, (1, tokens), device=device)
+def training_config(cfg: PlanConfig) -> TrainConfig:
+    """The `train` options this plan stands for: its method, depth, drafter shape and rows (the
+    step timed eagerly: compiling it would take longer than the plan)."""
+    same = ("dataset_dir", "target", "method", "depth", "batch_tokens", "draft_vocab_size", "intermediate_size")
+    return TrainConfig(**{k: getattr(cfg, k) for k in same}, num_layers=cfg.num_layers, out=cfg.dataset_dir)
+
+
+def calibrate_step(objective: Objective, tokens: int, width: int, target_width: int, device: torch.device) -> float:
+    """Seconds for one forward+backward of train's own step (`objective`) over one [1, tokens]
+    row of one sample, on random target states (aux [1, T, width], final [1, T, target_width])."""
+    aux = torch.randn(1, tokens, width, device=device)  # [1, T, n_aux*H]
+    final = torch.randn(1, tokens, target_width, device=device)  # [1, T, H]
+    ids = torch.randint(0, objective.drafter.config.vocab_size, (1, tokens), device=device)
+    mask = torch.ones(1, tokens, dtype=torch.long, device=device)  # every token trained on
+    doc = torch.zeros(1, tokens, dtype=torch.long, device=device)  # one sample
     pos = torch.arange(tokens, device=device)[None]  # [1, T]
 
     def step() -> None:
-        hidden, loss = drafter.project(aux), 0.0
-        for k, weight in enumerate(step_weights(ttt)):
-            step_ids = ids
-            if k > 0 and method_of(drafter).one_forward:  # P-EAGLE: the placeholder slots' inputs
-                step_ids, hidden = placeholder_inputs(drafter, ids, hidden.dtype)  # [1, T], [1, T, H]
-            logits, hidden = drafter(hidden, step_ids, pos + k)  # [1, T, V_d], [1, T, H]
-            loss = loss + logits.float().logsumexp(-1).mean() * weight
+        loss, _ = objective(ids, mask, doc, pos, aux, final)
         loss.backward()
-        drafter.zero_grad(set_to_none=True)
-
-    return timed(step, device, repeats=1)
-
-
-def calibrate_dflash(drafter: DFlashDrafter, tokens: int, n_aux_width: int, device: torch.device) -> float:
-    """Seconds for one DFlash training step's forward+backward over a [1, tokens] row: blocks of
-    the drafter's size anchored across it, about `tokens` queries in all (train/dflash.py)."""
-    bs = drafter.config.block_size
-    aux = torch.randn(1, tokens, n_aux_width, device=device)  # [1, T, n_aux*H]
-    ids = torch.randint(0, drafter.config.vocab_size, (1, tokens), device=device)
-    pos = torch.arange(tokens, device=device)[None]  # [1, T]
-    anchors = torch.arange(0, tokens, bs, device=device)  # [n]
-    doc = torch.zeros(tokens, dtype=torch.long, device=device)
-    block_ids = drafter.block_ids(ids[0, anchors]).flatten()[None]  # [1, n*bs]
-    block_pos = (anchors[:, None] + torch.arange(bs, device=device)).flatten()[None]  # [1, n*bs]
-    mask = block_mask(anchors, doc, bs, tokens)[None]  # [1, n*bs, T + n*bs]
-
-    def step() -> None:
-        kv = drafter.context_kv(drafter.context(aux), pos)
-        loss = drafter.logits(drafter(block_ids, block_pos, kv, mask)).float().logsumexp(-1).mean()
-        loss.backward()
-        drafter.zero_grad(set_to_none=True)
+        objective.drafter.zero_grad(set_to_none=True)
 
     return timed(step, device, repeats=1)
 
@@ -114,22 +95,16 @@ def run(cfg: PlanConfig) -> Path:
     tokens, n = int(ds.lengths.sum()), len(ds)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
 
+    # the drafter train --method would build (train/objectives.py), with the dataset's draft vocab
+    training, train_cfg = OBJECTIVES[cfg.method], training_config(cfg)
     vocab = draft_vocab_size(cfg.draft_vocab_size, info.vocab_size)
-    draft_cfg = replace(
-        cfg.shaped(DrafterConfig.from_target(text_config(target.model.config), vocab, aux_layer_ids)),
-        method="peagle" if cfg.method == "peagle" else "eagle3",
-    )
-    dflash = cfg.method == "dflash"
-    if dflash:  # the block drafter train --method dflash builds (its mask token does not change its size)
-        block = DFlashConfig.from_target(text_config(target.model.config), vocab, aux_layer_ids, 0, cfg.depth + 1)
-        drafter = DFlashDrafter(
-            replace(block, intermediate_size=draft_cfg.intermediate_size, num_layers=draft_cfg.num_layers)
-        ).to(device)
-    else:
-        drafter = Eagle3Drafter(draft_cfg).to(device)
+    d2t, t2d = build_vocab(token_counts(ds, info.vocab_size), vocab)
+    drafter = training.drafter(target, aux_layer_ids, d2t, t2d, train_cfg).to(device)
+    draft_cfg = drafter.config
     trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     # the weights and optimizer state, and on CPU (eager TTT attention, O(T²)) the row's scores
-    eager = not dflash and default_backend(device) == "eager"
+    backend = default_backend(device)
+    eager = training.ttt and backend == "eager"
     scores = eager_attention_bytes(cfg.batch_tokens, draft_cfg.num_attention_heads, cfg.depth, draft_cfg.num_layers)
     drafter_bytes = (
         trainable * ADAM_BYTES_PER_PARAM
@@ -144,11 +119,8 @@ def run(cfg: PlanConfig) -> Path:
         seconds = timed(lambda: capture(target.model, ids, mask, aux_layer_ids), device)
         fwd_tps = sum(lengths) / seconds
         T = min(int(max(lengths)), cfg.calibrate_tokens)
-        drafter_tps = T / (
-            calibrate_dflash(drafter, T, n_aux * H, device)
-            if dflash
-            else calibrate_drafter(drafter, T, cfg.depth, n_aux * H, device)
-        )
+        objective = training.objective(drafter, output_head(target.model), train_cfg, backend)
+        drafter_tps = T / calibrate_step(objective, T, n_aux * H, H, device)
 
     store = projected_bytes(tokens, n, n_aux, H, dsize)
     hidden_dir = Path(cfg.hidden) if cfg.hidden else Path(cfg.dataset_dir).absolute().parent
@@ -204,7 +176,7 @@ def run(cfg: PlanConfig) -> Path:
     if fwd_tps:
         console.print(
             f"calibration on {device}: target capture forward {fwd_tps:,.0f} tok/s, "
-            f"drafter {f'DFlash block-{cfg.depth + 1}' if dflash else f'TTT-{cfg.depth}'} step {drafter_tps:,.0f} tok/s (per epoch; train time uses --epochs {cfg.epochs:g})"
+            f"drafter {training.step_label(cfg.depth)} step {drafter_tps:,.0f} tok/s (per epoch; train time uses --epochs {cfg.epochs:g})"
         )
     if eager:
         console.print(

@@ -45,10 +45,12 @@ def slot_valid(doc: torch.Tensor, ok: torch.Tensor, drafts: int) -> torch.Tensor
 
 
 class DFlashObjective(nn.Module):
-    """One `forward` is one training (or validation) step of the DFlash drafter, with the
-    interface of `TTTObjective` that the trainer drives (`ttt` = the drafts per block)."""
+    """One `forward` is one training (or validation) step of the DFlash drafter: the trainer's
+    `Objective` (train/objectives.py; `ttt` = the drafts per block)."""
 
-    backend, static, reached_only, compiled_student = "sdpa", False, False, None
+    attention = "sdpa"  # an explicit block mask
+    static_shapes = False  # rows of any length (no compiled form)
+    reached_only = False  # every valid slot is trained on
     loss = "ce"  # the block objective is the soft CE (train --loss ce; config refuses the others)
 
     def __init__(

@@ -20,7 +20,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -32,9 +32,11 @@ from draftsmith.progress import Progress
 from draftsmith.train import checkpointing as ckpt
 from draftsmith.train.batching import OfflineSource, OnlineSource, collate, pack_rows, shard_rows, to_device
 from draftsmith.train.config import TrainConfig
-from draftsmith.train.loss import TTTObjective
 from draftsmith.train.metrics import MetricsLog, add_stats, summarise, zero_stats
 from draftsmith.train.optim import Optimizers
+
+if TYPE_CHECKING:
+    from draftsmith.train.objectives import Objective
 
 
 def all_reduce_stats(stats: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -80,7 +82,7 @@ class TrainData:
     val_idx: list[int]
 
 
-def wrap(objective: TTTObjective, env: Env) -> torch.nn.Module:
+def wrap(objective: Objective, env: Env) -> torch.nn.Module:
     """The objective as this process trains it: itself on one process, else under DDP or FSDP2."""
     if env.world == 1:
         return objective
@@ -101,7 +103,7 @@ class Trainer:
         self,
         cfg: TrainConfig,
         env: Env,
-        objective: TTTObjective,
+        objective: Objective,
         data: TrainData,
         log: MetricsLog,
         drafter_meta: dict[str, Any],
@@ -110,7 +112,7 @@ class Trainer:
         self.source, self.train_idx, self.val_idx = data.source, data.train_idx, data.val_idx
         self.log, self.out, self.meta = log, Path(cfg.out), drafter_meta
         # static shapes for compiled flex and the static (compiled) step
-        self.pad_to = cfg.batch_tokens if objective.backend == "flex" or objective.static else None
+        self.pad_to = cfg.batch_tokens if objective.static_shapes else None
         rows0 = len(self.epoch_rows(0))
         self.steps_per_epoch = max(rows0 // cfg.grad_accum, 1)
         self.total = cfg.steps or max(math.ceil(cfg.epochs * rows0 / cfg.grad_accum), 1)

@@ -495,6 +495,16 @@ class TTTObjective(nn.Module):
         student = self.compiled_student if self.compiled_on(final.device) else self.static_student
         return student(ids, loss_mask, doc, pos, aux, ok, teacher)
 
+    @property
+    def attention(self) -> str:
+        """TTT's attention backend (`Objective.attention`)."""
+        return self.backend
+
+    @property
+    def static_shapes(self) -> bool:
+        """Compiled flex attention and the static step take rows of one length (`Objective`)."""
+        return self.backend == "flex" or self.static
+
     def compiled_on(self, device: torch.device) -> bool:
         """Whether the static step runs its compiled region on `device` (CUDA) rather than eagerly."""
         return self.compiled_student is not None and device.type == "cuda"

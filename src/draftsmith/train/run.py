@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,8 +25,7 @@ import torch.distributed as dist
 from draftsmith.config import RUN_RECORD, changed_options, load_yaml_mapping, write_run_record
 from draftsmith.data.dataset import TokenizedDataset, check_tokenizer, check_trainable, load_dataset, split_indices
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
-from draftsmith.draft.dflash import DFlashConfig, DFlashDrafter, default_mask_token
-from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
+from draftsmith.draft.model import DrafterConfig
 from draftsmith.draft.shape import default_backend, eager_attention_bytes
 from draftsmith.errors import UserError, from_os_error
 from draftsmith.fsutil import LOCK_FILE, check_output, human_bytes, mark_output, output_lock
@@ -35,23 +33,14 @@ from draftsmith.layers import resolve_aux_layers, validate_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.capture import supports_flex
 from draftsmith.runtime.head import check_output_head, output_head
-from draftsmith.target import (
-    Target,
-    available_memory,
-    default_device,
-    embed_weight,
-    final_norm,
-    load_target,
-    text_config,
-)
+from draftsmith.target import Target, available_memory, default_device, load_target
 from draftsmith.torchrun import dist_env
 from draftsmith.train.batching import OfflineSource, OnlineSource
 from draftsmith.train.checkpointing import CKPT_DIR, latest_checkpoint, resume_checkpoint
 from draftsmith.train.config import TrainConfig
-from draftsmith.train.dflash import DFlashObjective
 from draftsmith.train.loop import Env, TrainData, Trainer
-from draftsmith.train.loss import TTTObjective
 from draftsmith.train.metrics import METRICS_FILE, MetricsLog, plot_metrics, truncate_metrics
+from draftsmith.train.objectives import OBJECTIVES
 
 
 def setup_env(cfg: TrainConfig) -> Env:
@@ -219,68 +208,11 @@ def build_source(
     return OfflineSource(reader, max_len), aux_layer_ids, dataset_rows(cfg.hidden, reader.sample_ids, dataset)
 
 
-def placeholder_token(config) -> int:
-    """P-EAGLE's placeholder token: the target's pad token, else its end-of-sequence token, else 0
-    (any target id serves: its embedding is the target's, frozen, and the slots learn around it)."""
-    for name in ("pad_token_id", "eos_token_id"):
-        tok = getattr(config, name, None)
-        tok = tok[0] if isinstance(tok, list) and tok else tok
-        if isinstance(tok, int) and tok >= 0:
-            return tok
-    return 0
-
-
 def build_drafter(
     target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t2d: torch.Tensor, cfg: TrainConfig
-) -> Eagle3Drafter:
-    """A drafter shaped like target layers (--num-layers of them, its MLP --intermediate-size wide, if given), with
-    the architecture options of `cfg`, the target's embeddings (frozen) and, with --head-init
-    target, its final norm and the draft rows of its lm_head times the head's logit scale (the
-    drafter's head has no bias or soft-cap)."""
-    shape = cfg.shaped(DrafterConfig.from_target(text_config(target.model.config), d2t.numel(), aux_layer_ids))
-    dcfg = replace(
-        shape,
-        **{k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")},
-        method=cfg.method,
-        ptd_token_id=placeholder_token(text_config(target.model.config)) if cfg.method == "peagle" else 0,
-    )
-    drafter = Eagle3Drafter(dcfg)
-    drafter.load_target_embeddings(embed_weight(target.model).detach().float())
-    drafter.set_vocab(d2t, t2d)
-    init_head(drafter, target, d2t, cfg)
-    return drafter
-
-
-def build_dflash_drafter(
-    target: Target, aux_layer_ids: list[int], d2t: torch.Tensor, t2d: torch.Tensor, cfg: TrainConfig
-) -> DFlashDrafter:
-    """--method dflash: a block drafter of --num-layers target-shaped layers (--intermediate-size
-    wide), --depth mask slots, the target's embeddings (frozen; the mask token's row is the target's
-    own) and, with --head-init target, the target's final norm and head rows, as for EAGLE-3."""
-    tc = text_config(target.model.config)
-    shape = cfg.shaped(DrafterConfig.from_target(tc, d2t.numel(), aux_layer_ids))
-    dcfg = DFlashConfig.from_target(
-        tc, d2t.numel(), aux_layer_ids, default_mask_token(t2d, tc.vocab_size), cfg.depth + 1
-    )
-    dcfg = replace(dcfg, intermediate_size=shape.intermediate_size, num_layers=shape.num_layers)
-    drafter = DFlashDrafter(dcfg)
-    drafter.load_target_embeddings(embed_weight(target.model).detach().float())
-    drafter.set_vocab(d2t, t2d)
-    init_head(drafter, target, d2t, cfg)
-    return drafter
-
-
-def init_head(drafter: torch.nn.Module, target: Target, d2t: torch.Tensor, cfg: TrainConfig) -> None:
-    """--head-init target and --freeze-head, for either method's drafter (`lm_head`, `norm`)."""
-    if cfg.head_init == "target":
-        draft_ids = torch.arange(d2t.numel()) + d2t  # [Vd] target ids
-        head = output_head(target.model)
-        with torch.no_grad():
-            drafter.lm_head.weight.copy_(head.scale * head.weight[draft_ids.to(head.weight.device)].float())
-            drafter.norm.weight.copy_(final_norm(target.model).weight.detach().float())
-    if cfg.freeze_head:
-        drafter.lm_head.weight.requires_grad_(False)
-        drafter.norm.weight.requires_grad_(False)
+) -> torch.nn.Module:
+    """A fresh drafter of --method (train/objectives.py), shaped by the target and `cfg`."""
+    return OBJECTIVES[cfg.method].drafter(target, aux_layer_ids, d2t, t2d, cfg)
 
 
 def build_trainer(cfg: TrainConfig) -> Trainer:
@@ -298,8 +230,9 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if cfg.resume:
         cfg = resumed_options(cfg)
     on_gpu = env.device.type == "cuda"  # what the GPU defaults resolve to, recorded in run.yaml as such
-    # (a DFlash step has no static, compiled form: off, so that its log line, its run.yaml and a --resume agree)
-    defaults = {"autocast": on_gpu, "compile_step": on_gpu and cfg.method != "dflash"}
+    training = OBJECTIVES[cfg.method]
+    # (a step without a static, compiled form: off, so that its log line, its run.yaml and a --resume agree)
+    defaults = {"autocast": on_gpu, "compile_step": on_gpu and training.compiled_step}
     cfg = cfg.model_copy(update={k: v for k, v in defaults.items() if getattr(cfg, k) is None})
     torch.manual_seed(cfg.seed)
 
@@ -314,13 +247,12 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     rows = [dataset_rows[i] for i in train_idx]
     check_trainable(dataset, rows, min(cfg.max_len, cfg.batch_tokens), first, cfg.loss_tokens == "all")
     d2t, t2d = resolve_vocab(cfg, dataset, [dataset_rows[i] for i in train_idx], target.info.vocab_size)
-    dflash = cfg.method == "dflash"
-    drafter = (build_dflash_drafter if dflash else build_drafter)(target, aux_layer_ids, d2t, t2d, cfg)
+    drafter = training.drafter(target, aux_layer_ids, d2t, t2d, cfg)
     say = (lambda line: print(line, flush=True)) if env.main else (lambda line: None)
     checkpoint = resume_checkpoint(out, drafter, target.info.fingerprint, say) if resume_from is not None else None
 
     backend = default_backend(env.device) if cfg.attention == "auto" else cfg.attention
-    if not dflash and backend == "eager":
+    if training.ttt and backend == "eager":
         check_eager_memory(cfg, drafter.config, env.device, int(dataset.lengths.sum()))
     start_out(cfg, env)  # all validated: from here on the run writes
     if env.main:
@@ -328,35 +260,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
             write_run_record(out, cfg)
         save_vocab(out / "vocab.safetensors", d2t, t2d)
 
-    objective = (
-        DFlashObjective(
-            drafter.to(env.device),
-            head.to(env.device),
-            cfg.loss_chunk,
-            cfg.step_decay,
-            anchors_per_row=max(cfg.batch_tokens // (cfg.depth + 1), 1),
-            all_tokens=cfg.loss_tokens == "all",
-            teacher_temperature=cfg.teacher_temperature,
-        )
-        if dflash
-        else TTTObjective(
-            drafter.to(env.device),
-            head.to(env.device),
-            cfg.depth,
-            backend,
-            cfg.loss_chunk,
-            cfg.step_decay,
-            cfg.aux_noise,
-            static=cfg.compile_step,
-            all_tokens=cfg.loss_tokens == "all",
-            reached_only=cfg.ttt_positions == "reached",
-            teacher_temperature=cfg.teacher_temperature,
-            loss=cfg.loss,
-            lk_eta=cfg.lk_eta,
-        )
-    )
-    if dflash:
-        backend = objective.backend
+    objective = training.objective(drafter.to(env.device), head.to(env.device), cfg, backend)
     meta = {
         "target": target.info.to_dict(),
         "mode": "online" if cfg.hidden is None else "offline",
@@ -373,7 +277,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if env.main:  # how this run trains, where the GPU and CPU defaults differ
         print(
             f"[train] {len(train_idx)} training / {len(val_idx)} validation samples; {source_summary(source, cfg)}; "
-            f"drafter step {step_summary(cfg, env.device)}, TTT attention {backend}, "
+            f"drafter step {step_summary(cfg, env.device)}, TTT attention {objective.attention}, "
             f"autocast {'bf16' if cfg.autocast else 'off'}" + (f", loss {meta['loss']}" if cfg.loss != "ce" else ""),
             flush=True,
         )
