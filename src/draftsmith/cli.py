@@ -101,7 +101,8 @@ def _make_command(name: str, entry: Command) -> None:
             help_parts.append("(required)")
         help_str = " ".join(p for p in help_parts if p)
         opt_name = "--" + field_name.replace("_", "-")
-        panel = ADVANCED if cls.common and field_name not in cls.common else None
+        group = next((heading for heading, names in cls.panels.items() if field_name in names), None)
+        panel = group or (ADVANCED if cls.common and field_name not in cls.common else None)
         if field_name == cls.positional:
             info = typer.Argument(None, help=help_str, show_default=False)
             if cls.positional_flag:  # the same field as a flag too: `export DRAFTER` or `export --drafter DRAFTER`

@@ -36,6 +36,8 @@ class CommandConfig(BaseModel):
     positional_flag: ClassVar[bool] = False
     # the options `--help` lists first, under "Options"; the others go under "Advanced options" (none: one list)
     common: ClassVar[tuple[str, ...]] = ()
+    # option groups, each under its own `--help` heading (before "Advanced options"): heading -> options
+    panels: ClassVar[dict[str, tuple[str, ...]]] = {}
     # old option name -> its name now: still taken (flag, --config YAML, pipeline stage) for one
     # release, with a warning on stderr
     renamed: ClassVar[dict[str, str]] = {}

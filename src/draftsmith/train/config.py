@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +17,9 @@ from draftsmith.draft.step_weights import STEP_DECAY
 SGLANG_UNSERVED = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
 # EAGLE-3's architecture options, which a DFlash drafter (draft/dflash.py) does not have
 EAGLE3_OPTIONS = SGLANG_UNSERVED
+# the options of TTT's unroll (train/ttt.py, train/loss.py), through which EAGLE-3 and P-EAGLE train
+TTT_OPTIONS = ("attention", "compile_step", "ttt_positions", "loss", "lk_eta", "aux_noise")
+PEAGLE_STEP_DECAY = 1.0  # P-EAGLE weighs every depth alike
 
 
 class TrainConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
@@ -26,8 +31,11 @@ class TrainConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
     common = (
         *("dataset_dir", "target", "out", "hidden", "vocab", "depth", "steps", "epochs", "lr", "batch_tokens"),
         *("grad_accum", "max_len", "val_fraction", "val_every", "save_every", "seed", "resume", "overwrite"),
-        *("device", "dtype", "shard", "for_engine", "draft_vocab_size", "intermediate_size", "num_layers"),
+        *("device", "dtype", "shard", "for_engine", "draft_vocab_size", "intermediate_size", "num_layers", "method"),
     )
+    panels = {
+        "EAGLE-3 and P-EAGLE options (TTT and the EAGLE-3 layer; DFlash refuses them)": TTT_OPTIONS + EAGLE3_OPTIONS
+    }
     renamed = {"layers": "aux_layer_ids", "ttt": "depth"}  # one name per concept across commands and files
     dataset_dir: Path = Field(description="Tokenized dataset folder from `draftsmith prepare`.")
     out: Path = Field(description="Output folder for checkpoints, metrics and plots.")
@@ -55,7 +63,13 @@ class TrainConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
     )
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps for linear warm-up.")
     weight_decay: float = Field(0.0, ge=0, description="Weight decay.")
-    step_decay: float = Field(STEP_DECAY, gt=0, le=1, description="Loss weight of TTT step k is step_decay**k.")
+    step_decay: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description=f"Loss weight of TTT step k (DFlash: slot k+1) is step_decay**k; default {STEP_DECAY}, "
+        f"--method peagle {PEAGLE_STEP_DECAY}.",
+    )
     loss: Literal["ce", "tv", "lk"] = Field(
         "ce",
         description="Training objective: ce (soft cross-entropy), tv (total variation) or lk (the LK blend); docs/train.md.",
@@ -178,35 +192,49 @@ class TrainConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
 
     @model_validator(mode="before")
     @classmethod
-    def _engine_options(cls, data: Any) -> Any:
-        """--for-engine sglang turns off what SGLang cannot serve (refusing it where asked for);
-        then fc_norm not given: the per-layer norm, unless norm_before_fc asks for the other one
-        (each engine serves one aux-state norm; export refuses a drafter with both)."""
-        if not isinstance(data, dict):
-            return data
-        if data.get("method") == "peagle":
-            if data.get("for_engine") == "sglang":
-                raise ValueError(
-                    "--method peagle with --for-engine sglang: SGLang does not serve P-EAGLE (parallel drafting); "
-                    "vLLM does (llama_eagle3 with parallel_drafting). Use --for-engine vllm, or --method eagle3"
-                )
-            if data.get("step_decay") is None:  # P-EAGLE weighs every depth alike
-                data = {**data, "step_decay": 1.0}
-        if data.get("method") == "dflash":
-            return dflash_options(data)
-        if data.get("for_engine") == "sglang":
-            asked = [f"--{k.replace('_', '-')}" for k in SGLANG_UNSERVED if data.get(k)]
-            if int(data.get("num_layers") or 1) > 1:
-                asked.append(f"--num-layers {data['num_layers']}")
-            if asked:
-                raise ValueError(
-                    f"--for-engine sglang trains the drafter SGLang's LlamaForCausalLMEagle3 serves: "
-                    f"one decoder layer, none of {', '.join(SGLANG_UNSERVED)}; drop {', '.join(asked)}"
-                )
-            data = {**data, **dict.fromkeys(SGLANG_UNSERVED, False), "num_layers": 1}
-        if data.get("fc_norm") is None:
-            data = {**data, "fc_norm": not data.get("norm_before_fc", False)}
-        return data
+    def _method_options(cls, data: Any) -> Any:
+        """The options given, checked and completed by --method's validator (`METHOD_OPTIONS`)."""
+        if not isinstance(data, dict) or data.get("method", "eagle3") not in METHOD_OPTIONS:
+            return data  # (the field's Literal names the methods)
+        return METHOD_OPTIONS[data.get("method", "eagle3")].check(data)
+
+    @model_validator(mode="after")
+    def _method_defaults(self) -> TrainConfig:
+        """--method's defaults of the options every method reads, where none was given: set as
+        defaults (not marked given), so that --resume reads the run's own from its run.yaml."""
+        for name, value in METHOD_OPTIONS[self.method].defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        return self
+
+
+def eagle3_options(data: dict[str, Any]) -> dict[str, Any]:
+    """--method eagle3: --for-engine sglang turns off what SGLang cannot serve (refusing it where
+    asked for); then fc_norm not given: the per-layer norm, unless norm_before_fc asks for the
+    other one (each engine serves one aux-state norm; export refuses a drafter with both)."""
+    if data.get("for_engine") == "sglang":
+        asked = [f"--{k.replace('_', '-')}" for k in SGLANG_UNSERVED if data.get(k)]
+        if int(data.get("num_layers") or 1) > 1:
+            asked.append(f"--num-layers {data['num_layers']}")
+        if asked:
+            raise ValueError(
+                f"--for-engine sglang trains the drafter SGLang's LlamaForCausalLMEagle3 serves: "
+                f"one decoder layer, none of {', '.join(SGLANG_UNSERVED)}; drop {', '.join(asked)}"
+            )
+        data = {**data, **dict.fromkeys(SGLANG_UNSERVED, False), "num_layers": 1}
+    if data.get("fc_norm") is None:
+        data = {**data, "fc_norm": not data.get("norm_before_fc", False)}
+    return data
+
+
+def peagle_options(data: dict[str, Any]) -> dict[str, Any]:
+    """--method peagle: EAGLE-3's options, served by vLLM only."""
+    if data.get("for_engine") == "sglang":
+        raise ValueError(
+            "--method peagle with --for-engine sglang: SGLang does not serve P-EAGLE (parallel drafting); "
+            "vLLM does (llama_eagle3 with parallel_drafting). Use --for-engine vllm, or --method eagle3"
+        )
+    return eagle3_options(data)
 
 
 def dflash_options(data: dict[str, Any]) -> dict[str, Any]:
@@ -232,3 +260,20 @@ def dflash_options(data: dict[str, Any]) -> dict[str, Any]:
     if why:
         raise ValueError("--method dflash refuses " + "; ".join(why))
     return {**data, **dict.fromkeys(EAGLE3_OPTIONS, False)}
+
+
+@dataclass(frozen=True)
+class MethodOptions:
+    """A method's part of `train`'s options: its validator (`check`: the options given -> the
+    options it trains with; a ValueError names what it refuses), and its defaults of the options
+    every method reads (shown in their --help line)."""
+
+    check: Callable[[dict[str, Any]], dict[str, Any]]
+    defaults: dict[str, Any]
+
+
+METHOD_OPTIONS = {
+    "eagle3": MethodOptions(eagle3_options, {"step_decay": STEP_DECAY}),
+    "peagle": MethodOptions(peagle_options, {"step_decay": PEAGLE_STEP_DECAY}),
+    "dflash": MethodOptions(dflash_options, {"step_decay": STEP_DECAY}),
+}

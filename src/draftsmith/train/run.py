@@ -243,7 +243,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     check_tokenizer(dataset, target.tokenizer, cfg.target)  # tokenized with this target's vocabulary
     source, aux_layer_ids, dataset_rows = build_source(cfg, target, dataset)
     train_idx, val_idx = split_indices(len(source), cfg.val_fraction, cfg.val_seed)
-    first = 2 if cfg.method == "eagle3" else 1  # EAGLE-3's first drafted token is a sample's third
+    first = training.first_drafted  # the position of a sample's first drafted token (train/objectives.py)
     rows = [dataset_rows[i] for i in train_idx]
     check_trainable(dataset, rows, min(cfg.max_len, cfg.batch_tokens), first, cfg.loss_tokens == "all")
     d2t, t2d = resolve_vocab(cfg, dataset, [dataset_rows[i] for i in train_idx], target.info.vocab_size)
