@@ -20,10 +20,59 @@ by side: each one's tau and speed-up, overall and per category, against the one 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from draftsmith.fsutil import atomic_write_json, atomic_write_text
+
+
+@dataclass
+class ReportMeta:
+    """report.json's description of a run, one schema for both engines: `draftsmith eval`
+    (evaluate/run.py's `report_meta`) and `eval --engine vllm` (evaluate/vllm_eval.py) fill it, so
+    their reports have the same keys. Fields without a default are what every run knows; those
+    with one are an engine's own (None, or empty, where the other engine has no such thing)."""
+
+    engine: str  # "draftsmith" or "vllm"
+    mode: str  # chain or tree
+    depth_requested: int | str  # --depth as given (a number, or "auto")
+    tree_requested: str | None  # --tree as given
+    top_k: int | None  # a tree's branching
+    shape: dict[str, Any] | None  # the --depth auto / --tree auto calibration, with its questions
+    total_tokens: int | None  # a tree's draft nodes per proposal
+    depth: int  # the draft depth run: a chain's length, a tree's levels
+    temperature: float
+    top_p: float
+    seed: int
+    batch_size: int
+    bench: str
+    completion: bool
+    questions: int
+    max_new_tokens: int
+    target: str  # the target as given
+    target_info: dict[str, Any]  # its TargetInfo (name, layers, sizes, fingerprint)
+    drafter: str  # the drafter folder as given
+    drafter_meta: dict[str, Any]  # its drafter.json `meta` (how it was trained)
+    method: str  # its method, a draft/methods.py METHODS name
+    aux_layer_ids: list[int]  # the target layers it reads, in draftsmith's convention
+    device: str
+    dtype: str  # the target's
+    cuda_graphs: bool
+    target_engine: str  # the engine that ran the target (draftsmith's fast or generic engine, or vllm)
+    capture_seconds: float  # CUDA-graph capture, off the clock
+    warmup_seconds: float  # warm-up, off the clock
+    side_by_side_with: list[str] = field(default_factory=list)  # --compare: the other drafters of the run
+    drafter_graphed: bool | None = None  # draftsmith: the drafter's cycle ran in a CUDA graph
+    drafter_compiled: bool | None = None  # draftsmith: the drafter step ran through torch.compile
+    kv_cache_len: int | None = None  # draftsmith: the engine's KV cache length
+    target_compiled: bool | None = None  # draftsmith: the target's forward ran through torch.compile
+    generic_engine_reason: str | None = None  # draftsmith: why the generic HF engine ran the target
+    vllm: dict[str, Any] | None = None  # vllm: its version, the folder it served, its engine args, passes
+    wall_seconds: float | None = None  # the whole run, set when it ends
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def _rate(tokens: int, seconds: float) -> float | None:
@@ -44,10 +93,13 @@ def acceptance(accepts: list[int], depth: int) -> dict[str, Any]:
     }
 
 
-def build_report(turns: list[dict[str, Any]], depth: int, meta: dict[str, Any]) -> dict[str, Any]:
+def build_report(turns: list[dict[str, Any]], depth: int, meta: ReportMeta | dict[str, Any]) -> dict[str, Any]:
     """turns: one dict per answered turn with category, turn (1 = the question's first),
     accepts, spec_tokens, spec_seconds,
-    and (when timed) plain_tokens, plain_seconds, matches_plain."""
+    and (when timed) plain_tokens, plain_seconds, matches_plain. `meta`: the run's `ReportMeta`
+    (a plain dict where a test makes up its own)."""
+    if isinstance(meta, ReportMeta):
+        meta = meta.to_dict()
     all_accepts = [a for t in turns for a in t["accepts"]]
     timed = [t for t in turns if t.get("plain_seconds") is not None]
 

@@ -37,7 +37,7 @@ from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
 from draftsmith.evaluate.proposer import StagedCycle
 from draftsmith.evaluate.proposers import PROPOSERS
 from draftsmith.evaluate.questions import Question, load_questions, token_bound, turn_prompt
-from draftsmith.evaluate.report import build_report, summary_line, write_comparison, write_report
+from draftsmith.evaluate.report import ReportMeta, build_report, summary_line, write_comparison, write_report
 from draftsmith.evaluate.shape import Calibration, Shape, calibrate, spread
 from draftsmith.evaluate.shape import summary as shape_summary
 from draftsmith.fsutil import atomic_output_dir, atomic_write_text
@@ -383,46 +383,46 @@ def report_meta(
     questions: list[Question],
     device: torch.device,
     warmup_s: float,
-) -> dict[str, Any]:
+) -> ReportMeta:
     """report.json's description of one entrant's run: the shape, sampling, questions, target,
     drafter, device and engine, and the drafters it ran beside (wall_seconds is added at the end)."""
     on_gpu, engine, proposer, tree, e = device.type == "cuda", d.engine, x.proposer, cfg.drafting == "tree", x.entrant
-    return {
-        "engine": "draftsmith",
-        "mode": cfg.drafting,
-        "depth_requested": cfg.depth,
-        "tree_requested": cfg.tree,
-        "top_k": x.shape.top_k,
-        "shape": {**x.calibration.to_dict(), "questions": x.picks} if x.calibration is not None else None,
-        "total_tokens": proposer.size if tree else None,
-        "depth": x.shape.depth,
-        "temperature": cfg.temperature,
-        "top_p": cfg.top_p,
-        "seed": cfg.seed,
-        "batch_size": cfg.batch_size,
-        "bench": cfg.bench,
-        "completion": cfg.completion,
-        "questions": len(questions),
-        "max_new_tokens": d.max_new,
-        "target": target.info.name,
-        "target_info": target.info.to_dict(),
-        "drafter": str(e.path),
-        "drafter_meta": e.manifest.get("meta", {}),
-        "method": e.method,
-        "side_by_side_with": [str(y.entrant.path) for y in d.draftings if y is not x],
-        "aux_layer_ids": e.drafter.config.aux_layer_ids,
-        "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
-        "dtype": str(target.dtype).removeprefix("torch."),
-        "cuda_graphs": bool(cfg.compile),
-        "drafter_graphed": bool(cfg.compile) and proposer.graphed,
-        "drafter_compiled": proposer.compiled,
-        "kv_cache_len": d.max_len,
-        "target_engine": engine.name,
-        "target_compiled": engine.compiled,
-        "generic_engine_reason": engine.reason if isinstance(engine, HFEngine) else None,
-        "capture_seconds": round(engine.capture_seconds, 3),
-        "warmup_seconds": round(warmup_s, 3),
-    }
+    return ReportMeta(
+        engine="draftsmith",
+        mode=cfg.drafting,
+        depth_requested=cfg.depth,
+        tree_requested=cfg.tree,
+        top_k=x.shape.top_k,
+        shape={**x.calibration.to_dict(), "questions": x.picks} if x.calibration is not None else None,
+        total_tokens=proposer.size if tree else None,
+        depth=x.shape.depth,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        bench=cfg.bench,
+        completion=cfg.completion,
+        questions=len(questions),
+        max_new_tokens=d.max_new,
+        target=target.info.name,
+        target_info=target.info.to_dict(),
+        drafter=str(e.path),
+        drafter_meta=e.manifest.get("meta", {}),
+        method=e.method,
+        side_by_side_with=[str(y.entrant.path) for y in d.draftings if y is not x],
+        aux_layer_ids=e.drafter.config.aux_layer_ids,
+        device=torch.cuda.get_device_name(device) if on_gpu else "cpu",
+        dtype=str(target.dtype).removeprefix("torch."),
+        cuda_graphs=bool(cfg.compile),
+        drafter_graphed=bool(cfg.compile) and proposer.graphed,
+        drafter_compiled=proposer.compiled,
+        kv_cache_len=d.max_len,
+        target_engine=engine.name,
+        target_compiled=engine.compiled,
+        generic_engine_reason=engine.reason if isinstance(engine, HFEngine) else None,
+        capture_seconds=round(engine.capture_seconds, 3),
+        warmup_seconds=round(warmup_s, 3),
+    )
 
 
 def run(cfg: EvalConfig) -> Path:
@@ -456,7 +456,7 @@ def run(cfg: EvalConfig) -> Path:
             rows, lines = turn_rows(target.tokenizer, questions, turns, x.sampling.greedy)
             atomic_write_text(folder / "answers.jsonl", "\n".join(lines) + "\n")
             meta = report_meta(cfg, d, x, target, questions, device, warmup_s)
-            meta["wall_seconds"] = round(time.perf_counter() - t_start, 3)
+            meta.wall_seconds = round(time.perf_counter() - t_start, 3)
             reports.append(build_report(rows, x.shape.depth, meta))
             write_report(reports[-1], folder)
         if cfg.compare:
