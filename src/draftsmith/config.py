@@ -98,6 +98,9 @@ def check_device(value: str | None) -> str | None:
         raise ValueError(f"{value!r}: this machine has {count} GPU(s); use cuda:0..cuda:{count - 1}")
     if device.type not in ("cpu", "cuda", "mps", "xpu"):
         raise ValueError(f"device {value!r} is not supported; use cpu or cuda")
+    backend = getattr(torch.backends, device.type, None) if device.type in ("mps", "xpu") else None
+    if device.type in ("mps", "xpu") and not (backend or getattr(torch, device.type, None)).is_available():
+        raise ValueError(f"{value!r}: this machine's PyTorch has no {device.type} device; use --device cpu or cuda")
     return value
 
 

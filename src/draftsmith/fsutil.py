@@ -175,7 +175,13 @@ def check_output(
       non-empty folder must be this command's output even without `--overwrite` (`check_owned`).
     Inputs are the paths among the command's inputs (a named source or alias is no path: skipped).
     """
-    given, real = Path(out), Path(out).resolve()
+    given = Path(out)
+    try:
+        real = given.resolve()
+    except (RuntimeError, OSError) as e:  # a symbolic link loop (RuntimeError up to Python 3.12, OSError after)
+        raise UserError(
+            f"--out {given}: {e}; a symbolic link on the way points back to itself: give another --out"
+        ) from None
     if folder:
         for place, what in ((Path.cwd().resolve(), "the current folder"), (Path.home().resolve(), "the home folder")):
             if real == place or real in place.parents:
@@ -392,6 +398,8 @@ def json_line(path: Path, line: int, raw: bytes) -> Any:
         raise UserError(
             f"{path}:{line}: malformed JSON ({e.msg} at column {e.colno}); fix or remove that line"
         ) from None
+    except RecursionError:
+        raise UserError(f"{path}:{line}: JSON nested too deeply to read; fix or remove that line") from None
 
 
 SMALL_FILE = 1 << 20  # sampled_id hashes every byte of a file up to this size

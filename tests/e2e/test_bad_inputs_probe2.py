@@ -189,3 +189,37 @@ def test_eval_batch_is_capped_at_the_number_of_questions(tmp_path, tiny_target_d
     args = ["--device", "cpu", "--num-questions", "1", "--max-new-tokens", "4", "--no-speed", "--batch-size", "100000"]
     r = cli("eval", "--target", tiny_target_dir, "--drafter", drafter, "--out", tmp_path / "eval", *args)
     failed(r, 2, "engine of 1 rows")
+
+
+# -- 8. tracebacks left by the probe: each a clean error (exit 2) naming the file -------------------
+
+
+@pytest.mark.parametrize("command", ["prepare", "vocab", "synth"])
+def test_a_symlink_loop_out_is_a_clean_error(tmp_path, dataset, tiny_target_dir, command):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    args = {
+        "prepare": ["prepare", prompts, "--target", tiny_target_dir],
+        "vocab": ["vocab", dataset],
+        "synth": ["synth", prompts, "--target", tiny_target_dir, "--device", "cpu"],
+    }[command]
+    failed(cli(*args, "--out", tmp_path / "a"), 2, f"--out {tmp_path / 'a'}", "symbolic link")
+
+
+def test_prepare_from_a_device_or_a_deeply_nested_line_is_a_clean_error(tmp_path, tiny_target_dir):
+    failed(cli("prepare", "/dev/zero", "--target", tiny_target_dir, "--out", tmp_path / "z"), 2, "not a regular file")
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    failed(cli("prepare", deep, "--target", tiny_target_dir, "--out", tmp_path / "d"), 2, f"{deep}:1", "nested")
+    assert not (tmp_path / "z").exists() and not (tmp_path / "d").exists()
+
+
+def test_a_device_this_torch_lacks_is_refused_up_front(tmp_path, dataset, tiny_target_dir):
+    import torch
+
+    if torch.backends.mps.is_available():
+        pytest.skip("this machine has an mps device")
+    r = cli(*tiny_train_args(dataset, tiny_target_dir, tmp_path / "run", "--steps", "1"), "--device", "mps")
+    assert r.exit_code == 2 and "no mps device" in r.output and not (tmp_path / "run").exists(), r.output

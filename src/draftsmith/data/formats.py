@@ -179,6 +179,8 @@ def _json(path: Path) -> Iterator[tuple[str, str, Any]]:
         records = json.loads(text)
     except json.JSONDecodeError as e:
         raise UserError(f"{path}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deeply to read; fix the file") from None
     for i, record in enumerate(records):
         yield f"{path}[{i}]", f"row-{i}", record
 
@@ -246,6 +248,8 @@ def _records(path: Path, folder_only: bool) -> Iterator[tuple[str, str, Any]]:
                 yield where, prefix + pos, record
     elif folder_only:
         raise UserError(f"{path}: --format hf expects a local Hugging Face dataset folder, got a file")
+    elif not path.is_file():
+        raise UserError(f"{path}: not a regular file (a device, a pipe or a socket); give a file of conversations")
     else:
         yield from _rows(path)
 
