@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -260,8 +262,12 @@ def atomic_output_dir(
     if out.exists() and not overwrite:
         raise UserError(f"output folder {given} already exists; pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_temps(out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
+    lock = os.open(tmp / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)  # held while this run builds: not dead
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    os.write(lock, f"{os.getpid()}\n".encode())
     try:
         mark_output(tmp, command)
         yield tmp
@@ -284,6 +290,8 @@ def atomic_output_dir(
             shutil.rmtree(old)
         else:
             os.replace(tmp, out)
+        with contextlib.suppress(OSError):
+            os.unlink(out / LOCK_FILE)  # published: no build lock in the output
         fsync_dir(out.parent)
     except OSError as e:  # a full disk, a file-size limit: exit 4, and nothing of this run left
         shutil.rmtree(tmp, ignore_errors=True)
@@ -293,6 +301,35 @@ def atomic_output_dir(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(lock)
+
+
+YOUNG_TEMP_S = 60  # a temporary folder without a build lock this young may be a run's that is just starting
+
+
+def remove_dead_temps(out: Path) -> list[Path]:
+    """Remove the hidden `.NAME.*.tmp` folders beside `out` that killed runs of an atomic stage
+    (prepare, export, eval) left: a build folder whose lock no live process holds (one without a
+    lock, made by an earlier draftsmith, once it is a minute old), and an old output moved aside
+    for a replacement once `out` is in place again. Returns those removed."""
+    removed = []
+    for p in sorted(out.parent.glob(f".{glob.escape(out.name)}.*.tmp")):
+        if not p.is_dir() or p.is_symlink():
+            continue
+        dead = False
+        if p.name.startswith(f".{out.name}.old."):
+            dead = out.exists()  # the new output is in place: the old one was to be deleted
+        elif (p / LOCK_FILE).exists():
+            dead = lock_holder(p) is None
+        else:
+            with contextlib.suppress(OSError):
+                dead = time.time() - p.stat().st_mtime > YOUNG_TEMP_S
+        if dead:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+            print(f"removed {p}, left by a run that was killed", file=sys.stderr, flush=True)
+    return removed
 
 
 @contextlib.contextmanager

@@ -42,13 +42,32 @@ def process_state(snap: dict, folder: Path) -> str:
         return snap.get("status", "?")
     if snap.get("host") != socket.gethostname():
         return f"running on {snap.get('host')} (cannot check)"
+    if folder.name.endswith(".tmp"):  # an atomic stage's build folder: those stages do not resume
+        dead = "dead (process gone; this temporary folder is left over: the next run of the same command removes it and starts over)"
+    else:
+        dead = "dead (process gone: rerun the same command to resume)"
     try:
         os.kill(int(snap["pid"]), 0)
     except ProcessLookupError:
-        return "dead (process gone: rerun the same command to resume)"
+        return dead
     except PermissionError:
         pass
+    started = snap.get("started_at") or snap.get("updated_at", 0) - snap.get("elapsed_s", 0)
+    if process_started(int(snap["pid"])) > started + 5:  # the pid now names a later process
+        return dead.replace("process gone", f"process gone, pid {snap['pid']} is another process now")
     return "alive"
+
+
+def process_started(pid: int) -> float:
+    """When process `pid` started (seconds since the epoch, from /proc), or 0 where it cannot be read."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0
 
 
 def find_progress(root: Path) -> list[Path]:
@@ -118,7 +137,7 @@ def run(cfg: StatusConfig) -> Path:
             str(f.parent) if f.parent == root or not f.parent.is_relative_to(root) else str(f.parent.relative_to(root))
         )
         if f.parent.name.endswith(".tmp"):
-            where += " (in progress, published when done)"
+            where += " (left by a killed run)" if state.startswith("dead") else " (in progress, published when done)"
         table = Table(title=f"[bold]{s['stage']}[/bold]  {where}", show_header=False, title_justify="left")
         table.add_column("field", style="bold")
         table.add_column("value", overflow="fold")

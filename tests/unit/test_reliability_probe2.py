@@ -220,3 +220,68 @@ def test_a_target_fine_tuned_in_place_has_another_fingerprint(tmp_path, tiny_tar
     shape, sampled, _ = base.split(".")
     assert same_target(shape, base) and same_target(f"{shape}.{sampled}", base)  # records of earlier versions
     assert not same_target(f"{shape}.{'0' * 16}", base)
+
+
+# -- 9. temporary folders of killed runs; status's advice ------------------------------------------
+
+
+def test_the_next_run_removes_the_temporary_folders_of_killed_runs(tmp_path):
+    from draftsmith.fsutil import LOCK_FILE, atomic_output_dir, output_lock
+
+    out = tmp_path / "ds"
+    killed = tmp_path / ".ds.abc.tmp"  # a killed run's: its build lock is free
+    killed.mkdir()
+    (killed / LOCK_FILE).write_text("999999\n")
+    old = tmp_path / ".ds.xyz.tmp"  # an earlier draftsmith's (no lock), an hour old
+    old.mkdir()
+    os.utime(old, (0, 0))
+    young = tmp_path / ".ds.new.tmp"  # a run just starting (no lock yet): kept
+    young.mkdir()
+    live = tmp_path / ".ds.live.tmp"  # a live run's (its lock is held: flock conflicts between open files): kept
+    with output_lock(live):
+        with atomic_output_dir(out, "prepare") as tmp:
+            (tmp / "data").write_text("1")
+            building = (tmp / LOCK_FILE).exists()
+        assert live.exists()
+    assert building and not killed.exists() and not old.exists() and young.exists()
+    assert sorted(p.name for p in out.iterdir()) == [MADE_FILE, "data"]  # no build lock published
+
+
+def test_status_of_a_dead_temporary_folder_offers_no_resume(tmp_path):
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from draftsmith.cli import app
+    from draftsmith.progress import Progress
+
+    work = tmp_path / ".ds.abc.tmp"
+    work.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with Progress("prepare", work, total=4, live=False) as p:
+        p.advance(1)
+        snap = p.snapshot()
+    (work / "progress.json").write_text(json.dumps({**snap, "status": "running", "pid": gone.pid}))
+    r = CliRunner().invoke(app, ["status", str(tmp_path / "ds")])
+    text = " ".join(r.output.replace("│", " ").split())
+    assert "removes it and starts over" in text and "left by a killed run" in text and "to resume" not in text, text
+
+
+def test_status_says_dead_for_a_reused_pid(tmp_path):
+    from typer.testing import CliRunner
+
+    from draftsmith.cli import app
+    from draftsmith.progress import Progress
+
+    stage = tmp_path / "store"
+    stage.mkdir()
+    with Progress("extract", stage, total=10, live=False) as p:
+        p.advance(3)
+        snap = p.snapshot()
+    start = snap["started_at"] - 86400 * 365  # a run of a year ago, whose pid this process now has
+    snap.update(status="running", pid=os.getpid(), started_at=start, updated_at=start + 10)
+    (stage / "progress.json").write_text(json.dumps(snap))
+    text = " ".join(CliRunner().invoke(app, ["status", str(stage)]).output.replace("│", " ").split())
+    assert f"dead (process gone, pid {os.getpid()} is another process now" in text, text
