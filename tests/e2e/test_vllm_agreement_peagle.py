@@ -1,6 +1,7 @@
 """vLLM serves draftsmith's P-EAGLE exports (parallel drafting) as `draftsmith eval` decodes them.
 
-The setup of test_vllm_agreement.py (its target, prompts, conversations and vLLM worker) with a
+The setup of test_vllm_agreement.py (tests/vllm_world.py: its target, prompts, conversations and
+vLLM worker) with a
 P-EAGLE drafter (`train --method peagle`, 20 steps, one layer, fc_norm), exported in both layouts
 and served by vLLM's CPU build (fp32, greedy, K = 3 drafts from one drafter forward per cycle:
 `speculative_config` `parallel_drafting=True`). For each export: vLLM's counters (drafts,
@@ -22,43 +23,26 @@ pytest.importorskip(
 )
 
 from draftsmith.config import resolve_config
-from draftsmith.data.config import PrepareConfig
-from draftsmith.data.prepare import run as prepare
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.run import run as evaluate
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run as export
-from draftsmith.target import load_target, shared_targets
+from draftsmith.target import shared_targets
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.run import run as train
-from tests.e2e.test_vllm_agreement import (
-    NEW_TOKENS,
-    QUESTIONS,
-    K,
-    broken,
-    greedy_conversations,
-    make_target,
-    per_position,
-    serve_greedy,
-    small_kv_cache,  # noqa: F401  (a module fixture: 1 GiB of KV cache per engine)
-)
+from tests.vllm_world import NEW_TOKENS, QUESTIONS, K, broken, per_position, serve_greedy
+
+# small_kv_cache (conftest.py): 1 GiB of KV cache for each vLLM engine
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("small_kv_cache")]
 
 OPTIONS = {"method": "peagle", "num_layers": 1, "fc_norm": True, "norm_before_residual": False}
 CASES = ["eagle", "speculators"]
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vllm-peagle")
-    folder = make_target(root / "target")
-    target = load_target(str(folder), "cpu", "float32")
-    mt_bench = __import__("pathlib").Path(__file__).parents[2] / "src" / "draftsmith" / "assets" / "mt_bench.jsonl"
-    prompts = [json.loads(line)["turns"][0] for line in mt_bench.read_text().splitlines()[:QUESTIONS]]
-    bench = root / "bench.jsonl"
-    bench.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-    (root / "convs.jsonl").write_text("".join(json.dumps(c) + "\n" for c in greedy_conversations(target, prompts)))
-    with shared_targets(target):
-        ds = prepare(PrepareConfig(data=root / "convs.jsonl", target=str(folder), out=root / "ds"))
+def world(vllm_base):
+    root, folder, bench, ds = (vllm_base[k] for k in ("root", "target", "bench", "ds"))
+    with shared_targets(vllm_base["loaded"]):
         run = root / "train-P"
         flags = {"dataset_dir": ds, "target": str(folder), "out": run, "device": "cpu", "steps": 20, "ttt": K}
         flags |= {"lr": 1e-2, "warmup_ratio": 0, "val_fraction": 0, "val_every": 1000, "draft_vocab_size": 512}
@@ -79,7 +63,7 @@ def world(tmp_path_factory):
         )
     answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
     report = json.loads((out / "report.json").read_text())
-    return {"root": root, "target": folder, "prompts": prompts, "run": run, "answers": answers, "report": report}
+    return {**vllm_base, "run": run, "answers": answers, "report": report}
 
 
 def exported(world, fmt: str):

@@ -1,7 +1,7 @@
 """vLLM serves draftsmith's DFlash exports as `draftsmith eval` decodes them.
 
 A DFlash drafter (`train --method dflash`, 1 layer, a block of 1 + K, 30 steps online) is
-trained on the small target of test_vllm_agreement.py (a 6-layer Llama: vLLM's DFlash drafter is
+trained on the small target of tests/vllm_world.py (a 6-layer Llama: vLLM's DFlash drafter is
 made of Qwen3 decoder layers whatever the target, which only has to expose aux hidden states),
 exported for vLLM and served by vLLM's CPU build (fp32, greedy, K drafts per block, all prompts
 in one batch) with `speculative_config.method = "dflash"`. vLLM's counters (drafts, accepted
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -34,45 +33,23 @@ pytest.importorskip(
 )
 
 from draftsmith.config import resolve_config
-from draftsmith.data.config import PrepareConfig
-from draftsmith.data.prepare import run as prepare
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.run import run as evaluate
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run as export
-from draftsmith.target import load_target, shared_targets
+from draftsmith.target import shared_targets
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.run import run as train
-from tests.e2e.test_vllm_agreement import (
-    QUESTIONS,
-    greedy_conversations,
-    make_target,
-    per_position,
-    serve_greedy,
-)
+from tests.vllm_world import NEW_TOKENS, QUESTIONS, K, per_position, serve_greedy
 
-K, NEW_TOKENS = 3, 32
-
-
-@pytest.fixture(scope="module", autouse=True)
-def small_kv_cache():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-        yield
+# small_kv_cache (conftest.py): 1 GiB of KV cache for each vLLM engine
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("small_kv_cache")]
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vllm-dflash")
-    folder = make_target(root / "target")
-    target = load_target(str(folder), "cpu", "float32")
-    mt_bench = Path(__file__).parents[2] / "src" / "draftsmith" / "assets" / "mt_bench.jsonl"
-    prompts = [json.loads(line)["turns"][0] for line in mt_bench.read_text().splitlines()[:QUESTIONS]]
-    bench = root / "bench.jsonl"
-    bench.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-    (root / "convs.jsonl").write_text("".join(json.dumps(c) + "\n" for c in greedy_conversations(target, prompts)))
-    with shared_targets(target):
-        ds = prepare(PrepareConfig(data=root / "convs.jsonl", target=str(folder), out=root / "ds"))
+def world(vllm_base):
+    root, folder, bench, ds = (vllm_base[k] for k in ("root", "target", "bench", "ds"))
+    with shared_targets(vllm_base["loaded"]):
         run = root / "train"
         train(
             resolve_config(
@@ -120,9 +97,7 @@ def world(tmp_path_factory):
     config["dflash_config"]["target_layer_ids"] = [i + 1 for i in config["dflash_config"]["target_layer_ids"]]
     (broken / "config.json").write_text(json.dumps(config))
     return {
-        "root": root,
-        "target": folder,
-        "prompts": prompts,
+        **vllm_base,
         "answers": answers,
         "report": json.loads((out / "report.json").read_text()),
         "export": exported,
