@@ -9,19 +9,20 @@ import importlib.util
 
 import pytest
 
+from draftsmith import vllm_support
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
 from draftsmith.evaluate import vllm_eval
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.run import run as evaluate
+from draftsmith.evaluate.vllm_worker import accepts_from_counters
 
 
 @pytest.fixture
 def vllm_present(monkeypatch):
-    """importlib finds a `vllm` (the refusals come before vLLM is imported)."""
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    """A tested vLLM release is installed (the refusals come before vLLM is imported)."""
+    monkeypatch.setattr(vllm_support, "installed_version", lambda: "0.32.0")
 
 
 @pytest.mark.parametrize(
@@ -78,6 +79,7 @@ def test_a_pass_of_the_worker_makes_the_report_rows_and_counters():
     questions = [Question(0, "writing", ["a"]), Question(1, "math", ["b"])]
     spec = {
         "batch_size": 2,
+        "accepts_by": "turn",
         "answers": [
             [{"tokens": [5, 6, 7, 2], "seconds": 0.5, "accepts": [2, 0]}],
             [{"tokens": [8, 9], "seconds": 0.5, "accepts": [1]}],
@@ -117,6 +119,32 @@ def test_a_pass_of_the_worker_makes_the_report_rows_and_counters():
     }
     text = markdown(build_report(rows, 3, meta))
     assert "engine vllm" in text and "from its counters 2.000: 3 accepted of 3 drafts, per position [2, 1, 0]" in text
+
+
+def test_counters_give_the_exact_accept_histogram():
+    """vLLM 0.26 has no per-request counts: a call's counter difference gives its steps' accepts."""
+    steps = [0, 3, 1, 1, 2, 0, 3]  # accepted drafts per verification step, depth 3
+    counters = {
+        "drafts": len(steps),
+        "draft_tokens": 3 * len(steps),
+        "accepted": sum(steps),
+        "accepted_per_pos": [sum(a > j for a in steps) for j in range(3)],
+    }
+    assert accepts_from_counters(counters, 3) == sorted(steps)
+    assert accepts_from_counters({"drafts": 0, "accepted_per_pos": [0, 0, 0]}, 3) == []
+
+
+def test_sweep_passes_group_batch_sizes_by_depth(tmp_path):
+    cfg = EvalConfig(engine="vllm", drafter=tmp_path / "d", out=tmp_path / "o", sweep=["3:1", "7:64", "5:1", "7:200"])
+    assert vllm_eval.sweep_passes(cfg, 7, 1, 80) == {7: [1, 64, 80], 5: [1], 3: [1]}
+
+
+@pytest.mark.parametrize("bad", [["7"], ["0:1"], ["7:x"], ["7:-1"]])
+def test_a_bad_sweep_is_refused_at_parse(tmp_path, bad):
+    with pytest.raises(ValueError, match="DEPTH:BATCH"):
+        EvalConfig(engine="vllm", drafter=tmp_path / "d", out=tmp_path / "o", sweep=bad)
+    with pytest.raises(ValueError, match="--sweep times extra passes inside vLLM"):
+        EvalConfig(drafter=tmp_path / "d", out=tmp_path / "o", sweep=["7:16"])
 
 
 def test_a_gguf_targets_copy_is_a_folder_vllm_reads(tmp_path):

@@ -88,7 +88,20 @@ class EvalConfig(CommandConfig, TargetOptions):
         None,
         description="torch.compile the target's forward inside its CUDA graphs; default on for GPU; the eager one if compiling fails.",
     )
+    sweep: list[str] = Field(
+        [],
+        description="--engine vllm: more DEPTH:BATCH passes in the same run (such as 3:1 7:64), each timed beside plain decoding at its batch size.",
+    )
     overwrite: bool = Field(False, description="Replace an existing output folder.")
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep(cls, v: list[str]) -> list[str]:
+        for item in v:
+            depth, _, batch = item.partition(":")
+            if not (depth.isdigit() and batch.isdigit() and int(depth) >= 1 and int(batch) >= 1):
+                raise ValueError(f"{item!r}: each pass is DEPTH:BATCH, two whole numbers >= 1, such as 7:16")
+        return v
 
     @field_validator("depth")
     @classmethod
@@ -109,6 +122,8 @@ class EvalConfig(CommandConfig, TargetOptions):
 
     @model_validator(mode="after")
     def _compare(self) -> EvalConfig:
+        if self.sweep and self.engine != "vllm":
+            raise ValueError("--sweep times extra passes inside vLLM: add --engine vllm, or drop --sweep")
         if self.compare and self.engine == "vllm":
             raise ValueError(
                 "--compare runs the drafters side by side in draftsmith's engine; vLLM serves one drafter per server: "

@@ -184,7 +184,7 @@ def markdown(r: dict[str, Any]) -> str:
     for p in (r.get("vllm") or {}).get("passes", []):  # --engine vllm: each batch size, and vLLM's own counters
         c = p["counters"]
         lines.append(
-            f"- vLLM {r['vllm']['version']}, batch {p['batch_size']}: tau {p['tau']:.3f} ({p['steps']} steps; "
+            f"- vLLM {r['vllm']['version']}, depth {p.get('depth')}, batch {p['batch_size']}: tau {p['tau']:.3f} ({p['steps']} steps; "
             f"from its counters {fmt(p['counters_tau'], '{:.3f}')}: {c['accepted']} accepted of {c['drafts']} drafts, "
             f"per position {c['accepted_per_pos']}), speculative {fmt(p['spec_tok_per_s'], '{:.1f}')} tok/s, "
             f"plain {fmt(p['plain_tok_per_s'], '{:.1f}')} tok/s, speed-up {fmt(p['speedup'], '{:.2f}x')}"
@@ -219,7 +219,7 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for cat, c in r["categories"].items():
         lines.append(
-            f"| {cat} | {c['turns']} | {c['tokens']} | {c['tau']:.2f} | {fmt(c['spec_tok_per_s'], '{:.1f}')} | "
+            f"| {cat} | {c['turns']} | {c['tokens']} | {fmt(c['tau'])} | {fmt(c['spec_tok_per_s'], '{:.1f}')} | "
             f"{fmt(c['plain_tok_per_s'], '{:.1f}')} | {fmt(c['speedup'], '{:.2f}x')} |"
         )
     lines += ["", "![acceptance per position](acceptance.png)", "", "![tau](tau.png)", ""]
@@ -255,7 +255,7 @@ def plot(r: dict[str, Any], out: Path) -> None:
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     cats = list(r["categories"])
-    a1.bar(cats, [r["categories"][c]["tau"] for c in cats])
+    a1.bar(cats, [r["categories"][c]["tau"] or 0.0 for c in cats])  # None: vLLM counted per call, not per turn
     a1.set(ylabel="tau", title="tau by category")
     a1.tick_params(axis="x", rotation=45)
     dist = r["tau_distribution"]

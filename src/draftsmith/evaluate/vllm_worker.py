@@ -12,10 +12,16 @@ REQUEST: target (an HF folder), tokenizer (the target spec draftsmith reads it f
 chat_template, completion, questions [{question_id, category, turns}], dtype, max_model_len,
 seed, temperature, top_p, max_new_tokens, stop_token_ids, batch_sizes, engine_args (more
 keyword arguments for `LLM`), progress (a folder for progress.json, or null), engines
-[{name, drafter, k, method}] (method: eagle3 unless given, dflash for a DFlash export).
+[{name, drafter, k, method, batch_sizes}] (method: eagle3 unless given, dflash for a DFlash
+export; batch_sizes: the request's unless given).
 RESULT: vllm_version, engines {name: {start_seconds, warmup_seconds, passes [{batch_size,
-answers [per question [per turn {tokens, seconds, accepts}]], counters {drafts,
+accepts_by, answers [per question [per turn {tokens, seconds, accepts}]], counters {drafts,
 draft_tokens, accepted, accepted_per_pos}}]} or {error}}.
+
+accepts_by: "turn" where vLLM reports each request's accepted drafts per step (0.27 and later,
+`per_request_spec_decode_metrics`); on older releases "call": vLLM's global counters, read
+around each generate call, give that call's exact accept histogram (`accepts_from_counters`,
+in no particular order), which goes to the call's first turn. At batch 1 that is each turn's own.
 """
 
 from __future__ import annotations
@@ -56,6 +62,22 @@ def difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def accepts_from_counters(c: dict[str, Any], k: int) -> list[int]:
+    """The drafts accepted at each verification step of a counter difference, as a histogram:
+    accepted_per_pos[j] counts the steps whose first j+1 drafts were accepted."""
+    reached = [c["drafts"], *c["accepted_per_pos"], 0]  # reached[a]: steps with >= a accepted
+    return [a for a in range(k + 1) for _ in range(reached[a] - reached[a + 1])]
+
+
+def per_request_metrics() -> bool:
+    """Whether this vLLM reports accepted drafts per request and step (0.27 and later)."""
+    from dataclasses import fields
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    return "per_request_spec_decode_metrics" in {f.name for f in fields(EngineArgs)}
+
+
 def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[str, Any]:
     """One engine: start it, warm it up, answer every question at every batch size."""
     from vllm import LLM, SamplingParams
@@ -68,6 +90,7 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
     tok = load_tokenizer(req["tokenizer"], req["chat_template"])
     questions = [Question(**q) for q in req["questions"]]
     k = int(engine["k"])
+    by_request = per_request_metrics()
     spec = (
         {
             "speculative_config": {
@@ -76,8 +99,8 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
                 "num_speculative_tokens": k,
             }
             | ({"parallel_drafting": True} if engine.get("parallel_drafting") else {}),  # P-EAGLE
-            "per_request_spec_decode_metrics": "detailed",
         }
+        | ({"per_request_spec_decode_metrics": "detailed"} if by_request else {})
         if engine["drafter"]
         else {}
     )
@@ -106,16 +129,19 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
     )
 
     def generate(prompts: list[list[int]]) -> list[Turn]:
+        before = counters(llm, k) if engine["drafter"] and not by_request else None  # noqa: F821 (called before the del below)
         t = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)  # noqa: F821 (called before the del below)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)  # noqa: F821
         seconds = (time.perf_counter() - t) / len(prompts)  # each row an equal share of its batch's time
         turns = []
         for o in outs:
             done = o.outputs[0]
-            metrics = done.spec_decode_metrics
+            metrics = getattr(done, "spec_decode_metrics", None)
             turns.append(
                 Turn(list(done.token_ids), seconds, list(metrics.per_step_accepted) if metrics is not None else [])
             )
+        if before is not None:  # the call's histogram, on its first turn
+            turns[0].accepts = accepts_from_counters(difference(counters(llm, k), before), k)  # noqa: F821
         if progress is not None:
             progress.advance(len(turns), tokens=sum(len(t.tokens) for t in turns))
         return turns
@@ -128,12 +154,13 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
     )
     warmup_s = time.perf_counter() - t0
     passes = []
-    for batch in req["batch_sizes"]:
+    for batch in engine.get("batch_sizes") or req["batch_sizes"]:
         before = counters(llm, k)
         by_question = answer(tok, questions, [generate], req["completion"], batch)[0]  # [question][turn]
         passes.append(
             {
                 "batch_size": batch,
+                "accepts_by": "turn" if by_request or batch == 1 else "call",
                 "answers": [[asdict(t) for t in turns] for turns in by_question],
                 "counters": difference(counters(llm, k), before),
             }
