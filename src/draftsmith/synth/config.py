@@ -73,10 +73,12 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
     backoff: float = Field(
         1.0, ge=0, description="Remote backend: seconds before the first retry (doubled each retry, at most 30)."
     )
-    batch_size: int = Field(32, ge=1, description="Local backend: prompts per generation batch.")
-    generator: Literal["auto", "engine", "hf"] = Field(
+    batch_size: int = Field(
+        32, ge=1, description="Local backend: prompts per generation batch (vllm: sequences at once)."
+    )
+    generator: Literal["auto", "engine", "hf", "vllm"] = Field(
         "auto",
-        description="Local backend: engine (draftsmith's static-KV engine), hf (HF generate, any model), or auto (docs/synth.md).",
+        description="Local backend: engine (draftsmith's static-KV engine), hf (HF generate, any model), vllm (vLLM's offline engine), or auto (docs/synth.md).",
     )
     cache: Literal["dynamic", "static"] = Field(
         "dynamic",

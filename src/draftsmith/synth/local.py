@@ -48,13 +48,44 @@ def _ids(value: Any) -> set[int]:
 def stop_token_ids(target: Target, completion: bool = False) -> set[int]:
     """End-of-turn and eos ids: the template's end-of-turn token (none with `completion`: no
     template), the tokenizer's eos and the model's generation-config eos (which may be a list)."""
-    tok = target.tokenizer
-    ids = _ids(tok.eos_token_id) | _ids(getattr(target.model.generation_config, "eos_token_id", None))
+    return stop_ids(target.tokenizer, getattr(target.model.generation_config, "eos_token_id", None), completion)
+
+
+def stop_ids(tok: Any, generation_eos: Any, completion: bool = False) -> set[int]:
+    """`stop_token_ids` from a tokenizer and the generation config's eos, without the model."""
+    ids = _ids(tok.eos_token_id) | _ids(generation_eos)
     for role in ("assistant", "user") if not completion else ():
         eot = tok.convert_tokens_to_ids(end_of_turn(tok, role))
         if isinstance(eot, int) and eot != tok.unk_token_id:
             ids.add(eot)
     return ids
+
+
+def encode(tok: Any, request: Request, completion: bool) -> list[int]:
+    """Token ids of the prompt: the raw prefix, or the chat rendered for an assistant reply
+    (in completion mode its texts as they are, no template)."""
+    text = request.prefix
+    if text is None and completion:
+        return completion_ids(tok, request.messages)
+    if text is None:
+        text = tok.apply_chat_template(
+            request.messages, chat_template=chat_template(tok), tokenize=False, add_generation_prompt=True
+        )
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def request_stops(tok: Any, request: Request, stop: set[int]) -> set[int]:
+    """`stop` and the request's own stop tokens (Magpie's end of a user turn)."""
+    ids = tok.convert_tokens_to_ids(list(request.stop))
+    return stop | {t for t in ids if t not in (None, tok.unk_token_id)}
+
+
+def generation(tok: Any, tokens: list[int], stop: set[int]) -> Generation:
+    """The text up to the first stop id; the token count includes that id."""
+    cut = next((j for j, t in enumerate(tokens) if t in stop), None)
+    body = tokens if cut is None else tokens[:cut]
+    text = tok.decode(body, skip_special_tokens=True)
+    return Generation(text, len(body) + (cut is not None), finished=cut is not None)
 
 
 def context_length(target: Target) -> int:
@@ -148,23 +179,8 @@ class LocalBackend:
         self.use_engine = uses_engine(target, generator)
         self.engine: TargetEngine | None = None
 
-    def encode(self, request: Request) -> list[int]:
-        """Token ids of the prompt: the raw prefix, or the chat rendered for an assistant reply
-        (in completion mode its texts as they are, no template)."""
-        text = request.prefix
-        if text is None and self.completion:
-            return completion_ids(self.tokenizer, request.messages)
-        if text is None:
-            text = self.tokenizer.apply_chat_template(
-                request.messages,
-                chat_template=chat_template(self.tokenizer),
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
     def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
-        prompts = [self.encode(r) for r in requests]
+        prompts = [encode(self.tokenizer, r, self.completion) for r in requests]
         results: list[Generation | None] = [None] * len(requests)
         fits = []
         for i, ids in enumerate(prompts):
@@ -179,8 +195,7 @@ class LocalBackend:
             batch = fits[start : start + self.batch_size]
             stop = set(self.stop)
             for i in batch:
-                ids = self.tokenizer.convert_tokens_to_ids(list(requests[i].stop))
-                stop |= {t for t in ids if t not in (None, self.tokenizer.unk_token_id)}
+                stop = request_stops(self.tokenizer, requests[i], stop)
             seed = stable_seed(sampling.seed, requests[batch[0]].key)
             batch_prompts = [prompts[i] for i in batch]
             if self.engine is not None:
@@ -188,7 +203,7 @@ class LocalBackend:
             else:
                 new = self._hf_generate(batch_prompts, sampling, stop, seed)
             for i, tokens in zip(batch, new):
-                results[i] = self._generation(tokens, stop)
+                results[i] = generation(self.tokenizer, tokens, stop)
         return results  # type: ignore[return-value]
 
     def _reserve(self, rows: int, slots: int) -> None:
@@ -223,10 +238,3 @@ class LocalBackend:
             generation_config=_generation_config(self.target, sampling, stop, self.pad, self.cache),
         )
         return out[:, width:].tolist()  # [b, <= max_new_tokens]
-
-    def _generation(self, tokens: list[int], stop: set[int]) -> Generation:
-        """The text up to the first stop id; the token count includes that id."""
-        cut = next((j for j, t in enumerate(tokens) if t in stop), None)
-        body = tokens if cut is None else tokens[:cut]
-        text = self.tokenizer.decode(body, skip_special_tokens=True)
-        return Generation(text, len(body) + (cut is not None), finished=cut is not None)

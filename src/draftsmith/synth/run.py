@@ -79,12 +79,23 @@ def load_work(cfg: SynthConfig) -> tuple[list[Work], int]:
 
 def build_backend(cfg: SynthConfig, world: int, local_rank: int, magpie: bool = False) -> tuple[Backend, Any]:
     """The backend, and the tokenizer whose chat template Magpie uses (None when not needed)."""
+    if cfg.endpoint and cfg.generator == "vllm":
+        raise UserError("--endpoint sends the prompts to a server; --generator vllm runs vLLM here: give one of them")
     if cfg.endpoint:
         from draftsmith.synth.remote import RemoteBackend
         from draftsmith.target import load_tokenizer
 
         backend = RemoteBackend(cfg.endpoint, cfg.model, cfg.concurrency, cfg.timeout, cfg.retries, cfg.backoff)
         return backend, load_tokenizer(cfg.target, cfg.chat_template) if magpie else None
+    if cfg.generator == "vllm":
+        from draftsmith.synth.vllm import VllmBackend
+
+        if world > 1 or cfg.shard != "none" or cfg.device:
+            raise UserError(
+                "synth --generator vllm runs one vLLM engine on its own device: drop torchrun, --shard and --device"
+            )
+        backend = VllmBackend(cfg.target, cfg.chat_template, cfg.batch_size, cfg.dtype, cfg.completion)
+        return backend, backend.tokenizer
     from draftsmith.synth.local import LocalBackend
     from draftsmith.target import load_target
 
@@ -199,7 +210,7 @@ def write_conversations(cfg: SynthConfig) -> Path:
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
     user_sampling = Sampling(cfg.magpie_temperature, cfg.magpie_top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
     generation = {
-        "backend": "remote" if cfg.endpoint else "local",
+        "backend": "remote" if cfg.endpoint else "vllm" if cfg.generator == "vllm" else "local",
         **sampling.to_dict(),
         "magpie": {"temperature": user_sampling.temperature, "top_p": user_sampling.top_p} if magpie else None,
     }
