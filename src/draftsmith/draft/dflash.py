@@ -25,49 +25,28 @@ EAGLE-3. Attention takes an explicit boolean mask over [context ; block] keys, s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.draft.model import MLP, RMSNorm, TargetVocab, layer_shape, rope
+from draftsmith.draft.model import MLP, LayerShape, RMSNorm, TargetVocab, layer_shape, rope
 
 METHOD = "dflash"
 
 
 @dataclass
-class DFlashConfig:
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int  # the target's vocab
-    draft_vocab_size: int
-    target_hidden_size: int
-    aux_layer_ids: list[int] = field(default_factory=list)  # draftsmith convention
+class DFlashConfig(LayerShape):
     mask_token_id: int = 0  # a target token id: the embedding of the slots to fill
     block_size: int = 8  # the bonus token and block_size-1 mask slots: block_size-1 drafts per forward
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    max_position_embeddings: int = 4096
-    hidden_act: str = "silu"
-    num_layers: int = 1
     method: str = METHOD
 
     @property
     def drafts(self) -> int:
         """Draft tokens per block (the mask slots)."""
         return self.block_size - 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DFlashConfig:
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
     @classmethod
     def from_target(
@@ -129,7 +108,7 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = DFlashAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)  # type: ignore[arg-type]  (reads hidden_size and intermediate_size only)
+        self.mlp = MLP(cfg)
 
     def forward(
         self, x: torch.Tensor, position_ids: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor, mask: torch.Tensor

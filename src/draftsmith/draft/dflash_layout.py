@@ -100,6 +100,6 @@ def import_dflash(folder: Path) -> tuple[DFlashDrafter, dict[str, Any]]:
         raise UserError(
             f"{folder}: weights do not match its config (missing {missing}, unexpected {unexpected}); {FIX}"
         )
-    check_vocab(cfg, model.d2t, model.t2d, str(folder))  # type: ignore[arg-type]
+    check_vocab(cfg, model.d2t, model.t2d, str(folder))
     meta = {"needs_target_embeddings": not has_embed, "imported_from": str(folder), "method": "dflash"}
     return model, {"method": "dflash", "config": cfg.to_dict(), "target": record.get("target") or {}, "meta": meta}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.draft.model import DrafterConfig
+from draftsmith.draft.model import DrafterConfig, LayerShape
 from draftsmith.errors import UserError
 
 RECORD_KEY = "draftsmith"  # the config.json entry that records conventions for the reload
@@ -54,7 +54,7 @@ def arch_options(cfg: DrafterConfig) -> dict[str, bool]:
     return {name: bool(getattr(cfg, name)) for name in ARCH_OPTIONS}
 
 
-def check_vocab(cfg: DrafterConfig, d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:
+def check_vocab(cfg: LayerShape, d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:
     """d2t [draft_vocab] int offsets and t2d [vocab] bool must describe the same draft vocab."""
     if tuple(d2t.shape) != (cfg.draft_vocab_size,) or tuple(t2d.shape) != (cfg.vocab_size,):
         raise UserError(

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -56,8 +56,14 @@ def layer_shape(tc: Any) -> dict[str, Any]:
     }
 
 
+Shaped = TypeVar("Shaped", bound="LayerShape")
+
+
 @dataclass
-class DrafterConfig:
+class LayerShape:
+    """What every drafter method's config holds (draft/methods.py): its decoder layers' shape (a
+    copy of one of the target's, `layer_shape`), the two vocabularies and the aux layers it reads."""
+
     hidden_size: int
     intermediate_size: int
     num_attention_heads: int
@@ -70,21 +76,27 @@ class DrafterConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
-    norm_before_residual: bool = False  # True: the residual is hidden_norm(h), not h
-    norm_before_fc: bool = False  # True: RMSNorm (`input_norm`) over the concatenated aux states before fc
-    fc_norm: bool = False  # True: EAGLE-3.1's RMSNorm per aux layer (`fc_norm.{i}`) before fc
-    norm_output: bool = False  # True: the next draft step reads norm(out) instead of out
     hidden_act: str = "silu"
-    num_layers: int = 1  # decoder layers: the EAGLE-3 layer, then num_layers-1 plain ones
-    method: str = "eagle3"  # "eagle3": one forward per draft; "peagle": one forward proposes all K (draft/peagle.py)
-    ptd_token_id: int = 0  # peagle: the placeholder token id of the draft slots after the first (a target id)
+    num_layers: int = 1  # decoder layers
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DrafterConfig:
+    def from_dict(cls: type[Shaped], d: dict[str, Any]) -> Shaped:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class DrafterConfig(LayerShape):
+    """EAGLE-3's (and P-EAGLE's): num_layers is the EAGLE-3 layer, then num_layers-1 plain ones."""
+
+    norm_before_residual: bool = False  # True: the residual is hidden_norm(h), not h
+    norm_before_fc: bool = False  # True: RMSNorm (`input_norm`) over the concatenated aux states before fc
+    fc_norm: bool = False  # True: EAGLE-3.1's RMSNorm per aux layer (`fc_norm.{i}`) before fc
+    norm_output: bool = False  # True: the next draft step reads norm(out) instead of out
+    method: str = "eagle3"  # "eagle3": one forward per draft; "peagle": one forward proposes all K (draft/peagle.py)
+    ptd_token_id: int = 0  # peagle: the placeholder token id of the draft slots after the first (a target id)
 
     @classmethod
     def from_target(cls, target_config: Any, draft_vocab_size: int, aux_layer_ids: list[int]) -> DrafterConfig:
@@ -150,7 +162,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: DrafterConfig) -> None:
+    def __init__(self, cfg: LayerShape) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)

@@ -151,7 +151,7 @@ def dflash_files(model: DFlashDrafter, record: dict[str, Any], cfg: ExportConfig
         validate_layers(list(model.config.aux_layer_ids), target.get("num_layers"))
     except UserError as e:
         raise UserError(f"this drafter's auxiliary layers cannot be served: {e}") from None
-    check_vocab(model.config, model.d2t, model.t2d, str(cfg.drafter))  # type: ignore[arg-type]
+    check_vocab(model.config, model.d2t, model.t2d, str(cfg.drafter))
     k = cfg.depth or model.config.drafts
     check_depth(model.config, k)
     verifier = cfg.verifier or str(target.get("name") or "TARGET")
