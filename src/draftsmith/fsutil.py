@@ -11,6 +11,7 @@ import fcntl
 import glob
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -265,10 +266,11 @@ def atomic_output_dir(
     remove_dead_temps(out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
-    lock = os.open(tmp / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)  # held while this run builds: not dead
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    os.write(lock, f"{os.getpid()}\n".encode())
+    lock = None
     try:
+        lock = os.open(tmp / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)  # held while this run builds: not dead
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        os.write(lock, f"{os.getpid()}\n".encode())
         mark_output(tmp, command)
         yield tmp
         if out.exists() and not overwrite:
@@ -302,7 +304,8 @@ def atomic_output_dir(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
 
 
 YOUNG_TEMP_S = 60  # a temporary folder without a build lock this young may be a run's that is just starting
@@ -572,3 +575,42 @@ def human_bytes(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1000
     return f"{n:.1f} TB"
+
+
+def safetensors_numel(path: Path) -> int | None:
+    """How many elements the tensors of a safetensors file hold, from its header alone (nothing
+    else is read), or None when it is not a readable safetensors file."""
+    try:
+        with Path(path).open("rb") as fh:
+            head = fh.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 0 < n <= 100 << 20:
+                return None
+            header = json.loads(fh.read(n))
+        return sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def check_built_size(build: Any, weights: Path, what: str, fix: str) -> None:
+    """Refuse, before a model is built for real, a config (a drafter.json) that describes far
+    more elements than its weights file holds: `build()` runs on PyTorch's meta device, which
+    allocates nothing, and its state's element count is compared with the file's header. A
+    config edited to absurd sizes would otherwise allocate them (196 GB at once) before the load
+    found the shapes wrong. A build that fails on the meta device is left to the real one."""
+    import torch
+
+    held = safetensors_numel(weights)
+    if held is None:
+        return  # missing or unreadable: the load names it
+    try:
+        with torch.device("meta"):
+            model = build()
+        need = sum(t.numel() for t in model.state_dict().values())
+    except Exception:  # only a dry run: the real build reports its own errors
+        return
+    if need > 2 * held + (1 << 20):
+        raise UserError(
+            f"{what}: its config describes a model of {need:,} weights, and {weights} holds {held:,}: the sizes "
+            f"in the config are not those of the weights (edited by hand?); {fix}"
+        )

@@ -99,3 +99,18 @@ def store(gguf: Path, part: str, save: Callable[[Path], None]) -> None:
             file=sys.stderr,
             flush=True,
         )
+
+
+def discard(gguf: Path, part: str, why: Exception) -> None:
+    """Remove a converted `part` of `gguf` that did not load (`why`), saying so: the next load
+    reads the GGUF and keeps a new copy."""
+    folder = copy_dir(gguf)
+    if folder is None or not (folder / part).is_dir():
+        return
+    print(
+        f"[target] the converted copy {folder / part} of {gguf.name} did not load ({why}); removed it, "
+        "converting the GGUF again",
+        file=sys.stderr,
+        flush=True,
+    )
+    shutil.rmtree(folder / part, ignore_errors=True)

@@ -18,6 +18,7 @@ import contextlib
 import contextvars
 import hashlib
 import importlib.util
+import json
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -168,6 +169,24 @@ def remote_code(e: Exception) -> str:
     )
 
 
+def say_stock_class(folder: Path | None) -> str | None:
+    """A target whose config.json has an `auto_map` (Python code of its own) but a `model_type`
+    that transformers ships loads as transformers' own class, never with its code: say so in one
+    line (returned too), since its own code may differ. An unknown model_type is refused by the load."""
+    try:
+        config = json.loads((folder / "config.json").read_text()) if folder is not None else {}
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or not config.get("auto_map"):
+        return None
+    line = (
+        f"[target] {folder / 'config.json'} has an auto_map (code of its own), which draftsmith never runs: "
+        f"loading transformers' own {config.get('model_type')!r} class instead"
+    )
+    print(line, flush=True)
+    return line
+
+
 def text_config(config: Any) -> Any:
     """The language model's config: `config.text_config` when nested, else `config` itself."""
     get_text = getattr(config, "get_text_config", None)
@@ -226,6 +245,27 @@ def available_memory(device: torch.device) -> int | None:
 def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on GPU, fp32 on CPU."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def check_model_memory(build: Any, device: torch.device, what: str, fix: str) -> None:
+    """Refuse, before it is built, a model whose float32 weights alone exceed the memory free on
+    `device` (`available_memory`): `build()` runs first on PyTorch's meta device, which allocates
+    nothing. Absurd sizes (`--intermediate-size 100000x`: 354 GB) would otherwise be allocated until
+    the kernel kills the process, with no message. A build that fails there is left to the real one."""
+    free = available_memory(device)
+    if free is None:
+        return
+    try:
+        with torch.device("meta"):
+            model = build()
+        need = sum(p.numel() for p in model.parameters()) * 4
+    except Exception:  # only a dry run: the real build reports its own errors
+        return
+    if need > free:
+        raise UserError(
+            f"{what} needs {need / 1e9:.1f} GB for its float32 weights alone, and {device} has "
+            f"{free / 1e9:.1f} GB free; {fix}"
+        )
 
 
 def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
@@ -352,12 +392,22 @@ def _load(
 ) -> Target:
     src, kwargs = source(folder, gguf_file, "model")
     kwargs.update(dtype=dt, trust_remote_code=False)  # never run a checkpoint's own code
+    say_stock_class(folder if gguf_file is None else None)
     if shard == "auto":
         kwargs["device_map"] = "auto"  # balanced over the visible GPUs, whole decoder layers each
     from safetensors import SafetensorError
 
     try:
-        model = _auto_class(src, kwargs.get("gguf_file")).from_pretrained(src, **kwargs)
+        try:
+            model = _auto_class(src, kwargs.get("gguf_file")).from_pretrained(src, **kwargs)
+        except (SafetensorError, OSError, ValueError) as e:
+            if gguf_file is None or "gguf_file" in kwargs:
+                raise
+            # the GGUF's converted copy is damaged (a disk fault, a hand edit): drop it and convert again
+            gguf_cache.discard(folder / gguf_file, "model", e)
+            if gguf_cache.cached(folder / gguf_file, "model") is not None:  # could not be removed
+                raise
+            return _load(spec, folder, gguf_file, dev, dt, chat_template, shard)
     except SafetensorError:  # a weights file cut short (an interrupted copy) or not safetensors
         raise UserError(f"{damaged_weights(src)}: truncated or corrupt; copy the model again") from None
     except (OSError, ValueError) as e:

@@ -223,3 +223,64 @@ def test_a_device_this_torch_lacks_is_refused_up_front(tmp_path, dataset, tiny_t
         pytest.skip("this machine has an mps device")
     r = cli(*tiny_train_args(dataset, tiny_target_dir, tmp_path / "run", "--steps", "1"), "--device", "mps")
     assert r.exit_code == 2 and "no mps device" in r.output and not (tmp_path / "run").exists(), r.output
+
+
+def test_a_drafter_json_of_absurd_sizes_is_refused_before_it_is_built(tmp_path):
+    from draftsmith.draft.checkpoint import save_drafter
+    from tests.helpers import make_tiny_drafter
+
+    drafter = save_drafter(make_tiny_drafter(), tmp_path / "drafter")
+    record = json.loads((drafter / "drafter.json").read_text())
+    record["config"].update(hidden_size=1_000_000, intermediate_size=10_000_000)  # ~196 GB if built
+    (drafter / "drafter.json").write_text(json.dumps(record))
+    r = cli("export", drafter, "--out", tmp_path / "export")
+    failed(r, 2, "drafter.json: its config describes a model of", "are not those of the weights")
+    assert not (tmp_path / "export").exists()
+
+
+def test_a_drafter_larger_than_memory_is_refused_before_it_is_built(tmp_path, dataset, tiny_target_dir, monkeypatch):
+    import draftsmith.target as target_mod
+
+    monkeypatch.setattr(target_mod, "available_memory", lambda device: 1 << 30)  # 1 GiB free
+    args = tiny_train_args(dataset, tiny_target_dir, tmp_path / "run", "--steps", "1", "--intermediate-size", "100000x")
+    failed(cli(*args), 2, "the drafter needs", "lower --intermediate-size")
+    assert not (tmp_path / "run").exists()
+
+
+# -- 10. misleading messages -----------------------------------------------------------------------
+
+
+def test_a_target_with_an_auto_map_of_a_known_type_says_which_class_loads(tmp_path, tiny_target_dir):
+    from draftsmith.target import load_target
+
+    folder = shutil.copytree(tiny_target_dir, tmp_path / "t")
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_mine.MyLlama"}
+    (folder / "config.json").write_text(json.dumps(config))
+    import contextlib
+    import io
+
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        load_target(str(folder), "cpu")
+    assert "has an auto_map (code of its own), which draftsmith never runs" in said.getvalue()
+    assert "transformers' own 'llama' class" in said.getvalue()
+
+
+@pytest.mark.slow
+def test_a_corrupt_gguf_copy_is_converted_again(tmp_path, monkeypatch):
+    from draftsmith import gguf_cache
+    from draftsmith.target import load_target, resolve_spec
+    from tests.helpers import SMOLLM2
+
+    if not SMOLLM2.startswith("smollm2"):
+        pytest.skip("the embedded default's GGUF is not installed")
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path))
+    load_target(SMOLLM2, "cpu", "fp32")  # converts and keeps a copy
+    folder, name = resolve_spec(SMOLLM2)
+    weights = gguf_cache.cached(folder / name, "model") / "model.safetensors"
+    with weights.open("r+b") as f:
+        f.truncate(weights.stat().st_size // 2)  # a disk fault, a copy cut short
+    again = load_target(SMOLLM2, "cpu", "fp32")
+    assert again.model is not None
+    assert gguf_cache.cached(folder / name, "model") is not None and weights.stat().st_size > 0

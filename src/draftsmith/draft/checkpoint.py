@@ -24,7 +24,7 @@ import torch
 from draftsmith.draft.importer import import_drafter
 from draftsmith.draft.methods import METHODS, method_named, method_of, record_method
 from draftsmith.errors import UserError
-from draftsmith.fsutil import _umask, atomic_write_json, read_safetensors
+from draftsmith.fsutil import _umask, atomic_write_json, check_built_size, read_safetensors
 
 DRAFTER_FILE, WEIGHTS, FORMAT = "drafter.json", "model.safetensors", "draftsmith-drafter"
 
@@ -105,6 +105,8 @@ def load_drafter(
     if (path / DRAFTER_FILE).exists():
         record = read_drafter_record(path)
         method = method_named(record_method(record), str(path / DRAFTER_FILE))
+        build = lambda: method.build({**record["config"], "method": method.name})  # noqa: E731
+        check_built_size(build, path / WEIGHTS, str(path / DRAFTER_FILE), FIX)  # before it allocates
         try:
             model = method.build({**record["config"], "method": method.name})
         except (TypeError, ValueError, RuntimeError) as e:  # a missing or mistyped field

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from draftsmith.config import RUN_RECORD, changed_options, load_yaml_mapping, write_run_record
 from draftsmith.data.dataset import TokenizedDataset, check_tokenizer, check_trainable, load_dataset, split_indices
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
-from draftsmith.draft.model import DrafterConfig
+from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.draft.shape import default_backend, eager_attention_bytes
 from draftsmith.errors import UserError, from_os_error
 from draftsmith.fsutil import LOCK_FILE, check_output, human_bytes, mark_output, output_lock
@@ -33,14 +33,14 @@ from draftsmith.layers import resolve_aux_layers, validate_layers
 from draftsmith.progress import Progress
 from draftsmith.runtime.capture import supports_flex
 from draftsmith.runtime.head import check_output_head, output_head
-from draftsmith.target import Target, available_memory, default_device, load_target
+from draftsmith.target import Target, available_memory, check_model_memory, default_device, load_target
 from draftsmith.torchrun import dist_env
 from draftsmith.train.batching import OfflineSource, OnlineSource
 from draftsmith.train.checkpointing import CKPT_DIR, latest_checkpoint, resume_checkpoint
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.loop import Env, TrainData, Trainer
 from draftsmith.train.metrics import METRICS_FILE, MetricsLog, plot_metrics, truncate_metrics
-from draftsmith.train.objectives import OBJECTIVES
+from draftsmith.train.objectives import OBJECTIVES, eagle3_config
 
 
 def setup_env(cfg: TrainConfig) -> Env:
@@ -247,6 +247,8 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     rows = [dataset_rows[i] for i in train_idx]
     check_trainable(dataset, rows, min(cfg.max_len, cfg.batch_tokens), first, cfg.loss_tokens == "all")
     d2t, t2d = resolve_vocab(cfg, dataset, [dataset_rows[i] for i in train_idx], target.info.vocab_size)
+    shape = lambda: Eagle3Drafter(eagle3_config(target, aux_layer_ids, d2t, cfg))  # noqa: E731 (its size, on meta)
+    check_model_memory(shape, torch.device("cpu"), "the drafter", "lower --intermediate-size or --num-layers")
     drafter = training.drafter(target, aux_layer_ids, d2t, t2d, cfg)
     say = (lambda line: print(line, flush=True)) if env.main else (lambda line: None)
     checkpoint = resume_checkpoint(out, drafter, target.info.fingerprint, say) if resume_from is not None else None
