@@ -46,6 +46,8 @@ from draftsmith.train.metrics import read_metrics
 from draftsmith.train.run import run as train
 from tests.helpers import ARCHS, WINDOW, draft_logits, tiny_causal_lm, write_tokenized_dataset
 
+pytestmark = pytest.mark.slow
+
 V, L, NEW = 300, 4, 3 * WINDOW  # the tiny models' vocab and layers; new tokens decoded, well past the window
 CONTEXT = 128  # eval's KV cache: the tokens a run attends over
 LAYERS = [1, 2, 3]  # aux layer ids: the engines capture 1..L-1 only (export refuses 0 and L)

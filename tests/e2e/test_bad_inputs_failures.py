@@ -217,6 +217,7 @@ def test_eval_at_the_file_size_limit_exits_4_with_nothing_left(
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_train_on_a_full_disk_exits_4_and_resumes(ds: Path, tiny_target_dir: Path, tmp_path: Path) -> None:
     with tmpfs(tmp_path / "small", "2m") as disk:
         out = disk / "run"
@@ -272,6 +273,7 @@ def test_a_truncated_target_is_named(
 # -- 3. lower items ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_corrupt_store_row_is_refused_before_train_writes(ds: Path, tiny_target_dir: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
     r = cli("extract", ds, "--target", tiny_target_dir, "--out", store, "--device", "cpu")

@@ -246,6 +246,7 @@ def train(ds: Path, target: Path, out: Path, *extra: object) -> list[object]:
     return tiny_train_args(ds, target, out, "--steps", "2", "--depth", "1", "--save-every", "1", *extra)
 
 
+@pytest.mark.slow
 def test_train_resume_with_other_options_is_refused_and_keeps_run_yaml(tmp_path, dataset, tiny_target_dir):
     out = tmp_path / "train"
     run_cli(*train(dataset, tiny_target_dir, out))
@@ -264,6 +265,7 @@ def test_train_resume_with_other_options_is_refused_and_keeps_run_yaml(tmp_path,
     run_cli("train", dataset, "--target", tiny_target_dir, "--out", out, "--resume", says="nothing to train")
 
 
+@pytest.mark.slow
 def test_train_resume_falls_back_from_a_torn_newest_checkpoint(tmp_path, dataset, tiny_target_dir):
     out = tmp_path / "train"
     run_cli(*train(dataset, tiny_target_dir, out))
@@ -306,6 +308,7 @@ def test_synth_out_equal_to_its_prompts_is_refused(tmp_path, tiny_target_dir):
     assert prompts.read_text() == before
 
 
+@pytest.mark.slow
 def test_synth_counts_prompts_answered_under_another_file_name(tmp_path, tiny_target_dir):
     out, first = tmp_path / "out" / "c.jsonl", chats(tmp_path / "p.jsonl", 3)
     run_cli(*synth(first, tiny_target_dir, out, "--keep-unfinished"))
@@ -315,6 +318,7 @@ def test_synth_counts_prompts_answered_under_another_file_name(tmp_path, tiny_ta
     assert len(out.read_text().splitlines()) == 3
 
 
+@pytest.mark.slow
 def test_synth_follows_its_own_advice_after_every_answer_was_dropped(tmp_path, tiny_target_dir):
     out, prompts = tmp_path / "out" / "c.jsonl", chats(tmp_path / "p.jsonl", 2)
     run_cli(*synth(prompts, tiny_target_dir, out), code=2, says="pass --keep-unfinished")

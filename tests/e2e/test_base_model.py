@@ -21,6 +21,8 @@ import pytest
 from draftsmith.data.dataset import load_dataset
 from tests.helpers import ASSETS, cli_ok, cli_refused, write_jsonl
 
+pytestmark = pytest.mark.slow
+
 TEXTS = ["The cat sat on the mat and looked at the door.", "Water boils at one hundred degrees."]
 PAIRS = [("Q: What is two plus two?\nA:", " Four."), ("Translate to French: cat =>", " chat")]
 QUESTIONS = [{"prompt": "Once upon a time"}, {"turns": ["The capital of France is", " and of Italy"]}]

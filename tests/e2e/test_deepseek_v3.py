@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 
 from draftsmith.data.dataset import load_dataset
@@ -25,6 +26,8 @@ from draftsmith.runtime.capture import packs_sequences, pads_sequences
 from draftsmith.train.batching import OnlineSource
 from draftsmith.train.metrics import read_metrics
 from tests.helpers import cli_ok, tiny_causal_lm
+
+pytestmark = pytest.mark.slow
 
 LAYERS = [1, 2, 3]
 CONVS = [

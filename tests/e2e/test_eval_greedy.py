@@ -18,6 +18,8 @@ from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
 from tests.helpers import random_drafter
 
+pytestmark = pytest.mark.slow
+
 N_PROMPTS, NEW = 10, 20
 
 

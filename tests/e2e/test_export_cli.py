@@ -15,6 +15,8 @@ from draftsmith.runtime.capture import capture
 from draftsmith.target import embed_weight, text_config
 from tests.engine_readers import sglang_view, vllm_view
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def drafter_dir(smollm2, tmp_path_factory):

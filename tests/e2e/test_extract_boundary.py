@@ -1,11 +1,14 @@
 """A real crossing of the 2000-sample folder boundary: 2003 tiny samples through `extract`."""
 
 import numpy as np
+import pytest
 
 from draftsmith.data.store import StoreReader
 from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.run import run
 from tests.helpers import write_tokenized_dataset
+
+pytestmark = pytest.mark.slow
 
 
 def test_folder_boundary_crossing(tiny_target_dir, tmp_path):

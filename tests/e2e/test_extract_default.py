@@ -10,6 +10,8 @@ from draftsmith.cli import app
 from draftsmith.data.store import StoreReader
 from tests.helpers import write_tokenized_dataset
 
+pytestmark = pytest.mark.slow
+
 
 def rel_err(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())

@@ -52,6 +52,7 @@ def tmpfs(path, size):
         subprocess.run(["umount", str(path)], check=False)
 
 
+@pytest.mark.slow
 def test_disk_full_on_tmpfs(tmp_path, dataset, tiny_target_dir):
     # 200 samples x 40 tokens x (3+1) x 64 x 4 bytes ~ 8.2 MB: more than the 5 MB disk holds
     with tmpfs(tmp_path / "small", "5m") as disk:
@@ -91,6 +92,7 @@ def test_layer_ids_out_of_range(tmp_path, dataset, tiny_target_dir):
     assert not (tmp_path / "store").exists()
 
 
+@pytest.mark.slow
 def test_store_of_another_target_or_aux_layer_ids(tmp_path, dataset, tokenizer):
     out, five = tmp_path / "store", tmp_path / "five-layers"  # room for two sets of capturable ids (1..4)
     make_tiny_llama(len(tokenizer), num_layers=5).save_pretrained(five)
@@ -118,6 +120,7 @@ def test_unwritable_output_folder(tmp_path, dataset, tiny_target_dir):
         assert r.exit_code == 2 and "read-only" in r.output, r.output
 
 
+@pytest.mark.slow
 def test_two_extracts_on_one_out(tmp_path, dataset, tiny_target_dir):
     """Two extractions into one --out: the second is refused (naming the first's pid) while the
     first runs, and the first completes the store with each sample once."""

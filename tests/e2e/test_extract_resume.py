@@ -9,9 +9,12 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from draftsmith.data.store import MANIFEST, StoreReader
 from tests.helpers import write_tokenized_dataset
+
+pytestmark = pytest.mark.slow
 
 N = 250
 

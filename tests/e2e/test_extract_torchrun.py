@@ -5,10 +5,13 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from draftsmith.data.store import StoreReader
 from tests.helpers import write_tokenized_dataset
+
+pytestmark = pytest.mark.slow
 
 
 def test_two_ranks_equal_one(tmp_path, tiny_target_dir):

@@ -15,9 +15,10 @@ from draftsmith import gguf_cache
 from draftsmith.target import load_target, load_text_config, load_tokenizer, resolve_spec
 from tests.helpers import SMOLLM2
 
-pytestmark = pytest.mark.skipif(
-    not SMOLLM2.startswith("smollm2"), reason="the embedded default's GGUF is not installed"
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not SMOLLM2.startswith("smollm2"), reason="the embedded default's GGUF is not installed"),
+]
 
 
 def no_gguf_reads(monkeypatch):

@@ -34,6 +34,7 @@ SHAREGPT = [
 ]
 
 
+@pytest.mark.slow
 def test_prepare_and_vocab_on_the_embedded_default(tmp_path):
     from draftsmith.target import load_tokenizer
 
@@ -70,6 +71,7 @@ def test_prepare_and_vocab_on_the_embedded_default(tmp_path):
     assert int(t2d.sum()) == 64 and bool(t2d[ds.ids[ds.mask == 1]].all())  # every assistant token is in it
 
 
+@pytest.mark.slow
 def test_prepare_full_gsm8k_prints_and_writes_the_stats(tmp_path):
     """Issue 2, must-show item 3: all 7,473 GSM8K question/answer pairs on the embedded default."""
     out = tmp_path / "gsm8k"
@@ -84,6 +86,7 @@ def test_prepare_full_gsm8k_prints_and_writes_the_stats(tmp_path):
     assert len(load_dataset(out)) == 7473
 
 
+@pytest.mark.slow
 def test_prepare_pairs_with_length_policies(tmp_path, tiny_target_dir):
     rows = GSM8K.read_text().splitlines()[:40]
     data = tmp_path / "gsm8k.jsonl"

@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 from draftsmith.cli import app
 from draftsmith.pipeline import quickstart
 
+pytestmark = pytest.mark.slow
+
 TOY = {
     "synth": {"limit": 2, "max_new_tokens": 12, "batch_size": 2},
     "magpie": {"magpie": 2, "max_new_tokens": 12, "batch_size": 2},

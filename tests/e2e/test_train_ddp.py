@@ -14,6 +14,8 @@ import pytest
 from draftsmith.train.metrics import read_metrics
 from tests.helpers import write_tokenized_dataset
 
+pytestmark = pytest.mark.slow
+
 
 def _args(ds, target, out):
     return [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from draftsmith.config import resolve_config
@@ -18,6 +19,8 @@ from draftsmith.target import shared_targets
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.run import run as train
 from tests.helpers import write_dataset_and_store
+
+pytestmark = pytest.mark.slow
 
 PROMPTS = [
     "What is the capital of France?",

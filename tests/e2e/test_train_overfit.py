@@ -8,6 +8,8 @@ more than the training)."""
 
 from __future__ import annotations
 
+import pytest
+
 from draftsmith.config import resolve_config
 from draftsmith.data.dataset import load_dataset
 from draftsmith.draft.checkpoint import load_drafter
@@ -16,6 +18,8 @@ from draftsmith.train.config import TrainConfig
 from draftsmith.train.metrics import read_metrics
 from draftsmith.train.run import run
 from tests.helpers import write_dataset_and_store
+
+pytestmark = pytest.mark.slow
 
 PAIRS = [
     ("What is the capital of France?", "The capital of France is Paris, a city on the Seine."),

@@ -10,9 +10,12 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from draftsmith.train.metrics import read_metrics
 from tests.helpers import write_tokenized_dataset
+
+pytestmark = pytest.mark.slow
 
 STEPS = 24
 

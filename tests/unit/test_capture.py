@@ -27,6 +27,7 @@ def test_capture_equals_output_hidden_states(tiny_model):
     torch.testing.assert_close(norm(aux[..., 2 * H :]), final)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", [None, "flex_attention"])
 def test_compiled_capture_equals_capture_and_compiles_once(tiny_model, attention):
     """CompiledCapture (train --compile-capture) gives `capture`'s states for packed rows of other

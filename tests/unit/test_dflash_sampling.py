@@ -58,6 +58,7 @@ def first_emitted(residual: bool, n: int, temperature: float, top_p: float):
     return counts, ref.detach(), accepted / n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
 def test_dflash_speculative_sampling_matches_target(temperature, top_p):
     counts, ref, mean_accept = first_emitted(residual=True, n=2000, temperature=temperature, top_p=top_p)
@@ -66,11 +67,13 @@ def test_dflash_speculative_sampling_matches_target(temperature, top_p):
     assert 0.5 * (counts / counts.sum() - ref).abs().sum() < 0.05
 
 
+@pytest.mark.slow
 def test_dflash_without_correction_the_distribution_is_wrong():
     counts, ref, _ = first_emitted(residual=False, n=2000, temperature=1.0, top_p=1.0)
     assert chi2(counts, ref) > 3 * CHI2_CRIT_DF11
 
 
+@pytest.mark.slow
 def test_dflash_draws_follow_q_at_every_slot():
     """Every proposal draws afresh, and slot j's token follows the q the proposal reports for it."""
     _, _, _, prop, _ = setup(1.0, 1.0)

@@ -148,6 +148,7 @@ def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_gemma_greedy_equals_generate(mode):
     """eval's decoding of Gemma-1 on the fast engine: plain and speculative (random drafter:

@@ -81,6 +81,7 @@ def test_the_check_covers_the_sliding_window(monkeypatch):
     assert fast_engine_problem(model, aux_ids(model), WINDOW) is None  # within the window, it cannot tell
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, mode", [("granite", "chain"), ("mistral", "chain"), ("mistral", "tree")])
 def test_greedy_equals_generate_on_the_engine_open_engine_picks(kind, mode, capsys):
     """eval's decoding on the engine open_engine picks (Granite: generic; Mistral: fast, with its
@@ -108,6 +109,7 @@ def test_greedy_equals_generate_on_the_engine_open_engine_picks(kind, mode, caps
         assert spec.tokens == ref and {0, 1, 2} <= set(spec.accepts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_windowed_rows_of_other_lengths_decode_as_generate(mode):
     """Mistral on the fast engine with two rows (`eval --batch-size 2`): the shorter prompt is
@@ -164,6 +166,7 @@ def test_synth_takes_generate_or_refuses_when_the_check_fails(tokenizer, capsys)
     assert uses_engine(target_from_model(tiny("llama", len(tokenizer)), tokenizer), "auto")  # CPU
 
 
+@pytest.mark.slow
 def test_cli_eval_on_the_generic_path(tmp_path, tokenizer):
     """`draftsmith eval` on a saved Granite: the report says which engine ran and why, greedy
     speculative turns equal plain ones, chain and tree (a 4-D tree mask on the generic path)."""

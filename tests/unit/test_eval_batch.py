@@ -52,6 +52,7 @@ def evaluate(setup, name: str, *options: str) -> dict:
     return {"report": json.loads((tmp / name / "report.json").read_text()), "ids": [a["token_ids"] for a in answers]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_batches_answer_as_batch_one(setup, mode):
     shape = ["--mode", mode, "--depth", "3"] + (["--top-k", "2", "--total-tokens", "5"] if mode == "tree" else [])
@@ -67,6 +68,7 @@ def test_batches_answer_as_batch_one(setup, mode):
     assert one["report"]["verify_shape_turns_checked"] == 0  # only with --kernel-check
 
 
+@pytest.mark.slow
 def test_temperature_one_batches_with_their_own_plain_pass(setup):
     r = evaluate(setup, "t1", "--temperature", "1", "--batch-size", "2")["report"]
     assert r["temperature"] == 1 and r["batch_size"] == 2 and r["plain_tok_per_s"] and r["speedup"] is not None

@@ -44,6 +44,7 @@ def read(folder) -> tuple[dict, list]:
     return json.loads((folder / "report.json").read_text()), answers
 
 
+@pytest.mark.slow
 def test_drafters_side_by_side_answer_as_each_alone(setup):
     _, (eagle, peagle, dflash), tmp = setup
     others = f"{peagle},{dflash}"

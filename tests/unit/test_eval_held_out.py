@@ -51,6 +51,7 @@ def fake_run(folder, **config):
     return folder
 
 
+@pytest.mark.slow
 def test_held_out_turns_are_the_prompts_of_the_runs_split(dataset, tiny_target_dir, tmp_path):
     tok = load_tokenizer(str(tiny_target_dir))
     run = fake_run(tmp_path / "run", dataset_dir=str(dataset), val_fraction=0.25, val_seed=3, seed=0, hidden=None)
@@ -69,6 +70,7 @@ def test_held_out_turns_are_the_prompts_of_the_runs_split(dataset, tiny_target_d
     assert [q.turns[0] for q in picked] == [PROMPTS[val_idx[i]] for i in (1, 3, 6, 8)]
 
 
+@pytest.mark.slow
 def test_offline_runs_split_the_stores_samples(dataset, tiny_target_dir, tmp_path):
     """Offline training splits the store's samples, in the store's order: the held-out prompts
     are those of the store samples at the split's indices (found by their sample ids)."""
@@ -110,6 +112,7 @@ def test_held_out_refuses_what_has_no_split(dataset, tiny_target_dir, tmp_path):
         held_out_questions(none, tok, 80)
 
 
+@pytest.mark.slow
 def test_compared_drafters_must_have_held_out_the_same_prompts(dataset, tiny_target_dir, tmp_path):
     """`eval --compare --bench held-out` asks --drafter's held-out prompts of every drafter: only
     where each compared run held out the same ones, which none of them trained on."""
@@ -132,6 +135,7 @@ def test_compared_drafters_must_have_held_out_the_same_prompts(dataset, tiny_tar
         questions(runs["b"], runs["other"])
 
 
+@pytest.mark.slow
 def test_eval_measures_tau_on_the_held_out_prompts(dataset, tiny_target_dir, tmp_path):
     """End to end on CPU: train a drafter (4 steps) with a split, then eval it on that split."""
     res = CliRunner().invoke(

@@ -80,6 +80,7 @@ def test_tree_shapes_parse_and_compare():
     assert cal.to_dict()["chosen_shape"] == {"depth": 4, "top_k": 2, "total_tokens": 8}
 
 
+@pytest.mark.slow
 def test_calibration_on_the_engine(tiny_model):
     model = tiny_model
     engine = TargetEngine(model, default_aux_layers(2), max_len=128)
@@ -137,6 +138,7 @@ def test_shapes_and_plain_take_turns_a_batch_at_a_time(monkeypatch):
     assert cal.plain_seconds == pytest.approx(0.3 * 3 / (2 * 3)) and cal.accept_cond == [0.5, 0.0]
 
 
+@pytest.mark.slow
 def test_cli_k_auto_reports_its_choice(tiny_model, tiny_target_dir, tmp_path):
     drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter")
     (tmp_path / "q.jsonl").write_text(
@@ -192,6 +194,7 @@ def test_cli_k_auto_reports_its_choice(tiny_model, tiny_target_dir, tmp_path):
     assert tree.exit_code == 2 and "--tree auto" in tree.output
 
 
+@pytest.mark.slow
 def test_cli_tree_auto_reports_its_choice(tiny_model, tiny_target_dir, tmp_path):
     drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter")
     (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["What is 2+2?"]}) + "\n")

@@ -53,6 +53,7 @@ def test_round_trip_identical_logits_and_layer_ids(ckpt, tmp_path, fmt, engine, 
     assert manifest["target"]["num_layers"] == 30
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["eagle", "speculators"])
 @pytest.mark.parametrize("option", OPTIONS)
 def test_architecture_options_round_trip(tmp_path, fmt, option):

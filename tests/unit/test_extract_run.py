@@ -34,6 +34,7 @@ def cfg(dataset, target, out, **kw):
     )
 
 
+@pytest.mark.slow
 def test_store_equals_hf_forward(dataset, tiny_target_dir, tiny_model, tmp_path):
     out = run(cfg(dataset, tiny_target_dir, tmp_path / "store", check_every=5))
     reader = StoreReader(out)
@@ -53,6 +54,7 @@ def test_store_equals_hf_forward(dataset, tiny_target_dir, tiny_model, tmp_path)
     assert {p: p.stat().st_mtime_ns for p in out.glob("rows_*/*.safetensors")} == mtimes
 
 
+@pytest.mark.slow
 def test_a_store_of_an_older_version_still_opens(dataset, tiny_target_dir, tmp_path):
     """Stores written before the rename call the aux layer ids "layers" in store.json: they are
     read, trained from and resumed; the next extraction rewrites the key."""
@@ -75,6 +77,7 @@ def test_a_store_of_an_older_version_still_opens(dataset, tiny_target_dir, tmp_p
     assert written["aux_layer_ids"] == [0, 1, 2] and "layers" not in written
 
 
+@pytest.mark.slow
 def test_a_fine_tune_of_the_same_shapes_is_another_target(dataset, tiny_target_dir, tmp_path):
     """Weights of the same names, sizes and config (a fine-tune saved like its base) are another
     target: extract refuses to resume the base's store with them, and train to read it. A store
@@ -113,6 +116,7 @@ def test_a_fine_tune_of_the_same_shapes_is_another_target(dataset, tiny_target_d
         reader.verify(i)  # the files' own (full) fingerprints agree with store.json's shape part
 
 
+@pytest.mark.slow
 def test_refuses_to_mix_aux_layer_ids(dataset, tmp_path, tokenizer):
     target = tmp_path / "five-layers"  # room for two sets of three ids the engines capture (1..4)
     make_tiny_llama(len(tokenizer), num_layers=5).save_pretrained(target)
@@ -129,6 +133,7 @@ def test_refuses_to_mix_aux_layer_ids(dataset, tmp_path, tokenizer):
     assert not (tmp_path / "other").exists()
 
 
+@pytest.mark.slow
 def test_error_budget_stops_and_keeps_valid(dataset, tiny_target_dir, tmp_path, monkeypatch):
     real_capture = extract_run.capture
     calls = {"n": 0}
@@ -180,6 +185,7 @@ def fill_disk_after(monkeypatch, n):
     return real_place
 
 
+@pytest.mark.slow
 def test_preflight_refuses_then_force_and_disk_full_resume(dataset, tiny_target_dir, tmp_path, monkeypatch):
     out = tmp_path / "store"
     monkeypatch.setattr(store_mod, "free_bytes", lambda p: 1000)
@@ -194,6 +200,7 @@ def test_preflight_refuses_then_force_and_disk_full_resume(dataset, tiny_target_
     assert len(reader) == 12 and reader.meta["complete"]
 
 
+@pytest.mark.slow
 def test_a_rerun_after_disk_full_needs_only_the_remainder(dataset, tiny_target_dir, tmp_path, monkeypatch):
     """Issue 16 item 12: after a disk-full stop, rerunning the same command asks room for the
     samples still to extract (plus a margin that scales with them), not a fixed 64 MB."""
@@ -223,6 +230,7 @@ def test_staging_dir(dataset, tiny_target_dir, tmp_path):
     assert list(staging.iterdir()) == []  # everything was moved into the store
 
 
+@pytest.mark.slow
 def test_a_corrupt_sample_is_refused_then_extracted_again(dataset, tiny_target_dir, tmp_path):
     """The reader refuses a sample whose bytes changed and says to delete it and rerun extract;
     that rerun extracts it again and lists it once."""
@@ -244,6 +252,7 @@ def test_a_corrupt_sample_is_refused_then_extracted_again(dataset, tiny_target_d
     assert sorted(listed) == list(range(12))
 
 
+@pytest.mark.slow
 def test_a_second_extract_into_a_locked_folder_is_refused(dataset, tiny_target_dir, tmp_path):
     import os
 

@@ -18,6 +18,7 @@ from tests.unit.test_spec_engine import engine_for
 from tests.unit.test_spec_sampling import ROWS, chi2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("depth", [1, 3, 5])
 def test_greedy_peagle_equals_plain(tiny_model, depth):
     eng = engine_for(tiny_model)
@@ -31,6 +32,7 @@ def test_greedy_peagle_equals_plain(tiny_model, depth):
         assert 1 <= len(spec.accepts) <= len(spec.tokens)
 
 
+@pytest.mark.slow
 def test_greedy_peagle_batch_rows_decode_as_each_alone(tiny_model):
     drafter = random_drafter(tiny_model, draft_vocab_size=4000, stride=2, method="peagle")
     gen = torch.Generator().manual_seed(0)
@@ -85,6 +87,7 @@ def first_two_emitted(n: int, residual: bool = True) -> tuple[torch.Tensor, torc
     return counts, p1[:, None] * p2, both / n
 
 
+@pytest.mark.slow
 def test_peagle_speculative_sampling_keeps_the_targets_two_token_distribution():
     counts, ref, both = first_two_emitted(2400)
     assert both > 0.05, both  # the parallel slot's draft is accepted often enough to matter

@@ -31,6 +31,7 @@ def peagle_run(tmp_path_factory, tiny_target_dir):
     return root, ds, out
 
 
+@pytest.mark.slow
 def test_train_method_peagle_writes_a_parallel_drafter(peagle_run):
     _, _, out = peagle_run
     model, record = load_drafter(out)
@@ -44,6 +45,7 @@ def test_train_method_peagle_writes_a_parallel_drafter(peagle_run):
     assert train[-1]["loss"] < train[0]["loss"]
 
 
+@pytest.mark.slow
 def test_train_method_peagle_resumes_on_the_same_curve(peagle_run, tiny_target_dir):
     root, ds, out = peagle_run
     cut = root / "cut"
@@ -117,6 +119,7 @@ def test_export_for_sglang_and_tree_eval_are_refused(peagle_run, tiny_target_dir
     assert not (root / "e").exists()
 
 
+@pytest.mark.slow
 def test_eval_chain_runs_on_the_trained_drafter(peagle_run, tiny_target_dir):
     import json
 
@@ -131,6 +134,7 @@ def test_eval_chain_runs_on_the_trained_drafter(peagle_run, tiny_target_dir):
     assert report["tau"] >= 1.0 and len(report["accept_per_position"]) == 3
 
 
+@pytest.mark.slow
 def test_status_and_plan_for_peagle(peagle_run, tiny_target_dir):
     root, ds, out = peagle_run
     status = CliRunner().invoke(app, ["status", str(out)])

@@ -2,6 +2,7 @@
 `extract --plan`, the store's disk check alone (both through `data.store.store_fit`)."""
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from draftsmith.cli import app
@@ -10,6 +11,7 @@ from draftsmith.fsutil import human_bytes
 from tests.helpers import write_tokenized_dataset
 
 
+@pytest.mark.slow
 def test_plan_table(tmp_path, tiny_target_dir):
     rng = np.random.default_rng(0)
     samples = [rng.integers(0, 49152, size=30).tolist() for _ in range(10)]
@@ -59,6 +61,7 @@ def test_extract_plan_loads_no_weights_and_writes_nothing(tmp_path, tiny_target_
     assert "it fits; nothing was loaded or written" in r.output and not out.exists()
 
 
+@pytest.mark.slow
 def test_plan_sizes_the_drafter_train_would_build(tmp_path, tiny_target_dir):
     """--draft-vocab-size, --intermediate-size and --num-layers are train's (one definition,
     `DrafterShape`): the training rows' device memory is that drafter's, optimizer state included,

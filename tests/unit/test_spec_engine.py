@@ -69,6 +69,7 @@ def test_plain_greedy_equals_hf_generate(tiny_model):
     assert out.tokens == ref
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_greedy_spec_equals_plain_random_drafter(tiny_model, mode):
     eng = engine_for(tiny_model)
@@ -112,6 +113,7 @@ def test_stop_token_cuts_both_the_same(tiny_model):
     assert plain.tokens == spec.tokens == free[: free.index(free[6]) + 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_batch_rows_decode_as_each_alone(tiny_model, mode):
     """Three prompts of other lengths in one batch, each row on its own (its own accepted

@@ -192,6 +192,7 @@ def echo_drafter(model) -> Eagle3Drafter:
     return drafter.eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_fused_spec_keeps_tokens_and_accepts(device):
     """Greedy chain decoding (on CUDA compiled and graphed) gives the target's greedy output,
@@ -259,6 +260,7 @@ def test_tree_cycle_reads_the_host_once(sampling):
             root, n = new.gather(1, accepted[:, None]), n + accepted + 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_fused_tree_equals_plain(device):
     """Greedy tree decoding (fused draft; on CUDA compiled and graphed; device verification and
@@ -282,6 +284,7 @@ def test_fused_tree_equals_plain(device):
     assert {0, 1, 2} <= set(accepts)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="inductor's CPU backend needs a C++ compiler")
 @pytest.mark.parametrize("mode", ["tree", "chain"])
 def test_compiled_drafter_step_drafts_the_same(mode):
@@ -312,6 +315,7 @@ def test_compiled_drafter_step_drafts_the_same(mode):
     assert compiled.compiled and compiled.draft_region is not None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="inductor's CPU backend needs a C++ compiler")
 def test_compiled_draft_of_a_deeper_drafter_drafts_the_same():
     """--num-layers 2 through the compiled draft region: each layer's attention writes and reads

@@ -128,6 +128,7 @@ def chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "mode,temperature,top_p", [("chain", 1.0, 1.0), ("tree", 1.0, 1.0), ("chain", 0.7, 0.9), ("tree", 0.7, 0.9)]
 )

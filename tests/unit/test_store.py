@@ -194,6 +194,7 @@ def test_offline_source_reads_a_row_in_order(tmp_path):
     assert torch.equal(out[0]["aux"], aux[2][:6]) and torch.equal(out[3]["aux"], aux[1])
 
 
+@pytest.mark.slow
 def test_check_store_matches_its_dataset_and_target(tmp_path, tiny_target):
     """A store is for the dataset (by content, wherever it lies) and the target it was made from."""
     import dataclasses

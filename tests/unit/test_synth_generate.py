@@ -53,6 +53,7 @@ def refs(tiny_model):
     return [_hf_greedy(tiny_model, p, 20) for p in _prompts()]
 
 
+@pytest.mark.slow
 def test_greedy_equals_hf_generate_per_prompt(engine, refs):
     prompts = _prompts()
     assert generate(engine, prompts, _greedy(20), set(), pad_id=0, seed=0) == refs
@@ -60,6 +61,7 @@ def test_greedy_equals_hf_generate_per_prompt(engine, refs):
     assert generate(engine, prompts[:3], _greedy(20), set(), pad_id=0, seed=0) == refs[:3]
 
 
+@pytest.mark.slow
 def test_graph_shaped_decode_equals_hf_generate(tiny_model, refs, monkeypatch):
     """What a CUDA graph runs on GPU: each decode step attends over every slot of the width
     bucket (no trimming to the slots in use), through the graph's calling convention."""
@@ -76,6 +78,7 @@ def test_engine_without_aux_layers(engine):
     assert logits.shape == (4, 3, engine.vocab_size) and aux.shape == (4, 3, 0)
 
 
+@pytest.mark.slow
 def test_sampling_is_seeded_and_cut_by_top_k_and_top_p(engine, refs):
     prompts, hot = _prompts(), Sampling(1.0, 1.0, 0, 8, 0)
     a = generate(engine, prompts, hot, set(), 0, seed=1)
@@ -97,6 +100,7 @@ def _chat(q: str) -> Request:
     return Request(f"{q}/a0", messages=[{"role": "user", "content": q}])
 
 
+@pytest.mark.slow
 def test_backend_picks_and_reuses_the_engine(tiny_target, tokenizer, monkeypatch):
     assert LocalBackend(tiny_target).use_engine  # auto: the engine on CPU too
     assert not LocalBackend(tiny_target, generator="hf").use_engine
@@ -123,6 +127,7 @@ def test_backend_picks_and_reuses_the_engine(tiny_target, tokenizer, monkeypatch
         uses_engine(other, "engine")
 
 
+@pytest.mark.slow
 def test_chunked_prefill_equals_one_prefill(engine, refs, monkeypatch):
     """A batch of long prompts is prefilled in chunks of prompt slots (PREFILL_CELLS): with
     chunks of one and of three slots the tokens are those of HF `generate`."""

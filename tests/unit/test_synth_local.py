@@ -49,6 +49,7 @@ def test_template_markers(tokenizer):
 GENERATORS = pytest.mark.parametrize("generator", ["hf", "engine"])
 
 
+@pytest.mark.slow
 @GENERATORS
 def test_batched_greedy_equals_single_generate(tiny_target, generator):
     backend = LocalBackend(
@@ -63,6 +64,7 @@ def test_batched_greedy_equals_single_generate(tiny_target, generator):
         assert gen.tokens == len(ref) and not gen.too_long
 
 
+@pytest.mark.slow
 def test_static_cache_matches_dynamic(tiny_target):
     requests = [_chat(q) for q in QUESTIONS[:2]]
     dynamic = LocalBackend(tiny_target, batch_size=2, generator="hf").generate(requests, GREEDY)
@@ -70,6 +72,7 @@ def test_static_cache_matches_dynamic(tiny_target):
     assert [g.text for g in static] == [g.text for g in dynamic]
 
 
+@pytest.mark.slow
 def test_too_long_prompt_is_skipped(tiny_target):
     backend = LocalBackend(tiny_target, batch_size=4)
     assert backend.context == 512
@@ -79,6 +82,7 @@ def test_too_long_prompt_is_skipped(tiny_target):
     assert gens[1].too_long and gens[1].tokens == 0 and gens[1].text == ""
 
 
+@pytest.mark.slow
 @GENERATORS
 def test_stop_at_end_of_turn_marks_finished(tiny_target, generator):
     backend = LocalBackend(tiny_target, batch_size=2, generator=generator)
@@ -89,6 +93,7 @@ def test_stop_at_end_of_turn_marks_finished(tiny_target, generator):
     assert gen.finished and gen.tokens == 1 and gen.text == ""
 
 
+@pytest.mark.slow
 @GENERATORS
 def test_sampling_is_seeded(tiny_target, generator):
     backend = LocalBackend(tiny_target, batch_size=2, generator=generator)

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 
+import pytest
 from typer.testing import CliRunner
 
 from draftsmith.cli import app
@@ -123,6 +124,7 @@ def test_resume_key_is_the_prompt_settings_and_seed(tmp_path, tiny_target_dir):
     assert old.exit_code == 2 and "older draftsmith" in old.output and "another --out" in old.output
 
 
+@pytest.mark.slow
 def test_the_key_holds_the_target_files_not_their_path(tmp_path, tiny_target_dir):
     """A copy of the target (the same bytes, another path or new times) resumes; a target
     rewritten in place (a fine-tune saved over it) is another: its earlier kept answers are

@@ -12,6 +12,7 @@ from draftsmith.target import base_model, decoder_layers, final_norm, load_targe
 from tests.helpers import ASSETS, make_tiny_llama
 
 
+@pytest.mark.slow
 def test_local_hf_folder(tmp_path, tokenizer):
     model = make_tiny_llama(len(tokenizer), num_layers=2)
     model.save_pretrained(tmp_path / "m")

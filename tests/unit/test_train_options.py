@@ -88,6 +88,7 @@ def test_each_architecture_option_changes_the_drafter_output(option, dataset, ti
     assert not torch.allclose(outs[0], outs[1], atol=1e-4), f"{option} does not change the drafter"
 
 
+@pytest.mark.slow
 def test_head_from_target_frozen_with_muon(dataset, tiny_target_dir, tmp_path):
     res = _train(
         dataset,
@@ -117,6 +118,7 @@ def test_head_from_target_frozen_with_muon(dataset, tiny_target_dir, tmp_path):
     assert lrs == sorted(lrs, reverse=True) and lrs[-1] == pytest.approx(0.0, abs=1e-12)  # linear decay to 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", ["72", "1.5x"])
 def test_intermediate_size_widens_the_drafter_mlp(dataset, tiny_target_dir, tmp_path, width):
     """--intermediate-size: a width, or a multiple of the target's MLP width (what a recipe written
@@ -131,6 +133,7 @@ def test_intermediate_size_widens_the_drafter_mlp(dataset, tiny_target_dir, tmp_
     assert model.midlayer.mlp.gate_proj.weight.shape[0] == wide and model.midlayer.mlp.down_proj.weight.shape[1] == wide
 
 
+@pytest.mark.slow
 def test_num_layers_trains_a_deeper_drafter_that_eval_reads(dataset, tiny_target_dir, tmp_path):
     """--num-layers 2: train builds and saves a drafter of two layers (the second a plain layer on
     the hidden state), and it reloads with both, as eval and export load it."""
@@ -158,6 +161,7 @@ def test_intermediate_size_refuses_what_is_neither(given, tmp_path):
         TrainConfig(dataset_dir=tmp_path, out=tmp_path, intermediate_size=given)
 
 
+@pytest.mark.slow
 def test_seeds_share_the_validation_split_and_val_seed_moves_it(dataset, tiny_target_dir, tmp_path):
     """--seed changes the initialisation and the row order, not the held-out samples (so that
     runs of several seeds validate on the same samples); --val-seed changes the split."""
@@ -187,6 +191,7 @@ def test_schedules_warm_up_then_decay_as_named(schedule):
     )
 
 
+@pytest.mark.slow
 def test_a_nan_in_the_data_stops_training_without_publishing_it(dataset, tiny_target_dir, tmp_path, monkeypatch):
     real = OnlineSource.samples
 

@@ -58,6 +58,7 @@ def chain_pair(model, n: int, seed: int) -> tuple[list[int], list[int]]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_layers", [1, 2, 3])
 def test_each_tree_nodes_children_are_the_ttt_unrolls_top_k(num_layers):
     """The tree eval drafts (each layer's attention masked to a node's own ancestors): every

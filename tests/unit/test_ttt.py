@@ -67,6 +67,7 @@ def reference_logits(model, aux, ids):
     return logits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_layers", [1, 2])
 @pytest.mark.parametrize("backend", ["eager", "flex-eager"])
 def test_packed_ttt_matches_explicit_reference(backend, num_layers):
@@ -154,6 +155,7 @@ def test_cropped_block_mask_equals_a_fresh_one(lengths, T):
         assert int(cropped.kv_indices.max()) < cropped.kv_indices.shape[-1]  # unlisted entries stay in range
 
 
+@pytest.mark.slow
 def test_flex_with_one_mask_for_all_steps_matches_eager():
     """A row of 128 tokens (one flex block) takes the cropped-mask path; eager is the reference."""
     model = tiny_drafter()

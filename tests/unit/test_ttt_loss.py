@@ -101,6 +101,7 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("chunk", "reached_only", "temperature", "layers"),
     [(3, False, 1.0, 1), (4096, False, 1.0, 1), (3, True, 1.0, 1), (3, False, 0.5, 1), (3, False, 1.0, 2)],
@@ -143,6 +144,7 @@ def test_loss_stats_and_grads_match_the_reference(chunk, reached_only, temperatu
         torch.testing.assert_close(g, ref_grads[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_no_grad_forward_gives_the_same_loss_and_stats():
     drafter = tiny_drafter()
     objective = TTTObjective(drafter, OutputHead(teacher_head(drafter)), ttt=2, backend="eager", chunk=5)
@@ -167,6 +169,7 @@ def test_empty_steps_still_use_every_parameter():
     assert all(p.grad is not None for p in drafter.parameters() if p.requires_grad)
 
 
+@pytest.mark.slow
 def test_compiled_chunk_matches_eager():
     """The per-chunk kernel that CUDA runs compiled (here compiled for CPU): same values, also
     for a shorter last chunk (a dynamic row count)."""
@@ -188,6 +191,7 @@ def static_batch() -> dict[str, torch.Tensor]:
     return packed_batch([[7, 5, 9, 3], [10, 14, 2]], T=32, seed=6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("chunk", "reached_only", "temperature"), [(5, False, 1.0), (4096, False, 1.0), (5, True, 1.0), (5, False, 0.5)]
 )
@@ -232,6 +236,7 @@ def test_static_step_matches_the_compacted_step(chunk, reached_only, temperature
         torch.testing.assert_close(s_g[name], g[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_static_step_traces_as_one_graph():
     """The static step has no host sync (a boolean-mask index would break dynamo's graph): one
     graph, no breaks, with and without gradients."""

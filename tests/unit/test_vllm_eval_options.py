@@ -53,6 +53,7 @@ def test_missing_vllm_names_the_extras(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_drafter_vllm_would_serve_wrongly_is_refused(tmp_path, tiny_target, tiny_target_dir, vllm_present):
     """norm_before_fc with fc_norm: vLLM applies the two norms in the other order (export refuses it)."""
     cfg = DrafterConfig.from_target(tiny_target.model.config, 64, [0, 1, 2])

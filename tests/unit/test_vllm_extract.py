@@ -104,6 +104,7 @@ def dataset(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_request_files_become_the_store(tmp_path, tiny_target_dir, fake_worker):
     common = dict(dataset_dir=dataset(tmp_path), target=str(tiny_target_dir), aux_layer_ids=[0, 1, 2], device="cpu")
     extract(ExtractConfig(out=tmp_path / "engine", engine="vllm", check_every=1, **common))  # every sample re-checked
@@ -120,6 +121,7 @@ def test_request_files_become_the_store(tmp_path, tiny_target_dir, fake_worker):
             torch.testing.assert_close(got[i][key], ref[i][key])
 
 
+@pytest.mark.slow
 def test_a_token_mismatch_stops_the_run_naming_the_sample(tmp_path, tiny_target_dir, fake_worker, monkeypatch):
     monkeypatch.setenv("BAD_ROW", "1")
     out = tmp_path / "store"

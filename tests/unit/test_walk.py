@@ -35,6 +35,7 @@ def test_uneven_acceptance_walks_below_the_simulated_tau():
     assert cycles[0] == 8 + 64 and 1 + reach.sum() / cycles[0] == pytest.approx(128 / 72)
 
 
+@pytest.mark.slow
 def test_validation_records_the_walk_and_training_does_not(tmp_path, tiny_target_dir):
     import numpy as np
 
