@@ -280,6 +280,7 @@ def test_teacher_temperature_changes_training_not_validation(dataset, tiny_targe
             assert torch.equal(sharp[mode][1][key], plain[mode][1][key]), (mode, key)
 
 
+@pytest.mark.slow
 def test_a_second_train_on_one_out_is_refused(dataset, tiny_target_dir, tmp_path):
     """train holds --out's lock for its whole run: a second writer gets a clean error (rc 2)
     naming the holder, and a failed start leaves no folder behind."""
@@ -298,6 +299,7 @@ def test_a_second_train_on_one_out_is_refused(dataset, tiny_target_dir, tmp_path
     assert _train(dataset, tiny_target_dir, out, "--overwrite").exit_code == 0 and (out / "drafter").is_dir()
 
 
+@pytest.mark.slow
 def test_loss_tokens_all_trains_the_prompt_too_and_validates_the_answers(dataset, tiny_target_dir):
     """--loss-tokens all: in training every token of every sample is a trained position (more
     valid positions than the answer mask gives); in validation the answer mask holds, so val τ
