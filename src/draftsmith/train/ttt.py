@@ -1,4 +1,4 @@
-"""Training-time test (TTT): the K-step unroll of the drafter and its attention (DESIGN §4).
+"""Training-time test (TTT): the K-step unroll of the drafter and its attention.
 
 A batch is one or more packed rows: samples laid end to end, each with its own document id
 (`doc [B, T]`, -1 for padding) and positions (`pos [B, T]`, restarting at 0). Step k of the
