@@ -284,3 +284,21 @@ def test_a_corrupt_gguf_copy_is_converted_again(tmp_path, monkeypatch):
     again = load_target(SMOLLM2, "cpu", "fp32")
     assert again.model is not None
     assert gguf_cache.cached(folder / name, "model") is not None and weights.stat().st_size > 0
+
+
+# -- 2 and 1. a pipeline: every file it reads is an input of every stage ----------------------------
+
+
+@pytest.mark.parametrize("victim", ["conversations", "recipe"])
+def test_no_pipeline_stage_replaces_a_file_the_pipeline_reads(tmp_path, tiny_target_dir, victim):
+    conv = tmp_path / "conv.jsonl"
+    conv.write_text(json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}))
+    recipe = tmp_path / "p.yaml"
+    target = conv if victim == "conversations" else recipe
+    recipe.write_text(
+        f"out: {tmp_path / 'run'}\ntarget: {tiny_target_dir}\nstages:\n"
+        f"  - prepare: {{data: {conv}}}\n  - vocab: {{out: {target}, overwrite: true}}\n"
+    )
+    before = target.read_bytes()
+    failed(cli("pipeline", recipe), 2, "pipeline stage vocab", "this command's input")
+    assert target.read_bytes() == before and not (tmp_path / "run" / "prepare").exists()

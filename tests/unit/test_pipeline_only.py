@@ -50,7 +50,9 @@ def test_out_and_target_flags_beat_the_yaml_and_default(tmp_path, monkeypatch):
     )
     seen = {}
     monkeypatch.setattr(
-        pipeline_run, "run_stages", lambda root, stages, common, only=None: seen.update(root=root, **common)
+        pipeline_run,
+        "run_stages",
+        lambda root, stages, common, only=None, recipe=None: seen.update(root=root, **common),
     )
     run(PipelineConfig(pipeline_config=named))
     assert seen == {"root": tmp_path / "yaml_out", "target": "from-yaml"}

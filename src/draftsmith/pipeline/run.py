@@ -206,11 +206,18 @@ def check_common(path: Path, common: dict[str, Any], stages: list[tuple[str, str
 
 
 def plan_stages(
-    root: Path, stages: list[tuple[str, str, dict[str, Any]]], common: dict[str, Any], only: list[str] | None = None
+    root: Path,
+    stages: list[tuple[str, str, dict[str, Any]]],
+    common: dict[str, Any],
+    only: list[str] | None = None,
+    recipe: Path | None = None,
 ) -> list[Planned]:
     """Every stage's config resolved and checked (its options, `@NAME` references, and that its
     output is this pipeline's to replace) before any stage runs: a bad later stage stops the
-    pipeline before the first one writes anything."""
+    pipeline before the first one writes anything. Every file the pipeline has read when a stage
+    runs (its `recipe`, and every existing path that stage's or an earlier stage's options name)
+    is an input of that stage: no stage's output may replace one."""
+    reads = pipeline_inputs(stages, common, recipe)
     marks = root / ".pipeline"
     products: dict[str, Path] = {}
     latest: dict[str, Path] = {}
@@ -248,7 +255,7 @@ def plan_stages(
         finished = done.exists() and not changed
         if selected and not finished:
             runs_now.add(name)
-            check_stage_out(root, name, command, values, options, started)
+            check_stage_out(root, name, command, values, options, started, reads[len(planned)])
         planned.append(
             Planned(name, command, stage_config(name, cls, values), selected, finished, changed, inputs, files)
         )
@@ -257,8 +264,36 @@ def plan_stages(
     return planned
 
 
+def pipeline_inputs(
+    stages: list[tuple[str, str, dict[str, Any]]], common: dict[str, Any], recipe: Path | None
+) -> list[list[Path]]:
+    """For each stage, the files the pipeline has read by the time it runs: its recipe, and the
+    existing paths that its options or an earlier stage's name (a file a later stage reads is
+    that stage's input, which an earlier stage may make)."""
+    found = [recipe] if recipe is not None else []
+    reads = []
+    for _, _, options in stages:
+        for key, v in {**common, **options}.items():
+            if (
+                key != "out"
+                and isinstance(v, str)
+                and not v.startswith("@")
+                and v not in SHORTCUTS
+                and Path(v).exists()
+            ):
+                found.append(Path(v))
+        reads.append(list(found))
+    return reads
+
+
 def check_stage_out(
-    root: Path, name: str, command: str, values: dict[str, Any], options: dict[str, Any], started: Path
+    root: Path,
+    name: str,
+    command: str,
+    values: dict[str, Any],
+    options: dict[str, Any],
+    started: Path,
+    read: list[Path] | None = None,
 ) -> None:
     """A stage's output, checked as the stage checks it alone (`check_output`), and inside the
     pipeline's folder unless its `out:` is an absolute path. Its `overwrite` is the stage's own
@@ -270,7 +305,7 @@ def check_stage_out(
             "inside it (relative paths are taken from the current folder, as the pipeline's out: is), or an "
             "absolute path to write elsewhere"
         )
-    inputs = [v for k, v in values.items() if k != "out" and isinstance(v, str | Path)]
+    inputs = [v for k, v in values.items() if k != "out" and isinstance(v, str | Path)] + (read or [])
     overwrite = bool(values.get("overwrite")) and not made_here(started, out)
     try:
         check_output(out, command, inputs, overwrite, folder=command not in FILE_OUTPUTS)
@@ -287,11 +322,15 @@ def stage_config(name: str, cls: type[CommandConfig], values: dict[str, Any]) ->
 
 
 def run_stages(
-    root: Path, stages: list[tuple[str, str, dict[str, Any]]], common: dict[str, Any], only: list[str] | None = None
+    root: Path,
+    stages: list[tuple[str, str, dict[str, Any]]],
+    common: dict[str, Any],
+    only: list[str] | None = None,
+    recipe: Path | None = None,
 ) -> dict[str, Path]:
     """Check every stage, then run them in order inside one process (only the `only` ones, when
     given); returns each stage's product path."""
-    planned = plan_stages(root, stages, common, only)
+    planned = plan_stages(root, stages, common, only, recipe)
     marks = root / ".pipeline"
     marks.mkdir(parents=True, exist_ok=True)
     with shared_targets():
@@ -347,5 +386,5 @@ def run(cfg: PipelineConfig) -> Path:
     check_common(path, spec, stages)
     if cfg.target is not None:
         spec["target"] = cfg.target  # to the stages that take a target, as the YAML's `target:`
-    run_stages(root, stages, common=spec, only=cfg.only)
+    run_stages(root, stages, common=spec, only=cfg.only, recipe=path)
     return root
