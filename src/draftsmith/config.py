@@ -127,9 +127,13 @@ def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     if not path.exists():
         raise UserError(f"{what} {path}: no such file")
     try:
-        loaded = yaml.safe_load(path.read_text()) or {}
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise UserError(f"{what} {path}: not valid YAML ({e})") from None
+    except UnicodeDecodeError as e:  # a binary file, another encoding
+        raise UserError(f"{what} {path}: not UTF-8 text (byte {e.start}); give a YAML file saved as UTF-8") from None
+    except OSError as e:  # a folder, no permission
+        raise UserError(f"{what} {path}: cannot be read ({e.strerror}); give a YAML file") from None
     if not isinstance(loaded, dict):
         raise UserError(f"{what} {path}: expected a mapping of names to values")
     return loaded

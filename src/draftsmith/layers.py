@@ -64,15 +64,21 @@ def validate_layers(layers: list[int], num_layers: int | None) -> list[int]:
     bad = [k for k in layers if k < lo or (hi is not None and k > hi)]
     if bad:
         span = f"{lo}..{hi}" if hi is not None else f"{lo}..L-1"
+        last = "L" if num_layers is None else str(num_layers)  # L: the count, where it is not recorded
         why = (
             f"a toy target of {num_layers} layers may use 0..{num_layers}"
             if toy
-            else "the engines capture the hidden state entering decoder layers 1..L-1, so id 0 (the embeddings) and "
-            "id L (the last layer's output) are never captured"
+            else f"the engines capture the hidden state entering decoder layers {span}, so id 0 (the embeddings) and "
+            f"id {last} (the last layer's output) are never captured"
         )
         default = f" (the default {default_aux_layers(num_layers)} is)" if num_layers is not None else ""
+        has = (
+            f"this target has {num_layers} decoder layers"
+            if num_layers is not None
+            else "the target's layer count L is not recorded"
+        )
         raise UserError(
-            f"layer ids {bad} are out of range: this target has {num_layers or 'L'} decoder layers, so ids must be in "
+            f"layer ids {bad} are out of range: {has}, so ids must be in "
             f"{span} (draftsmith convention: id k = the hidden state entering layer k); {why}. Choose ids in {span}{default}"
         )
     return layers

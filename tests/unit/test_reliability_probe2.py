@@ -285,3 +285,25 @@ def test_status_says_dead_for_a_reused_pid(tmp_path):
     (stage / "progress.json").write_text(json.dumps(snap))
     text = " ".join(CliRunner().invoke(app, ["status", str(stage)]).output.replace("│", " ").split())
     assert f"dead (process gone, pid {os.getpid()} is another process now" in text, text
+
+
+# -- 8 and 10. a binary --config; the layer-id error names the count --------------------------------
+
+
+def test_a_binary_config_is_a_clean_error(tmp_path):
+    from draftsmith.config import load_yaml_mapping
+
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(UserError, match=r"c.yaml: not UTF-8 text"):
+        load_yaml_mapping(path, "--config")
+
+
+def test_the_layer_id_error_names_the_layer_count_not_a_letter():
+    from draftsmith.layers import validate_layers
+
+    with pytest.raises(UserError) as e:
+        validate_layers([0, 5, 40], 30)
+    assert "id 30 (the last layer's output)" in str(e.value) and "1..L" not in str(e.value)
+    with pytest.raises(UserError, match="the target's layer count L is not recorded"):
+        validate_layers([0, 5, 6], None)
