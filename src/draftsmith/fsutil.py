@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from draftsmith.errors import UserError, from_os_error
+from draftsmith.errors import UserError, from_os_error, naming
 
 
 def fsync_dir(path: Path) -> None:
@@ -298,7 +298,8 @@ def atomic_output_dir(
     except OSError as e:  # a full disk, a file-size limit: exit 4, and nothing of this run left
         shutil.rmtree(tmp, ignore_errors=True)
         raise from_os_error(
-            e, f"nothing was written at {given} (its temporary folder was removed): run the same command again"
+            naming(e, given),  # a failed write() names no file: then the output it was for
+            f"nothing was written at {given} (its temporary folder was removed): run the same command again",
         ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

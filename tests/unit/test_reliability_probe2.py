@@ -307,3 +307,15 @@ def test_the_layer_id_error_names_the_layer_count_not_a_letter():
     assert "id 30 (the last layer's output)" in str(e.value) and "1..L" not in str(e.value)
     with pytest.raises(UserError, match="the target's layer count L is not recorded"):
         validate_layers([0, 5, 6], None)
+
+
+def test_a_full_disk_while_publishing_names_the_output(tmp_path):
+    import errno
+
+    from draftsmith.errors import StageFailed
+    from draftsmith.fsutil import atomic_output_dir
+
+    out = tmp_path / "report"
+    with pytest.raises(StageFailed, match=rf"^{out}: disk full"), atomic_output_dir(out, "eval"):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as a failed write() says it: no file
+    assert not out.exists()
