@@ -319,3 +319,12 @@ def test_a_full_disk_while_publishing_names_the_output(tmp_path):
     with pytest.raises(StageFailed, match=rf"^{out}: disk full"), atomic_output_dir(out, "eval"):
         raise OSError(errno.ENOSPC, "No space left on device")  # as a failed write() says it: no file
     assert not out.exists()
+
+
+def test_a_binary_eval_report_is_a_clean_error(tmp_path):
+    from draftsmith.export.run import read_report
+
+    path = tmp_path / "report.json"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(UserError, match=r"--eval-report .*report.json: cannot be read as JSON"):
+        read_report(path)

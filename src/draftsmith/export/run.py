@@ -38,8 +38,8 @@ def read_report(path: Path | None) -> dict[str, Any] | None:
     if path is None:
         return None
     try:
-        report = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8 text (a binary file)
         raise UserError(f"--eval-report {path}: cannot be read as JSON ({e})") from None
     if not isinstance(report, dict) or "tau" not in report:
         raise UserError(
