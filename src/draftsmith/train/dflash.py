@@ -24,14 +24,12 @@ chunked `SoftCE` of loss.py; attention is an explicit boolean mask (SDPA).
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from draftsmith.draft.dflash import DFlashDrafter, block_mask
 from draftsmith.draft.step_weights import STEP_DECAY, step_weights
 from draftsmith.runtime.head import OutputHead
-from draftsmith.train.loss import STEP_KEYS, soft_ce, teacher_in_draft_vocab, teacher_table
+from draftsmith.train.loss import STEP_KEYS, DraftObjective, soft_ce, teacher_in_draft_vocab, teacher_table
 from draftsmith.train.ttt import shift_left
-from draftsmith.train.walk import walk_counts
 
 
 def slot_valid(doc: torch.Tensor, ok: torch.Tensor, drafts: int) -> torch.Tensor:
@@ -44,7 +42,7 @@ def slot_valid(doc: torch.Tensor, ok: torch.Tensor, drafts: int) -> torch.Tensor
     return torch.stack(out)  # [K, B, T]
 
 
-class DFlashObjective(nn.Module):
+class DFlashObjective(DraftObjective):
     """One `forward` is one training (or validation) step of the DFlash drafter: the trainer's
     `Objective` (train/objectives.py; `ttt` = the drafts per block)."""
 
@@ -63,17 +61,8 @@ class DFlashObjective(nn.Module):
         all_tokens: bool = False,
         teacher_temperature: float = 1.0,
     ) -> None:
-        super().__init__()
-        self.drafter, self.chunk, self.step_decay = drafter, chunk, step_decay
-        self.ttt = drafter.config.drafts
-        self.anchors_per_row, self.all_tokens, self.teacher_temperature = (
-            anchors_per_row,
-            all_tokens,
-            teacher_temperature,
-        )
-        draft_ids = torch.arange(drafter.d2t.numel(), device=drafter.d2t.device) + drafter.d2t  # [Vd] target ids
-        self.head = head
-        self.draft_head = head.rows(draft_ids.to(head.weight.device))
+        super().__init__(drafter, head, chunk, step_decay, all_tokens, teacher_temperature)
+        self.ttt, self.anchors_per_row = drafter.config.drafts, anchors_per_row
 
     def compiled_on(self, device: torch.device) -> bool:
         return False
@@ -89,15 +78,14 @@ class DFlashObjective(nn.Module):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """ids, loss_mask, doc, pos [B, T]; aux [B, T, n_aux*H_t]; final [B, T, H_t] -> the
         weighted loss and per-slot counts {key: [K]}."""
-        if self.training and self.all_tokens:
-            loss_mask = (doc >= 0).to(loss_mask.dtype)
+        loss_mask = self.trained(loss_mask, doc)  # [B, T]
         d, k_drafts = self.drafter, self.ttt
         needed = shift_left(loss_mask, 1).bool() & (doc >= 0)  # [B, T]: the next token is trained on
         ok = teacher_in_draft_vocab(final, self.head, d.t2d, needed, self.chunk)  # [B, T]
         valid = slot_valid(doc, ok, k_drafts)  # [K, B, T]
         sums = {key: [torch.zeros((), device=ids.device) for _ in range(k_drafts)] for key in STEP_KEYS}
         runs = torch.zeros(ids.shape, dtype=torch.long, device=ids.device)  # [B, T]: accepted run per anchor
-        temperature = self.teacher_temperature if self.training else 1.0
+        temperature = self.temperature()
         ctx_all = d.context(aux.to(d.fc.weight.dtype))  # [B, T, H]
         for b in range(ids.shape[0]):
             anchors = valid[0, b].nonzero().flatten()  # [n]
@@ -114,12 +102,13 @@ class DFlashObjective(nn.Module):
             w * ce / n.clamp(min=1) for w, ce, n in zip(weights, sums["ce_sum"], n_valid, strict=True)
         )  # [] (a tensor even when no anchor was valid)
         stats = {key: torch.stack([torch.as_tensor(x).float() for x in vals]).detach() for key, vals in sums.items()}
-        if self.training:
-            stats["walk_cycles"] = stats["walk_reach"] = torch.zeros_like(stats["n_valid"])
-        else:
-            answer = (shift_left(doc, 1, fill=-2) == doc) & (doc >= 0) & shift_left(loss_mask, 1).bool()  # [B, T]
-            cycles, reach = walk_counts(runs, answer, k_drafts)
-            stats["walk_cycles"], stats["walk_reach"] = cycles.to(stats["n_valid"]), reach.to(stats["n_valid"])
+        # the anchor at t drafts answer token t+1
+        self.walk(
+            stats,
+            runs,
+            lambda: (shift_left(doc, 1, fill=-2) == doc) & (doc >= 0) & shift_left(loss_mask, 1).bool(),
+            k_drafts,
+        )
         return loss, stats
 
     def _blocks(

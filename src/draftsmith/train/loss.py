@@ -344,11 +344,56 @@ def noisy(aux: torch.Tensor, n_aux: int, scale: float) -> torch.Tensor:
     return (parts + scale * rms * torch.randn_like(parts)).flatten(-2)  # [B, T, n_aux*H]
 
 
-class TTTObjective(nn.Module):
-    """Wraps the drafter so that one `forward` is one whole TTT step (what DDP / FSDP wrap).
+class DraftObjective(nn.Module):
+    """What every method's objective (train/objectives.py) shares: the drafter; the teacher, the
+    target's output path (`head`, [V] outputs; `draft_head`, its draft rows) as frozen plain
+    attributes, not parameters or buffers (never synced, never saved), at --teacher-temperature in
+    training; the positions trained on under --loss-tokens all; the validation walk's counts."""
 
-    The teacher (`head`: the target's output path, [V] outputs; `draft_head`: its draft rows) is
-    frozen plain attributes, not parameters or buffers: never synced, never saved.
+    def __init__(
+        self,
+        drafter: nn.Module,
+        head: OutputHead,
+        chunk: int,
+        step_decay: float,
+        all_tokens: bool,
+        teacher_temperature: float,
+    ) -> None:
+        super().__init__()
+        self.drafter, self.chunk, self.step_decay = drafter, chunk, step_decay
+        self.all_tokens, self.teacher_temperature = all_tokens, teacher_temperature
+        draft_ids = torch.arange(drafter.d2t.numel(), device=drafter.d2t.device) + drafter.d2t  # [Vd] target ids
+        self.head = head
+        self.draft_head = head.rows(draft_ids.to(head.weight.device))  # [Vd] outputs
+
+    def temperature(self) -> float:
+        """The teacher's temperature: --teacher-temperature in training; 1 in validation, so that
+        val loss compares across runs."""
+        return self.teacher_temperature if self.training else 1.0
+
+    def trained(self, loss_mask: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
+        """The positions trained on [B, T]: the loss mask, or in training with `all_tokens`
+        (train --loss-tokens all) every token of every sample, the prompt's too."""
+        return (doc >= 0).to(loss_mask.dtype) if self.training and self.all_tokens else loss_mask
+
+    def walk(
+        self, stats: dict[str, torch.Tensor], runs: torch.Tensor, answer: Callable[[], torch.Tensor], depth: int
+    ) -> None:
+        """stats' walk_cycles and walk_reach: in validation, the walk of the answers (`answer()`
+        [B, T]: the positions that draft an answer token) from each position's accepted run (runs
+        [B, T]); zeros in training."""
+        if self.training:
+            stats["walk_cycles"], stats["walk_reach"] = (
+                torch.zeros_like(stats["n_valid"]),
+                torch.zeros_like(stats["n_valid"]),
+            )
+        else:
+            cycles, reach = walk_counts(runs, answer(), depth)
+            stats["walk_cycles"], stats["walk_reach"] = cycles.to(stats["n_valid"]), reach.to(stats["n_valid"])
+
+
+class TTTObjective(DraftObjective):
+    """Wraps the drafter so that one `forward` is one whole TTT step (what DDP / FSDP wrap).
 
     Two formulations of the same loss and counts (`static`):
       - compacted (default): the teacher and the student's vocab-sized part only at the positions
@@ -378,15 +423,11 @@ class TTTObjective(nn.Module):
         loss: str = "ce",
         lk_eta: float = LK_ETA,
     ) -> None:
-        super().__init__()
+        super().__init__(drafter, head, chunk, step_decay, all_tokens, teacher_temperature)
         if loss not in LOSSES:
             raise ValueError(f"loss {loss!r}: one of {', '.join(LOSSES)}")
-        self.drafter, self.ttt, self.backend, self.chunk, self.step_decay = drafter, ttt, backend, chunk, step_decay
-        self.aux_noise, self.static, self.all_tokens, self.reached_only = aux_noise, static, all_tokens, reached_only
-        self.teacher_temperature, self.loss, self.lk_eta = teacher_temperature, loss, lk_eta
-        draft_ids = torch.arange(drafter.d2t.numel(), device=drafter.d2t.device) + drafter.d2t  # [Vd] target ids
-        self.head = head
-        self.draft_head = head.rows(draft_ids.to(head.weight.device))  # [Vd] outputs
+        self.ttt, self.backend, self.aux_noise, self.static = ttt, backend, aux_noise, static
+        self.reached_only, self.loss, self.lk_eta = reached_only, loss, lk_eta
         # The default mode: it fuses the elementwise kernels whose launches the host-bound step
         # spends its time on. Not "reduce-overhead" (CUDA graphs) yet: the graph's outputs (loss,
         # counts, and the dx/dW that SoftCE saves for backward) live in its private pool and are
@@ -413,29 +454,16 @@ class TTTObjective(nn.Module):
         # Everything that differs between training and validation happens here, outside the step:
         # the compiled static step then reads no `training` flag, and validation (with gradients on,
         # as `Trainer.validate` runs it) replays the training graph instead of compiling its own.
-        if self.training and self.all_tokens:
-            loss_mask = (doc >= 0).to(loss_mask.dtype)  # [B, T]: all but the row's padding
+        loss_mask = self.trained(loss_mask, doc)  # [B, T]
         aux = aux.to(self.drafter.fc.weight.dtype)
         if self.training and self.aux_noise > 0:
             aux = noisy(aux, len(self.drafter.config.aux_layer_ids), self.aux_noise)
         step = self.static_step if self.static else self.compacted_step
         loss, stats = step(ids, loss_mask, doc, pos, aux, final)
         runs = stats.pop("runs")  # [B, T]: drafts accepted from each position (the walk reads them in validation)
-        if self.training:
-            stats["walk_cycles"], stats["walk_reach"] = (
-                torch.zeros_like(stats["n_valid"]),
-                torch.zeros_like(stats["n_valid"]),
-            )
-        else:
-            answer = valid_steps(doc, loss_mask, torch.ones_like(loss_mask), 1)[0]  # [B, T]: t drafts answer token t+2
-            cycles, reach = walk_counts(runs, answer, self.ttt)
-            stats["walk_cycles"], stats["walk_reach"] = (x.to(stats["n_valid"]) for x in (cycles, reach))
+        # position t drafts answer token t+2
+        self.walk(stats, runs, lambda: valid_steps(doc, loss_mask, torch.ones_like(loss_mask), 1)[0], self.ttt)
         return loss, stats
-
-    def temperature(self) -> float:
-        """The teacher's temperature: --teacher-temperature in training; 1 in validation, so that
-        val loss compares across runs."""
-        return self.teacher_temperature if self.training else 1.0
 
     def compacted_step(
         self,
