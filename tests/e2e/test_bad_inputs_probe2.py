@@ -302,3 +302,23 @@ def test_no_pipeline_stage_replaces_a_file_the_pipeline_reads(tmp_path, tiny_tar
     before = target.read_bytes()
     failed(cli("pipeline", recipe), 2, "pipeline stage vocab", "this command's input")
     assert target.read_bytes() == before and not (tmp_path / "run" / "prepare").exists()
+
+
+@pytest.mark.parametrize("command", ["prepare", "extract"])
+def test_running_out_of_memory_is_a_clean_error(tmp_path, dataset, tiny_target_dir, monkeypatch, command):
+    import draftsmith.data.prepare as prepare_mod
+    import draftsmith.extract.run as extract_mod
+
+    def oom(*args, **kwargs):
+        raise MemoryError  # as under `ulimit -v`
+
+    if command == "prepare":
+        monkeypatch.setattr(prepare_mod, "write_dataset", oom)
+        conv = tmp_path / "c.jsonl"
+        conv.write_text(json.dumps({"messages": [{"role": "user", "content": "a"}]}) + "\n")
+        failed(cli("prepare", conv, "--target", tiny_target_dir, "--out", tmp_path / "ds"), 2, "out of memory")
+        assert not (tmp_path / "ds").exists() and [p.name for p in tmp_path.iterdir()] == ["c.jsonl"]
+    else:
+        monkeypatch.setattr(extract_mod, "extract_samples", oom)
+        r = cli("extract", dataset, "--target", tiny_target_dir, "--out", tmp_path / "store", "--device", "cpu")
+        failed(r, 2, "extract ran out of memory", "--token-budget", "rerun the same command to resume")

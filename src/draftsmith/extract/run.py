@@ -185,7 +185,16 @@ def run(cfg: ExtractConfig) -> Path:
     check_output(cfg.out, "extract", [cfg.dataset_dir, cfg.target])  # an existing --out must be a store
     rank, _, _ = dist_env()
     with output_lock(Path(cfg.out)) if rank == 0 else contextlib.nullcontext():
-        return extract(cfg)
+        try:
+            return extract(cfg)
+        except (MemoryError, RuntimeError) as e:  # a memory limit (`ulimit -v`), a batch too large for the device
+            if not isinstance(e, MemoryError | torch.OutOfMemoryError) and "allocate memory" not in str(e):
+                raise
+            raise UserError(
+                f"extract ran out of memory ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); the "
+                f"samples written to {cfg.out} are kept. Lower --token-budget (or raise the memory limit, `ulimit -v`) "
+                "and rerun the same command to resume"
+            ) from None
 
 
 def extract(cfg: ExtractConfig) -> Path:
