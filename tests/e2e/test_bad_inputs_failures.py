@@ -187,6 +187,7 @@ def test_eval_refuses_a_nan_drafter_as_export_does(tiny_target_dir: Path, tiny_m
 # -- 2. every save and load failure is a clean error ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_train_at_the_file_size_limit_exits_4_and_leaves_no_temporary_drafter(
     ds: Path, tiny_target_dir: Path, tmp_path: Path
 ) -> None:

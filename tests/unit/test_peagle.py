@@ -78,6 +78,7 @@ def test_the_unrolls_parallel_steps_read_no_later_token():
         torch.testing.assert_close(x, y)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_layers", [1, 2])
 def test_the_proposers_parallel_draft_is_the_unrolls(num_layers):
     model = tiny_peagle(seed=3, num_layers=num_layers)

@@ -139,6 +139,7 @@ def test_speculative_sampling_matches_target(mode, temperature, top_p):
     assert 0.5 * (counts / counts.sum() - ref).abs().sum() < 0.05
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_without_correction_the_distribution_is_wrong(mode):
     counts, ref, _ = first_emitted(mode, residual=False, n=2000, temperature=1.0, top_p=1.0)
@@ -146,6 +147,7 @@ def test_without_correction_the_distribution_is_wrong(mode):
     assert 0.5 * (counts / counts.sum() - ref).abs().sum() > 0.05
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_two_token_joint_distribution_over_several_steps(mode):
     """Deeper positions and consecutive steps: the first two tokens are jointly exact."""
@@ -155,6 +157,7 @@ def test_two_token_joint_distribution_over_several_steps(mode):
     assert chi2(wrong, ref) > 2 * 66.6
 
 
+@pytest.mark.slow
 def test_sampled_chain_draws_follow_q_at_every_position():
     """The drafter's own draws in a sampled chain of K=3, proposed again and again from one
     state, as eval's CUDA graph replays the cycle with the noise staged before it: every

@@ -40,6 +40,7 @@ def data_and_store(tmp_path_factory, tiny_target_dir):
     return root, ds, root / "store"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("capture", ["packed", "packed-split", "padded", "packed-flex", "packed-split-compiled"])
 def test_offline_and_online_give_the_same_loss(capture, data_and_store, tiny_target_dir, monkeypatch):
     """Online capture, whichever way (a row's samples packed in one forward; packed rows split
@@ -106,6 +107,7 @@ def test_chunking_does_not_change_the_loss(data_and_store, tiny_target_dir):
     torch.testing.assert_close(big, small)
 
 
+@pytest.mark.slow
 def test_train_command_online_and_offline(data_and_store, tiny_target_dir):
     root, ds, store = data_and_store
     runner = CliRunner()
@@ -154,6 +156,7 @@ def test_train_command_online_and_offline(data_and_store, tiny_target_dir):
     assert again.exit_code != 0 and "--resume" in again.output
 
 
+@pytest.mark.slow
 def test_train_compile_step_trains_as_the_default_step(data_and_store, tiny_target_dir):
     """`--compile-step` on CPU (the static-shape step, eager; rows padded to --batch-tokens) runs
     and logs the dynamic step's metrics, step by step; the default resolves to the dynamic step
@@ -258,6 +261,7 @@ def test_a_failed_resume_writes_nothing(data_and_store, tiny_target_dir):
     assert not (root / "no-such-run").exists()
 
 
+@pytest.mark.slow
 def test_a_resume_against_other_weights_is_refused(data_and_store, tiny_target_dir, tmp_path):
     """A checkpoint records its target's fingerprint: --resume after a fine-tune of the same shapes
     was saved over the target is refused (the drafter would learn from two teachers), naming the

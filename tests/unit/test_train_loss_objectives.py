@@ -184,6 +184,7 @@ def test_ttt_objective_matches_the_reference(objective, static, chunk):
         torch.testing.assert_close(g, ref_grads[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["tv", "lk"])
 def test_compiled_static_student_matches_the_compacted_step(objective):
     """The static student's region as CUDA compiles it (one graph, SoftCE's op inside with the
@@ -231,6 +232,7 @@ def train_args(ds, target, out, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["tv", "lk"])
 def test_train_with_an_acceptance_loss_lowers_it(objective, dataset, tiny_target_dir, tmp_path):
     """A few optimizer steps of `train --loss tv|lk` on the tiny model: the objective, logged under
