@@ -101,6 +101,7 @@ def test_a_non_finite_option_is_refused_at_parse(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_diverging_lr_publishes_nothing_and_is_named(ds: Path, tiny_target_dir: Path, tmp_path: Path) -> None:
     """--lr 1e30: the first update leaves the weights finite but so large that the next forward
     overflows. Validation at step 1 (loss NaN) must not publish, the error must blame --lr (the
@@ -206,6 +207,7 @@ def test_export_on_a_full_disk_exits_4_with_nothing_left(tmp_path: Path) -> None
         assert os.listdir(disk) == []
 
 
+@pytest.mark.slow
 def test_eval_at_the_file_size_limit_exits_4_with_nothing_left(
     tiny_target_dir: Path, tiny_model, tmp_path: Path
 ) -> None:

@@ -62,6 +62,7 @@ def test_extract_never_deletes_files_in_a_folder_that_is_not_a_store(tmp_path, d
     assert tree(us) == {"rows_0-1999/mine.safetensors": b"x"}
 
 
+@pytest.mark.slow
 def test_train_may_start_in_an_empty_folder(tmp_path, dataset, tiny_target_dir):
     out = tmp_path / "empty"
     out.mkdir()
@@ -132,6 +133,7 @@ def store(tmp_path_factory, dataset, tiny_target_dir) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_train_refuses_an_incomplete_store_unless_told(tmp_path, dataset, store, tiny_target_dir):
     part = shutil.copytree(store, tmp_path / "part")  # a copy, marked incomplete as a killed extraction leaves it
     meta = json.loads((part / "store.json").read_text())

@@ -50,6 +50,7 @@ def test_training_blocks_equal_each_block_alone(tiny_model):
         assert torch.allclose(out[i], alone[0], atol=1e-10), a
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("depth", [1, 3])
 def test_greedy_dflash_decoding_equals_plain(tiny_model, depth):
     """fp32 greedy: two rows of different lengths decode token for token as plain decoding, with
@@ -191,6 +192,7 @@ def test_plan_and_status_for_a_dflash_run(dflash_run, tiny_target_dir):
     assert res.exit_code == 0 and "6/6" in res.output, res.output
 
 
+@pytest.mark.slow
 def test_train_dflash_resume_after_a_lost_step_gives_the_same_curve(dflash_run, tmp_path):
     """The run's last checkpoint lost (as after a kill between two saves): --resume from the one
     before retrains the same steps to the same metrics (the anchors are drawn from the
@@ -210,6 +212,7 @@ def test_train_dflash_resume_after_a_lost_step_gives_the_same_curve(dflash_run, 
     assert [{k: r.get(k) for k in keys} for r in after] == [{k: r.get(k) for k in keys} for r in before]
 
 
+@pytest.mark.slow
 def test_train_dflash_offline_from_a_store(dflash_run, tiny_target_dir, tmp_path):
     _, ds, _, args = dflash_run
     store = tmp_path / "store"
