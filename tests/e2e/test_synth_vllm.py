@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from draftsmith.synth import vllm as vllm_backend
 from draftsmith.synth.config import SynthConfig
 from draftsmith.synth.run import run as synth
 from tests.helpers import SMOLLM2
@@ -56,3 +57,9 @@ def test_magpie_through_vllm(tmp_path):
         )
     )
     assert len(out.read_text().splitlines()) >= 1
+    engines = len(vllm_backend._ENGINES)
+    again = {"magpie": 2, "seed": 7, "target": SMOLLM2, "dtype": "fp32", "max_new_tokens": 16, "keep_unfinished": True}
+    synth(SynthConfig(**again, generator="vllm", out=tmp_path / "m2" / "c.jsonl"))
+    assert (
+        len(vllm_backend._ENGINES) == engines
+    )  # another seed, the same engine: a second one would not fit a GPU beside it

@@ -17,6 +17,7 @@ CORE = {
     "data",
     "target",
     "gguf_cache",
+    "vllm_support",
     "layers",
     "config",
     "progress",

@@ -24,7 +24,7 @@ from draftsmith.target import hf_folder, load_text_config, load_tokenizer, resol
 from draftsmith.vllm_support import kv_cache_bytes, require
 
 PROMPT_ROOM = 1024  # prompt tokens per sequence the KV cache is sized for, beside the answer's
-_ENGINES: dict[tuple, Any] = {}  # (target, dtype, batch, max_len, seed) -> vLLM's LLM, kept for the process
+_ENGINES: dict[tuple, Any] = {}  # (target, dtype, batch, max_len) -> vLLM's LLM, kept for the process
 
 
 def generation_eos(spec: str, text_config: Any) -> Any:
@@ -36,12 +36,14 @@ def generation_eos(spec: str, text_config: Any) -> Any:
     return getattr(text_config, "eos_token_id", None)
 
 
-def engine(spec: str, dtype: str, batch: int, max_new_tokens: int, seed: int, on_gpu: bool) -> Any:
-    """vLLM's LLM for this target, started once per process and settings."""
+def engine(spec: str, dtype: str, batch: int, max_new_tokens: int, on_gpu: bool) -> Any:
+    """vLLM's LLM for this target, started once per process and settings. No seed in the key:
+    every request carries its own, so synth stages with other seeds share the engine (a second
+    engine beside the first failed vLLM's start-up memory check on the H200, 2026-12-05)."""
     text_config = load_text_config(spec)
     context = int(getattr(text_config, "max_position_embeddings", None) or 8192)
     max_len = min(context, PROMPT_ROOM + max_new_tokens + 64)
-    key = (spec, dtype, batch, max_len, seed)
+    key = (spec, dtype, batch, max_len)
     if key not in _ENGINES:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when vLLM builds its engine
         from vllm import LLM
@@ -54,7 +56,6 @@ def engine(spec: str, dtype: str, batch: int, max_new_tokens: int, seed: int, on
             max_model_len=max_len,
             max_num_seqs=batch,
             kv_cache_memory_bytes=kv,
-            seed=seed,
             skip_tokenizer_init=True,  # token ids in and out: the local backend's prompts, cut our own way
             generation_config="vllm",  # our sampling settings, not generation_config.json's defaults
             **cpu,
@@ -83,7 +84,7 @@ class VllmBackend:
     def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
         from vllm import SamplingParams
 
-        llm = engine(self.spec, self.dtype, self.batch_size, sampling.max_new_tokens, sampling.seed, self.on_gpu)
+        llm = engine(self.spec, self.dtype, self.batch_size, sampling.max_new_tokens, self.on_gpu)
         max_len = llm.llm_engine.model_config.max_model_len
         prompts = [encode(self.tokenizer, r, self.completion) for r in requests]
         results: list[Generation | None] = [None] * len(requests)
