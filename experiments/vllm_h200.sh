@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: README command 1 with vLLM (0.26.0, carried: experiments/h200_carry.sh),
-# then the recipe's drafter inside vLLM. In order, each a step of experiments/steps.sh:
-#   quickstart    `draftsmith quickstart` (budget full; synthesis through vLLM, since it is
-#                 importable), timed as a whole and per stage (its progress files)
+# then the recipe's drafter inside vLLM. As run on 2026-12-05 05:16 at 04d960c, when quickstart's
+# full budget synthesised through vLLM: it did so at 30k tok/s against the local engine's 45k, and
+# stopped at its third synth set (a second vLLM engine; fixed since), so quickstart went back to
+# the local engine and the lease went on with vllm_h200_short.sh (experiments/LOG.md). Steps:
+#   quickstart    `draftsmith quickstart` (budget full), timed as a whole and per stage
 #   extract_*     beside the training, once prepare is done: 200 of its samples captured by
 #                 transformers and by vLLM's stock connector, compared (experiments/compare_stores.py)
 #   vllm_k7       eval --engine vllm, K=7 at batch 1, 16, 64 and 80, plain vLLM timed at each

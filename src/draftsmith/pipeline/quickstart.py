@@ -23,10 +23,8 @@ from rich.table import Table
 from draftsmith.assets import H200_RECIPE
 from draftsmith.config import DEFAULT_TARGET, load_yaml_mapping
 from draftsmith.draft.checkpoint import read_drafter_record
-from draftsmith.errors import UserError
 from draftsmith.pipeline.config import QuickstartConfig
 from draftsmith.pipeline.run import parse_stages, run_stages
-from draftsmith.vllm_support import require
 
 SMALL: list[tuple[str, str, dict[str, Any]]] = [
     (
@@ -79,34 +77,20 @@ DATA_COMMANDS = ("synth", "prepare", "vocab")
 FULL_AFTER_DATA = ("train_online", "eval_chain")
 
 
-def budget_stages(budget: str, synth_generator: str | None = None) -> list[tuple[str, str, dict[str, Any]]]:
+def budget_stages(budget: str) -> list[tuple[str, str, dict[str, Any]]]:
     """The stages of a budget: SMALL, or the packaged H200 recipe's data stages (every synth,
-    prepare and vocab) and FULL_AFTER_DATA, in the recipe's order; `synth_generator` set on
-    every synth stage (the recipe's own otherwise)."""
+    prepare and vocab) and FULL_AFTER_DATA, in the recipe's order."""
     if budget == "small":
         return SMALL
     stages = parse_stages(load_yaml_mapping(H200_RECIPE, "recipe")["stages"])
-    if synth_generator is not None:
-        stages = [(n, c, {**o, "generator": synth_generator} if c == "synth" else o) for n, c, o in stages]
     return [stage for stage in stages if stage[1] in DATA_COMMANDS or stage[0] in FULL_AFTER_DATA]
-
-
-def full_synth_generator() -> str | None:
-    """vllm where a tested vLLM release is importable (the full budget runs on a GPU), else the recipe's own."""
-    try:
-        require("quickstart", "")
-    except UserError as e:
-        print(f"[quickstart] synthesis on draftsmith's own engine: {e}", flush=True)
-        return None
-    print("[quickstart] synthesis through vLLM (installed; `synth --generator vllm`)", flush=True)
-    return "vllm"
 
 
 def run(cfg: QuickstartConfig) -> Path:
     budget = cfg.budget or ("full" if torch.cuda.is_available() else "small")
     root = Path(cfg.out)
     print(f"[quickstart] budget {budget}, target {DEFAULT_TARGET}, output {root}", flush=True)
-    stages = budget_stages(budget, full_synth_generator() if budget == "full" else None)
+    stages = budget_stages(budget)
     products = run_stages(root, stages, common={"target": DEFAULT_TARGET})
     last = {command: products[name] for name, command, _ in stages}  # the last train and eval
     summarize(last["eval"], last["train"])
