@@ -90,7 +90,7 @@ class EvalConfig(CommandConfig, TargetOptions):
     )
     sweep: list[str] = Field(
         [],
-        description="--engine vllm: more DEPTH:BATCH passes in the same run (such as 3:1 7:64), each timed beside plain decoding at its batch size.",
+        description="--engine vllm: more DEPTH:BATCH passes in the same run (such as 3:1,7:64), each timed against plain decoding.",
     )
     overwrite: bool = Field(False, description="Replace an existing output folder.")
 

@@ -78,7 +78,7 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
     )
     generator: Literal["auto", "engine", "hf", "vllm"] = Field(
         "auto",
-        description="Local backend: engine (draftsmith's static-KV engine), hf (HF generate, any model), vllm (vLLM's offline engine), or auto (docs/synth.md).",
+        description="Local backend: engine (draftsmith's own), hf (HF generate, any model), vllm (vLLM's engine) or auto (docs/synth.md).",
     )
     cache: Literal["dynamic", "static"] = Field(
         "dynamic",
