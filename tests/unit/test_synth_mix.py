@@ -15,7 +15,7 @@ from draftsmith.data.sources import data_card, mix_card
 from draftsmith.errors import UserError
 from draftsmith.synth.mix import load_mix, select, shares
 from draftsmith.synth.screen import Screen, jaccard, script_of, shingles
-from tests.helpers import write_jsonl
+from tests.helpers import SMOLLM2, write_jsonl
 
 TEXT = (
     "the quick brown fox jumps over the lazy dog while the farmer watches from the porch and "
@@ -282,6 +282,20 @@ def test_cli_bad_mix_leaves_nothing_behind(tmp_path, tiny_target_dir):
     p = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hi"}])
     res, _ = synth_mix(tmp_path, tiny_target_dir, mix, str(p))
     assert res.exit_code == 2 and "--mix lists the sources itself" in res.output
+
+
+@pytest.mark.slow
+def test_a_mix_source_is_an_input_synth_never_writes(tmp_path):
+    """An earlier synth's conversations, listed as a mix source, are never the --out they are read from."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "p0", "prompt": "What is 2 plus 2?"}])
+    conv = tmp_path / "c.jsonl"
+    common = ["--target", SMOLLM2, "--max-new-tokens", "8", "--keep-unfinished"]  # the tiny model answers nothing
+    assert CliRunner().invoke(app, ["synth", str(prompts), "--out", str(conv), *common]).exit_code == 0
+    mix = write_mix(tmp_path, "sources:\n  - {source: c.jsonl}\n")
+    before = conv.read_bytes()
+    res = CliRunner().invoke(app, ["synth", "--mix", str(mix), "--out", str(conv), *common])
+    assert res.exit_code == 2 and "this command's input" in res.output, res.output
+    assert conv.read_bytes() == before
 
 
 def test_freeze_keeps_ids_names_and_licenses(tmp_path):

@@ -132,6 +132,13 @@ def resolve_path(spec: str, base: Path) -> str:
     return str(base / spec) if (base / spec).exists() else spec
 
 
+def mix_inputs(path: Path) -> list[str | Path]:
+    """Every file or folder a mix reads, as `plan_from` finds them (a named source or `hf:` is
+    no path, and `check_output` skips it): synth's output may be none of them."""
+    mix = load_mix(path)
+    return [p for s in mix.sources for p in (resolve_path(s.source, path.parent), s.path) if p is not None]
+
+
 class MixPlan:
     """The selected conversations of a mix, what was dropped, and the synth counts per source."""
 

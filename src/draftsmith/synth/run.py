@@ -36,7 +36,7 @@ from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth import output
 from draftsmith.synth.config import SynthConfig
 from draftsmith.synth.filters import dedupe, prompt_key
-from draftsmith.synth.mix import plan_from
+from draftsmith.synth.mix import mix_inputs, plan_from
 from draftsmith.synth.remote import ServerUnreachable
 from draftsmith.synth.turns import Backend, Work, synthesize
 from draftsmith.torchrun import dist_env
@@ -171,7 +171,8 @@ def run(cfg: SynthConfig) -> Path:
             f"{Path(cfg.out) / 'conversations.jsonl'}"
         )
     # the real path of a symbolic link; never the prompts or mix file themselves
-    out = check_output(cfg.out, "synth", [cfg.prompts, cfg.mix, cfg.chat_template], folder=False)
+    inputs = [cfg.prompts, cfg.mix, cfg.chat_template, *(mix_inputs(cfg.mix) if cfg.mix is not None else [])]
+    out = check_output(cfg.out, "synth", inputs, folder=False)
     rank, _, _ = dist_env()
     with output_lock(out.parent) if rank == 0 else contextlib.nullcontext():
         return write_conversations(cfg.model_copy(update={"out": out}))
