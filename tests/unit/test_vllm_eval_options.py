@@ -169,3 +169,15 @@ def test_a_gguf_targets_copy_is_a_folder_vllm_reads(tmp_path):
     ids = torch.arange(10)[None]
     back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     torch.testing.assert_close(back(ids).logits, model(ids).logits)
+
+
+def test_a_worker_killed_for_memory_is_named(tmp_path, monkeypatch):
+    """The kernel's OOM killer ends the worker with SIGKILL: the error says so, with no traceback."""
+
+    def killed(cmd, stdout, **kw):
+        stdout.write("vLLM's last line\n")
+        return vllm_eval.subprocess.CompletedProcess(cmd, -9)
+
+    monkeypatch.setattr(vllm_eval.subprocess, "run", killed)
+    with pytest.raises(UserError, match="(?s)out-of-memory killer.*vLLM.s last line"):
+        vllm_eval.run_worker({}, tmp_path, tmp_path / "vllm.log")

@@ -40,7 +40,7 @@ from draftsmith.evaluate.report import build_report, summary_line, write_report
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
 from draftsmith.layers import validate_layers
 from draftsmith.target import hf_folder, load_text_config, load_tokenizer, resolve_spec
-from draftsmith.vllm_support import exit_reason, kv_cache_bytes, require
+from draftsmith.vllm_support import INSTALL, exit_reason, kv_cache_bytes, require
 
 # options of eval's own engine that vLLM has no counterpart for: flag -> why it is refused
 REFUSED = {
@@ -159,7 +159,10 @@ def run_worker(request: dict[str, Any], out: Path, log: Path) -> dict[str, Any]:
         ).returncode
     if code != 0 or not res_path.exists():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise RuntimeError(f"the vLLM worker failed ({exit_reason(code)}); the end of its log {log}:\n{tail}")
+        raise UserError(
+            f"--engine vllm: the vLLM worker failed ({exit_reason(code)}); if vLLM cannot start on this machine, "
+            f"install a build that can ({INSTALL}). The end of its log {log}:\n{tail}"
+        )
     result = json.loads(res_path.read_text())
     req_path.unlink()
     res_path.unlink()
@@ -301,7 +304,8 @@ def run(cfg: EvalConfig) -> Path:
         failed = {name: e["error"] for name, e in result["engines"].items() if "error" in e}
         if failed:
             raise UserError(
-                f"--engine vllm: vLLM could not serve this run: {failed}; vLLM's own log ends:\n"
+                f"--engine vllm: vLLM {result['vllm_version']} could not serve this run: {failed}. If this build "
+                f"cannot run on this machine, install one that can ({INSTALL}). vLLM's own log ends:\n"
                 + "\n".join((out / "vllm.log").read_text(errors="replace").splitlines()[-10:])
             )
         plain = {p["batch_size"]: p for p in result["engines"]["plain"]["passes"]} if cfg.speed else {}
