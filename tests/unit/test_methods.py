@@ -29,7 +29,6 @@ OWN = {
     "train/dflash.py",
     "evaluate/dflash_proposer.py",
     "export/dflash.py",
-    "evaluate/vllm_eval.py",  # until `eval --engine vllm` reads the Method record too
 }
 STAGES = ("train", "evaluate", "export", "plan", "draft")
 TESTS = (

@@ -30,17 +30,21 @@ from typing import Any
 from draftsmith.config import write_run_record
 from draftsmith.data.chat import check_template_options
 from draftsmith.draft.checkpoint import DRAFTER_FILE, load_drafter
-from draftsmith.draft.dflash_layout import is_dflash_folder
+from draftsmith.draft.methods import method_of
 from draftsmith.draft.peagle import TOKEN_FIELDS
 from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
 from draftsmith.evaluate.questions import Question, load_questions, token_bound
-from draftsmith.evaluate.report import build_report, summary_line, write_report
+from draftsmith.evaluate.report import ReportMeta, build_report, summary_line, write_report
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
-from draftsmith.layers import validate_layers
-from draftsmith.target import hf_folder, load_text_config, load_tokenizer, resolve_spec
+from draftsmith.layers import default_aux_layers, validate_layers
+from draftsmith.target import TargetInfo, fingerprint, hf_folder, load_text_config, load_tokenizer, resolve_spec
 from draftsmith.vllm_support import INSTALL, exit_reason, kv_cache_bytes, require
+
+# vLLM's speculative method of each draftsmith method (draft/methods.py): P-EAGLE is llama_eagle3
+# with parallel_drafting, which `parallel` reads from the exported folder
+VLLM_METHOD = {"eagle3": "eagle3", "peagle": "eagle3", "dflash": "dflash"}
 
 # options of eval's own engine that vLLM has no counterpart for: flag -> why it is refused
 REFUSED = {
@@ -103,9 +107,10 @@ def is_exported(path: Path) -> bool:
     return (path / "config.json").exists() and not (path / DRAFTER_FILE).exists()
 
 
-def check_drafter(cfg: EvalConfig, text_config: Any) -> None:
-    """The drafter fits the target (draftsmith's reader; vLLM would fail later and less clearly)."""
-    drafter, _ = load_drafter(cfg.drafter)
+def check_drafter(cfg: EvalConfig, text_config: Any) -> tuple[Any, dict[str, Any]]:
+    """The drafter and its record, checked to fit the target (draftsmith's reader; vLLM would fail
+    later and less clearly)."""
+    drafter, record = load_drafter(cfg.drafter)
     d = drafter.config
     if d.vocab_size != int(text_config.vocab_size) or d.target_hidden_size != int(text_config.hidden_size):
         raise UserError(
@@ -114,6 +119,23 @@ def check_drafter(cfg: EvalConfig, text_config: Any) -> None:
             f"{text_config.hidden_size}"
         )
     validate_layers(d.aux_layer_ids, int(text_config.num_hidden_layers))
+    return drafter, record
+
+
+def target_info(cfg: EvalConfig, text_config: Any, dtype: str) -> dict[str, Any]:
+    """The target's TargetInfo, as draftsmith's engine reports it, from its config (vLLM loads it)."""
+    folder, gguf_file = resolve_spec(cfg.target)
+    layers = int(text_config.num_hidden_layers)
+    return TargetInfo(
+        name=cfg.target,
+        fingerprint=fingerprint(folder, gguf_file),
+        model_type=str(getattr(text_config, "model_type", "unknown")),
+        num_layers=layers,
+        hidden_size=int(text_config.hidden_size),
+        vocab_size=int(text_config.vocab_size),
+        dtype=dtype,
+        default_aux_layers=default_aux_layers(layers),
+    ).to_dict()
 
 
 def export(cfg: EvalConfig, dest: Path, k: int) -> Path:
@@ -250,7 +272,7 @@ def run(cfg: EvalConfig) -> Path:
         else load_questions(cfg.bench, limit)
     )
     text_config = load_text_config(cfg.target)
-    check_drafter(cfg, text_config)
+    model, record = check_drafter(cfg, text_config)
     k, greedy = int(cfg.depth), cfg.temperature == 0
     stops = stop_ids(tok, text_config, cfg.target)
     batch = min(cfg.batch_size, len(questions))
@@ -272,7 +294,7 @@ def run(cfg: EvalConfig) -> Path:
         drafter = Path(cfg.drafter) if is_exported(Path(cfg.drafter)) else export(cfg, out / "drafter-vllm", k)
         served = {
             "drafter": str(drafter.absolute()),
-            "method": "dflash" if is_dflash_folder(drafter) else "eagle3",  # vLLM's method for the layout
+            "method": VLLM_METHOD[method_of(model).name],  # vLLM's method for draftsmith's
             "parallel_drafting": parallel(drafter),  # P-EAGLE
         }
         engines = [
@@ -331,40 +353,44 @@ def run(cfg: EvalConfig) -> Path:
             for q, turns in zip(questions, spec_answers, strict=True)
         ]
         atomic_write_text(out / "answers.jsonl", "\n".join(lines) + "\n")
-        meta = {
-            "engine": "vllm",
-            "mode": "chain",
-            "depth_requested": cfg.depth,
-            "tree_requested": None,
-            "top_k": None,
-            "shape": None,
-            "total_tokens": None,
-            "depth": k,
-            "temperature": cfg.temperature,
-            "top_p": cfg.top_p,
-            "seed": cfg.seed,
-            "batch_size": cfg.batch_size,
-            "bench": cfg.bench,
-            "completion": cfg.completion,
-            "questions": len(questions),
-            "max_new_tokens": max_new,
-            "target": cfg.target,
-            "drafter": str(cfg.drafter),
-            "device": "cuda" if gpu else "cpu",
-            "dtype": dtype,
-            "cuda_graphs": gpu,
-            "target_engine": "vllm",
-            "capture_seconds": 0.0,
-            "warmup_seconds": round(sum(e["warmup_seconds"] for e in result["engines"].values()), 3),
-            "vllm": {
+        meta = ReportMeta(
+            engine="vllm",
+            mode="chain",
+            depth_requested=cfg.depth,
+            tree_requested=None,
+            top_k=None,
+            shape=None,
+            total_tokens=None,
+            depth=k,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            seed=cfg.seed,
+            batch_size=cfg.batch_size,
+            bench=cfg.bench,
+            completion=cfg.completion,
+            questions=len(questions),
+            max_new_tokens=max_new,
+            target=cfg.target,
+            target_info=target_info(cfg, text_config, dtype),
+            drafter=str(cfg.drafter),
+            drafter_meta=record.get("meta") or {},
+            method=method_of(model).name,
+            aux_layer_ids=list(model.config.aux_layer_ids),
+            device="cuda" if gpu else "cpu",
+            dtype=dtype,
+            cuda_graphs=gpu,
+            target_engine="vllm",
+            capture_seconds=0.0,
+            warmup_seconds=round(sum(e["warmup_seconds"] for e in result["engines"].values()), 3),
+            vllm={
                 "version": result["vllm_version"],
                 "drafter_served": str(drafter),
                 "engine_args": engine_args,
                 "start_seconds": {name: e["start_seconds"] for name, e in result["engines"].items()},
                 "passes": passes,
             },
-        }
-        meta["wall_seconds"] = round(time.perf_counter() - t_start, 3)
+        )
+        meta.wall_seconds = round(time.perf_counter() - t_start, 3)
         report = build_report(rows, k, meta)
         if main["accepts_by"] == "call":  # a call's histogram covers several questions: no τ per category
             report["accepts_by"] = "call"
