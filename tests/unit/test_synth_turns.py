@@ -55,6 +55,7 @@ def test_bad_turn_ends_or_drops_the_conversation():
     z2 = Work("z", "z", [], ["cut"])
     synthesize(Scripted(answer), [z2], SAMPLING, SAMPLING, keep_unfinished=True)
     assert z2.ended is None and z2.messages[-1]["content"] == "half an answ"
+    assert z2.unfinished == 1 and z.unfinished == 0  # the kept answer is counted as cut
 
 
 def test_thinking_is_stripped_on_request():

@@ -272,7 +272,8 @@ def write_conversations(cfg: SynthConfig) -> Path:
                 if w.answered:
                     written += output.write(kept_file, record(w, keys[w.id], repeats[w.id], backend.name, generation))
                     counts["kept"] += 1
-                    counts["truncated"] += w.ended is not None
+                    counts["truncated"] += w.ended is not None  # a later turn dropped: the answered ones kept
+                    counts["unfinished"] += w.unfinished > 0  # an answer cut by --max-new-tokens, kept
                 else:
                     output.write(
                         drop_file,

@@ -58,6 +58,7 @@ class Work:
     tokens: int = 0
     alive: bool = True
     ended: str | None = None  # why the conversation stopped early (a drop reason), if it did
+    unfinished: int = 0  # answers kept although --max-new-tokens cut them (--keep-unfinished)
     rejected: str = ""  # the generated text that made it stop, for inspection
 
     def __post_init__(self) -> None:
@@ -129,4 +130,5 @@ def synthesize(
                 w.stop(reason, f"[assistant] {text}")
                 continue
             w.messages.append({"role": "assistant", "content": text})
+            w.unfinished += not gen.finished
     return works
