@@ -75,6 +75,8 @@ def append_line(path: Path, line: str) -> None:
     try:
         os.write(fd, data)
         os.fsync(fd)
+    except OSError as e:  # os.write names no file: a full disk's error says which one (synth's output)
+        raise OSError(e.errno, e.strerror, str(path)) from None
     finally:
         os.close(fd)
 

@@ -80,3 +80,17 @@ def test_an_output_that_appears_meanwhile_is_not_replaced(tmp_path):
         (tmp / "mine").write_text("replaces it")
     assert sorted(p.name for p in out.iterdir()) == [MADE_FILE, "mine"]
     assert [p.name for p in tmp_path.iterdir()] == ["ds"]  # the old folder, moved aside, is deleted
+
+
+def test_a_full_disk_while_appending_names_the_file(tmp_path, monkeypatch):
+    import errno
+
+    from draftsmith import fsutil
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(fsutil.os, "write", full)
+    with pytest.raises(OSError) as e:
+        fsutil.append_line(tmp_path / "c.jsonl", "{}")
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "c.jsonl")
