@@ -147,7 +147,8 @@ def _make_command(name: str, entry: Command) -> None:
         except OSError as e:  # an unwritable --out, a full disk: the path and the fix, no traceback
             fail(from_os_error(e))
         except KeyboardInterrupt:
-            typer.secho("interrupted: rerun the same command to resume", fg=typer.colors.YELLOW, err=True)
+            how = "add --resume to continue from its last checkpoint" if name == "train" else "rerun the same command"
+            typer.secho(f"interrupted: {how}", fg=typer.colors.YELLOW, err=True)
             raise typer.Exit(130) from None
 
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

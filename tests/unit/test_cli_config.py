@@ -167,3 +167,19 @@ def test_a_missing_positional_argument_is_named_as_the_command_line_spells_it():
     out = cli_refused("train")
     assert "DATASET_DIR: Field required" in out and "--dataset-dir" not in out
     assert "DRAFTER (the positional argument, or --drafter): Field required" in cli_refused("export")
+
+
+def test_ctrl_c_in_train_says_to_add_resume(monkeypatch):
+    """train refuses a rerun of the same command over its checkpoints: the advice names --resume."""
+    from typer.testing import CliRunner
+
+    from draftsmith import cli
+
+    def interrupted(cls, yaml_path, flags):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "resolve_config", interrupted)
+    res = CliRunner().invoke(cli.app, ["train", "ds", "--out", "o"])
+    assert res.exit_code == 130 and "add --resume" in res.output, res.output
+    res = CliRunner().invoke(cli.app, ["prepare", "c.jsonl", "--out", "o"])
+    assert res.exit_code == 130 and "rerun the same command" in res.output, res.output

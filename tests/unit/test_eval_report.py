@@ -107,3 +107,12 @@ def test_report_speedup_and_categories(tmp_path):
     assert "speed-up 1.25x" in markdown(r)
     plot(r, tmp_path)
     assert (tmp_path / "acceptance.png").stat().st_size > 0 and (tmp_path / "tau.png").stat().st_size > 0
+
+
+def test_a_speed_up_above_tau_is_flagged_as_noise(tmp_path):
+    from draftsmith.evaluate.report import summary_line
+
+    base = {"mode": "chain", "questions": 3, "tokens": 96, "spec_tok_per_s": 18.3, "plain_tok_per_s": 10.0}
+    noisy = summary_line({**base, "tau": 1.0, "speedup": 1.83}, tmp_path)  # the probe's busy-CPU run
+    assert "noisy timing" in noisy and "cannot come from the drafter" in noisy
+    assert "noisy" not in summary_line({**base, "tau": 3.4, "speedup": 2.47}, tmp_path)

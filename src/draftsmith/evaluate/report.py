@@ -278,6 +278,12 @@ def summary_line(r: dict[str, Any], out: Path) -> str:
         if r["speedup"] is not None
         else "no speed run"
     )
+    if r["speedup"] is not None and r["speedup"] > 1.1 * r["tau"]:
+        # a cycle verifies with at least one target forward and drafts besides: τ bounds the speed-up
+        speed += (
+            f" [noisy timing: a speed-up above tau {r['tau']:.2f} cannot come from the drafter; "
+            "rerun on an otherwise idle machine]"
+        )
     return f"eval: tau {r['tau']:.2f} ({r['mode']}), {speed}, {r['questions']} questions, {r['tokens']} tokens -> {out / 'report.json'}"
 
 
