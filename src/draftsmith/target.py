@@ -147,6 +147,15 @@ def hf_folder(spec: str, flag: str) -> Path:
     return copy
 
 
+def generation_eos(spec: str, text_config: Any) -> Any:
+    """The generation config's eos id or ids, read without the model (a GGUF's from its config)."""
+    folder, gguf_file = resolve_spec(spec)
+    gen = folder / "generation_config.json"
+    if gguf_file is None and gen.exists():
+        return json.loads(gen.read_text()).get("eos_token_id")
+    return getattr(text_config, "eos_token_id", None)
+
+
 def load_text_config(spec: str) -> Any:
     """The target's language-model config, read without its weights (a GGUF's from its header)."""
     from transformers import AutoConfig

