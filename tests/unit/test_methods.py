@@ -123,7 +123,15 @@ def report_meta_keywords(path: Path) -> set[str]:
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ReportMeta"
     ]
-    return {k.arg for call in calls for k in call.keywords if k.arg}
+    given = {k.arg for call in calls for k in call.keywords if k.arg}
+    spread = [k.value for call in calls for k in call.keywords if k.arg is None]  # **options_meta(cfg)
+    assert all(getattr(v, "func", None) and v.func.id == "options_meta" for v in spread), "an unknown ** in ReportMeta"
+    if spread:  # the keys options_meta returns, from an EvalConfig's options
+        from draftsmith.evaluate.config import EvalConfig
+        from draftsmith.evaluate.report import options_meta
+
+        given |= set(options_meta(EvalConfig(drafter=Path("d"), out=Path("o"))))
+    return given
 
 
 @pytest.mark.parametrize("engine", ["run.py", "vllm_eval.py"])

@@ -75,6 +75,20 @@ class ReportMeta:
         return asdict(self)
 
 
+def options_meta(cfg: Any) -> dict[str, Any]:
+    """The ReportMeta fields that are an EvalConfig's options as given: the same in both engines."""
+    return {
+        "depth_requested": cfg.depth,
+        "tree_requested": cfg.tree,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "seed": cfg.seed,
+        "batch_size": cfg.batch_size,
+        "bench": cfg.bench,
+        "completion": cfg.completion,
+    }
+
+
 def _rate(tokens: int, seconds: float) -> float | None:
     return round(tokens / seconds, 3) if seconds > 0 else None
 

@@ -37,7 +37,14 @@ from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
 from draftsmith.evaluate.proposer import StagedCycle
 from draftsmith.evaluate.proposers import PROPOSERS
 from draftsmith.evaluate.questions import Question, load_questions, token_bound, turn_prompt
-from draftsmith.evaluate.report import ReportMeta, build_report, summary_line, write_comparison, write_report
+from draftsmith.evaluate.report import (
+    ReportMeta,
+    build_report,
+    options_meta,
+    summary_line,
+    write_comparison,
+    write_report,
+)
 from draftsmith.evaluate.shape import Calibration, Shape, calibrate, spread
 from draftsmith.evaluate.shape import summary as shape_summary
 from draftsmith.fsutil import atomic_output_dir, atomic_write_text
@@ -388,20 +395,13 @@ def report_meta(
     drafter, device and engine, and the drafters it ran beside (wall_seconds is added at the end)."""
     on_gpu, engine, proposer, tree, e = device.type == "cuda", d.engine, x.proposer, cfg.drafting == "tree", x.entrant
     return ReportMeta(
+        **options_meta(cfg),
         engine="draftsmith",
         mode=cfg.drafting,
-        depth_requested=cfg.depth,
-        tree_requested=cfg.tree,
         top_k=x.shape.top_k,
         shape={**x.calibration.to_dict(), "questions": x.picks} if x.calibration is not None else None,
         total_tokens=proposer.size if tree else None,
         depth=x.shape.depth,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        bench=cfg.bench,
-        completion=cfg.completion,
         questions=len(questions),
         max_new_tokens=d.max_new,
         target=target.info.name,

@@ -36,7 +36,7 @@ from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
 from draftsmith.evaluate.questions import Question, load_questions, token_bound
-from draftsmith.evaluate.report import ReportMeta, build_report, summary_line, write_report
+from draftsmith.evaluate.report import ReportMeta, build_report, options_meta, summary_line, write_report
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
 from draftsmith.layers import default_aux_layers, validate_layers
 from draftsmith.target import (
@@ -347,20 +347,13 @@ def run(cfg: EvalConfig) -> Path:
         ]
         atomic_write_text(out / "answers.jsonl", "\n".join(lines) + "\n")
         meta = ReportMeta(
+            **options_meta(cfg),
             engine="vllm",
             mode="chain",
-            depth_requested=cfg.depth,
-            tree_requested=None,
             top_k=None,
             shape=None,
             total_tokens=None,
             depth=k,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            seed=cfg.seed,
-            batch_size=cfg.batch_size,
-            bench=cfg.bench,
-            completion=cfg.completion,
             questions=len(questions),
             max_new_tokens=max_new,
             target=cfg.target,
