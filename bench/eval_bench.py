@@ -11,7 +11,8 @@
           tree (60 tokens, depth 7, top-k 10), drafter step eager and compiled: cycle ms (decode time over cycles, greedy, MT-bench
           first turns), draft ms (the drafter's side alone: one `propose`, a graph replay on GPU),
           verify ms (the target's forward of the draft alone), glue ms = cycle - draft - verify
-          (acceptance, KV compaction, staging the accepted rows, the host read, Python), and the
+          (acceptance, KV compaction, staging the accepted rows, the host read, Python) and its
+          parts timed alone (accept ms with the host read, compact ms, observe ms), and the
           plain decoding ms per token of the same engine (greedy; the temperature-1 chain's
           speed-up is against it too); with --compile-target, again with the target's forward
           compiled inside its CUDA graphs (plain decoding and verification alike); with
@@ -28,6 +29,7 @@
     python bench/eval_bench.py --parts cycle --target ... --drafter DRAFTER   # the cycle breakdown alone (a few minutes)
     python bench/eval_bench.py --parts batch --target ... --drafter DRAFTER --out-dir runs/batch --num-questions 80
     python bench/eval_bench.py --parts cycle --cycle-shapes chain --drafter-widths 1536,6144,6144:2 --target ...   # the cycle per MLP width and layer count
+    python bench/eval_bench.py --parts cycle --profile runs/profile --target ...   # and each shape's kernels, one turn under torch.profiler
     python bench/eval_bench.py --smoke --parts cycle,chain,tree,batch   # CPU, small sizes, random drafter: checks the script works
 
 Without --drafter a random drafter is used (tau ~ 1: a speed-up floor, not a drafter's worth).
@@ -37,6 +39,7 @@ Prints one JSON object and writes it to --out-json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -49,13 +52,13 @@ import torch
 from draftsmith.draft.checkpoint import load_drafter, save_drafter
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.decode import plain_generate, spec_generate
-from draftsmith.evaluate.proposer import DrafterProposer
+from draftsmith.evaluate.proposer import Draft, DrafterProposer
 from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.evaluate.run import run as evaluate
 from draftsmith.layers import default_aux_layers
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.generic import HFEngine
-from draftsmith.runtime.sampling import Sampling
+from draftsmith.runtime.sampling import Sampling, verify_chain_greedy, verify_chain_sampled, verify_tree
 from draftsmith.target import load_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the tests' untrained drafter
@@ -170,9 +173,11 @@ def cycle_breakdown(
     compile_modes: list[bool],
     reps: int,
     compile_target: bool = False,
+    profile_dir: Path | None = None,
 ) -> dict:
-    """Per shape and drafter-step compilation: cycle, draft, verify and glue ms (see the docstring);
-    with `compile_target`, the target's forward compiled inside its graphs (eval --compile-target)."""
+    """Per shape and drafter-step compilation: cycle, draft, verify and glue ms (see the docstring),
+    the glue's parts (`glue_parts`); with `compile_target`, the target's forward compiled inside its
+    graphs (eval --compile-target); with `profile_dir`, each shape's kernels (`profile_cycles`)."""
     dev, model = target.device, target.model
     drafter, _ = load_drafter(drafter_path, dev)
     drafter.to(dtype=target.dtype)
@@ -223,10 +228,86 @@ def cycle_breakdown(
             )
             row["verify_ms"] = median_ms(lambda: engine.rows_forward(rows, at * 0, at, block, offsets), dev, reps)
             row["glue_ms"] = round(row["cycle_ms"] - row["draft_ms"] - row["verify_ms"], 3)
+            row.update(glue_parts(engine, prop, draft, rows, at, block, offsets, sampling, reps))
+            if profile_dir is not None:
+                key = f"{name}{'_compiled' if compiled else ''}{'_target_compiled' if compile_target else ''}"
+                row["profile"] = profile_cycles(engine, prop, prompts[0], new_tokens, sampling, profile_dir / key)
             row["speedup_vs_plain"] = round(row["tau"] * out["plain_ms_per_token"] / row["cycle_ms"], 3)
             out[f"{name}{'_compiled' if compiled else ''}"] = row
             del prop
     return out
+
+
+def glue_parts(
+    engine: TargetEngine,
+    prop: DrafterProposer,
+    draft: Draft,
+    rows: torch.Tensor,
+    at: torch.Tensor,
+    block: torch.Tensor | None,
+    offsets: torch.Tensor | None,
+    sampling: Sampling,
+    reps: int,
+) -> dict:
+    """The glue of one cycle by part, each timed alone (median ms): `accept_ms` the acceptance rule
+    on the verification's logits with its one host read, `compact_ms` the KV compaction of a
+    tree's accepted path (a graph replay; 0 for a chain), `observe_ms` staging the accepted rows
+    for the drafter. rows [1, N+1]: a root and the draft, verified at slot `at` [1]."""
+    dev = engine.device
+    logits, aux = engine.rows_forward(rows, at * 0, at, block, offsets)  # [1, N+1, V], [1, N+1, n_aux*H]
+    logits, aux = logits.clone(), aux.clone()  # the graph's outputs are overwritten by its next replay
+    if prop.mode == "chain":
+        accept = (
+            functools.partial(verify_chain_greedy, draft.tokens, logits)
+            if sampling.greedy
+            else functools.partial(verify_chain_sampled, draft.tokens, draft.q, logits, sampling)
+        )
+        out: dict = {"compact_ms": 0.0}
+    else:
+        accept = functools.partial(
+            verify_tree, draft.tokens, draft.parents, draft.depths, draft.anc, logits, sampling, prop.path_len
+        )
+        path = at[:, None] + torch.arange(prop.path_len, device=dev)  # [1, path_len]: slots past every turn
+        out = {"compact_ms": median_ms(lambda: engine.compact(path, path), dev, reps)}
+    out["accept_ms"] = median_ms(accept, dev, reps)
+    staged = aux[:, : prop.path_len], rows[:, : prop.path_len], torch.ones_like(at)
+    out["observe_ms"] = median_ms(lambda: prop.observe(*staged), dev, reps)
+    return out
+
+
+def profile_cycles(
+    engine: TargetEngine,
+    prop: DrafterProposer,
+    prompt: list[int],
+    new_tokens: int,
+    sampling: Sampling,
+    out: Path,
+) -> dict:
+    """One speculative turn under torch.profiler: `out`.txt, the table of kernels by device time,
+    and `out`.json, the trace (chrome://tracing, Perfetto). Returns the turn's cycles, device
+    kernels per cycle, kernel ms per cycle and wall ms per cycle (wall - kernels: the device
+    idle, waiting on the host)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = engine.device
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    sync(dev)
+    with profile(activities=activities) as prof:
+        turn = spec_generate(engine, prop, prompt, new_tokens, set(), sampling)
+        sync(dev)
+    cycles = len(turn.accepts)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    sort = "self_device_time_total" if kernels else "self_cpu_time_total"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=60, max_name_column_width=90))
+    prof.export_chrome_trace(str(out.with_suffix(".json")))
+    return {
+        "cycles": cycles,
+        "kernels_per_cycle": round(len(kernels) / cycles, 1),
+        "kernel_ms_per_cycle": round(sum(e.self_device_time_total for e in kernels) / 1000 / cycles, 3),
+        "wall_ms_per_cycle": round(1000 * turn.seconds / cycles, 3),
+        "table": str(out.with_suffix(".txt")),
+    }
 
 
 def spec_run(args: argparse.Namespace, drafter: Path, out: Path, **mode: object) -> dict:
@@ -315,6 +396,12 @@ def main() -> None:
         help="--parts cycle: comma-separated MLP widths, each WIDTH or WIDTH:LAYERS (decoder layers, default 1); "
         "times a random drafter of each (no --drafter)",
     )
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="--parts cycle: also profile one turn per shape (torch.profiler), a kernel table and a trace per shape in this folder",
+    )
     ap.add_argument("--batch-sizes", default="1,4,16", help="--parts batch: the batch sizes")
     ap.add_argument(
         "--batch-modes", default="chain,tree,chain_t1", help="--parts batch: chain, tree, chain_t1 (temperature 1)"
@@ -402,10 +489,20 @@ def main() -> None:
             key,
             path,
         ) in timed.items():  # several: side by side in the same process, each against its own plain decoding
-            result[key] = cycle_breakdown(target, path, prompts, args.plain_tokens, cycle_shapes, compile_modes, reps)
+            result[key] = cycle_breakdown(
+                target, path, prompts, args.plain_tokens, cycle_shapes, compile_modes, reps, profile_dir=args.profile
+            )
         if args.compile_target:  # side by side in the same process: the compiled drafter step only
             result["cycle_target_compiled"] = cycle_breakdown(
-                target, drafter, prompts, args.plain_tokens, cycle_shapes, compile_modes[-1:], reps, compile_target=True
+                target,
+                drafter,
+                prompts,
+                args.plain_tokens,
+                cycle_shapes,
+                compile_modes[-1:],
+                reps,
+                compile_target=True,
+                profile_dir=args.profile,
             )
     del target
     evals = shapes  # EvalConfig's names
