@@ -231,7 +231,9 @@ def cycle_breakdown(
             row.update(glue_parts(engine, prop, draft, rows, at, block, offsets, sampling, reps))
             if profile_dir is not None:
                 key = f"{name}{'_compiled' if compiled else ''}{'_target_compiled' if compile_target else ''}"
-                row["profile"] = profile_cycles(engine, prop, prompts[0], new_tokens, sampling, profile_dir / key)
+                row["profile"] = profile_cycles(
+                    engine, prop, prompts[0], min(new_tokens, 32), sampling, profile_dir / key
+                )
             row["speedup_vs_plain"] = round(row["tau"] * out["plain_ms_per_token"] / row["cycle_ms"], 3)
             out[f"{name}{'_compiled' if compiled else ''}"] = row
             del prop
