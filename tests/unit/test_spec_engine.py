@@ -188,3 +188,18 @@ def test_chain_draft_step_inputs_start_on_16_bytes(tiny_model, max_len):
         assert pos.tolist() == [[5 + i], [9 + i]] and slots.tolist() == [[max_len + i]] * 2
         want = ((cols >= base[:, None]) & (cols < (base + n)[:, None])) | ((cols >= max_len) & (cols <= max_len + i))
         assert torch.equal(mask[:, 0], want)
+
+
+def test_compaction_moves_every_layers_keys_and_values_of_each_row(tiny_model):
+    """One gather and one scatter over [2, L, B, nkv, S, hd] move what a loop over the layers
+    would, row by row, and the layers' caches stay views of that one tensor."""
+    eng = TargetEngine(tiny_model, [], 32, batch=2)
+    eng.kv.copy_(torch.randn_like(eng.kv))
+    ref = eng.kv.clone()
+    src, dst = torch.tensor([[10, 14, 15], [20, 21, 25]]), torch.tensor([[10, 11, 12], [20, 21, 22]])
+    for b in range(2):
+        ref[:, :, b, :, dst[b]] = ref[:, :, b, :, src[b]]
+    eng.compact(src, dst)
+    assert torch.equal(eng.kv, ref)
+    assert all(k.data_ptr() == eng.kv[0, i].data_ptr() for i, k in enumerate(eng.k_cache))
+    assert all(v.data_ptr() == eng.kv[1, i].data_ptr() for i, v in enumerate(eng.v_cache))

@@ -152,9 +152,12 @@ class TargetEngine:
         self.window, self.sliding = sliding_layers(model)
         if self.window is not None and self.window >= max_len:  # no two positions of this cache are a window apart
             self.window = None
-        shape = (batch, self.nkv, max_len, self.hd)
-        self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
-        self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        # keys and values of every layer in one tensor [2, L, B, nkv, max_len, hd], so that a tree's
+        # compaction moves all of them in one gather and one scatter; each layer attends over its views
+        self.kv = torch.zeros(
+            (2, len(self.layers), batch, self.nkv, max_len, self.hd), device=self.device, dtype=self.dtype
+        )
+        self.k_cache, self.v_cache = list(self.kv[0]), list(self.kv[1])  # per layer [B, nkv, max_len, hd]: views
         # with a window: the position of the token in each cache slot, written by every forward
         self.slot_pos = torch.zeros(batch, max_len, dtype=torch.long, device=self.device) if self.window else None
         self.graphs: dict[tuple[int, int], Graphed] = {}  # (tokens, cache slots attended) -> graph
@@ -330,13 +333,13 @@ class TargetEngine:
         self.compactions.get(src.shape[1], self._compact)(src, dst)
 
     def _compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Every layer's keys and values at once: one gather, one scatter (two kernels, not four a layer)."""
         b, n = src.shape
         if self.slot_pos is not None:  # the moved tokens keep their positions
             self.slot_pos.scatter_(1, dst, self.slot_pos.gather(1, src))
-        src, dst = (x[:, None, :, None].expand(b, self.nkv, n, self.hd) for x in (src, dst))  # [B, nkv, n, hd]
-        for kc, vc in zip(self.k_cache, self.v_cache, strict=True):
-            kc.scatter_(2, dst, kc.gather(2, src))
-            vc.scatter_(2, dst, vc.gather(2, src))
+        shape = (*self.kv.shape[:2], b, self.nkv, n, self.hd)  # [2, L, B, nkv, n, hd]
+        src, dst = (x[None, None, :, None, :, None].expand(shape) for x in (src, dst))
+        self.kv.scatter_(4, dst, self.kv.gather(4, src))
 
     # -- rows decoding on their own (eval) ---------------------------------------------------
     def prefill_rows(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
