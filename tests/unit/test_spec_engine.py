@@ -203,3 +203,13 @@ def test_compaction_moves_every_layers_keys_and_values_of_each_row(tiny_model):
     assert torch.equal(eng.kv, ref)
     assert all(k.data_ptr() == eng.kv[0, i].data_ptr() for i, k in enumerate(eng.k_cache))
     assert all(v.data_ptr() == eng.kv[1, i].data_ptr() for i, v in enumerate(eng.v_cache))
+
+
+def test_top_log_probs_are_the_top_k_of_the_log_softmax():
+    from draftsmith.evaluate.proposer import top_log_probs
+
+    logits = torch.randn(3, 4, 500) * 5
+    ref_scores, ref_ids = torch.log_softmax(logits, -1).topk(6, dim=-1)
+    scores, ids = top_log_probs(logits, 6)
+    assert torch.equal(ids, ref_ids)
+    assert torch.allclose(scores, ref_scores, atol=1e-5)

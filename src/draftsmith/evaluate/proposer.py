@@ -74,6 +74,13 @@ def tree_ancestors(parents: torch.Tensor, depth: int) -> torch.Tensor:
     return anc
 
 
+def top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best of logits [..., V] as log-probs and their indices, each [..., k]: the top-k of
+    the logits less their logsumexp (no vocab-sized log-softmax written and read again)."""
+    best, ids = logits.topk(k, dim=-1)
+    return best - logits.logsumexp(-1, keepdim=True), ids
+
+
 def chain_as_tree(draft: Draft) -> Draft:
     """Chain drafts with their tree structure (parents i-1, ancestors: the rows before)."""
     b, k = draft.tokens.shape
@@ -191,6 +198,10 @@ class DrafterProposer(StagedCycle):
         p = next(drafter.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.draft_slots = depth if mode == "chain" else (depth - 1) * top_k
+        # a tree's candidate pool, in depth order: k nodes at depth 1, then k*k at each deeper level
+        self.pool_depths = torch.arange(1, depth + 1, device=self.device).repeat_interleave(
+            torch.tensor([top_k] + [top_k * top_k] * (depth - 1), device=self.device)
+        )  # [P]
         shape = (batch, cfg.num_key_value_heads, max_len + self.draft_slots, cfg.head_dim)
         self.k_cache = torch.zeros((cfg.num_layers, *shape), device=self.device, dtype=self.dtype)  # [L, B, nkv, S, hd]
         self.v_cache = torch.zeros((cfg.num_layers, *shape), device=self.device, dtype=self.dtype)
@@ -412,10 +423,9 @@ class DrafterProposer(StagedCycle):
         step = step or self._step
         width, dev, b = self.top_k, self.device, logits.shape[0]
         arange = torch.arange(width, device=dev)  # [k]
-        scores, d_ids = torch.log_softmax(logits, -1).topk(width)  # [B, k]
+        scores, d_ids = top_log_probs(logits, width)  # [B, k]
         pool_scores, pool_tokens = [scores], [self.vocab_map[d_ids]]  # [B, k] each
         pool_parents = [torch.full((b, width), -1, device=dev)]
-        pool_depths = [torch.ones(b, width, dtype=torch.long, device=dev)]
         frontier, f_tokens = arange.expand(b, width), pool_tokens[0]  # pool indices, target ids [B, k]
         f_hidden = hidden[:, None].expand(b, width, hidden.shape[-1])  # [B, k, H]
         f_anc = torch.zeros(
@@ -434,12 +444,11 @@ class DrafterProposer(StagedCycle):
             logits, out = step(
                 f_hidden, f_tokens, pos, (self.max_len + own).expand(b, width), mask
             )  # [B, k, Vd], [B, k, H]
-            s, t = torch.log_softmax(logits, -1).topk(width, dim=-1)  # [B, k, k]
+            s, t = top_log_probs(logits, width)  # [B, k, k]
             cand = (scores[..., None] + s).flatten(1)  # [B, k*k] cumulative log-probs
             pool_scores.append(cand)
             pool_tokens.append(self.vocab_map[t.flatten(1)])
             pool_parents.append(frontier.repeat_interleave(width, dim=1))
-            pool_depths.append(torch.full((b, width * width), d + 1, device=dev))
             scores, best = cand.topk(width)  # [B, k]: the next frontier
             rows = best // width  # [B, k]
             frontier, f_tokens = base_idx + best, pool_tokens[-1].gather(1, best)
@@ -457,7 +466,7 @@ class DrafterProposer(StagedCycle):
         parents = row_of.gather(1, pool_parent.clamp(min=0)) * (pool_parent >= 0)  # [B, N] rows, 0 = root
         return (
             torch.cat(pool_tokens, dim=1).gather(1, keep),
-            torch.cat(pool_depths, dim=1).gather(1, keep),
+            self.pool_depths.expand(b, -1).gather(1, keep),
             parents,
             tree_ancestors(parents, self.depth),
         )
