@@ -344,11 +344,13 @@ def output_lock(folder: Path) -> Iterator[None]:
     gets a UserError naming the holder's pid instead of mixing its files in.
 
     The lock is `flock` on `FOLDER/.draftsmith.lock`, which holds the owner's pid; the OS drops
-    it when the process ends, however it ends. A folder this call created is removed again when
-    the stage leaves nothing else in it. An unwritable folder is a UserError too.
+    it when the process ends, however it ends. The folders this call created (`folder`, and those
+    above it that were missing) are removed again when the stage leaves nothing else in them. An
+    unwritable folder is a UserError too.
     """
     folder = Path(folder)
-    created, path = not folder.exists(), folder / LOCK_FILE
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    path = folder / LOCK_FILE
     while True:
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -374,7 +376,8 @@ def output_lock(folder: Path) -> Iterator[None]:
         with contextlib.suppress(OSError):
             if created and os.listdir(folder) == [LOCK_FILE]:  # nothing written: leave nothing behind
                 os.unlink(path)
-                os.rmdir(folder)
+                for made in created:
+                    os.rmdir(made)  # stops at the first that holds something else
         os.close(fd)
 
 

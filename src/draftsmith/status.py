@@ -1,7 +1,8 @@
 """`draftsmith status DIR`: what any stage's output folder says about its run.
 
 Reads the `progress.json` that every long-running stage keeps up to date, in DIR and in its
-immediate subfolders (a pipeline or quickstart folder holds one per stage), and tells whether
+immediate subfolders (a pipeline or quickstart folder holds one per stage; a synth output's is in
+`OUT.synth/` beside it, and `status OUT.jsonl` reads that), and tells whether
 the process that wrote it is still alive, or whether a new run of the stage, which holds the
 folder's output lock (`fsutil.output_lock`), is starting there.
 """
@@ -19,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from draftsmith.config import CommandConfig
+from draftsmith.data.sources import SYNTH_FOLDER, synth_folder
 from draftsmith.errors import UserError
 from draftsmith.fsutil import human_bytes, lock_holder
 from draftsmith.progress import PROGRESS_FILE, fmt_duration
@@ -26,7 +28,9 @@ from draftsmith.progress import PROGRESS_FILE, fmt_duration
 
 class StatusConfig(CommandConfig):
     positional = "dir"
-    dir: Path = Field(description="A stage's output folder (or a pipeline folder holding several).")
+    dir: Path = Field(
+        description="A stage's output folder (or a pipeline folder holding several), or synth's output file."
+    )
 
 
 def process_state(snap: dict, folder: Path) -> str:
@@ -72,9 +76,14 @@ def process_started(pid: int) -> float:
 
 def find_progress(root: Path) -> list[Path]:
     """progress.json in `root` and its subfolders. Stages that publish their folder atomically
-    (prepare, eval) work in a hidden `.NAME.*.tmp` sibling until they finish: look there too."""
+    (prepare, eval) work in a hidden `.NAME.*.tmp` sibling until they finish: look there too. A
+    synth output keeps its own in `OUT.synth/` beside it (`root` may name the output file, or a
+    pipeline folder whose `synth/` holds it)."""
+    if root.is_file():
+        root = synth_folder(root)
     found = [root / PROGRESS_FILE] if (root / PROGRESS_FILE).exists() else []
     found += sorted(root.glob(f"*/{PROGRESS_FILE}")) + sorted(root.glob(f".*.tmp/{PROGRESS_FILE}"))
+    found += sorted(root.glob(f"*/*{SYNTH_FOLDER}/{PROGRESS_FILE}"))
     found += sorted(root.parent.glob(f".{root.name}.*.tmp/{PROGRESS_FILE}"))
     return found
 

@@ -109,6 +109,45 @@ def test_synth_out_inside_a_dataset_is_refused(tmp_path, dataset, tiny_target_di
     assert tree(dataset) == before
 
 
+def test_synth_keeps_its_run_files_beside_its_output_and_status_and_resume_find_them(tmp_path, tiny_target_dir):
+    """progress.json, run.yaml and the lock of a synth run live in OUT.synth/, not loose in the
+    folder that holds --out, whose own progress.json and run.yaml stay as they were."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Question {i}?"}) + "\n" for i in range(2)))
+    folder = tmp_path / "data"
+    folder.mkdir()
+    snap = {"stage": "theirs", "status": "done", "total": 1, "done": 1, "skipped": 0, "errors": 0, "rate": 1.0}
+    theirs = {"progress.json": json.dumps({**snap, "updated_at": 0.0}).encode(), "run.yaml": b"config: {}\n"}
+    for name, data in theirs.items():
+        (folder / name).write_bytes(data)
+    out = folder / "convs.jsonl"
+    args = ["synth", prompts, "--target", tiny_target_dir, "--out", out, "--device", "cpu"]
+    args += ["--max-new-tokens", "6", "--temperature", "1", "--keep-unfinished"]
+    assert cli(*args).exit_code == 0
+    assert {name: (folder / name).read_bytes() for name in theirs} == theirs
+    side = folder / "convs.synth"
+    assert made_by(side) == "synth" and (side / "run.yaml").is_file()
+    assert json.loads((side / "progress.json").read_text())["done"] == 2
+    for where in (folder, out, side):
+        r = cli("status", where)
+        assert r.exit_code == 0 and "synth" in r.output and "2/2 conversations" in r.output, r.output
+    assert cli(*args).exit_code == 0  # a rerun resumes from the same files
+    assert json.loads((side / "progress.json").read_text())["skipped"] == 2
+    assert len(out.read_text().splitlines()) == 2
+
+
+def test_synth_refuses_a_run_folder_it_did_not_make(tmp_path, tiny_target_dir):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    (tmp_path / "convs.synth").mkdir()
+    (tmp_path / "convs.synth" / "progress.json").write_text("mine")
+    r = cli("synth", prompts, "--target", tiny_target_dir, "--out", tmp_path / "convs.jsonl", "--device", "cpu")
+    failed(r, 2, "was not made by `draftsmith synth`")
+    assert (tmp_path / "convs.synth" / "progress.json").read_text() == "mine"
+    r = cli("synth", prompts, "--target", tiny_target_dir, "--out", tmp_path / "c.synth", "--device", "cpu")
+    failed(r, 2, "give a file name that does not end in .synth")
+
+
 # -- 10. misleading: a file --out of a folder command is not told to use --overwrite ----------------
 
 

@@ -35,7 +35,7 @@ def test_quickstart_layout_and_report_fields(tmp_path, toy_budget):
     assert r.exit_code == 0, r.output
     for rel in (
         "synth/conversations.jsonl",
-        "synth/progress.json",
+        "synth/conversations.synth/progress.json",
         "prepare/data.parquet",
         "prepare/stats.json",
         "extract/store.json",

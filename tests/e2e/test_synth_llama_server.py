@@ -133,7 +133,10 @@ def test_chat_completions_against_llama_cpp_server(server, tmp_path):
     assert len(dropped.pop("key")) == 24  # the resume key
     assert len(dropped.pop("repeat_key")) == 24  # the prompt's key under any file name
     assert dropped == {"id": "gsm8k:line-4:s0", "source_id": "line-4", "reason": "too_long", "rejected": "[assistant] "}
-    assert json.loads((out.parent / "progress.json").read_text())["counters"]["dropped_too_long"] == 1
+    assert (
+        json.loads((out.parent / f"{out.stem}.synth" / "progress.json").read_text())["counters"]["dropped_too_long"]
+        == 1
+    )
 
 
 def test_magpie_through_completions(server, tmp_path):

@@ -86,7 +86,7 @@ def test_kill_and_resume(tiny_folder, prompts, tmp_path):
     after = _ids(out, dropped)
     assert sorted(after) == sorted(f"prompts:line-{i}:s0" for i in range(1, N + 1))  # each id exactly once
     assert after[: len(before)] == before  # the first run's lines are untouched
-    progress = json.loads((out.parent / "progress.json").read_text())
+    progress = json.loads((out.parent / f"{out.stem}.synth" / "progress.json").read_text())
     assert progress["status"] == "done" and progress["skipped"] == len(before) and progress["done"] == N - len(before)
 
 

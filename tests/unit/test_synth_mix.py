@@ -208,10 +208,13 @@ def test_data_card_of_mix_json(tmp_path):
         ],
     }
     (tmp_path / "c.jsonl").write_text("")
-    (tmp_path / "mix.json").write_text(json.dumps(mix_json))
+    (tmp_path / "mix.json").write_text(json.dumps(mix_json))  # where a draftsmith before issue 55 wrote it
     assert mix_card(tmp_path / "c.jsonl") == card
     (tmp_path / "other.jsonl").write_text("")
     assert mix_card(tmp_path / "other.jsonl") is None  # that mix.json belongs to another output
+    (tmp_path / "other.synth").mkdir()  # where synth writes it now
+    (tmp_path / "other.synth" / "mix.json").write_text(json.dumps({**mix_json, "output": "other.jsonl"}))
+    assert mix_card(tmp_path / "other.jsonl") == card
 
 
 def synth_mix(tmp_path, target, mix, *extra):
@@ -253,19 +256,19 @@ def test_cli_synth_mix_writes_mix_json_and_resumes(tmp_path, tiny_target_dir):
     )
     assert len(records) + len(dropped) == 5
     assert sorted({r["id"].split(":")[0] for r in records + dropped}) == ["alpha", "b"]
-    report = json.loads((out.parent / "mix.json").read_text())
+    report = json.loads((out.parent / "conversations.synth" / "mix.json").read_text())
     assert report["finished"] and report["output"] == "conversations.jsonl" and report["selected"] == 5
     assert report["kept"] == len(records) and report["outside_mix"] == 0
     alpha = report["sources"][0]
     assert alpha["name"] == "alpha" and alpha["selected"] == 3 and alpha["dropped"]["over_cap"] == 37
     assert alpha["synth"]["kept"] + sum(alpha["synth"]["dropped"].values()) == 3
-    progress = json.loads((out.parent / "progress.json").read_text())
+    progress = json.loads((out.parent / "conversations.synth" / "progress.json").read_text())
     assert progress["counters"]["source alpha"] == "3/3 done" and progress["counters"]["source b"] == "2/2 done"
     # a rerun finds everything done, generates nothing and writes no line twice
     res, _ = synth_mix(tmp_path, tiny_target_dir, mix)
     assert res.exit_code == 0, res.output
     assert [json.loads(line) for line in out.read_text().splitlines()] == records
-    progress = json.loads((out.parent / "progress.json").read_text())
+    progress = json.loads((out.parent / "conversations.synth" / "progress.json").read_text())
     assert progress["skipped"] == 5 and progress["done"] == 0 and progress["counters"]["source b"] == "2/2 done"
 
 

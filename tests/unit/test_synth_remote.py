@@ -168,7 +168,7 @@ def test_cli_run_unreachable_keeps_output_and_resumes(stub, tmp_path):
         "no answer from the server after 1 retries" in res.output and "rerun the same command to resume" in res.output
     )
     assert out.read_text() == first  # the work done before is kept, untouched
-    assert json.loads((out.parent / "progress.json").read_text())["status"] == "failed"
+    assert json.loads((out.parent / f"{out.stem}.synth" / "progress.json").read_text())["status"] == "failed"
 
     res = CliRunner().invoke(app, [*args, str(tmp_path / "p.jsonl"), "--endpoint", stub.url])
     assert res.exit_code == 0, res.output

@@ -77,7 +77,7 @@ def test_a_second_synth_into_a_locked_folder_is_refused(tmp_path):
 
     p = tmp_path / "p.jsonl"
     p.write_text('{"prompt": "hi"}\n')
-    with output_lock(tmp_path / "o"):  # another synth is writing there
+    with output_lock(tmp_path / "o" / "c.synth"):  # another synth is writing there
         res = _invoke(str(p), "--out", str(tmp_path / "o" / "c.jsonl"))
     assert res.exit_code == 2 and f"another draftsmith process (pid {os.getpid()})" in res.output
     assert not (tmp_path / "o" / "c.jsonl").exists()

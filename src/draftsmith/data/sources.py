@@ -29,7 +29,8 @@ from draftsmith.errors import UserError
 # OpenAI Evals' LICENSE.md (evals 3.0.1): these registry/data folders hold data under licenses
 # other than MIT (CC BY-NC, CC BY-SA, ODC-By, WordNet, ...). Left out always; a LICENSE.md of
 # the installed version that names more folders adds those.
-MIX_FILE = "mix.json"  # written by `synth --mix` next to its output
+MIX_FILE = "mix.json"  # written by `synth --mix` in its output's run folder (`synth_folder`)
+SYNTH_FOLDER = ".synth"  # the suffix of that folder: OUT.jsonl -> OUT.synth/
 EVALS_EXCLUDED = (
     "text_compression",
     "steganography",
@@ -388,14 +389,23 @@ def data_card(mix_json: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def synth_folder(out: Path) -> Path:
+    """The folder beside a synth output that holds the files of the runs that wrote it:
+    progress.json, run.yaml, mix.json and the output lock (`OUT.jsonl` -> `OUT.synth/`), so that
+    none of them lands loose in the folder that holds the output (issue 55)."""
+    return out.with_name(out.stem + SYNTH_FOLDER)
+
+
 def mix_card(conversations: Path) -> dict[str, Any] | None:
-    """The data card of a synth output, from the mix.json beside it (None when it has none, or
-    when that mix.json belongs to another output file)."""
+    """The data card of a synth output, from its mix.json (in `synth_folder`, or beside the
+    output where a draftsmith before issue 55 wrote it); None when it has none, or when that
+    mix.json belongs to another output file."""
     path = Path(conversations)
-    if not path.is_file() or not (path.parent / MIX_FILE).is_file():
+    found = [p for p in (synth_folder(path) / MIX_FILE, path.parent / MIX_FILE) if p.is_file()]
+    if not path.is_file() or not found:
         return None
     try:
-        mix_json = json.loads((path.parent / MIX_FILE).read_text())
+        mix_json = json.loads(found[0].read_text())
     except ValueError:
         return None
     return data_card(mix_json) if mix_json.get("output") == path.name else None

@@ -23,14 +23,14 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
     )
     mix: Path | None = Field(
         None,
-        description="A mix file (YAML) of sources, caps, weights and filters (docs/synth.md); writes mix.json next to the output.",
+        description="A mix file (YAML) of sources, caps, weights and filters (docs/synth.md); writes mix.json in OUT.synth/.",
     )
     target: str = Field(
         DEFAULT_TARGET,
         description="Target model (HF folder, .gguf file, or alias); with --endpoint, only its chat template.",
     )
     out: Path = Field(
-        description="Output JSONL (OpenAI messages, appended: a rerun resumes), in a folder of its own (progress.json goes there)."
+        description="Output JSONL (OpenAI messages, appended: a rerun resumes); progress.json, run.yaml and mix.json go in OUT.synth/ beside it."
     )
     format: Format = Field("auto", description="Input format, as for `prepare`.")
     chat_template: Path | None = Field(

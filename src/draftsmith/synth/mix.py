@@ -3,7 +3,7 @@
 It holds the mix file's config, the selection (per source in the order listed, prompts ranked
 by a hash of seed, source name and prompt id, walked to the source's cap past task caps,
 filters and exact or near duplicates), the conversation ids `NAME:ID:sSEED`, and `mix.json`
-beside the output (`data.sources.mix_card` is its short form for the model card). The file's
+in the output's `OUT.synth/` folder (`data.sources.mix_card` is its short form for the model card). The file's
 fields, the selection rules and why a hash rather than a shuffle: docs/synth.md ("Mixes").
 """
 
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from draftsmith.config import load_yaml_mapping
 from draftsmith.data.config import Format
-from draftsmith.data.sources import MIX_FILE, SOURCES, label, read_source
+from draftsmith.data.sources import MIX_FILE, SOURCES, label, read_source, synth_folder
 from draftsmith.errors import UserError
 from draftsmith.fsutil import atomic_write_json, atomic_write_text
 from draftsmith.synth import output
@@ -200,7 +200,7 @@ class MixPlan:
         }
 
     def write(self, out: Path, synth_seed: int, finished: bool = False) -> None:
-        atomic_write_json(out.parent / MIX_FILE, self.record(out, synth_seed, finished))
+        atomic_write_json(synth_folder(out) / MIX_FILE, self.record(out, synth_seed, finished))
 
 
 def select(path: Path, synth_seed: int, system: list[dict[str, str]], fmt: str = "auto") -> MixPlan:

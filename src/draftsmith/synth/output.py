@@ -3,6 +3,8 @@
   OUT.jsonl                  kept conversations, one JSON object a line (what `prepare` reads)
   OUT.dropped.jsonl          dropped conversations: id, reason, the rejected text (inspection, resume)
   OUT.part{r}.jsonl, OUT.dropped.part{r}.jsonl   rank r's lines while a torchrun job runs
+  OUT.synth/                 the runs' own files (`check_synth_folder`): progress.json, run.yaml, mix.json
+                             and the output lock, never loose beside OUT (issue 55)
 
 Every line goes out in one `append_line` (single write + fsync), so a crash leaves at most one
 torn last line, which `repair_tail` cuts before anything is appended again. An id is done when
@@ -22,8 +24,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftsmith.fsutil import append_line, read_jsonl
+from draftsmith.data.sources import SYNTH_FOLDER, synth_folder
+from draftsmith.errors import UserError
+from draftsmith.fsutil import append_line, holds_only_lock, made_by, read_jsonl
 from draftsmith.synth.filters import normalize
+
+
+def check_synth_folder(out: Path) -> Path:
+    """`OUT.synth/` beside the output `out` (a resolved path), once it is safe to use: a file
+    `--out` named like it, or such a folder that synth did not make, is refused, so that no
+    progress.json, run.yaml or mix.json of another program is replaced."""
+    side = synth_folder(out)
+    if side == out:
+        raise UserError(
+            f"--out {out}: synth keeps its run's files in a folder named {side.name} beside the output; "
+            f"give a file name that does not end in {SYNTH_FOLDER}, such as {out.with_suffix('.jsonl')}"
+        )
+    if side.exists() and not (side.is_dir() and (made_by(side) == "synth" or holds_only_lock(side))):
+        raise UserError(
+            f"{side} was not made by `draftsmith synth`, which keeps progress.json, run.yaml, mix.json and its "
+            f"lock for {out.name} there; move {side} away yourself, or give another --out"
+        )
+    return side
 
 
 def dropped_path(out: Path) -> Path:

@@ -10,7 +10,8 @@ Output lines are OpenAI `messages` records that `prepare` reads unchanged, plus 
 source file stem and id, or Magpie index, plus the seed), `key` (the resume key: a hash of the
 prompt, the generation settings, the seed and the model), `source_id`, `model`, `generation`,
 `generated_tokens` and `ended` (why a conversation stopped before its last user turn, or null).
-Files and resume rules: `synth/output.py`. The output's folder is locked while synth runs.
+Files and resume rules: `synth/output.py`. The run's own files (progress.json, run.yaml, mix.json)
+and its lock live in `OUT.synth/` beside the output, which is locked while synth runs.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ import torch
 
 from draftsmith.config import write_run_record
 from draftsmith.data.chat import check_template_options
-from draftsmith.data.sources import read_source
+from draftsmith.data.sources import MIX_FILE, read_source, synth_folder
 from draftsmith.errors import UserError
-from draftsmith.fsutil import check_output, output_lock
+from draftsmith.fsutil import check_output, mark_output, output_lock
 from draftsmith.progress import Progress
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth import output
@@ -173,8 +174,9 @@ def run(cfg: SynthConfig) -> Path:
     # the real path of a symbolic link; never the prompts or mix file themselves
     inputs = [cfg.prompts, cfg.mix, cfg.chat_template, *(mix_inputs(cfg.mix) if cfg.mix is not None else [])]
     out = check_output(cfg.out, "synth", inputs, folder=False)
+    side = output.check_synth_folder(out)
     rank, _, _ = dist_env()
-    with output_lock(out.parent) if rank == 0 else contextlib.nullcontext():
+    with output_lock(side) if rank == 0 else contextlib.nullcontext():
         return write_conversations(cfg.model_copy(update={"out": out}))
 
 
@@ -236,14 +238,16 @@ def write_conversations(cfg: SynthConfig) -> Path:
     pending = sorted((w for w in mine if w.id not in done), key=lambda w: len(w.users[0] or ""))
     # the target first: a target no backend can run is refused before anything is written
     backend, tokenizer = build_backend(cfg, world, local_rank, magpie) if pending else (None, None)
+    side = synth_folder(out)
     if rank == 0:
-        write_run_record(out.parent, cfg, name=f"{out.stem}.run.yaml")
+        mark_output(side, "synth")
+        write_run_record(side, cfg)
         if plan is not None:
             plan.write(out, cfg.seed)
 
     chunk = cfg.concurrency * 4 if cfg.endpoint else cfg.batch_size * 4
     totals: Counter[str] = Counter()
-    with Progress("synth", out.parent if rank == 0 else None, total=len(mine), unit="conversations") as progress:
+    with Progress("synth", side if rank == 0 else None, total=len(mine), unit="conversations") as progress:
         progress.skip(len(mine) - len(pending))
         progress.set(duplicate_prompts=n_dup)
         if plan is not None:
@@ -306,7 +310,7 @@ def write_conversations(cfg: SynthConfig) -> Path:
         )
         if plan is not None:
             plan.write(out, cfg.seed, finished=True)
-            print(f"[synth] {out.parent / 'mix.json'}: what came from where, what was dropped and why", file=sys.stderr)
+            print(f"[synth] {side / MIX_FILE}: what came from where, what was dropped and why", file=sys.stderr)
         dropped = {k: v for k, v in totals.items() if k.startswith("dropped_")}
         if dropped and not totals["kept"]:
             hint = (
