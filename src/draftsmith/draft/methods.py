@@ -132,12 +132,35 @@ def serving_refusal(cfg: Any, engine: str) -> str | None:
     )
 
 
-def check_depth(cfg: Any, depth: int, flag: str = "--depth") -> None:
-    """Refuse a draft deeper than the drafter's method drafts (`depth_limit`)."""
+def trained_depth(record: dict[str, Any]) -> int | None:
+    """The draft depth a drafter was trained for (`train --depth`: TTT's unroll, P-EAGLE's slots,
+    DFlash's block), from its record's meta; None where the record does not say (a third-party
+    drafter, or one saved by hand)."""
+    meta = record.get("meta") or {}
+    depth = meta.get("depth", meta.get("ttt"))  # "ttt": a record written before the option was named --depth
+    return depth if isinstance(depth, int) and not isinstance(depth, bool) and depth > 0 else None
+
+
+def deepest(cfg: Any, trained: int | None) -> int | None:
+    """The deepest draft a drafter of this config may make: its method's limit (`depth_limit`) and
+    the depth it was trained for, whichever is lower; None when neither bounds it."""
+    bounds = [d for d in (method_of(cfg).depth_limit(cfg), trained) if d is not None]
+    return min(bounds) if bounds else None
+
+
+def check_depth(cfg: Any, depth: int, flag: str = "--depth", trained: int | None = None) -> None:
+    """Refuse a draft deeper than the drafter's method drafts (`depth_limit`), or than it was
+    trained for (`trained`: drafts past the trained depth are positions it never learnt)."""
     m = method_of(cfg)
     most = m.depth_limit(cfg)
     if most is not None and depth > most:
         raise UserError(
             f"{flag} {depth}: this {m.title} drafter ({m.drafting}) drafts at most {most} per cycle; "
             f"use {flag} {most} or less"
+        )
+    if trained is not None and depth > trained:
+        raise UserError(
+            f"{flag} {depth}: this {m.title} drafter was trained to draft {trained} deep (train --depth {trained}), "
+            f"and drafts past that are positions it never learnt; use {flag} {trained} or less, or train a drafter "
+            f"with --depth {depth}"
         )

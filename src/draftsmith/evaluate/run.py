@@ -29,7 +29,7 @@ import torch
 from draftsmith.config import write_run_record
 from draftsmith.data.chat import check_template_options
 from draftsmith.draft.checkpoint import load_drafter
-from draftsmith.draft.methods import check_depth, method_of
+from draftsmith.draft.methods import check_depth, deepest, method_of, trained_depth
 from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.decode import Turn, decode, decode_all
@@ -75,20 +75,24 @@ def check_compatible(drafter: Any, target: Target, path: Path) -> None:
     validate_layers(cfg.aux_layer_ids, info.num_layers)
 
 
-def own_shapes(drafter: Any, path: Path, shapes: list[Shape], cfg: EvalConfig) -> list[Shape]:
-    """The shapes this drafter's method drafts: a method that drafts no tree refuses one, and
-    one with a depth limit (`Method.depth_limit`) a deeper --depth; --depth auto tries 1..that."""
+def own_shapes(drafter: Any, manifest: dict[str, Any], path: Path, shapes: list[Shape], cfg: EvalConfig) -> list[Shape]:
+    """The shapes this drafter may draft: a method that drafts no tree refuses one, and a --depth
+    (or --depth-max) past its method's limit (`Method.depth_limit`) or the depth it was trained
+    for is refused; --depth auto / --tree auto try the shapes within that."""
     method = method_of(drafter)
     if cfg.drafting == "tree" and not method.trees:
         raise UserError(
             f"drafter {path} is a {method.title} drafter ({method.drafting}): one forward drafts the whole chain, "
             "so there is no tree to search; drop --tree/--top-k/--total-tokens and evaluate it with --mode chain"
         )
-    most = method.depth_limit(drafter.config)
+    trained = trained_depth(manifest)
+    most = deepest(drafter.config, trained)
     if most is None:
         return shapes
     if cfg.depth != "auto":
-        check_depth(drafter.config, int(cfg.depth))
+        check_depth(drafter.config, int(cfg.depth), trained=trained)
+    elif "depth_max" in cfg.model_fields_set:
+        check_depth(drafter.config, cfg.depth_max, "--depth-max", trained)
     return [s for s in shapes if s.depth <= most] or [Shape(most)]
 
 
@@ -252,7 +256,7 @@ def load_entrants(cfg: EvalConfig, device: torch.device, shapes: list[Shape]) ->
     entrants = []
     for path, name in zip(cfg.drafters, entrant_names(cfg.drafters), strict=True):
         drafter, manifest = load_drafter(path, device)
-        entrants.append(Entrant(Path(path), name, drafter, manifest, own_shapes(drafter, path, shapes, cfg)))
+        entrants.append(Entrant(Path(path), name, drafter, manifest, own_shapes(drafter, manifest, path, shapes, cfg)))
     layers = {e.path: e.drafter.config.aux_layer_ids for e in entrants}
     if len({tuple(ids) for ids in layers.values()}) > 1:
         raise UserError(

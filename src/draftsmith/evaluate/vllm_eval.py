@@ -30,7 +30,7 @@ from typing import Any
 from draftsmith.config import write_run_record
 from draftsmith.data.chat import check_template_options
 from draftsmith.draft.checkpoint import DRAFTER_FILE, load_drafter
-from draftsmith.draft.methods import method_of
+from draftsmith.draft.methods import check_depth, method_of, trained_depth
 from draftsmith.draft.peagle import TOKEN_FIELDS
 from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
@@ -270,6 +270,8 @@ def run(cfg: EvalConfig) -> Path:
     stops = stop_ids(tok, text_config, cfg.target)
     batch = min(cfg.batch_size, len(questions))
     passes_by_depth = sweep_passes(cfg, k, batch, len(questions))
+    for depth in passes_by_depth:  # drafts past the trained depth (or a block drafter's block) refused
+        check_depth(model.config, depth, "--depth" if depth == k else "--sweep depth", trained_depth(record))
     k_max = max(passes_by_depth)
     bound = max(token_bound(tok, q, max_new, cfg.completion) for q in questions)
     max_model_len = 64 * math.ceil((bound + k_max + 8) / 64)

@@ -1,0 +1,64 @@
+"""`eval` drafts no deeper than the drafter was trained for (drafter.json's meta `depth`, from
+`train --depth`): a deeper --depth, tree or --depth-max is refused before anything is written,
+naming the trained depth; --depth auto tries only the depths within it; a drafter whose record
+does not say (a third-party one) is not bounded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from draftsmith.cli import app
+from draftsmith.draft.checkpoint import save_drafter
+from draftsmith.draft.methods import deepest, trained_depth
+from tests.helpers import random_drafter
+
+
+@pytest.fixture
+def trained_two(tiny_model, tiny_target_dir, tmp_path):
+    drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter", meta={"depth": 2})
+    (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["Say hi."]}) + "\n")
+    return tiny_target_dir, drafter, tmp_path
+
+
+def evaluate(setup, *options: str):
+    target, drafter, tmp = setup
+    common = ["--target", str(target), "--drafter", str(drafter), "--bench", str(tmp / "q.jsonl")]
+    return CliRunner().invoke(app, ["eval", *common, "--max-new-tokens", "6", "--out", str(tmp / "e"), *options])
+
+
+@pytest.mark.parametrize(
+    "options, flag",
+    [
+        (["--depth", "3"], "--depth 3"),
+        (["--mode", "tree", "--depth", "4", "--top-k", "2", "--total-tokens", "5"], "--depth 4"),
+        (["--depth", "auto", "--depth-max", "5"], "--depth-max 5"),
+    ],
+)
+def test_a_draft_deeper_than_trained_is_refused_naming_the_trained_depth(trained_two, options, flag):
+    res = evaluate(trained_two, *options)
+    text = " ".join(res.output.split())
+    assert res.exit_code != 0 and f"{flag}: this EAGLE-3 drafter was trained to draft 2 deep" in text, res.output
+    assert "train --depth 2" in text
+    assert not (trained_two[2] / "e").exists()
+
+
+def test_depth_auto_tries_only_the_trained_depths(trained_two):
+    res = evaluate(trained_two, "--depth", "auto", "--calibration-questions", "1")
+    assert res.exit_code == 0, res.output
+    shape = json.loads((trained_two[2] / "e" / "report.json").read_text())["shape"]
+    assert [c["depth"] for c in shape["candidates"]] == [1, 2]
+
+
+def test_the_trained_depth_comes_from_the_record():
+    assert trained_depth({"meta": {"depth": 7}}) == 7
+    assert trained_depth({"meta": {"ttt": 5}}) == 5  # a record of before --ttt was named --depth
+    assert trained_depth({"meta": {}}) is None and trained_depth({}) is None
+    assert trained_depth({"meta": {"depth": True}}) is None and trained_depth({"meta": {"depth": "7"}}) is None
+
+
+def test_the_bound_is_the_lower_of_the_method_limit_and_the_trained_depth(tiny_model):
+    cfg = random_drafter(tiny_model, draft_vocab_size=300).config
+    assert deepest(cfg, None) is None and deepest(cfg, 4) == 4
