@@ -327,6 +327,17 @@ def test_a_corrupt_gguf_copy_is_converted_again(tmp_path, monkeypatch):
     assert gguf_cache.cached(folder / name, "model") is not None and weights.stat().st_size > 0
 
 
+def test_eval_help_and_a_checkpoint_agree(tmp_path, tiny_target_dir):
+    """`eval --help` no longer offers checkpoints, and a checkpoint given is told what to pass."""
+    assert "checkpoint" not in cli("eval", "--help").output
+    step = tmp_path / "run" / "checkpoints" / "step_00000002"
+    step.mkdir(parents=True)
+    (step / "model.safetensors").write_bytes(b"")
+    (step / "state.pt").write_bytes(b"")
+    r = cli("eval", "--target", tiny_target_dir, "--drafter", step, "--out", tmp_path / "ev", "--device", "cpu")
+    failed(r, 2, "is a training checkpoint", "give the training run's folder")
+
+
 # -- 2 and 1. a pipeline: every file it reads is an input of every stage ----------------------------
 
 

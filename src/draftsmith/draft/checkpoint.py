@@ -126,6 +126,11 @@ def load_drafter(
             model, record = own.read_folder(path)
         else:
             model, record = import_drafter(path, convention=convention)
+    elif (path / "state.pt").exists():  # train's OUT/checkpoints/step_N: weights and optimizer, no drafter record
+        raise UserError(
+            f"{path} is a training checkpoint (what `train --resume` continues from), not a drafter folder: give "
+            f"the training run's folder (its drafter/, the best by validation τ so far) or an exported folder"
+        )
     else:
         raise UserError(f"{path} is not a drafter folder (no {DRAFTER_FILE} or config.json)")
     check_finite(model.state_dict(), f"drafter {path}")

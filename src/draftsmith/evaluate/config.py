@@ -20,7 +20,9 @@ class EvalConfig(CommandConfig, TargetOptions):
         "draftsmith",
         description="Engine that decodes: draftsmith's own, or vLLM serving the exported drafter (chains; the vllm extra; docs/eval.md).",
     )
-    drafter: Path = Field(description="Drafter: a train output folder, checkpoint, or exported folder.")
+    drafter: Path = Field(
+        description="Drafter: a train output folder (its drafter/), or an exported or third-party drafter folder."
+    )
     compare: list[Path] = Field(
         [],
         description="More drafters run side by side with --drafter, against one plain pass (docs/eval.md, Side by side).",
