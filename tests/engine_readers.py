@@ -32,17 +32,28 @@ vLLM
   (Read 2026-11-30 in CarrotFlower0526/vllm at 4b0afbb, a fork tracking vLLM main that has PR #42143's
   eagle_config read of norm_before_fc; the index's own vllm-project/vllm snapshot predates the options.)
 
-SGLang
-- python/sglang/srt/model_executor/model_runner.py  ModelRunner.__init__: ids only from the draft's
+SGLang (python/sglang/srt/... in sgl-project/sglang at 03d5a77, re-read 2026-12-05 in the PyPI
+wheels of sglang 0.5.10 to 0.5.23, sglang/srt/...: `sglang_view` takes the release)
+- model_executor/model_runner.py  ModelRunner.__init__: ids only from the draft's
   `eagle_config["eagle_aux_hidden_state_layer_ids"]` (None on any error).
-- python/sglang/srt/models/llama.py  LlamaForCausalLM.set_eagle3_layers_to_capture: None -> [2, L//2, L-3],
+- models/llama.py  LlamaForCausalLM.set_eagle3_layers_to_capture: None -> [2, L//2, L-3],
   else [v + 1 for v in ids]; LlamaModel.forward captures `hidden_states + residual` before layer i.
-- python/sglang/srt/models/llama_eagle3.py  LlamaDecoderLayer.forward: residual = un-normalised hidden
-  (no norm_before_residual); LlamaModel: fc straight on the aux states (no input_norm, no fc_norm),
-  the next step reads the pre-norm output (no norm_output); LlamaForCausalLMEagle3.__init__:
-  tie_word_embeddings -> lm_head is embed_tokens; load_weights: d2t -> hot_token_id = d2t + arange, t2d
-  skipped, names not found are skipped silently (a later layer's layers.{i}.* too: SGLang builds only
-  `midlayer`). SGLang has no reader for the speculators layout. (sgl-project/sglang at 03d5a77.)
+- models/llama_eagle3.py, up to 0.5.11: LlamaDecoderLayer.forward: residual = un-normalised hidden
+  (no norm_before_residual); LlamaModel: one layer, `midlayer`; fc straight on the aux states (no
+  input_norm, no fc_norm), the next step reads the pre-norm output (no norm_output).
+  LlamaForCausalLMEagle3.__init__: tie_word_embeddings -> lm_head is embed_tokens; load_weights: d2t
+  -> hot_token_id = d2t + arange, t2d skipped, q/k/v and gate/up stacked, a name found neither as
+  is nor under "model." is skipped silently. No reader for the speculators layout.
+- from 0.5.12 (upstream #24663): LlamaModel builds `layers` of config.num_hidden_layers
+  (load_weights renames midlayer -> layers.0 and aux_norm_low/mid/high -> fc_norm.0/1/2); layer 0
+  reads cat(input_layernorm(embeds), hidden_norm(h)) on 2H inputs, a later layer's qkv_proj
+  takes H and its input norm is `hidden_norm` (fused with the residual add; its
+  `input_layernorm` is built and never used); fc input = (target_hidden_size or hidden_size) x
+  num_aux (config num_aux_hidden_states, else len(eagle_config ids), else 3); config `fc_norm`
+  (or `use_aux_norm`) -> fc_norm[i] per aux chunk; config `norm_output` -> the next step reads
+  the post-norm output. Still no norm_before_residual (to 0.5.23).
+- from 0.5.17: norm_before_fc = eagle_config["norm_before_fc"], else the top level, else False ->
+  `input_norm` over the fc input, applied before fc_norm.
 """
 
 from __future__ import annotations
@@ -87,6 +98,7 @@ class EngineView:
     loaded: dict[str, list[str]] = field(default_factory=dict)  # engine param -> checkpoint names
     skipped: list[str] = field(default_factory=list)  # checkpoint names the loader drops silently
     lm_head_is_embedding: bool = False
+    input_norms: list[str] = field(default_factory=list)  # the norm each layer after the first applies to its input
 
 
 def never_captured(view: EngineView, num_layers: int) -> list[int]:
@@ -184,22 +196,45 @@ def vllm_view(folder: Path, num_target_layers: int) -> EngineView:
         draft_to_target=torch.arange(int(draft_vocab)) + weights["d2t"],
         loaded=loaded,
         skipped=skipped,
+        input_norms=[f"model.layers.{i}.input_layernorm.weight" for i in range(1, layers)],
     )
 
 
-def sglang_view(folder: Path, num_target_layers: int) -> EngineView:
+SGLANG_NEWEST = (0, 5, 23)
+
+
+def sglang_view(folder: Path, num_target_layers: int, release: tuple[int, int, int] = SGLANG_NEWEST) -> EngineView:
     raw = json.loads((Path(folder) / "config.json").read_text())
     assert "speculators_model_type" not in raw, "SGLang has no reader for the speculators layout"
+    eagle_config = raw.get("eagle_config") or {}
     try:
         ids = raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     except (KeyError, TypeError):
         ids = None
     capture = [2, num_target_layers // 2, num_target_layers - 3] if ids is None else [int(v) + 1 for v in ids]
-    params = {f"model.midlayer.{p}" for p in LAYER_PARAMS} | {
+    layered = release >= (0, 5, 12)  # #24663: num_hidden_layers, fc_norm, norm_output
+    layers = int(raw.get("num_hidden_layers") or 1) if layered else 1
+    num_aux = (raw.get("num_aux_hidden_states") or len(ids or []) or 3) if layered else 3
+    norm_before_fc = release >= (0, 5, 17) and bool(
+        eagle_config.get("norm_before_fc", raw.get("norm_before_fc", False))
+    )
+    fc_norm = layered and bool(raw.get("fc_norm") or raw.get("use_aux_norm"))
+    names = [f"model.layers.{i}" for i in range(layers)] if layered else ["model.midlayer"]
+    params = {f"{layer}.{p}" for layer in names for p in LAYER_PARAMS} | {
         "model.fc.weight",
         "model.norm.weight",
         "model.embed_tokens.weight",
         "lm_head.weight",
+    }
+    if norm_before_fc:
+        params.add("model.input_norm.weight")
+    if fc_norm:
+        params |= {f"model.fc_norm.{i}.weight" for i in range(num_aux)}
+    legacy = {
+        "midlayer": "layers.0",
+        "aux_norm_low": "fc_norm.0",
+        "aux_norm_mid": "fc_norm.1",
+        "aux_norm_high": "fc_norm.2",
     }
     weights = load_file(str(Path(folder) / "model.safetensors"))
     loaded: dict[str, list[str]] = {}
@@ -210,24 +245,32 @@ def sglang_view(folder: Path, num_target_layers: int) -> EngineView:
             continue
         if "t2d" in name:
             continue
-        mapped = _stacked(name)
+        mapped = name
+        for old, new in legacy.items() if layered else ():
+            mapped = mapped.replace(old, new)
+        mapped = _stacked(mapped)
         target = mapped if mapped in params else f"model.{mapped}"
-        if target in params:
-            loaded.setdefault(target, []).append(name)
-        else:
+        if target not in params:
             skipped.append(name)
+            continue
+        if "qkv_proj" in target:  # default_weight_loader asserts the shape: layer 0 on 2H inputs, the others on H
+            inputs = int(raw["hidden_size"]) * (2 if target.startswith(names[0]) else 1)
+            if value.shape[1] != inputs:
+                raise ValueError(f"{name} has shape {tuple(value.shape)}; SGLang's {target} takes {inputs} inputs")
+        loaded.setdefault(target, []).append(name)
     return EngineView(
         captured_layers=capture,
         norm_before_residual=False,
-        norm_before_fc=False,
-        fc_norm=False,
-        norm_output=False,
+        norm_before_fc=norm_before_fc,
+        fc_norm=fc_norm,
+        norm_output=layered and bool(raw.get("norm_output", False)),
         draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
-        fc_in_features=int(raw.get("target_hidden_size") or raw["hidden_size"]) * 3,
+        fc_in_features=int(raw.get("target_hidden_size") or raw["hidden_size"]) * num_aux,
         intermediate_size=_mlp_width(weights, raw),
-        num_layers=1,
+        num_layers=layers,
         draft_to_target=hot,
         loaded=loaded,
         skipped=skipped,
         lm_head_is_embedding=bool(raw.get("tie_word_embeddings", False)),
+        input_norms=[f"{layer}.hidden_norm.weight" for layer in names[1:]],
     )

@@ -9,7 +9,6 @@ import torch
 from safetensors.torch import load_file
 
 from draftsmith.draft.checkpoint import save_drafter
-from draftsmith.errors import UserError
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run
 from draftsmith.runtime.capture import capture
@@ -70,7 +69,7 @@ def test_every_engine_parameter_is_loaded(tmp_path, drafter):
     for fmt, engine, layer in (
         ("eagle", "vllm", "model.layers.0"),
         ("speculators", "vllm", "model.layers.0"),
-        ("eagle", "sglang", "model.midlayer"),
+        ("eagle", "sglang", "model.layers.0"),  # SGLang 0.5.12 on: midlayer -> layers.0
     ):
         view = READERS[engine](export(drafter, tmp_path / f"{fmt}-{engine}", fmt, engine), L)
         assert len(view.loaded[f"{layer}.self_attn.qkv_proj.weight"]) == 3  # q, k and v shards
@@ -122,11 +121,15 @@ def test_vllm_reads_every_architecture_option(tmp_path, fmt, option):
     assert view.skipped == [] and view.fc_in_features == drafter.fc.weight.shape[1]
 
 
-@pytest.mark.parametrize("option", ["norm_before_fc", "fc_norm", "norm_output"])
-def test_the_trap_sglang_drops_the_options_without_error(tmp_path, option):
-    """Why an SGLang export of these drafters is refused: SGLang loads a vLLM export without
-    complaint but serves it without the option."""
-    view = sglang_view(export(make_tiny_drafter(aux_layer_ids=TRAINED, **{option: True}), tmp_path, "eagle", "vllm"), L)
+@pytest.mark.parametrize(
+    "option,release", [("fc_norm", (0, 5, 11)), ("norm_output", (0, 5, 11)), ("norm_before_fc", (0, 5, 16))]
+)
+def test_the_trap_an_older_sglang_drops_the_options_without_error(tmp_path, option, release):
+    """Why an SGLang export of these drafters names a release: the one before it loads the folder
+    without complaint but serves it without the option."""
+    out = export(make_tiny_drafter(aux_layer_ids=TRAINED, **{option: True}), tmp_path, "eagle", "sglang")
+    assert getattr(sglang_view(out, L), option) is True and sglang_view(out, L).skipped == []
+    view = sglang_view(out, L, release)
     assert getattr(view, option) is False and view.skipped == OPTION_WEIGHTS[option]
 
 
@@ -176,10 +179,8 @@ def test_vllm_builds_and_loads_every_layer_of_a_deeper_drafter(tmp_path, fmt):
         vllm_view(out, L)
 
 
-def test_sglang_export_of_a_deeper_drafter_is_refused(tmp_path):
-    """SGLang builds one layer and skips layers.{i}.* silently: the refusal names --num-layers."""
+def test_the_trap_an_older_sglang_builds_one_layer(tmp_path):
+    """SGLang before 0.5.12 builds `midlayer` alone and skips layers.{i}.* silently."""
     drafter = make_tiny_drafter(aux_layer_ids=TRAINED, num_layers=2)
-    view = sglang_view(export(drafter, tmp_path / "v", "eagle", "vllm"), L)  # why: what SGLang would load
+    view = sglang_view(export(drafter, tmp_path, "eagle", "sglang"), L, (0, 5, 11))
     assert view.num_layers == 1 and view.skipped and all(n.startswith("layers.1.") for n in view.skipped)
-    with pytest.raises(UserError, match="--num-layers"):
-        export(drafter, tmp_path / "s", "eagle", "sglang")

@@ -65,12 +65,26 @@ def test_layers_an_engine_cannot_capture(tmp_path, ids, match):
     refused(tmp_path, match, drafter=native(tmp_path, aux_layer_ids=ids))
 
 
-@pytest.mark.parametrize("option", ["norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"])
-def test_architecture_options_cannot_go_to_sglang(tmp_path, option):
+@pytest.mark.parametrize(
+    "option,release,first",
+    [("norm_before_fc", "0.5.16", "0.5.17"), ("fc_norm", "0.5.11", "0.5.12"), ("norm_output", "0.5.11", "0.5.12")],
+)
+def test_architecture_options_an_older_sglang_lacks(tmp_path, option, release, first):
     refused(
         tmp_path,
-        f"{option}=true, but SGLang's .*--engine vllm.*train --for-engine sglang",
+        rf"SGLang {release} cannot serve this drafter: it lacks {option}=true, served from SGLang {first}.*"
+        "--engine vllm.*train --for-engine sglang",
         drafter=native(tmp_path, **{option: True}),
+        engine="sglang",
+        sglang_release=release,
+    )
+
+
+def test_norm_before_residual_cannot_go_to_sglang(tmp_path):
+    refused(
+        tmp_path,
+        "norm_before_residual=true, which no SGLang release serves.*--engine vllm.*train --for-engine sglang",
+        drafter=native(tmp_path, norm_before_residual=True),
         engine="sglang",
     )
 

@@ -373,8 +373,8 @@ def test_compile_capture_is_refused_where_nothing_is_captured_packed(dataset, ti
 
 
 def test_for_engine_sglang_trains_a_drafter_that_sglang_serves(dataset, tiny_target_dir, tmp_path):
-    """The defaults (fc_norm, norm_output) are off, and export --engine sglang takes the drafter
-    that export refuses without the option."""
+    """The defaults (fc_norm, norm_output) are off, and export --engine sglang for an SGLang before
+    0.5.12 takes the drafter that it refuses without the option."""
     for extra, exported in (((), False), (("--for-engine", "sglang"), True)):
         run = tmp_path / f"run{len(extra)}"
         assert _train(dataset, tiny_target_dir, run, *extra).exit_code == 0
@@ -387,6 +387,8 @@ def test_for_engine_sglang_trains_a_drafter_that_sglang_serves(dataset, tiny_tar
                 "eagle",
                 "--engine",
                 "sglang",
+                "--sglang-release",
+                "0.5.11",
                 "--out",
                 str(tmp_path / f"sglang{len(extra)}"),
             ],

@@ -17,7 +17,7 @@ from typing import Any
 from draftsmith.draft.layouts import arch_options
 from draftsmith.draft.methods import method_of
 from draftsmith.draft.model import DrafterConfig
-from draftsmith.export.eagle import sglang_refusal
+from draftsmith.export import sglang
 from draftsmith.layers import to_engine
 
 CONVENTIONS = (
@@ -126,7 +126,9 @@ def _options_section(cfg: DrafterConfig) -> list[str]:
             "`config.json` states each one (`norm_before_fc` also in `eagle_config`), and the weights "
             "`input_norm.weight` / `fc_norm.{i}.weight` carry vLLM's and speculators' names. Serve with a "
             "vLLM whose `llama_eagle3` has `input_norm`, `fc_norm` and `norm_output` (older ones refuse "
-            "those weights and ignore `norm_output`). SGLang's `LlamaForCausalLMEagle3` has none of them.",
+            "those weights and ignore `norm_output`). SGLang's `LlamaForCausalLMEagle3` reads `fc_norm` and "
+            f"`norm_output` from {sglang.FIRST_RELEASE['fc_norm']}, `norm_before_fc` from "
+            f"{sglang.FIRST_RELEASE['norm_before_fc']}, and never `norm_before_residual`.",
         ]
     return [*lines, ""]
 
@@ -145,7 +147,8 @@ def _serving(
     fmt: str,
     engine: str,
     depth: int,
-    sglang_ok: bool,
+    sglang_why: str | None,
+    sglang_release: str | None,
     tree: dict[str, Any] | None,
     parallel: bool = False,
 ) -> list[str]:
@@ -180,13 +183,8 @@ def _serving(
             ]
     if parallel:
         pass
-    elif fmt == "eagle" and not sglang_ok:
-        lines += [
-            "SGLang cannot serve this drafter: its `LlamaForCausalLMEagle3` has one decoder layer and "
-            "none of the architecture options above, and would load this drafter without error but "
-            "serve it wrongly.",
-            "",
-        ]
+    elif fmt == "eagle" and sglang_why is not None:
+        lines += [f"SGLang cannot serve this drafter: {sglang_why}.", ""]
     elif fmt == "eagle":
         note = (
             ""
@@ -195,7 +193,9 @@ def _serving(
             "`--engine sglang` for SGLang)"
         )
         lines += [
-            f"SGLang{note}:",
+            f"SGLang {sglang_release} or newer{note}:"
+            if sglang_release
+            else f"SGLang (any release with EAGLE-3){note}:",
             "",
             "```bash",
             f"python -m sglang.launch_server --model-path {target_name} --speculative-algorithm EAGLE3 \\",
@@ -224,7 +224,10 @@ def model_card(
     folder_hint: str,
     depth: int,
     report: dict[str, Any] | None,
+    sglang_release: str | None = None,
 ) -> str:
+    """`sglang_release`: the SGLang release the export was checked for (--sglang-release), or None
+    for the first that serves the drafter."""
     target = manifest.get("target") or {}
     target_name = str(target.get("name") or "TARGET")
     lines = [
@@ -251,8 +254,9 @@ def model_card(
         lines += _data_section(meta["data_mix"])
     if report is not None:
         lines += _eval_section(report)
-    sglang_ok = sglang_refusal(cfg) is None
+    why, first = sglang.refusal(cfg, None), sglang.minimum_release(cfg)
+    release = sglang_release if sglang_release is not None else first
     shape = serving_shape(report)
     tree = shape if shape is not None and shape["mode"] == "tree" else None
-    lines += _serving(folder_hint, target_name, fmt, engine, depth, sglang_ok, tree, method_of(cfg).one_forward)
+    lines += _serving(folder_hint, target_name, fmt, engine, depth, why, release, tree, method_of(cfg).one_forward)
     return "\n".join(lines)

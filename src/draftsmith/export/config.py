@@ -21,6 +21,9 @@ class ExportConfig(CommandConfig):
         "eagle", description="Output layout: eagle (vLLM and SGLang) or speculators (vLLM)."
     )
     engine: str = Field("vllm", description="Engine whose layer-id convention eagle_config uses: vllm or sglang.")
+    sglang_release: str | None = Field(
+        None, description="With --engine sglang: the SGLang release to serve with (default: the first that serves it)."
+    )
     out: Path = Field(description="Output folder (written atomically).")
     include_embeddings: bool = Field(
         False, description="Also write embed_tokens.weight (engines otherwise share the target's)."

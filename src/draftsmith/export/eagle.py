@@ -10,7 +10,8 @@
                        pard_token, ptd_token_id                        P-EAGLE: the placeholder token
     model.safetensors  midlayer.*, fc.weight, norm.weight, lm_head.weight, d2t, t2d (+ embed_tokens.weight,
                        input_norm.weight with norm_before_fc, fc_norm.{i}.weight with fc_norm,
-                       layers.{i}.* for the layers after the first: vLLM's names for them; P-EAGLE:
+                       layers.{i}.* for the layers after the first: vLLM's names for them, and for
+                       SGLang also layers.{i}.hidden_norm.weight (export/sglang.py); P-EAGLE:
                        mask_hidden [n_aux*H_t], which vLLM loads with parallel_drafting=True)
 
 Who reads what (see docs/engine-fields.md for the sources):
@@ -20,13 +21,13 @@ Who reads what (see docs/engine-fields.md for the sources):
   (`set_eagle3_layers_to_capture` adds 1), so SGLang's ids are one lower.
 Writing the top level in vLLM's convention makes an `--engine sglang` export load correctly in
 vLLM too. vLLM's llama_eagle3 reads the architecture options (norm_before_fc from eagle_config,
-then the top level; the others from the top level) and names the weights `input_norm` and
-`fc_norm.{i}` as draftsmith does; SGLang's has none of them and skips their weights silently, so
-such drafters are refused for SGLang. vLLM's llama_eagle3 builds `num_hidden_layers` layers (its
-`layers.0` is the EAGLE-3 layer, loaded from `midlayer.*`; the rest plain Llama layers), SGLang's
-one: a drafter of several layers is refused for SGLang too. The draftsmith key names of the first
-layer are the EAGLE reference names; the later layers get vLLM's `layers.{i}`. No file I/O in
-this module.
+then the top level; the others from the top level), names the weights `input_norm` and
+`fc_norm.{i}` as draftsmith does, and builds `num_hidden_layers` layers (its `layers.0` is the
+EAGLE-3 layer, loaded from `midlayer.*`; the rest plain Llama layers). SGLang's does the same
+from a release on that depends on the option, and never reads norm_before_residual
+(export/sglang.py says which release serves what; a drafter the chosen release would serve
+wrongly is refused). The draftsmith key names of the first layer are the EAGLE reference names;
+the later layers get vLLM's `layers.{i}`. No file I/O in this module.
 """
 
 from __future__ import annotations
@@ -46,17 +47,11 @@ from draftsmith.draft.layouts import (
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.draft.peagle import engine_fields
 from draftsmith.errors import UserError
+from draftsmith.export import sglang
 from draftsmith.layers import to_engine, validate_layers
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ENGINES = ("vllm", "sglang")
-# what SGLang's LlamaForCausalLMEagle3 does instead of each option (it loads such a drafter without error)
-SGLANG_INSTEAD = {
-    "norm_before_residual": "always uses the un-normalised hidden state as the residual",
-    "norm_before_fc": "has no input_norm: it skips input_norm.weight silently and feeds the raw aux states to fc",
-    "fc_norm": "has no per-layer fc_norm: it skips fc_norm.*.weight silently and feeds the raw aux states to fc",
-    "norm_output": "always feeds the pre-norm layer output to the next draft step",
-}
 
 
 def check_engine(engine: str) -> str:
@@ -68,8 +63,11 @@ def check_engine(engine: str) -> str:
     return engine
 
 
-def check_exportable(cfg: DrafterConfig, engine: str, num_target_layers: int | None) -> None:
-    """Refuse drafters that an engine would load without error but serve wrongly."""
+def check_exportable(
+    cfg: DrafterConfig, engine: str, num_target_layers: int | None, sglang_release: str | None = None
+) -> None:
+    """Refuse drafters that an engine (SGLang: of `sglang_release`, default the newest read) would
+    load without error but serve wrongly."""
     try:
         validate_layers(list(cfg.aux_layer_ids), num_target_layers)  # the three ids the engines capture
     except UserError as e:
@@ -80,30 +78,9 @@ def check_exportable(cfg: DrafterConfig, engine: str, num_target_layers: int | N
             "before input_norm, vLLM's llama_eagle3 applies input_norm first, and speculators refuses the "
             "pair, so no engine would serve it as trained. Retrain with one of the two"
         )
-    why = sglang_refusal(cfg) if engine == "sglang" else None  # (the method's engines: export.run checks them)
+    why = sglang.refusal(cfg, sglang_release) if engine == "sglang" else None  # (export.run checks the method's)
     if why is not None:
         raise UserError(why)
-
-
-def sglang_refusal(cfg: DrafterConfig) -> str | None:
-    """Why SGLang's LlamaForCausalLMEagle3 would serve this drafter wrongly (it loads it without
-    error), or None when it serves it as trained. The export's check and the model card both ask."""
-    if cfg.num_layers > 1:
-        return (
-            f"this drafter has {cfg.num_layers} decoder layers (--num-layers), but SGLang's LlamaForCausalLMEagle3 "
-            "serves one (`midlayer`): it would drop the others. Export with --engine vllm (--format eagle or "
-            "speculators), whose llama_eagle3 builds num_hidden_layers layers, or retrain with `train --for-engine sglang`"
-        )
-    used = [name for name, on in arch_options(cfg).items() if on]
-    if used:
-        instead = "; ".join(f"for {name} it {SGLANG_INSTEAD[name]}" for name in used)
-        return (
-            f"this drafter was trained with {', '.join(f'{name}=true' for name in used)}, but SGLang's "
-            f"LlamaForCausalLMEagle3 has no such option ({instead}): it would serve this drafter wrongly. "
-            f"Export with --engine vllm (--format eagle or speculators), whose llama_eagle3 reads {', '.join(used)}, "
-            "or retrain with `train --for-engine sglang`"
-        )
-    return None
 
 
 def llama_fields(cfg: DrafterConfig, dtype: str) -> dict[str, Any]:

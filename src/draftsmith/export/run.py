@@ -25,7 +25,7 @@ from draftsmith.draft.methods import method_of, serving_refusal
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.draft.peagle import placeholder_hidden
 from draftsmith.errors import UserError
-from draftsmith.export import dflash, eagle, speculators
+from draftsmith.export import dflash, eagle, sglang, speculators
 from draftsmith.export.card import model_card, serving_shape
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.writer import Files, Writer
@@ -83,7 +83,7 @@ def reload_check(model: Eagle3Drafter, folder: Path, dtype: torch.dtype) -> None
 def eagle_files(model: Eagle3Drafter, record: dict[str, Any], cfg: ExportConfig, dtype: torch.dtype) -> Files:
     """An EAGLE-3 module (EAGLE-3 or P-EAGLE) in `--format eagle` or `speculators`."""
     dcfg, target, meta = model.config, record.get("target") or {}, record.get("meta") or {}
-    eagle.check_exportable(dcfg, cfg.engine, target.get("num_layers"))
+    eagle.check_exportable(dcfg, cfg.engine, target.get("num_layers"), cfg.sglang_release)
     check_vocab(dcfg, model.d2t, model.t2d, str(cfg.drafter))
     dtype_name = str(dtype).removeprefix("torch.")
     report = read_report(cfg.eval_report)
@@ -92,6 +92,8 @@ def eagle_files(model: Eagle3Drafter, record: dict[str, Any], cfg: ExportConfig,
     depth = cfg.depth or chain or int(meta.get("depth") or 3)  # the eval's chain length before the trained depth
     verifier = cfg.verifier or str(target.get("name") or "TARGET")
     tensors = eagle.export_tensors(model, cfg.include_embeddings, dtype)
+    if cfg.engine == "sglang":
+        tensors = sglang.sglang_tensors(tensors, dcfg.num_layers)
     if cfg.format == "eagle":
         config = eagle.eagle_config(dcfg, cfg.engine, dtype_name, target)
     else:
@@ -100,7 +102,14 @@ def eagle_files(model: Eagle3Drafter, record: dict[str, Any], cfg: ExportConfig,
         tensors = speculators.to_speculators_keys(tensors)
     hint = str(Path(cfg.out).absolute())
     card = model_card(
-        dcfg, {**record, "target": {**target, "name": verifier}}, cfg.format, cfg.engine, hint, depth, report
+        dcfg,
+        {**record, "target": {**target, "name": verifier}},
+        cfg.format,
+        cfg.engine,
+        hint,
+        depth,
+        report,
+        cfg.sglang_release,
     )
     ids = f"{dcfg.aux_layer_ids} draftsmith = {to_engine(dcfg.aux_layer_ids, cfg.engine)} {cfg.engine}"
     return Files(config, tensors, card, cfg.format, ids)
@@ -118,6 +127,12 @@ WRITERS: dict[str, dict[str, Writer]] = {
 
 def run(cfg: ExportConfig) -> Path:
     engine = eagle.check_engine(cfg.engine)
+    if cfg.sglang_release is not None:
+        if engine != "sglang":
+            raise UserError(
+                "--sglang-release names the SGLang that will serve the export: give it with --engine sglang"
+            )
+        sglang.release_tuple(cfg.sglang_release)  # a malformed release is refused before the drafter is read
     if cfg.format == "speculators":
         speculators.check_engine_for_speculators(engine)
     model, record = load_drafter(cfg.drafter, convention=cfg.source_convention)  # a NaN or Inf weight is refused there
