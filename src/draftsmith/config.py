@@ -8,6 +8,7 @@ as `run.yaml`, together with the exact command line, so that every output says h
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import typing
@@ -181,11 +182,37 @@ def changed_options(cfg: CommandConfig, recorded: dict[str, Any], ignore: set[st
 RUN_RECORD = "run.yaml"
 
 
+def is_path_option(cls: type[BaseModel], name: str) -> bool:
+    """Whether option `name` of `cls` names files: a Path (or a list of them), or `target` (a local
+    folder or file, or an alias)."""
+    field = cls.model_fields.get(name)
+    if field is None:
+        return False
+    kinds = {field.annotation, *typing.get_args(field.annotation)}
+    return name == "target" or any(k is Path or Path in typing.get_args(k) for k in kinds)
+
+
+def absolute_paths(cls: type[BaseModel], values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (options of `cls` as JSON: given now, or a run.yaml's) with each path option's
+    relative path made absolute against the current folder (a target alias, which names no local
+    file, is kept), so that a record read from another folder names the same files (issue 55)."""
+
+    def absolute(value: Any) -> Any:
+        if isinstance(value, list):
+            return [absolute(v) for v in value]
+        if isinstance(value, str) and value and not Path(value).is_absolute() and os.path.lexists(value):
+            return os.path.abspath(value)
+        return value
+
+    return {k: absolute(v) if is_path_option(cls, k) else v for k, v in values.items()}
+
+
 def write_run_record(out_dir: Path, cfg: CommandConfig, name: str = RUN_RECORD) -> None:
-    """Write the resolved config and the exact command next to a stage's output."""
+    """Write the resolved config, its paths absolute (`absolute_paths`), and the exact command
+    next to a stage's output."""
     record = {
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "config": cfg.model_dump(mode="json"),
+        "config": absolute_paths(type(cfg), cfg.model_dump(mode="json")),
     }
     atomic_write_text(Path(out_dir) / name, yaml.safe_dump(record, sort_keys=False))
 

@@ -338,6 +338,26 @@ def test_eval_help_and_a_checkpoint_agree(tmp_path, tiny_target_dir):
     failed(r, 2, "is a training checkpoint", "give the training run's folder")
 
 
+@pytest.mark.slow
+def test_train_resume_from_another_folder_finds_the_runs_relative_paths(
+    tmp_path, dataset, tiny_target_dir, monkeypatch
+):
+    """run.yaml records paths given relative to the folder the run started in as absolute ones,
+    so that `--resume` from elsewhere reads the same target (an option it takes from the record)."""
+    (tmp_path / "ds").symlink_to(dataset)
+    (tmp_path / "target").symlink_to(tiny_target_dir)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert cli(*tiny_train_args("ds", "target", "run", "--steps", "1")).exit_code == 0
+    record = (tmp_path / "run" / "run.yaml").read_text()
+    assert f"dataset_dir: {tmp_path / 'ds'}" in record and f"target: {tmp_path / 'target'}" in record
+    again = cli(*tiny_train_args("ds", "target", "run", "--steps", "1", "--resume"))  # the same options, as given
+    assert again.exit_code == 0 and "nothing to train" in again.output, again.output
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    r = cli("train", tmp_path / "ds", "--out", "../run", "--resume")  # the target: the record's
+    assert r.exit_code == 0 and "nothing to train" in r.output, r.output
+
+
 # -- 2 and 1. a pipeline: every file it reads is an input of every stage ----------------------------
 
 

@@ -30,7 +30,7 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
         description="Target model (HF folder, .gguf file, or alias); with --endpoint, only its chat template.",
     )
     out: Path = Field(
-        description="Output JSONL (OpenAI messages, appended: a rerun resumes); progress.json, run.yaml and mix.json go in OUT.synth/ beside it."
+        description="Output JSONL (OpenAI messages; a rerun resumes); progress.json, run.yaml and mix.json go in OUT.synth/ beside it."
     )
     format: Format = Field("auto", description="Input format, as for `prepare`.")
     chat_template: Path | None = Field(

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from draftsmith.config import RUN_RECORD, changed_options, load_yaml_mapping, write_run_record
+from draftsmith.config import RUN_RECORD, absolute_paths, changed_options, load_yaml_mapping, write_run_record
 from draftsmith.data.dataset import TokenizedDataset, check_tokenizer, check_trainable, load_dataset, split_indices
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
@@ -90,7 +90,10 @@ def resumed_options(cfg: TrainConfig) -> TrainConfig:
             f"--resume: {path} records no options ('config:'); start over with --overwrite or another --out"
         )
     kept = {"resume", "overwrite", "out"}
-    differ = {k: v for k, v in changed_options(cfg, recorded, kept).items() if k in cfg.model_fields_set}
+    # paths compared absolute: given here, or recorded relative by a draftsmith before issue 55
+    recorded = absolute_paths(type(cfg), recorded)
+    given = type(cfg).model_validate(absolute_paths(type(cfg), cfg.model_dump(mode="json")))
+    differ = {k: v for k, v in changed_options(given, recorded, kept).items() if k in cfg.model_fields_set}
     if differ:
         listed = ", ".join(f"--{k.replace('_', '-')} {now} (the run's: {was})" for k, (was, now) in differ.items())
         raise UserError(
