@@ -75,9 +75,10 @@ class CommandConfig(BaseModel):
     @field_validator("aux_layer_ids", check_fields=False)
     @classmethod
     def _aux_layer_ids(cls, value: list[int] | None) -> list[int] | None:
-        """Aux layer ids (extract, plan, train): three distinct ids, checked before the target loads."""
+        """Aux layer ids (extract, plan, train): distinct, non-negative ids, checked before the target
+        loads; their count (three for EAGLE-3) once the command knows the drafter's method."""
         try:
-            return None if value is None else check_layer_ids(value)
+            return None if value is None else check_layer_ids(value, count=None)
         except UserError as e:
             raise ValueError(str(e)) from None
 

@@ -36,29 +36,33 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-def check_layer_ids(layers: list[int]) -> list[int]:
-    """What can be checked before the target is loaded: exactly N_AUX distinct, non-negative
-    ids. Returns them sorted. (Config fields named `aux_layer_ids` run this when they are parsed.)"""
+def check_layer_ids(layers: list[int], count: int | None = N_AUX) -> list[int]:
+    """What can be checked before the target is loaded: `count` distinct, non-negative ids (EAGLE-3's
+    N_AUX; None: any number of them, as many as a DFlash drafter is given, `Method.aux_count`).
+    Returns them sorted. (Config fields named `aux_layer_ids` run this, with any count, when they
+    are parsed; the command checks the count once it knows the drafter's method.)"""
     layers = sorted(int(k) for k in layers)
-    if len(layers) != N_AUX:
+    if not layers:
+        raise UserError("no layer ids given; give distinct ids, or leave them out for the default [2, L//2, L-3]")
+    if count is not None and len(layers) != count:
         raise UserError(
             f"layer ids {layers}: EAGLE-3 takes exactly {N_AUX} auxiliary layers (vLLM's and SGLang's fc is "
             f"{N_AUX} x the target's hidden size); give {N_AUX} ids, or leave them out for the default [2, L//2, L-3]"
         )
     if len(set(layers)) != len(layers):
-        raise UserError(f"layer ids {layers} contain duplicates; give {N_AUX} distinct ids")
+        raise UserError(f"layer ids {layers} contain duplicates; give distinct ids")
     if layers[0] < 0:
         raise UserError(f"layer ids {layers}: ids count from 0 (id k = the hidden state entering decoder layer k)")
     return layers
 
 
-def validate_layers(layers: list[int], num_layers: int | None) -> list[int]:
+def validate_layers(layers: list[int], num_layers: int | None, count: int | None = N_AUX) -> list[int]:
     """The one check of auxiliary layer ids, for extract, train and export: `check_layer_ids`,
     and every id one that the engines capture, 1..L-1 (the residual stream entering decoder
     layers 1..L-1: id 0, the embeddings, and id L, the last layer's output, are never captured).
     A toy target with no three such ids (L <= 3) may use 0..L; with `num_layers` unknown (a
     drafter without its target's record) only id 0 is refused. Returns the ids sorted."""
-    layers = check_layer_ids(layers)
+    layers = check_layer_ids(layers, count)
     toy = num_layers is not None and num_layers <= N_AUX
     lo, hi = (0, num_layers) if toy else (1, None if num_layers is None else num_layers - 1)
     bad = [k for k in layers if k < lo or (hi is not None and k > hi)]
@@ -84,10 +88,11 @@ def validate_layers(layers: list[int], num_layers: int | None) -> list[int]:
     return layers
 
 
-def resolve_aux_layers(layers: list[int] | None, num_layers: int) -> list[int]:
+def resolve_aux_layers(layers: list[int] | None, num_layers: int, count: int | None = N_AUX) -> list[int]:
     """The aux layer ids a command runs with on a target of `num_layers` decoder layers: the ids
-    given (`--aux-layer-ids`), else `default_aux_layers`; checked by `validate_layers`, sorted."""
-    return validate_layers(layers or default_aux_layers(num_layers), num_layers)
+    given (`--aux-layer-ids`), else `default_aux_layers`; checked by `validate_layers` (`count` of
+    them), sorted."""
+    return validate_layers(layers or default_aux_layers(num_layers), num_layers, count)
 
 
 def to_engine(layers: list[int], engine: str) -> list[int]:

@@ -335,16 +335,16 @@ PROBES = [
         "pipeline stage train: invalid options:\n  --stepz: Extra inputs are not permitted",
     ),
     Probe(
-        "pipeline later stage with two layers",
-        lambda e: ["pipeline", _pipeline_file(e, "target", "extract: {aux_layer_ids: [2, 15]}")],
+        "pipeline later stage with a duplicate layer",
+        lambda e: ["pipeline", _pipeline_file(e, "target", "extract: {aux_layer_ids: [2, 2, 15]}")],
         2,
-        "--aux-layer-ids: layer ids [2, 15]: EAGLE-3 takes exactly 3 auxiliary layers",
+        "--aux-layer-ids: layer ids [2, 2, 15] contain duplicates",
     ),
     Probe(
-        "extract --aux-layer-ids 2,15",
-        lambda e: ["extract", e.ds, "--target", e.target, "--out", e.out, "--aux-layer-ids", "2,15"],
+        "extract --aux-layer-ids 2,2,15",
+        lambda e: ["extract", e.ds, "--target", e.target, "--out", e.out, "--aux-layer-ids", "2,2,15"],
         2,
-        "EAGLE-3 takes exactly 3 auxiliary layers",
+        "contain duplicates",
     ),
     Probe(
         "train --aux-layer-ids 2,15",

@@ -168,7 +168,7 @@ def check_store_matches(store: Path, dataset: TokenizedDataset, target: TargetIn
             f"a new store from this dataset with this target"
         )
     try:
-        validate_layers(meta.get("aux_layer_ids") or [], target.num_layers)
+        validate_layers(meta.get("aux_layer_ids") or [], target.num_layers, count=None)  # any drafter's
     except UserError as e:  # a store written before the layer rule
         raise UserError(f"store {store}: {e}; extract a new store with such --aux-layer-ids") from None
 

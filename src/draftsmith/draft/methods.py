@@ -7,6 +7,7 @@
     trees        it drafts EAGLE-2 trees as well as chains
     engines      the serving engines that serve it (export refuses the others)
     depth_limit  the most drafts per cycle a drafter of a given config makes (None: no limit)
+    aux_count    how many target layers it reads (EAGLE-3's fc is 3 x hidden in every engine; None: any)
 
 Each stage keeps one table keyed by the name, holding its part of a method: train's
 `OBJECTIVES`, evaluate's `PROPOSERS`, export's `WRITERS`. A stage asks the record, or looks the
@@ -27,6 +28,7 @@ from draftsmith.draft.dflash import DFlashConfig, DFlashDrafter
 from draftsmith.draft.dflash_layout import import_dflash, is_dflash_folder
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.errors import UserError
+from draftsmith.layers import N_AUX
 
 
 def no_limit(cfg: Any) -> int | None:
@@ -54,6 +56,7 @@ class Method:
     trees: bool
     engines: tuple[str, ...]
     depth_limit: Callable[[Any], int | None] = no_limit
+    aux_count: int | None = N_AUX
     unserved: str = ""  # why the engines left out of `engines` do not serve it, for export's refusal
     # whether an engine-layout folder (config.json) is in this method's own layout, read by
     # `read_folder`; the EAGLE-3 layouts' reader (draft/importer.py) reads every other one
@@ -90,6 +93,7 @@ DFLASH = Method(
     False,
     ("vllm",),
     block_limit,
+    aux_count=None,
     unserved="vLLM's qwen3_dflash reads draftsmith's layout, lm_head and d2t included; SGLang's DFlashDraftModel "
     "has no lm_head or d2t of its own: it drafts through the target's full-vocab head, so it would drop this "
     "drafter's trained draft-vocab head",

@@ -72,7 +72,7 @@ def check_compatible(drafter: Any, target: Target, path: Path) -> None:
             f"drafter {path} was made for a target with vocab {cfg.vocab_size} and hidden size "
             f"{cfg.target_hidden_size}, but {info.name} has vocab {info.vocab_size} and hidden size {info.hidden_size}"
         )
-    validate_layers(cfg.aux_layer_ids, info.num_layers)
+    validate_layers(cfg.aux_layer_ids, info.num_layers, method_of(cfg).aux_count)
 
 
 def own_shapes(drafter: Any, manifest: dict[str, Any], path: Path, shapes: list[Shape], cfg: EvalConfig) -> list[Shape]:

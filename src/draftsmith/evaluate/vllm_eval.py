@@ -111,7 +111,7 @@ def check_drafter(cfg: EvalConfig, text_config: Any) -> tuple[Any, dict[str, Any
             f"{d.target_hidden_size}, but {cfg.target} has vocab {text_config.vocab_size} and hidden size "
             f"{text_config.hidden_size}"
         )
-    validate_layers(d.aux_layer_ids, int(text_config.num_hidden_layers))
+    validate_layers(d.aux_layer_ids, int(text_config.num_hidden_layers), method_of(d).aux_count)
     return drafter, record
 
 

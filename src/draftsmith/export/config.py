@@ -26,7 +26,8 @@ class ExportConfig(CommandConfig):
     )
     out: Path = Field(description="Output folder (written atomically).")
     include_embeddings: bool = Field(
-        False, description="Also write embed_tokens.weight (engines otherwise share the target's)."
+        False,
+        description="Also write embed_tokens.weight (engines otherwise share the target's); always with train --train-embedding.",
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Weight dtype; auto keeps the checkpoint's."

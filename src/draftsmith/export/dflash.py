@@ -148,7 +148,7 @@ def dflash_files(model: DFlashDrafter, record: dict[str, Any], cfg: ExportConfig
     would serve this drafter as trained otherwise (its layers, its vocab, --depth)."""
     target = record.get("target") or {}
     try:
-        validate_layers(list(model.config.aux_layer_ids), target.get("num_layers"))
+        validate_layers(list(model.config.aux_layer_ids), target.get("num_layers"), count=None)
     except UserError as e:
         raise UserError(f"this drafter's auxiliary layers cannot be served: {e}") from None
     check_vocab(model.config, model.d2t, model.t2d, str(cfg.drafter))

@@ -150,6 +150,8 @@ def run(cfg: ExportConfig) -> Path:
         )
     if cfg.include_embeddings and (record.get("meta") or {}).get("needs_target_embeddings"):
         raise UserError(f"{cfg.drafter} has no embed_tokens of its own, so --include-embeddings has nothing to write")
+    if (record.get("meta") or {}).get("trained_embedding"):  # not the target's: the engines must load this one
+        cfg = cfg.model_copy(update={"include_embeddings": True})
     dtype = weight_dtype(model, cfg.dtype)
     files = writer.files(model, record, cfg, dtype)
     inputs = [cfg.drafter, cfg.eval_report]

@@ -161,7 +161,7 @@ def plan_store(cfg: ExtractConfig) -> Path:
     ds, out = load_dataset(cfg.dataset_dir), Path(cfg.out)
     tc = load_text_config(cfg.target)
     num_layers, H = int(tc.num_hidden_layers), int(tc.hidden_size)
-    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, num_layers)
+    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, num_layers, count=None)  # a store for any drafter
     dtype = parse_dtype(cfg.dtype, torch.device(cfg.device) if cfg.device else default_device())
     whole, need, todo = projection(ds, listed_samples(out)[0], len(aux_layer_ids), H, dtype.itemsize)
     tokens = int(ds.lengths.sum())
@@ -185,16 +185,7 @@ def run(cfg: ExtractConfig) -> Path:
     check_output(cfg.out, "extract", [cfg.dataset_dir, cfg.target])  # an existing --out must be a store
     rank, _, _ = dist_env()
     with output_lock(Path(cfg.out)) if rank == 0 else contextlib.nullcontext():
-        try:
-            return extract(cfg)
-        except (MemoryError, RuntimeError) as e:  # a memory limit (`ulimit -v`), a batch too large for the device
-            if not isinstance(e, MemoryError | torch.OutOfMemoryError) and "allocate memory" not in str(e):
-                raise
-            raise UserError(
-                f"extract ran out of memory ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); the "
-                f"samples written to {cfg.out} are kept. Lower --token-budget (or raise the memory limit, `ulimit -v`) "
-                "and rerun the same command to resume"
-            ) from None
+        return extract(cfg)  # out of memory: the CLI's error (the samples written are kept)
 
 
 def extract(cfg: ExtractConfig) -> Path:
@@ -212,7 +203,7 @@ def extract(cfg: ExtractConfig) -> Path:
             torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
         engine, target = None, load_target(cfg.target, device, cfg.dtype, shard=cfg.shard)
         info, dtype = target.info, target.dtype
-    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, info.num_layers)
+    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, info.num_layers, count=None)  # a store for any drafter
     check_token_ids(ds, info.vocab_size)
     check_tokenizer(ds, target.tokenizer if target is not None else load_tokenizer(cfg.target), cfg.target)
     meta = new_store_meta(info.to_dict(), aux_layer_ids, str(dtype).removeprefix("torch."), dataset_identity(ds))

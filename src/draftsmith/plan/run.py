@@ -25,6 +25,7 @@ from rich.table import Table
 from draftsmith.data.dataset import load_dataset, pad_batch
 from draftsmith.data.store import HOST_SLOTS, length_batches, projected_bytes, store_fit
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, token_counts
+from draftsmith.draft.methods import METHODS
 from draftsmith.draft.shape import default_backend, eager_attention_bytes
 from draftsmith.fsutil import human_bytes
 from draftsmith.layers import resolve_aux_layers
@@ -90,7 +91,7 @@ def run(cfg: PlanConfig) -> Path:
     ds = load_dataset(cfg.dataset_dir)
     target = load_target(cfg.target, cfg.device, cfg.dtype, shard=cfg.shard)
     info, device = target.info, target.device
-    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, info.num_layers)
+    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, info.num_layers, METHODS[cfg.method].aux_count)
     n_aux, H, dsize = len(aux_layer_ids), info.hidden_size, target.dtype.itemsize
     tokens, n = int(ds.lengths.sum()), len(ds)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())

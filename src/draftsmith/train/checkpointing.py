@@ -2,7 +2,8 @@
 
     OUT/checkpoints/step_{N:08d}/
         model.safetensors   the drafter's trainable weights and buffers (not the frozen
-                            embeddings, which come from the target again)
+                            embeddings, which come from the target again; with
+                            --train-embedding, the trained ones)
         state.pt            {"optimizer", "scheduler", "rng", "train"} as plain tensors, numbers,
                             lists and dicts: read back with torch.load(weights_only=True)
 
@@ -30,7 +31,14 @@ from draftsmith.fsutil import fsync_dir, read_safetensors
 from draftsmith.target import same_target
 
 CKPT_DIR, WEIGHTS, STATE = "checkpoints", "model.safetensors", "state.pt"
-FROZEN = ("embed_tokens.weight",)
+FROZEN = ("embed_tokens.weight",)  # the target's own while they do not train: left out of checkpoints
+
+
+def frozen_keys(drafter: nn.Module) -> set[str]:
+    """The `FROZEN` weights that do not train in this run (with --train-embedding the embedding
+    trains, and is checkpointed like the rest)."""
+    params = dict(drafter.named_parameters())
+    return {k for k in FROZEN if k in params and not params[k].requires_grad}
 
 
 def rng_state() -> dict[str, Any]:
@@ -86,8 +94,11 @@ def load_optimizer_state(objective: nn.Module, optimizers: list[torch.optim.Opti
             opt.load_state_dict(st)
 
 
-def save_checkpoint(out: Path, step: int, weights: dict[str, torch.Tensor], state: dict[str, Any], keep: int) -> Path:
-    """Write one checkpoint atomically and prune older ones beyond `keep`."""
+def save_checkpoint(
+    out: Path, step: int, weights: dict[str, torch.Tensor], state: dict[str, Any], keep: int, frozen: set[str]
+) -> Path:
+    """Write one checkpoint atomically, without the `frozen` weights (`frozen_keys`), and prune
+    older ones beyond `keep`."""
     root = Path(out) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
@@ -95,7 +106,7 @@ def save_checkpoint(out: Path, step: int, weights: dict[str, torch.Tensor], stat
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        save_file({k: v.contiguous() for k, v in weights.items() if k not in FROZEN}, tmp / WEIGHTS)
+        save_file({k: v.contiguous() for k, v in weights.items() if k not in frozen}, tmp / WEIGHTS)
         save_state(state, tmp / STATE)
         with open(tmp / WEIGHTS, "rb") as fh:
             os.fsync(fh.fileno())
@@ -172,7 +183,8 @@ def resume_checkpoint(
         except UnreadableCheckpoint as e:
             say(f"[train] --resume: {e}: resuming from the checkpoint before it")
             continue
-        expected = {k: tuple(v.shape) for k, v in drafter.state_dict().items() if k not in FROZEN}
+        frozen = frozen_keys(drafter)
+        expected = {k: tuple(v.shape) for k, v in drafter.state_dict().items() if k not in frozen}
         got = {k: tuple(v.shape) for k, v in weights.items()}
         differ = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
         if differ:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -170,6 +170,36 @@ class TrainConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
         "eagle3",
         description="The drafter: eagle3, peagle (all drafts in one forward) or dflash (a block drafter); docs/train.md.",
     )
+    anchors: int | Literal["all"] | None = Field(
+        None,
+        description="--method dflash: blocks per row and step, drawn at random, or all answer positions; default "
+        "batch-tokens/(depth+1).",
+    )
+    train_embedding: bool = Field(
+        False,
+        description="Train the drafter's token embedding (from the target's) instead of keeping the target's; export writes it.",
+    )
+    paper_settings: bool = Field(
+        False,
+        description="--method peagle or dflash: options not given take the values of the method's paper (docs/train.md).",
+    )
+
+    @field_validator("anchors", mode="before")
+    @classmethod
+    def _anchors(cls, v: Any) -> int | str | None:
+        """A positive count (an int, or its digits), or "all"."""
+        if v is None or v == "all":
+            return v
+        if (
+            isinstance(v, int)
+            and not isinstance(v, bool)
+            and v > 0
+            or isinstance(v, str)
+            and v.isdigit()
+            and int(v) > 0
+        ):
+            return int(v)
+        raise ValueError(f"{v!r}: give a number of anchors per row (512) or all")
 
     @field_validator("lr")
     @classmethod
@@ -193,10 +223,20 @@ class TrainConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
     @model_validator(mode="before")
     @classmethod
     def _method_options(cls, data: Any) -> Any:
-        """The options given, checked and completed by --method's validator (`METHOD_OPTIONS`)."""
+        """The options given, completed by the method's paper's values where --paper-settings asks
+        (`MethodOptions.paper`: given options win), then checked and completed by --method's
+        validator (`METHOD_OPTIONS`)."""
         if not isinstance(data, dict) or data.get("method", "eagle3") not in METHOD_OPTIONS:
             return data  # (the field's Literal names the methods)
-        return METHOD_OPTIONS[data.get("method", "eagle3")].check(data)
+        method = METHOD_OPTIONS[data.get("method", "eagle3")]
+        if data.get("paper_settings"):
+            if not method.paper:
+                raise ValueError(
+                    "--paper-settings: EAGLE-3's defaults are draftsmith's own measured recipe (docs/train.md, "
+                    '"Why these defaults"); the paper settings are for --method peagle and dflash'
+                )
+            data = {**method.paper, **data}
+        return method.check(data)
 
     @model_validator(mode="after")
     def _method_defaults(self) -> TrainConfig:
@@ -212,6 +252,7 @@ def eagle3_options(data: dict[str, Any]) -> dict[str, Any]:
     """--method eagle3: --for-engine sglang turns off what SGLang cannot serve (refusing it where
     asked for); then fc_norm not given: the per-layer norm, unless norm_before_fc asks for the
     other one (each engine serves one aux-state norm; export refuses a drafter with both)."""
+    no_anchors(data)
     if data.get("for_engine") == "sglang":
         asked = [f"--{k.replace('_', '-')}" for k in SGLANG_UNSERVED if data.get(k)]
         if int(data.get("num_layers") or 1) > 1:
@@ -235,6 +276,15 @@ def peagle_options(data: dict[str, Any]) -> dict[str, Any]:
             "vLLM does (llama_eagle3 with parallel_drafting). Use --for-engine vllm, or --method eagle3"
         )
     return eagle3_options(data)
+
+
+def no_anchors(data: dict[str, Any]) -> None:
+    """--anchors places DFlash's blocks: refused for the methods that train through TTT's unroll."""
+    if data.get("anchors") is not None:
+        raise ValueError(
+            f"--anchors places DFlash's blocks; --method {data.get('method', 'eagle3')} trains every position "
+            "through TTT's unroll: drop --anchors"
+        )
 
 
 def dflash_options(data: dict[str, Any]) -> dict[str, Any]:
@@ -265,15 +315,48 @@ def dflash_options(data: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class MethodOptions:
     """A method's part of `train`'s options: its validator (`check`: the options given -> the
-    options it trains with; a ValueError names what it refuses), and its defaults of the options
-    every method reads (shown in their --help line)."""
+    options it trains with; a ValueError names what it refuses), its defaults of the options
+    every method reads (shown in their --help line), and, for --paper-settings, the values of its
+    paper's reference training (`paper`; `paper_layers`: how many target layers it reads, spread
+    as the reference spreads them, `paper_aux_layers`)."""
 
     check: Callable[[dict[str, Any]], dict[str, Any]]
     defaults: dict[str, Any]
+    paper: dict[str, Any] = field(default_factory=dict)
+    paper_layers: int | None = None
 
 
+# P-EAGLE (AWS's published drafters): four layers, the embedding trained, AdamW. DFlash (z-lab's
+# reference and SpecForge's DFlash example): every answer position anchored each pass, five layers
+# fed from five target layers, AdamW at 6e-4 with 4 % warm-up and a gradient clip of 1.0.
 METHOD_OPTIONS = {
     "eagle3": MethodOptions(eagle3_options, {"step_decay": STEP_DECAY}),
-    "peagle": MethodOptions(peagle_options, {"step_decay": PEAGLE_STEP_DECAY}),
-    "dflash": MethodOptions(dflash_options, {"step_decay": STEP_DECAY}),
+    "peagle": MethodOptions(
+        peagle_options,
+        {"step_decay": PEAGLE_STEP_DECAY},
+        {"num_layers": 4, "train_embedding": True, "optimizer": "adamw", "lr": 1e-4},
+    ),
+    "dflash": MethodOptions(
+        dflash_options,
+        {"step_decay": STEP_DECAY},
+        {"anchors": "all", "num_layers": 5, "optimizer": "adamw", "lr": 6e-4, "warmup_ratio": 0.04, "grad_clip": 1.0},
+        paper_layers=5,
+    ),
 }
+
+
+def paper_aux_layers(num_layers: int, count: int) -> list[int]:
+    """DFlash's reference spread of `count` target layers over a target of `num_layers`: evenly
+    from the output of layer 1 to that of layer L-3 (its `build_target_layer_ids`, which counts
+    layer outputs), in draftsmith's convention (the stream entering a layer: one more)."""
+    if count == 1:
+        return [num_layers // 2 + 1]
+    start, end = 1, num_layers - 3
+    return [round(start + i * (end - start) / (count - 1)) + 1 for i in range(count)]
+
+
+def default_layers(cfg: TrainConfig, num_layers: int) -> list[int] | None:
+    """The aux layers a run reads when --aux-layer-ids is not given: its paper's spread under
+    --paper-settings (`MethodOptions.paper_layers`), else None (every command's default)."""
+    count = METHOD_OPTIONS[cfg.method].paper_layers
+    return paper_aux_layers(num_layers, count) if cfg.paper_settings and count else None

@@ -12,9 +12,11 @@ target has verified the tokens up to a. Slot j (1..K) drafts token a+j:
 
 Valid (slot j of anchor a) = token a+j in a's sample × loss_mask[a+j] × t2d[argmax target at a+j-1].
 An anchor is a position whose slot 1 is valid. In training each row takes a random subset of
-its anchors (about batch_tokens / block_size of them, so the blocks hold about as many queries as
-the row has tokens; drawn from torch's generator, which checkpoints save); validation takes
-every anchor, a chunk of that many at a time. The counts per slot are TTT's per step (loss.py):
+its anchors (`train --anchors`, by default about batch_tokens / block_size of them, so the blocks
+hold about as many queries as the row has tokens; drawn from torch's generator, which checkpoints
+save), or every one of them (`--anchors all`, as DFlash's reference trains: every answer
+position, each pass); validation takes every anchor. Either way the blocks go through the
+drafter at most batch_tokens / block_size at a time. The counts per slot are TTT's per step (loss.py):
 n_valid, n_correct, n_chain (slots 1..j-1 all valid and correct): `acc_k`, `cond_acc_k` and the
 simulated τ mean what they mean for EAGLE-3, with step k = slot k+1, and validation walks the
 answers (`walk.walk_counts`) from every anchor's accepted run. The vocab-sized part is the
@@ -57,12 +59,14 @@ class DFlashObjective(DraftObjective):
         head: OutputHead,
         chunk: int = 4096,
         step_decay: float = STEP_DECAY,
-        anchors_per_row: int = 512,
+        anchors: int | None = 512,
+        anchor_chunk: int = 512,
         all_tokens: bool = False,
         teacher_temperature: float = 1.0,
     ) -> None:
         super().__init__(drafter, head, chunk, step_decay, all_tokens, teacher_temperature)
-        self.ttt, self.anchors_per_row = drafter.config.drafts, anchors_per_row
+        # training anchors per row (None: every anchor), and the most blocks in one forward
+        self.ttt, self.anchors, self.anchor_chunk = drafter.config.drafts, anchors, anchor_chunk
 
     def compiled_on(self, device: torch.device) -> bool:
         return False
@@ -89,10 +93,10 @@ class DFlashObjective(DraftObjective):
         ctx_all = d.context(aux.to(d.fc.weight.dtype))  # [B, T, H]
         for b in range(ids.shape[0]):
             anchors = valid[0, b].nonzero().flatten()  # [n]
-            if self.training and anchors.numel() > self.anchors_per_row:
-                pick = torch.randperm(anchors.numel(), device="cpu")[: self.anchors_per_row].sort().values
+            if self.training and self.anchors is not None and anchors.numel() > self.anchors:
+                pick = torch.randperm(anchors.numel(), device="cpu")[: self.anchors].sort().values
                 anchors = anchors[pick.to(anchors.device)]
-            chunks = anchors.split(self.anchors_per_row) if anchors.numel() else [anchors]
+            chunks = anchors.split(self.anchor_chunk) if anchors.numel() else [anchors]
             ctx_kv = d.context_kv(ctx_all[b : b + 1], pos[b : b + 1])  # per layer [1, nkv, T, hd]
             for part in chunks:
                 self._blocks(b, part, ids, doc, pos, final, valid, ctx_kv, temperature, sums, runs)

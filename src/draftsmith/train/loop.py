@@ -319,7 +319,8 @@ class Trainer:
                 "train": asdict(self.pos),
                 "target": self.meta["target"]["fingerprint"],  # the teacher's weights: a resume checks them
             }
-            ckpt.save_checkpoint(self.out, self.pos.step, weights, state, keep=self.cfg.keep_checkpoints)
+            frozen = ckpt.frozen_keys(self.objective.drafter)
+            ckpt.save_checkpoint(self.out, self.pos.step, weights, state, self.cfg.keep_checkpoints, frozen)
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
 
@@ -333,7 +334,7 @@ class Trainer:
             set_model_state_dict(self.objective, full, options=StateDictOptions(full_state_dict=True, strict=False))
         else:
             missing, unexpected = drafter.load_state_dict(weights, strict=False)
-            assert not unexpected and set(missing) <= set(ckpt.FROZEN), (missing, unexpected)
+            assert not unexpected and set(missing) <= ckpt.frozen_keys(drafter), (missing, unexpected)
         ckpt.load_optimizer_state(self.objective, self.optim.optimizers, state["optimizer"], self.env.fsdp)
         self.optim.load_scheduler_state(state["scheduler"])
         ckpt.set_rng_state(state["rng"])

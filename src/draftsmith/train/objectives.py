@@ -60,8 +60,10 @@ def init_head(drafter: nn.Module, target: Target, d2t: torch.Tensor, cfg: TrainC
 
 
 def fitted(drafter: nn.Module, target: Target, d2t: torch.Tensor, t2d: torch.Tensor, cfg: TrainConfig) -> nn.Module:
-    """A fresh drafter given the target's embeddings (frozen), the draft vocab and its head."""
+    """A fresh drafter given the target's embeddings (frozen, unless --train-embedding), the draft
+    vocab and its head."""
     drafter.load_target_embeddings(embed_weight(target.model).detach().float())
+    drafter.embed_tokens.weight.requires_grad_(cfg.train_embedding)
     drafter.set_vocab(d2t, t2d)
     init_head(drafter, target, d2t, cfg)
     return drafter
@@ -143,13 +145,16 @@ def ttt_objective(drafter: nn.Module, head: OutputHead, cfg: TrainConfig, attent
 
 
 def dflash_objective(drafter: nn.Module, head: OutputHead, cfg: TrainConfig, attention: str) -> DFlashObjective:
-    """Blocks of --depth + 1 anchored in each row, about as many queries as the row has tokens."""
+    """Blocks of --depth + 1 anchored in each row: --anchors of them (every answer position with
+    `all`), by default about as many queries as the row has tokens; forwards of at most that many."""
+    chunk = max(cfg.batch_tokens // (cfg.depth + 1), 1)
     return DFlashObjective(
         drafter,
         head,
         cfg.loss_chunk,
         cfg.step_decay,
-        anchors_per_row=max(cfg.batch_tokens // (cfg.depth + 1), 1),
+        anchors=None if cfg.anchors == "all" else cfg.anchors or chunk,
+        anchor_chunk=chunk,
         all_tokens=cfg.loss_tokens == "all",
         teacher_temperature=cfg.teacher_temperature,
     )

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from draftsmith.config import RUN_RECORD, absolute_paths, changed_options, load_yaml_mapping, write_run_record
 from draftsmith.data.dataset import TokenizedDataset, check_tokenizer, check_trainable, load_dataset, split_indices
 from draftsmith.data.vocab import build_vocab, draft_vocab_size, load_vocab, save_vocab, token_counts
+from draftsmith.draft.methods import METHODS
 from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.draft.shape import default_backend, eager_attention_bytes
 from draftsmith.errors import UserError, from_os_error
@@ -37,7 +38,7 @@ from draftsmith.target import Target, available_memory, check_model_memory, defa
 from draftsmith.torchrun import dist_env
 from draftsmith.train.batching import OfflineSource, OnlineSource
 from draftsmith.train.checkpointing import CKPT_DIR, latest_checkpoint, resume_checkpoint
-from draftsmith.train.config import TrainConfig
+from draftsmith.train.config import TrainConfig, default_layers
 from draftsmith.train.loop import Env, TrainData, Trainer
 from draftsmith.train.metrics import METRICS_FILE, MetricsLog, plot_metrics, truncate_metrics
 from draftsmith.train.objectives import OBJECTIVES, eagle3_config
@@ -179,8 +180,10 @@ def build_source(
     """The sample source, the aux layer ids, and the dataset rows of the source's samples."""
     max_len = min(cfg.max_len, cfg.batch_tokens)
     n_layers = target.info.num_layers
+    wanted = cfg.aux_layer_ids or default_layers(cfg, n_layers)  # given, or --paper-settings' spread
+    count = METHODS[cfg.method].aux_count  # EAGLE-3 reads three layers, DFlash any number
     if cfg.hidden is None:
-        aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, n_layers)
+        aux_layer_ids = resolve_aux_layers(wanted, n_layers, count)
         source = OnlineSource(
             dataset,
             target.model,
@@ -198,9 +201,15 @@ def build_source(
     reader = StoreReader(cfg.hidden)
     reader.check_files()  # a missing, truncated or (in a small store) corrupt sample, before anything is written
     aux_layer_ids = [int(k) for k in reader.meta["aux_layer_ids"]]
-    if cfg.aux_layer_ids is not None and validate_layers(cfg.aux_layer_ids, n_layers) != aux_layer_ids:
+    try:  # a store captured for another method's drafter (DFlash reads any number of layers)
+        validate_layers(aux_layer_ids, n_layers, count)
+    except UserError as e:
+        raise UserError(f"store {cfg.hidden}: {e}; extract a store for --method {cfg.method}") from None
+    if wanted is not None and validate_layers(wanted, n_layers, count) != aux_layer_ids:
+        asked = f"--aux-layer-ids {wanted}" if cfg.aux_layer_ids else f"--paper-settings' target layers {wanted}"
         raise UserError(
-            f"--aux-layer-ids {cfg.aux_layer_ids} disagrees with the store {cfg.hidden}, captured at layers {aux_layer_ids}"
+            f"{asked} disagrees with the store {cfg.hidden}, captured at layers {aux_layer_ids}; extract a store at "
+            f"these layers (extract --aux-layer-ids {','.join(map(str, wanted))}), or train online"
         )
     if reader.hidden_size != target.info.hidden_size:
         raise UserError(
@@ -273,6 +282,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         "hidden": str(cfg.hidden) if cfg.hidden else None,
         "method": cfg.method,
         "depth": cfg.depth,
+        "trained_embedding": cfg.train_embedding,  # export then writes the drafter's own
         "loss": cfg.loss if cfg.loss != "lk" else f"lk (eta {cfg.lk_eta:g})",
         "train_samples": len(train_idx),
         "val_samples": len(val_idx),
