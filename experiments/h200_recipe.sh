@@ -38,34 +38,10 @@ set -uo pipefail
 . "$(dirname "$0")/steps.sh"
 Y="recipes/h200.yaml --out $RUN --target $HF"  # the shipped template, in this host's folders
 A5=experiments/recipes/ablation5_h200.yaml  # the same data and folder as $Y: one-layer runs on the recipe's split
-CARRY=${CARRY:-/root/carry}  # what the next lease should get back (fetch_results.sh)
 driver_start 25 2
 
 wait_for_data() {  # until the recipe's draft vocab is made (its data stages done), or the deadline
   while [ ! -f "$RUN/.pipeline/vocab.done" ] && [ "$(date +%s)" -lt "$DEADLINE" ]; do sleep 5; done
-}
-restore_answers() {  # restore_answers NAME: the synth answers a lease before packed into .data/NAME_synth.tgz.part*
-  ls .data/"$1"_synth.tgz.part* > /dev/null 2>&1 || return 0
-  cat .data/"$1"_synth.tgz.part* | tar -C / -xzf - && echo "=== $1 synth answers: restored from .data" >> "$R/steps.log"
-}
-pack_answers() {  # pack_answers NAME DIR STAGE...: DIR's synth answers and the markers those stages have, for the next lease
-  local name=$1 dir=${2#/} stage m marks=() have fresh
-  shift 2
-  [ -f "$CARRY/${name}_synth.tgz.partaa" ] && return 0  # packed already (fetch_results.sh brings each part back once)
-  for stage in "$@"; do  # a stage cut short travels with its .started marker only: synth resumes it by its answers' ids
-    for m in started done; do [ -f "/$dir/.pipeline/$stage.$m" ] && marks+=("$dir/.pipeline/$stage.$m"); done
-  done
-  [ ${#marks[@]} -gt 0 ] || return 0  # none of them ran here
-  if ls .data/"$name"_synth.tgz.part* > /dev/null 2>&1; then  # carried here: packed again only if a stage they lack is done now
-    have=$(cat .data/"$name"_synth.tgz.part* | tar -tzf -) fresh=0
-    for m in "${marks[@]}"; do [[ $m == *.done ]] && ! grep -qxF "$m" <<< "$have" && fresh=1; done
-    [ "$fresh" = 1 ] || return 0
-  fi
-  local files=("$dir/synth/conversations.jsonl" "$dir/synth/conversations.run.yaml")
-  # the dropped ones too: without them a resume tries those prompts again, and keeps some (a
-  # smaller batch, other bf16 sums): the lease of 2026-12-04 12:16 got 5,227 conversations more
-  [ -f "/$dir/synth/conversations.dropped.jsonl" ] && files+=("$dir/synth/conversations.dropped.jsonl")
-  mkdir -p "$CARRY" && tar -C / -czf - "${files[@]}" "${marks[@]}" | split -b 15m - "$CARRY/${name}_synth.tgz.part"
 }
 cycle_widths() {  # the chain cycle of a random drafter at the target's MLP width, and at 4x with 1, 2 and 3 layers, in one process (~3 min)
   step cycle_widths 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain --drafter-widths 1536,6144,6144:2,6144:3 \

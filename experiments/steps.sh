@@ -4,6 +4,11 @@
 #                                    minutes from now) and $HARD_DEADLINE (HARD_MIN after it) unless
 #                                    set, the GPUs and versions in $R/gpu.txt, and the embedded
 #                                    default's GGUF ($GGUF) as an HF folder at $HF (once)
+#   restore_answers NAME             the synth answers a lease before packed (pack_answers), carried
+#                                    back as .data/NAME_synth.tgz.part*, restored to their folder
+#   pack_answers NAME DIR STAGE...   DIR's synth answers and those stages' markers, into
+#                                    $CARRY/NAME_synth.tgz.part* (15 MB parts) for fetch_results.sh
+#                                    to bring back: keep them in .data/ (git-ignored) for the next lease
 #   step NAME TIMEOUT_S COMMAND...   run COMMAND under a timeout, log it to $R/NAME.log, record its
 #                                    start, rc and end in $R/steps.log; a step that ended with rc 0
 #                                    ($R/NAME.ok) is skipped on a rerun, and so is every step that
@@ -28,6 +33,7 @@ step() {
 }
 
 R=${R:-/root/results}
+CARRY=${CARRY:-/root/carry}  # what the next lease should get back (fetch_results.sh)
 GGUF=${GGUF:-/root/m/SmolLM2-135M-Instruct.Q4_1.gguf}
 HF=${HF:-/root/smollm2-hf}
 RUN=${RUN:-/root/runs/h200}
@@ -40,4 +46,28 @@ driver_start() {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.txt"
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' >> "$R/gpu.txt"
   [ -f "$HF/config.json" ] || step convert 300 python3 bench/gguf_to_hf.py "$GGUF" "$HF"
+}
+
+restore_answers() {  # restore_answers NAME: the synth answers a lease before packed into .data/NAME_synth.tgz.part*
+  ls .data/"$1"_synth.tgz.part* > /dev/null 2>&1 || return 0
+  cat .data/"$1"_synth.tgz.part* | tar -C / -xzf - && echo "=== $1 synth answers: restored from .data" >> "$R/steps.log"
+}
+pack_answers() {  # pack_answers NAME DIR STAGE...: DIR's synth answers and the markers those stages have, for the next lease
+  local name=$1 dir=${2#/} stage m marks=() have fresh
+  shift 2
+  [ -f "$CARRY/${name}_synth.tgz.partaa" ] && return 0  # packed already (fetch_results.sh brings each part back once)
+  for stage in "$@"; do  # a stage cut short travels with its .started marker only: synth resumes it by its answers' ids
+    for m in started done; do [ -f "/$dir/.pipeline/$stage.$m" ] && marks+=("$dir/.pipeline/$stage.$m"); done
+  done
+  [ ${#marks[@]} -gt 0 ] || return 0  # none of them ran here
+  if ls .data/"$name"_synth.tgz.part* > /dev/null 2>&1; then  # carried here: packed again only if a stage they lack is done now
+    have=$(cat .data/"$name"_synth.tgz.part* | tar -tzf -) fresh=0
+    for m in "${marks[@]}"; do [[ $m == *.done ]] && ! grep -qxF "$m" <<< "$have" && fresh=1; done
+    [ "$fresh" = 1 ] || return 0
+  fi
+  local files=("$dir/synth/conversations.jsonl" "$dir/synth/conversations.run.yaml")
+  # the dropped ones too: without them a resume tries those prompts again, and keeps some (a
+  # smaller batch, other bf16 sums): the lease of 2026-12-04 12:16 got 5,227 conversations more
+  [ -f "/$dir/synth/conversations.dropped.jsonl" ] && files+=("$dir/synth/conversations.dropped.jsonl")
+  mkdir -p "$CARRY" && tar -C / -czf - "${files[@]}" "${marks[@]}" | split -b 15m - "$CARRY/${name}_synth.tgz.part"
 }

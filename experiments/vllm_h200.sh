@@ -11,6 +11,11 @@
 #   ds_b1         draftsmith's engine at batch 1 on the same prompts
 #   vllm_k5k3     eval --engine vllm, K=5 and K=3 at batch 1, spec only (plain: vllm_k7's)
 #   ds_b16        draftsmith's engine at batch 16
+#   cycle_profile the chain and tree cycles of that drafter, by part and kernel by kernel
+#                 (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
+# SHORT=1 synthesises with the local engine (faster than vLLM's, LOG 2026-12-05 05:16) and keeps
+# its answers for the next lease (pack_answers; restored from .data/short_synth.tgz.part* when
+# carried back, so a later lease goes straight to training).
 # After the five carrying calls (h200_carry.sh's header), in the last one:
 #   bash /root/parts/unpack.sh /root/parts && (SHORT=1 setsid bash experiments/vllm_h200.sh > /root/driver.log 2>&1 &)
 # then poll back to back: bash experiments/fetch_results.sh 540
@@ -24,7 +29,7 @@ python3 -c "import vllm; print('vllm', vllm.__version__)" >> "$R/gpu.txt" 2>&1
 Q=/root/runs/qs
 D=$Q/train_online
 E=(--target "$HF" --mode chain --num-questions 80 --max-new-tokens 256)
-SYNTH="max_new_tokens: 256, batch_size: 1024, keep_unfinished: true, generator: vllm"
+SYNTH="max_new_tokens: 256, batch_size: 1024, keep_unfinished: true"
 cat > /root/short.yaml <<Y
 stages:
   - synth: {prompts: gsm8k, $SYNTH}
@@ -46,7 +51,9 @@ capture_pair() {  # 200 samples of the run's dataset, by transformers and by vLL
 capture_pair & C=$!
 start=$(date +%s)
 if [ "${SHORT:-1}" = 1 ]; then
+  [ -f "$Q/.pipeline/synth.done" ] || restore_answers short
   step short 560 python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m
+  pack_answers short "$Q" synth magpie
 else
   step quickstart 1500 python3 -m draftsmith quickstart --out "$Q"
 fi
@@ -58,4 +65,6 @@ step ds_b1 240 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --b
 step vllm_k5k3 300 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 5 --batch-size 1 \
   --sweep 3:1 --no-speed --out /root/runs/vllm_k5k3
 step ds_b16 200 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 16 --out /root/runs/ds_b16
+step cycle_profile 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree --profile "$R/profile" \
+  --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
 touch "$R/ALL_DONE"
