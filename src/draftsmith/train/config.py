@@ -13,7 +13,7 @@ from draftsmith.config import CommandConfig, ShardOption, TargetOptions
 from draftsmith.draft.shape import DrafterShape
 from draftsmith.draft.step_weights import STEP_DECAY
 
-# the drafter options SGLang's LlamaForCausalLMEagle3 does not read (export/eagle.py: SGLANG_INSTEAD)
+# the drafter options SGLang's LlamaForCausalLMEagle3 reads only from 0.5.12 or 0.5.17, or never (export/sglang.py)
 SGLANG_UNSERVED = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
 # EAGLE-3's architecture options, which a DFlash drafter (draft/dflash.py) does not have
 EAGLE3_OPTIONS = SGLANG_UNSERVED
@@ -164,7 +164,7 @@ class TrainConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
     overwrite: bool = Field(False, description="Replace an existing output folder (without --resume).")
     for_engine: Literal["vllm", "sglang"] = Field(
         "vllm",
-        description="The engine that will serve the drafter: vllm (every option), or sglang (one layer, none of the norm options).",
+        description="The engine that will serve it: vllm (every option), or sglang before 0.5.12 (one layer, no norm options).",
     )
     method: Literal["eagle3", "peagle", "dflash"] = Field(
         "eagle3",
