@@ -62,3 +62,14 @@ def test_the_trained_depth_comes_from_the_record():
 def test_the_bound_is_the_lower_of_the_method_limit_and_the_trained_depth(tiny_model):
     cfg = random_drafter(tiny_model, draft_vocab_size=300).config
     assert deepest(cfg, None) is None and deepest(cfg, 4) == 4
+
+
+def test_depth_auto_reaches_as_deep_as_the_drafter_was_trained(tiny_model, tiny_target_dir, tmp_path):
+    """Without --depth-max, --depth auto tries every chain up to the trained depth (a drafter
+    trained deeper than 7 gets its deeper chains tried)."""
+    drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter", meta={"depth": 9})
+    (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["Say hi."]}) + "\n")
+    res = evaluate((tiny_target_dir, drafter, tmp_path), "--depth", "auto", "--calibration-questions", "1")
+    assert res.exit_code == 0, res.output
+    shape = json.loads((tmp_path / "e" / "report.json").read_text())["shape"]
+    assert [c["depth"] for c in shape["candidates"]] == list(range(1, 10))

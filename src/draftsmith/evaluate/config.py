@@ -44,7 +44,9 @@ class EvalConfig(CommandConfig, TargetOptions):
         7,
         description="Draft depth: the chain's length, or the tree's levels; 'auto' (chain): the best predicted of 1..--depth-max.",
     )
-    depth_max: int = Field(7, ge=1, description="--depth auto: the longest chain considered.")
+    depth_max: int | None = Field(
+        None, ge=1, description="--depth auto: the longest chain considered; default the trained depth (else 7)."
+    )
     tree: Literal["auto"] | None = Field(
         None,
         description="auto: tree mode, in the shape of --tree-shapes with the best predicted speed; replaces --depth, --top-k, --total-tokens.",

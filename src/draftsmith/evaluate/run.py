@@ -87,11 +87,13 @@ def own_shapes(drafter: Any, manifest: dict[str, Any], path: Path, shapes: list[
         )
     trained = trained_depth(manifest)
     most = deepest(drafter.config, trained)
+    if cfg.depth == "auto" and cfg.depth_max is None:  # as deep as it was trained (a drafter that does not say: 7)
+        most = most or UNTRAINED_DEPTH_MAX
     if most is None:
         return shapes
     if cfg.depth != "auto":
         check_depth(drafter.config, int(cfg.depth), trained=trained)
-    elif "depth_max" in cfg.model_fields_set:
+    elif cfg.depth_max is not None:
         check_depth(drafter.config, cfg.depth_max, "--depth-max", trained)
     return [s for s in shapes if s.depth <= most] or [Shape(most)]
 
@@ -218,12 +220,17 @@ def resolve_questions(cfg: EvalConfig, on_gpu: bool) -> list[Question]:
     return questions
 
 
+# --depth auto without --depth-max: chains up to the depth each drafter was trained for, or up to
+# UNTRAINED_DEPTH_MAX for a drafter whose record does not say; none deeper than AUTO_DEPTH_CEILING
+UNTRAINED_DEPTH_MAX, AUTO_DEPTH_CEILING = 7, 16
+
+
 def candidate_shapes(cfg: EvalConfig) -> list[Shape]:
     """The draft shapes to run: the one asked for, or those `--depth auto` / `--tree auto` calibrate."""
     if cfg.tree == "auto":
         return [Shape.parse_tree(t) for t in cfg.tree_shapes]
-    if cfg.depth == "auto":
-        return [Shape(k) for k in range(cfg.depth_max, 0, -1)]  # K_max first: its acceptance serves every K
+    if cfg.depth == "auto":  # K_max first: its acceptance serves every K; each drafter keeps its own (`own_shapes`)
+        return [Shape(k) for k in range(cfg.depth_max or AUTO_DEPTH_CEILING, 0, -1)]
     if cfg.drafting == "tree":
         return [Shape(int(cfg.depth), cfg.top_k, cfg.total_tokens)]
     return [Shape(int(cfg.depth))]
