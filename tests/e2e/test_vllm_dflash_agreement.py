@@ -173,3 +173,56 @@ def test_eval_engine_vllm_serves_a_dflash_run_as_draftsmith_eval(world, tmp_path
     report = json.loads((out / "report.json").read_text())
     assert report["greedy_turns_matching_plain"] == report["greedy_turns_checked"] == 2
     assert json.loads((out / "drafter-vllm" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+
+
+@pytest.fixture(scope="module")
+def five_layers(vllm_base):
+    """A DFlash drafter fed from five target layers (as DFlash's reference drafters are), trained as
+    `world`'s, with draftsmith eval's answers."""
+    root, folder, bench, ds = (vllm_base[k] for k in ("root", "target", "bench", "ds"))
+    run = root / "train5"
+    options = {
+        "dataset_dir": ds, "target": str(folder), "out": run, "device": "cpu", "method": "dflash", "num_layers": 1,
+        "aux_layer_ids": [1, 2, 3, 4, 5], "steps": 30, "ttt": K, "lr": 1e-2, "warmup_ratio": 0, "val_fraction": 0,
+        "val_every": 1000, "draft_vocab_size": 512, "batch_tokens": 512, "log_every": 10, "save_every": 1000,
+    }  # fmt: skip
+    with shared_targets(vllm_base["loaded"]):
+        train(resolve_config(TrainConfig, None, options))
+        out = evaluate(
+            EvalConfig(
+                drafter=run,
+                target=str(folder),
+                out=root / "eval5",
+                bench=str(bench),
+                depth=K,
+                num_questions=2,
+                max_new_tokens=NEW_TOKENS,
+                speed=False,
+                device="cpu",
+            )
+        )
+    return run, [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+
+
+def test_vllm_serves_a_dflash_drafter_of_five_target_layers_as_draftsmith_eval(vllm_base, five_layers, tmp_path):
+    """Five target layers, in DFlash's own convention in the export (`target_layer_ids` one lower):
+    vLLM's answers and accepted counts are draftsmith eval's."""
+    run, answers = five_layers
+    out = evaluate(
+        EvalConfig(
+            engine="vllm",
+            drafter=run,
+            target=str(vllm_base["target"]),
+            out=tmp_path / "eval",
+            bench=str(vllm_base["bench"]),
+            depth=K,
+            num_questions=2,
+            max_new_tokens=NEW_TOKENS,
+        )
+    )
+    got = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    tokens, accepts = views(answers)
+    assert [a["token_ids"][0] for a in got] == tokens and [a["accepts"][0] for a in got] == accepts
+    assert any(a > 0 for row in accepts for a in row)  # not a trivial agreement
+    config = json.loads((out / "drafter-vllm" / "config.json").read_text())
+    assert config["dflash_config"]["target_layer_ids"] == [0, 1, 2, 3, 4]
