@@ -139,3 +139,88 @@ def test_eval_engine_vllm_serves_a_peagle_train_folder(world, tmp_path):
     assert [a["token_ids"][0] for a in answers] == tokens[:2] and [a["accepts"][0] for a in answers] == accepts[:2]
     assert report["engine"] == "vllm" and report["steps"] == sum(len(a) for a in accepts[:2])
     assert json.loads((out / "drafter-vllm" / "config.json").read_text())["ptd_token_id"] is not None
+
+
+@pytest.fixture(scope="module")
+def own_embedding(vllm_base):
+    """A P-EAGLE drafter whose token embedding trained (`--train-embedding`, P-EAGLE's paper
+    setting), with draftsmith eval's answers."""
+    root, folder, bench, ds = (vllm_base[k] for k in ("root", "target", "bench", "ds"))
+    with shared_targets(vllm_base["loaded"]):
+        run = root / "train-P-emb"
+        flags = {"dataset_dir": ds, "target": str(folder), "out": run, "device": "cpu", "steps": 20, "ttt": K}
+        flags |= {"lr": 1e-2, "warmup_ratio": 0, "val_fraction": 0, "val_every": 1000, "draft_vocab_size": 512}
+        flags |= {"batch_tokens": 512, "log_every": 10, "save_every": 1000, "train_embedding": True, **OPTIONS}
+        train(resolve_config(TrainConfig, None, flags))
+        out = evaluate(
+            EvalConfig(
+                drafter=run,
+                target=str(folder),
+                out=root / "eval-P-emb",
+                bench=str(bench),
+                depth=K,
+                num_questions=2,
+                max_new_tokens=NEW_TOKENS,
+                speed=False,
+                device="cpu",
+            )
+        )
+    return run, [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+
+
+def test_vllm_serves_a_peagle_drafter_with_its_own_trained_embedding(vllm_base, own_embedding, tmp_path):
+    """The export carries the trained embedding, which vLLM loads instead of sharing the target's:
+    its answers and accepted counts are draftsmith eval's (which decodes with the trained one)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from draftsmith.draft.checkpoint import load_drafter
+    from draftsmith.target import embed_weight
+
+    run, answers = own_embedding
+    model, record = load_drafter(run)
+    assert record["meta"]["trained_embedding"]
+    target_embed = embed_weight(vllm_base["loaded"].model).float()
+    assert not torch.allclose(model.embed_tokens.weight.float(), target_embed)  # it trained away from the target's
+    out = evaluate(
+        EvalConfig(
+            engine="vllm",
+            drafter=run,
+            target=str(vllm_base["target"]),
+            out=tmp_path / "eval",
+            bench=str(vllm_base["bench"]),
+            depth=K,
+            num_questions=2,
+            max_new_tokens=NEW_TOKENS,
+            speed=False,
+        )
+    )
+    got = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    assert [a["token_ids"][0] for a in got] == [a["token_ids"][0] for a in answers]
+    assert [a["accepts"][0] for a in got] == [a["accepts"][0] for a in answers]
+    assert any(a > 0 for row in got for a in row["accepts"][0])  # not a trivial agreement
+    with safe_open(out / "drafter-vllm" / "model.safetensors", "pt") as f:
+        assert "embed_tokens.weight" in f.keys()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    # the mutation: the export's embedding replaced (a random one), so vLLM's drafts change: it reads this one
+    broken_folder = tmp_path / "broken"
+    broken_folder.mkdir()
+    for name in ("config.json", "README.md"):
+        (broken_folder / name).write_bytes((out / "drafter-vllm" / name).read_bytes())
+    tensors["embed_tokens.weight"] = torch.randn_like(tensors["embed_tokens.weight"])
+    save_file(tensors, broken_folder / "model.safetensors")
+    wrong = evaluate(
+        EvalConfig(
+            engine="vllm",
+            drafter=broken_folder,
+            target=str(vllm_base["target"]),
+            out=tmp_path / "eval-broken",
+            bench=str(vllm_base["bench"]),
+            depth=K,
+            num_questions=2,
+            max_new_tokens=NEW_TOKENS,
+            speed=False,
+        )
+    )
+    got_wrong = [json.loads(line) for line in (wrong / "answers.jsonl").read_text().splitlines()]
+    assert [a["accepts"][0] for a in got_wrong] != [a["accepts"][0] for a in answers]
