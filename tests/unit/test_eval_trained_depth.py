@@ -17,8 +17,13 @@ from tests.helpers import random_drafter
 
 
 @pytest.fixture
-def trained_two(tiny_model, tiny_target_dir, tmp_path):
-    drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter", meta={"depth": 2})
+def trained_two(tiny_model, tiny_target, tiny_target_dir, tmp_path):
+    drafter = save_drafter(
+        random_drafter(tiny_model, draft_vocab_size=300),
+        tmp_path / "drafter",
+        target=tiny_target.info.to_dict(),
+        meta={"depth": 2},
+    )
     (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["Say hi."]}) + "\n")
     return tiny_target_dir, drafter, tmp_path
 
@@ -73,3 +78,13 @@ def test_depth_auto_reaches_as_deep_as_the_drafter_was_trained(tiny_model, tiny_
     assert res.exit_code == 0, res.output
     shape = json.loads((tmp_path / "e" / "report.json").read_text())["shape"]
     assert [c["depth"] for c in shape["candidates"]] == list(range(1, 10))
+
+
+def test_export_refuses_a_depth_beyond_the_trained_one(trained_two, tmp_path):
+    _, drafter, _ = trained_two
+    res = CliRunner().invoke(app, ["export", str(drafter), "--out", str(tmp_path / "x"), "--depth", "3"])
+    text = " ".join(res.output.split())
+    assert res.exit_code != 0 and "--depth 3: this EAGLE-3 drafter was trained to draft 2 deep" in text, res.output
+    assert not (tmp_path / "x").exists()
+    res = CliRunner().invoke(app, ["export", str(drafter), "--out", str(tmp_path / "ok"), "--depth", "2"])
+    assert res.exit_code == 0, res.output

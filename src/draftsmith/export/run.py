@@ -21,7 +21,7 @@ from draftsmith.config import write_run_record
 from draftsmith.draft.checkpoint import load_drafter, save_file
 from draftsmith.draft.importer import import_drafter
 from draftsmith.draft.layouts import arch_options, check_vocab
-from draftsmith.draft.methods import method_of, serving_refusal
+from draftsmith.draft.methods import check_depth, method_of, serving_refusal, trained_depth
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.draft.peagle import placeholder_hidden
 from draftsmith.errors import UserError
@@ -89,6 +89,8 @@ def eagle_files(model: Eagle3Drafter, record: dict[str, Any], cfg: ExportConfig,
     report = read_report(cfg.eval_report)
     measured = serving_shape(report)
     chain = measured["depth"] if measured is not None and measured["mode"] == "chain" else None
+    if cfg.depth:  # no deeper than it was trained for (an eval's measured chain is, eval refuses deeper)
+        check_depth(dcfg, cfg.depth, trained=trained_depth(record))
     depth = cfg.depth or chain or int(meta.get("depth") or 3)  # the eval's chain length before the trained depth
     verifier = cfg.verifier or str(target.get("name") or "TARGET")
     tensors = eagle.export_tensors(model, cfg.include_embeddings, dtype)
