@@ -27,6 +27,7 @@ import typer
 from draftsmith.commands import COMMANDS, Command
 from draftsmith.config import resolve_config
 from draftsmith.errors import UserError, from_os_error
+from draftsmith.memory import memory_error, out_of_memory
 from draftsmith.pipeline.config import PipelineConfig, QuickstartConfig
 
 
@@ -79,6 +80,18 @@ def _cli_type(annotation: Any) -> tuple[Any, str]:
 
 ADVANCED = "Advanced options"  # the --help panel of the options not in a config's `common`
 FLAG = "flag__"  # the parameter name of a positional field's flag spelling (`positional_flag`)
+
+
+# what to lower when a command runs out of memory (`memory.out_of_memory`), and what became of its output
+LOWER = {
+    "train": "lower --batch-tokens (or --intermediate-size, --num-layers); the checkpoints written are kept: rerun "
+    "with --resume to continue",
+    "extract": "lower --token-budget; the samples written are kept: rerun the same command to resume",
+    "prepare": "split the data into smaller files and prepare each; nothing was written at --out",
+    "eval": "lower --batch-size or --max-new-tokens; nothing was written at --out",
+    "synth": "lower --batch-size or --max-new-tokens; the conversations written are kept: rerun the same command to "
+    "resume",
+}
 
 
 def fail(e: UserError) -> typing.NoReturn:
@@ -146,6 +159,10 @@ def _make_command(name: str, entry: Command) -> None:
             fail(e)
         except OSError as e:  # an unwritable --out, a full disk: the path and the fix, no traceback
             fail(from_os_error(e))
+        except (MemoryError, RuntimeError, ImportError, SystemError) as e:  # `ulimit -v`, a batch too large
+            if not out_of_memory(e):
+                raise
+            fail(memory_error(name, e, LOWER.get(name, "free some memory")))
         except KeyboardInterrupt:
             how = "add --resume to continue from its last checkpoint" if name == "train" else "rerun the same command"
             typer.secho(f"interrupted: {how}", fg=typer.colors.YELLOW, err=True)

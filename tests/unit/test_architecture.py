@@ -23,6 +23,7 @@ CORE = {
     "progress",
     "fsutil",
     "errors",
+    "memory",
     "torchrun",
     "assets",
 }

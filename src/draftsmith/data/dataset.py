@@ -140,6 +140,8 @@ def load_dataset(path: Path) -> TokenizedDataset:
     try:
         table = pq.read_table(path / DATA_FILE)
     except (pa.ArrowException, OSError) as e:
+        if isinstance(e, pa.ArrowMemoryError) or "malloc of size" in str(e) or "launch worker thread" in str(e):
+            raise MemoryError(f"reading {path / DATA_FILE}: {e}") from None  # `ulimit -v`: not a corrupt file
         raise UserError(f"{path / DATA_FILE}: corrupt or truncated ({e}); {redo}") from None
     if not set(SCHEMA.names) <= set(table.column_names):
         raise UserError(f"{path / DATA_FILE}: columns {table.column_names}, expected {SCHEMA.names}; {redo}")

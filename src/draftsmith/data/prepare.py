@@ -213,13 +213,8 @@ def write_dataset(cfg: PrepareConfig, tmp: Path) -> dict[str, Any]:
 
 def run(cfg: PrepareConfig) -> Path:
     check_template_options(cfg.chat_template, cfg.completion)
-    try:
-        with atomic_output_dir(cfg.out, "prepare", [cfg.data, cfg.target, cfg.chat_template], cfg.overwrite) as tmp:
-            stats = write_dataset(cfg, tmp)  # a full disk: exit 4, nothing left (atomic_output_dir)
-    except MemoryError:  # a memory limit (`ulimit -v`), or data too large to hold
-        raise UserError(
-            f"prepare ran out of memory reading {cfg.data}; nothing was written at {cfg.out}. Raise the memory "
-            "limit (`ulimit -v`), or split the data into smaller files and prepare each"
-        ) from None
+    # a full disk: exit 4, nothing left (atomic_output_dir); out of memory: the CLI's error, nothing left
+    with atomic_output_dir(cfg.out, "prepare", [cfg.data, cfg.target, cfg.chat_template], cfg.overwrite) as tmp:
+        stats = write_dataset(cfg, tmp)
     print_stats(stats)
     return cfg.out
