@@ -12,7 +12,9 @@
           first turns), draft ms (the drafter's side alone: one `propose`, a graph replay on GPU),
           verify ms (the target's forward of the draft alone), glue ms = cycle - draft - verify
           (acceptance, KV compaction, staging the accepted rows, the host read, Python) and its
-          parts timed alone (accept ms with the host read, compact ms, observe ms), and the
+          parts timed alone (accept ms with the host read, compact ms, observe ms; for a tree also
+          its draft's parts: one drafter step over the frontier, the top-k, the selection and the
+          ancestor mask, each as a CUDA graph's replay on GPU), and the
           plain decoding ms per token of the same engine (greedy; the temperature-1 chain's
           speed-up is against it too); with --compile-target, again with the target's forward
           compiled inside its CUDA graphs (plain decoding and verification alike); with
@@ -52,11 +54,11 @@ import torch
 from draftsmith.draft.checkpoint import load_drafter, save_drafter
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.decode import plain_generate, spec_generate
-from draftsmith.evaluate.proposer import Draft, DrafterProposer
+from draftsmith.evaluate.proposer import Draft, DrafterProposer, select_nodes, top_log_probs, tree_ancestors
 from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.evaluate.run import run as evaluate
 from draftsmith.layers import default_aux_layers
-from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.engine import Graphed, TargetEngine
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling, verify_chain_greedy, verify_chain_sampled, verify_tree
 from draftsmith.target import load_target
@@ -229,6 +231,8 @@ def cycle_breakdown(
             row["verify_ms"] = median_ms(lambda: engine.rows_forward(rows, at * 0, at, block, offsets), dev, reps)
             row["glue_ms"] = round(row["cycle_ms"] - row["draft_ms"] - row["verify_ms"], 3)
             row.update(glue_parts(engine, prop, draft, rows, at, block, offsets, sampling, reps))
+            if prop.mode == "tree":
+                row["tree_parts"] = tree_parts(prop, reps)
             if profile_dir is not None:
                 key = f"{name}{'_compiled' if compiled else ''}{'_target_compiled' if compile_target else ''}"
                 row["profile"] = profile_cycles(
@@ -275,6 +279,46 @@ def glue_parts(
     staged = aux[:, : prop.path_len], rows[:, : prop.path_len], torch.ones_like(at)
     out["observe_ms"] = median_ms(lambda: prop.observe(*staged), dev, reps)
     return out
+
+
+def part_ms(fn, *args: torch.Tensor, reps: int) -> float:
+    """Median ms of fn(*args): on CUDA as a CUDA graph's replay (the device's time, no launch
+    overhead: what the part costs inside the graphed cycle), on CPU eagerly."""
+    dev = args[0].device
+    if dev.type != "cuda":
+        return median_ms(lambda: fn(*args), dev, reps)
+    graphed = Graphed(fn, *args)
+    return median_ms(graphed.graph.replay, dev, reps)
+
+
+@torch.no_grad()
+def tree_parts(prop: DrafterProposer, reps: int) -> dict:
+    """A tree draft's parts, each timed alone on inputs of its shapes (`part_ms`): one drafter step
+    over the k frontier nodes (`step_ms`, done depth-1 times a cycle), the top-k of its logits as
+    log-probs (`topk_ms`, per depth), the selection of the kept nodes from the pool
+    (`select_ms`, once) and their ancestor mask (`ancestors_ms`, once)."""
+    b, k, dev = prop.batch, prop.top_k, prop.device
+    cfg = prop.drafter.config
+    s = prop.cols.shape[0]
+    hidden = torch.randn(b, k, cfg.hidden_size, device=dev, dtype=prop.dtype)
+    ids = torch.zeros(b, k, dtype=torch.long, device=dev)
+    pos = torch.full((b, k), 8, device=dev)
+    slots = (prop.max_len + torch.arange(k, device=dev)).expand(b, k).contiguous()
+    mask = torch.ones(b, k, s, dtype=torch.bool, device=dev)
+    logits = torch.randn(b, k, cfg.draft_vocab_size, device=dev)
+    p = prop.pool_depths.shape[0]
+    scores = torch.randn(b, p, device=dev).sort(dim=1, descending=True).values  # deeper nodes score lower
+    tokens = torch.randint(0, cfg.vocab_size, (b, p), device=dev)
+    parents = (torch.arange(p, device=dev) // k - 1).clamp(min=-1).expand(b, p).contiguous()  # a valid forest
+    rows = torch.arange(prop.size, device=dev).expand(b, prop.size).contiguous()  # each node's parent: the row before
+    return {
+        "step_ms": part_ms(prop._step, hidden, ids, pos, slots, mask, reps=reps),
+        "topk_ms": part_ms(lambda x: top_log_probs(x, k), logits, reps=reps),
+        "select_ms": part_ms(
+            lambda *x: select_nodes(*x, prop.pool_depths, prop.size), scores, tokens, parents, reps=reps
+        ),
+        "ancestors_ms": part_ms(lambda x: tree_ancestors(x, prop.depth), rows, reps=reps),
+    }
 
 
 def profile_cycles(

@@ -74,6 +74,23 @@ def tree_ancestors(parents: torch.Tensor, depth: int) -> torch.Tensor:
     return anc
 
 
+def select_nodes(
+    scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """EAGLE-2's selection: of a candidate pool in depth order (scores: cumulative log-probs,
+    tokens, parents: pool indices, -1 at depth 1, each [B, P]; depths [P]), the `size` best
+    nodes, a set closed under parents (a child never scores above its parent), kept in pool order
+    (parents before children). Returns their tokens, depths and parent rows (0 = the root, node i
+    = row i+1), each [B, size]."""
+    keep = torch.sort(-scores, dim=1, stable=True).indices[:, :size].sort(dim=1).values  # [B, N]
+    row_of = torch.zeros_like(scores, dtype=torch.long).scatter_(
+        1, keep, torch.arange(1, size + 1, device=scores.device).expand_as(keep)
+    )  # [B, P]: pool index -> row (kept ones)
+    parent = parents.gather(1, keep)  # [B, N]: pool indices, -1 at depth 1
+    rows = row_of.gather(1, parent.clamp(min=0)) * (parent >= 0)  # [B, N] rows, 0 = root
+    return tokens.gather(1, keep), depths.expand_as(scores).gather(1, keep), rows
+
+
 def top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k best of logits [..., V] as log-probs and their indices, each [..., k]: the top-k of
     the logits less their logsumexp (no vocab-sized log-softmax written and read again)."""
@@ -199,8 +216,12 @@ class DrafterProposer(StagedCycle):
         self.device, self.dtype = p.device, p.dtype
         self.draft_slots = depth if mode == "chain" else (depth - 1) * top_k
         # a tree's candidate pool, in depth order: k nodes at depth 1, then k*k at each deeper level
-        self.pool_depths = torch.arange(1, depth + 1, device=self.device).repeat_interleave(
-            torch.tensor([top_k] + [top_k * top_k] * (depth - 1), device=self.device)
+        self.pool_depths = (
+            torch.arange(1, depth + 1, device=self.device).repeat_interleave(
+                torch.tensor([top_k] + [top_k * top_k] * (depth - 1), device=self.device)
+            )
+            if mode == "tree"
+            else None
         )  # [P]
         shape = (batch, cfg.num_key_value_heads, max_len + self.draft_slots, cfg.head_dim)
         self.k_cache = torch.zeros((cfg.num_layers, *shape), device=self.device, dtype=self.dtype)  # [L, B, nkv, S, hd]
@@ -455,21 +476,9 @@ class DrafterProposer(StagedCycle):
             f_hidden = out.gather(1, rows[..., None].expand(b, width, out.shape[-1]))
             f_anc = anc.gather(1, rows[..., None].expand(b, width, self.draft_slots))
             base_idx += width * width
-        all_scores = torch.cat(pool_scores, dim=1)  # [B, P], in depth order
-        keep = (
-            torch.sort(-all_scores, dim=1, stable=True).indices[:, : self.size].sort(dim=1).values
-        )  # [B, N]: parents before children
-        row_of = torch.zeros_like(all_scores, dtype=torch.long).scatter_(
-            1, keep, torch.arange(1, keep.shape[1] + 1, device=dev).expand_as(keep)
-        )  # [B, P]: pool index -> row (kept ones)
-        pool_parent = torch.cat(pool_parents, dim=1).gather(1, keep)  # [B, N]: -1 at depth 1
-        parents = row_of.gather(1, pool_parent.clamp(min=0)) * (pool_parent >= 0)  # [B, N] rows, 0 = root
-        return (
-            torch.cat(pool_tokens, dim=1).gather(1, keep),
-            self.pool_depths.expand(b, -1).gather(1, keep),
-            parents,
-            tree_ancestors(parents, self.depth),
-        )
+        pool = (torch.cat(x, dim=1) for x in (pool_scores, pool_tokens, pool_parents))  # [B, P] each, in depth order
+        tokens, depths, parents = select_nodes(*pool, self.pool_depths, self.size)
+        return tokens, depths, parents, tree_ancestors(parents, self.depth)
 
 
 class ParallelProposer(DrafterProposer):
