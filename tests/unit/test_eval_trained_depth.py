@@ -88,3 +88,14 @@ def test_export_refuses_a_depth_beyond_the_trained_one(trained_two, tmp_path):
     assert not (tmp_path / "x").exists()
     res = CliRunner().invoke(app, ["export", str(drafter), "--out", str(tmp_path / "ok"), "--depth", "2"])
     assert res.exit_code == 0, res.output
+
+
+def test_a_tree_whose_verification_would_not_fit_is_refused_before_decoding(trained_two, monkeypatch):
+    """A tree of 2 levels of 200 children keeping 2,000 nodes verifies 2,001 tokens a cycle (about
+    1.2 GB of float32 logits over the 49k vocab): with 600 MB free (enough for the tiny target
+    itself), eval stops before the engine allocates, naming what to lower, and writes nothing."""
+    monkeypatch.setattr("draftsmith.memory.available_memory", lambda device: 600 << 20)
+    res = evaluate(trained_two, "--mode", "tree", "--depth", "2", "--top-k", "200", "--total-tokens", "2000")
+    text = " ".join(res.output.split())
+    assert res.exit_code != 0 and "verifications of 2001 tokens" in text and "lower --total-tokens or --top-k" in text
+    assert not (trained_two[2] / "e").exists()

@@ -49,12 +49,14 @@ from draftsmith.evaluate.shape import Calibration, Shape, calibrate, spread
 from draftsmith.evaluate.shape import summary as shape_summary
 from draftsmith.fsutil import atomic_output_dir, atomic_write_text
 from draftsmith.layers import validate_layers
+from draftsmith.memory import check_memory
 from draftsmith.progress import Progress
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.engine_choice import Engine, open_engine
 from draftsmith.runtime.generic import HFEngine
 from draftsmith.runtime.sampling import Sampling
-from draftsmith.target import Target, default_device, embed_weight, load_target, load_tokenizer
+from draftsmith.target import Target, default_device, embed_weight, load_target, load_tokenizer, text_config
+from draftsmith.vllm_support import kv_bytes_per_token
 
 
 def stop_ids(target: Target) -> set[int]:
@@ -274,6 +276,22 @@ def load_entrants(cfg: EvalConfig, device: torch.device, shapes: list[Shape]) ->
     return entrants
 
 
+def check_decoding_memory(target: Target, batch: int, max_len: int, verify_tokens: int) -> None:
+    """Refuse, before the engine allocates, a run whose decoding would not fit in the device's free
+    memory: the target's KV cache of `batch` rows of `max_len` slots and a verification forward's
+    float32 logits over `verify_tokens` tokens a row (with their working copies: the argmax or
+    the probabilities), which a wide tree makes the larger part."""
+    tc = text_config(target.model.config)
+    cache = kv_bytes_per_token(tc, target.dtype.itemsize) * batch * max_len
+    logits = 3 * batch * verify_tokens * int(tc.vocab_size) * 4
+    check_memory(
+        cache + logits,
+        target.device,
+        f"decoding {batch} row(s) with a KV cache of {max_len} slots and verifications of {verify_tokens} tokens",
+        "lower --total-tokens or --top-k (a tree's verification), --batch-size, or --max-new-tokens",
+    )
+
+
 def open_decoding(
     cfg: EvalConfig, target: Target, entrants: list[Entrant], questions: list[Question], max_new: int
 ) -> Decoding:
@@ -288,6 +306,7 @@ def open_decoding(
     def sampler() -> Sampling:
         return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
 
+    check_decoding_memory(target, cfg.batch_size, max_len, size_bound + 1)
     aux_layer_ids = entrants[0].drafter.config.aux_layer_ids  # every entrant's (load_entrants)
     engine = open_engine(target.model, aux_layer_ids, max_len, cfg.drafting, cfg.batch_size, cfg.compile_target)
     draftings = []
