@@ -252,6 +252,8 @@ def test_no_template_is_one_clear_error(tmp_path: Path, base_target: Path) -> No
             tmp_path / "eval",
             "--device",
             "cpu",
+            "--depth",
+            "1",  # the depth the drafter was trained for (a deeper one is refused first)
         ],
     }
     for name, args in commands.items():
