@@ -196,3 +196,19 @@ def test_eagle3_refuses_a_store_of_five_layers(eight_layers):
     assert res.exit_code != 0 and "EAGLE-3 takes exactly 3" in text and "extract a store for --method eagle3" in text
     res, _ = train(eight_layers, "dflash5", "--hidden", str(store), "--method", "dflash", "--paper-settings")
     assert res.exit_code == 0, res.output
+
+
+def test_plan_sizes_the_paper_settings_drafter(eight_layers):
+    """`plan --paper-settings` stands for the same train options: the paper's layers (given ones
+    win) and, for DFlash, its five target layers."""
+    from draftsmith.plan.config import PlanConfig
+    from draftsmith.plan.run import training_config
+
+    plan = PlanConfig(dataset_dir="ds", target="t", method="peagle", paper_settings=True)
+    assert (training_config(plan).num_layers, training_config(plan).train_embedding) == (4, True)
+    given = PlanConfig(dataset_dir="ds", target="t", method="peagle", paper_settings=True, num_layers=2)
+    assert training_config(given).num_layers == 2
+    target, ds, _ = eight_layers
+    args = ["plan", str(ds), "--target", str(target), "--device", "cpu", "--method", "dflash", "--paper-settings"]
+    res = CliRunner().invoke(app, [*args, "--calibrate-tokens", "64"])
+    assert res.exit_code == 0, res.output

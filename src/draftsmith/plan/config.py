@@ -32,3 +32,6 @@ class PlanConfig(CommandConfig, TargetOptions, ShardOption, DrafterShape):
     method: Literal["eagle3", "peagle", "dflash"] = Field(
         "eagle3", description="The drafter method to plan for, as `train --method`."
     )
+    paper_settings: bool = Field(
+        False, description="Plan for `train --paper-settings`: the method's paper's layers and target layers."
+    )

@@ -34,7 +34,7 @@ from draftsmith.progress import fmt_duration
 from draftsmith.runtime.capture import capture
 from draftsmith.runtime.head import output_head
 from draftsmith.target import load_target, text_config
-from draftsmith.train.config import TrainConfig
+from draftsmith.train.config import TrainConfig, default_layers
 from draftsmith.train.objectives import OBJECTIVES, Objective
 
 ADAM_BYTES_PER_PARAM = 16  # fp32 weight + grad + two AdamW moments
@@ -63,10 +63,12 @@ def calibration_rows(lengths: np.ndarray, max_tokens: int) -> list[int]:
 
 
 def training_config(cfg: PlanConfig) -> TrainConfig:
-    """The `train` options this plan stands for: its method, depth, drafter shape and rows (the
-    step timed eagerly: compiling it would take longer than the plan)."""
+    """The `train` options this plan stands for: its method, depth, drafter shape and rows, and
+    under --paper-settings the paper's values of the options not given (the step timed eagerly:
+    compiling it would take longer than the plan)."""
     same = ("dataset_dir", "target", "method", "depth", "batch_tokens", "draft_vocab_size", "intermediate_size")
-    return TrainConfig(**{k: getattr(cfg, k) for k in same}, num_layers=cfg.num_layers, out=cfg.dataset_dir)
+    given = {k: getattr(cfg, k) for k in ("num_layers", "paper_settings") if k in cfg.model_fields_set}
+    return TrainConfig(**{k: getattr(cfg, k) for k in same}, **given, out=cfg.dataset_dir)
 
 
 def calibrate_step(objective: Objective, tokens: int, width: int, target_width: int, device: torch.device) -> float:
@@ -91,13 +93,13 @@ def run(cfg: PlanConfig) -> Path:
     ds = load_dataset(cfg.dataset_dir)
     target = load_target(cfg.target, cfg.device, cfg.dtype, shard=cfg.shard)
     info, device = target.info, target.device
-    aux_layer_ids = resolve_aux_layers(cfg.aux_layer_ids, info.num_layers, METHODS[cfg.method].aux_count)
+    # the drafter train --method would build (train/objectives.py), with the dataset's draft vocab
+    training, train_cfg = OBJECTIVES[cfg.method], training_config(cfg)
+    wanted = cfg.aux_layer_ids or default_layers(train_cfg, info.num_layers)  # given, or --paper-settings' spread
+    aux_layer_ids = resolve_aux_layers(wanted, info.num_layers, METHODS[cfg.method].aux_count)
     n_aux, H, dsize = len(aux_layer_ids), info.hidden_size, target.dtype.itemsize
     tokens, n = int(ds.lengths.sum()), len(ds)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
-
-    # the drafter train --method would build (train/objectives.py), with the dataset's draft vocab
-    training, train_cfg = OBJECTIVES[cfg.method], training_config(cfg)
     vocab = draft_vocab_size(cfg.draft_vocab_size, info.vocab_size)
     d2t, t2d = build_vocab(token_counts(ds, info.vocab_size), vocab)
     drafter = training.drafter(target, aux_layer_ids, d2t, t2d, train_cfg).to(device)
