@@ -6,6 +6,7 @@ does not say (a third-party one) is not bounded."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -99,3 +100,27 @@ def test_a_tree_whose_verification_would_not_fit_is_refused_before_decoding(trai
     text = " ".join(res.output.split())
     assert res.exit_code != 0 and "verifications of 2001 tokens" in text and "lower --total-tokens or --top-k" in text
     assert not (trained_two[2] / "e").exists()
+
+
+def test_a_drafter_trained_twelve_deep_drafts_twelve_deep_losslessly(tiny_target_dir, tmp_path):
+    """Deeper drafting end to end: `train --depth 12` (TTT's unroll of 12 steps) records it, and
+    eval drafts chains and trees 12 deep from it, greedy answers token for token plain decoding's."""
+    import numpy as np
+
+    from tests.helpers import write_tokenized_dataset
+
+    g = np.random.default_rng(0)
+    ds = write_tokenized_dataset(tmp_path / "ds", [g.integers(3, 400, size=40).tolist() for _ in range(6)])
+    train = [
+        "train", str(ds), "--target", str(tiny_target_dir), "--out", str(tmp_path / "run"), "--steps", "2",
+        "--depth", "12", "--batch-tokens", "96", "--draft-vocab-size", "300", "--val-fraction", "0", "--device", "cpu",
+    ]  # fmt: skip
+    res = CliRunner().invoke(app, train)
+    assert res.exit_code == 0, res.output
+    (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["Count to ten."]}) + "\n")
+    for mode in (["--mode", "chain"], ["--mode", "tree", "--top-k", "2", "--total-tokens", "16"]):
+        res = evaluate((tiny_target_dir, tmp_path / "run", tmp_path), "--depth", "12", *mode, "--max-new-tokens", "24")
+        assert res.exit_code == 0, res.output
+        report = json.loads((tmp_path / "e" / "report.json").read_text())
+        assert report["depth"] == 12 and report["greedy_turns_matching_plain"] == report["turns"] == 1
+        shutil.rmtree(tmp_path / "e")
