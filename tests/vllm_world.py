@@ -135,3 +135,69 @@ def per_position(accepts: list[list[int]]) -> list[int]:
     """Accepted tokens at draft positions 1..K over every step of every answer."""
     steps = [a for turn in accepts for a in turn]
     return [sum(a >= j for a in steps) for j in range(1, K + 1)]
+
+
+# what every agreement drafter trains with on the world's data: a few steps at a high rate, no validation
+TRAIN = {"device": "cpu", "ttt": K, "lr": 1e-2, "warmup_ratio": 0, "val_fraction": 0, "val_every": 1000}
+TRAIN |= {"draft_vocab_size": 512, "batch_tokens": 512, "log_every": 10, "save_every": 1000}
+
+
+def trained(world: dict, name: str, options: dict, questions: int = QUESTIONS) -> dict:
+    """A drafter trained on the world's data into root/train-NAME (TRAIN, with `options` on top)
+    and draftsmith eval's fp32 greedy answers with it to the world's first `questions` prompts:
+    {"run", "answers", "report"}."""
+    from draftsmith.config import resolve_config
+    from draftsmith.evaluate.config import EvalConfig
+    from draftsmith.evaluate.run import run as evaluate
+    from draftsmith.train.config import TrainConfig
+    from draftsmith.train.run import run as train
+
+    root, run = world["root"], world["root"] / f"train-{name}"
+    with shared_targets(world["loaded"]):
+        flags = {"dataset_dir": world["ds"], "target": str(world["target"]), "out": run, **TRAIN, **options}
+        train(resolve_config(TrainConfig, None, flags))
+        out = evaluate(
+            EvalConfig(
+                drafter=run,
+                target=str(world["target"]),
+                out=root / f"eval-{name}",
+                bench=str(world["bench"]),
+                depth=K,
+                num_questions=questions,
+                max_new_tokens=NEW_TOKENS,
+                speed=False,
+                device="cpu",
+            )
+        )
+    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    return {"run": run, "answers": answers, "report": json.loads((out / "report.json").read_text())}
+
+
+def answer_views(answers: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
+    """The first turn's token ids and per-step accepted counts of each answer of an answers.jsonl."""
+    return [a["token_ids"][0] for a in answers], [a["accepts"][0] for a in answers]
+
+
+def eval_vllm(
+    world: dict, drafter: Path, out: Path, questions: int = 2, speed: bool = False
+) -> tuple[Path, list[dict]]:
+    """`draftsmith eval --engine vllm` of `drafter` (a train folder: exported by eval itself, or an
+    exported folder) on the world's first `questions` prompts (`speed`: with vLLM's plain pass):
+    its folder and its answers."""
+    from draftsmith.evaluate.config import EvalConfig
+    from draftsmith.evaluate.run import run as evaluate
+
+    folder = evaluate(
+        EvalConfig(
+            engine="vllm",
+            drafter=drafter,
+            target=str(world["target"]),
+            out=out,
+            bench=str(world["bench"]),
+            depth=K,
+            num_questions=questions,
+            max_new_tokens=NEW_TOKENS,
+            speed=speed,
+        )
+    )
+    return folder, [json.loads(line) for line in (folder / "answers.jsonl").read_text().splitlines()]

