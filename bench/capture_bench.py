@@ -30,10 +30,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftsmith.target import load_target
 from draftsmith.train.batching import OnlineSource, pack_rows
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the tests' model helpers
+from tests.helpers import smollm2_shaped
 
 VARIANTS = {"dense": (None, False), "flex": ("flex_attention", False), "flex-compiled": ("flex_attention", True)}
 
@@ -85,19 +87,7 @@ def main() -> None:
     if args.target:
         model = load_target(args.target, device, "auto").model
     else:
-        torch.manual_seed(args.seed)
-        cfg = LlamaConfig(
-            vocab_size=49152,
-            hidden_size=576,
-            intermediate_size=1536,
-            num_hidden_layers=30,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-            max_position_embeddings=8192,
-            tie_word_embeddings=True,
-            attn_implementation="sdpa",
-        )
-        model = LlamaForCausalLM(cfg).to(device, dtype).eval().requires_grad_(False)
+        model = smollm2_shaped(args.seed, attn_implementation="sdpa").to(device, dtype).requires_grad_(False)
     vocab = int(model.get_input_embeddings().weight.shape[0])
     g = np.random.default_rng(args.seed)
     n = int((args.rows + args.warmup + 2) * args.row_tokens / args.mean_length * 1.2)

@@ -52,6 +52,32 @@ def make_tiny_llama(vocab_size: int, num_layers: int = 2, hidden: int = 64, seed
     return LlamaForCausalLM(cfg).eval()
 
 
+# the embedded default's (SmolLM2-135M-Instruct's) shapes: a random model of them times what the target
+# would (kernel times depend on the shapes, not the weights), where the target's weights are not at hand
+SMOLLM2_135M_SHAPES = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
+
+
+def smollm2_shaped(seed: int = 0, **config) -> LlamaForCausalLM:
+    """A random-weight Llama of SMOLLM2_135M_SHAPES (fp32, eval mode); `config` adds to its config."""
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M_SHAPES, **config)).eval()
+
+
 WINDOW = 8  # the sliding window of tiny_causal_lm's windowed models, shorter than the tests' contexts
 # tiny_causal_lm's architectures: transformers config class -> what sets the family apart (on top
 # of TINY_DIMS), kept small: MoEs get 4 experts, 2 per token; windowed models a WINDOW-token window
