@@ -34,7 +34,7 @@ from draftsmith.progress import fmt_duration
 from draftsmith.runtime.capture import capture
 from draftsmith.runtime.head import output_head
 from draftsmith.target import load_target, text_config
-from draftsmith.train.config import TrainConfig, default_layers
+from draftsmith.train.config import TrainConfig, requested_layers
 from draftsmith.train.objectives import OBJECTIVES, Objective
 
 ADAM_BYTES_PER_PARAM = 16  # fp32 weight + grad + two AdamW moments
@@ -67,7 +67,7 @@ def training_config(cfg: PlanConfig) -> TrainConfig:
     under --paper-settings the paper's values of the options not given (the step timed eagerly:
     compiling it would take longer than the plan)."""
     same = ("dataset_dir", "target", "method", "depth", "batch_tokens", "draft_vocab_size", "intermediate_size")
-    given = {k: getattr(cfg, k) for k in ("num_layers", "paper_settings") if k in cfg.model_fields_set}
+    given = {k: getattr(cfg, k) for k in ("num_layers", "paper_settings", "aux_layer_ids") if k in cfg.model_fields_set}
     return TrainConfig(**{k: getattr(cfg, k) for k in same}, **given, out=cfg.dataset_dir)
 
 
@@ -95,8 +95,9 @@ def run(cfg: PlanConfig) -> Path:
     info, device = target.info, target.device
     # the drafter train --method would build (train/objectives.py), with the dataset's draft vocab
     training, train_cfg = OBJECTIVES[cfg.method], training_config(cfg)
-    wanted = cfg.aux_layer_ids or default_layers(train_cfg, info.num_layers)  # given, or --paper-settings' spread
-    aux_layer_ids = resolve_aux_layers(wanted, info.num_layers, METHODS[cfg.method].aux_count)
+    aux_layer_ids = resolve_aux_layers(
+        requested_layers(train_cfg, info.num_layers), info.num_layers, METHODS[cfg.method].aux_count
+    )
     n_aux, H, dsize = len(aux_layer_ids), info.hidden_size, target.dtype.itemsize
     tokens, n = int(ds.lengths.sum()), len(ds)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())

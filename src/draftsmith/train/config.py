@@ -355,8 +355,10 @@ def paper_aux_layers(num_layers: int, count: int) -> list[int]:
     return [round(start + i * (end - start) / (count - 1)) + 1 for i in range(count)]
 
 
-def default_layers(cfg: TrainConfig, num_layers: int) -> list[int] | None:
-    """The aux layers a run reads when --aux-layer-ids is not given: its paper's spread under
-    --paper-settings (`MethodOptions.paper_layers`), else None (every command's default)."""
+def requested_layers(cfg: TrainConfig, num_layers: int) -> list[int] | None:
+    """The aux layers a run asks for on a target of `num_layers`: --aux-layer-ids, else under
+    --paper-settings its paper's spread (`MethodOptions.paper_layers`), else None (every command's
+    default)."""
     count = METHOD_OPTIONS[cfg.method].paper_layers
-    return paper_aux_layers(num_layers, count) if cfg.paper_settings and count else None
+    paper = paper_aux_layers(num_layers, count) if cfg.paper_settings and count else None
+    return cfg.aux_layer_ids or paper

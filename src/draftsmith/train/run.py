@@ -38,7 +38,7 @@ from draftsmith.target import Target, available_memory, check_model_memory, defa
 from draftsmith.torchrun import dist_env
 from draftsmith.train.batching import OfflineSource, OnlineSource
 from draftsmith.train.checkpointing import CKPT_DIR, latest_checkpoint, resume_checkpoint
-from draftsmith.train.config import TrainConfig, default_layers
+from draftsmith.train.config import TrainConfig, requested_layers
 from draftsmith.train.loop import Env, TrainData, Trainer
 from draftsmith.train.metrics import METRICS_FILE, MetricsLog, plot_metrics, truncate_metrics
 from draftsmith.train.objectives import OBJECTIVES, eagle3_config
@@ -180,7 +180,7 @@ def build_source(
     """The sample source, the aux layer ids, and the dataset rows of the source's samples."""
     max_len = min(cfg.max_len, cfg.batch_tokens)
     n_layers = target.info.num_layers
-    wanted = cfg.aux_layer_ids or default_layers(cfg, n_layers)  # given, or --paper-settings' spread
+    wanted = requested_layers(cfg, n_layers)
     count = METHODS[cfg.method].aux_count  # EAGLE-3 reads three layers, DFlash any number
     if cfg.hidden is None:
         aux_layer_ids = resolve_aux_layers(wanted, n_layers, count)
