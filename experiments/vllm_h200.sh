@@ -5,14 +5,15 @@
 #                 of 2026-12-05 05:16, once quickstart's synthesis through vLLM proved too slow to
 #                 leave time to train): the recipe's first two synth sets through vLLM, prepare, vocab
 #                 and a 1,300-step train_online (experiments/LOG.md)
-#   extract_*     beside the training, once prepare is done: 200 of its samples captured by
-#                 transformers and by vLLM's stock connector, compared (experiments/compare_stores.py)
-#   vllm_k7       eval --engine vllm, K=7 at batch 1, 16, 64 and 80, plain vLLM timed at each
+#                 (train with --compile-capture; again without it if that fails)
+#   vllm_k753     eval --engine vllm, K=7, 5 and 3 at batch 1 (and K=7 at 80 rows), one plain pass
 #   ds_b1         draftsmith's engine at batch 1 on the same prompts
-#   vllm_k5k3     eval --engine vllm, K=5 and K=3 at batch 1, spec only (plain: vllm_k7's)
-#   ds_b16        draftsmith's engine at batch 16
 #   cycle_profile the chain and tree cycles of that drafter, by part and kernel by kernel
 #                 (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
+#   ds_b16        draftsmith's engine at batch 16
+#   vllm_b16      eval --engine vllm, K=7 at batch 16 and 64
+#   *1000         1,000 samples of the run's dataset captured by transformers and by vLLM's stock
+#                 connector, timed and compared (experiments/compare_stores.py)
 # SHORT=1 synthesises with the local engine (faster than vLLM's, LOG 2026-12-05 05:16) and keeps
 # its answers for the next lease (pack_answers; restored from .data/short_synth.tgz.part* when
 # carried back, so a later lease goes straight to training).
@@ -36,35 +37,38 @@ stages:
   - synth: {name: magpie, magpie: 12000, $SYNTH}
   - prepare: {max_len: 2048}
   - vocab: {draft_vocab_size: 32000}
-  - train: {name: train_online, steps: 1300, intermediate_size: 4x, num_layers: 2, val_every: 650, log_every: 100, save_every: 650}
+  - train: {name: train_online, steps: 1300, intermediate_size: 4x, num_layers: 2, val_every: 650, log_every: 100, save_every: 650, compile_capture: true}
 Y
 
-capture_pair() {  # 200 samples of the run's dataset, by transformers and by vLLM, compared
-  while [ ! -f "$Q/.pipeline/prepare.done" ]; do sleep 10; [ "$(date +%s)" -lt "$DEADLINE" ] || return 1; done
-  head -200 "$Q/synth/conversations.jsonl" > /root/c200.jsonl
-  step ds200 200 python3 -m draftsmith prepare /root/c200.jsonl --target "$HF" --out /root/runs/ds200 --max-len 2048 &&
-    step extract_hf 200 python3 -m draftsmith extract /root/runs/ds200 --target "$HF" --out /root/runs/x_hf &&
-    step extract_vllm 300 python3 -m draftsmith extract /root/runs/ds200 --target "$HF" --out /root/runs/x_vllm --engine vllm &&
-    step extract_compare 100 python3 experiments/compare_stores.py /root/runs/x_hf /root/runs/x_vllm --out-json "$R/extract_compare.json"
+capture_pair() {  # N samples of the run's dataset, by transformers and by vLLM, compared and timed
+  head -"$1" "$Q/synth/conversations.jsonl" > /root/c$1.jsonl
+  step ds$1 200 python3 -m draftsmith prepare /root/c$1.jsonl --target "$HF" --out /root/runs/ds$1 --max-len 2048 &&
+    step extract_hf$1 200 python3 -m draftsmith extract /root/runs/ds$1 --target "$HF" --out /root/runs/x_hf$1 &&
+    step extract_vllm$1 300 python3 -m draftsmith extract /root/runs/ds$1 --target "$HF" --out /root/runs/x_vllm$1 --engine vllm &&
+    step extract_compare$1 100 python3 experiments/compare_stores.py /root/runs/x_hf$1 /root/runs/x_vllm$1 --out-json "$R/extract_compare$1.json"
 }
 
-capture_pair & C=$!
 start=$(date +%s)
 if [ "${SHORT:-1}" = 1 ]; then
   [ -f "$Q/.pipeline/synth.done" ] || restore_answers short
-  step short 560 python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m
+  # the lease of 2026-12-05 10:4x: training with --compile-capture (a whole run of it, issue 52),
+  # and without it if the compiled capture fails
+  step short 560 python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m ||
+    { sed -i 's/, compile_capture: true//' /root/short.yaml &&
+      step short_eager 560 python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m; }
   pack_answers short "$Q" synth magpie
 else
   step quickstart 1500 python3 -m draftsmith quickstart --out "$Q"
 fi
 echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
-wait $C
-step vllm_k7 480 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
-  --sweep 7:16,7:64 --out /root/runs/vllm_k7
-step ds_b1 240 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
-step vllm_k5k3 300 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 5 --batch-size 1 \
-  --sweep 3:1 --no-speed --out /root/runs/vllm_k5k3
-step ds_b16 200 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 16 --out /root/runs/ds_b16
-step cycle_profile 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree --profile "$R/profile" \
+# K=7, 5 and 3 at batch 1 in one vLLM process, with one plain pass (and K=7 at 80 rows at once)
+step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
+  --sweep 5:1,3:1 --out /root/runs/vllm_k753
+step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
+step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree --profile "$R/profile" \
   --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
+step ds_b16 200 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 16 --out /root/runs/ds_b16
+step vllm_b16 300 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 16 \
+  --sweep 7:64 --out /root/runs/vllm_b16
+capture_pair 1000
 touch "$R/ALL_DONE"
