@@ -3,9 +3,8 @@
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
 #   data+train    SHORT=0: `draftsmith quickstart` (budget full), timed as a whole; SHORT=1 (the lease
 #                 of 2026-12-05 05:16, once quickstart's synthesis through vLLM proved too slow to
-#                 leave time to train): the recipe's first two synth sets through vLLM, prepare, vocab
-#                 and a 1,300-step train_online (experiments/LOG.md)
-#                 (train with --compile-capture; again without it if that fails)
+#                 leave time to train): the recipe's first two synth sets, prepare, vocab and a
+#                 1,300-step train_online with --compile-capture (again without it if that fails)
 #   vllm_k753     eval --engine vllm, K=7, 5 and 3 at batch 1 (and K=7 at 80 rows), one plain pass
 #   ds_b1         draftsmith's engine at batch 1 on the same prompts
 #   cycle_profile the chain and tree cycles of that drafter, by part and kernel by kernel
