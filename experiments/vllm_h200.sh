@@ -5,14 +5,15 @@
 #                 of 2026-12-05 05:16, once quickstart's synthesis through vLLM proved too slow to
 #                 leave time to train): the recipe's first two synth sets, prepare, vocab and a
 #                 1,300-step train_online with --compile-capture (again without it if that fails)
+#   ds_b1         draftsmith's engine at batch 1 on MT-bench
 #   vllm_k753     eval --engine vllm, K=7, 5 and 3 at batch 1 (and K=7 at 80 rows), one plain pass
-#   ds_b1         draftsmith's engine at batch 1 on the same prompts
 #   cycle_profile the chain and tree cycles of that drafter, by part and kernel by kernel
 #                 (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
 #   ds_b16        draftsmith's engine at batch 16
 #   vllm_b16      eval --engine vllm, K=7 at batch 16 and 64
 #   *1000         1,000 samples of the run's dataset captured by transformers and by vLLM's stock
 #                 connector, timed and compared (experiments/compare_stores.py)
+# MAGPIE (12000) and STEPS (1300) size the short run for a shorter lease.
 # SHORT=1 synthesises with the local engine (faster than vLLM's, LOG 2026-12-05 05:16) and keeps
 # its answers for the next lease (pack_answers; restored from .data/short_synth.tgz.part* when
 # carried back, so a later lease goes straight to training).
@@ -33,10 +34,10 @@ SYNTH="max_new_tokens: 256, batch_size: 1024, keep_unfinished: true"
 cat > /root/short.yaml <<Y
 stages:
   - synth: {prompts: gsm8k, $SYNTH}
-  - synth: {name: magpie, magpie: 12000, $SYNTH}
+  - synth: {name: magpie, magpie: ${MAGPIE:-12000}, $SYNTH}
   - prepare: {max_len: 2048}
   - vocab: {draft_vocab_size: 32000}
-  - train: {name: train_online, steps: 1300, intermediate_size: 4x, num_layers: 2, val_every: 650, log_every: 100, save_every: 650, compile_capture: true}
+  - train: {name: train_online, steps: ${STEPS:-1300}, intermediate_size: 4x, num_layers: 2, val_every: $(( ${STEPS:-1300} / 2 )), log_every: 100, save_every: $(( ${STEPS:-1300} / 2 )), compile_capture: true}
 Y
 
 capture_pair() {  # N samples of the run's dataset, by transformers and by vLLM, compared and timed
@@ -60,10 +61,10 @@ else
   step quickstart 1500 python3 -m draftsmith quickstart --out "$Q"
 fi
 echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
+step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
 # K=7, 5 and 3 at batch 1 in one vLLM process, with one plain pass (and K=7 at 80 rows at once)
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
   --sweep 5:1,3:1 --out /root/runs/vllm_k753
-step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
 step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree --profile "$R/profile" \
   --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
 step ds_b16 200 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 16 --out /root/runs/ds_b16
