@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call, nothing carried (issue 53's tree cycle, on the GPU): the chain's and the tree's
+# cycle by part and kernel by kernel, on a SmolLM2-135M-shaped target and drafter of random weights
+# (kernel times depend on the shapes; tau is ~1, so only the per-cycle costs mean anything), then
+# eval's GPU tests on that target (graphed chain and tree decoding equal plain decoding).
+#   bash experiments/cycle_h200.sh     # results in $OUT (the device tool's), else /tmp/cycle
+# The call carries .whl (experiments/h200_wheels.sh: what draftsmith needs and the image lacks).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+O=${OUT:-/tmp/cycle}
+mkdir -p "$O"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+  git log -1 --format='revision %h %cI' 2>/dev/null; date -u +%FT%TZ; } > "$O/setup.log" 2>&1
+python3 experiments/random_target.py /root/rand135m >> "$O/setup.log" 2>&1
+# the cycle's parts (draft, verify, glue: accept, compact, observe; the tree draft's step, top-k,
+# selection and ancestor mask as graph replays), the verify cost by width, one profiled turn a shape
+timeout 330 python3 bench/eval_bench.py --target /root/rand135m --parts verify,cycle --cycle-shapes chain,tree \
+  --num-questions 10 --max-new-tokens 128 --plain-prompts 3 --plain-tokens 128 \
+  --profile "$O/prof" --out-json "$O/cycle.json" > "$O/bench.log" 2>&1
+echo "bench rc=$?" >> "$O/setup.log"
+DRAFTSMITH_TEST_TARGET=/root/rand135m timeout 200 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
+  -p no:cacheprovider > "$O/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?" >> "$O/setup.log"
+rm -f "$O"/prof/*.json  # the traces: too large to bring back
