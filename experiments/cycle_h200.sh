@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One device call, nothing carried (issue 53's tree cycle, on the GPU): the chain's and the tree's
+# One device call, carrying only .whl (issue 53's tree cycle, on the GPU): the chain's and the tree's
 # cycle by part and kernel by kernel, on a SmolLM2-135M-shaped target and drafter of random weights
 # (kernel times depend on the shapes; tau is ~1, so only the per-cycle costs mean anything), then
-# eval's GPU tests on that target (graphed chain and tree decoding equal plain decoding).
+# eval's and train's GPU tests on that target (graphed chain and tree decoding equal plain decoding).
 #   bash experiments/cycle_h200.sh     # results in $OUT (the device tool's), else /tmp/cycle
 # The call carries .whl (experiments/h200_wheels.sh: what draftsmith needs and the image lacks).
 set -uo pipefail
@@ -21,7 +21,7 @@ timeout 330 python3 bench/eval_bench.py --target /root/rand135m --parts verify,c
   --num-questions 10 --max-new-tokens 128 --plain-prompts 3 --plain-tokens 128 \
   --profile "$O/prof" --out-json "$O/cycle.json" > "$O/bench.log" 2>&1
 echo "bench rc=$?" >> "$O/setup.log"
-DRAFTSMITH_TEST_TARGET=/root/rand135m timeout 200 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
+DRAFTSMITH_TEST_TARGET=/root/rand135m timeout 260 python3 -m pytest tests/gpu/test_eval_gpu.py tests/gpu/test_train_gpu.py --run-gpu -q \
   -p no:cacheprovider > "$O/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?" >> "$O/setup.log"
 rm -f "$O"/prof/*.json  # the traces: too large to bring back
