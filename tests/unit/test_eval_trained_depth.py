@@ -81,6 +81,33 @@ def test_depth_auto_reaches_as_deep_as_the_drafter_was_trained(tiny_model, tiny_
     assert [c["depth"] for c in shape["candidates"]] == list(range(1, 10))
 
 
+def test_tree_auto_tries_a_deeper_trained_drafters_own_depth(tiny_model, tiny_target_dir, tmp_path):
+    """--tree auto without --tree-shapes tries the default shapes and, for a drafter trained
+    deeper than their deepest (7), one tree at its trained depth: 90x9x10 for depth 9. Given
+    shapes are taken as they are."""
+    drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter", meta={"depth": 9})
+    (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["Say hi."]}) + "\n")
+    setup = (tiny_target_dir, drafter, tmp_path)
+    res = evaluate(setup, "--tree", "auto", "--calibration-questions", "1")
+    assert res.exit_code == 0, res.output
+    shape = json.loads((tmp_path / "e" / "report.json").read_text())["shape"]
+    assert [c["shape"] for c in shape["candidates"]] == ["8x4x2", "16x5x4", "32x6x8", "60x7x10", "90x9x10"]
+    res = evaluate(setup, "--tree", "auto", "--tree-shapes", "8x4x2,60x7x10", "--calibration-questions", "1", "--overwrite")
+    assert res.exit_code == 0, res.output
+    shape = json.loads((tmp_path / "e" / "report.json").read_text())["shape"]
+    assert [c["shape"] for c in shape["candidates"]] == ["8x4x2", "60x7x10"]
+
+
+def test_tree_auto_on_a_drafter_trained_shallower_than_every_shape(trained_two):
+    """--tree auto replaces --depth (whose default, 7, is past this drafter's 2): no refusal, and
+    where every default shape is deeper than the trained depth, the tree at that depth (20x2x10)."""
+    res = evaluate(trained_two, "--tree", "auto", "--calibration-questions", "1")
+    assert res.exit_code == 0, res.output
+    report = json.loads((trained_two[2] / "e" / "report.json").read_text())
+    assert [c["shape"] for c in report["shape"]["candidates"]] == ["20x2x10"]
+    assert report["mode"] == "tree" and report["depth"] == 2
+
+
 def test_export_refuses_a_depth_beyond_the_trained_one(trained_two, tmp_path):
     _, drafter, _ = trained_two
     res = CliRunner().invoke(app, ["export", str(drafter), "--out", str(tmp_path / "x"), "--depth", "3"])

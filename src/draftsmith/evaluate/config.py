@@ -51,9 +51,11 @@ class EvalConfig(CommandConfig, TargetOptions):
         None,
         description="auto: tree mode, in the shape of --tree-shapes with the best predicted speed; replaces --depth, --top-k, --total-tokens.",
     )
-    tree_shapes: list[str] = Field(
-        ["8x4x2", "16x5x4", "32x6x8", "60x7x10"],
-        description="--tree auto: the candidate tree shapes, each TOTALxDEPTHxTOPK (draft tokens verified, depth, children per node).",
+    tree_shapes: list[str] | None = Field(
+        None,
+        description="--tree auto: the candidate tree shapes, each TOTALxDEPTHxTOPK (draft tokens verified, depth, "
+        "children per node); default 8x4x2,16x5x4,32x6x8,60x7x10 and, for a drafter trained deeper than 7, "
+        "(10·D)xDx10 at its trained depth D.",
     )
     calibration_questions: int = Field(
         2,

@@ -93,11 +93,14 @@ def own_shapes(drafter: Any, manifest: dict[str, Any], path: Path, shapes: list[
         most = most or UNTRAINED_DEPTH_MAX
     if most is None:
         return shapes
-    if cfg.depth != "auto":
+    if cfg.tree == "auto":  # its shapes replace --depth; a deeper-trained drafter's own depth is tried too
+        if cfg.tree_shapes is None and most > max(s.depth for s in shapes):
+            shapes = [*shapes, tree_of_depth(most)]
+    elif cfg.depth != "auto":
         check_depth(drafter.config, int(cfg.depth), trained=trained)
     elif cfg.depth_max is not None:
         check_depth(drafter.config, cfg.depth_max, "--depth-max", trained)
-    return [s for s in shapes if s.depth <= most] or [Shape(most)]
+    return [s for s in shapes if s.depth <= most] or [tree_of_depth(most) if cfg.tree == "auto" else Shape(most)]
 
 
 def make_proposer(
@@ -227,10 +230,21 @@ def resolve_questions(cfg: EvalConfig, on_gpu: bool) -> list[Question]:
 UNTRAINED_DEPTH_MAX, AUTO_DEPTH_CEILING = 7, 16
 
 
+# --tree auto's shapes without --tree-shapes (each TOTALxDEPTHxTOPK); `tree_of_depth` adds one for a
+# drafter trained deeper than the deepest of them, and stands in for them all for one trained shallower
+DEFAULT_TREE_SHAPES = ("8x4x2", "16x5x4", "32x6x8", "60x7x10")
+
+
+def tree_of_depth(depth: int) -> Shape:
+    """--tree auto's tree for a drafter trained `depth` deep: 10 children a node and 10 tokens a
+    level, as 60x7x10 has about."""
+    return Shape(depth, 10, 10 * depth)
+
+
 def candidate_shapes(cfg: EvalConfig) -> list[Shape]:
     """The draft shapes to run: the one asked for, or those `--depth auto` / `--tree auto` calibrate."""
     if cfg.tree == "auto":
-        return [Shape.parse_tree(t) for t in cfg.tree_shapes]
+        return [Shape.parse_tree(t) for t in cfg.tree_shapes or DEFAULT_TREE_SHAPES]
     if cfg.depth == "auto":  # K_max first: its acceptance serves every K; each drafter keeps its own (`own_shapes`)
         return [Shape(k) for k in range(cfg.depth_max or AUTO_DEPTH_CEILING, 0, -1)]
     if cfg.drafting == "tree":
