@@ -92,7 +92,9 @@ def test_tree_auto_tries_a_deeper_trained_drafters_own_depth(tiny_model, tiny_ta
     assert res.exit_code == 0, res.output
     shape = json.loads((tmp_path / "e" / "report.json").read_text())["shape"]
     assert [c["shape"] for c in shape["candidates"]] == ["8x4x2", "16x5x4", "32x6x8", "60x7x10", "90x9x10"]
-    res = evaluate(setup, "--tree", "auto", "--tree-shapes", "8x4x2,60x7x10", "--calibration-questions", "1", "--overwrite")
+    res = evaluate(
+        setup, "--tree", "auto", "--tree-shapes", "8x4x2,60x7x10", "--calibration-questions", "1", "--overwrite"
+    )
     assert res.exit_code == 0, res.output
     shape = json.loads((tmp_path / "e" / "report.json").read_text())["shape"]
     assert [c["shape"] for c in shape["candidates"]] == ["8x4x2", "60x7x10"]

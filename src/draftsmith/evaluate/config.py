@@ -53,9 +53,7 @@ class EvalConfig(CommandConfig, TargetOptions):
     )
     tree_shapes: list[str] | None = Field(
         None,
-        description="--tree auto: the candidate tree shapes, each TOTALxDEPTHxTOPK (draft tokens verified, depth, "
-        "children per node); default 8x4x2,16x5x4,32x6x8,60x7x10 and, for a drafter trained deeper than 7, "
-        "(10·D)xDx10 at its trained depth D.",
+        description="--tree auto: shapes TOTALxDEPTHxTOPK; default 8x4x2,16x5x4,32x6x8,60x7x10 and, trained D deep, (10·D)xDx10.",
     )
     calibration_questions: int = Field(
         2,
