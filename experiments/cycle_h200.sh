@@ -17,11 +17,11 @@ export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1
 python3 experiments/random_target.py /root/rand135m >> "$O/setup.log" 2>&1
 # the cycle's parts (draft, verify, glue: accept, compact, observe; the tree draft's step, top-k,
 # selection and ancestor mask as graph replays), the verify cost by width, one profiled turn a shape
-timeout 330 python3 bench/eval_bench.py --target /root/rand135m --parts verify,cycle --cycle-shapes chain,tree \
+timeout 270 python3 bench/eval_bench.py --target /root/rand135m --parts verify,cycle --cycle-shapes chain,tree \
   --num-questions 10 --max-new-tokens 128 --plain-prompts 3 --plain-tokens 128 \
   --profile "$O/prof" --out-json "$O/cycle.json" > "$O/bench.log" 2>&1
 echo "bench rc=$?" >> "$O/setup.log"
-DRAFTSMITH_TEST_TARGET=/root/rand135m timeout 260 python3 -m pytest tests/gpu/test_eval_gpu.py tests/gpu/test_train_gpu.py --run-gpu -q \
+DRAFTSMITH_TEST_TARGET=/root/rand135m timeout 220 python3 -m pytest tests/gpu/test_eval_gpu.py tests/gpu/test_train_gpu.py --run-gpu -q \
   -p no:cacheprovider > "$O/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?" >> "$O/setup.log"
 rm -f "$O"/prof/*.json  # the traces: too large to bring back
