@@ -16,11 +16,6 @@ import torch
 
 
 def main() -> None:
-    from torch._higher_order_ops.cudagraph_conditional_nodes import (
-        ControlFlowOpWarmupDispatchMode,
-        CUDAGraphCaptureControlFlowOpDispatchMode,
-    )
-
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     w = torch.randn(576, 32000, device=dev, generator=g, dtype=torch.bfloat16) / 24
@@ -43,7 +38,12 @@ def main() -> None:
         conf.fill_(v)
         expect[v] = draft(x0).clone()
     out["branches_differ"] = not torch.allclose(expect[1.0].float(), expect[0.0].float(), atol=1e-2)
-    try:
+    try:  # torch 2.11 has no such module (2026-12-05, H100): the probe says so
+        from torch._higher_order_ops.cudagraph_conditional_nodes import (
+            ControlFlowOpWarmupDispatchMode,
+            CUDAGraphCaptureControlFlowOpDispatchMode,
+        )
+
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s), ControlFlowOpWarmupDispatchMode():
