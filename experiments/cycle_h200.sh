@@ -20,7 +20,7 @@ python3 experiments/random_target.py /root/rand135m >> "$O/setup.log" 2>&1
 timeout 60 python3 experiments/cond_graph_probe.py > "$O/cond_probe.json" 2>> "$O/setup.log"
 # the cycle's parts (draft, verify, glue: accept, compact, observe; the tree draft's step, top-k,
 # selection and ancestor mask as graph replays), the verify cost by width, one profiled turn a shape;
-# each with the eager target and, since 2026-12-05 12:1x, the compiled one (eval --compile-target)
+# each with the eager target and (added after the H100 run of 2026-12-05 11:55) the compiled one
 timeout 300 python3 bench/eval_bench.py --target /root/rand135m --parts verify,cycle --cycle-shapes chain,tree --compile-target \
   --num-questions 10 --max-new-tokens 128 --plain-prompts 3 --plain-tokens 128 \
   --profile "$O/prof" --out-json "$O/cycle.json" > "$O/bench.log" 2>&1
