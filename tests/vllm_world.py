@@ -169,8 +169,12 @@ def trained(world: dict, name: str, options: dict, questions: int = QUESTIONS) -
                 device="cpu",
             )
         )
-    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
-    return {"run": run, "answers": answers, "report": json.loads((out / "report.json").read_text())}
+    return {"run": run, "answers": read_answers(out), "report": json.loads((out / "report.json").read_text())}
+
+
+def read_answers(folder: Path) -> list[dict]:
+    """An eval folder's answers.jsonl, one dict per question."""
+    return [json.loads(line) for line in (folder / "answers.jsonl").read_text().splitlines()]
 
 
 def answer_views(answers: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
@@ -200,4 +204,4 @@ def eval_vllm(
             speed=speed,
         )
     )
-    return folder, [json.loads(line) for line in (folder / "answers.jsonl").read_text().splitlines()]
+    return folder, read_answers(folder)

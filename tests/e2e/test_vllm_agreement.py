@@ -34,7 +34,7 @@ from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.run import run as evaluate
 from draftsmith.export.config import ExportConfig
 from draftsmith.export.run import run as export
-from tests.vllm_world import NEW_TOKENS, K, broken, per_position, serve_greedy, trained
+from tests.vllm_world import NEW_TOKENS, K, answer_views, broken, per_position, read_answers, serve_greedy, trained
 
 # small_kv_cache (conftest.py): 1 GiB of KV cache for each vLLM engine
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("small_kv_cache")]
@@ -103,8 +103,7 @@ def served(world):
 
 def draftsmith_view(world, drafter: str) -> tuple[list[list[int]], list[list[int]]]:
     """(tokens, per-step accepted counts) of each first turn that `draftsmith eval` decoded."""
-    answers = world["drafters"][drafter]["answers"]
-    return [a["token_ids"][0] for a in answers], [a["accepts"][0] for a in answers]
+    return answer_views(world["drafters"][drafter]["answers"])
 
 
 def vllm_view(run: dict) -> tuple[list[list[int]], list[list[int]]]:
@@ -156,9 +155,8 @@ def test_eval_engine_vllm_reports_what_draftsmith_eval_reports(world, tmp_path):
         )
     )
     report = json.loads((out / "report.json").read_text())
-    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
     tokens, accepts = draftsmith_view(world, "X")
-    assert [a["token_ids"][0] for a in answers] == tokens[:2] and [a["accepts"][0] for a in answers] == accepts[:2]
+    assert answer_views(read_answers(out)) == (tokens[:2], accepts[:2])
     assert report["engine"] == "vllm" and report["steps"] == sum(len(a) for a in accepts[:2])
     steps = report["steps"]
     assert [round(p * steps) for p in report["accept_per_position"]] == per_position(accepts[:2])

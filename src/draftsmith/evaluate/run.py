@@ -80,7 +80,8 @@ def check_compatible(drafter: Any, target: Target, path: Path) -> None:
 def own_shapes(drafter: Any, manifest: dict[str, Any], path: Path, shapes: list[Shape], cfg: EvalConfig) -> list[Shape]:
     """The shapes this drafter may draft: a method that drafts no tree refuses one, and a --depth
     (or --depth-max) past its method's limit (`Method.depth_limit`) or the depth it was trained
-    for is refused; --depth auto / --tree auto try the shapes within that."""
+    for is refused; --depth auto / --tree auto try the shapes within that (--tree auto's default
+    shapes also `tree_of_depth` of a drafter trained deeper, and only it when all are deeper)."""
     method = method_of(drafter)
     if cfg.drafting == "tree" and not method.trees:
         raise UserError(
