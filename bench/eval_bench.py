@@ -7,8 +7,10 @@
           prefill included on all sides; plus how many outputs equal HF's.
   verify  verification cost: one target forward of 1, 8, 32, 64 tokens after a 512-token
           context, graphed and eager (median ms).
-  cycle   the cost of one draft-and-verify cycle, chain K=7 (greedy and at temperature 1) and
-          tree (60 tokens, depth 7, top-k 10), drafter step eager and compiled: cycle ms (decode time over cycles, greedy, MT-bench
+  cycle   the cost of one draft-and-verify cycle, chain K=7 (greedy and at temperature 1),
+          tree (60 tokens, depth 7, top-k 10) and, as `chain_walk`, the K=7 chain drafted as
+          an adaptive one that never stops (eval --stop-below: a graph and a host read per
+          step), drafter step eager and compiled: cycle ms (decode time over cycles, greedy, MT-bench
           first turns), draft ms (the drafter's side alone: one `propose`, a graph replay on GPU),
           verify ms (the target's forward of the draft alone), glue ms = cycle - draft - verify
           (acceptance, KV compaction, staging the accepted rows, the host read, Python) and its
@@ -515,7 +517,11 @@ def main() -> None:
             turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", args.plain_prompts)
         ]
         compile_modes = [False, True] if device.type == "cuda" else [False]
-        known = {**shapes, "chain_t1": {**shapes["chain"], "temperature": 1.0}}
+        # chain_walk: the chain as an adaptive one (eval --stop-below) that never stops, each step its own graph
+        # and host read: its cycle less the chain's is what adaptivity costs. A greedy draft's probability is
+        # >= 1/32000, so K <= 8 drafts never fall below float32's smallest normal
+        walk = {**shapes["chain"], "stop_below": float(torch.finfo(torch.float32).tiny)}
+        known = {**shapes, "chain_t1": {**shapes["chain"], "temperature": 1.0}, "chain_walk": walk}
         names = args.cycle_shapes.split(",")
         if not set(names) <= known.keys():
             sys.exit(

@@ -3,7 +3,8 @@ forwards give the eager logits, and graphed speculative decoding (compiled draft
 decoder layer or two) equals graphed plain decoding on the embedded default, at batch 1 and in a batch of 4 rows
 (fp32, so that batching cannot flip a near-tie); a sampled chain draws in its graph as it
 does without one; the target's forward compiled inside its graphs (eval --compile-target)
-gives the eager logits."""
+gives the eager logits; the adaptive chain (eval --stop-below) graphs its steps and answers as
+plain decoding does."""
 
 from __future__ import annotations
 
@@ -137,3 +138,33 @@ def test_graphed_sampled_chain_draws_as_eager(target):
         runs.append(spec_generate(eng, prop, prompt, 64, set(), sampling))
     assert runs[0].tokens == runs[1].tokens and runs[0].accepts == runs[1].accepts
     assert len(set(runs[0].tokens)) > 8  # sampled, not one token repeated
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_graphed_adaptive_chain_equals_plain_and_stops_as_eager(target, compile):
+    """eval --stop-below: the adaptive chain's head and each further step as CUDA graphs (compiled
+    drafter step or not), a batch of 4 rows: every row's answer is its plain answer, and the
+    drafted lengths are those of the same proposer without graphs. The drafter's head is sharpened
+    so that its confidence spans the threshold (a random one stops after its first draft)."""
+    from draftsmith.evaluate.decode import decode
+
+    drafter = random_drafter(target.model, 32000)
+    with torch.no_grad():
+        drafter.lm_head.weight.mul_(40)
+    prompts = [turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", 4)]
+    eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512, batch=4)
+    for t in range(1, 9):
+        eng.graph_rows(t)
+    plain = [t.tokens for t in decode(eng, prompts, 64, set(), Sampling())]
+    runs = []
+    for graphed in (True, False):
+        prop = DrafterProposer(drafter, Sampling(), 512, depth=7, batch=4, stop_below=0.3, compile=compile and graphed)
+        if graphed:
+            prop.graph()
+            assert prop.cycle is not None and all(hasattr(s, "graph") for s in prop.walk_steps)
+        runs.append(decode(eng, prompts, 64, set(), Sampling(), prop))
+    assert [t.tokens for t in runs[0]] == plain == [t.tokens for t in runs[1]]
+    drafted = [d for t in runs[0] for d in t.drafted]
+    assert len(set(drafted)) > 1, drafted  # the threshold was crossed at several depths
+    if not compile:  # the same kernels with and without graphs: the same stops
+        assert [t.drafted for t in runs[0]] == [t.drafted for t in runs[1]]

@@ -77,7 +77,7 @@ def test_tree_shapes_parse_and_compare():
     assert cal.best() is small and cal.predicted_speedup(big) == pytest.approx(
         1.5
     )  # 3 tokens in 1.6 s vs 0.8 s a token
-    assert cal.to_dict()["chosen_shape"] == {"depth": 4, "top_k": 2, "total_tokens": 8}
+    assert cal.to_dict()["chosen_shape"] == {"depth": 4, "top_k": 2, "total_tokens": 8, "stop_below": None}
 
 
 @pytest.mark.slow

@@ -97,20 +97,23 @@ def markov_pairs(mode: str, residual: bool, n: int) -> tuple[torch.Tensor, torch
     for _ in range(n):
         out, last = [], 0
         while len(out) < 2:
-            if mode == "chain":  # K=3 drafts sampled from Q
-                tokens, qs, prev = [], [], last
+            if mode != "tree":  # K=3 drafts sampled from Q; adaptive: fewer once their joint probability is < 0.3
+                tokens, prev, confidence = [], last, 1.0
                 for _ in range(3):
-                    prev = int(torch.multinomial(Q[prev], 1, generator=g))
-                    tokens.append(prev)
-                qs = torch.stack([Q[t] for t in [last] + tokens[:-1]])  # [3, v]
-                parents = [0, 1, 2]
+                    draw = int(torch.multinomial(Q[prev], 1, generator=g))
+                    tokens.append(draw)
+                    confidence, prev = confidence * float(Q[prev, draw]), draw
+                    if mode == "adaptive" and confidence < 0.3:
+                        break
+                qs = torch.stack([Q[t] for t in [last] + tokens[:-1]])  # [K, v]
+                parents = list(range(len(tokens)))
             else:  # top-2 children of the root and of each child: 6 nodes
                 c1 = Q[last].topk(2).indices.tolist()
                 tokens = c1 + [t for c in c1 for t in Q[c].topk(2).indices.tolist()]
                 parents, qs = [0, 0, 1, 1, 2, 2], None
             rows = [last] + tokens
             logits = P[rows].log()  # [N+1, v]
-            path, nxt = verify_as(mode, tokens, parents, logits, sampling, qs)
+            path, nxt = verify_as("tree" if mode == "tree" else "chain", tokens, parents, logits, sampling, qs)
             out += [rows[r] for r in path[1:]] + [nxt]
             last = out[-1]
         counts[out[0], out[1]] += 1
@@ -148,9 +151,10 @@ def test_without_correction_the_distribution_is_wrong(mode):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["chain", "tree"])
+@pytest.mark.parametrize("mode", ["chain", "tree", "adaptive"])
 def test_two_token_joint_distribution_over_several_steps(mode):
-    """Deeper positions and consecutive steps: the first two tokens are jointly exact."""
+    """Deeper positions and consecutive steps: the first two tokens are jointly exact (also for
+    an adaptive chain, whose length its own draws decide: `eval --stop-below`)."""
     counts, ref = markov_pairs(mode, residual=True, n=2500)
     assert chi2(counts, ref) < 66.6  # df <= 35, p <= 0.001
     wrong, _ = markov_pairs(mode, residual=False, n=2500)

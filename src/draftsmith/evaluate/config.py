@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -46,6 +46,10 @@ class EvalConfig(CommandConfig, TargetOptions):
     )
     depth_max: int | None = Field(
         None, ge=1, description="--depth auto: the longest chain considered; default the trained depth (else 7)."
+    )
+    stop_below: float | Literal["auto"] | None = Field(
+        None,
+        description="Chain: stop drafting when no row's confidence in its draft reaches this (0-1; --depth: the most); auto: measured.",
     )
     tree: Literal["auto"] | None = Field(
         None,
@@ -107,6 +111,28 @@ class EvalConfig(CommandConfig, TargetOptions):
                 raise ValueError(f"{item!r}: each pass is DEPTH:BATCH, two whole numbers >= 1, such as 7:16")
         return v
 
+    @field_validator("stop_below")
+    @classmethod
+    def _probability(cls, v: float | str | None) -> float | str | None:
+        if isinstance(v, float) and not 0 < v < 1:
+            raise ValueError(
+                f"{v:g} is not a probability strictly between 0 and 1: the chain would never stop (<= 0) or never go "
+                "past its first draft (>= 1); try 0.1-0.5, or 'auto'"
+            )
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stop_below_auto(cls, values: Any) -> Any:
+        """--stop-below auto calibrates the chains as --depth auto does (and bounds them as it does)."""
+        if isinstance(values, dict) and values.get("stop_below") == "auto":
+            if values.get("depth", "auto") != "auto":
+                raise ValueError(
+                    "--stop-below auto chooses the longest chain too: drop --depth (bound it with --depth-max)"
+                )
+            values = {**values, "depth": "auto"}
+        return values
+
     @field_validator("depth")
     @classmethod
     def _positive(cls, v: int | str) -> int | str:
@@ -149,4 +175,22 @@ class EvalConfig(CommandConfig, TargetOptions):
                 raise ValueError("--tree auto chooses the depth too; drop --depth auto")
         elif self.depth == "auto" and self.mode == "tree":
             raise ValueError("--depth auto chooses a chain length; for a tree shape use --tree auto")
+        return self
+
+    @model_validator(mode="after")
+    def _adaptive(self) -> EvalConfig:
+        if self.stop_below is None:
+            return self
+        if self.drafting == "tree":
+            raise ValueError(
+                "--stop-below stops a chain; a tree already keeps only its most confident nodes (EAGLE-2's "
+                "dynamic tree, --total-tokens of them): drop --stop-below, or draft a chain"
+            )
+        if self.engine == "vllm":
+            raise ValueError("--stop-below: vLLM drafts a fixed number of tokens a step; drop it with --engine vllm")
+        if self.depth == "auto" and self.stop_below != "auto":
+            raise ValueError(
+                "--depth auto picks a fixed chain; with --stop-below P give the longest chain as --depth N, or let "
+                "--stop-below auto choose both"
+            )
         return self

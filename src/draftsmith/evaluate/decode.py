@@ -46,6 +46,7 @@ class Turn:
     tokens: list[int]
     seconds: float  # decode time (after prefill): the row's share of its batch's time
     accepts: list[int] = field(default_factory=list)  # accepted draft tokens per verification step
+    drafted: list[int] = field(default_factory=list)  # draft tokens verified per step (an adaptive chain's vary)
 
 
 def _sync(device: torch.device) -> None:
@@ -152,7 +153,7 @@ def decode(
         proposer.observe_prompt(aux, torch.cat([ids[:, 1:], first[:, None]], dim=1), pad)  # state t, token t+1
     n_host, pad_host, new_host = [len(p) for p in prompts], pad.tolist(), [[t] for t in first.tolist()]
     n = torch.tensor(n_host, device=dev)  # [B]: tokens in the target's cache per row
-    out, accepts = [list(t) for t in new_host], [[] for _ in prompts]
+    out, accepts, drafted = [list(t) for t in new_host], [[] for _ in prompts], [[] for _ in prompts]
 
     def running(i: int) -> bool:
         return (
@@ -169,15 +170,16 @@ def decode(
     while any(alive):
         if proposer is None:
             new = _pick(sampling, _forward(engine, root.expand(-1, width), pad, n, n_host)[0][:, 0])[:, None]  # [B, 1]
-            accepted, new_host = torch.zeros_like(n), new.tolist()  # the one host read
+            accepted, new_host, size_now = torch.zeros_like(n), new.tolist(), 0  # the one host read
         else:
-            accepted, new, new_host, acc_aux = _verify(
-                engine, proposer, proposer.propose(), root, pad, n, n_host, sampling
-            )
+            draft = proposer.propose()
+            size_now = draft.tokens.shape[1]
+            accepted, new, new_host, acc_aux = _verify(engine, proposer, draft, root, pad, n, n_host, sampling)
         for i in range(rows):
             if alive[i]:
                 out[i] += new_host[i]
                 accepts[i].append(len(new_host[i]) - 1)
+                drafted[i].append(size_now)
                 n_host[i] += len(new_host[i])
         now = [alive[i] and running(i) for i in range(rows)]
         if now != alive:  # a row finished: park it at position 0 (a host-to-device copy, once per row)
@@ -190,8 +192,8 @@ def decode(
     _sync(dev)
     seconds = (time.perf_counter() - t0) / rows
     return [
-        Turn(_finish(o, max_new_tokens, stop_ids), seconds, a if proposer is not None else [])
-        for o, a in zip(out, accepts, strict=True)
+        Turn(_finish(o, max_new_tokens, stop_ids), seconds, *((a, d) if proposer is not None else ([], [])))
+        for o, a, d in zip(out, accepts, drafted, strict=True)
     ]
 
 

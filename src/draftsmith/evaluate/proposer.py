@@ -26,6 +26,14 @@ the argmax and id lookups between them; a tree's steps, top-k expansion, selecti
 mask), so that inductor also fuses across the steps' boundaries; should that fail, its steps are
 compiled one by one, and should that fail too, the step runs eagerly.
 
+Adaptive chain (`stop_below` P): the chain stops drafting once, for every live row, the drafter's
+confidence that its whole draft so far is accepted (the product of each draft's probability under
+the distribution it came from) falls below P; `depth` is then the longest it drafts. Its cycle is
+step 0 and the first draft (one graph), then one graph per further draft step, with one host
+read of the rows' confidence after each: a conditional in the host loop, since a graph of
+torch 2.11 cannot branch on a device value. The drafts land in fixed buffers [B, depth]; a
+proposal is their first L columns.
+
 EAGLE-2 tree: level 1 is the top-k of the last step-0 output; each later step feeds the k best
 frontier nodes (by cumulative log-prob) and keeps their top-k children; finally the
 `total_tokens` best nodes of everything drafted are kept (a set closed under parents, in depth
@@ -57,6 +65,24 @@ class Draft:
     parents: torch.Tensor | None = None  # [B, N] rows (0 = root); None: a chain
     anc: torch.Tensor | None = None  # [B, N+1, N+1] bool, row r sees row c iff c is r or an ancestor (trees)
     q: torch.Tensor | None = None  # [B, N, V]: the distribution node i was sampled from (chain sampling)
+
+
+@dataclass
+class Walk:
+    """An adaptive chain's buffers, which its head and its step graphs write in place (so a
+    step's graph has no inputs to copy)."""
+
+    tokens: torch.Tensor  # [B, K] target ids of the drafts so far
+    q: torch.Tensor | None  # [B, K, V]: the distribution each was drawn from (chain sampling)
+    confidence: torch.Tensor  # [B] float32: the product of the drafts' probabilities (0: a parked row)
+    live: torch.Tensor  # [B] bool: rows not parked
+    hidden: torch.Tensor  # [B, H]: the last step's output
+    masks: torch.Tensor  # [B, K-1, S16]: draft step i's attention row
+    pos: torch.Tensor  # [B, K-1, 2]: draft step i's position, twice
+
+    def drafts(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The first n drafts: target ids [B, n] and, sampling, their distributions [B, n, V]."""
+        return self.tokens[:, :n], None if self.q is None else self.q[:, :n]
 
 
 def tree_ancestors(parents: torch.Tensor, depth: int) -> torch.Tensor:
@@ -206,12 +232,15 @@ class DrafterProposer(StagedCycle):
         total_tokens: int = 60,
         compile: bool = False,
         batch: int = 1,
+        stop_below: float | None = None,
     ) -> None:
         cfg = drafter.config
         # eager on CPU: its linear layers over prepacked weights (runtime/linear.py); inductor lowers nn.Linear itself
         self.drafter = drafter if compile else prepacked(drafter)
         self.sampling, self.max_len, self.batch = sampling, max_len, batch
         self.mode, self.depth, self.top_k, self.total_tokens = mode, depth, top_k, total_tokens
+        assert stop_below is None or (mode == "chain" and 0 < stop_below < 1), (mode, stop_below)
+        self.stop_below = stop_below
         p = next(drafter.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.draft_slots = depth if mode == "chain" else (depth - 1) * top_k
@@ -244,7 +273,9 @@ class DrafterProposer(StagedCycle):
         # the draft as one compiled region, calling the eager step inside it: a chain's K-1 steps and the argmax
         # and id lookups between them, or a tree's expansions, top-k and selection
         self.draft_region = (
-            torch.compile(functools.partial(self.draft, step=self._step_eager), dynamic=False) if compile else None
+            torch.compile(functools.partial(self.draft, step=self._step_eager), dynamic=False)
+            if compile and stop_below is None  # an adaptive chain's steps are graphs of their own
+            else None
         )
         if (
             compile
@@ -256,6 +287,20 @@ class DrafterProposer(StagedCycle):
         noise = (batch, depth, cfg.draft_vocab_size) if sampled_chain else None
         self.init_stage(batch, self.path_len, drafter.fc.in_features, self.dtype, noise)
         self.graphed = self.device.type == "cuda"  # False once a capture has failed (`graph`)
+        if stop_below is not None:  # the adaptive chain's buffers, written by its head and steps in place
+            zeros, k = functools.partial(torch.zeros, device=self.device), max(depth - 1, 0)
+            self.walk = Walk(
+                tokens=zeros(batch, depth, dtype=torch.long),
+                q=zeros(batch, depth, self.vocab_size) if noise is not None else None,
+                confidence=zeros(batch),
+                live=zeros(batch, dtype=torch.bool),
+                hidden=zeros(batch, cfg.hidden_size, dtype=self.dtype),
+                masks=zeros(batch, k, self.cols16.shape[0], dtype=torch.bool),
+                pos=zeros(batch, k, 2, dtype=torch.long),
+            )
+            self.walk_steps: list[Callable[[], tuple]] = [
+                functools.partial(self._walk_step, i) for i in range(depth - 1)
+            ]
 
     def graph(self) -> None:
         """Capture the cycle in a CUDA graph (no-op on CPU). A capture that fails falls back one
@@ -271,6 +316,8 @@ class DrafterProposer(StagedCycle):
                 return
             except Exception as e:
                 self.cycle = None
+                if self.stop_below is not None:
+                    self.walk_steps = [functools.partial(self._walk_step, i) for i in range(self.depth - 1)]
                 why = failure(e)
                 if self.draft_region is not None:
                     print(
@@ -295,6 +342,8 @@ class DrafterProposer(StagedCycle):
     def _capture(self) -> None:
         if self.cycle is None:  # warm-up writes garbage drafter K/V: capture before decoding
             self.cycle = Graphed(self._cycle, *self.stage)
+            if self.stop_below is not None:  # each further step of the adaptive chain: a graph without inputs
+                self.walk_steps = [Graphed(functools.partial(self._walk_step, i)) for i in range(self.depth - 1)]
 
     @property
     def size(self) -> int:
@@ -365,7 +414,20 @@ class DrafterProposer(StagedCycle):
 
     def propose(self) -> Draft:
         out = self.replay()
+        if self.stop_below is not None:  # the head drafted 1; each further step while a live row is confident
+            drafted = 1
+            while drafted < self.depth and bool((self.walk.confidence >= self.stop_below).any()):  # one host read
+                self.walk_steps[drafted - 1]()
+                drafted += 1
+            return chain_draft(*self.walk.drafts(drafted))
         return chain_draft(*out) if self.mode == "chain" else Draft(*out)
+
+    def observe(
+        self, aux: torch.Tensor, next_tokens: torch.Tensor, m: torch.Tensor, start: torch.Tensor | None = None
+    ) -> None:
+        super().observe(aux, next_tokens, m, start)
+        if self.stop_below is not None:  # a parked row's confidence keeps no chain going
+            self.walk.live.copy_(m > 0)
 
     @torch.no_grad()
     def _cycle(
@@ -383,7 +445,42 @@ class DrafterProposer(StagedCycle):
         last = (m - 1)[:, None, None]  # [B, 1, 1]: each row's last valid row, by a device index (no host sync)
         logits = logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0]  # [B, Vd]
         hidden = out.gather(1, last.expand(-1, 1, out.shape[-1]))[:, 0]  # [B, H]
+        if self.stop_below is not None:  # the adaptive chain's head: its first draft, and the steps' masks
+            self.walk.masks.copy_(self._context(base, n + m)[:, None] | self.chain_masks)
+            self.walk.pos.copy_((n + m)[:, None, None] + self.chain_steps)
+            self._walk_draw(0, logits, hidden)
+            return ()
         return (self.draft_region or self.draft)(logits, hidden, base, n + m)
+
+    def _walk_step(self, i: int) -> tuple:
+        """Draft step i of the adaptive chain (0..K-2): feeds draft i, draws draft i+1, in the walk's buffers."""
+        w, b = self.walk, self.batch
+        logits, out = self._step(
+            w.hidden[:, None],
+            w.tokens[:, i : i + 1],
+            w.pos[:, i, :1],
+            self.chain_slots[i, :1].expand(b, 1),
+            w.masks[:, i : i + 1, : self.cols.shape[0]],
+        )  # [B, 1, Vd], [B, 1, H]
+        self._walk_draw(i + 1, logits[:, 0], out[:, 0])
+        return ()
+
+    def _walk_draw(self, i: int, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Draft i of the adaptive chain from its logits [B, Vd] and the step's output [B, H]: as
+        `_draw`, into the walk's buffers, and the draft's probability folded into each row's
+        confidence (draft 0 starts it; a parked row's is 0)."""
+        tokens: list[torch.Tensor] = []
+        qs: list[torch.Tensor] = []
+        d = self._draw(logits, i, tokens, qs)  # [B] draft-vocab ids
+        w = self.walk
+        w.tokens[:, i].copy_(tokens[0])
+        if qs:
+            w.q[:, i].copy_(qs[0])
+            p = qs[0].gather(1, tokens[0][:, None])[:, 0]  # [B]: the drawn token's probability under q
+        else:
+            p = (logits.gather(1, d[:, None])[:, 0] - logits.logsumexp(-1)).exp()  # [B]: the argmax's softmax
+        w.confidence.copy_((w.confidence if i else w.live) * p)
+        w.hidden.copy_(hidden)
 
     def _chain_from(
         self,
@@ -416,9 +513,10 @@ class DrafterProposer(StagedCycle):
         q = torch.stack(qs, dim=1) if qs else None  # [B, K, V]
         return torch.stack(tokens, dim=1), q  # [B, K]
 
-    def _draw(self, logits: torch.Tensor, i: int, tokens: list[torch.Tensor], qs: list[torch.Tensor]) -> None:
+    def _draw(self, logits: torch.Tensor, i: int, tokens: list[torch.Tensor], qs: list[torch.Tensor]) -> torch.Tensor:
         """Draft i of a chain from its logits [B, Vd]: the argmax, or sampling, a draw racing q
-        against `self.noise`; its target ids [B] appended to `tokens` and, sampling, q [B, V] to `qs`."""
+        against `self.noise`; its target ids [B] appended to `tokens` and, sampling, q [B, V] to
+        `qs`. Returns its draft-vocab ids [B]."""
         if self.noise is None:
             d = logits.argmax(-1)  # [B]
         else:
@@ -428,6 +526,7 @@ class DrafterProposer(StagedCycle):
                 torch.zeros(q_d.shape[0], self.vocab_size, device=self.device).index_copy_(1, self.vocab_map, q_d)
             )
         tokens.append(self.vocab_map.index_select(0, d))  # [B] target ids
+        return d
 
     def _tree_from(
         self,
@@ -495,6 +594,7 @@ class ParallelProposer(DrafterProposer):
         self, drafter: Eagle3Drafter, sampling: Sampling, max_len: int, mode: str = "chain", *args, **kw
     ) -> None:
         assert mode == "chain", "a parallel drafter drafts chains"
+        assert kw.get("stop_below") is None, "one forward drafts the chain: nothing to stop early"
         super().__init__(drafter, sampling, max_len, mode, *args, **kw)
 
     def _chain_from(

@@ -34,6 +34,7 @@ def eagle_proposer(cls: type[DrafterProposer]) -> MakeProposer:
             total_tokens=shape.total_tokens or shape.depth,
             compile=compile,
             batch=batch,
+            stop_below=shape.stop_below,
         )
 
     return make
@@ -43,6 +44,7 @@ def dflash_proposer(
     drafter: Any, sampling: Sampling, max_len: int, shape: Shape, compile: bool, batch: int
 ) -> StagedCycle:
     """A chain of `shape.depth` from one block forward (the DFlash step has no compiled form)."""
+    assert shape.stop_below is None, "one forward drafts the block: nothing to stop early"
     return DFlashProposer(drafter, sampling, max_len, shape.depth, batch)
 
 

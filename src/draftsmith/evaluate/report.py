@@ -10,6 +10,8 @@ tau_by_answer_half      {"first", "second": tau over the first / second half of 
                         verification steps}: a target that repeats itself late in its answers
                         (small models do) lifts the second half, which a validation split of
                         other answers does not see
+drafted_per_cycle       draft tokens verified per step, on average: the chain's length or the
+                        tree's size, fewer for an adaptive chain (--stop-below); null for vLLM
 speedup                 spec decode tok/s / plain decode tok/s (same engine, prompts, run,
                         batch size and temperature); null when no plain run was made
 
@@ -39,6 +41,7 @@ class ReportMeta:
     depth_requested: int | str  # --depth as given (a number, or "auto")
     tree_requested: str | None  # --tree as given
     top_k: int | None  # a tree's branching
+    stop_below: float | None  # an adaptive chain's threshold (--stop-below, or the one auto chose)
     shape: dict[str, Any] | None  # the --depth auto / --tree auto calibration, with its questions
     total_tokens: int | None  # a tree's draft nodes per proposal
     depth: int  # the draft depth run: a chain's length, a tree's levels
@@ -155,8 +158,10 @@ def build_report(turns: list[dict[str, Any]], depth: int, meta: ReportMeta | dic
     }
     greedy_checked = [t["matches_plain"] for t in timed if t.get("matches_plain") is not None]
     wide_checked = [t["wide_matches_plain"] for t in timed if t.get("wide_matches_plain") is not None]
+    drafted = [d for t in turns for d in t.get("drafted", [])]
     return {
         **acceptance(all_accepts, depth),
+        "drafted_per_cycle": round(sum(drafted) / len(drafted), 4) if drafted else None,
         **speed(turns),
         "turns": len(turns),
         "greedy_turns_checked": len(greedy_checked),
@@ -182,7 +187,9 @@ def markdown(r: dict[str, Any]) -> str:
         f"- {r['questions']} questions, {r['turns']} turns, {r['tokens']} tokens, temperature {r['temperature']}, "
         f"max {r['max_new_tokens']} new tokens per turn, batch size {r.get('batch_size', 1)} (each row its own question; "
         "plain decoding at the same batch size)",
-        f"- **tau {r['tau']:.3f}** tokens per verification ({r['steps']} steps); by turn "
+        f"- **tau {r['tau']:.3f}** tokens per verification ({r['steps']} steps"
+        + (f", {r['drafted_per_cycle']:.2f} drafted per step" if r.get("drafted_per_cycle") is not None else "")
+        + "); by turn "
         + ", ".join(f"{n}: {tau:.2f}" for n, tau in r["tau_by_turn"].items())
         + f"; first / second half of each answer {r['tau_by_answer_half']['first']:.2f} / {r['tau_by_answer_half']['second']:.2f}",
         f"- decode: speculative {fmt(r['spec_tok_per_s'], '{:.1f}')} tok/s, plain {fmt(r['plain_tok_per_s'], '{:.1f}')} tok/s, "
@@ -305,7 +312,8 @@ def shape_label(r: dict[str, Any]) -> str:
     """A report's draft shape: `chain K=7` or `tree 60x7x10` (TOTALxDEPTHxTOPK)."""
     if r["mode"] == "tree":
         return f"tree {r['total_tokens']}x{r['depth']}x{r['top_k']}"
-    return f"chain K={r['depth']}"
+    stop = r.get("stop_below")
+    return f"chain K={r['depth']}" + ("" if stop is None else f" stop<{stop:.3g}")
 
 
 def comparison(names: list[str], reports: list[dict[str, Any]]) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from draftsmith.evaluate.report import (
     write_comparison,
     write_report,
 )
-from draftsmith.evaluate.shape import Calibration, Shape, calibrate, spread
+from draftsmith.evaluate.shape import Calibration, Shape, calibrate, spread, with_adaptive
 from draftsmith.evaluate.shape import summary as shape_summary
 from draftsmith.fsutil import atomic_output_dir, atomic_write_text
 from draftsmith.layers import validate_layers
@@ -83,6 +83,11 @@ def own_shapes(drafter: Any, manifest: dict[str, Any], path: Path, shapes: list[
     for is refused; --depth auto / --tree auto try the shapes within that (--tree auto's default
     shapes also `tree_of_depth` of a drafter trained deeper, and only it when all are deeper)."""
     method = method_of(drafter)
+    if cfg.stop_below is not None and method.one_forward:
+        raise UserError(
+            f"--stop-below: drafter {path} is a {method.title} drafter ({method.drafting}): one forward drafts the "
+            "whole chain, so stopping early saves nothing; drop --stop-below"
+        )
     if cfg.drafting == "tree" and not method.trees:
         raise UserError(
             f"drafter {path} is a {method.title} drafter ({method.drafting}): one forward drafts the whole chain, "
@@ -115,7 +120,8 @@ def make_proposer(
     make = PROPOSERS[method_of(drafter).name]
     proposer = make(drafter, sampling, max_len, shape, bool(cfg.compile_drafter), cfg.batch_size)
     if cfg.compile and isinstance(engine, TargetEngine):  # the generic engine has no graphs
-        for t in (1, proposer.size + 1):
+        widths = range(2, proposer.size + 2) if shape.stop_below is not None else [proposer.size + 1]  # 1 + drafts
+        for t in (1, *widths):
             engine.graph_rows(t)  # counts its own capture time
         if mode == "tree":
             engine.graph_compact(proposer.path_len)
@@ -250,7 +256,7 @@ def candidate_shapes(cfg: EvalConfig) -> list[Shape]:
         return [Shape(k) for k in range(cfg.depth_max or AUTO_DEPTH_CEILING, 0, -1)]
     if cfg.drafting == "tree":
         return [Shape(int(cfg.depth), cfg.top_k, cfg.total_tokens)]
-    return [Shape(int(cfg.depth))]
+    return [Shape(int(cfg.depth), stop_below=cfg.stop_below)]  # a float here: auto came with --depth auto
 
 
 def fit_to_target(drafter: Any, manifest: dict[str, Any], target: Target, path: Path) -> None:
@@ -336,6 +342,8 @@ def open_decoding(
             picks = spread(len(questions), cfg.calibration_questions)
             prompts = [turn_prompt(tok, questions[i].turns[:1], [], cfg.completion) for i in picks]
             calibration = calibrate(engine, proposer_of, prompts, max_new, stops, sampler, e.shapes)
+            if cfg.stop_below == "auto":  # the adaptive chain at the threshold the measured costs give, measured too
+                calibration = with_adaptive(calibration, engine, proposer_of, prompts, max_new, stops, sampler)
             shape = calibration.best().shape
             print((f"{e.name}: " if cfg.compare else "") + shape_summary(calibration), flush=True)
         draftings.append(Drafting(e, proposer_of(shape), shape, calibration, picks, spec_sampling))
@@ -408,6 +416,7 @@ def turn_rows(
                 "category": q.category,
                 "turn": n,
                 "accepts": s.accepts,
+                "drafted": s.drafted,
                 "spec_tokens": len(s.tokens),
                 "spec_seconds": s.seconds,
             }
@@ -444,6 +453,7 @@ def report_meta(
         engine="draftsmith",
         mode=cfg.drafting,
         top_k=x.shape.top_k,
+        stop_below=x.shape.stop_below,
         shape={**x.calibration.to_dict(), "questions": x.picks} if x.calibration is not None else None,
         total_tokens=proposer.size if tree else None,
         depth=x.shape.depth,

@@ -1,5 +1,6 @@
-"""`--depth auto` and `--tree auto`: the draft shape that maximises the expected decode speed,
-chosen from a short calibration on the engine and drafter at hand (before the measured run).
+"""`--depth auto`, `--tree auto` and `--stop-below auto`: the draft shape that maximises the
+expected decode speed, chosen from a short calibration on the engine and drafter at hand (before
+the measured run).
 
     predicted speed-up(s) = E(s) / c(s) · t_plain
 
@@ -12,12 +13,16 @@ seconds per token of plain decoding on the same prompts. The calibration prompts
 turns of a few of the run's questions spread evenly over its list, each decoded to the run's
 own length per turn; their answers are not part of the reported figures. Why so, and how far
 the prediction reads: docs/eval.md.
+
+`--stop-below auto` adds one candidate to the chains': the longest of them as an adaptive chain
+(`Shape.stop_below`), at the threshold the chains' measured costs give (`adaptive_threshold`),
+its tokens per call and cycle time measured on the same prompts rather than predicted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from draftsmith.errors import UserError
@@ -28,15 +33,20 @@ from draftsmith.runtime.sampling import Sampling
 
 @dataclass(frozen=True)
 class Shape:
-    """A draft shape: a chain of `depth`, or a tree (`top_k` and `total_tokens` set)."""
+    """A draft shape: a chain of `depth`, or a tree (`top_k` and `total_tokens` set); a chain with
+    `stop_below` stops drafting early once no row's confidence in its draft reaches it (an
+    adaptive chain, at most `depth` long)."""
 
     depth: int
     top_k: int | None = None
     total_tokens: int | None = None
+    stop_below: float | None = None
 
     @property
     def label(self) -> str:
-        return f"K={self.depth}" if self.top_k is None else f"{self.total_tokens}x{self.depth}x{self.top_k}"
+        if self.top_k is not None:
+            return f"{self.total_tokens}x{self.depth}x{self.top_k}"
+        return f"K={self.depth}" + ("" if self.stop_below is None else f" stop<{self.stop_below:.3g}")
 
     @classmethod
     def parse_tree(cls, text: str) -> Shape:
@@ -166,9 +176,50 @@ def calibrate(
     return Calibration("chain", candidates, plain_seconds, tokens, accept_cond)
 
 
+def adaptive_threshold(cal: Calibration) -> float:
+    """`--stop-below auto`'s threshold, from a chain calibration's measured costs. One more draft
+    step costs c_step seconds (the slope of the chains' cycle time over their length, least
+    squares); a token costs c/E at the best fixed chain. The step pays when the draft it adds is
+    accepted with a probability above c_step / (c/E), and the drafter's confidence in its draft
+    stands in for that probability. Kept within [0.01, 0.99]."""
+    ks = [c.shape.depth for c in cal.candidates]
+    ts = [c.cycle_seconds for c in cal.candidates]
+    k_mean, t_mean = sum(ks) / len(ks), sum(ts) / len(ts)
+    spread_k = sum((k - k_mean) ** 2 for k in ks)
+    step = sum((k - k_mean) * (t - t_mean) for k, t in zip(ks, ts, strict=True)) / spread_k if spread_k else 0.0
+    best = cal.best()
+    return min(max(step * best.expected_tokens / best.cycle_seconds, 0.01), 0.99)
+
+
+def with_adaptive(
+    cal: Calibration,
+    engine: Engine,
+    make_proposer: Callable[[Shape], Proposer],
+    prompts: list[list[int]],
+    max_new: int,
+    stops: set[int],
+    sampling: Callable[[], Sampling],
+) -> Calibration:
+    """A chain calibration with the adaptive chain added: the longest chain calibrated, stopping
+    below `adaptive_threshold`, decoded on the same prompts, its tokens per call and cycle time
+    measured (not predicted). A calibration of chains of one draft has nothing to stop: as it is."""
+    k_max = max(c.shape.depth for c in cal.candidates)
+    if k_max < 2:
+        return cal
+    shape = Shape(k_max, stop_below=round(adaptive_threshold(cal), 4))
+    proposer, rows, turns = make_proposer(shape), getattr(engine, "batch", 1), []
+    for c in range(0, len(prompts), rows):
+        turns += decode_all(engine, prompts[c : c + rows], max_new, stops, sampling(), proposer)
+    accepts = [a for t in turns for a in t.accepts]
+    calls = max(len(accepts), 1)
+    measured = Candidate(shape, sum(a + 1 for a in accepts) / calls, sum(t.seconds for t in turns) / calls)
+    return replace(cal, candidates=[*cal.candidates, measured])
+
+
 def summary(cal: Calibration) -> str:
     best = cal.best()
-    flag = "--depth" if cal.mode == "chain" else "--tree"
+    adaptive = any(c.shape.stop_below is not None for c in cal.candidates)
+    flag = "--tree" if cal.mode == "tree" else "--stop-below" if adaptive else "--depth"
     table = ", ".join(f"{c.shape.label} {cal.predicted_speedup(c):.2f}x" for c in cal.candidates)
     break_even = cal.break_even(best)
     verdict = (

@@ -353,6 +353,7 @@ def run(cfg: EvalConfig) -> Path:
             engine="vllm",
             mode="chain",
             top_k=None,
+            stop_below=None,
             shape=None,
             total_tokens=None,
             depth=k,
