@@ -5,15 +5,17 @@
 #                 of 2026-12-05 05:16, once quickstart's synthesis through vLLM proved too slow to
 #                 leave time to train): the recipe's first two synth sets, prepare, vocab and a
 #                 1,300-step train_online with --compile-capture (again without it if that fails)
-#   ds_b1         draftsmith's engine at batch 1 on MT-bench
 #   vllm_k753     eval --engine vllm, K=7, 5 and 3 at batch 1 (and K=7 at 80 rows), one plain pass
-#   cycle_profile the chain and tree cycles of that drafter, by part and kernel by kernel
-#                 (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
+#   ds_b1         draftsmith's engine at batch 1 on MT-bench
+#   gpu_adaptive  the adaptive chain's GPU test (eval --stop-below, graphed)
+#   ds_adaptive   eval --stop-below auto at batch 1: tau, drafts per cycle and speed-up against ds_b1
 #   ds_b16        draftsmith's engine at batch 16
 #   vllm_b16      eval --engine vllm, K=7 at batch 16 and 64
 #   *1000         1,000 samples of the run's dataset captured by transformers and by vLLM's stock
 #                 connector, timed and compared (experiments/compare_stores.py)
-# MAGPIE (12000) and STEPS (1300) size the short run for a shorter lease.
+#   cycle_profile the chain, adaptive-chain and tree cycles of that drafter, by part and kernel by
+#                 kernel (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
+# MAGPIE (12000), STEPS (1300) and NQ (80 questions a pass) size the run for a shorter lease.
 # SHORT=1 synthesises with the local engine (faster than vLLM's, LOG 2026-12-05 05:16) and keeps
 # its answers for the next lease (pack_answers; restored from .data/short_synth.tgz.part* when
 # carried back, so a later lease goes straight to training).
@@ -29,7 +31,7 @@ driver_start "${LEASE_MIN:-24}" 2
 python3 -c "import vllm; print('vllm', vllm.__version__)" >> "$R/gpu.txt" 2>&1
 Q=/root/runs/qs
 D=$Q/train_online
-E=(--target "$HF" --mode chain --num-questions 80 --max-new-tokens 256)
+E=(--target "$HF" --mode chain --num-questions "${NQ:-80}" --max-new-tokens 256)
 SYNTH="max_new_tokens: 256, batch_size: 1024, keep_unfinished: true"
 cat > /root/short.yaml <<Y
 stages:
@@ -61,14 +63,19 @@ else
   step quickstart 1500 python3 -m draftsmith quickstart --out "$Q"
 fi
 echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
-step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
 # K=7, 5 and 3 at batch 1 in one vLLM process, with one plain pass (and K=7 at 80 rows at once)
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
   --sweep 5:1,3:1 --out /root/runs/vllm_k753
-step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree --profile "$R/profile" \
-  --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
+step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
+# the adaptive chain (eval --stop-below) graphed: its GPU test, then --stop-below auto against ds_b1's K=7
+DRAFTSMITH_TEST_TARGET=$HF step gpu_adaptive 150 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
+  -p no:cacheprovider -k adaptive
+step ds_adaptive 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --stop-below auto --batch-size 1 \
+  --out /root/runs/ds_adaptive
 step ds_b16 200 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 16 --out /root/runs/ds_b16
 step vllm_b16 300 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 16 \
   --sweep 7:64 --out /root/runs/vllm_b16
 capture_pair 1000
+step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,tree --profile "$R/profile" \
+  --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
 touch "$R/ALL_DONE"
