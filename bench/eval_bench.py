@@ -293,11 +293,22 @@ def part_ms(fn, *args: torch.Tensor, reps: int) -> float:
     return median_ms(graphed.graph.replay, dev, reps)
 
 
+def two_stage_topk(x: torch.Tensor, k: int, width: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top k of x [..., V] (V a multiple of `width`) as the top k of each `width`-wide slice,
+    then the top k of those: two small-slice top-k kernels instead of one over V."""
+    *lead, v = x.shape
+    vals, idx = x.view(*lead, v // width, width).topk(k, dim=-1)  # [..., V/width, k]
+    idx = idx + torch.arange(0, v, width, device=x.device)[:, None]  # slice offsets: indices into V
+    best, at = vals.flatten(-2).topk(k, dim=-1)  # [..., k]
+    return best, idx.flatten(-2).gather(-1, at)
+
+
 @torch.no_grad()
 def tree_parts(prop: DrafterProposer, reps: int) -> dict:
     """A tree draft's parts, each timed alone on inputs of its shapes (`part_ms`): one drafter step
     over the k frontier nodes (`step_ms`, done depth-1 times a cycle), the top-k of its logits as
-    log-probs (`topk_ms`, per depth), the selection of the kept nodes from the pool
+    log-probs (`topk_ms`, per depth; and its parts: the top-k alone, the logsumexp alone, and a
+    two-stage top-k), the selection of the kept nodes from the pool
     (`select_ms`, once) and their ancestor mask (`ancestors_ms`, once)."""
     b, k, dev = prop.batch, prop.top_k, prop.device
     cfg = prop.drafter.config
@@ -316,6 +327,11 @@ def tree_parts(prop: DrafterProposer, reps: int) -> dict:
     return {
         "step_ms": part_ms(prop._step, hidden, ids, pos, slots, mask, reps=reps),
         "topk_ms": part_ms(lambda x: top_log_probs(x, k), logits, reps=reps),
+        # what the top-k as log-probs is made of, and a two-stage top-k (the best k of each 128-wide
+        # slice, then of those) that the next change would use if it is cheaper
+        "topk_only_ms": part_ms(lambda x: x.topk(k), logits, reps=reps),
+        "logsumexp_ms": part_ms(lambda x: x.logsumexp(-1), logits, reps=reps),
+        "topk_two_stage_ms": part_ms(lambda x: two_stage_topk(x, k), logits, reps=reps),
         "select_ms": part_ms(
             lambda *x: select_nodes(*x, prop.pool_depths, prop.size), scores, tokens, parents, reps=reps
         ),
