@@ -146,6 +146,7 @@ def test_eval_stop_below_auto_measures_the_adaptive_chain_beside_the_fixed_ones(
     adaptive = [c for c in shape["candidates"] if c["stop_below"] is not None]
     assert [c["depth"] for c in shape["candidates"]] == [1, 2, 3, 3] and len(adaptive) == 1
     assert 0.01 <= adaptive[0]["stop_below"] <= 0.99 and adaptive[0]["expected_tokens"] >= 1
+    assert 1 <= adaptive[0]["drafted_per_cycle"] <= 3
 
 
 @pytest.mark.parametrize(

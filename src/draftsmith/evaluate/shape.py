@@ -65,6 +65,7 @@ class Candidate:
     shape: Shape
     expected_tokens: float  # E(s): tokens per target call
     cycle_seconds: float  # c(s)
+    drafted: float | None = None  # an adaptive chain's measured draft tokens per call
 
 
 @dataclass
@@ -103,6 +104,7 @@ class Calibration:
                     **asdict(c.shape),
                     "expected_tokens": round(c.expected_tokens, 4),
                     "cycle_ms": round(1e3 * c.cycle_seconds, 3),
+                    "drafted_per_cycle": c.drafted and round(c.drafted, 4),
                     "predicted_speedup": round(self.predicted_speedup(c), 4),
                 }
                 for c in self.candidates
@@ -212,7 +214,8 @@ def with_adaptive(
         turns += decode_all(engine, prompts[c : c + rows], max_new, stops, sampling(), proposer)
     accepts = [a for t in turns for a in t.accepts]
     calls = max(len(accepts), 1)
-    measured = Candidate(shape, sum(a + 1 for a in accepts) / calls, sum(t.seconds for t in turns) / calls)
+    drafted = sum(d for t in turns for d in t.drafted) / calls
+    measured = Candidate(shape, sum(a + 1 for a in accepts) / calls, sum(t.seconds for t in turns) / calls, drafted)
     return replace(cal, candidates=[*cal.candidates, measured])
 
 
