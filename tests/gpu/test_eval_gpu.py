@@ -150,7 +150,7 @@ def test_graphed_adaptive_chain_equals_plain_and_stops_as_eager(target, compile)
 
     drafter = random_drafter(target.model, 32000)
     with torch.no_grad():
-        drafter.lm_head.weight.mul_(40)
+        drafter.lm_head.weight.mul_(10)  # on the embedded default: stops after 2 to 7 drafts
     prompts = [turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", 4)]
     eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512, batch=4)
     for t in range(1, 9):
