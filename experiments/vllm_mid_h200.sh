@@ -9,6 +9,7 @@
 #                 run on the GPU is the check) through eval --engine vllm, K=7 / the DFlash block
 #   *1000         1,000 GSM8K question/answer samples (not on-policy: the rate is the figure) captured
 #                 by transformers and by vLLM's stock connector, timed and compared
+#   gpu_train     train's GPU tests (the compiled capture's among them)
 #   bash /root/parts/unpack.sh /root/parts && (setsid bash experiments/vllm_mid_h200.sh > /root/driver.log 2>&1 &)
 # then poll back to back: bash experiments/fetch_results.sh 240
 set -uo pipefail
@@ -42,4 +43,5 @@ step ds1000 200 python3 -m draftsmith prepare /root/g1000.jsonl --target "$HF" -
   step extract_vllm1000 300 python3 -m draftsmith extract /root/runs/ds1000 --target "$HF" --out /root/runs/x_vllm1000 --engine vllm &&
   step extract_compare1000 100 python3 experiments/compare_stores.py /root/runs/x_hf1000 /root/runs/x_vllm1000 \
     --out-json "$R/extract_compare1000.json"
+DRAFTSMITH_TEST_TARGET=$HF step gpu_train 150 python3 -m pytest tests/gpu/test_train_gpu.py --run-gpu -q -p no:cacheprovider
 touch "$R/ALL_DONE"
