@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# One device call, carrying only .whl (issue 53's tree cycle, on the GPU): the chain's and the tree's
-# cycle by part and kernel by kernel, on a SmolLM2-135M-shaped target and drafter of random weights
-# (kernel times depend on the shapes; tau is ~1, so only the per-cycle costs mean anything), then
-# eval's GPU tests on that target (graphed chain and tree decoding equal plain decoding);
-# first, experiments/cond_graph_probe.py (can a graphed chain draft stop on confidence?).
+# One device call, carrying only .whl (issue 53's tree cycle, on the GPU): the chain's, the adaptive
+# chain's (chain_walk: eval --stop-below drafting every step, a graph and host read each) and the
+# tree's cycle by part and kernel by kernel, the tree's top-k by its parts, on a SmolLM2-135M-shaped
+# target and drafter of random weights (kernel times depend on the shapes; tau is ~1, so only the
+# per-cycle costs mean anything), then eval's GPU tests on that target (graphed chain, tree and
+# adaptive-chain decoding equal plain decoding). experiments/cond_graph_probe.py ran once (H100,
+# 2026-12-05 11:55: torch 2.11 has no CUDA-graph conditional nodes) and is not run again.
 #   bash experiments/cycle_h200.sh     # results in $OUT (the device tool's), else /tmp/cycle
 # The call carries .whl (experiments/h200_wheels.sh: what draftsmith needs and the image lacks).
 set -uo pipefail
@@ -16,12 +18,10 @@ export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
   git log -1 --format='revision %h %cI' 2>/dev/null; date -u +%FT%TZ; } > "$O/setup.log" 2>&1
 python3 experiments/random_target.py /root/rand135m >> "$O/setup.log" 2>&1
-# whether a graphed draft could stop on confidence (torch.cond as a CUDA-graph conditional node)
-timeout 60 python3 experiments/cond_graph_probe.py > "$O/cond_probe.json" 2>> "$O/setup.log"
 # the cycle's parts (draft, verify, glue: accept, compact, observe; the tree draft's step, top-k,
 # selection and ancestor mask as graph replays), the verify cost by width, one profiled turn a shape;
 # each with the eager target and (added after the H100 run of 2026-12-05 11:55) the compiled one
-timeout 300 python3 bench/eval_bench.py --target /root/rand135m --parts verify,cycle --cycle-shapes chain,tree --compile-target \
+timeout 300 python3 bench/eval_bench.py --target /root/rand135m --parts verify,cycle --cycle-shapes chain,chain_walk,tree --compile-target \
   --num-questions 10 --max-new-tokens 128 --plain-prompts 3 --plain-tokens 128 \
   --profile "$O/prof" --out-json "$O/cycle.json" > "$O/bench.log" 2>&1
 echo "bench rc=$?" >> "$O/setup.log"
