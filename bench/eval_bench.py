@@ -49,6 +49,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -178,6 +179,7 @@ def cycle_breakdown(
     reps: int,
     compile_target: bool = False,
     profile_dir: Path | None = None,
+    on_row: Callable[[dict], None] | None = None,
 ) -> dict:
     """Per shape and drafter-step compilation: cycle, draft, verify and glue ms (see the docstring),
     the glue's parts (`glue_parts`); with `compile_target`, the target's forward compiled inside its
@@ -242,6 +244,8 @@ def cycle_breakdown(
                 )
             row["speedup_vs_plain"] = round(row["tau"] * out["plain_ms_per_token"] / row["cycle_ms"], 3)
             out[f"{name}{'_compiled' if compiled else ''}"] = row
+            if on_row is not None:  # what is measured so far, kept should the run be cut short
+                on_row(out)
             del prop
     return out
 
@@ -507,6 +511,13 @@ def main() -> None:
         "dtype": str(target.dtype).removeprefix("torch."),
         "load_seconds": round(time.perf_counter() - t0, 2),
     }
+
+    def save(partial: dict | None = None) -> None:
+        """--out-json: the result so far (and a part still running), rewritten after each shape
+        timed, so that a run its time limit cuts keeps what it measured."""
+        if args.out_json:
+            args.out_json.write_text(json.dumps({**result, **(partial or {})}, indent=2) + "\n")
+
     if "plain" in parts:
         prompts = [
             turn_prompt(target.tokenizer, q.turns[:1], []) for q in load_questions("mt_bench", args.plain_prompts)
@@ -558,7 +569,15 @@ def main() -> None:
             path,
         ) in timed.items():  # several: side by side in the same process, each against its own plain decoding
             result[key] = cycle_breakdown(
-                target, path, prompts, args.plain_tokens, cycle_shapes, compile_modes, reps, profile_dir=args.profile
+                target,
+                path,
+                prompts,
+                args.plain_tokens,
+                cycle_shapes,
+                compile_modes,
+                reps,
+                profile_dir=args.profile,
+                on_row=lambda rows, key=key: save({key: rows}),
             )
         if args.compile_target:  # side by side in the same process: the compiled drafter step only
             result["cycle_target_compiled"] = cycle_breakdown(
@@ -571,6 +590,7 @@ def main() -> None:
                 reps,
                 compile_target=True,
                 profile_dir=args.profile,
+                on_row=lambda rows: save({"cycle_target_compiled": rows}),
             )
     del target
     evals = shapes  # EvalConfig's names
@@ -580,10 +600,8 @@ def main() -> None:
         result["tree"] = spec_run(args, drafter, out_dir / "tree", **evals["tree"])
     if "batch" in parts:
         result["batch"] = batch_runs(args, drafter, out_dir, evals)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out_json:
-        args.out_json.write_text(text + "\n")
+    save()
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
