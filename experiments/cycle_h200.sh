@@ -4,8 +4,9 @@
 # tree's cycle by part and kernel by kernel, the tree's top-k by its parts, on a SmolLM2-135M-shaped
 # target and drafter of random weights (kernel times depend on the shapes; tau is ~1, so only the
 # per-cycle costs mean anything), after the adaptive chain's GPU tests on that target (graphed
-# adaptive-chain decoding equals plain decoding; the other eval GPU tests passed on 2026-12-05 11:55). experiments/cond_graph_probe.py ran once (H100,
-# 2026-12-05 11:55: torch 2.11 has no CUDA-graph conditional nodes) and is not run again.
+# adaptive-chain decoding equals plain decoding; eval's other GPU tests passed on 2026-12-05 11:55).
+# experiments/cond_graph_probe.py ran once (H100, 2026-12-05 11:55: torch 2.11 has no CUDA-graph
+# conditional nodes) and is not run again.
 #   bash experiments/cycle_h200.sh     # results in $OUT (the device tool's), else /tmp/cycle
 # The call carries .whl (experiments/h200_wheels.sh: what draftsmith needs and the image lacks).
 set -uo pipefail
