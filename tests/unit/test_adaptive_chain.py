@@ -197,3 +197,19 @@ def test_the_auto_threshold_is_a_draft_steps_share_of_a_tokens_time():
     assert adaptive_threshold(cal) == pytest.approx(0.1 * best.expected_tokens / best.cycle_seconds)
     flat = Calibration("chain", [Candidate(Shape(k), 1.5, 1.0) for k in (1, 2)], 0.5, 10, accept)
     assert adaptive_threshold(flat) == 0.01  # free steps: the floor, never 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="inductor's CPU backend needs a C++ compiler")
+def test_the_compiled_draw_stops_and_drafts_as_the_eager_one(pair):
+    """With `compile`, each draft's draw and confidence is one compiled region (inductor; on CPU
+    its C++ backend), as the fixed chain's draft is: the same answers, accepted counts and stops."""
+    runs = []
+    for compile in (False, True):
+        model, drafter = pair
+        eng = TargetEngine(model, [0, 1, 2], 64, batch=3)
+        prop = DrafterProposer(drafter, Sampling(), 64, depth=5, batch=3, stop_below=0.4, compile=compile)
+        assert (prop.draft_region is not None) == compile
+        runs.append([(t.tokens, t.accepts, t.drafted) for t in decode(eng, PROMPTS, 24, set(), Sampling(), prop)])
+    assert runs[0] == runs[1]
+    assert len({d for _, _, drafted in runs[0] for d in drafted}) > 1
