@@ -3,7 +3,7 @@
 # in its own session: wait up to SECONDS for $R/ALL_DONE, print the steps so far and each run's
 # progress, and pack every small result file (logs, metrics, reports, plots; no weights, stores
 # or datasets) into $OUT/res.tgz, which the device tool brings back.
-#   bash experiments/fetch_results.sh 540
+#   bash experiments/fetch_results.sh 240
 # Call it again at once after each return: a lease left idle for 30 s is given back, and what the
 # driver wrote after the last call is lost with it.
 set -uo pipefail

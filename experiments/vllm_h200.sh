@@ -21,7 +21,8 @@
 # carried back, so a later lease goes straight to training).
 # After the five carrying calls (h200_carry.sh's header), in the last one:
 #   bash /root/parts/unpack.sh /root/parts && (SHORT=1 setsid bash experiments/vllm_h200.sh > /root/driver.log 2>&1 &)
-# then poll back to back: bash experiments/fetch_results.sh 540
+# then poll back to back: bash experiments/fetch_results.sh 240 (a lease taken back mid-run keeps
+# only what the last poll brought: 2026-12-05 13:54 lost all of its first 540 s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/root/vllm26:/root/site:$PWD/src:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
