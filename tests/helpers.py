@@ -495,3 +495,31 @@ def tiny_ttt_drafter(seed: int = 0, num_layers: int = 1, vocab_size: int = 50, d
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.3)
     return model
+
+
+def one_question(folder: Path) -> Path:
+    """A one-question bench (folder/q.jsonl: "Say hi.") for CLI runs of `eval`."""
+    bench = Path(folder) / "q.jsonl"
+    bench.write_text(json.dumps({"turns": ["Say hi."]}) + "\n")
+    return bench
+
+
+def eval_cli(setup: tuple[Path, Path, Path], *options: str):
+    """`draftsmith eval` through the CLI, setup = (target folder, drafter, tmp): the questions of
+    tmp/q.jsonl (`one_question(tmp)` where there is none), 6 new tokens, into tmp/e. Returns
+    typer's result."""
+    from typer.testing import CliRunner
+
+    from draftsmith.cli import app
+
+    target, drafter, tmp = setup
+    bench = Path(tmp) / "q.jsonl"
+    common = [
+        "--target",
+        str(target),
+        "--drafter",
+        str(drafter),
+        "--bench",
+        str(bench if bench.exists() else one_question(tmp)),
+    ]
+    return CliRunner().invoke(app, ["eval", *common, "--max-new-tokens", "6", "--out", str(Path(tmp) / "e"), *options])

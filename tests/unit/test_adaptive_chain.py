@@ -6,14 +6,17 @@ token for token; a parked row keeps no chain going."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
+from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.evaluate.decode import decode
 from draftsmith.evaluate.proposer import DrafterProposer
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
-from tests.helpers import tiny_vocab_drafter, tiny_vocab_llama
+from tests.helpers import eval_cli, random_drafter, tiny_vocab_drafter, tiny_vocab_llama
 
 PROMPTS = [[1, 5, 7, 3, 9], [2, 4], [6, 1, 8, 8, 3, 2, 7]]
 
@@ -102,36 +105,16 @@ def test_sampled_adaptive_chain_runs_and_reports_its_lengths(pair):
 
 @pytest.fixture
 def setup(tiny_model, tiny_target, tiny_target_dir, tmp_path):
-    import json
-
-    from draftsmith.draft.checkpoint import save_drafter
-    from tests.helpers import random_drafter
-
-    drafter = save_drafter(
-        random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter", target=tiny_target.info.to_dict()
-    )
-    (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["Say hi."]}) + "\n")
-    return tiny_target_dir, drafter, tmp_path
-
-
-def evaluate(setup, *options: str):
-    from typer.testing import CliRunner
-
-    from draftsmith.cli import app
-
-    target, drafter, tmp = setup
-    common = ["--target", str(target), "--drafter", str(drafter), "--bench", str(tmp / "q.jsonl")]
-    return CliRunner().invoke(app, ["eval", *common, "--max-new-tokens", "8", "--out", str(tmp / "e"), *options])
+    drafter = random_drafter(tiny_model, draft_vocab_size=300)
+    return tiny_target_dir, save_drafter(drafter, tmp_path / "drafter", target=tiny_target.info.to_dict()), tmp_path
 
 
 def report(setup) -> dict:
-    import json
-
     return json.loads((setup[2] / "e" / "report.json").read_text())
 
 
 def test_eval_stop_below_reports_the_threshold_and_the_drafts_per_step(setup):
-    res = evaluate(setup, "--depth", "4", "--stop-below", "0.001")
+    res = eval_cli(setup, "--depth", "4", "--stop-below", "0.001")
     assert res.exit_code == 0, res.output
     r = report(setup)
     assert r["stop_below"] == 0.001 and r["depth"] == 4 and 1 <= r["drafted_per_cycle"] <= 4
@@ -140,7 +123,7 @@ def test_eval_stop_below_reports_the_threshold_and_the_drafts_per_step(setup):
 
 
 def test_eval_stop_below_auto_measures_the_adaptive_chain_beside_the_fixed_ones(setup):
-    res = evaluate(setup, "--stop-below", "auto", "--depth-max", "3", "--calibration-questions", "1")
+    res = eval_cli(setup, "--stop-below", "auto", "--depth-max", "3", "--calibration-questions", "1")
     assert res.exit_code == 0, res.output
     shape = report(setup)["shape"]
     adaptive = [c for c in shape["candidates"] if c["stop_below"] is not None]
@@ -163,24 +146,15 @@ def test_eval_stop_below_auto_measures_the_adaptive_chain_beside_the_fixed_ones(
     ],
 )
 def test_a_threshold_eval_cannot_use_is_refused(setup, options, says):
-    res = evaluate(setup, *options)
+    res = eval_cli(setup, *options)
     assert res.exit_code != 0 and says in " ".join(res.output.split()), res.output
     assert not (setup[2] / "e").exists()
 
 
 def test_a_parallel_drafter_refuses_the_threshold(tiny_model, tiny_target, tiny_target_dir, tmp_path):
-    import json
-
-    from draftsmith.draft.checkpoint import save_drafter
-    from tests.helpers import random_drafter
-
-    drafter = save_drafter(
-        random_drafter(tiny_model, draft_vocab_size=300, method="peagle"),
-        tmp_path / "d",
-        target=tiny_target.info.to_dict(),
-    )
-    (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["Say hi."]}) + "\n")
-    res = evaluate((tiny_target_dir, drafter, tmp_path), "--stop-below", "0.3")
+    drafter = random_drafter(tiny_model, draft_vocab_size=300, method="peagle")
+    drafter = save_drafter(drafter, tmp_path / "d", target=tiny_target.info.to_dict())
+    res = eval_cli((tiny_target_dir, drafter, tmp_path), "--stop-below", "0.3")
     assert res.exit_code != 0 and "stopping early saves nothing" in " ".join(res.output.split()), res.output
 
 

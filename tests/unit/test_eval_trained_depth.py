@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from draftsmith.cli import app
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.draft.methods import deepest, trained_depth
-from tests.helpers import random_drafter
+from tests.helpers import eval_cli, random_drafter
 
 
 @pytest.fixture
@@ -25,14 +25,7 @@ def trained_two(tiny_model, tiny_target, tiny_target_dir, tmp_path):
         target=tiny_target.info.to_dict(),
         meta={"depth": 2},
     )
-    (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["Say hi."]}) + "\n")
     return tiny_target_dir, drafter, tmp_path
-
-
-def evaluate(setup, *options: str):
-    target, drafter, tmp = setup
-    common = ["--target", str(target), "--drafter", str(drafter), "--bench", str(tmp / "q.jsonl")]
-    return CliRunner().invoke(app, ["eval", *common, "--max-new-tokens", "6", "--out", str(tmp / "e"), *options])
 
 
 @pytest.mark.parametrize(
@@ -44,7 +37,7 @@ def evaluate(setup, *options: str):
     ],
 )
 def test_a_draft_deeper_than_trained_is_refused_naming_the_trained_depth(trained_two, options, flag):
-    res = evaluate(trained_two, *options)
+    res = eval_cli(trained_two, *options)
     text = " ".join(res.output.split())
     assert res.exit_code != 0 and f"{flag}: this EAGLE-3 drafter was trained to draft 2 deep" in text, res.output
     assert "train --depth 2" in text
@@ -52,7 +45,7 @@ def test_a_draft_deeper_than_trained_is_refused_naming_the_trained_depth(trained
 
 
 def test_depth_auto_tries_only_the_trained_depths(trained_two):
-    res = evaluate(trained_two, "--depth", "auto", "--calibration-questions", "1")
+    res = eval_cli(trained_two, "--depth", "auto", "--calibration-questions", "1")
     assert res.exit_code == 0, res.output
     shape = json.loads((trained_two[2] / "e" / "report.json").read_text())["shape"]
     assert [c["depth"] for c in shape["candidates"]] == [1, 2]
@@ -74,8 +67,7 @@ def test_depth_auto_reaches_as_deep_as_the_drafter_was_trained(tiny_model, tiny_
     """Without --depth-max, --depth auto tries every chain up to the trained depth (a drafter
     trained deeper than 7 gets its deeper chains tried)."""
     drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter", meta={"depth": 9})
-    (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["Say hi."]}) + "\n")
-    res = evaluate((tiny_target_dir, drafter, tmp_path), "--depth", "auto", "--calibration-questions", "1")
+    res = eval_cli((tiny_target_dir, drafter, tmp_path), "--depth", "auto", "--calibration-questions", "1")
     assert res.exit_code == 0, res.output
     shape = json.loads((tmp_path / "e" / "report.json").read_text())["shape"]
     assert [c["depth"] for c in shape["candidates"]] == list(range(1, 10))
@@ -86,13 +78,12 @@ def test_tree_auto_tries_a_deeper_trained_drafters_own_depth(tiny_model, tiny_ta
     deeper than their deepest (7), one tree at its trained depth: 90x9x10 for depth 9. Given
     shapes are taken as they are."""
     drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter", meta={"depth": 9})
-    (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["Say hi."]}) + "\n")
     setup = (tiny_target_dir, drafter, tmp_path)
-    res = evaluate(setup, "--tree", "auto", "--calibration-questions", "1")
+    res = eval_cli(setup, "--tree", "auto", "--calibration-questions", "1")
     assert res.exit_code == 0, res.output
     shape = json.loads((tmp_path / "e" / "report.json").read_text())["shape"]
     assert [c["shape"] for c in shape["candidates"]] == ["8x4x2", "16x5x4", "32x6x8", "60x7x10", "90x9x10"]
-    res = evaluate(
+    res = eval_cli(
         setup, "--tree", "auto", "--tree-shapes", "8x4x2,60x7x10", "--calibration-questions", "1", "--overwrite"
     )
     assert res.exit_code == 0, res.output
@@ -103,7 +94,7 @@ def test_tree_auto_tries_a_deeper_trained_drafters_own_depth(tiny_model, tiny_ta
 def test_tree_auto_on_a_drafter_trained_shallower_than_every_shape(trained_two):
     """--tree auto replaces --depth (whose default, 7, is past this drafter's 2): no refusal, and
     where every default shape is deeper than the trained depth, the tree at that depth (20x2x10)."""
-    res = evaluate(trained_two, "--tree", "auto", "--calibration-questions", "1")
+    res = eval_cli(trained_two, "--tree", "auto", "--calibration-questions", "1")
     assert res.exit_code == 0, res.output
     report = json.loads((trained_two[2] / "e" / "report.json").read_text())
     assert [c["shape"] for c in report["shape"]["candidates"]] == ["20x2x10"]
@@ -125,7 +116,7 @@ def test_a_tree_whose_verification_would_not_fit_is_refused_before_decoding(trai
     1.2 GB of float32 logits over the 49k vocab): with 600 MB free (enough for the tiny target
     itself), eval stops before the engine allocates, naming what to lower, and writes nothing."""
     monkeypatch.setattr("draftsmith.memory.available_memory", lambda device: 600 << 20)
-    res = evaluate(trained_two, "--mode", "tree", "--depth", "2", "--top-k", "200", "--total-tokens", "2000")
+    res = eval_cli(trained_two, "--mode", "tree", "--depth", "2", "--top-k", "200", "--total-tokens", "2000")
     text = " ".join(res.output.split())
     assert res.exit_code != 0 and "verifications of 2001 tokens" in text and "lower --total-tokens or --top-k" in text
     assert not (trained_two[2] / "e").exists()
@@ -148,7 +139,7 @@ def test_a_drafter_trained_twelve_deep_drafts_twelve_deep_losslessly(tiny_target
     assert res.exit_code == 0, res.output
     (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["Count to ten."]}) + "\n")
     for mode in (["--mode", "chain"], ["--mode", "tree", "--top-k", "2", "--total-tokens", "16"]):
-        res = evaluate((tiny_target_dir, tmp_path / "run", tmp_path), "--depth", "12", *mode, "--max-new-tokens", "24")
+        res = eval_cli((tiny_target_dir, tmp_path / "run", tmp_path), "--depth", "12", *mode, "--max-new-tokens", "24")
         assert res.exit_code == 0, res.output
         report = json.loads((tmp_path / "e" / "report.json").read_text())
         assert report["depth"] == 12 and report["greedy_turns_matching_plain"] == report["turns"] == 1

@@ -343,7 +343,10 @@ def open_decoding(
             prompts = [turn_prompt(tok, questions[i].turns[:1], [], cfg.completion) for i in picks]
             calibration = calibrate(engine, proposer_of, prompts, max_new, stops, sampler, e.shapes)
             if cfg.stop_below == "auto":  # the adaptive chain at the threshold the measured costs give, measured too
-                calibration = with_adaptive(calibration, engine, proposer_of, prompts, max_new, stops, sampler)
+                calibration = with_adaptive(
+                    calibration,
+                    lambda shape: decode_all(engine, prompts, max_new, stops, sampler(), proposer_of(shape)),
+                )
             shape = calibration.best().shape
             print((f"{e.name}: " if cfg.compare else "") + shape_summary(calibration), flush=True)
         draftings.append(Drafting(e, proposer_of(shape), shape, calibration, picks, spec_sampling))

@@ -193,25 +193,16 @@ def adaptive_threshold(cal: Calibration) -> float:
     return min(max(step * best.expected_tokens / best.cycle_seconds, 0.01), 0.99)
 
 
-def with_adaptive(
-    cal: Calibration,
-    engine: Engine,
-    make_proposer: Callable[[Shape], Proposer],
-    prompts: list[list[int]],
-    max_new: int,
-    stops: set[int],
-    sampling: Callable[[], Sampling],
-) -> Calibration:
+def with_adaptive(cal: Calibration, decode_prompts: Callable[[Shape], list[Turn]]) -> Calibration:
     """A chain calibration with the adaptive chain added: the longest chain calibrated, stopping
-    below `adaptive_threshold`, decoded on the same prompts, its tokens per call and cycle time
-    measured (not predicted). A calibration of chains of one draft has nothing to stop: as it is."""
+    below `adaptive_threshold`, decoded on the calibration's prompts (`decode_prompts(shape)`), its
+    tokens per call and cycle time measured (not predicted). A calibration of chains of one draft
+    has nothing to stop: as it is."""
     k_max = max(c.shape.depth for c in cal.candidates)
     if k_max < 2:
         return cal
     shape = Shape(k_max, stop_below=round(adaptive_threshold(cal), 4))
-    proposer, rows, turns = make_proposer(shape), getattr(engine, "batch", 1), []
-    for c in range(0, len(prompts), rows):
-        turns += decode_all(engine, prompts[c : c + rows], max_new, stops, sampling(), proposer)
+    turns = decode_prompts(shape)
     accepts = [a for t in turns for a in t.accepts]
     calls = max(len(accepts), 1)
     drafted = sum(d for t in turns for d in t.drafted) / calls
