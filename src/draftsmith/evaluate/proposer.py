@@ -297,9 +297,7 @@ class DrafterProposer(StagedCycle):
                 masks=zeros(batch, k, self.cols16.shape[0], dtype=torch.bool),
                 pos=zeros(batch, k, 2, dtype=torch.long),
             )
-            self.walk_steps: list[Callable[[], tuple]] = [
-                functools.partial(self._walk_step, i) for i in range(depth - 1)
-            ]
+        self.walk_graphs: list[Graphed] = []  # on GPU, the adaptive chain's steps 0..K-2 as graphs (`_capture`)
 
     def graph(self) -> None:
         """Capture the cycle in a CUDA graph (no-op on CPU). A capture that fails falls back one
@@ -314,9 +312,7 @@ class DrafterProposer(StagedCycle):
                 self._capture()
                 return
             except Exception as e:
-                self.cycle = None
-                if self.stop_below is not None:
-                    self.walk_steps = [functools.partial(self._walk_step, i) for i in range(self.depth - 1)]
+                self.cycle, self.walk_graphs = None, []
                 why = failure(e)
                 if self.draft_region is not None:
                     print(
@@ -342,7 +338,7 @@ class DrafterProposer(StagedCycle):
         if self.cycle is None:  # warm-up writes garbage drafter K/V: capture before decoding
             self.cycle = Graphed(self._cycle, *self.stage)
             if self.stop_below is not None:  # each further step of the adaptive chain: a graph without inputs
-                self.walk_steps = [Graphed(functools.partial(self._walk_step, i)) for i in range(self.depth - 1)]
+                self.walk_graphs = [Graphed(functools.partial(self._walk_step, i)) for i in range(self.depth - 1)]
 
     @property
     def size(self) -> int:
@@ -416,7 +412,7 @@ class DrafterProposer(StagedCycle):
         if self.stop_below is not None:  # the head drafted 1; each further step while a live row is confident
             drafted = 1
             while drafted < self.depth and bool((self.walk.confidence >= self.stop_below).any()):  # one host read
-                self.walk_steps[drafted - 1]()
+                self.walk_graphs[drafted - 1]() if self.walk_graphs else self._walk_step(drafted - 1)
                 drafted += 1
             return chain_draft(*self.walk.drafts(drafted))
         return chain_draft(*out) if self.mode == "chain" else Draft(*out)
@@ -445,24 +441,46 @@ class DrafterProposer(StagedCycle):
         logits = logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0]  # [B, Vd]
         hidden = out.gather(1, last.expand(-1, 1, out.shape[-1]))[:, 0]  # [B, H]
         if self.stop_below is not None:  # the adaptive chain's head: its first draft, and the steps' masks
-            self.walk.masks.copy_(self._context(base, n + m)[:, None] | self.chain_masks)
-            self.walk.pos.copy_((n + m)[:, None, None] + self.chain_steps)
+            masks, pos = self._chain_inputs(base, n + m)
+            self.walk.masks.copy_(masks)
+            self.walk.pos.copy_(pos)
             (self.draft_region or self._walk_draw)(0, logits, hidden)
             return ()
         return (self.draft_region or self.draft)(logits, hidden, base, n + m)
 
     def _walk_step(self, i: int) -> tuple:
         """Draft step i of the adaptive chain (0..K-2): feeds draft i, draws draft i+1, in the walk's buffers."""
-        w, b = self.walk, self.batch
-        logits, out = self._step(
-            w.hidden[:, None],
-            w.tokens[:, i : i + 1],
-            w.pos[:, i, :1],
-            self.chain_slots[i, :1].expand(b, 1),
-            w.masks[:, i : i + 1, : self.cols.shape[0]],
-        )  # [B, 1, Vd], [B, 1, H]
-        (self.draft_region or self._walk_draw)(i + 1, logits[:, 0], out[:, 0])
+        w = self.walk
+        logits, out = self._chain_step(i, w.hidden, w.tokens[:, i], w.pos, w.masks, self._step)
+        (self.draft_region or self._walk_draw)(i + 1, logits, out)
         return ()
+
+    def _chain_inputs(self, base: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every chain draft step's attention rows [B, K-1, S16] and positions [B, K-1, 2] (step
+        i at n+i, twice), for rows whose step-0 slots start at base [B] with n [B] observed."""
+        return self._context(base, n)[:, None] | self.chain_masks, n[:, None, None] + self.chain_steps
+
+    def _chain_step(
+        self,
+        i: int,
+        hidden: torch.Tensor,
+        token: torch.Tensor,
+        pos: torch.Tensor,
+        masks: torch.Tensor,
+        step: Callable,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Chain draft step i (0..K-2): draft i (target id token [B], after the output hidden
+        [B, H]) at its [B, 1] position and slot and [B, 1, S] mask (`_chain_inputs`' pos and
+        masks), through `step`. Returns logits [B, Vd] and the output [B, H]."""
+        b = token.shape[0]
+        logits, out = step(
+            hidden[:, None],
+            token[:, None],
+            pos[:, i, :1],
+            self.chain_slots[i, :1].expand(b, 1),
+            masks[:, i : i + 1, : self.cols.shape[0]],
+        )  # [B, 1, Vd], [B, 1, H]
+        return logits[:, 0], out[:, 0]
 
     def _walk_draw(self, i: int, logits: torch.Tensor, hidden: torch.Tensor) -> None:
         """Draft i of the adaptive chain from its logits [B, Vd] and the step's output [B, H]: as
@@ -495,20 +513,11 @@ class DrafterProposer(StagedCycle):
         ids [B, K] and, when sampling, the distribution each was drawn from [B, K, V]."""
         step = step or self._step
         tokens, qs = [], []
-        b, s = n.shape[0], self.cols.shape[0]
-        masks = self._context(base, n)[:, None] | self.chain_masks  # [B, K-1, S16]
-        pos = n[:, None, None] + self.chain_steps  # [B, K-1, 2]: draft step i at position n+i
+        masks, pos = self._chain_inputs(base, n)  # [B, K-1, S16], [B, K-1, 2]
         for i in range(self.depth):
             self._draw(logits, i, tokens, qs)
-            if i < self.depth - 1:  # draft step i: [B, 1] position and slot, [B, 1, S] mask
-                logits, out = step(
-                    hidden[:, None],
-                    tokens[-1][:, None],
-                    pos[:, i, :1],
-                    self.chain_slots[i, :1].expand(b, 1),
-                    masks[:, i : i + 1, :s],
-                )
-                logits, hidden = logits[:, 0], out[:, 0]  # [B, Vd], [B, H]
+            if i < self.depth - 1:
+                logits, hidden = self._chain_step(i, hidden, tokens[-1], pos, masks, step)  # [B, Vd], [B, H]
         q = torch.stack(qs, dim=1) if qs else None  # [B, K, V]
         return torch.stack(tokens, dim=1), q  # [B, K]
 
@@ -612,8 +621,8 @@ class ParallelProposer(DrafterProposer):
         rows = [logits]  # [B, Vd] per draft
         if k > 1:
             ids, slot_hidden = placeholder_inputs(self.drafter, self.chain_slots[:, 0].expand(b, k - 1), self.dtype)
-            masks = self._context(base, n)[:, None] | self.chain_masks  # [B, K-1, S16]: context, slots 0..i
-            pos = n[:, None] + self.chain_steps[:, 0]  # [B, K-1]: slot i at position n+i
+            masks = self._chain_inputs(base, n)[0]  # [B, K-1, S16]: context, slots 0..i
+            pos = n[:, None] + self.chain_steps[:, 0]  # [B, K-1]: slot i at position n+i (contiguous, for inductor)
             slots = self.chain_slots[:, 0].expand(b, k - 1)  # [B, K-1]
             par, _ = step(slot_hidden, ids, pos, slots, masks[..., :s])  # [B, K-1, Vd]
             rows += list(par.unbind(1))
