@@ -14,6 +14,7 @@ import torch
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.evaluate.decode import decode
 from draftsmith.evaluate.proposer import DrafterProposer
+from draftsmith.evaluate.report import shape_label
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
 from tests.helpers import eval_cli, random_drafter, tiny_vocab_drafter, tiny_vocab_llama
@@ -118,6 +119,7 @@ def test_eval_stop_below_reports_the_threshold_and_the_drafts_per_step(setup):
     assert res.exit_code == 0, res.output
     r = report(setup)
     assert r["stop_below"] == 0.001 and r["depth"] == 4 and 1 <= r["drafted_per_cycle"] <= 4
+    assert shape_label(r) == "chain K=4 stop<0.001"
     assert r["greedy_turns_matching_plain"] == r["greedy_turns_checked"] == 1
     assert "drafted per step" in (setup[2] / "e" / "report.md").read_text()
 
@@ -130,6 +132,7 @@ def test_eval_stop_below_auto_measures_the_adaptive_chain_beside_the_fixed_ones(
     assert [c["depth"] for c in shape["candidates"]] == [1, 2, 3, 3] and len(adaptive) == 1
     assert 0.01 <= adaptive[0]["stop_below"] <= 0.99 and adaptive[0]["expected_tokens"] >= 1
     assert 1 <= adaptive[0]["drafted_per_cycle"] <= 3
+    assert all(c["drafted_per_cycle"] == c["depth"] for c in shape["candidates"] if c["stop_below"] is None)
 
 
 @pytest.mark.parametrize(

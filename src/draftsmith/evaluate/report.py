@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from draftsmith.evaluate.shape import Shape
 from draftsmith.fsutil import atomic_write_json, atomic_write_text
 
 
@@ -309,11 +310,10 @@ def summary_line(r: dict[str, Any], out: Path) -> str:
 
 
 def shape_label(r: dict[str, Any]) -> str:
-    """A report's draft shape: `chain K=7` or `tree 60x7x10` (TOTALxDEPTHxTOPK)."""
-    if r["mode"] == "tree":
-        return f"tree {r['total_tokens']}x{r['depth']}x{r['top_k']}"
-    stop = r.get("stop_below")
-    return f"chain K={r['depth']}" + ("" if stop is None else f" stop<{stop:.3g}")
+    """A report's draft shape: `chain K=7` (`chain K=7 stop<0.2` adaptive) or `tree 60x7x10` (TOTALxDEPTHxTOPK)."""
+    tree = r["mode"] == "tree"
+    shape = Shape(r["depth"], r["top_k"] if tree else None, r["total_tokens"] if tree else None, r.get("stop_below"))
+    return f"{r['mode']} {shape.label}"
 
 
 def comparison(names: list[str], reports: list[dict[str, Any]]) -> dict[str, Any]:

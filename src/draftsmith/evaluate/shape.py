@@ -65,7 +65,7 @@ class Candidate:
     shape: Shape
     expected_tokens: float  # E(s): tokens per target call
     cycle_seconds: float  # c(s)
-    drafted: float | None = None  # an adaptive chain's measured draft tokens per call
+    drafted: float | None = None  # measured draft tokens per call (the chain's length, the tree's size; fewer adaptive)
 
 
 @dataclass
@@ -104,7 +104,7 @@ class Calibration:
                     **asdict(c.shape),
                     "expected_tokens": round(c.expected_tokens, 4),
                     "cycle_ms": round(1e3 * c.cycle_seconds, 3),
-                    "drafted_per_cycle": c.drafted and round(c.drafted, 4),
+                    "drafted_per_cycle": None if c.drafted is None else round(c.drafted, 4),
                     "predicted_speedup": round(self.predicted_speedup(c), 4),
                 }
                 for c in self.candidates
@@ -159,23 +159,28 @@ def calibrate(
         for turns, proposer in zip(spec, proposers, strict=True):
             turns += decode_all(engine, part, max_new, stops, sampling(), proposer)
         plain += decode_all(engine, part, max_new, stops, sampling())
-    measured: list[tuple[Shape, list[int], float]] = []  # shape, accepted counts, seconds per cycle
-    tokens = 0
-    for shape, turns in zip(shapes, spec, strict=True):
-        accepts = [a for t in turns for a in t.accepts]  # a row's cycle: its share of a batch's cycle
-        measured.append((shape, accepts, sum(t.seconds for t in turns) / max(len(accepts), 1)))
-        tokens += sum(len(t.tokens) for t in turns) if not chain or shape == shapes[0] else 0
+    measured = [measured_candidate(shape, turns) for shape, turns in zip(shapes, spec, strict=True)]
+    tokens = sum(len(t.tokens) for turns in (spec if not chain else spec[:1]) for t in turns)
     plain_seconds = sum(t.seconds for t in plain) / max(
         sum(len(t.tokens) - 1 for t in plain), 1
     )  # the first token is the prefill's
     if not chain:
-        candidates = [Candidate(s, sum(a + 1 for a in acc) / max(len(acc), 1), c) for s, acc, c in measured]
-        return Calibration("tree", candidates, plain_seconds, tokens)
-    accept_cond = conditional_acceptance(measured[0][1], shapes[0].depth)
-    candidates = sorted(
-        (Candidate(s, expected_tokens(accept_cond, s.depth), c) for s, _, c in measured), key=lambda c: c.shape.depth
+        return Calibration("tree", measured, plain_seconds, tokens)
+    accept_cond = conditional_acceptance([a for t in spec[0] for a in t.accepts], shapes[0].depth)
+    candidates = sorted(  # each chain's tokens per call predicted from K_max's acceptance, its cycle measured
+        (replace(c, expected_tokens=expected_tokens(accept_cond, c.shape.depth)) for c in measured),
+        key=lambda c: c.shape.depth,
     )
     return Calibration("chain", candidates, plain_seconds, tokens, accept_cond)
+
+
+def measured_candidate(shape: Shape, turns: list[Turn]) -> Candidate:
+    """A shape as its own `turns` measured it: tokens per target call, seconds per cycle and draft
+    tokens per call (a row's cycle is its share of its batch's cycle)."""
+    accepts = [a for t in turns for a in t.accepts]
+    calls = max(len(accepts), 1)
+    drafted = sum(d for t in turns for d in t.drafted) / calls
+    return Candidate(shape, sum(a + 1 for a in accepts) / calls, sum(t.seconds for t in turns) / calls, drafted)
 
 
 def adaptive_threshold(cal: Calibration) -> float:
@@ -202,12 +207,7 @@ def with_adaptive(cal: Calibration, decode_prompts: Callable[[Shape], list[Turn]
     if k_max < 2:
         return cal
     shape = Shape(k_max, stop_below=round(adaptive_threshold(cal), 4))
-    turns = decode_prompts(shape)
-    accepts = [a for t in turns for a in t.accepts]
-    calls = max(len(accepts), 1)
-    drafted = sum(d for t in turns for d in t.drafted) / calls
-    measured = Candidate(shape, sum(a + 1 for a in accepts) / calls, sum(t.seconds for t in turns) / calls, drafted)
-    return replace(cal, candidates=[*cal.candidates, measured])
+    return replace(cal, candidates=[*cal.candidates, measured_candidate(shape, decode_prompts(shape))])
 
 
 def summary(cal: Calibration) -> str:
