@@ -11,6 +11,10 @@
 #   pack_answers NAME DIR STAGE...   DIR's synth answers and those stages' markers, into
 #                                    $CARRY/NAME_synth.tgz.part* (15 MB parts) for fetch_results.sh
 #                                    to bring back: keep them in .data/ (git-ignored) for the next lease
+#   capture_pair TAG FILE N          N samples of FILE (conversations) prepared, captured by
+#                                    transformers and by vLLM's stock connector, timed and compared
+#   random_methods_vllm              random P-EAGLE and DFlash drafters of the target, served by vLLM
+#                                    through eval --engine vllm (that they run is the check: tau ~ 1)
 #   step NAME TIMEOUT_S COMMAND...   run COMMAND under a timeout, log it to $R/NAME.log, record its
 #                                    start, rc and end in $R/steps.log; a step that ended with rc 0
 #                                    ($R/NAME.ok) is skipped on a rerun, and so is every step that
@@ -79,4 +83,32 @@ pack_answers() {  # pack_answers NAME DIR STAGE...: DIR's synth answers and the 
   # smaller batch, other bf16 sums): the lease of 2026-12-04 12:16 got 5,227 conversations more
   [ -f "/$dir/synth/conversations.dropped.jsonl" ] && files+=("$dir/synth/conversations.dropped.jsonl")
   mkdir -p "$CARRY" && tar -C / -czf - "${files[@]}" "${marks[@]}" | split -b 15m - "$CARRY/${name}_synth.tgz.part"
+}
+
+capture_pair() {  # capture_pair TAG FILE N: FILE's first N samples captured by transformers and by vLLM, compared and timed
+  local tag=$1$3
+  head -"$3" "$2" > "/root/$tag.jsonl"
+  step "ds_$tag" 200 python3 -m draftsmith prepare "/root/$tag.jsonl" --target "$HF" --out "/root/runs/ds_$tag" --max-len 2048 &&
+    step "extract_hf_$tag" 200 python3 -m draftsmith extract "/root/runs/ds_$tag" --target "$HF" --out "/root/runs/x_hf_$tag" &&
+    step "extract_vllm_$tag" 300 python3 -m draftsmith extract "/root/runs/ds_$tag" --target "$HF" --out "/root/runs/x_vllm_$tag" --engine vllm &&
+    step "extract_compare_$tag" 100 python3 experiments/compare_stores.py "/root/runs/x_hf_$tag" "/root/runs/x_vllm_$tag" \
+      --out-json "$R/extract_compare_$tag.json"
+}
+
+random_methods_vllm() {  # random P-EAGLE and DFlash drafters served by vLLM (eval --engine vllm, K=7 / the DFlash block)
+  python3 - "$HF" <<'PY' >> "$R/steps.log" 2>&1
+import sys
+from draftsmith.draft.checkpoint import save_drafter
+from draftsmith.target import load_target
+from tests.helpers import random_dflash, random_drafter
+t = load_target(sys.argv[1], device="cpu", dtype="bf16")
+save_drafter(random_drafter(t.model, 32000, num_layers=2, method="peagle"), "/root/runs/peagle", target=t.info.to_dict())
+save_drafter(random_dflash(t.model, block_size=8), "/root/runs/dflash", target=t.info.to_dict())
+print("random P-EAGLE and DFlash drafters saved")
+PY
+  local m
+  for m in peagle dflash; do
+    step "${m}_vllm" 200 python3 -m draftsmith eval --target "$HF" --engine vllm --drafter "/root/runs/$m" --depth 7 \
+      --num-questions 10 --max-new-tokens 128 --out "/root/runs/${m}_vllm"
+  done
 }
