@@ -15,6 +15,9 @@
 #                                    transformers and by vLLM's stock connector, timed and compared
 #   random_methods_vllm              random P-EAGLE and DFlash drafters of the target, served by vLLM
 #                                    through eval --engine vllm (that they run is the check: tau ~ 1)
+#   train_ab DATASET                 train_online's rate on DATASET (prepared) with the recipe's drafter,
+#                                    the target's capture eager, compiled (--compile-capture), eager again
+#                                    (bench/train_bench.py: tok/s and where a step's time goes, A-B-A)
 #   step NAME TIMEOUT_S COMMAND...   run COMMAND under a timeout, log it to $R/NAME.log, record its
 #                                    start, rc and end in $R/steps.log; a step that ended with rc 0
 #                                    ($R/NAME.ok) is skipped on a rerun, and so is every step that
@@ -111,4 +114,11 @@ PY
     step "${m}_vllm" 200 python3 -m draftsmith eval --target "$HF" --engine vllm --drafter "/root/runs/$m" --depth 7 \
       --num-questions 10 --max-new-tokens 128 --out "/root/runs/${m}_vllm"
   done
+}
+
+train_ab() {  # train_ab DATASET: the recipe's train_online with and without --compile-capture, A-B-A, one process
+  local recipe="intermediate_size=4x,num_layers=2"
+  step train_ab 420 python3 bench/train_bench.py "$1" --target "$HF" --warmup 15 --steps 40 \
+    --variant "eager:$recipe" --variant "compiled_capture:$recipe,compile_capture=true" --variant "eager_again:$recipe" \
+    --out-json "$R/train_ab.json"
 }

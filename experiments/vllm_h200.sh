@@ -7,6 +7,9 @@
 #                 train_online of STEPS steps with --compile-capture (again without it if that fails)
 #   ds_b16        draftsmith's engine at batch 16, K=7
 #   vllm_b16      eval --engine vllm, K=7 at batch 16 and 64
+#   train_ab      train_online's rate on the run's data, the capture eager / compiled / eager (the
+#                 lease of 2026-12-05 16:40 trained at 2.2-2.5 steps/s with --compile-capture against
+#                 4.3 steps/s without it on 2026-12-05 05:16, other data and code: to be measured)
 #   *_qs1000      1,000 samples of the run's dataset captured by transformers and by vLLM's stock
 #                 connector, timed and compared (steps.sh capture_pair; experiments/compare_stores.py)
 #   *_vllm        random P-EAGLE and DFlash drafters served by vLLM (steps.sh random_methods_vllm)
@@ -60,6 +63,7 @@ echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
 step ds_b16 200 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 16 --out /root/runs/ds_b16
 step vllm_b16 300 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 16 \
   --sweep 7:64 --out /root/runs/vllm_b16
+train_ab "$Q/prepare"
 capture_pair qs "$Q/synth/conversations.jsonl" 1000
 random_methods_vllm
 # K=7, 5 and 3 at batch 1 in one vLLM process with one plain pass, then draftsmith's engine at batch 1

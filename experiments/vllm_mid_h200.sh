@@ -8,6 +8,7 @@
 #                 run on the GPU is the check) through eval --engine vllm, K=7 / the DFlash block
 #   *_gsm8k1000   1,000 GSM8K question/answer samples (not on-policy: the rate is the figure) captured
 #                 by transformers and by vLLM's stock connector, timed and compared
+#   train_ab      train_online's rate on those 1,000 samples, the capture eager / compiled / eager
 #   gpu_train     train's GPU tests (the compiled capture's among them)
 #   bash /root/parts/unpack.sh /root/parts && (setsid bash experiments/vllm_mid_h200.sh > /root/driver.log 2>&1 &)
 # then poll back to back: bash experiments/fetch_results.sh 240
@@ -19,5 +20,6 @@ step cycle 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,ch
   --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
 random_methods_vllm
 capture_pair gsm8k src/draftsmith/assets/gsm8k_train.jsonl 1000
+train_ab /root/runs/ds_gsm8k1000
 DRAFTSMITH_TEST_TARGET=$HF step gpu_train 150 python3 -m pytest tests/gpu/test_train_gpu.py --run-gpu -q -p no:cacheprovider
 touch "$R/ALL_DONE"

@@ -133,6 +133,7 @@ def test_eval_stop_below_auto_measures_the_adaptive_chain_beside_the_fixed_ones(
     assert 0.01 <= adaptive[0]["stop_below"] <= 0.99 and adaptive[0]["expected_tokens"] >= 1
     assert 1 <= adaptive[0]["drafted_per_cycle"] <= 3
     assert all(c["drafted_per_cycle"] == c["depth"] for c in shape["candidates"] if c["stop_below"] is None)
+    assert "`--stop-below auto` chose" in (setup[2] / "e" / "report.md").read_text()
 
 
 @pytest.mark.parametrize(

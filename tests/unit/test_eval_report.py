@@ -102,6 +102,13 @@ def test_report_speedup_and_categories(tmp_path):
     assert r["tau_by_turn"] == {"1": 2.0, "2": 1.0}
     assert r["tau_by_answer_half"] == {"first": 2.0, "second": 1.5}  # [1] | [1] and [0]
     assert "by turn 1: 2.00, 2: 1.00; first / second half of each answer 2.00 / 1.50" in markdown(r)
+    assert "1/2 turns identical to plain decoding (in fp32 every turn should match: a differing one is a fault" in (
+        markdown(r)
+    )
+    bf16 = markdown({**r, "dtype": "bfloat16"})
+    assert "(bfloat16 rounding: a verification forward" in bf16 and "`--kernel-check`" in bf16
+    assert "(rounding: vLLM verifies" in markdown({**r, "dtype": "bfloat16", "engine": "vllm"})
+    assert "2/2 turns identical to plain decoding\n" in markdown({**r, "greedy_turns_matching_plain": 2})
     no_speed = build_report([{**turns[0], "plain_seconds": None}], depth=2, meta=meta)
     assert no_speed["speedup"] is None
     assert "speed-up 1.25x" in markdown(r)

@@ -178,6 +178,24 @@ def build_report(turns: list[dict[str, Any]], depth: int, meta: ReportMeta | dic
     }
 
 
+def greedy_check_note(r: dict[str, Any]) -> str:
+    """Why greedy turns may differ from plain decoding, for the report's greedy-check line: in
+    fp32, draftsmith's engine matches every turn, so a differing one is a fault; in bf16 or fp16 a
+    verification forward of several tokens rounds unlike one-token decoding, near-ties flip."""
+    if r["greedy_turns_matching_plain"] == r["greedy_turns_checked"]:
+        return ""
+    if r.get("engine") == "vllm":
+        return " (rounding: vLLM verifies several tokens in one forward, which rounds unlike one-token decoding)"
+    if r["dtype"] == "float32":
+        return " (in fp32 every turn should match: a differing one is a fault, please report it with this report)"
+    if r.get("verify_shape_turns_checked"):
+        return " (rounding: compare the kernel-shape check below)"
+    return (
+        f" ({r['dtype']} rounding: a verification forward of several tokens rounds unlike one-token decoding, "
+        "and near-ties flip; `--kernel-check` measures how many turns that alone changes)"
+    )
+
+
 def markdown(r: dict[str, Any]) -> str:
     fmt = lambda v, spec="{:.2f}": "n/a" if v is None else spec.format(v)  # noqa: E731
     lines = [
@@ -213,7 +231,8 @@ def markdown(r: dict[str, Any]) -> str:
         )
     if r.get("shape"):
         sh = r["shape"]
-        flag = "--depth" if sh["mode"] == "chain" else "--tree"
+        adaptive = any(c.get("stop_below") is not None for c in sh["candidates"])
+        flag = "--tree" if sh["mode"] == "tree" else "--stop-below" if adaptive else "--depth"
         lines.append(
             f"- `{flag} auto` chose **{sh['chosen']}** (predicted speed-up {sh['predicted_speedup']:.2f}x) from a "
             f"calibration of {sh['tokens']} tokens: "
@@ -224,7 +243,8 @@ def markdown(r: dict[str, Any]) -> str:
         )
     if r["greedy_turns_checked"]:
         lines.append(
-            f"- greedy check: {r['greedy_turns_matching_plain']}/{r['greedy_turns_checked']} turns identical to plain decoding"
+            f"- greedy check: {r['greedy_turns_matching_plain']}/{r['greedy_turns_checked']} turns identical to plain "
+            f"decoding{greedy_check_note(r)}"
         )
     if r.get("verify_shape_turns_checked"):
         lines.append(
