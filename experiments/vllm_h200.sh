@@ -16,6 +16,7 @@
 #   vllm_k753     eval --engine vllm, K=7, 5 and 3 at batch 1 (and K=7 with every question at once),
 #                 one plain pass; with ds_b1, draftsmith's engine at batch 1: the pair the lease of
 #                 2026-12-05 16:40 measured once, again for the spread between runs
+#   ds_stop       the adaptive chain (K=7 stopping below 0.09) over the whole run: tau, drafts a cycle, speed-up
 #   cycle_profile the chain, adaptive-chain and tree cycles of that drafter, by part and kernel by
 #                 kernel (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
 # MAGPIE (12000), STEPS (600) and NQ (80 questions a pass) size the run for a shorter lease. On an H200
@@ -70,6 +71,10 @@ random_methods_vllm
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
   --sweep 5:1,3:1 --out /root/runs/vllm_k753
 step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
+# the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
+# computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
+step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --stop-below 0.09 --batch-size 1 \
+  --out /root/runs/ds_stop
 step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,tree --profile "$R/profile" \
   --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
 touch "$R/ALL_DONE"

@@ -240,6 +240,12 @@ def markdown(r: dict[str, Any]) -> str:
                 f"{c['shape']} {c['expected_tokens']:.2f} tok/call, {c['cycle_ms']:.1f} ms/cycle, {c['predicted_speedup']:.2f}x"
                 for c in sh["candidates"]
             )
+            + (
+                ""
+                if r.get("speedup") is None
+                else f"; the run at {sh['chosen']}: {r['speedup']:.2f}x at tau {r['tau']:.2f} (the calibration reads first "
+                "turns only, so where second turns accept more its prediction is a floor)"
+            )
         )
     if r["greedy_turns_checked"]:
         lines.append(
