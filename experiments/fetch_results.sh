@@ -11,9 +11,13 @@ R=${R:-/root/results}
 wait_s=${1:-540}
 for _ in $(seq $(( wait_s / 5 ))); do [ -f "$R/ALL_DONE" ] && break; sleep 5; done
 cat "$R/steps.log" 2>/dev/null
-for f in /root/runs/*/*/progress.json; do
+# every run's progress: pipeline stages (runs/X/stage/), single runs (runs/X/) and a run still in
+# its temporary folder (runs/.X.*.tmp/: eval, extract)
+for f in /root/runs/*/*/progress.json /root/runs/*/progress.json /root/runs/.*.tmp/progress.json; do
   [ -f "$f" ] && python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[1], d.get('status'), d.get('done'), '/', d.get('total'), d.get('tok_per_s'))" "$f"
 done
+last=$(grep -o '^=== [^ ]* start' "$R/steps.log" 2>/dev/null | tail -1 | cut -d' ' -f2)
+[ -n "$last" ] && [ -f "$R/$last.log" ] && { echo "--- $last.log, last lines:"; tr '\r' '\n' < "$R/$last.log" | tail -3 | cut -c1-300; }
 cd /root && find runs results eval_* batch -type f -size -3M ! -name '*.safetensors' ! -name '*.pt' ! -name '*.arrow' \
   ! -name '*.bin' ! -name '*.jsonl.tmp' 2>/dev/null | tar czf "${OUT:-/tmp}/res.tgz" -T -
 C=${CARRY:-/root/carry}  # the synth answers for the next lease (h200_recipe.sh), each part brought back once
