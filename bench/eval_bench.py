@@ -10,7 +10,8 @@
   cycle   the cost of one draft-and-verify cycle, chain K=7 (greedy and at temperature 1),
           tree (60 tokens, depth 7, top-k 10) and, as `chain_walk`, the K=7 chain drafted as
           an adaptive one that never stops (eval --stop-below: a graph and a host read per
-          step), drafter step eager and compiled: cycle ms (decode time over cycles, greedy, MT-bench
+          step, each step queued before the last one's read, as on GPU by default; as
+          `chain_walk_sync`, without that look-ahead), drafter step eager and compiled: cycle ms (decode time over cycles, greedy, MT-bench
           first turns), draft ms (the drafter's side alone: one `propose`, a graph replay on GPU),
           verify ms (the target's forward of the draft alone), glue ms = cycle - draft - verify
           (acceptance, KV compaction, staging the accepted rows, the host read, Python) and its
@@ -548,7 +549,12 @@ def main() -> None:
         # and host read: its cycle less the chain's is what adaptivity costs. A greedy draft's probability is
         # >= 1/32000, so K <= 8 drafts never fall below float32's smallest normal
         walk = {**shapes["chain"], "stop_below": float(torch.finfo(torch.float32).tiny)}
-        known = {**shapes, "chain_t1": {**shapes["chain"], "temperature": 1.0}, "chain_walk": walk}
+        known = {
+            **shapes,
+            "chain_t1": {**shapes["chain"], "temperature": 1.0},
+            "chain_walk": walk,
+            "chain_walk_sync": {**walk, "lookahead": False},  # each step launched after the last one's read
+        }
         names = args.cycle_shapes.split(",")
         if not set(names) <= known.keys():
             sys.exit(

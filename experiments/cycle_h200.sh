@@ -28,7 +28,7 @@ python3 experiments/random_target.py /root/rand135m >> "$O/setup.log" 2>&1
 DRAFTSMITH_TEST_TARGET=/root/rand135m timeout 150 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
   -p no:cacheprovider -k adaptive > "$O/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?" >> "$O/setup.log"
-timeout 380 python3 bench/eval_bench.py --target /root/rand135m --parts verify,cycle --cycle-shapes chain,chain_walk,tree \
+timeout 380 python3 bench/eval_bench.py --target /root/rand135m --parts verify,cycle --cycle-shapes chain,chain_walk,chain_walk_sync,tree \
   --compile-target --num-questions 10 --max-new-tokens 128 --plain-prompts 3 --plain-tokens 128 \
   --profile "$O/prof" --out-json "$O/cycle.json" > "$O/bench.log" 2>&1
 echo "bench rc=$?" >> "$O/setup.log"

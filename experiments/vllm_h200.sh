@@ -75,6 +75,6 @@ step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --b
 # computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
 step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --stop-below 0.09 --batch-size 1 \
   --out /root/runs/ds_stop
-step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,tree --profile "$R/profile" \
+step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,chain_walk_sync,tree --profile "$R/profile" \
   --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
 touch "$R/ALL_DONE"

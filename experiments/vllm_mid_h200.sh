@@ -16,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 . experiments/steps.sh
 vllm_driver_start "${LEASE_MIN:-10}" 2
-step cycle 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,tree --target "$HF" \
+step cycle 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,chain_walk_sync,tree --target "$HF" \
   --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
 random_methods_vllm
 capture_pair gsm8k src/draftsmith/assets/gsm8k_train.jsonl 1000

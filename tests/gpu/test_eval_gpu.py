@@ -143,8 +143,9 @@ def test_graphed_sampled_chain_draws_as_eager(target):
 @pytest.mark.parametrize("compile", [False, True])
 def test_graphed_adaptive_chain_equals_plain_and_stops_as_eager(target, compile):
     """eval --stop-below: the adaptive chain's head and each further step as CUDA graphs (compiled
-    drafter step or not), a batch of 4 rows: every row's answer is its plain answer, and the
-    drafted lengths are those of the same proposer without graphs. The drafter's head is sharpened
+    drafter step or not) and its look-ahead (each step queued before the previous one's go is read
+    back through pinned memory), a batch of 4 rows: every row's answer is its plain answer, and the
+    drafted lengths are those of the same proposer without graphs or look-ahead. The drafter's head is sharpened
     so that its confidence spans the threshold (a random one stops after its first draft)."""
     from draftsmith.evaluate.decode import decode
 
@@ -158,10 +159,12 @@ def test_graphed_adaptive_chain_equals_plain_and_stops_as_eager(target, compile)
     plain = [t.tokens for t in decode(eng, prompts, 64, set(), Sampling())]
     runs = []
     for graphed in (True, False):
-        prop = DrafterProposer(drafter, Sampling(), 512, depth=7, batch=4, stop_below=0.3, compile=compile and graphed)
+        prop = DrafterProposer(
+            drafter, Sampling(), 512, depth=7, batch=4, stop_below=0.3, compile=compile and graphed, lookahead=graphed
+        )
         if graphed:
             prop.graph()
-            assert prop.cycle is not None and len(prop.walk_graphs) == 6
+            assert prop.cycle is not None and len(prop.walk_graphs) == 6 and prop.go_host is not None
         runs.append(decode(eng, prompts, 64, set(), Sampling(), prop))
     assert [t.tokens for t in runs[0]] == plain == [t.tokens for t in runs[1]]
     drafted = [d for t in runs[0] for d in t.drafted]

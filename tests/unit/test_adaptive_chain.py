@@ -28,11 +28,13 @@ def pair():
     return model, tiny_vocab_drafter(model, num_layers=2)
 
 
-def run(pair, prompts, stop_below, depth=5, sampling=None):
+def run(pair, prompts, stop_below, depth=5, sampling=None, lookahead=None):
     model, drafter = pair
     eng = TargetEngine(model, [0, 1, 2], 64, batch=len(prompts))
     sampling = sampling or Sampling()
-    prop = DrafterProposer(drafter, sampling, 64, depth=depth, batch=len(prompts), stop_below=stop_below)
+    prop = DrafterProposer(
+        drafter, sampling, 64, depth=depth, batch=len(prompts), stop_below=stop_below, lookahead=lookahead
+    )
     return decode(eng, prompts, 24, set(), sampling, prop), decode(eng, prompts, 24, set(), Sampling())
 
 
@@ -66,12 +68,14 @@ def test_a_threshold_below_every_confidence_drafts_the_fixed_chain(pair):
     assert {d for t in spec for d in t.drafted} == {5}
 
 
-def test_the_chain_stops_at_the_first_draft_whose_confidence_falls_below(pair):
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_the_chain_stops_at_the_first_draft_whose_confidence_falls_below(pair, lookahead):
     """Each proposal's length, recomputed from the logits each draft was drawn from: drafting
-    goes on while some row's product of its drafts' softmax probabilities is >= P."""
+    goes on while some row's product of its drafts' softmax probabilities is >= P. The look-ahead
+    (GPU's default) draws one draft more where the chain stops early, and drops it."""
     model, drafter = pair
     eng = TargetEngine(model, [0, 1, 2], 64, batch=2)
-    prop = DrafterProposer(drafter, Sampling(), 64, depth=5, batch=2, stop_below=0.4)
+    prop = DrafterProposer(drafter, Sampling(), 64, depth=5, batch=2, stop_below=0.4, lookahead=lookahead)
     seen: list[torch.Tensor] = []
     draw = prop._draw
 
@@ -88,13 +92,30 @@ def test_the_chain_stops_at_the_first_draft_whose_confidence_falls_below(pair):
         draft = prop.propose()
         confidence = torch.stack(seen, 1).cumprod(1)  # [B, L]
         stop = next((i + 1 for i in range(5) if not bool((confidence[:, i] >= 0.4).any())), 5)
-        assert draft.tokens.shape == (2, stop) == (2, len(seen))
+        assert draft.tokens.shape == (2, stop) and len(seen) == (min(stop + 1, 5) if lookahead else stop)
         lengths.add(stop)
         prop.observe(aux[:, -1:], torch.tensor([[4], [6]]), torch.tensor([1, 1]))  # one more position, same state
     prop.observe(aux[:, -1:], torch.tensor([[4], [6]]), torch.tensor([0, 1]))  # row 0 parked
     assert prop.walk.live.tolist() == [False, True]
     prop.propose()
     assert float(prop.walk.confidence[0]) == 0.0  # the parked row's confidence keeps no chain going
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("stop_below", [0.7, 0.2])
+def test_the_look_ahead_keeps_the_same_drafts(pair, temperature, stop_below):
+    """Greedy and sampled, three rows: with and without the look-ahead, the same tokens, the same
+    accepted counts and the same chain lengths, cycle by cycle."""
+    turns = {
+        lookahead: run(
+            pair, PROMPTS, stop_below, sampling=Sampling(temperature=temperature, seed=0), lookahead=lookahead
+        )[0]
+        for lookahead in (False, True)
+    }
+    assert [(t.tokens, t.accepts, t.drafted) for t in turns[True]] == [
+        (t.tokens, t.accepts, t.drafted) for t in turns[False]
+    ]
+    assert len({d for t in turns[True] for d in t.drafted}) > 1  # chains of several lengths were compared
 
 
 def test_sampled_adaptive_chain_runs_and_reports_its_lengths(pair):

@@ -75,6 +75,7 @@ class Walk:
     tokens: torch.Tensor  # [B, K] target ids of the drafts so far
     q: torch.Tensor | None  # [B, K, V]: the distribution each was drawn from (chain sampling)
     confidence: torch.Tensor  # [B] float32: the product of the drafts' probabilities (0: a parked row)
+    go: torch.Tensor  # [K] bool: after draft i, whether some row's confidence still reaches the threshold
     live: torch.Tensor  # [B] bool: rows not parked
     hidden: torch.Tensor  # [B, H]: the last step's output
     masks: torch.Tensor  # [B, K-1, S16]: draft step i's attention row
@@ -233,6 +234,7 @@ class DrafterProposer(StagedCycle):
         compile: bool = False,
         batch: int = 1,
         stop_below: float | None = None,
+        lookahead: bool | None = None,
     ) -> None:
         cfg = drafter.config
         # eager on CPU: its linear layers over prepacked weights (runtime/linear.py); inductor lowers nn.Linear itself
@@ -292,12 +294,20 @@ class DrafterProposer(StagedCycle):
                 tokens=zeros(batch, depth, dtype=torch.long),
                 q=zeros(batch, depth, self.vocab_size) if noise is not None else None,
                 confidence=zeros(batch),
+                go=zeros(depth, dtype=torch.bool),
                 live=zeros(batch, dtype=torch.bool),
                 hidden=zeros(batch, cfg.hidden_size, dtype=self.dtype),
                 masks=zeros(batch, k, self.cols16.shape[0], dtype=torch.bool),
                 pos=zeros(batch, k, 2, dtype=torch.long),
             )
         self.walk_graphs: list[Graphed] = []  # on GPU, the adaptive chain's steps 0..K-2 as graphs (`_capture`)
+        # The walk's look-ahead (default on GPU): step i+1 is queued before the host reads whether draft i
+        # lets it go on, so the device never idles through that read; a chain that stops has drafted one
+        # step for nothing. go[i] comes back through pinned memory, each behind an event of its own.
+        self.lookahead = stop_below is not None and (self.device.type == "cuda" if lookahead is None else lookahead)
+        on_gpu = self.lookahead and self.device.type == "cuda"
+        self.go_host = torch.zeros(depth, dtype=torch.bool, pin_memory=True) if on_gpu else None  # [K]
+        self.go_events = [torch.cuda.Event() for _ in range(depth)] if on_gpu else []
 
     def graph(self) -> None:
         """Capture the cycle in a CUDA graph (no-op on CPU). A capture that fails falls back one
@@ -409,13 +419,43 @@ class DrafterProposer(StagedCycle):
 
     def propose(self) -> Draft:
         out = self.replay()
-        if self.stop_below is not None:  # the head drafted 1; each further step while a live row is confident
-            drafted = 1
-            while drafted < self.depth and bool((self.walk.confidence >= self.stop_below).any()):  # one host read
-                self.walk_graphs[drafted - 1]() if self.walk_graphs else self._walk_step(drafted - 1)
-                drafted += 1
-            return chain_draft(*self.walk.drafts(drafted))
+        if self.stop_below is not None:
+            return chain_draft(*self.walk.drafts(self._walk()))
         return chain_draft(*out) if self.mode == "chain" else Draft(*out)
+
+    def _walk(self) -> int:
+        """The adaptive chain after its head (which drafted 1): step i runs (drafting i+1) while go[i]
+        says a live row is confident. Returns the number of drafts. With the look-ahead, step i is
+        queued before go[i-1] is read and dropped when go[i-1] says stop; the drafts kept are the same."""
+        step = lambda i: self.walk_graphs[i]() if self.walk_graphs else self._walk_step(i)  # noqa: E731
+        drafted = 1
+        if not self.lookahead:
+            while drafted < self.depth and self._go(drafted - 1):  # one host read a step
+                step(drafted - 1)
+                drafted += 1
+            return drafted
+        self._send_go(0)
+        while drafted < self.depth:
+            step(drafted - 1)  # draft `drafted`, kept only if go[drafted - 1]
+            if drafted + 1 < self.depth:
+                self._send_go(drafted)
+            if not self._go(drafted - 1):
+                break
+            drafted += 1
+        return drafted
+
+    def _send_go(self, i: int) -> None:
+        """go[i] on its way to the host (on GPU), once the step that writes it is queued."""
+        if self.go_host is not None:
+            self.go_host[i].copy_(self.walk.go[i], non_blocking=True)
+            self.go_events[i].record()
+
+    def _go(self, i: int) -> bool:
+        """Whether drafting goes on after draft i: go[i], read on the host (waiting for it alone)."""
+        if self.go_host is not None:
+            self.go_events[i].synchronize()
+            return bool(self.go_host[i])
+        return bool(self.walk.go[i])
 
     def observe(
         self, aux: torch.Tensor, next_tokens: torch.Tensor, m: torch.Tensor, start: torch.Tensor | None = None
@@ -497,6 +537,7 @@ class DrafterProposer(StagedCycle):
         else:
             p = (logits.gather(1, d[:, None])[:, 0] - logits.logsumexp(-1)).exp()  # [B]: the argmax's softmax
         w.confidence.copy_((w.confidence if i else w.live) * p)
+        w.go[i].copy_((w.confidence >= self.stop_below).any())
         w.hidden.copy_(hidden)
 
     def _chain_from(
