@@ -13,8 +13,9 @@
 #                                    to bring back: keep them in .data/ (git-ignored) for the next lease
 #   capture_pair TAG FILE N          N samples of FILE (conversations) prepared, captured by
 #                                    transformers and by vLLM's stock connector, timed and compared
-#   random_methods_vllm              random P-EAGLE and DFlash drafters of the target, served by vLLM
-#                                    through eval --engine vllm (that they run is the check: tau ~ 1)
+#   random_methods_vllm              random EAGLE-3, P-EAGLE and DFlash drafters of the target, served by
+#                                    vLLM through eval --engine vllm (that they run is the check: tau ~ 1),
+#                                    each engine's step by phase (--vllm-profile: weights do not change it)
 #   train_ab DATASET                 train_online's rate on DATASET (prepared) with the recipe's drafter,
 #                                    the target's capture eager, compiled (--compile-capture), eager again
 #                                    (bench/train_bench.py: tok/s and where a step's time goes, A-B-A)
@@ -98,21 +99,22 @@ capture_pair() {  # capture_pair TAG FILE N: FILE's first N samples captured by 
       --out-json "$R/extract_compare_$tag.json"
 }
 
-random_methods_vllm() {  # random P-EAGLE and DFlash drafters served by vLLM (eval --engine vllm, K=7 / the DFlash block)
+random_methods_vllm() {  # random EAGLE-3, P-EAGLE and DFlash drafters served by vLLM (eval --engine vllm, K=7 / the DFlash block)
   python3 - "$HF" <<'PY' >> "$R/steps.log" 2>&1
 import sys
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.target import load_target
 from tests.helpers import random_dflash, random_drafter
 t = load_target(sys.argv[1], device="cpu", dtype="bf16")
+save_drafter(random_drafter(t.model, 32000, num_layers=2), "/root/runs/eagle3", target=t.info.to_dict())
 save_drafter(random_drafter(t.model, 32000, num_layers=2, method="peagle"), "/root/runs/peagle", target=t.info.to_dict())
 save_drafter(random_dflash(t.model, block_size=8), "/root/runs/dflash", target=t.info.to_dict())
-print("random P-EAGLE and DFlash drafters saved")
+print("random EAGLE-3, P-EAGLE and DFlash drafters saved")
 PY
   local m
-  for m in peagle dflash; do
-    step "${m}_vllm" 200 python3 -m draftsmith eval --target "$HF" --engine vllm --drafter "/root/runs/$m" --depth 7 \
-      --num-questions 10 --max-new-tokens 128 --out "/root/runs/${m}_vllm"
+  for m in eagle3 peagle dflash; do
+    step "${m}_vllm" 240 python3 -m draftsmith eval --target "$HF" --engine vllm --drafter "/root/runs/$m" --depth 7 \
+      --num-questions 10 --max-new-tokens 128 --vllm-profile 200 --out "/root/runs/${m}_vllm"
   done
 }
 

@@ -12,9 +12,10 @@
 #                 4.3 steps/s without it on 2026-12-05 05:16, other data and code: to be measured)
 #   *_qs1000      1,000 samples of the run's dataset captured by transformers and by vLLM's stock
 #                 connector, timed and compared (steps.sh capture_pair; experiments/compare_stores.py)
-#   *_vllm        random P-EAGLE and DFlash drafters served by vLLM (steps.sh random_methods_vllm)
+#   *_vllm        random EAGLE-3, P-EAGLE and DFlash drafters served by vLLM, each step by phase (steps.sh random_methods_vllm)
 #   vllm_k753     eval --engine vllm, K=7, 5 and 3 at batch 1 (and K=7 with every question at once),
-#                 one plain pass; with ds_b1, draftsmith's engine at batch 1: the pair the lease of
+#                 one plain pass, then each engine's step by phase (--vllm-profile: where vLLM's
+#                 cycle goes); with ds_b1, draftsmith's engine at batch 1: the pair the lease of
 #                 2026-12-05 16:40 measured once, again for the spread between runs
 #   ds_stop       the adaptive chain (K=7 stopping below 0.09) over the whole run: tau, drafts a cycle, speed-up
 #   cycle_profile the chain, adaptive-chain and tree cycles of that drafter, by part and kernel by
@@ -69,7 +70,7 @@ capture_pair qs "$Q/synth/conversations.jsonl" 1000
 random_methods_vllm
 # K=7, 5 and 3 at batch 1 in one vLLM process with one plain pass, then draftsmith's engine at batch 1
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
-  --sweep 5:1,3:1 --out /root/runs/vllm_k753
+  --sweep 5:1,3:1 --vllm-profile 200 --out /root/runs/vllm_k753
 step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
 # the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
 # computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)

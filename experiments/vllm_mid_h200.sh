@@ -4,8 +4,8 @@
 # says how to carry). Each a step of experiments/steps.sh:
 #   cycle         the chain, adaptive-chain (chain_walk: a graph and host read per step) and tree
 #                 cycles by part, the tree's top-k by its parts (bench/eval_bench.py; random drafter)
-#   *_vllm        vLLM 0.26 serving a P-EAGLE and a DFlash drafter (random weights: tau ~ 1; that they
-#                 run on the GPU is the check) through eval --engine vllm, K=7 / the DFlash block
+#   *_vllm        vLLM 0.26 serving an EAGLE-3, a P-EAGLE and a DFlash drafter (random weights: tau ~ 1; that they
+#                 run on the GPU is the check) through eval --engine vllm, K=7 / the DFlash block (each step by phase: --vllm-profile)
 #   *_gsm8k1000   1,000 GSM8K question/answer samples (not on-policy: the rate is the figure) captured
 #                 by transformers and by vLLM's stock connector, timed and compared
 #   train_ab      train_online's rate on those 1,000 samples, the capture eager / compiled / eager

@@ -140,7 +140,9 @@ def test_a_broken_export_fails_the_equality(world, served, case):
 
 def test_eval_engine_vllm_reports_what_draftsmith_eval_reports(world, tmp_path):
     """`draftsmith eval --engine vllm` on a train folder: exported through `draftsmith export`,
-    served at batch 1 and 2; its report and answers hold draftsmith eval's figures and tokens."""
+    served at batch 1 and 2; its report and answers hold draftsmith eval's figures and tokens.
+    With --vllm-profile, each engine's first pass is traced by vLLM's profiler and summarised by
+    the phases of its model runner (the speculative one drafts, the plain one does not)."""
     bench = world["root"] / "bench.jsonl"
     out = evaluate(
         EvalConfig(
@@ -152,9 +154,14 @@ def test_eval_engine_vllm_reports_what_draftsmith_eval_reports(world, tmp_path):
             depth=K,
             num_questions=2,
             max_new_tokens=NEW_TOKENS,
+            vllm_profile=6,
         )
     )
     report = json.loads((out / "report.json").read_text())
+    profile = report["vllm"]["profile"]
+    assert profile["spec"]["steps"] >= 1 and {"forward", "draft"} <= profile["spec"]["phase_ms_per_step"].keys()
+    assert profile["plain"]["steps"] >= 1 and "draft" not in profile["plain"]["phase_ms_per_step"]
+    assert "- vLLM profile, spec:" in (out / "report.md").read_text()
     tokens, accepts = draftsmith_view(world, "X")
     assert answer_views(read_answers(out)) == (tokens[:2], accepts[:2])
     assert report["engine"] == "vllm" and report["steps"] == sum(len(a) for a in accepts[:2])

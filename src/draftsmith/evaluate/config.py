@@ -100,6 +100,11 @@ class EvalConfig(CommandConfig, TargetOptions):
         [],
         description="--engine vllm: more DEPTH:BATCH passes in the same run (such as 3:1,7:64), each timed against plain decoding.",
     )
+    vllm_profile: int = Field(
+        0,
+        ge=0,
+        description="--engine vllm: trace up to N steps of each engine, untimed, and report where a step's time goes by phase.",
+    )
     overwrite: bool = Field(False, description="Replace an existing output folder.")
 
     @field_validator("sweep")
@@ -154,6 +159,11 @@ class EvalConfig(CommandConfig, TargetOptions):
     def _compare(self) -> EvalConfig:
         if self.sweep and self.engine != "vllm":
             raise ValueError("--sweep times extra passes inside vLLM: add --engine vllm, or drop --sweep")
+        if self.vllm_profile and self.engine != "vllm":
+            raise ValueError(
+                "--vllm-profile traces vLLM's engine: add --engine vllm; draftsmith's own cycle is profiled by "
+                "bench/eval_bench.py --parts cycle --profile DIR"
+            )
         if self.compare and self.engine == "vllm":
             raise ValueError(
                 "--compare runs the drafters side by side in draftsmith's engine; vLLM serves one drafter per server: "

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.evaluate.shape import Shape
+from draftsmith.evaluate.vllm_profile import summary_line as vllm_profile_line
 from draftsmith.fsutil import atomic_write_json, atomic_write_text
 
 
@@ -229,6 +230,8 @@ def markdown(r: dict[str, Any]) -> str:
             f"per position {c['accepted_per_pos']}), speculative {fmt(p['spec_tok_per_s'], '{:.1f}')} tok/s, "
             f"plain {fmt(p['plain_tok_per_s'], '{:.1f}')} tok/s, speed-up {fmt(p['speedup'], '{:.2f}x')}"
         )
+    for name, prof in ((r.get("vllm") or {}).get("profile") or {}).items():
+        lines.append(vllm_profile_line(name, prof) if prof else f"- vLLM profile, {name}: no trace was written")
     if r.get("shape"):
         sh = r["shape"]
         adaptive = any(c.get("stop_below") is not None for c in sh["candidates"])

@@ -315,6 +315,7 @@ def run(cfg: EvalConfig) -> Path:
             "batch_sizes": passes_by_depth[k],
             "engine_args": engine_args,
             "progress": str(out),
+            "profile": {"dir": str(out / "vllm-profile"), "steps": cfg.vllm_profile} if cfg.vllm_profile else None,
             "engines": engines,
         }
         result = run_worker(request, out, out / "vllm.log")
@@ -377,6 +378,9 @@ def run(cfg: EvalConfig) -> Path:
                 "engine_args": engine_args,
                 "start_seconds": {name: e["start_seconds"] for name, e in result["engines"].items()},
                 "passes": passes,
+                "profile": {name: e.get("profile") for name, e in result["engines"].items()}
+                if cfg.vllm_profile
+                else None,
             },
         )
         meta.wall_seconds = round(time.perf_counter() - t_start, 3)

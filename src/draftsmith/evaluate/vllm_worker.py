@@ -11,10 +11,13 @@ own counters before and after; the engine is dropped before the next one starts.
 REQUEST: target (an HF folder), tokenizer (the target spec draftsmith reads it from),
 chat_template, completion, questions [{question_id, category, turns}], dtype, max_model_len,
 seed, temperature, top_p, max_new_tokens, stop_token_ids, batch_sizes, engine_args (more
-keyword arguments for `LLM`), progress (a folder for progress.json, or null), engines
+keyword arguments for `LLM`), progress (a folder for progress.json, or null), profile (null, or
+{dir, steps}: after its timed passes, each engine answers the first two questions again at its
+first batch size, untimed, traced by vLLM's torch profiler into dir/NAME for up to `steps` engine
+steps, summarised by evaluate/vllm_profile.py), engines
 [{name, drafter, k, method, batch_sizes}] (method: eagle3 unless given, dflash for a DFlash
 export; batch_sizes: the request's unless given).
-RESULT: vllm_version, engines {name: {start_seconds, warmup_seconds, passes [{batch_size,
+RESULT: vllm_version, engines {name: {start_seconds, warmup_seconds, profile (or null), passes [{batch_size,
 accepts_by, answers [per question [per turn {tokens, seconds, accepts}]], counters {drafts,
 draft_tokens, accepted, accepted_per_pos}}]} or {error}}.
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import time
 import traceback
@@ -85,6 +89,7 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
     from draftsmith.evaluate.decode import Turn
     from draftsmith.evaluate.questions import Question
     from draftsmith.evaluate.run import answer
+    from draftsmith.evaluate.vllm_profile import ENV, profiler_config, summarise
     from draftsmith.target import load_tokenizer
 
     tok = load_tokenizer(req["tokenizer"], req["chat_template"])
@@ -104,6 +109,10 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
         if engine["drafter"]
         else {}
     )
+    trace = Path(req["profile"]["dir"]) / engine["name"] if req.get("profile") else None
+    profiling = {"profiler_config": profiler_config(trace, req["profile"]["steps"])} if trace else {}
+    if trace:  # before the engine (and, on GPU, its process) starts
+        os.environ.update(ENV)
     t0 = time.perf_counter()
     # token ids in and out (the prompts are eval's own, and a GGUF's converted copy has no tokenizer), stopping
     # exactly at eval's stop ids: no tokenizer, and no generation_config.json defaults
@@ -116,6 +125,7 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
         generation_config="vllm",
         disable_log_stats=False,
         **spec,
+        **profiling,
         **req["engine_args"],
     )
     start_s = time.perf_counter() - t0
@@ -153,8 +163,9 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
         use_tqdm=False,
     )
     warmup_s = time.perf_counter() - t0
+    batch_sizes = engine.get("batch_sizes") or req["batch_sizes"]
     passes = []
-    for batch in engine.get("batch_sizes") or req["batch_sizes"]:
+    for batch in batch_sizes:
         before = counters(llm, k)
         by_question = answer(tok, questions, [generate], req["completion"], batch)[0]  # [question][turn]
         passes.append(
@@ -165,9 +176,23 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
                 "counters": difference(counters(llm, k), before),
             }
         )
+    if trace:  # the first two questions again at the first batch size, traced (untimed: the profiler slows them)
+
+        def untimed(prompts: list[list[int]]) -> list[Turn]:
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)  # noqa: F821
+            return [Turn(list(o.outputs[0].token_ids), 0.0, []) for o in outs]
+
+        llm.start_profile()
+        answer(tok, questions[:2], [untimed], req["completion"], batch_sizes[0])
+        llm.stop_profile()
     del llm
     gc.collect()
-    return {"start_seconds": round(start_s, 3), "warmup_seconds": round(warmup_s, 3), "passes": passes}
+    return {
+        "start_seconds": round(start_s, 3),
+        "warmup_seconds": round(warmup_s, 3),
+        "profile": summarise(trace) if trace else None,
+        "passes": passes,
+    }
 
 
 def main(request: Path, result: Path) -> None:
