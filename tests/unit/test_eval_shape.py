@@ -172,7 +172,7 @@ def test_cli_k_auto_reports_its_choice(tiny_model, tiny_target_dir, tmp_path):
         ],
     )
     assert res.exit_code == 0, res.output
-    assert "--depth auto chose K=" in res.output
+    assert "--depth auto chose K=" in res.output and "graphs ready" not in res.output  # none on a CPU
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     shape = report["shape"]
     assert report["depth_requested"] == "auto" and report["depth"] == shape["chosen_depth"] in (1, 2, 3)
@@ -251,3 +251,15 @@ def test_cli_tree_auto_reports_its_choice(tiny_model, tiny_target_dir, tmp_path)
         ],
     )
     assert bad.exit_code != 0 and "TOTALxDEPTHxTOPK" in bad.output
+
+
+def test_the_line_a_gpu_run_prints_as_each_shape_s_graphs_are_ready():
+    from draftsmith.evaluate.run import graphs_line
+
+    line = graphs_line(Shape(4), 18.24, 3, True)
+    assert (
+        line == "eval: K=4: graphs ready in 18.2 s (the target's forward for 3 new widths, the drafter's compiled side)"
+    )
+    assert graphs_line(Shape(7, stop_below=0.09), 2.0, 0, False) == (
+        "eval: K=7 stop<0.09: graphs ready in 2.0 s (the drafter's eager side)"
+    )

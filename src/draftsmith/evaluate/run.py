@@ -119,6 +119,7 @@ def make_proposer(
     mode = "chain" if shape.top_k is None else "tree"
     make = PROPOSERS[method_of(drafter).name]
     proposer = make(drafter, sampling, max_len, shape, bool(cfg.compile_drafter), cfg.batch_size)
+    t0, had = time.perf_counter(), len(getattr(engine, "row_graphs", ()))
     if cfg.compile and isinstance(engine, TargetEngine):  # the generic engine has no graphs
         widths = range(2, proposer.size + 2) if shape.stop_below is not None else [proposer.size + 1]  # 1 + drafts
         for t in (1, *widths):
@@ -126,10 +127,25 @@ def make_proposer(
         if mode == "tree":
             engine.graph_compact(proposer.path_len)
     if cfg.compile:
-        t0 = time.perf_counter()
+        t1 = time.perf_counter()
         proposer.graph()
-        engine.capture_seconds += time.perf_counter() - t0
+        engine.capture_seconds += time.perf_counter() - t1
+    if cfg.compile and getattr(
+        proposer, "graphed", False
+    ):  # on GPU: compiling and capturing takes long enough to say so
+        new_widths = len(getattr(engine, "row_graphs", ())) - had
+        print(graphs_line(shape, time.perf_counter() - t0, new_widths, proposer.compiled), flush=True)
     return proposer
+
+
+def graphs_line(shape: Shape, seconds: float, new_widths: int, compiled: bool) -> str:
+    """The line each proposer's CUDA graphs print once ready: a GPU run's minutes before its first
+    token go to these (the target's forward compiled per verification width, the drafter's side)."""
+    target = f"the target's forward for {new_widths} new width{'s' * (new_widths != 1)}, " if new_widths else ""
+    return (
+        f"eval: {shape.label}: graphs ready in {seconds:.1f} s "
+        f"({target}the drafter's {'compiled' if compiled else 'eager'} side)"
+    )
 
 
 def answer(
