@@ -130,9 +130,8 @@ def make_proposer(
         t1 = time.perf_counter()
         proposer.graph()
         engine.capture_seconds += time.perf_counter() - t1
-    if cfg.compile and getattr(
-        proposer, "graphed", False
-    ):  # on GPU: compiling and capturing takes long enough to say so
+    # on GPU, compiling and capturing takes long enough to say so
+    if cfg.compile and getattr(proposer, "graphed", False):
         new_widths = len(getattr(engine, "row_graphs", ())) - had
         print(graphs_line(shape, time.perf_counter() - t0, new_widths, proposer.compiled), flush=True)
     return proposer
