@@ -11,8 +11,8 @@
           tree (60 tokens, depth 7, top-k 10) and, as `chain_walk`, the K=7 chain drafted as
           an adaptive one that never stops (eval --stop-below: a graph and a host read per
           step, each step queued before the last one's read, as on GPU by default; as
-          `chain_walk_sync`, without that look-ahead), drafter step eager and compiled: cycle ms (decode time over cycles, greedy, MT-bench
-          first turns), draft ms (the drafter's side alone: one `propose`, a graph replay on GPU),
+          `chain_walk_sync`, without that look-ahead), drafter step eager and compiled:
+          cycle ms (decode time over cycles, greedy, MT-bench first turns), draft ms (the drafter's side alone: one `propose`, a graph replay on GPU),
           verify ms (the target's forward of the draft alone), glue ms = cycle - draft - verify
           (acceptance, KV compaction, staging the accepted rows, the host read, Python) and its
           parts timed alone (accept ms with the host read, compact ms, observe ms; for a tree also

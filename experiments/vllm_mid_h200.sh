@@ -2,7 +2,8 @@
 # Issue 52's and 53's GPU checks that need no trained drafter, for a lease too short to train
 # (about 12 device-minutes after vLLM's five carrying calls; experiments/vllm_h200.sh's header
 # says how to carry). Each a step of experiments/steps.sh:
-#   cycle         the chain, adaptive-chain (chain_walk: a graph and host read per step) and tree
+#   cycle         the chain, adaptive-chain (chain_walk: a graph and host read per step, with and
+#                 without the look-ahead: chain_walk_sync) and tree
 #                 cycles by part, the tree's top-k by its parts (bench/eval_bench.py; random drafter)
 #   *_vllm        vLLM 0.26 serving an EAGLE-3, a P-EAGLE and a DFlash drafter (random weights: tau ~ 1; that they
 #                 run on the GPU is the check) through eval --engine vllm, K=7 / the DFlash block (each step by phase: --vllm-profile)

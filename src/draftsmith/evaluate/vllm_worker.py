@@ -29,6 +29,7 @@ in no particular order), which goes to the call's first turn. At batch 1 that is
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -138,8 +139,10 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
         detokenize=False,
     )
 
-    def generate(prompts: list[list[int]]) -> list[Turn]:
-        before = counters(llm, k) if engine["drafter"] and not by_request else None  # noqa: F821 (called before the del below)
+    def generate(prompts: list[list[int]], record: bool = True) -> list[Turn]:
+        """One call to vLLM, each row a Turn; `record`: read its accept counts from vLLM's counters
+        where needed and advance the progress (not for the profiled pass)."""
+        before = counters(llm, k) if record and engine["drafter"] and not by_request else None  # noqa: F821 (called before the del below)
         t = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)  # noqa: F821
         seconds = (time.perf_counter() - t) / len(prompts)  # each row an equal share of its batch's time
@@ -152,7 +155,7 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
             )
         if before is not None:  # the call's histogram, on its first turn
             turns[0].accepts = accepts_from_counters(difference(counters(llm, k), before), k)  # noqa: F821
-        if progress is not None:
+        if record and progress is not None:
             progress.advance(len(turns), tokens=sum(len(t.tokens) for t in turns))
         return turns
 
@@ -176,14 +179,9 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
                 "counters": difference(counters(llm, k), before),
             }
         )
-    if trace:  # the first two questions again at the first batch size, traced (untimed: the profiler slows them)
-
-        def untimed(prompts: list[list[int]]) -> list[Turn]:
-            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)  # noqa: F821
-            return [Turn(list(o.outputs[0].token_ids), 0.0, []) for o in outs]
-
+    if trace:  # the first two questions again at the first batch size, traced (unrecorded: the profiler slows them)
         llm.start_profile()
-        answer(tok, questions[:2], [untimed], req["completion"], batch_sizes[0])
+        answer(tok, questions[:2], [functools.partial(generate, record=False)], req["completion"], batch_sizes[0])
         llm.stop_profile()
     del llm
     gc.collect()
