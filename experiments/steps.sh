@@ -13,7 +13,7 @@
 #                                    to bring back: keep them in .data/ (git-ignored) for the next lease
 #   capture_pair TAG FILE N          N samples of FILE (conversations) prepared, captured by
 #                                    transformers and by vLLM's stock connector, timed and compared
-#   random_methods_vllm              random EAGLE-3, P-EAGLE and DFlash drafters of the target, served by
+#   random_methods_vllm [METHOD...]  random EAGLE-3, P-EAGLE and DFlash drafters (or those named) of the target, served by
 #                                    vLLM through eval --engine vllm (that they run is the check: tau ~ 1),
 #                                    each engine's step by phase (--vllm-profile: weights do not change it)
 #   train_ab DATASET                 train_online's rate on DATASET (prepared) with the recipe's drafter,
@@ -111,8 +111,9 @@ save_drafter(random_drafter(t.model, 32000, num_layers=2, method="peagle"), "/ro
 save_drafter(random_dflash(t.model, block_size=8), "/root/runs/dflash", target=t.info.to_dict())
 print("random EAGLE-3, P-EAGLE and DFlash drafters saved")
 PY
-  local m
-  for m in eagle3 peagle dflash; do
+  local m ms=("$@")
+  [ $# -gt 0 ] || ms=(eagle3 peagle dflash)
+  for m in "${ms[@]}"; do
     step "${m}_vllm" 240 python3 -m draftsmith eval --target "$HF" --engine vllm --drafter "/root/runs/$m" --depth 7 \
       --num-questions 10 --max-new-tokens 128 --vllm-profile 200 --out "/root/runs/${m}_vllm"
   done

@@ -7,20 +7,20 @@
 #                 train_online of STEPS steps with --compile-capture (again without it if that fails)
 #   ds_b16        draftsmith's engine at batch 16, K=7
 #   vllm_b16      eval --engine vllm, K=7 at batch 16 and 64
-#   *_qs1000      1,000 samples of the run's dataset captured by transformers and by vLLM's stock
+#   *_qs600       600 samples of the run's dataset captured by transformers and by vLLM's stock
 #                 connector, timed and compared (steps.sh capture_pair; experiments/compare_stores.py)
-#   *_vllm        random EAGLE-3, P-EAGLE and DFlash drafters served by vLLM, each step by phase (steps.sh random_methods_vllm)
+#   *_vllm        random P-EAGLE and DFlash drafters served by vLLM, each step by phase (steps.sh random_methods_vllm)
 #   train_ab      train_online's rate on the run's data, the capture eager / compiled / eager (the
 #                 lease of 2026-12-05 16:40 trained at 2.2-2.5 steps/s with --compile-capture against
 #                 4.3 steps/s without it on 2026-12-05 05:16, other data and code: to be measured)
-#   cycle_profile the chain, adaptive-chain and tree cycles of that drafter, by part and kernel by
-#                 kernel (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
 #   ds_b1, ds_stop draftsmith's engine at batch 1, K=7, and the adaptive chain (K=7 stopping below
 #                 0.09) over the whole run: tau, drafts a cycle, speed-up
 #   vllm_k753     eval --engine vllm, K=7, 5 and 3 at batch 1 (and K=7 with every question at once),
 #                 one plain pass, then each engine's step by phase (--vllm-profile: where vLLM's
 #                 cycle goes): the pair the lease of 2026-12-05 16:40 measured once, again for the
 #                 spread between runs
+#   cycle_profile the chain, adaptive-chain and tree cycles of that drafter, by part and kernel by
+#                 kernel (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
 # MAGPIE (12000), STEPS (600) and NQ (80 questions a pass) size the run for a shorter lease. On an H200
 # (2026-12-05 16:40) the local engine synthesised 6,000 Magpie answers in under a minute and
 # train_online ran 2.2-2.5 steps/s after about 60 s of compilation; the short step's limit follows STEPS.
@@ -63,15 +63,14 @@ else
   step quickstart 1500 python3 -m draftsmith quickstart --out "$Q"
 fi
 echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
+# the owed figures first (the pair at batch 1 was measured on 2026-12-05 16:40; it comes after them, again)
 step ds_b16 200 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 16 --out /root/runs/ds_b16
 step vllm_b16 300 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 16 \
   --sweep 7:64 --out /root/runs/vllm_b16
-# the owed figures first (the pair at batch 1 was measured on 2026-12-05 16:40; it comes last, again)
-capture_pair qs "$Q/synth/conversations.jsonl" 1000
-random_methods_vllm
+# 600 samples: vLLM's capture took about 1.4 samples/s with its start on 2026-12-05 05:16 (200 samples)
+capture_pair qs "$Q/synth/conversations.jsonl" 600
+random_methods_vllm peagle dflash  # the trained EAGLE-3 drafter is served above
 train_ab "$Q/prepare"
-step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,chain_walk_sync,tree --profile "$R/profile" \
-  --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
 step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
 # the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
 # computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
@@ -80,4 +79,6 @@ step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 -
 # K=7, 5 and 3 at batch 1 in one vLLM process with one plain pass
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
   --sweep 5:1,3:1 --vllm-profile 200 --out /root/runs/vllm_k753
+step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,chain_walk_sync,tree --profile "$R/profile" \
+  --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
 touch "$R/ALL_DONE"
