@@ -9,7 +9,7 @@
 #   vllm_b16      eval --engine vllm, K=7 at batch 16 and 64
 #   *_qs600       600 samples of the run's dataset captured by transformers and by vLLM's stock
 #                 connector, timed and compared (steps.sh capture_pair; experiments/compare_stores.py)
-#   *_vllm        random P-EAGLE and DFlash drafters served by vLLM, each step by phase (steps.sh random_methods_vllm)
+#   *_vllm        random EAGLE-3, P-EAGLE and DFlash drafters served by vLLM, each step by phase (steps.sh random_methods_vllm)
 #   train_ab      train_online's rate on the run's data, the capture eager / compiled / eager (the
 #                 lease of 2026-12-05 16:40 trained at 2.2-2.5 steps/s with --compile-capture against
 #                 4.3 steps/s without it on 2026-12-05 05:16, other data and code: to be measured)
@@ -69,7 +69,7 @@ step vllm_b16 300 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "
   --sweep 7:64 --out /root/runs/vllm_b16
 # 600 samples: vLLM's capture took about 1.4 samples/s with its start on 2026-12-05 05:16 (200 samples)
 capture_pair qs "$Q/synth/conversations.jsonl" 600
-random_methods_vllm peagle dflash  # the trained EAGLE-3 drafter is served above
+random_methods_vllm  # with --vllm-profile: where vLLM's cycle goes, whatever the weights
 train_ab "$Q/prepare"
 step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
 # the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
