@@ -14,7 +14,7 @@ cat "$R/steps.log" 2>/dev/null
 # every run's progress: pipeline stages (runs/X/stage/), single runs (runs/X/) and a run still in
 # its temporary folder (runs/.X.*.tmp/: eval, extract)
 for f in /root/runs/*/*/progress.json /root/runs/*/progress.json /root/runs/.*.tmp/progress.json; do
-  [ -f "$f" ] && python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[1], d.get('status'), d.get('done'), '/', d.get('total'), d.get('tok_per_s'))" "$f"
+  [ -f "$f" ] && python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[1], d.get('status'), d.get('done'), '/', d.get('total'), d.get('tok_per_s_now'), 'tok/s now', d.get('tok_per_s'), 'average')" "$f"
 done
 last=$(grep -o '^=== [^ ]* start' "$R/steps.log" 2>/dev/null | tail -1 | cut -d' ' -f2)
 [ -n "$last" ] && [ -f "$R/$last.log" ] && { echo "--- $last.log, last lines:"; tr '\r' '\n' < "$R/$last.log" | tail -3 | cut -c1-300; }

@@ -2,7 +2,11 @@
 atomically updated `progress.json` that `draftsmith status` reads.
 
 Rates count only the work done by this run: samples skipped because an earlier run finished
-them are reported, never counted in samples/s or tok/s.
+them are reported, never counted in samples/s or tok/s. Two rates are kept: the current one,
+over about the last minute (`rate_now`, `tok_per_s_now`: what the line shows while the stage runs,
+and what the ETA is computed from), and the run's average since it started (`rate`, `tok_per_s`),
+which counts loading, compilation and validation pauses too. A training run that compiles for
+two minutes and then does 12 steps/s shows about 12 steps/s after a minute, not the average.
 
     with Progress("extract", out_dir, total=10000, unit="samples") as p:
         p.skip(143, tokens=...)          # already done by an earlier run (not in the rates)
@@ -12,6 +16,7 @@ them are reported, never counted in samples/s or tok/s.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import socket
@@ -24,6 +29,8 @@ from draftsmith.fsutil import atomic_write_json, human_bytes
 
 PROGRESS_FILE = "progress.json"
 FILE_INTERVAL = 1.0  # progress.json is rewritten at most this often (log lines: every `interval`)
+RATE_WINDOW = 60.0  # seconds: the current rate is measured over about the last minute
+MIN_SPAN = 5.0  # seconds: the least span a current rate is measured over (else the span before the window)
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -59,6 +66,8 @@ class Progress:
         self.status = "running"
         self.message: str | None = None
         self.started = time.time()
+        # (time, done, tokens) at most every FILE_INTERVAL s: the last minute's, and the one before it
+        self._marks: collections.deque[tuple[float, int, int]] = collections.deque([(self.started, 0, 0)])
         self._last_emit = self._last_file = 0.0
         self.live = sys.stderr.isatty() if live is None else live
         self._bar: Any = None
@@ -116,11 +125,32 @@ class Progress:
         self.counters.update(counters)
 
     # -- reporting -----------------------------------------------------------------------
+    def _mark(self, now: float) -> None:
+        """Record (now, done, tokens) for the current rate, keeping the marks of the last
+        RATE_WINDOW seconds and the newest one before them."""
+        if now - self._marks[-1][0] >= FILE_INTERVAL:
+            self._marks.append((now, self.done, self.tokens))
+        while len(self._marks) > 1 and self._marks[1][0] <= now - RATE_WINDOW:
+            self._marks.popleft()
+
+    def _current(self, now: float) -> tuple[float, float]:
+        """Work a second and tokens a second over about the last RATE_WINDOW seconds: from the
+        oldest mark inside the window, or, where that spans less than MIN_SPAN seconds (just after
+        a long pause: a compilation, a validation), from the newest mark before it."""
+        base = self._marks[0]
+        inside = self._marks[1] if len(self._marks) > 1 else base
+        if inside[0] >= now - RATE_WINDOW and now - inside[0] >= MIN_SPAN:
+            base = inside
+        span = max(now - base[0], 1e-9)
+        return (self.done - base[1]) / span, (self.tokens - base[2]) / span
+
     def snapshot(self) -> dict[str, Any]:
-        elapsed = max(time.time() - self.started, 1e-9)
+        now = time.time()
+        elapsed = max(now - self.started, 1e-9)
         rate = self.done / elapsed
+        rate_now, tok_now = self._current(now)
         remaining = max(self.total - self.done - self.skipped, 0)
-        eta = remaining / rate if rate > 0 else None
+        eta = remaining / rate_now if rate_now > 0 else None
         return {
             "stage": self.stage,
             "status": self.status,
@@ -135,8 +165,10 @@ class Progress:
             "errors": self.errors,
             "elapsed_s": round(elapsed, 2),
             "rate": round(rate, 4),
+            "rate_now": round(rate_now, 4),
             "tokens": self.tokens,
             "tok_per_s": round(self.tokens / elapsed, 2),
+            "tok_per_s_now": round(tok_now, 2),
             "eta_s": round(eta, 1) if eta is not None else None,
             "bytes_written": self.bytes_written,
             "bytes_projected": self.bytes_projected,
@@ -147,12 +179,12 @@ class Progress:
 
     def line(self, snap: dict[str, Any] | None = None) -> str:
         s = snap or self.snapshot()
-        parts = [
-            f"[{self.stage}] {s['done'] + s['skipped']}/{s['total']} done ({s['skipped']} skipped)",
-            f"{s['rate']:.2f} {self.unit}/s",
-        ]
-        if s["tokens"]:
-            parts.append(f"{s['tok_per_s']:.0f} tok/s")
+        running = s["status"] == "running"  # running: the current rates, then the run's average
+        rate, tok = (s["rate_now"], s["tok_per_s_now"]) if running else (s["rate"], s["tok_per_s"])
+        parts = [f"[{self.stage}] {s['done'] + s['skipped']}/{s['total']} done ({s['skipped']} skipped)"]
+        parts.append(f"{rate:.2f} {self.unit}/s" + (f", {tok:.0f} tok/s" if s["tokens"] else ""))
+        if running:
+            parts[-1] += f" (average {s['rate']:.2f} {self.unit}/s)"
         parts.append(f"ETA {fmt_duration(s['eta_s'])}")
         parts.append(f"errors {s['errors']}")
         if s["bytes_written"]:
@@ -173,6 +205,7 @@ class Progress:
         show = force or now - self._last_emit >= (1.0 if self.live else self.interval)
         if not (write or show):
             return
+        self._mark(now)
         snap = self.snapshot()
         if write and self.path.parent.exists():
             self._last_file = now
@@ -182,7 +215,7 @@ class Progress:
             return
         self._last_emit = now
         if self._bar is not None:
-            info = f"{snap['tok_per_s']:.0f} tok/s" if snap["tokens"] else f"{snap['rate']:.2f} {self.unit}/s"
+            info = f"{snap['tok_per_s_now']:.0f} tok/s" if snap["tokens"] else f"{snap['rate_now']:.2f} {self.unit}/s"
             extra = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.counters.items())
             self._bar.update(self._task, completed=snap["done"] + snap["skipped"], info=f"{info} {extra}")
         else:

@@ -134,7 +134,14 @@ def run(cfg: StatusConfig) -> Path:
         rows = {
             "state": state,
             "done": f"{s['done'] + s['skipped']}/{s['total']} {s.get('unit', '')} ({s['skipped']} skipped by resume)",
-            "rate (this run)": f"{s['rate']:.2f} {s.get('unit', '')}/s, {s.get('tok_per_s', 0):.0f} tok/s",
+            **(
+                {
+                    "rate (last minute)": f"{s['rate_now']:.2f} {s.get('unit', '')}/s, {s.get('tok_per_s_now', 0):.0f} tok/s"
+                }
+                if s.get("status") == "running" and isinstance(s.get("rate_now"), int | float)
+                else {}
+            ),
+            "rate (this run's average)": f"{s['rate']:.2f} {s.get('unit', '')}/s, {s.get('tok_per_s', 0):.0f} tok/s",
             "ETA": fmt_duration(s.get("eta_s")) if s.get("status") == "running" else "-",
             "errors": str(s["errors"]),
             "disk": disk,

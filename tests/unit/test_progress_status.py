@@ -86,6 +86,38 @@ def test_progress_json_keeps_up_between_log_lines(tmp_path, monkeypatch, capsys)
         assert capsys.readouterr().err.count("[extract]") == 1  # the log line waits for its interval
 
 
+def test_the_current_rate_leaves_a_compilation_behind(tmp_path, monkeypatch, capsys):
+    """A stage that compiles for 100 s and then runs 10 steps/s shows 10 steps/s and an ETA at
+    that rate once its last minute is past the pause, not the run's average (a lease of
+    2026-12-05 read 2.5 steps/s off such lines while training ran at 12): the average stays in
+    progress.json and the line, and becomes the rate once the stage is done."""
+    import draftsmith.progress as progress
+
+    clock = [1000.0]
+    monkeypatch.setattr(progress.time, "time", lambda: clock[0])
+    with Progress("train", tmp_path, total=3001, unit="steps", interval=10, live=False) as p:
+        clock[0] += 100  # compiling: no step
+        p.advance(1, tokens=8192)
+        for _ in range(1000):  # 10 steps a second for 100 s
+            clock[0] += 0.1
+            p.advance(1, tokens=8192)
+        snap = json.loads((tmp_path / "progress.json").read_text())
+        assert snap["rate_now"] == pytest.approx(10, rel=0.02) and snap["tok_per_s_now"] == pytest.approx(
+            81920, rel=0.02
+        )
+        assert snap["rate"] == pytest.approx(1001 / 200, rel=0.01)  # the average counts the pause
+        assert snap["eta_s"] == pytest.approx(2000 / 10, rel=0.02)
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "10.00 steps/s, 81920 tok/s (average 4." in line and "ETA 3m" in line, line  # the last line: step 910
+        r = CliRunner().invoke(app, ["status", str(tmp_path)])
+        assert "rate (last minute)" in r.output and "10.0" in r.output, r.output
+        clock[0] += 90  # a validation pause: the current rate shows the stall
+        p.advance(1, tokens=8192)
+        assert p.snapshot()["rate_now"] < 0.2  # about 11 steps (those of the last mark on) in 91 s
+    done = json.loads((tmp_path / "progress.json").read_text())
+    assert done["status"] == "done" and "(average" not in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_a_rerun_loading_the_target_is_starting_not_dead(tmp_path):
     """Issue 16 items 9-10: while a rerun holds the output lock but has not reported yet (it is
     loading the model), status says so instead of 'dead', which would invite a second run."""

@@ -351,8 +351,7 @@ class Trainer:
         last_val = None
         if self.env.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()  # (the current device) this run's peak, not an earlier stage's
-        t0, tokens0 = time.time(), self.pos.tokens
-        t_log, self._data_wait = t0, 0.0
+        t_log, tokens_log, self._data_wait = time.time(), self.pos.tokens, 0.0
         rows = self.epoch_rows(self.pos.epoch)
         while self.pos.step < self.total:
             group = rows[self.pos.row : self.pos.row + cfg.grad_accum]
@@ -370,7 +369,9 @@ class Trainer:
                     "epoch": self.pos.epoch,
                     "tokens": self.pos.tokens,
                     "lr": self.optim.lr,
-                    "tok_per_s": (self.pos.tokens - tokens0) / max(now - t0, 1e-9),
+                    # since the last train record (a validation between them included): the first
+                    # record's counts the compilation, the later ones the steady rate
+                    "tok_per_s": (self.pos.tokens - tokens_log) / max(now - t_log, 1e-9),
                     **summarise(
                         all_reduce_stats(pending, self.env.device), self.objective.reached_only, self.objective.loss
                     ),
@@ -388,7 +389,7 @@ class Trainer:
                         data_wait=round(self._data_wait / max(now - t_log, 1e-9), 3),
                         **self.memory(),
                     )
-                t_log, self._data_wait = now, 0.0
+                t_log, tokens_log, self._data_wait = now, self.pos.tokens, 0.0
             if progress is not None:
                 progress.advance(1, tokens=tokens * self.env.world)
             if self.pos.row + cfg.grad_accum > len(rows):  # epoch done (a short tail group is dropped)
