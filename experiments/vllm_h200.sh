@@ -11,8 +11,8 @@
 #                 connector, timed and compared (steps.sh capture_pair; experiments/compare_stores.py)
 #   *_vllm        random EAGLE-3, P-EAGLE and DFlash drafters served by vLLM, each step by phase (steps.sh random_methods_vllm)
 #   train_ab      train_online's rate on the run's data, the capture eager / compiled / eager (the
-#                 lease of 2026-12-05 16:40 trained at 2.2-2.5 steps/s with --compile-capture against
-#                 4.3 steps/s without it on 2026-12-05 05:16, other data and code: to be measured)
+#                 lease of 2026-12-05 16:40 trained at 12-13 steps/s with --compile-capture once
+#                 compiled; without it, no rate but whole-run averages was recorded: LOG 2026-12-05 20:20)
 #   ds_b1, ds_stop draftsmith's engine at batch 1, K=7, and the adaptive chain (K=7 stopping below
 #                 0.09) over the whole run: tau, drafts a cycle, speed-up
 #   vllm_k753     eval --engine vllm, K=7, 5 and 3 at batch 1 (and K=7 with every question at once),
@@ -21,9 +21,10 @@
 #                 spread between runs
 #   cycle_profile the chain, adaptive-chain and tree cycles of that drafter, by part and kernel by
 #                 kernel (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
-# MAGPIE (12000), STEPS (600) and NQ (80 questions a pass) size the run for a shorter lease. On an H200
+# MAGPIE (12000), STEPS (1200) and NQ (80 questions a pass) size the run for a shorter lease. On an H200
 # (2026-12-05 16:40) the local engine synthesised 6,000 Magpie answers in under a minute and
-# train_online ran 2.2-2.5 steps/s after about 60 s of compilation; the short step's limit follows STEPS.
+# train_online reached step 130 after about 160 s (compilation), then ran 12-13 steps/s (about
+# 100k tok/s); the short step's limit follows STEPS.
 # SHORT=1 synthesises with the local engine (faster than vLLM's, LOG 2026-12-05 05:16) and keeps
 # its answers for the next lease (pack_answers; restored from .data/short_synth.tgz.part* when
 # carried back, so a later lease goes straight to training).
@@ -47,7 +48,7 @@ stages:
   - synth: {name: magpie, magpie: ${MAGPIE:-12000}, $SYNTH}
   - prepare: {max_len: 2048}
   - vocab: {draft_vocab_size: 32000}
-  - train: {name: train_online, steps: ${STEPS:-600}, intermediate_size: 4x, num_layers: 2, val_every: $(( ${STEPS:-600} / 2 )), log_every: 100, save_every: $(( ${STEPS:-600} / 2 )), compile_capture: true}
+  - train: {name: train_online, steps: ${STEPS:-1200}, intermediate_size: 4x, num_layers: 2, val_every: $(( ${STEPS:-1200} / 2 )), log_every: 100, save_every: $(( ${STEPS:-1200} / 2 )), compile_capture: true}
 Y
 
 start=$(date +%s)
@@ -55,9 +56,9 @@ if [ "${SHORT:-1}" = 1 ]; then
   [ -f "$Q/.pipeline/synth.done" ] || restore_answers short
   # the lease of 2026-12-05 10:4x: training with --compile-capture (a whole run of it, issue 52),
   # and without it if the compiled capture fails
-  step short $(( 240 + ${STEPS:-600} * 2 / 3 )) python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m ||
+  step short $(( 420 + ${STEPS:-1200} / 5 )) python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m ||
     { sed -i 's/, compile_capture: true//' /root/short.yaml &&
-      step short_eager $(( 240 + ${STEPS:-600} * 2 / 3 )) python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m; }
+      step short_eager $(( 420 + ${STEPS:-1200} / 5 )) python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m; }
   pack_answers short "$Q" synth magpie
 else
   step quickstart 1500 python3 -m draftsmith quickstart --out "$Q"
