@@ -20,8 +20,9 @@ last=$(grep -o '^=== [^ ]* start' "$R/steps.log" 2>/dev/null | tail -1 | cut -d'
 [ -n "$last" ] && [ -f "$R/$last.log" ] && { echo "--- $last.log, last lines:"; tr '\r' '\n' < "$R/$last.log" | tail -3 | cut -c1-300; }
 cd /root && find runs results eval_* batch -type f -size -3M ! -name '*.safetensors' ! -name '*.pt' ! -name '*.arrow' \
   ! -name '*.bin' ! -name '*.jsonl.tmp' 2>/dev/null | tar czf "${OUT:-/tmp}/res.tgz" -T -
-C=${CARRY:-/root/carry}  # the synth answers for the next lease (h200_recipe.sh), each part brought back once
-for part in "$C"/*_synth.tgz.part??; do  # partaa, partab, ...: not their .sent markers
-  [ -f "$part" ] && [ ! -f "$part.sent" ] && cp "$part" "${OUT:-/tmp}/" && touch "$part.sent"
+C=${CARRY:-/root/carry}  # what the next lease needs (synth answers, a trained drafter: steps.sh pack_answers, pack_dir)
+sent=0  # each part brought back once, three a call: with res.tgz within the tool's 64 MiB a call
+for part in "$C"/*.part??; do  # partaa, partab, ...: not their .sent markers
+  [ "$sent" -lt 3 ] && [ -f "$part" ] && [ ! -f "$part.sent" ] && cp "$part" "${OUT:-/tmp}/" && touch "$part.sent" && sent=$((sent + 1))
 done
 ls -la "${OUT:-/tmp}"

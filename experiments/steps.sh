@@ -6,8 +6,12 @@
 #                                    default's GGUF ($GGUF) as an HF folder at $HF (once)
 #   vllm_driver_start START_MIN HARD_MIN  driver_start with the carried vLLM 0.26 on PYTHONPATH
 #                                    (/root/vllm26, .carry/unpack.sh) and the GGUF it unpacked
-#   restore_answers NAME             the synth answers a lease before packed (pack_answers), carried
-#                                    back as .data/NAME_synth.tgz.part*, restored to their folder
+#   restore_dir NAME                 what a lease before packed (pack_dir, pack_answers), carried back
+#                                    as .data/NAME.tgz.part*, restored to its folder (rc 1: none carried)
+#   restore_answers NAME             the synth answers a lease before packed (pack_answers): restore_dir NAME_synth
+#   pack_dir NAME DIR                DIR (a trained drafter's folder, less its checkpoints and TensorBoard
+#                                    files) into $CARRY/NAME.tgz.part* (15 MB parts), once, for
+#                                    fetch_results.sh to bring back: keep them in .data/ for the next lease
 #   pack_answers NAME DIR STAGE...   DIR's synth answers and those stages' markers, into
 #                                    $CARRY/NAME_synth.tgz.part* (15 MB parts) for fetch_results.sh
 #                                    to bring back: keep them in .data/ (git-ignored) for the next lease
@@ -65,9 +69,14 @@ vllm_driver_start() {  # vllm_driver_start START_MIN HARD_MIN: driver_start, wit
   python3 -c "import vllm; print('vllm', vllm.__version__)" >> "$R/gpu.txt" 2>&1
 }
 
-restore_answers() {  # restore_answers NAME: the synth answers a lease before packed into .data/NAME_synth.tgz.part*
-  ls .data/"$1"_synth.tgz.part* > /dev/null 2>&1 || return 0
-  cat .data/"$1"_synth.tgz.part* | tar -C / -xzf - && echo "=== $1 synth answers: restored from .data" >> "$R/steps.log"
+restore_dir() {  # restore_dir NAME: what a lease before packed into .data/NAME.tgz.part*, back in its folder
+  ls .data/"$1".tgz.part* > /dev/null 2>&1 || return 1
+  cat .data/"$1".tgz.part* | tar -C / -xzf - && echo "=== $1: restored from .data" >> "$R/steps.log"
+}
+restore_answers() { restore_dir "$1_synth" || true; }  # restore_answers NAME: the synth answers pack_answers NAME packed
+pack_dir() {  # pack_dir NAME DIR: DIR, less checkpoints and TensorBoard files, for the next lease (once)
+  [ -d "$2" ] && [ ! -f "$CARRY/$1.tgz.partaa" ] || return 0
+  mkdir -p "$CARRY" && tar -C / --exclude=checkpoints --exclude=tensorboard -czf - "${2#/}" | split -b 15m - "$CARRY/$1.tgz.part"
 }
 pack_answers() {  # pack_answers NAME DIR STAGE...: DIR's synth answers and the markers those stages have, for the next lease
   local name=$1 dir=${2#/} stage m marks=() have fresh

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-#   data+train    SHORT=0: `draftsmith quickstart` (budget full), timed as a whole; SHORT=1 (the lease
-#                 of 2026-12-05 05:16, once quickstart's synthesis through vLLM proved too slow to
-#                 leave time to train): the recipe's first two synth sets, prepare, vocab and a
-#                 train_online of STEPS steps with --compile-capture (again without it if that fails)
+#   data+train    none where .data/recipe_drafter.tgz.part* came along (restore_dir: the drafter a
+#                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
+#                 `pipeline`, train_online with --compile-capture if CC=1), timed by stage, its answers
+#                 and drafter packed for the next lease (about 16 parts of 15 MB: fetch_results.sh
+#                 brings three a call); SHORT=1 (the lease of 2026-12-05 05:16, once quickstart's
+#                 synthesis through vLLM proved too slow to leave time to train): the recipe's first
+#                 two synth sets, prepare, vocab and a train_online of STEPS steps with
+#                 --compile-capture (again without it if that fails)
 #   ds_b16        draftsmith's engine at batch 16, K=7
 #   vllm_b16      eval --engine vllm, K=7 at batch 16 and 64
 #   *_qs600       600 samples of the run's dataset captured by transformers and by vLLM's stock
@@ -30,6 +34,8 @@
 # carried back, so a later lease goes straight to training).
 # After the five carrying calls (h200_carry.sh's header), in the last one:
 #   bash /root/parts/unpack.sh /root/parts && (MAGPIE=6000 NQ=30 SHORT=1 LEASE_MIN=16 setsid bash experiments/vllm_h200.sh > /root/driver.log 2>&1 &)
+# (a packed drafter travels in calls of its own before that one, each copying its parts to /root/parts;
+# the last then runs `mkdir -p .data && cp /root/parts/*.tgz.part?? .data/` before the driver)
 # then poll back to back: bash experiments/fetch_results.sh 240 (a lease taken back mid-run keeps
 # only what the last poll brought: 2026-12-05 13:54 lost all of its first 540 s). To stop a step by
 # hand, kill by pid or by a pattern anchored at the start (pkill -f "^timeout 540"): an unanchored
@@ -52,7 +58,9 @@ stages:
 Y
 
 start=$(date +%s)
-if [ "${SHORT:-1}" = 1 ]; then
+if restore_dir recipe_drafter; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training
+  :
+elif [ "${SHORT:-1}" = 1 ]; then
   [ -f "$Q/.pipeline/synth.done" ] || restore_answers short
   # the lease of 2026-12-05 10:4x: training with --compile-capture (a whole run of it, issue 52),
   # and without it if the compiled capture fails
@@ -61,7 +69,24 @@ if [ "${SHORT:-1}" = 1 ]; then
       step short_eager $(( 420 + ${STEPS:-1200} / 5 )) python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m; }
   pack_answers short "$Q" synth magpie
 else
-  step quickstart 1500 python3 -m draftsmith quickstart --out "$Q"
+  # quickstart's full budget (README command 1's stages, read from the packaged recipe as quickstart
+  # reads them), train_online's capture compiled with CC=1; its answers and drafter packed for the
+  # next lease, which then measures that drafter in vLLM without training (restore_dir above)
+  python3 - "${CC:-0}" > /root/full.yaml <<'PY'
+import sys
+import yaml
+from draftsmith.pipeline.quickstart import budget_stages
+stages = [
+    {command: {"name": name, **options, **({"compile_capture": True} if name == "train_online" and sys.argv[1] == "1" else {})}}
+    for name, command, options in budget_stages("full")
+]
+print(yaml.safe_dump({"stages": stages}, sort_keys=False))
+PY
+  synths=$(python3 -c "from draftsmith.pipeline.quickstart import budget_stages as b; print(' '.join(n for n, c, _ in b('full') if c == 'synth'))")
+  [ -f "$Q/.pipeline/synth.done" ] || restore_answers full
+  step full 1500 python3 -m draftsmith pipeline /root/full.yaml --out "$Q" --target smollm2-135m
+  pack_answers full "$Q" $synths
+  pack_dir recipe_drafter "$D"
 fi
 echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
 # the owed figures first (the pair at batch 1 was measured on 2026-12-05 16:40; it comes after them, again)
@@ -69,9 +94,12 @@ step ds_b16 200 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --
 step vllm_b16 300 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 16 \
   --sweep 7:64 --out /root/runs/vllm_b16
 # 600 samples: vLLM's capture took about 1.4 samples/s with its start on 2026-12-05 05:16 (200 samples)
-capture_pair qs "$Q/synth/conversations.jsonl" 600
+# (GSM8K's question/answer pairs where this lease made no answers: the rate is the figure)
+CONV=$Q/synth/conversations.jsonl
+[ -f "$CONV" ] || CONV=src/draftsmith/assets/gsm8k_train.jsonl
+capture_pair qs "$CONV" 600
 random_methods_vllm  # with --vllm-profile: where vLLM's cycle goes, whatever the weights
-train_ab "$Q/prepare"
+train_ab /root/runs/ds_qs600
 step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
 # the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
 # computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
