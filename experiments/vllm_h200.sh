@@ -4,7 +4,7 @@
 #   data+train    none where .data/recipe_drafter.tgz.part* came along (restore_dir: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
 #                 `pipeline`, train_online with --compile-capture if CC=1), timed by stage, its answers
-#                 and drafter packed for the next lease (about 16 parts of 15 MB: fetch_results.sh
+#                 and drafter packed for the next lease (about 15 parts of 15 MB: fetch_results.sh
 #                 brings three a call); SHORT=1 (the lease of 2026-12-05 05:16, once quickstart's
 #                 synthesis through vLLM proved too slow to leave time to train): the recipe's first
 #                 two synth sets, prepare, vocab and a train_online of STEPS steps with
