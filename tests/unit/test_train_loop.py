@@ -156,6 +156,30 @@ def test_train_command_online_and_offline(data_and_store, tiny_target_dir):
     assert again.exit_code != 0 and "--resume" in again.output
 
 
+def test_train_records_the_rate_since_the_record_before(data_and_store, tiny_target_dir, monkeypatch):
+    """metrics.jsonl's tok_per_s covers the steps since the previous train record, not the run
+    since its start: a first interval slowed by compilation does not drag the later ones down."""
+    import types
+
+    import draftsmith.train.loop as loop
+
+    clock = iter([1000.0, 1100.0, 1101.0, 1102.0, *range(2000, 2100)])  # the start, then one call per record
+    monkeypatch.setattr(
+        loop, "time", types.SimpleNamespace(time=lambda: next(clock), perf_counter=loop.time.perf_counter)
+    )
+    root, ds, store = data_and_store
+    out = root / "run-rate"
+    args = ["train", str(ds), "--target", str(tiny_target_dir), "--out", str(out), "--hidden", str(store)]
+    args += ["--steps", "6", "--depth", "2", "--batch-tokens", "96", "--draft-vocab-size", "300", "--log-every", "2"]
+    res = CliRunner().invoke(app, [*args, "--val-fraction", "0.2", "--val-every", "100", "--lr", "1e-3"])
+    assert res.exit_code == 0, res.output
+    train = [r for r in read_metrics(out) if r["split"] == "train"]
+    assert [r["step"] for r in train] == [2, 4, 6]
+    assert train[0]["tok_per_s"] == pytest.approx(train[0]["tokens"] / 100)  # the first 100 s: "compilation"
+    for before, rec in zip(train, train[1:]):  # then 1 s each
+        assert rec["tok_per_s"] == pytest.approx(rec["tokens"] - before["tokens"])
+
+
 @pytest.mark.slow
 def test_train_compile_step_trains_as_the_default_step(data_and_store, tiny_target_dir):
     """`--compile-step` on CPU (the static-shape step, eager; rows padded to --batch-tokens) runs
