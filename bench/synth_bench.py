@@ -7,6 +7,14 @@ same process. The bar (issue #3) is 20x the single-stream rate.
         --num-prompts 1000 --max-new-tokens 256 --batch-size 256 --out-json bench_synth.json
     python bench/synth_bench.py --smoke        # CPU check, a minute
 
+With --profile DIR, one batch of the real decode path (synth/generate.py: the static-KV engine,
+one CUDA graph a step on GPU) is also run for --profile-steps steps under torch.profiler, after
+a warm-up batch that captures its graph: DIR/synth_decode.txt (kernels by device time) and .json
+(the trace), and per decode step the wall ms, the kernels' ms and their count (wall - kernels: the
+device idle, waiting on the host).
+
+    python bench/synth_bench.py --target ... --batch-size 1024 --profile runs/synth_prof
+
 Prints one JSON object and writes it to --out-json.
 """
 
@@ -27,10 +35,15 @@ import transformers
 
 from draftsmith.assets import GSM8K_TRAIN
 from draftsmith.data.formats import read_conversations
+from draftsmith.data.sources import synth_folder
+from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth.config import SynthConfig
-from draftsmith.synth.local import stop_token_ids
+from draftsmith.synth.generate import cache_width, generate
+from draftsmith.synth.local import encode, stop_token_ids
 from draftsmith.synth.output import read_records
 from draftsmith.synth.run import run
+from draftsmith.synth.turns import Request
 from draftsmith.target import load_target
 
 
@@ -66,6 +79,53 @@ def single_stream(target, questions: list[str], max_new_tokens: int) -> dict:
     }
 
 
+def profile_decode(target, questions: list[str], steps: int, out: Path) -> dict:
+    """One batch of `questions` (one row each) decoded for `steps` steps through synth's own
+    `generate`, with no stop ids (every row runs every step), under torch.profiler, after a
+    warm-up batch that captures the step's graph. Returns the step's wall ms, kernel ms and
+    kernel count, and where the table and trace went."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = target.device
+    prompts = [
+        encode(target.tokenizer, Request(f"p{i}", [{"role": "user", "content": q}]), False)
+        for i, q in enumerate(questions)
+    ]
+    engine = TargetEngine(target.model, [], cache_width(max(map(len, prompts)), steps), batch=len(prompts))
+    sampling = Sampling(max_new_tokens=steps)
+    pad = min(stop_token_ids(target))
+
+    def decode() -> float:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        generate(engine, prompts, sampling, set(), pad, seed=0)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return time.perf_counter() - t0
+
+    decode()  # the warm-up: the step's CUDA graph captured
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        seconds = decode()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    out.mkdir(parents=True, exist_ok=True)
+    sort = "self_device_time_total" if kernels else "self_cpu_time_total"
+    (out / "synth_decode.txt").write_text(
+        prof.key_averages().table(sort_by=sort, row_limit=60, max_name_column_width=90)
+    )
+    prof.export_chrome_trace(str(out / "synth_decode.json"))
+    return {
+        "rows": len(prompts),
+        "cache_slots": engine.max_len,
+        "steps": steps,
+        "wall_ms_per_step": round(1000 * seconds / steps, 3),  # the prefill included, once
+        "kernel_ms_per_step": round(sum(e.self_device_time_total for e in kernels) / 1000 / steps, 3),
+        "kernels_per_step": round(len(kernels) / steps, 1),
+        "table": str(out / "synth_decode.txt"),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2-135m", help="target spec (alias, .gguf file or HF folder)")
@@ -84,6 +144,8 @@ def main() -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--bar", type=float, default=20.0, help="required speed-up over single-stream generate")
+    ap.add_argument("--profile", type=Path, default=None, help="also profile one batch's decode steps into this folder")
+    ap.add_argument("--profile-steps", type=int, default=64, help="decode steps of the profiled batch")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 8 prompts, 16 new tokens, batch 4")
     ap.add_argument("--out-json", type=Path, default=Path("bench_synth.json"))
     args = ap.parse_args()
@@ -103,6 +165,7 @@ def main() -> None:
             target=args.target,
             out=out,
             max_new_tokens=args.max_new_tokens,
+            keep_unfinished=True,  # as the recipe synthesises (a --smoke run's 16 tokens end no answer)
             temperature=0.0,
             batch_size=args.batch_size,
             cache=args.cache,
@@ -113,13 +176,18 @@ def main() -> None:
         t0 = time.perf_counter()
         run(cfg)
         wall = time.perf_counter() - t0
-        progress = json.loads((out.parent / "progress.json").read_text())
+        progress = json.loads((synth_folder(out) / "progress.json").read_text())
         kept = read_records(out)
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     base = single_stream(
         target, [c["messages"][0]["content"] for c in convs[: args.baseline_prompts]], args.max_new_tokens
     )
+    questions = [c["messages"][0]["content"] for c in convs]
+    decode = None
+    if args.profile is not None:  # one batch of --batch-size rows (the prompts repeated if fewer)
+        rows = (questions * args.batch_size)[: args.batch_size]
+        decode = profile_decode(target, rows, args.profile_steps, args.profile)
     synth_rate = progress["tok_per_s"]
     result = {
         "bench": "synth",
@@ -148,6 +216,7 @@ def main() -> None:
             "counters": progress["counters"],
         },
         "single_stream_generate": base,
+        "decode_profile": decode,
         "speedup": round(synth_rate / base["tok_per_s"], 2),
         "bar": args.bar,
     }

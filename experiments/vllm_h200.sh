@@ -25,6 +25,7 @@
 #                 spread between runs
 #   cycle_profile the chain, adaptive-chain and tree cycles of that drafter, by part and kernel by
 #                 kernel (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
+#   synth_profile synth's decode step at batch 1024, kernel by kernel (bench/synth_bench.py --profile)
 # MAGPIE (12000), STEPS (1200) and NQ (80 questions a pass) size the run for a shorter lease. On an H200
 # (2026-12-05 16:40) the local engine synthesised 6,000 Magpie answers in under a minute and
 # train_online reached step 130 after about 160 s (compilation), then ran 12-13 steps/s (about
@@ -110,4 +111,7 @@ step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter 
   --sweep 5:1,3:1 --vllm-profile 200 --out /root/runs/vllm_k753
 step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,chain_walk_sync,tree --profile "$R/profile" \
   --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
+# synth's decode step at the recipe's batch, kernel by kernel (quickstart's synthesis is 12 of its 26.6 minutes)
+step synth_profile 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
+  --profile "$R/synth_profile" --out-json "$R/synth_bench.json"
 touch "$R/ALL_DONE"
