@@ -6,7 +6,7 @@ them are reported, never counted in samples/s or tok/s. Two rates are kept: the 
 over about the last minute (`rate_now`, `tok_per_s_now`: what the line shows while the stage runs,
 and what the ETA is computed from), and the run's average since it started (`rate`, `tok_per_s`),
 which counts loading, compilation and validation pauses too. A training run that compiles for
-two minutes and then does 12 steps/s shows about 12 steps/s after a minute, not the average.
+two minutes and then does 12 steps/s shows about 12 steps/s seconds after, not the average.
 
     with Progress("extract", out_dir, total=10000, unit="samples") as p:
         p.skip(143, tokens=...)          # already done by an earlier run (not in the rates)
