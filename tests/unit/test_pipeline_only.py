@@ -1,7 +1,9 @@
 """`draftsmith pipeline --only`: runs just the named stages; the others are neither run nor
-marked done, and an unknown name is refused with the list of stages."""
+marked done, and an unknown name is refused with the list of stages. The run ends with each
+stage's time."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,26 @@ def test_only_runs_the_named_stages(tmp_path):
     assert not (root / "small").exists() and not (root / ".pipeline" / "small.done").exists()
     with pytest.raises(UserError, match="no such stage.*small, big"):
         run(PipelineConfig(pipeline_config=cfg, only=["eval"]))
+
+
+def test_the_run_ends_with_each_stages_time(tmp_path, capsys):
+    ds = write_tokenized_dataset(tmp_path / "ds", [[5, 6, 7, 8, 9, 10], [7, 8, 9, 11, 12, 13]])
+    meta = json.loads((ds / META_FILE).read_text())
+    (ds / META_FILE).write_text(json.dumps({**meta, "target": {"vocab_size": 32}}))
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(
+        f"out: {tmp_path / 'run'}\nstages:\n"
+        f"  - vocab: {{name: small, dataset_dir: {ds}, size: 4}}\n"
+        f"  - vocab: {{name: big, dataset_dir: {ds}, size: 8}}\n"
+    )
+    run(PipelineConfig(pipeline_config=cfg, only=["big"]))
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"\[pipeline\] stage times: big \d+s; total \d+s", last), last  # not the unselected one
+    marker = tmp_path / "run" / ".pipeline" / "big.done"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "seconds": 125.0}))
+    run(PipelineConfig(pipeline_config=cfg))
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"\[pipeline\] stage times: small \d+s, big 2m05s \(earlier\); total 2m0\ds", last), last
 
 
 def test_out_and_target_flags_beat_the_yaml_and_default(tmp_path, monkeypatch):

@@ -31,6 +31,7 @@ from draftsmith.config import CommandConfig, changed_options, load_yaml_mapping,
 from draftsmith.errors import UserError
 from draftsmith.fsutil import CONTENT_ID, atomic_write_json, check_output, content_id, made_by, mark_output
 from draftsmith.pipeline.config import PipelineConfig
+from draftsmith.progress import fmt_duration
 from draftsmith.target import shared_targets
 
 # where each command's main input comes from, and what it produces
@@ -368,7 +369,20 @@ def run_stages(
                     "files": stage.files,
                 },
             )
+    print(f"[pipeline] {stage_times(planned, marks)}", flush=True)
     return {stage.name: product(stage.command, Path(stage.cfg.out)) for stage in planned}
+
+
+def stage_times(planned: list[Planned], marks: Path) -> str:
+    """Where the pipeline's time went: each selected stage's seconds from its `.done` marker (a
+    stage done by an earlier run marked so), and their sum."""
+    parts, total = [], 0.0
+    for stage in planned:
+        seconds = read_marker(marks / f"{stage.name}.done").get("seconds") if stage.selected else None
+        if isinstance(seconds, int | float):
+            total += seconds
+            parts.append(f"{stage.name} {fmt_duration(seconds)}" + (" (earlier)" if stage.finished else ""))
+    return f"stage times: {', '.join(parts)}; total {fmt_duration(total)}" if parts else "stage times: none recorded"
 
 
 def run(cfg: PipelineConfig) -> Path:
