@@ -183,7 +183,7 @@ class Progress:
         rate, tok = (s["rate_now"], s["tok_per_s_now"]) if running else (s["rate"], s["tok_per_s"])
         parts = [f"[{self.stage}] {s['done'] + s['skipped']}/{s['total']} done ({s['skipped']} skipped)"]
         parts.append(f"{rate:.2f} {self.unit}/s" + (f", {tok:.0f} tok/s" if s["tokens"] else ""))
-        if running:
+        if running and s["done"]:
             parts[-1] += f" (average {s['rate']:.2f} {self.unit}/s)"
         parts.append(f"ETA {fmt_duration(s['eta_s'])}")
         parts.append(f"errors {s['errors']}")
