@@ -33,6 +33,8 @@
 # SHORT=1 synthesises with the local engine (faster than vLLM's, LOG 2026-12-05 05:16) and keeps
 # its answers for the next lease (pack_answers; restored from .data/short_synth.tgz.part* when
 # carried back, so a later lease goes straight to training).
+# Send the first carrying call alone and wait for its answer: calls sent beside it are refused while
+# no machine starts, at 15 device-seconds each (2026-12-05 20:05).
 # After the five carrying calls (h200_carry.sh's header), in the last one:
 #   bash /root/parts/unpack.sh /root/parts && (MAGPIE=6000 NQ=30 SHORT=1 LEASE_MIN=16 setsid bash experiments/vllm_h200.sh > /root/driver.log 2>&1 &)
 # (a packed drafter travels in calls of its own before that one, each copying its parts to /root/parts;
