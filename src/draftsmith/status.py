@@ -131,18 +131,18 @@ def run(cfg: StatusConfig) -> Path:
             disk += f" of ~{human_bytes(s['bytes_projected'])} projected"
         state = process_state(s, f.parent)
         state += f": {s['message']}" if s.get("message") and state == s.get("status") else ""
+        running, unit = s.get("status") == "running", s.get("unit", "")
+        current = (  # while the stage runs; a progress.json written before there was one has none
+            {"rate (last minute)": f"{s['rate_now']:.2f} {unit}/s, {s.get('tok_per_s_now', 0):.0f} tok/s"}
+            if running and isinstance(s.get("rate_now"), int | float)
+            else {}
+        )
         rows = {
             "state": state,
-            "done": f"{s['done'] + s['skipped']}/{s['total']} {s.get('unit', '')} ({s['skipped']} skipped by resume)",
-            **(
-                {
-                    "rate (last minute)": f"{s['rate_now']:.2f} {s.get('unit', '')}/s, {s.get('tok_per_s_now', 0):.0f} tok/s"
-                }
-                if s.get("status") == "running" and isinstance(s.get("rate_now"), int | float)
-                else {}
-            ),
-            "rate (this run's average)": f"{s['rate']:.2f} {s.get('unit', '')}/s, {s.get('tok_per_s', 0):.0f} tok/s",
-            "ETA": fmt_duration(s.get("eta_s")) if s.get("status") == "running" else "-",
+            "done": f"{s['done'] + s['skipped']}/{s['total']} {unit} ({s['skipped']} skipped by resume)",
+            **current,
+            "rate (this run's average)": f"{s['rate']:.2f} {unit}/s, {s.get('tok_per_s', 0):.0f} tok/s",
+            "ETA": fmt_duration(s.get("eta_s")) if running else "-",
             "errors": str(s["errors"]),
             "disk": disk,
             "elapsed": fmt_duration(s.get("elapsed_s")),
