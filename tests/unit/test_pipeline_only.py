@@ -15,7 +15,9 @@ from draftsmith.pipeline.run import run
 from tests.helpers import write_tokenized_dataset
 
 
-def test_only_runs_the_named_stages(tmp_path):
+@pytest.fixture
+def two_vocabs(tmp_path):
+    """A pipeline of two vocab stages, `small` and `big`, over one tiny dataset, into tmp_path/run."""
     ds = write_tokenized_dataset(tmp_path / "ds", [[5, 6, 7, 8, 9, 10], [7, 8, 9, 11, 12, 13]])
     meta = json.loads((ds / META_FILE).read_text())
     (ds / META_FILE).write_text(json.dumps({**meta, "target": {"vocab_size": 32}}))
@@ -25,6 +27,11 @@ def test_only_runs_the_named_stages(tmp_path):
         f"  - vocab: {{name: small, dataset_dir: {ds}, size: 4}}\n"
         f"  - vocab: {{name: big, dataset_dir: {ds}, size: 8}}\n"
     )
+    return cfg
+
+
+def test_only_runs_the_named_stages(tmp_path, two_vocabs):
+    cfg = two_vocabs
     run(PipelineConfig(pipeline_config=cfg, only=["big"]))
     root = tmp_path / "run"
     assert (root / "big" / "vocab.safetensors").exists() and (root / ".pipeline" / "big.done").exists()
@@ -33,16 +40,8 @@ def test_only_runs_the_named_stages(tmp_path):
         run(PipelineConfig(pipeline_config=cfg, only=["eval"]))
 
 
-def test_the_run_ends_with_each_stages_time(tmp_path, capsys):
-    ds = write_tokenized_dataset(tmp_path / "ds", [[5, 6, 7, 8, 9, 10], [7, 8, 9, 11, 12, 13]])
-    meta = json.loads((ds / META_FILE).read_text())
-    (ds / META_FILE).write_text(json.dumps({**meta, "target": {"vocab_size": 32}}))
-    cfg = tmp_path / "p.yaml"
-    cfg.write_text(
-        f"out: {tmp_path / 'run'}\nstages:\n"
-        f"  - vocab: {{name: small, dataset_dir: {ds}, size: 4}}\n"
-        f"  - vocab: {{name: big, dataset_dir: {ds}, size: 8}}\n"
-    )
+def test_the_run_ends_with_each_stages_time(tmp_path, two_vocabs, capsys):
+    cfg = two_vocabs
     run(PipelineConfig(pipeline_config=cfg, only=["big"]))
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert re.fullmatch(r"\[pipeline\] stage times: big \d+s; total \d+s", last), last  # not the unselected one
