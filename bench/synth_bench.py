@@ -40,7 +40,7 @@ from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth.config import SynthConfig
 from draftsmith.synth.generate import cache_width, generate
-from draftsmith.synth.local import encode, stop_token_ids
+from draftsmith.synth.local import LocalBackend, encode, stop_token_ids
 from draftsmith.synth.output import read_records
 from draftsmith.synth.run import run
 from draftsmith.synth.turns import Request
@@ -87,19 +87,19 @@ def profile_decode(target, questions: list[str], steps: int, out: Path) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     dev = target.device
+    backend = LocalBackend(target, batch_size=len(questions), generator="engine")  # synth's prompts and pad id
     prompts = [
-        encode(target.tokenizer, Request(f"p{i}", [{"role": "user", "content": q}]), False)
+        encode(backend.tokenizer, Request(f"p{i}", [{"role": "user", "content": q}]), False)
         for i, q in enumerate(questions)
     ]
     engine = TargetEngine(target.model, [], cache_width(max(map(len, prompts)), steps), batch=len(prompts))
     sampling = Sampling(max_new_tokens=steps)
-    pad = min(stop_token_ids(target))
 
     def decode() -> float:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
-        generate(engine, prompts, sampling, set(), pad, seed=0)
+        generate(engine, prompts, sampling, set(), backend.pad, seed=0)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         return time.perf_counter() - t0
