@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import platform
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -69,6 +71,19 @@ def phase_table(prof: torch.profiler.profile, steps: int) -> dict[str, float]:
     return out
 
 
+def epoch_groups(trainer, accum: int) -> Iterator[list[list[int]]]:
+    """The trainer's accumulation groups, epoch 0, 1, 2, ... (each epoch's last, partial group
+    dropped); refuses a dataset too small for one group."""
+    for epoch in itertools.count():
+        rows = trainer.epoch_rows(epoch)
+        if len(rows) < accum:
+            raise SystemExit(
+                f"train_bench: {len(rows)} rows an epoch, fewer than one step's {accum}: use a larger dataset"
+            )
+        for at in range(0, len(rows) - accum + 1, accum):
+            yield rows[at : at + accum]
+
+
 def bench_variant(name: str, options: dict, args: argparse.Namespace, scratch: Path) -> dict:
     options = dict(options)
     capture = options.pop("capture", "auto")  # online capture: auto (packed where the model packs) or padded
@@ -85,18 +100,18 @@ def bench_variant(name: str, options: dict, args: argparse.Namespace, scratch: P
     trainer = build_trainer(cfg)
     if capture == "padded":
         trainer.source.packed = False
-    rows = trainer.epoch_rows(0)
     accum = trainer.cfg.grad_accum
-    at = 0  # next row
+    groups = epoch_groups(trainer, accum)
+    ahead = next(groups)
 
     def run_steps(n: int) -> int:
-        """n optimizer steps in the trainer's own order, the next group prefetched as train does."""
-        nonlocal at
+        """n optimizer steps in the trainer's own order, epoch after epoch as train runs them (a
+        small dataset holds fewer groups than the bench's steps), the next group prefetched."""
+        nonlocal ahead
         tokens = 0
         for _ in range(n):
-            group = rows[at : at + accum]
-            at += accum
-            trainer.prefetch(rows[at : at + accum])
+            group, ahead = ahead, next(groups)
+            trainer.prefetch(ahead)
             tokens += trainer.optimizer_step(group)[1]
         return tokens
 

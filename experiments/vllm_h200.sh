@@ -102,7 +102,7 @@ CONV=$Q/synth/conversations.jsonl
 [ -f "$CONV" ] || CONV=src/draftsmith/assets/gsm8k_train.jsonl
 capture_pair qs "$CONV" 600
 random_methods_vllm  # with --vllm-profile: where vLLM's cycle goes, whatever the weights
-train_ab /root/runs/ds_qs600
+train_ab /root/runs/qs/prepare  # the run's whole prepared set (11,600 conversations in the short run)
 step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
 # the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
 # computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
