@@ -55,6 +55,10 @@ def test_a_cpu_trace_has_no_gpu_figures_and_no_step_gives_none(tmp_path):
     (tmp_path / "cpu" / "t.json").write_text(json.dumps({"traceEvents": cpu}))
     s = summarise(tmp_path / "cpu")
     assert s["kernel_ms_per_step"] is None and s["gpu_idle_share"] is None and "GPU" not in summary_line("x", s)
+    steps_only = [e for e in cpu if e["name"].startswith("execute_context_")]  # a runner that names no phase
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "t.json").write_text(json.dumps({"traceEvents": steps_only}))
+    assert "(ms a step): none named in this trace" in summary_line("spec", summarise(tmp_path / "v2"))
     (tmp_path / "none").mkdir()
     (tmp_path / "none" / "t.json").write_text(json.dumps({"traceEvents": []}))
     assert summarise(tmp_path / "none") is None and summarise(tmp_path / "missing") is None

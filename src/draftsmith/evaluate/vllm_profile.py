@@ -5,7 +5,8 @@ after its timed passes (untimed: the profiler slows what it traces; vLLM's own `
 vLLM's worker names each engine step ("execute_context_..."), and with
 VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 (`ENV`, set by the worker) its model runner names the phases
 of a step with `record_function` ("gpu_model_runner: preprocess", "forward", "postprocess",
-"sample", "draft", "bookkeep", ...; the CPU runner is the same class). Per engine this reads,
+"sample", "draft", "bookkeep", ...; the CPU runner is the same class; vLLM 0.26's GPU model runner
+V2 names none, and the line then says so). Per engine this reads,
 over the profiled span: the steps, each phase's host time a step, and, where the trace has GPU
 kernels, their busy time a step and the share of the span in which no kernel ran (the GPU
 waiting on launches and the scheduler). A speculative engine's "draft" phase is its drafter;
@@ -21,6 +22,9 @@ from typing import Any
 ENV = {"VLLM_CUSTOM_SCOPES_FOR_PROFILING": "1"}  # the model runner's phases as record_function ranges
 STEP = "execute_context_"  # the worker's name for one engine step
 PHASE = "gpu_model_runner: "
+# where the trace names no phase: vLLM 0.26's GPU model runner V2 (its EAGLE-3 and plain engines on an
+# H100, 2026-12-05 22:56) has no such ranges; its P-EAGLE engine ran the runner that has them
+NO_PHASES = "none named in this trace (this model runner has no phase ranges)"
 KERNELS = {"kernel", "gpu_memcpy", "gpu_memset"}  # what occupies the GPU in a torch profiler trace
 
 
@@ -85,7 +89,7 @@ def summarise(folder: Path) -> dict[str, Any] | None:
 
 def summary_line(name: str, s: dict[str, Any]) -> str:
     """One report.md line: an engine's step by phase."""
-    phases = ", ".join(f"{k} {v:.2f}" for k, v in s["phase_ms_per_step"].items())
+    phases = ", ".join(f"{k} {v:.2f}" for k, v in s["phase_ms_per_step"].items()) or NO_PHASES
     gpu = (
         ""
         if s["kernel_ms_per_step"] is None
