@@ -76,20 +76,31 @@ def test_measured_tau_matches_simulated_tau(tmp_path, smollm2):
 
     bench = tmp_path / "prompts.jsonl"
     bench.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    out = evaluate(
-        EvalConfig(
-            drafter=tmp_path / "run",
-            out=tmp_path / "eval",
-            bench=str(bench),
-            mode="chain",
-            k=2,
-            num_questions=len(PROMPTS),
-            max_new_tokens=NEW_TOKENS,
-            speed=False,
-            device="cpu",
+
+    def measure(batch: int) -> tuple[float, list[dict]]:
+        out = evaluate(
+            EvalConfig(
+                drafter=tmp_path / "run",
+                out=tmp_path / f"eval-b{batch}",
+                bench=str(bench),
+                mode="chain",
+                k=2,
+                num_questions=len(PROMPTS),
+                max_new_tokens=NEW_TOKENS,
+                speed=False,
+                device="cpu",
+                batch_size=batch,
+            )
         )
-    )
-    measured = json.loads((out / "report.json").read_text())["tau"]
+        answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+        return json.loads((out / "report.json").read_text())["tau"], answers
+
+    measured, one = measure(1)
     assert simulated > 2.2, simulated
     assert abs(measured - simulated) < 0.4, (measured, simulated)
     assert abs(measured - walked) < 0.4, (measured, walked)  # 2026-12-01: simulated 2.97, walked 2.92, measured 2.98
+    # in batches of 4 (the prompts left-padded to each batch's longest), fp32: the same tokens, and the
+    # drafter accepted step for step as at batch 1 (its padded prefill and KV slots see what batch 1 sees)
+    tau4, four = measure(4)
+    assert [a["token_ids"] for a in four] == [a["token_ids"] for a in one]
+    assert [a["accepts"] for a in four] == [a["accepts"] for a in one] and tau4 == measured
