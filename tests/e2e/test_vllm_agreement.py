@@ -177,3 +177,49 @@ def test_eval_engine_vllm_reports_what_draftsmith_eval_reports(world, tmp_path):
         )
     assert (out / "drafter-vllm" / "config.json").exists()
     assert {"report.md", "acceptance.png", "tau.png", "run.yaml", "progress.json"} <= {f.name for f in out.iterdir()}
+
+
+def heads_of_16(
+    config: dict,
+) -> None:  # the same weights as 8 heads of 16 (4 KV heads): vLLM's CPU attention takes no 16
+    config.update(num_attention_heads=8, num_key_value_heads=4, head_dim=16)
+
+
+def test_an_engine_vllm_cannot_start_fails_with_its_root_cause(world, tmp_path, monkeypatch):
+    """`eval --engine vllm` on an export whose drafter vLLM cannot start (heads of 16, a size its CPU
+    attention does not take; draftsmith's own checks pass it): the error names the failed engine and
+    quotes vLLM's own error line, not the log's last lines; the plain engine is not started after
+    it; nothing is left at --out."""
+    from draftsmith.errors import UserError
+    from draftsmith.evaluate import vllm_eval
+
+    folder = broken(world, exported(world, "Y", "eagle"), "heads-of-16", heads_of_16)
+    logs = []
+
+    def keep_log(request, out, log):  # the run's folder is removed on failure: its log kept for the asserts
+        try:
+            return real(request, out, log)
+        finally:
+            logs.append(log.read_text(errors="replace"))
+
+    real = vllm_eval.run_worker
+    monkeypatch.setattr(vllm_eval, "run_worker", keep_log)
+    with pytest.raises(UserError) as e:
+        evaluate(
+            EvalConfig(
+                engine="vllm",
+                drafter=str(folder),
+                target=str(world["target"]),
+                out=tmp_path / "eval",
+                depth=K,
+                num_questions=1,
+                max_new_tokens=NEW_TOKENS,
+            )
+        )
+    message = str(e.value)
+    assert "engine 'spec' (speculative, K=3" in message and "root cause first" in message, message
+    quoted = message.split("root cause first:\n", 1)[1].splitlines()
+    assert "Error" in quoted[0] and "head_dim=16" in quoted[0], message  # vLLM 0.32's CPU attention refusing it
+    assert f"{vllm_eval.ENGINE_MARK} spec: start" in logs[0]
+    assert f"{vllm_eval.ENGINE_MARK} plain" not in logs[0]  # not started once the run had failed
+    assert not (tmp_path / "eval").exists()

@@ -181,3 +181,37 @@ def test_a_worker_killed_for_memory_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_eval.subprocess, "run", killed)
     with pytest.raises(UserError, match="(?s)out-of-memory killer.*vLLM.s last line"):
         vllm_eval.run_worker({}, tmp_path, tmp_path / "vllm.log")
+
+
+def test_a_failed_engines_root_cause_is_quoted_not_the_logs_tail():
+    """vLLM's engine-core process logs the cause; the worker's traceback then says "see root cause
+    above" and other engines log on after it: the error quotes the failed engine's error lines, root
+    cause first, not the last lines of the log (the lease of 2026-12-05 22:56 got the plain engine's
+    shutdown lines for a DFlash engine that failed to start)."""
+    mark = vllm_eval.ENGINE_MARK
+    log = "\n".join(
+        [
+            f"{mark} plain_first: start",
+            "ValueError: an earlier engine's error, not this one's",
+            f"{mark} spec: start",
+            "(EngineCore pid=5639) INFO 12-05 23:15:40 [core.py:100] loading the drafter",
+            "(MainProcess pid=6475) WARNING 12-05 23:42:38 [base.py:380] ValueError: a warning, not the cause",
+            "(EngineCore pid=5639) ERROR 12-05 23:15:41 [core.py:900] EngineCore failed to start.",
+            "(EngineCore pid=5639) Traceback (most recent call last):",
+            '(EngineCore pid=5639)   File "qwen3_dflash.py", line 127, in dflash_layer',
+            "(EngineCore pid=5639) ValueError: DFlash sliding attention requires a window size",
+            "Traceback (most recent call last):",
+            '  File "vllm_worker.py", line 209, in main',
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+            f"{mark} plain: start",
+            "(EngineCore pid=5701) INFO 12-05 23:16:32 [core.py:1326] [shutdown] EngineCore: exiting busy loop",
+            "KeyError: a later engine's error",
+        ]
+    )
+    cause = vllm_eval.root_cause(log, "spec")
+    assert cause == [
+        "(EngineCore pid=5639) ValueError: DFlash sliding attention requires a window size",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+    ]
+    # no error line in its section: its last lines
+    assert vllm_eval.root_cause(f"{mark} spec: start\nkilled\nbye", "spec") == [f"{mark} spec: start", "killed", "bye"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -37,6 +38,7 @@ from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
 from draftsmith.evaluate.questions import Question, load_questions, token_bound
 from draftsmith.evaluate.report import ReportMeta, build_report, options_meta, summary_line, write_report
+from draftsmith.evaluate.vllm_worker import ENGINE_MARK
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
 from draftsmith.layers import default_aux_layers, validate_layers
 from draftsmith.target import (
@@ -184,6 +186,29 @@ def run_worker(request: dict[str, Any], out: Path, log: Path) -> dict[str, Any]:
     return result
 
 
+ERROR_LINE = re.compile(r"\b(\w+Error|\w*Exception)\b(:|$)")
+NOT_AN_ERROR = re.compile(r"\b(DEBUG|INFO|WARNING) \d\d-\d\d ")  # a vLLM log line below ERROR that names an exception
+
+
+def root_cause(log: str, engine: str, limit: int = 12) -> list[str]:
+    """The error lines of `engine`'s section of the worker's log (from its ENGINE_MARK line to the next), in
+    order: an engine-core process logs the root cause before the worker's own traceback of the
+    failed start ("Engine core initialization failed. See root cause above"). Without such lines,
+    the section's last lines."""
+    lines = log.splitlines()
+    start = max((i for i, line in enumerate(lines) if line.startswith(f"{ENGINE_MARK} {engine}:")), default=0)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(ENGINE_MARK)), len(lines))
+    section = lines[start:end]
+    errors = [line for line in section if ERROR_LINE.search(line) and not NOT_AN_ERROR.search(line)]
+    errors = list(dict.fromkeys(errors))  # each once, in order
+    return (errors or section)[-limit:]
+
+
+def engine_role(engines: list[dict[str, Any]], name: str) -> str:
+    e = next(e for e in engines if e["name"] == name)
+    return f"speculative, K={e['k']}, {e['method']}" if e["drafter"] else "plain decoding"
+
+
 def turn_rows(
     questions: list[Question], spec: list[list[dict]], plain: list[list[dict]] | None, greedy: bool
 ) -> list[dict[str, Any]]:
@@ -317,14 +342,17 @@ def run(cfg: EvalConfig) -> Path:
             "progress": str(out),
             "profile": {"dir": str(out / "vllm-profile"), "steps": cfg.vllm_profile} if cfg.vllm_profile else None,
             "engines": engines,
+            "stop_on_error": True,  # this run fails with the first engine that does: no time on the rest
         }
         result = run_worker(request, out, out / "vllm.log")
         failed = {name: e["error"] for name, e in result["engines"].items() if "error" in e}
         if failed:
+            name = next(iter(failed))
             raise UserError(
-                f"--engine vllm: vLLM {result['vllm_version']} could not serve this run: {failed}. If this build "
-                f"cannot run on this machine, install one that can ({INSTALL}). vLLM's own log ends:\n"
-                + "\n".join((out / "vllm.log").read_text(errors="replace").splitlines()[-10:])
+                f"--engine vllm: vLLM {result['vllm_version']} could not serve this run: engine {name!r} "
+                f"({engine_role(engines, name)}) failed with {failed[name]}. Its log's errors, root cause first:\n"
+                + "\n".join(root_cause((out / "vllm.log").read_text(errors="replace"), name))
+                + f"\nIf this build cannot run on this machine, install one that can ({INSTALL})."
             )
         plain = {p["batch_size"]: p for p in result["engines"]["plain"]["passes"]} if cfg.speed else {}
         passes = [

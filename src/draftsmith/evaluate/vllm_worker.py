@@ -14,12 +14,14 @@ seed, temperature, top_p, max_new_tokens, stop_token_ids, batch_sizes, engine_ar
 keyword arguments for `LLM`), progress (a folder for progress.json, or null), profile (null, or
 {dir, steps}: after its timed passes, each engine answers the first two questions again at its
 first batch size, untimed, traced by vLLM's torch profiler into dir/NAME for up to `steps` engine
-steps, summarised by evaluate/vllm_profile.py), engines
+steps, summarised by evaluate/vllm_profile.py), stop_on_error (optional), engines
 [{name, drafter, k, method, batch_sizes}] (method: eagle3 unless given, dflash for a DFlash
 export; batch_sizes: the request's unless given).
 RESULT: vllm_version, engines {name: {start_seconds, warmup_seconds, profile (or null), passes [{batch_size,
 accepts_by, answers [per question [per turn {tokens, seconds, accepts}]], counters {drafts,
-draft_tokens, accepted, accepted_per_pos}}]} or {error}}.
+draft_tokens, accepted, accepted_per_pos}}]} or {error}}: one engine's failure does not stop the
+others, unless the request sets stop_on_error (eval does: its run fails anyway). The log gives each
+engine's section a first line of its own (ENGINE_MARK).
 
 accepts_by: "turn" where vLLM reports each request's accepted drafts per step (0.27 and later,
 `per_request_spec_decode_metrics`); on older releases "call": vLLM's global counters, read
@@ -193,6 +195,9 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
     }
 
 
+ENGINE_MARK = "[draftsmith] vLLM engine"  # a line of the log where each engine's section starts
+
+
 def main(request: Path, result: Path) -> None:
     import vllm
 
@@ -205,12 +210,16 @@ def main(request: Path, result: Path) -> None:
     folder = Path(req["progress"]) if req.get("progress") else None
     with Progress("eval", folder, total=turns, unit="turns", live=False) as progress:
         for engine in req["engines"]:
+            print(f"{ENGINE_MARK} {engine['name']}: start", flush=True)  # the log's sections (vllm_eval.root_cause)
             try:
                 out["engines"][engine["name"]] = serve(req, engine, progress)
-            except Exception as e:  # one engine that vLLM refuses or that crashes does not stop the others
+            except Exception as e:  # vLLM refused it or crashed: the others still run, unless stop_on_error
                 traceback.print_exc()
                 out["engines"][engine["name"]] = {"error": f"{type(e).__name__}: {e}"}
-            gc.collect()
+                if req.get("stop_on_error"):
+                    break
+            finally:
+                gc.collect()
     atomic_write_json(result, out)
 
 
