@@ -9,30 +9,31 @@
 #                 synthesis through vLLM proved too slow to leave time to train): the recipe's first
 #                 two synth sets, prepare, vocab and a train_online of STEPS steps with
 #                 --compile-capture (again without it if that fails)
-#   ds_b16        draftsmith's engine at batch 16, K=7
-#   vllm_b16      eval --engine vllm, K=7 at batch 16 and 64
-#   *_qs600       600 samples of the run's dataset captured by transformers and by vLLM's stock
-#                 connector, timed and compared (steps.sh capture_pair; experiments/compare_stores.py)
-#   *_vllm        random EAGLE-3, P-EAGLE and DFlash drafters served by vLLM, each step by phase (steps.sh random_methods_vllm)
-#   train_ab      train_online's rate on the run's data, the capture eager / compiled / eager (the
-#                 lease of 2026-12-05 16:40 trained at 12-13 steps/s with --compile-capture once
-#                 compiled; without it, no rate but whole-run averages was recorded: LOG 2026-12-05 20:20)
-#   ds_b1, ds_stop draftsmith's engine at batch 1, K=7, and the adaptive chain (K=7 stopping below
-#                 0.09) over the whole run: tau, drafts a cycle, speed-up
 #   vllm_k753     eval --engine vllm, K=7, 5 and 3 at batch 1 (and K=7 with every question at once),
 #                 one plain pass, then each engine's step by phase (--vllm-profile: where vLLM's
-#                 cycle goes): the pair the lease of 2026-12-05 16:40 measured once, again for the
-#                 spread between runs
+#                 cycle goes); then ds_b1, draftsmith's engine at batch 1, K=7, beside it
+#   dflash_vllm   a random DFlash drafter served by vLLM (steps.sh random_methods_vllm): it failed to
+#                 start on 2026-12-05 22:56, and eval's error now quotes the cause
+#   train_ab      train_online's rate on the run's prepared set, the capture eager / compiled / eager
+#                 (with --compile-capture 12-13 steps/s once compiled, 2026-12-05 16:40 and 22:56;
+#                 without it no rate but whole-run averages is on record)
+#   ds_stop       the adaptive chain (K=7 stopping below 0.09) over the whole run: tau, drafts a
+#                 cycle, speed-up against ds_b1's fixed K=7
 #   cycle_profile the chain, adaptive-chain and tree cycles of that drafter, by part and kernel by
 #                 kernel (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
 #   synth_profile synth's decode step at batch 1024, kernel by kernel (bench/synth_bench.py --profile)
+#   ds_b16, vllm_b16, *_qs600   measured on 2026-12-05 22:56 (an H100), again where time is left:
+#                 batch 16 in both engines (vLLM also with all questions at once); 600 samples
+#                 captured by transformers and by vLLM's stock connector, timed and compared
+#                 (steps.sh capture_pair; experiments/compare_stores.py)
 # MAGPIE (12000), STEPS (1200) and NQ (80 questions a pass) size the run for a shorter lease. On an H200
 # (2026-12-05 16:40) the local engine synthesised 6,000 Magpie answers in under a minute and
 # train_online reached step 130 after about 160 s (compilation), then ran 12-13 steps/s (about
 # 100k tok/s); the short step's limit follows STEPS.
 # SHORT=1 synthesises with the local engine (faster than vLLM's, LOG 2026-12-05 05:16) and keeps
 # its answers for the next lease (pack_answers; restored from .data/short_synth.tgz.part* when
-# carried back, so a later lease goes straight to training).
+# carried back, so a later lease goes straight to training: the lease of 2026-12-05 22:56 brought
+# back .data/short_synth.tgz.partaa, 3.5 MB, which the last carrying call can carry beside part4).
 # Send the first carrying call alone and wait for its answer: calls sent beside it are refused while
 # no machine starts, at 15 device-seconds each (2026-12-05 20:05).
 # After the five carrying calls (h200_carry.sh's header), in the last one:
@@ -92,28 +93,29 @@ PY
   pack_dir recipe_drafter "$D"
 fi
 echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
-# the owed figures first (the pair at batch 1 was measured on 2026-12-05 16:40; it comes after them, again)
-step ds_b16 200 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 16 --out /root/runs/ds_b16
-step vllm_b16 300 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 16 \
-  --sweep 7:64 --out /root/runs/vllm_b16
-# 600 samples: vLLM's capture took about 1.4 samples/s with its start on 2026-12-05 05:16 (200 samples)
-# (GSM8K's question/answer pairs where this lease made no answers: the rate is the figure)
-CONV=$Q/synth/conversations.jsonl
-[ -f "$CONV" ] || CONV=src/draftsmith/assets/gsm8k_train.jsonl
-capture_pair qs "$CONV" 600
-random_methods_vllm  # with --vllm-profile: where vLLM's cycle goes, whatever the weights
-train_ab /root/runs/qs/prepare  # the run's whole prepared set (11,600 conversations in the short run)
+# the owed figures first: vLLM at batch 1 and K = 7, 5, 3 with the trained drafter, beside draftsmith's
+# batch 1 (the lease of 2026-12-05 22:56 measured batch 16 in both engines and reached neither of these)
+step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
+  --sweep 5:1,3:1 --vllm-profile 200 --out /root/runs/vllm_k753
 step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
+# DFlash in vLLM 0.26 failed to start on 2026-12-05 22:56 with its cause unlogged; eval now quotes it
+# (EAGLE-3 and P-EAGLE were served in that lease)
+random_methods_vllm dflash
+train_ab /root/runs/qs/prepare  # the run's whole prepared set (11,600 conversations in the short run)
 # the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
 # computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
 step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --stop-below 0.09 --batch-size 1 \
   --out /root/runs/ds_stop
-# K=7, 5 and 3 at batch 1 in one vLLM process with one plain pass
-step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
-  --sweep 5:1,3:1 --vllm-profile 200 --out /root/runs/vllm_k753
 step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,chain_walk_sync,tree --profile "$R/profile" \
   --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
 # synth's decode step at the recipe's batch, kernel by kernel (quickstart's synthesis is 12 of its 26.6 minutes)
 step synth_profile 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
   --profile "$R/synth_profile" --out-json "$R/synth_bench.json"
+# measured on 2026-12-05 22:56 (an H100); again where time is left, for the spread between leases
+step ds_b16 200 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 16 --out /root/runs/ds_b16
+step vllm_b16 300 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 16 \
+  --sweep 7:64 --out /root/runs/vllm_b16
+CONV=$Q/synth/conversations.jsonl
+[ -f "$CONV" ] || CONV=src/draftsmith/assets/gsm8k_train.jsonl
+capture_pair qs "$CONV" 600
 touch "$R/ALL_DONE"
