@@ -7,6 +7,7 @@ over about the last minute (`rate_now`, `tok_per_s_now`: what the line shows whi
 and what the ETA is computed from), and the run's average since it started (`rate`, `tok_per_s`),
 which counts loading, compilation and validation pauses too. A training run that compiles for
 two minutes and then does 12 steps/s shows about 12 steps/s seconds after, not the average.
+`ready()` says a setup is over (a vLLM engine up after a minute): the current rate starts there.
 
     with Progress("extract", out_dir, total=10000, unit="samples") as p:
         p.skip(143, tokens=...)          # already done by an earlier run (not in the rates)
@@ -119,6 +120,13 @@ class Progress:
         for k, v in counters.items():
             self.counters[k] = self.counters.get(k, 0) + v
         self._emit()
+
+    def ready(self) -> None:
+        """The setup before the work is over (an engine started): the current rate and the ETA
+        count from now, not from a start that includes it; the average still does."""
+        now = time.time()
+        self._marks = collections.deque([(now, self.done, self.tokens)])
+        self._emit(force=True)
 
     def set(self, **counters: float) -> None:
         """Set gauges (loss, acc_0, GPU memory...) shown in the line and progress.json."""

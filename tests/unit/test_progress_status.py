@@ -118,6 +118,26 @@ def test_the_current_rate_leaves_a_compilation_behind(tmp_path, monkeypatch, cap
     assert done["status"] == "done" and "(average" not in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def test_a_setup_marked_ready_leaves_the_current_rate_and_eta(tmp_path, monkeypatch):
+    """A vLLM engine that takes 70 s to start, then captures 10 samples a second: once `ready()`
+    is called the first samples' rate and ETA are the capture's (the lease of 2026-12-05 22:56 read
+    "1/600 done, 0.02 samples/s, ETA 10h17m" off vLLM's first sample); the average counts the start."""
+    import draftsmith.progress as progress
+
+    clock = [1000.0]
+    monkeypatch.setattr(progress.time, "time", lambda: clock[0])
+    with Progress("extract", tmp_path, total=600, live=False) as p:
+        clock[0] += 70  # the engine starting
+        p.ready()
+        for _ in range(20):
+            clock[0] += 0.1
+            p.advance(1, tokens=200)
+        snap = p.snapshot()
+    assert snap["rate_now"] == pytest.approx(10, rel=0.02) and snap["tok_per_s_now"] == pytest.approx(2000, rel=0.02)
+    assert snap["eta_s"] == pytest.approx(580 / 10, rel=0.02)
+    assert snap["rate"] == pytest.approx(20 / 72, rel=0.01)  # the average counts the start
+
+
 def test_a_rerun_loading_the_target_is_starting_not_dead(tmp_path):
     """Issue 16 items 9-10: while a rerun holds the output lock but has not reported yet (it is
     loading the model), status says so instead of 'dead', which would invite a second run."""

@@ -168,6 +168,8 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
         use_tqdm=False,
     )
     warmup_s = time.perf_counter() - t0
+    if progress is not None:  # this engine's start is not its rate
+        progress.ready()
     batch_sizes = engine.get("batch_sizes") or req["batch_sizes"]
     passes = []
     for batch in batch_sizes:

@@ -287,6 +287,9 @@ def capture_samples(
             if record.get("done"):
                 finished = True
                 break
+            if record.get("ready"):  # the engine's start (a minute on a GPU) is not the capture's rate
+                progress.ready()
+                continue
             r = int(record["row"])
             sample_id, a, b = int(ds.sample_ids[r]), int(ds.offsets[r]), int(ds.offsets[r + 1])
             ids = ds.ids[a:b]

@@ -10,7 +10,8 @@ subclass, `vllm_connector`: docs/extract.md): every prompt goes in as token ids 
 `max_tokens=1`, and vLLM writes one safetensors file per request (`hidden_states [T, n_slots, H]`,
 `token_ids [T]`).
 
-Protocol on stdout: `@@draftsmith {"row": r, "path": P, "cached": n}` per request (n: prompt
+Protocol on stdout: `@@draftsmith {"ready": true}` once the engine is up, then
+`@@draftsmith {"row": r, "path": P, "cached": n}` per request (n: prompt
 tokens served by the prefix cache), after each chunk of `chunk` requests, then `@@draftsmith
 {"done": true}`; other lines are vLLM's log. Chunk k+2 starts only after the parent writes a
 line to stdin for chunk k, which bounds the request files on disk to about two chunks.
@@ -91,6 +92,7 @@ def main(spec_path: str) -> None:
 
     ds = load_dataset(Path(spec["dataset"]))
     llm = build_llm(spec)
+    emit({"ready": True})
     rows, chunk = spec["rows"], spec["chunk"]
     params = SamplingParams(max_tokens=1, temperature=0.0)
     for k, start in enumerate(range(0, len(rows), chunk)):
