@@ -194,7 +194,7 @@ def test_an_engine_vllm_cannot_start_fails_with_its_root_cause(world, tmp_path, 
     from draftsmith.evaluate import vllm_eval
 
     folder = broken(world, exported(world, "Y", "eagle"), "heads-of-16", heads_of_16)
-    logs = []
+    logs, real = [], vllm_eval.run_worker
 
     def keep_log(request, out, log):  # the run's folder is removed on failure: its log kept for the asserts
         try:
@@ -202,7 +202,6 @@ def test_an_engine_vllm_cannot_start_fails_with_its_root_cause(world, tmp_path, 
         finally:
             logs.append(log.read_text(errors="replace"))
 
-    real = vllm_eval.run_worker
     monkeypatch.setattr(vllm_eval, "run_worker", keep_log)
     with pytest.raises(UserError) as e:
         evaluate(
@@ -220,6 +219,6 @@ def test_an_engine_vllm_cannot_start_fails_with_its_root_cause(world, tmp_path, 
     assert "engine 'spec' (speculative, K=3" in message and "root cause first" in message, message
     quoted = message.split("root cause first:\n", 1)[1].splitlines()
     assert "Error" in quoted[0] and "head_dim=16" in quoted[0], message  # vLLM 0.32's CPU attention refusing it
-    assert f"{vllm_eval.ENGINE_MARK} spec: start" in logs[0]
-    assert f"{vllm_eval.ENGINE_MARK} plain" not in logs[0]  # not started once the run had failed
+    assert vllm_eval.section_start("spec") in logs[0]
+    assert vllm_eval.section_start("plain") not in logs[0]  # not started once the run had failed
     assert not (tmp_path / "eval").exists()

@@ -188,12 +188,12 @@ def test_a_failed_engines_root_cause_is_quoted_not_the_logs_tail():
     above" and other engines log on after it: the error quotes the failed engine's error lines, root
     cause first, not the last lines of the log (the lease of 2026-12-05 22:56 got the plain engine's
     shutdown lines for a DFlash engine that failed to start)."""
-    mark = vllm_eval.ENGINE_MARK
+    start = vllm_eval.section_start
     log = "\n".join(
         [
-            f"{mark} plain_first: start",
+            start("plain_first"),
             "ValueError: an earlier engine's error, not this one's",
-            f"{mark} spec: start",
+            start("spec"),
             "(EngineCore pid=5639) INFO 12-05 23:15:40 [core.py:100] loading the drafter",
             "(MainProcess pid=6475) WARNING 12-05 23:42:38 [base.py:380] ValueError: a warning, not the cause",
             "(EngineCore pid=5639) ERROR 12-05 23:15:41 [core.py:900] EngineCore failed to start.",
@@ -203,7 +203,7 @@ def test_a_failed_engines_root_cause_is_quoted_not_the_logs_tail():
             "Traceback (most recent call last):",
             '  File "vllm_worker.py", line 209, in main',
             "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
-            f"{mark} plain: start",
+            start("plain"),
             "(EngineCore pid=5701) INFO 12-05 23:16:32 [core.py:1326] [shutdown] EngineCore: exiting busy loop",
             "KeyError: a later engine's error",
         ]
@@ -214,4 +214,4 @@ def test_a_failed_engines_root_cause_is_quoted_not_the_logs_tail():
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
     ]
     # no error line in its section: its last lines
-    assert vllm_eval.root_cause(f"{mark} spec: start\nkilled\nbye", "spec") == [f"{mark} spec: start", "killed", "bye"]
+    assert vllm_eval.root_cause(f"{start('spec')}\nkilled\nbye", "spec") == [start("spec"), "killed", "bye"]

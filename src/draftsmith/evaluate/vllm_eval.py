@@ -38,7 +38,7 @@ from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
 from draftsmith.evaluate.questions import Question, load_questions, token_bound
 from draftsmith.evaluate.report import ReportMeta, build_report, options_meta, summary_line, write_report
-from draftsmith.evaluate.vllm_worker import ENGINE_MARK
+from draftsmith.evaluate.vllm_worker import ENGINE_MARK, section_start
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
 from draftsmith.layers import default_aux_layers, validate_layers
 from draftsmith.target import (
@@ -191,12 +191,12 @@ NOT_AN_ERROR = re.compile(r"\b(DEBUG|INFO|WARNING) \d\d-\d\d ")  # a vLLM log li
 
 
 def root_cause(log: str, engine: str, limit: int = 12) -> list[str]:
-    """The error lines of `engine`'s section of the worker's log (from its ENGINE_MARK line to the next), in
+    """The error lines of `engine`'s section of the worker's log (from its `section_start` line to the next), in
     order: an engine-core process logs the root cause before the worker's own traceback of the
     failed start ("Engine core initialization failed. See root cause above"). Without such lines,
     the section's last lines."""
     lines = log.splitlines()
-    start = max((i for i, line in enumerate(lines) if line.startswith(f"{ENGINE_MARK} {engine}:")), default=0)
+    start = max((i for i, line in enumerate(lines) if line == section_start(engine)), default=0)
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(ENGINE_MARK)), len(lines))
     section = lines[start:end]
     errors = [line for line in section if ERROR_LINE.search(line) and not NOT_AN_ERROR.search(line)]

@@ -21,7 +21,7 @@ RESULT: vllm_version, engines {name: {start_seconds, warmup_seconds, profile (or
 accepts_by, answers [per question [per turn {tokens, seconds, accepts}]], counters {drafts,
 draft_tokens, accepted, accepted_per_pos}}]} or {error}}: one engine's failure does not stop the
 others, unless the request sets stop_on_error (eval does: its run fails anyway). The log gives each
-engine's section a first line of its own (ENGINE_MARK).
+engine's section a first line of its own (`section_start`).
 
 accepts_by: "turn" where vLLM reports each request's accepted drafts per step (0.27 and later,
 `per_request_spec_decode_metrics`); on older releases "call": vLLM's global counters, read
@@ -197,7 +197,12 @@ def serve(req: dict[str, Any], engine: dict[str, Any], progress: Any) -> dict[st
     }
 
 
-ENGINE_MARK = "[draftsmith] vLLM engine"  # a line of the log where each engine's section starts
+ENGINE_MARK = "[draftsmith] vLLM engine"  # what begins the log line that starts each engine's section
+
+
+def section_start(name: str) -> str:
+    """The log line that starts engine `name`'s section (vllm_eval.root_cause reads the log by them)."""
+    return f"{ENGINE_MARK} {name}: start"
 
 
 def main(request: Path, result: Path) -> None:
@@ -212,7 +217,7 @@ def main(request: Path, result: Path) -> None:
     folder = Path(req["progress"]) if req.get("progress") else None
     with Progress("eval", folder, total=turns, unit="turns", live=False) as progress:
         for engine in req["engines"]:
-            print(f"{ENGINE_MARK} {engine['name']}: start", flush=True)  # the log's sections (vllm_eval.root_cause)
+            print(section_start(engine["name"]), flush=True)
             try:
                 out["engines"][engine["name"]] = serve(req, engine, progress)
             except Exception as e:  # vLLM refused it or crashed: the others still run, unless stop_on_error
