@@ -14,14 +14,14 @@
 #                 cycle goes); then ds_b1, draftsmith's engine at batch 1, K=7, beside it
 #   dflash_vllm   a random DFlash drafter served by vLLM (steps.sh random_methods_vllm): it failed to
 #                 start on 2026-12-05 22:56, and eval's error now quotes the cause
+#   cycle_profile the chain, adaptive-chain and tree cycles of that drafter, by part and kernel by
+#                 kernel (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
+#   synth_profile synth's decode step at batch 1024, kernel by kernel (bench/synth_bench.py --profile)
 #   train_ab      train_online's rate on the run's prepared set, the capture eager / compiled / eager
 #                 (with --compile-capture 12-13 steps/s once compiled, 2026-12-05 16:40 and 22:56;
 #                 without it no rate but whole-run averages is on record)
 #   ds_stop       the adaptive chain (K=7 stopping below 0.09) over the whole run: tau, drafts a
 #                 cycle, speed-up against ds_b1's fixed K=7
-#   cycle_profile the chain, adaptive-chain and tree cycles of that drafter, by part and kernel by
-#                 kernel (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
-#   synth_profile synth's decode step at batch 1024, kernel by kernel (bench/synth_bench.py --profile)
 #   ds_b16, vllm_b16, *_qs600   measured on 2026-12-05 22:56 (an H100), again where time is left:
 #                 batch 16 in both engines (vLLM also with all questions at once); 600 samples
 #                 captured by transformers and by vLLM's stock connector, timed and compared
@@ -101,16 +101,17 @@ step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --b
 # DFlash in vLLM 0.26 failed to start on 2026-12-05 22:56 with its cause unlogged; eval now quotes it
 # (EAGLE-3 and P-EAGLE were served in that lease)
 random_methods_vllm dflash
-train_ab /root/runs/qs/prepare  # the run's whole prepared set (11,600 conversations in the short run)
-# the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
-# computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
-step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --stop-below 0.09 --batch-size 1 \
-  --out /root/runs/ds_stop
+# the two profiles that the CPU work on issue 53's tree cycle and the quickstart's synthesis wait for
 step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,chain_walk_sync,tree --profile "$R/profile" \
   --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
 # synth's decode step at the recipe's batch, kernel by kernel (quickstart's synthesis is 12 of its 26.6 minutes)
 step synth_profile 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
   --profile "$R/synth_profile" --out-json "$R/synth_bench.json"
+train_ab /root/runs/qs/prepare  # the run's whole prepared set (11,600 conversations in the short run)
+# the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
+# computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
+step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --stop-below 0.09 --batch-size 1 \
+  --out /root/runs/ds_stop
 # measured on 2026-12-05 22:56 (an H100); again where time is left, for the spread between leases
 step ds_b16 200 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 16 --out /root/runs/ds_b16
 step vllm_b16 300 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 16 \
