@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
+#   synth_profile synth's decode step at batch 1024, kernel by kernel (bench/synth_bench.py --profile)
 #   data+train    none where .data/recipe_drafter.tgz.part* came along (restore_dir: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
 #                 `pipeline`, train_online with --compile-capture if CC=1), timed by stage, its answers
@@ -16,7 +17,6 @@
 #                 start on 2026-12-05 22:56, and eval's error now quotes the cause
 #   cycle_profile the chain, adaptive-chain and tree cycles of that drafter, by part and kernel by
 #                 kernel (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
-#   synth_profile synth's decode step at batch 1024, kernel by kernel (bench/synth_bench.py --profile)
 #   train_ab      train_online's rate on the run's prepared set, the capture eager / compiled / eager
 #                 (with --compile-capture 12-13 steps/s once compiled, 2026-12-05 16:40 and 22:56;
 #                 without it no rate but whole-run averages is on record)
@@ -61,6 +61,10 @@ stages:
   - train: {name: train_online, steps: ${STEPS:-1200}, intermediate_size: 4x, num_layers: 2, val_every: $(( ${STEPS:-1200} / 2 )), log_every: 100, save_every: $(( ${STEPS:-1200} / 2 )), compile_capture: true}
 Y
 
+# first, as the CPU work on synthesis waits for it: synth's decode step at the recipe's batch, kernel by kernel
+# (quickstart's synthesis is 12 of its 26.6 minutes; no drafter needed)
+step synth_profile 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
+  --profile "$R/synth_profile" --out-json "$R/synth_bench.json"
 start=$(date +%s)
 if restore_dir recipe_drafter; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training
   :
@@ -101,12 +105,9 @@ step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --b
 # DFlash in vLLM 0.26 failed to start on 2026-12-05 22:56 with its cause unlogged; eval now quotes it
 # (EAGLE-3 and P-EAGLE were served in that lease)
 random_methods_vllm dflash
-# the two profiles that the CPU work on issue 53's tree cycle and the quickstart's synthesis wait for
+# the tree cycle by part and kernel, which the CPU work on issue 53 waits for
 step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,chain_walk_sync,tree --profile "$R/profile" \
   --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
-# synth's decode step at the recipe's batch, kernel by kernel (quickstart's synthesis is 12 of its 26.6 minutes)
-step synth_profile 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
-  --profile "$R/synth_profile" --out-json "$R/synth_bench.json"
 train_ab /root/runs/qs/prepare  # the run's whole prepared set (11,600 conversations in the short run)
 # the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
 # computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
