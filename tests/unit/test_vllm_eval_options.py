@@ -215,3 +215,54 @@ def test_a_failed_engines_root_cause_is_quoted_not_the_logs_tail():
     ]
     # no error line in its section: its last lines
     assert vllm_eval.root_cause(f"{start('spec')}\nkilled\nbye", "spec") == [start("spec"), "killed", "bye"]
+
+
+def test_engines_run_depth_first_then_plain_then_the_sweep():
+    """--depth's engine first (a drafter vLLM refuses fails before any other starts), plain second
+    (--depth's speed-up known after two engines), the sweep's other depths last."""
+    served = {"drafter": "/d", "method": "eagle3", "parallel_drafting": False}
+    plan = vllm_eval.engine_plan({7: [1, 30], 5: [1], 3: [1]}, 7, served, speed=True)
+    assert [(e["name"], e["k"], e["batch_sizes"]) for e in plan] == [
+        ("spec", 7, [1, 30]),
+        ("plain", 7, [1, 30]),
+        ("spec_k5", 5, [1]),
+        ("spec_k3", 3, [1]),
+    ]
+    assert plan[1]["drafter"] is None and plan[0]["drafter"] == "/d"
+    assert [e["name"] for e in vllm_eval.engine_plan({7: [1]}, 7, served, speed=False)] == ["spec"]
+
+
+def test_the_worker_writes_its_result_after_every_engine(tmp_path, monkeypatch):
+    """A run stopped from outside keeps what its finished engines measured: after each engine the
+    result file holds every engine so far, marked incomplete until the last. (vLLM's engines are
+    replaced by a stand-in `serve`: this checks the worker's loop, not vLLM.)"""
+    import json
+    import sys
+    import types
+
+    from draftsmith.evaluate import vllm_worker
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.0-test"))
+    request, result = tmp_path / "request.json", tmp_path / "result.json"
+    request.write_text(
+        json.dumps(
+            {
+                "questions": [{"question_id": 1, "category": "c", "turns": ["a", "b"]}],
+                "batch_sizes": [1],
+                "engines": [{"name": n} for n in ("spec", "plain", "spec_k3")],
+            }
+        )
+    )
+    seen = []
+
+    def serve(req, engine, progress):
+        seen.append(json.loads(result.read_text()) if result.exists() else None)  # what a stop now would keep
+        return {"passes": [], "served": engine["name"]}
+
+    monkeypatch.setattr(vllm_worker, "serve", serve)
+    vllm_worker.main(request, result)
+    assert seen[0] is None
+    assert list(seen[1]["engines"]) == ["spec"] and seen[1]["complete"] is False
+    assert list(seen[2]["engines"]) == ["spec", "plain"] and seen[2]["complete"] is False
+    final = json.loads(result.read_text())
+    assert list(final["engines"]) == ["spec", "plain", "spec_k3"] and final["complete"] is True

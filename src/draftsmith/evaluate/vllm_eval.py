@@ -6,8 +6,8 @@ drafter:
     the target as vLLM reads it: an HF folder (a GGUF target: its converted float32 copy)
     the drafter as vLLM serves it: `draftsmith export --format eagle --engine vllm` into
        OUT/drafter-vllm (its checks refuse what vLLM would serve wrongly), or an exported folder
-    one worker process (evaluate/vllm_worker.py): plain decoding, then speculative decoding,
-       each at --batch-size and with every question at once
+    one worker process (evaluate/vllm_worker.py): speculative decoding at --depth, plain
+       decoding, then each --sweep depth, each at its batch sizes and with every question at once
     -> report.json, report.md, acceptance.png, tau.png, answers.jsonl (the --batch-size pass),
        report["vllm"]: each pass's τ, acceptance, speeds and vLLM's own counters
 
@@ -269,6 +269,30 @@ def sweep_passes(cfg: EvalConfig, k: int, batch: int, n_questions: int) -> dict[
     return {depth: sorted(b) for depth, b in sorted(passes.items(), reverse=True)}
 
 
+def engine_plan(
+    passes_by_depth: dict[int, list[int]], k: int, served: dict[str, Any], speed: bool
+) -> list[dict[str, Any]]:
+    """The worker's engines, in the order they run: the speculative engine at --depth first (a
+    drafter vLLM cannot serve fails the run before any other engine starts), then plain decoding
+    at every batch size (with `speed`), so that --depth's speed-up is known after two engines,
+    then the --sweep's other depths. The worker writes its result after each engine: a run
+    stopped from outside (a time limit, a machine taken back) keeps what its finished engines
+    measured in its temporary folder's vllm_result.json."""
+    spec = [
+        {"name": "spec" if depth == k else f"spec_k{depth}", "k": depth, "batch_sizes": sizes, **served}
+        for depth, sizes in passes_by_depth.items()
+    ]
+    plain = [
+        {
+            "name": "plain",
+            "drafter": None,
+            "k": k,
+            "batch_sizes": sorted({b for s in passes_by_depth.values() for b in s}),
+        }
+    ]
+    return [e for e in spec if e["k"] == k] + (plain if speed else []) + [e for e in spec if e["k"] != k]
+
+
 def parallel(folder: Path) -> bool:
     """Whether an exported folder holds a P-EAGLE drafter (its placeholder token), which vLLM serves
     with `parallel_drafting` (a speculators `peagle` folder sets it itself)."""
@@ -317,13 +341,7 @@ def run(cfg: EvalConfig) -> Path:
             "method": VLLM_METHOD[method_of(model).name],  # vLLM's method for draftsmith's
             "parallel_drafting": parallel(drafter),  # P-EAGLE
         }
-        engines = [
-            {"name": "spec" if depth == k else f"spec_k{depth}", "k": depth, "batch_sizes": sizes, **served}
-            for depth, sizes in passes_by_depth.items()
-        ]
-        if cfg.speed:
-            plain_sizes = sorted({b for sizes in passes_by_depth.values() for b in sizes})
-            engines.append({"name": "plain", "drafter": None, "k": k, "batch_sizes": plain_sizes})
+        engines = engine_plan(passes_by_depth, k, served, cfg.speed)
         request = {
             "target": str(hf_folder(cfg.target, "--engine vllm")),
             "tokenizer": cfg.target,

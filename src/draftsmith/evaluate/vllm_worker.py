@@ -17,7 +17,8 @@ first batch size, untimed, traced by vLLM's torch profiler into dir/NAME for up 
 steps, summarised by evaluate/vllm_profile.py), stop_on_error (optional), engines
 [{name, drafter, k, method, batch_sizes}] (method: eagle3 unless given, dflash for a DFlash
 export; batch_sizes: the request's unless given).
-RESULT: vllm_version, engines {name: {start_seconds, warmup_seconds, profile (or null), passes [{batch_size,
+RESULT: vllm_version, complete (false while engines are still to run: the file is written after
+each engine), engines {name: {start_seconds, warmup_seconds, profile (or null), passes [{batch_size,
 accepts_by, answers [per question [per turn {tokens, seconds, accepts}]], counters {drafts,
 draft_tokens, accepted, accepted_per_pos}}]} or {error}}: one engine's failure does not stop the
 others, unless the request sets stop_on_error (eval does: its run fails anyway). The log gives each
@@ -227,7 +228,8 @@ def main(request: Path, result: Path) -> None:
                     break
             finally:
                 gc.collect()
-    atomic_write_json(result, out)
+            atomic_write_json(result, {**out, "complete": False})  # what a run stopped from outside keeps
+    atomic_write_json(result, {**out, "complete": True})
 
 
 if __name__ == "__main__":

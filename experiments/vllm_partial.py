@@ -1,0 +1,54 @@
+"""The passes that a stopped `eval --engine vllm` finished, from its temporary folder.
+
+The worker writes vllm_result.json after each engine (evaluate/vllm_worker.py); a run stopped from
+outside (a step's time limit, a lease's end) leaves it with vllm_request.json in OUT's temporary
+folder (`.NAME.*.tmp`). This prints one row per finished speculative pass, with its speed-up where
+the plain engine had run, as eval's report would (evaluate/vllm_eval.py's `pass_summary`):
+
+    python experiments/vllm_partial.py runs/.vllm_k753.XXXX.tmp [--out-json partial.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from draftsmith.evaluate.questions import Question
+from draftsmith.evaluate.vllm_eval import pass_summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder", type=Path, help="the run's temporary folder (vllm_request.json, vllm_result.json)")
+    ap.add_argument("--out-json", type=Path, default=None)
+    args = ap.parse_args()
+    req = json.loads((args.folder / "vllm_request.json").read_text())
+    res = json.loads((args.folder / "vllm_result.json").read_text())
+    questions = [Question(q["question_id"], q["category"], q["turns"]) for q in req["questions"]]
+    engines = {e["name"]: e for e in req["engines"]}
+    done = {name: e for name, e in res["engines"].items() if "error" not in e}
+    plain = {p["batch_size"]: p for p in done["plain"]["passes"]} if "plain" in done else {}
+    greedy = req["temperature"] == 0
+    rows = [
+        {"engine": name, **pass_summary(p, plain.get(p["batch_size"]), questions, engines[name]["k"], greedy)}
+        for name, e in done.items()
+        if engines[name]["drafter"]
+        for p in e["passes"]
+    ]
+    print(f"vLLM {res['vllm_version']}: engines finished {', '.join(done) or 'none'} of {', '.join(engines)}")
+    for r in rows:
+        speed = (
+            f"{r['speedup']:.2f}x ({r['spec_tok_per_s']:.1f} / {r['plain_tok_per_s']:.1f} tok/s)"
+            if r["speedup"]
+            else "no plain pass"
+        )
+        print(
+            f"  {r['engine']}: K={r['depth']} batch {r['batch_size']}: tau {r['tau']:.3f} (counters {r['counters_tau']}), {speed}"
+        )
+    if args.out_json:
+        args.out_json.write_text(json.dumps({"complete": res.get("complete"), "passes": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
