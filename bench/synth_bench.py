@@ -15,6 +15,10 @@ device idle, waiting on the host).
 
     python bench/synth_bench.py --target ... --batch-size 1024 --profile runs/synth_prof
 
+--compile-target runs synth (and the profiled batch) with the engine's forward compiled; --ab-compile
+runs synth eager, compiled and eager again in one process (`compiled_over_eager`: the compiled rate
+over the two eager ones' mean).
+
 Prints one JSON object and writes it to --out-json.
 """
 
@@ -79,7 +83,7 @@ def single_stream(target, questions: list[str], max_new_tokens: int) -> dict:
     }
 
 
-def profile_decode(target, questions: list[str], steps: int, out: Path) -> dict:
+def profile_decode(target, questions: list[str], steps: int, out: Path, compile_target: bool = False) -> dict:
     """One batch of `questions` (one row each) decoded for `steps` steps through synth's own
     `generate`, with no stop ids (every row runs every step), under torch.profiler, after a
     warm-up batch that captures the step's graph. Returns the step's wall ms, kernel ms and
@@ -92,7 +96,8 @@ def profile_decode(target, questions: list[str], steps: int, out: Path) -> dict:
         encode(backend.tokenizer, Request(f"p{i}", [{"role": "user", "content": q}]), False)
         for i, q in enumerate(questions)
     ]
-    engine = TargetEngine(target.model, [], cache_width(max(map(len, prompts)), steps), batch=len(prompts))
+    width = cache_width(max(map(len, prompts)), steps)
+    engine = TargetEngine(target.model, [], width, batch=len(prompts), compile=compile_target, dynamic=True)
     sampling = Sampling(max_new_tokens=steps)
 
     def decode() -> float:
@@ -126,6 +131,45 @@ def profile_decode(target, questions: list[str], steps: int, out: Path) -> dict:
     }
 
 
+def synth_pass(args: argparse.Namespace, convs: list[dict], compile_target: bool) -> dict:
+    """The prompts through `draftsmith synth` (a fresh output each pass): its rate and counters."""
+    with tempfile.TemporaryDirectory() as tmp:
+        prompt_file = Path(tmp) / "prompts.jsonl"
+        prompt_file.write_text(
+            "".join(json.dumps({"id": c["id"], "prompt": c["messages"][0]["content"]}) + "\n" for c in convs)
+        )
+        out = Path(tmp) / "synth" / "conversations.jsonl"
+        cfg = SynthConfig(
+            prompts=prompt_file,
+            target=args.target,
+            out=out,
+            max_new_tokens=args.max_new_tokens,
+            keep_unfinished=True,  # as the recipe synthesises (a --smoke run's 16 tokens end no answer)
+            temperature=0.0,
+            batch_size=args.batch_size,
+            cache=args.cache,
+            generator=args.generator,
+            compile_target=compile_target,
+            device=args.device,
+            dtype=args.dtype,
+        )
+        t0 = time.perf_counter()
+        run(cfg)
+        wall = time.perf_counter() - t0
+        progress = json.loads((synth_folder(out) / "progress.json").read_text())
+        kept = read_records(out)
+    return {
+        "compile_target": compile_target,
+        "generated_tokens": progress["tokens"],
+        "seconds": progress["elapsed_s"],
+        "tok_per_s": progress["tok_per_s"],
+        "conversations_per_s": progress["rate"],
+        "wall_s_with_load": round(wall, 1),  # the target's load and, compiled, the compile included
+        "kept": len(kept),
+        "counters": progress["counters"],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2-135m", help="target spec (alias, .gguf file or HF folder)")
@@ -146,6 +190,12 @@ def main() -> None:
     ap.add_argument("--bar", type=float, default=20.0, help="required speed-up over single-stream generate")
     ap.add_argument("--profile", type=Path, default=None, help="also profile one batch's decode steps into this folder")
     ap.add_argument("--profile-steps", type=int, default=64, help="decode steps of the profiled batch")
+    ap.add_argument(
+        "--compile-target", action="store_true", help="synth --compile-target (the engine's forward compiled, GPU)"
+    )
+    ap.add_argument(
+        "--ab-compile", action="store_true", help="synth eager, with --compile-target, eager again, in this process"
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 8 prompts, 16 new tokens, batch 4")
     ap.add_argument("--out-json", type=Path, default=Path("bench_synth.json"))
     args = ap.parse_args()
@@ -154,30 +204,15 @@ def main() -> None:
         args.device = args.device or "cpu"
 
     convs = read_conversations(args.prompts)[: args.num_prompts]
-    with tempfile.TemporaryDirectory() as tmp:
-        prompt_file = Path(tmp) / "prompts.jsonl"
-        prompt_file.write_text(
-            "".join(json.dumps({"id": c["id"], "prompt": c["messages"][0]["content"]}) + "\n" for c in convs)
-        )
-        out = Path(tmp) / "synth" / "conversations.jsonl"
-        cfg = SynthConfig(
-            prompts=prompt_file,
-            target=args.target,
-            out=out,
-            max_new_tokens=args.max_new_tokens,
-            keep_unfinished=True,  # as the recipe synthesises (a --smoke run's 16 tokens end no answer)
-            temperature=0.0,
-            batch_size=args.batch_size,
-            cache=args.cache,
-            generator=args.generator,
-            device=args.device,
-            dtype=args.dtype,
-        )
-        t0 = time.perf_counter()
-        run(cfg)
-        wall = time.perf_counter() - t0
-        progress = json.loads((synth_folder(out) / "progress.json").read_text())
-        kept = read_records(out)
+    if args.ab_compile:  # eager, compiled, eager again: the drift between the two eager passes bounds the noise
+        passes = {
+            name: synth_pass(args, convs, c)
+            for name, c in (("eager", False), ("compiled", True), ("eager_again", False))
+        }
+        eager = (passes["eager"]["tok_per_s"] + passes["eager_again"]["tok_per_s"]) / 2
+        passes["compiled_over_eager"] = round(passes["compiled"]["tok_per_s"] / eager, 3)
+    else:
+        passes = {"synth": synth_pass(args, convs, args.compile_target)}
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     base = single_stream(
@@ -187,8 +222,8 @@ def main() -> None:
     decode = None
     if args.profile is not None:  # one batch of --batch-size rows (the prompts repeated if fewer)
         rows = (questions * args.batch_size)[: args.batch_size]
-        decode = profile_decode(target, rows, args.profile_steps, args.profile)
-    synth_rate = progress["tok_per_s"]
+        decode = profile_decode(target, rows, args.profile_steps, args.profile, args.compile_target)
+    synth_rate = passes.get("synth", passes.get("eager"))["tok_per_s"]
     result = {
         "bench": "synth",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -206,15 +241,8 @@ def main() -> None:
         "batch_size": args.batch_size,
         "cache": args.cache,
         "generator": args.generator,
-        "synth": {
-            "generated_tokens": progress["tokens"],
-            "seconds": progress["elapsed_s"],
-            "tok_per_s": synth_rate,
-            "conversations_per_s": progress["rate"],
-            "wall_s_with_load": round(wall, 1),
-            "kept": len(kept),
-            "counters": progress["counters"],
-        },
+        "compile_target": args.compile_target,
+        **passes,
         "single_stream_generate": base,
         "decode_profile": decode,
         "speedup": round(synth_rate / base["tok_per_s"], 2),

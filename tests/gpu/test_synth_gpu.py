@@ -1,6 +1,7 @@
 """GPU checks of synth's batched static-KV generator (run with --run-gpu on a CUDA machine): the
 CUDA-graphed batched decoding gives HF `generate`'s greedy answers on the embedded default in
-fp32 (batches of 8 and 4 + 4 dummy rows), and seeded sampling repeats."""
+fp32 (batches of 8 and 4 + 4 dummy rows), seeded sampling repeats, and the compiled forward
+(--compile-target) answers as the eager one."""
 
 from __future__ import annotations
 
@@ -57,3 +58,20 @@ def test_graphed_sampling_is_seeded(target):
     hot = Sampling(0.8, 0.95, 50, 32, 3)
     a, b = (backend.generate(_requests(8), hot) for _ in range(2))
     assert [g.text for g in a] == [g.text for g in b]
+
+
+def test_compiled_engine_answers_as_the_eager_one(target):
+    """synth --compile-target: the engine's forward compiled with dynamic shapes inside its graphs
+    answers as the eager engine (fp32, greedy), over batches of two cache widths (short and long
+    prompts) without falling back to the eager forward."""
+    requests = _requests(16)
+    requests[8:] = [  # longer prompts: a second cache width for the same compiled forward
+        Request(f"long{i}/a0", messages=[{"role": "user", "content": r.messages[0]["content"] * 4}])
+        for i, r in enumerate(requests[8:])
+    ]
+    greedy = Sampling(0.0, 1.0, 0, 48, 0)
+    eager = LocalBackend(target, batch_size=8, generator="engine").generate(requests, greedy)
+    compiled = LocalBackend(target, batch_size=8, generator="engine", compile_target=True)
+    got = compiled.generate(requests, greedy)
+    assert compiled.engine.compiled and len(compiled.engine.graphs) == 2  # both widths graphed, still compiled
+    assert [g.text for g in got] == [g.text for g in eager]

@@ -127,7 +127,13 @@ class TargetEngine:
     name = "fast"
 
     def __init__(
-        self, model: nn.Module, aux_layer_ids: list[int], max_len: int, batch: int = 1, compile: bool = False
+        self,
+        model: nn.Module,
+        aux_layer_ids: list[int],
+        max_len: int,
+        batch: int = 1,
+        compile: bool = False,
+        dynamic: bool = False,
     ) -> None:
         check_supported(model)
         tc = text_config(model.config)
@@ -164,6 +170,8 @@ class TargetEngine:
         self.row_graphs: dict[int, Graphed] = {}  # tokens -> graph of `rows_forward`
         self.compactions: dict[int, Graphed] = {}  # rows moved -> graph of `compact`
         self.compiled = compile and self.device.type == "cuda"  # each graph's forward torch.compiled first
+        # compiled for symbolic shapes (synth: every batch's cache width), else once per graph's shape (eval)
+        self.dynamic = dynamic
         self.capture_seconds = 0.0
 
     # -- the forward -----------------------------------------------------------------------
@@ -444,12 +452,12 @@ class TargetEngine:
         """`fn` in a CUDA graph, compiled first (inductor, this shape only) when `compiled`; a
         compile that fails leaves the engine uncompiled from then on, the reason on stderr."""
         if self.compiled:
-            try:  # every graph's shape is its own compile of the same forward: more than dynamo's default 8
+            try:  # without `dynamic`, every graph's shape is its own compile of the same forward: more than dynamo's default 8
                 with torch._dynamo.config.patch(recompile_limit=64):
-                    return Graphed(torch.compile(fn, dynamic=False), *example)
+                    return Graphed(torch.compile(fn, dynamic=self.dynamic), *example)
             except Exception as e:
                 print(
-                    f"eval: torch.compile of the target's forward failed ({type(e).__name__}: {str(e)[:200]}); "
+                    f"[engine] torch.compile of the target's forward failed ({type(e).__name__}: {str(e)[:200]}); "
                     "capturing the eager forward",
                     file=sys.stderr,
                     flush=True,

@@ -80,6 +80,10 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
         "auto",
         description="Local backend: engine (draftsmith's own), hf (HF generate, any model), vllm (vLLM's engine) or auto (docs/synth.md).",
     )
+    compile_target: bool = Field(
+        False,
+        description="GPU, draftsmith's engine: torch.compile the decode step's forward inside its CUDA graph (docs/synth.md).",
+    )
     cache: Literal["dynamic", "static"] = Field(
         "dynamic",
         description="Local backend with --generator hf: KV cache; static preallocates it and pads prompts to a multiple of 64.",
