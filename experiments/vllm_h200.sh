@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-#   synth_profile synth's decode step at batch 1024, kernel by kernel (bench/synth_bench.py --profile)
+#   synth_ab      synth at batch 1024 eager / --compile-target / eager (bench/synth_bench.py --ab-compile), the
+#                 compiled decode step kernel by kernel, and synth's GPU tests
 #   data+train    none where .data/recipe_drafter.tgz.part* came along (restore_dir: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
 #                 `pipeline`, train_online with --compile-capture if CC=1), timed by stage, its answers
@@ -11,8 +12,10 @@
 #                 two synth sets, prepare, vocab and a train_online of STEPS steps with
 #                 --compile-capture (again without it if that fails)
 #   vllm_k753     eval --engine vllm, K=7, 5 and 3 at batch 1 (and K=7 with every question at once),
-#                 one plain pass, then each engine's step by phase (--vllm-profile: where vLLM's
-#                 cycle goes); then ds_b1, draftsmith's engine at batch 1, K=7, beside it
+#                 one plain pass (second: K=7's speed-up is known once two engines ran); no
+#                 --vllm-profile (each engine's profile was taken on 2026-12-06 01:37, and with it
+#                 the four engines ran past the step's 540 s); then ds_b1, draftsmith's engine at
+#                 batch 1, K=7, beside it
 #   dflash_vllm   a random DFlash drafter served by vLLM (steps.sh random_methods_vllm): it failed to
 #                 start on 2026-12-05 22:56, and eval's error now quotes the cause
 #   cycle_profile the chain, adaptive-chain and tree cycles of that drafter, by part and kernel by
@@ -61,10 +64,12 @@ stages:
   - train: {name: train_online, steps: ${STEPS:-1200}, intermediate_size: 4x, num_layers: 2, val_every: $(( ${STEPS:-1200} / 2 )), log_every: 100, save_every: $(( ${STEPS:-1200} / 2 )), compile_capture: true}
 Y
 
-# first, as the CPU work on synthesis waits for it: synth's decode step at the recipe's batch, kernel by kernel
-# (quickstart's synthesis is 12 of its 26.6 minutes; no drafter needed)
-step synth_profile 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
-  --profile "$R/synth_profile" --out-json "$R/synth_bench.json"
+# first (no drafter needed): synth's decode step compiled against eager, A-B-A in one process, and the
+# compiled step kernel by kernel (the eager step's table: the lease of 2026-12-06 01:37, 16.1 ms a step of
+# 1,024 rows, 40 % of it the attention kernel); then synth's GPU tests, the compiled engine's among them
+step synth_ab 420 python3 bench/synth_bench.py --target "$HF" --num-prompts 2048 --batch-size 1024 --baseline-prompts 1 \
+  --ab-compile --compile-target --profile "$R/synth_profile_compiled" --out-json "$R/synth_ab.json"
+step synth_gpu_tests 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_synth_gpu.py --run-gpu
 start=$(date +%s)
 if restore_dir recipe_drafter; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training
   :
@@ -100,7 +105,7 @@ echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
 # the owed figures first: vLLM at batch 1 and K = 7, 5, 3 with the trained drafter, beside draftsmith's
 # batch 1 (the lease of 2026-12-05 22:56 measured batch 16 in both engines and reached neither of these)
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
-  --sweep 5:1,3:1 --vllm-profile 200 --out /root/runs/vllm_k753
+  --sweep 5:1,3:1 --out /root/runs/vllm_k753
 step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
 # DFlash in vLLM 0.26 failed to start on 2026-12-05 22:56 with its cause unlogged; eval now quotes it
 # (EAGLE-3 and P-EAGLE were served in that lease)
