@@ -17,7 +17,8 @@ device idle, waiting on the host).
 
 --compile-target runs synth (and the profiled batch) with the engine's forward compiled; --ab-compile
 runs synth eager, compiled and eager again in one process (`compiled_over_eager`: the compiled rate
-over the two eager ones' mean).
+over the two eager ones' mean); --sdpa-variants efficient_attention,cudnn_attention adds an eager pass
+per SDPA backend that the engine's attention tries first (the eager step's attention ran cuDNN's kernel).
 
 Prints one JSON object and writes it to --out-json.
 """
@@ -131,9 +132,21 @@ def profile_decode(target, questions: list[str], steps: int, out: Path, compile_
     }
 
 
-def synth_pass(args: argparse.Namespace, convs: list[dict], compile_target: bool) -> dict:
-    """The prompts through `draftsmith synth` (a fresh output each pass): its rate and counters."""
-    with tempfile.TemporaryDirectory() as tmp:
+def synth_pass(args: argparse.Namespace, convs: list[dict], compile_target: bool, sdpa: str | None = None) -> dict:
+    """The prompts through `draftsmith synth` (a fresh output each pass): its rate and counters.
+    `sdpa`: the SDPA backend tried first wherever it can run (the engine's graphs are captured
+    under it; math where it cannot, e.g. the self-check's HF forward on CPU), e.g.
+    efficient_attention; None: torch's own choice."""
+    from contextlib import nullcontext
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        nullcontext()
+        if sdpa is None
+        else sdpa_kernel([getattr(SDPBackend, sdpa.upper()), SDPBackend.MATH], set_priority=True),
+    ):
         prompt_file = Path(tmp) / "prompts.jsonl"
         prompt_file.write_text(
             "".join(json.dumps({"id": c["id"], "prompt": c["messages"][0]["content"]}) + "\n" for c in convs)
@@ -160,6 +173,7 @@ def synth_pass(args: argparse.Namespace, convs: list[dict], compile_target: bool
         kept = read_records(out)
     return {
         "compile_target": compile_target,
+        "sdpa": sdpa or "torch's choice",
         "generated_tokens": progress["tokens"],
         "seconds": progress["elapsed_s"],
         "tok_per_s": progress["tok_per_s"],
@@ -196,6 +210,11 @@ def main() -> None:
     ap.add_argument(
         "--ab-compile", action="store_true", help="synth eager, with --compile-target, eager again, in this process"
     )
+    ap.add_argument(
+        "--sdpa-variants",
+        default="",
+        help="also a pass per SDPA backend, comma-separated (efficient_attention, cudnn_attention, math)",
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 8 prompts, 16 new tokens, batch 4")
     ap.add_argument("--out-json", type=Path, default=Path("bench_synth.json"))
     args = ap.parse_args()
@@ -213,6 +232,10 @@ def main() -> None:
         passes["compiled_over_eager"] = round(passes["compiled"]["tok_per_s"] / eager, 3)
     else:
         passes = {"synth": synth_pass(args, convs, args.compile_target)}
+    for backend in (
+        args.sdpa_variants.split(",") if args.sdpa_variants else []
+    ):  # the same prompts, eager, one backend each
+        passes[f"sdpa_{backend}"] = synth_pass(args, convs, False, backend)
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     base = single_stream(

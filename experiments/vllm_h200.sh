@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-#   synth_ab      synth at batch 1024 eager / --compile-target / eager (bench/synth_bench.py --ab-compile), the
-#                 compiled decode step kernel by kernel, and synth's GPU tests
+#   synth_ab      synth at batch 1024 eager / --compile-target / eager (bench/synth_bench.py --ab-compile), eager
+#                 with SDPA's efficient and cuDNN kernels tried first, the compiled decode step kernel by
+#                 kernel, and synth's GPU tests
 #   data+train    none where .data/recipe_drafter.tgz.part* came along (restore_dir: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
 #                 `pipeline`, train_online with --compile-capture if CC=1), timed by stage, its answers
@@ -68,7 +69,8 @@ Y
 # compiled step kernel by kernel (the eager step's table: the lease of 2026-12-06 01:37, 16.1 ms a step of
 # 1,024 rows, 40 % of it the attention kernel); then synth's GPU tests, the compiled engine's among them
 step synth_ab 420 python3 bench/synth_bench.py --target "$HF" --num-prompts 2048 --batch-size 1024 --baseline-prompts 1 \
-  --ab-compile --compile-target --profile "$R/synth_profile_compiled" --out-json "$R/synth_ab.json"
+  --ab-compile --sdpa-variants efficient_attention,cudnn_attention --compile-target --profile "$R/synth_profile_compiled" \
+  --out-json "$R/synth_ab.json"
 step synth_gpu_tests 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_synth_gpu.py --run-gpu
 start=$(date +%s)
 if restore_dir recipe_drafter; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training
