@@ -68,7 +68,7 @@ Y
 # first (no drafter needed): synth's decode step compiled against eager, A-B-A in one process, and the
 # compiled step kernel by kernel (the eager step's table: the lease of 2026-12-06 01:37, 16.1 ms a step of
 # 1,024 rows, 40 % of it the attention kernel); then synth's GPU tests, the compiled engine's among them
-step synth_ab 420 python3 bench/synth_bench.py --target "$HF" --num-prompts 2048 --batch-size 1024 --baseline-prompts 1 \
+step synth_ab 360 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
   --ab-compile --sdpa-variants efficient_attention,cudnn_attention --compile-target --profile "$R/synth_profile_compiled" \
   --out-json "$R/synth_ab.json"
 step synth_gpu_tests 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_synth_gpu.py --run-gpu
