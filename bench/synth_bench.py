@@ -7,18 +7,21 @@ same process. The bar (issue #3) is 20x the single-stream rate.
         --num-prompts 1000 --max-new-tokens 256 --batch-size 256 --out-json bench_synth.json
     python bench/synth_bench.py --smoke        # CPU check, a minute
 
-With --profile DIR, one batch of the real decode path (synth/generate.py: the static-KV engine,
-one CUDA graph a step on GPU) is also run for --profile-steps steps under torch.profiler, after
-a warm-up batch that captures its graph: DIR/synth_decode.txt (kernels by device time) and .json
-(the trace), and per decode step the wall ms, the kernels' ms and their count (wall - kernels: the
-device idle, waiting on the host).
+--decode-variants eager,compiled,compiled_flex times one batch of the real decode path (synth/generate.py:
+the static-KV engine, one CUDA graph a step on GPU) for --profile-steps steps on each engine, after a
+warm-up batch that captures its graph (and compiles its forward: `compiled`, and `compiled_flex`
+with flex_attention in place of SDPA), side by side in one process: the wall ms a step. With
+--profile DIR each variant's batch is also run under torch.profiler (eager alone when no variant
+is named): DIR/VARIANT/synth_decode.txt (kernels by device time) and .json (the trace), and per step
+the kernels' ms and their count (wall - kernels: the device idle, waiting on the host).
 
-    python bench/synth_bench.py --target ... --batch-size 1024 --profile runs/synth_prof
+    python bench/synth_bench.py --target ... --batch-size 1024 --decode-variants eager,compiled,compiled_flex \
+        --profile runs/synth_prof
 
---compile-target runs synth (and the profiled batch) with the engine's forward compiled; --ab-compile
-runs synth eager, compiled and eager again in one process (`compiled_over_eager`: the compiled rate
-over the two eager ones' mean); --sdpa-variants efficient_attention,cudnn_attention adds an eager pass
-per SDPA backend that the engine's attention tries first (the eager step's attention ran cuDNN's kernel).
+--compile-target runs synth with the engine's forward compiled; --ab-compile runs synth eager,
+compiled and eager again in one process (`compiled_over_eager`: the compiled rate over the two eager
+ones' mean); --sdpa-variants efficient_attention,cudnn_attention adds an eager pass per SDPA backend
+that the engine's attention tries first (the eager step's attention ran cuDNN's kernel).
 
 Prints one JSON object and writes it to --out-json.
 """
@@ -84,11 +87,16 @@ def single_stream(target, questions: list[str], max_new_tokens: int) -> dict:
     }
 
 
-def profile_decode(target, questions: list[str], steps: int, out: Path, compile_target: bool = False) -> dict:
+# decode-step variants of the local engine: (compiled forward, attention)
+DECODE_VARIANTS = {"eager": (False, "sdpa"), "compiled": (True, "sdpa"), "compiled_flex": (True, "flex")}
+
+
+def decode_batch(target, questions: list[str], steps: int, variant: str, out: Path | None = None) -> dict:
     """One batch of `questions` (one row each) decoded for `steps` steps through synth's own
-    `generate`, with no stop ids (every row runs every step), under torch.profiler, after a
-    warm-up batch that captures the step's graph. Returns the step's wall ms, kernel ms and
-    kernel count, and where the table and trace went."""
+    `generate` on an engine of `variant` (DECODE_VARIANTS), with no stop ids (every row runs every
+    step): a warm-up batch that captures the step's graph (and compiles), then one timed batch, and
+    with `out` one more under torch.profiler. Returns the wall ms a step (the prefill included, once)
+    and, profiled, the kernels' ms and count a step and where the table and trace went."""
     from torch.profiler import ProfilerActivity, profile
 
     dev = target.device
@@ -98,7 +106,10 @@ def profile_decode(target, questions: list[str], steps: int, out: Path, compile_
         for i, q in enumerate(questions)
     ]
     width = cache_width(max(map(len, prompts)), steps)
-    engine = TargetEngine(target.model, [], width, batch=len(prompts), compile=compile_target, dynamic=True)
+    compiled, attention = DECODE_VARIANTS[variant]
+    engine = TargetEngine(
+        target.model, [], width, batch=len(prompts), compile=compiled, dynamic=True, attention=attention
+    )
     sampling = Sampling(max_new_tokens=steps)
 
     def decode() -> float:
@@ -110,10 +121,22 @@ def profile_decode(target, questions: list[str], steps: int, out: Path, compile_
             torch.cuda.synchronize(dev)
         return time.perf_counter() - t0
 
-    decode()  # the warm-up: the step's CUDA graph captured
+    t0 = time.perf_counter()
+    decode()  # the warm-up: the step's CUDA graph captured, its forward compiled first where asked
+    result = {
+        "variant": variant,
+        "compiled": engine.compiled,  # false where the compile failed (the eager forward ran)
+        "rows": len(prompts),
+        "cache_slots": engine.max_len,
+        "steps": steps,
+        "warmup_s": round(time.perf_counter() - t0, 1),
+        "wall_ms_per_step": round(1000 * decode() / steps, 3),
+    }
+    if out is None:
+        return result
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=activities) as prof:
-        seconds = decode()
+        decode()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     out.mkdir(parents=True, exist_ok=True)
     sort = "self_device_time_total" if kernels else "self_cpu_time_total"
@@ -122,10 +145,7 @@ def profile_decode(target, questions: list[str], steps: int, out: Path, compile_
     )
     prof.export_chrome_trace(str(out / "synth_decode.json"))
     return {
-        "rows": len(prompts),
-        "cache_slots": engine.max_len,
-        "steps": steps,
-        "wall_ms_per_step": round(1000 * seconds / steps, 3),  # the prefill included, once
+        **result,
         "kernel_ms_per_step": round(sum(e.self_device_time_total for e in kernels) / 1000 / steps, 3),
         "kernels_per_step": round(len(kernels) / steps, 1),
         "table": str(out / "synth_decode.txt"),
@@ -202,8 +222,18 @@ def main() -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--bar", type=float, default=20.0, help="required speed-up over single-stream generate")
-    ap.add_argument("--profile", type=Path, default=None, help="also profile one batch's decode steps into this folder")
-    ap.add_argument("--profile-steps", type=int, default=64, help="decode steps of the profiled batch")
+    ap.add_argument(
+        "--decode-variants",
+        default="",
+        help=f"also time one batch's decode steps on these engines, comma-separated ({', '.join(DECODE_VARIANTS)})",
+    )
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="profile each variant's batch into DIR/VARIANT (eager alone by default)",
+    )
+    ap.add_argument("--profile-steps", type=int, default=64, help="decode steps of the timed and profiled batch")
     ap.add_argument(
         "--compile-target", action="store_true", help="synth --compile-target (the engine's forward compiled, GPU)"
     )
@@ -243,9 +273,13 @@ def main() -> None:
     )
     questions = [c["messages"][0]["content"] for c in convs]
     decode = None
-    if args.profile is not None:  # one batch of --batch-size rows (the prompts repeated if fewer)
+    variants = [v for v in args.decode_variants.split(",") if v] or (["eager"] if args.profile else [])
+    if variants:  # one batch of --batch-size rows (the prompts repeated if fewer), each variant in turn
         rows = (questions * args.batch_size)[: args.batch_size]
-        decode = profile_decode(target, rows, args.profile_steps, args.profile, args.compile_target)
+        decode = {
+            v: decode_batch(target, rows, args.profile_steps, v, args.profile / v if args.profile else None)
+            for v in variants
+        }
     synth_rate = passes.get("synth", passes.get("eager"))["tok_per_s"]
     result = {
         "bench": "synth",
@@ -267,7 +301,7 @@ def main() -> None:
         "compile_target": args.compile_target,
         **passes,
         "single_stream_generate": base,
-        "decode_profile": decode,
+        "decode": decode,
         "speedup": round(synth_rate / base["tok_per_s"], 2),
         "bar": args.bar,
     }

@@ -2,8 +2,8 @@
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
 #   synth_ab      synth at batch 1024 eager / --compile-target / eager (bench/synth_bench.py --ab-compile), eager
-#                 with SDPA's efficient and cuDNN kernels tried first, the compiled decode step kernel by
-#                 kernel, and synth's GPU tests
+#                 with SDPA's efficient and cuDNN kernels tried first; one decode batch on the eager, compiled
+#                 and compiled flex-attention engines, timed and kernel by kernel; then synth's GPU tests
 #   data+train    none where .data/recipe_drafter.tgz.part* came along (restore_dir: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
 #                 `pipeline`, train_online with --compile-capture if CC=1), timed by stage, its answers
@@ -65,12 +65,12 @@ stages:
   - train: {name: train_online, steps: ${STEPS:-1200}, intermediate_size: 4x, num_layers: 2, val_every: $(( ${STEPS:-1200} / 2 )), log_every: 100, save_every: $(( ${STEPS:-1200} / 2 )), compile_capture: true}
 Y
 
-# first (no drafter needed): synth's decode step compiled against eager, A-B-A in one process, and the
-# compiled step kernel by kernel (the eager step's table: the lease of 2026-12-06 01:37, 16.1 ms a step of
-# 1,024 rows, 40 % of it the attention kernel); then synth's GPU tests, the compiled engine's among them
-step synth_ab 360 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
-  --ab-compile --sdpa-variants efficient_attention,cudnn_attention --compile-target --profile "$R/synth_profile_compiled" \
-  --out-json "$R/synth_ab.json"
+# first (no drafter needed): synth compiled against eager, A-B-A in one process, and the decode step of
+# each engine kernel by kernel (the eager step: the lease of 2026-12-06 01:37, 16.1 ms a step of 1,024
+# rows, 40 % of it the attention kernel); then synth's GPU tests, the compiled engine's among them
+step synth_ab 420 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
+  --ab-compile --sdpa-variants efficient_attention,cudnn_attention --decode-variants eager,compiled,compiled_flex \
+  --profile "$R/synth_profile" --out-json "$R/synth_ab.json"
 step synth_gpu_tests 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_synth_gpu.py --run-gpu
 start=$(date +%s)
 if restore_dir recipe_drafter; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training

@@ -134,6 +134,7 @@ class TargetEngine:
         batch: int = 1,
         compile: bool = False,
         dynamic: bool = False,
+        attention: str = "sdpa",
     ) -> None:
         check_supported(model)
         tc = text_config(model.config)
@@ -153,7 +154,11 @@ class TargetEngine:
         self.rotary_types = rotary_types(model)
         self.attn_cap = getattr(tc, "attn_logit_softcapping", None)  # Gemma-2's soft-caps, on the attention scores
         self.logit_cap = getattr(tc, "final_logit_softcapping", None)  # and on the logits
-        self._attend = self._sdpa if self.attn_cap is None else self._capped_attention
+        if attention not in ("sdpa", "flex") or (attention == "flex" and self.attn_cap is not None):
+            raise ValueError(f"attention {attention!r}: sdpa, or flex for a target without attention soft-caps")
+        self._attend = (
+            {"sdpa": self._sdpa, "flex": self._flex}[attention] if self.attn_cap is None else self._capped_attention
+        )
         self._block = self._sandwich_block if is_sandwich(self.layers[0]) else self._prenorm_block
         self.window, self.sliding = sliding_layers(model)
         if self.window is not None and self.window >= max_len:  # no two positions of this cache are a window apart
@@ -217,6 +222,22 @@ class TargetEngine:
     ) -> torch.Tensor:
         """q [B, nkv, g*T, hd]; k, v [B, nkv, S, hd]; mask [B, 1, g*T, S] -> [B, nkv, g*T, hd]."""
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+    @staticmethod
+    def _flex(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None
+    ) -> torch.Tensor:
+        """`_sdpa` through flex_attention, the mask read score by score: compiled with the forward,
+        its decoding kernel for short queries (synth's steps, `bench/synth_bench.py
+        --decode-variants`); eager, an unfused reference of the same result."""
+        from torch.nn.attention.flex_attention import flex_attention
+
+        def masked(
+            score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, i: torch.Tensor, j: torch.Tensor
+        ) -> torch.Tensor:
+            return torch.where(mask[b, 0, i, j], score, -float("inf"))
+
+        return flex_attention(q, k, v, score_mod=masked, scale=scale)
 
     def _capped_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None
