@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import sys
 import time
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -134,7 +134,7 @@ class TargetEngine:
         batch: int = 1,
         compile: bool = False,
         dynamic: bool = False,
-        attention: str = "sdpa",
+        attention: Literal["sdpa", "flex"] = "sdpa",
     ) -> None:
         check_supported(model)
         tc = text_config(model.config)
@@ -470,7 +470,8 @@ class TargetEngine:
         self.capture_seconds += time.perf_counter() - t0
 
     def _capture(self, fn: Any, *example: torch.Tensor) -> Graphed:
-        """`fn` in a CUDA graph, compiled first (inductor, this shape only) when `compiled`; a
+        """`fn` in a CUDA graph, compiled first (inductor: this shape only, or every shape with
+        `dynamic`) when `compiled`; a
         compile that fails leaves the engine uncompiled from then on, the reason on stderr."""
         if self.compiled:
             try:  # without `dynamic`, every graph's shape is its own compile of the same forward: more than dynamo's default 8
