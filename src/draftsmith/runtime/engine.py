@@ -471,8 +471,8 @@ class TargetEngine:
 
     def _capture(self, fn: Any, *example: torch.Tensor) -> Graphed:
         """`fn` in a CUDA graph, compiled first (inductor: this shape only, or every shape with
-        `dynamic`) when `compiled`; a
-        compile that fails leaves the engine uncompiled from then on, the reason on stderr."""
+        `dynamic`) when `compiled`; a compile that fails leaves the engine uncompiled from then
+        on, the reason on stderr."""
         if self.compiled:
             try:  # without `dynamic`, every graph's shape is its own compile of the same forward: more than dynamo's default 8
                 with torch._dynamo.config.patch(recompile_limit=64):
