@@ -42,8 +42,15 @@
 # no machine starts, at 15 device-seconds each (2026-12-05 20:05).
 # After the five carrying calls (h200_carry.sh's header), in the last one:
 #   bash /root/parts/unpack.sh /root/parts && (MAGPIE=6000 NQ=30 SHORT=1 LEASE_MIN=16 setsid bash experiments/vllm_h200.sh > /root/driver.log 2>&1 &)
-# (a packed drafter travels in calls of its own before that one, each copying its parts to /root/parts;
-# the last then runs `mkdir -p .data && cp /root/parts/*.tgz.part?? .data/` before the driver)
+# The short run's drafter comes back packed (pack_drafter: bf16, without the target's embedding, 4
+# parts of 10.25 MiB, experiments/drafter_pack.py), and so do its answers (short_synth). The next
+# lease carries one drafter part beside each of the carrying calls 1-4 (.carry/partN is 41.9 MiB and
+# the tree 11.3: 63.4 MiB of the tool's 64 a call), e.g. carry [".carry/part1",
+# ".data/short_drafter.tgz.partaa"] with `cp .carry/part1 .data/short_drafter.tgz.part?? /root/parts/`,
+# and short_synth beside part4. The last call then runs
+# `mkdir -p .data && cp /root/parts/*.tgz.part?? .data/` before the driver, which restores the drafter
+# (restore_drafter) and skips synthesis and training: about 7 minutes of the lease.
+# (The recipe's drafter of a SHORT=0 lease travels as recipe_drafter, packed whole by pack_dir.)
 # then poll back to back: bash experiments/fetch_results.sh 240 (a lease taken back mid-run keeps
 # only what the last poll brought: 2026-12-05 13:54 lost all of its first 540 s). To stop a step by
 # hand, kill by pid or by a pattern anchored at the start (pkill -f "^timeout 540"): an unanchored
@@ -75,6 +82,8 @@ step synth_gpu_tests 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test
 start=$(date +%s)
 if restore_dir recipe_drafter; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training
   :
+elif [ "${SHORT:-1}" = 1 ] && restore_drafter short_drafter "$D/drafter"; then  # a lease before trained it: no training
+  restore_answers short  # its conversations, for capture_pair
 elif [ "${SHORT:-1}" = 1 ]; then
   [ -f "$Q/.pipeline/synth.done" ] || restore_answers short
   # the lease of 2026-12-05 10:4x: training with --compile-capture (a whole run of it, issue 52),
@@ -83,6 +92,7 @@ elif [ "${SHORT:-1}" = 1 ]; then
     { sed -i 's/, compile_capture: true//' /root/short.yaml &&
       step short_eager $(( 420 + ${STEPS:-1200} / 5 )) python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m; }
   pack_answers short "$Q" synth magpie
+  pack_drafter short_drafter "$D/drafter"  # 4 parts: the next lease carries them and skips the training
 else
   # quickstart's full budget (README command 1's stages, read from the packaged recipe as quickstart
   # reads them), train_online's capture compiled with CC=1; its answers and drafter packed for the
@@ -115,7 +125,8 @@ random_methods_vllm dflash
 # the tree cycle by part and kernel, which the CPU work on issue 53 waits for
 step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,chain_walk_sync,tree --profile "$R/profile" \
   --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
-train_ab /root/runs/qs/prepare  # the run's whole prepared set (11,600 conversations in the short run)
+# the run's whole prepared set (11,600 conversations in the short run; none where the drafter was carried)
+[ -d /root/runs/qs/prepare ] && train_ab /root/runs/qs/prepare
 # the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
 # computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
 step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --stop-below 0.09 --batch-size 1 \
