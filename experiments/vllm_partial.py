@@ -2,8 +2,8 @@
 
 The worker writes vllm_result.json after each engine (evaluate/vllm_worker.py); a run stopped from
 outside (a step's time limit, a lease's end) leaves it with vllm_request.json in OUT's temporary
-folder (`.NAME.*.tmp`). This prints one row per finished speculative pass, with its speed-up where
-the plain engine had run, as eval's report would (evaluate/vllm_eval.py's `pass_summary`):
+folder (`.NAME.*.tmp`). This prints one line per finished speculative pass, with its speed-up where
+the plain engine had run, as eval's report.md would (evaluate/vllm_eval.py's `finished_passes`):
 
     python experiments/vllm_partial.py runs/.vllm_k753.XXXX.tmp [--out-json partial.json]
 """
@@ -15,7 +15,8 @@ import json
 from pathlib import Path
 
 from draftsmith.evaluate.questions import Question
-from draftsmith.evaluate.vllm_eval import pass_summary
+from draftsmith.evaluate.report import vllm_pass_line
+from draftsmith.evaluate.vllm_eval import finished_passes
 
 
 def main() -> None:
@@ -26,26 +27,11 @@ def main() -> None:
     req = json.loads((args.folder / "vllm_request.json").read_text())
     res = json.loads((args.folder / "vllm_result.json").read_text())
     questions = [Question(q["question_id"], q["category"], q["turns"]) for q in req["questions"]]
-    engines = {e["name"]: e for e in req["engines"]}
-    done = {name: e for name, e in res["engines"].items() if "error" not in e}
-    plain = {p["batch_size"]: p for p in done["plain"]["passes"]} if "plain" in done else {}
-    greedy = req["temperature"] == 0
-    rows = [
-        {"engine": name, **pass_summary(p, plain.get(p["batch_size"]), questions, engines[name]["k"], greedy)}
-        for name, e in done.items()
-        if engines[name]["drafter"]
-        for p in e["passes"]
-    ]
-    print(f"vLLM {res['vllm_version']}: engines finished {', '.join(done) or 'none'} of {', '.join(engines)}")
+    done = [name for name, e in res["engines"].items() if "error" not in e]
+    rows = finished_passes(res, req["engines"], questions, req["temperature"] == 0)
+    print(f"vLLM {res['vllm_version']}: engines finished {', '.join(done) or 'none'} of {len(req['engines'])}")
     for r in rows:
-        speed = (
-            f"{r['speedup']:.2f}x ({r['spec_tok_per_s']:.1f} / {r['plain_tok_per_s']:.1f} tok/s)"
-            if r["speedup"]
-            else "no plain pass"
-        )
-        print(
-            f"  {r['engine']}: K={r['depth']} batch {r['batch_size']}: tau {r['tau']:.3f} (counters {r['counters_tau']}), {speed}"
-        )
+        print(vllm_pass_line(res["vllm_version"], r))
     if args.out_json:
         args.out_json.write_text(json.dumps({"complete": res.get("complete"), "passes": rows}, indent=1) + "\n")
 

@@ -196,9 +196,9 @@ def test_an_engine_vllm_cannot_start_fails_with_its_root_cause(world, tmp_path, 
     folder = broken(world, exported(world, "Y", "eagle"), "heads-of-16", heads_of_16)
     logs, real = [], vllm_eval.run_worker
 
-    def keep_log(request, out, log):  # the run's folder is removed on failure: its log kept for the asserts
+    def keep_log(request, out, log, measured):  # the run's folder is removed on failure: its log kept for the asserts
         try:
-            return real(request, out, log)
+            return real(request, out, log, measured)
         finally:
             logs.append(log.read_text(errors="replace"))
 
@@ -221,4 +221,40 @@ def test_an_engine_vllm_cannot_start_fails_with_its_root_cause(world, tmp_path, 
     assert "Error" in quoted[0] and "head_dim=16" in quoted[0], message  # vLLM 0.32's CPU attention refusing it
     assert vllm_eval.section_start("spec") in logs[0]
     assert vllm_eval.section_start("plain") not in logs[0]  # not started once the run had failed
+    assert not (tmp_path / "eval").exists()
+
+
+def test_an_engine_failing_after_others_reports_what_they_measured(world, tmp_path, monkeypatch):
+    """A run whose last engine fails (here the --sweep depth's, reported failed by the worker after
+    the real --depth and plain engines ran) names that engine, and its error ends with what the
+    engines before it measured, as report.md lines: τ and the speed-up against plain."""
+    from draftsmith.errors import UserError
+    from draftsmith.evaluate import vllm_eval
+
+    real = vllm_eval.run_worker
+
+    def last_engine_fails(request, out, log, measured):
+        *ran, last = request["engines"]
+        result = real({**request, "engines": ran}, out, log, measured)
+        return {**result, "engines": {**result["engines"], last["name"]: {"error": "RuntimeError: it failed here"}}}
+
+    monkeypatch.setattr(vllm_eval, "run_worker", last_engine_fails)
+    with pytest.raises(UserError) as e:
+        evaluate(
+            EvalConfig(
+                engine="vllm",
+                drafter=world["drafters"]["X"]["run"],
+                target=str(world["target"]),
+                out=tmp_path / "eval",
+                depth=K,
+                sweep=[f"{K - 1}:1"],
+                num_questions=1,
+                max_new_tokens=NEW_TOKENS,
+            )
+        )
+    message = str(e.value)
+    assert f"engine 'spec_k{K - 1}' (speculative, K={K - 1}" in message, message
+    measured = message.split("What the engines before it measured (nothing is written):\n", 1)[1].splitlines()
+    assert len(measured) == 1 and f"depth {K}, batch 1: tau" in measured[0], message  # one question: one pass
+    assert "speed-up" in measured[0] and "speed-up n/a" not in measured[0], message  # plain ran: its speed-up known
     assert not (tmp_path / "eval").exists()

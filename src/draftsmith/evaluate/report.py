@@ -197,8 +197,23 @@ def greedy_check_note(r: dict[str, Any]) -> str:
     )
 
 
+def fmt(v: float | None, spec: str = "{:.2f}") -> str:
+    """A figure of report.md, or n/a where it was not measured."""
+    return "n/a" if v is None else spec.format(v)
+
+
+def vllm_pass_line(version: str, p: dict[str, Any]) -> str:
+    """One pass of `eval --engine vllm` (`vllm_eval.pass_summary`) as a line of report.md."""
+    c = p["counters"]
+    return (
+        f"- vLLM {version}, depth {p.get('depth')}, batch {p['batch_size']}: tau {p['tau']:.3f} ({p['steps']} steps; "
+        f"from its counters {fmt(p['counters_tau'], '{:.3f}')}: {c['accepted']} accepted of {c['drafts']} drafts, "
+        f"per position {c['accepted_per_pos']}), speculative {fmt(p['spec_tok_per_s'], '{:.1f}')} tok/s, "
+        f"plain {fmt(p['plain_tok_per_s'], '{:.1f}')} tok/s, speed-up {fmt(p['speedup'], '{:.2f}x')}"
+    )
+
+
 def markdown(r: dict[str, Any]) -> str:
-    fmt = lambda v, spec="{:.2f}": "n/a" if v is None else spec.format(v)  # noqa: E731
     lines = [
         f"# draftsmith eval: {r['mode']} on {r['bench']}, engine {r.get('engine', 'draftsmith')}",
         "",
@@ -223,13 +238,7 @@ def markdown(r: dict[str, Any]) -> str:
             + " (not in decode time)"
         )
     for p in (r.get("vllm") or {}).get("passes", []):  # --engine vllm: each batch size, and vLLM's own counters
-        c = p["counters"]
-        lines.append(
-            f"- vLLM {r['vllm']['version']}, depth {p.get('depth')}, batch {p['batch_size']}: tau {p['tau']:.3f} ({p['steps']} steps; "
-            f"from its counters {fmt(p['counters_tau'], '{:.3f}')}: {c['accepted']} accepted of {c['drafts']} drafts, "
-            f"per position {c['accepted_per_pos']}), speculative {fmt(p['spec_tok_per_s'], '{:.1f}')} tok/s, "
-            f"plain {fmt(p['plain_tok_per_s'], '{:.1f}')} tok/s, speed-up {fmt(p['speedup'], '{:.2f}x')}"
-        )
+        lines.append(vllm_pass_line(r["vllm"]["version"], p))
     for name, prof in ((r.get("vllm") or {}).get("profile") or {}).items():
         lines.append(vllm_profile_line(name, prof) if prof else f"- vLLM profile, {name}: no trace was written")
     if r.get("shape"):
@@ -369,7 +378,6 @@ def comparison(names: list[str], reports: list[dict[str, Any]]) -> dict[str, Any
 
 
 def comparison_markdown(c: dict[str, Any]) -> str:
-    fmt = lambda v, spec: "n/a" if v is None else spec.format(v)  # noqa: E731
     drafters = c["drafters"]
     lines = [
         f"# draftsmith eval: {len(drafters)} drafters side by side on {c['bench']}",

@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,14 @@ from draftsmith.errors import UserError
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.heldout import HELD_OUT, held_out_questions
 from draftsmith.evaluate.questions import Question, load_questions, token_bound
-from draftsmith.evaluate.report import ReportMeta, build_report, options_meta, summary_line, write_report
+from draftsmith.evaluate.report import (
+    ReportMeta,
+    build_report,
+    options_meta,
+    summary_line,
+    vllm_pass_line,
+    write_report,
+)
 from draftsmith.evaluate.vllm_worker import ENGINE_MARK, section_start
 from draftsmith.fsutil import atomic_output_dir, atomic_write_json, atomic_write_text
 from draftsmith.layers import default_aux_layers, validate_layers
@@ -160,8 +168,17 @@ def export(cfg: EvalConfig, dest: Path, k: int) -> Path:
     return dest
 
 
-def run_worker(request: dict[str, Any], out: Path, log: Path) -> dict[str, Any]:
-    """The worker process on `request`; its output goes to `log`. Returns its result."""
+def measured_note(lines: list[str]) -> str:
+    """The end of a failed run's error: what its finished engines measured (`vllm_pass_line`s)."""
+    return "\nWhat the engines before it measured (nothing is written):\n" + "\n".join(lines) if lines else ""
+
+
+def run_worker(
+    request: dict[str, Any], out: Path, log: Path, measured: Callable[[dict[str, Any]], list[str]] = lambda r: []
+) -> dict[str, Any]:
+    """The worker process on `request`; its output goes to `log`. Returns its result. A worker that
+    fails (killed for memory, crashed) after some engines finished: the error ends with what
+    `measured` makes of their result."""
     req_path, res_path = out / "vllm_request.json", out / "vllm_result.json"
     atomic_write_json(req_path, request)
     env = dict(os.environ)
@@ -176,9 +193,10 @@ def run_worker(request: dict[str, Any], out: Path, log: Path) -> dict[str, Any]:
         ).returncode
     if code != 0 or not res_path.exists():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        partial = measured(json.loads(res_path.read_text())) if res_path.exists() else []
         raise UserError(
             f"--engine vllm: the vLLM worker failed ({exit_reason(code)}); if vLLM cannot start on this machine, "
-            f"install a build that can ({INSTALL}). The end of its log {log}:\n{tail}"
+            f"install a build that can ({INSTALL}). The end of its log {log}:\n{tail}" + measured_note(partial)
         )
     result = json.loads(res_path.read_text())
     req_path.unlink()
@@ -257,6 +275,22 @@ def pass_summary(
         "greedy_turns_checked": r["greedy_turns_checked"],
         "greedy_turns_matching_plain": r["greedy_turns_matching_plain"],
     }
+
+
+def finished_passes(
+    result: dict[str, Any], engines: list[dict[str, Any]], questions: list[Question], greedy: bool
+) -> list[dict[str, Any]]:
+    """Each pass of the speculative engines that finished (`pass_summary`), with its speed-up
+    where the plain engine finished too: a whole run's passes, or what a run measured before an
+    engine failed or the run was stopped (the worker writes its result after each engine)."""
+    done = {name: e for name, e in result["engines"].items() if "error" not in e}
+    plain = {p["batch_size"]: p for p in done["plain"]["passes"]} if "plain" in done else {}
+    return [
+        pass_summary(p, plain.get(p["batch_size"]), questions, e["k"], greedy)
+        for e in engines
+        if e["drafter"] and e["name"] in done
+        for p in done[e["name"]]["passes"]
+    ]
 
 
 def sweep_passes(cfg: EvalConfig, k: int, batch: int, n_questions: int) -> dict[int, list[int]]:
@@ -362,7 +396,14 @@ def run(cfg: EvalConfig) -> Path:
             "engines": engines,
             "stop_on_error": True,  # this run fails with the first engine that does: no time on the rest
         }
-        result = run_worker(request, out, out / "vllm.log")
+
+        def measured(result: dict[str, Any]) -> list[str]:
+            return [
+                vllm_pass_line(result["vllm_version"], p) for p in finished_passes(result, engines, questions, greedy)
+            ]
+
+        result = run_worker(request, out, out / "vllm.log", measured)
+        passes = finished_passes(result, engines, questions, greedy)
         failed = {name: e["error"] for name, e in result["engines"].items() if "error" in e}
         if failed:
             name = next(iter(failed))
@@ -371,14 +412,9 @@ def run(cfg: EvalConfig) -> Path:
                 f"({engine_role(engines, name)}) failed with {failed[name]}. Its log's errors, root cause first:\n"
                 + "\n".join(root_cause((out / "vllm.log").read_text(errors="replace"), name))
                 + f"\nIf this build cannot run on this machine, install one that can ({INSTALL})."
+                + measured_note(measured(result))
             )
         plain = {p["batch_size"]: p for p in result["engines"]["plain"]["passes"]} if cfg.speed else {}
-        passes = [
-            pass_summary(p, plain.get(p["batch_size"]), questions, e["k"], greedy)
-            for e in engines
-            if e["drafter"]
-            for p in result["engines"][e["name"]]["passes"]
-        ]
         main = next(p for p in result["engines"]["spec"]["passes"] if p["batch_size"] == batch)
         spec_answers = main["answers"]
         rows = turn_rows(questions, spec_answers, plain[batch]["answers"] if cfg.speed else None, greedy)
