@@ -9,7 +9,7 @@ device tool's parts. `pack` keeps what the next lease's measurements read:
 That is about 60 MB. `unpack` writes an ordinary drafter folder again: float32, the embedding
 included.
 
-    python experiments/drafter_pack.py pack RUN/train_online/drafter PACKED
+    python experiments/drafter_pack.py pack RUN/train_online/drafter PACKED   # a drafter folder
     python experiments/drafter_pack.py unpack PACKED DEST --target HF_FOLDER
 
 Not for resuming training: the optimizer state and the float32 master weights stay behind.
@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from draftsmith.draft.checkpoint import DRAFTER_FILE, WEIGHTS, load_drafter, save_file
@@ -33,8 +34,6 @@ PACK = "pack.json"
 
 
 def pack(drafter: Path, out: Path) -> None:
-    if (drafter / "drafter" / DRAFTER_FILE).exists():  # a train output folder: its best drafter
-        drafter = drafter / "drafter"
     record = json.loads((drafter / DRAFTER_FILE).read_text())
     trained_embedding = bool(record["config"].get("train_embedding"))
     state = load_file(str(drafter / WEIGHTS))
@@ -49,14 +48,14 @@ def pack(drafter: Path, out: Path) -> None:
 
 
 def target_embedding(target: str) -> torch.Tensor:
-    """The target's input embedding [V, H], read from its HF folder's safetensors."""
+    """The target's input embedding [V, H], read alone from its HF folder's safetensors."""
     folder = hf_folder(target, "drafter_pack.py unpack")
     for file in sorted(folder.glob("*.safetensors")):
-        tensors = load_file(str(file))
-        for name, t in tensors.items():
-            if name.endswith("embed_tokens.weight"):
-                return t
-    raise SystemExit(f"{folder}: no embed_tokens.weight in its safetensors")
+        with safe_open(str(file), "pt") as f:
+            name = next((k for k in f.keys() if k.endswith(EMBED)), None)
+            if name is not None:
+                return f.get_tensor(name)
+    raise SystemExit(f"{folder}: no {EMBED} in its safetensors")
 
 
 def unpack(packed: Path, dest: Path, target: str) -> None:

@@ -82,13 +82,10 @@ pack_drafter() {  # pack_drafter NAME DIR: DIR's drafter in bf16 without the tar
   # in parts of 10.25 MiB that the next lease's carrying calls take one each beside vLLM's (once)
   [ -d "$2" ] && [ ! -f "$CARRY/$1.tgz.partaa" ] || return 0
   python3 experiments/drafter_pack.py pack "$2" "/root/$1" >> "$R/steps.log" 2>&1 &&
-    mkdir -p "$CARRY" && tar -C /root -czf - "$1" | split -b 10500k - "$CARRY/$1.tgz.part"
+    mkdir -p "$CARRY" && tar -C / -czf - "root/$1" | split -b 10500k - "$CARRY/$1.tgz.part"
 }
 restore_drafter() {  # restore_drafter NAME DEST: the drafter pack_drafter NAME packed a lease before, unpacked into DEST
-  ls .data/"$1".tgz.part* > /dev/null 2>&1 || return 1
-  cat .data/"$1".tgz.part* | tar -C /root -xzf - &&
-    python3 experiments/drafter_pack.py unpack "/root/$1" "$2" --target "$HF" >> "$R/steps.log" 2>&1 &&
-    echo "=== $1: restored from .data into $2" >> "$R/steps.log"
+  restore_dir "$1" && python3 experiments/drafter_pack.py unpack "/root/$1" "$2" --target "$HF" >> "$R/steps.log" 2>&1
 }
 pack_answers() {  # pack_answers NAME DIR STAGE...: DIR's synth answers and the markers those stages have, for the next lease
   local name=$1 dir=${2#/} stage m marks=() have fresh

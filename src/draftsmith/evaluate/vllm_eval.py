@@ -403,7 +403,6 @@ def run(cfg: EvalConfig) -> Path:
             ]
 
         result = run_worker(request, out, out / "vllm.log", measured)
-        passes = finished_passes(result, engines, questions, greedy)
         failed = {name: e["error"] for name, e in result["engines"].items() if "error" in e}
         if failed:
             name = next(iter(failed))
@@ -414,6 +413,7 @@ def run(cfg: EvalConfig) -> Path:
                 + f"\nIf this build cannot run on this machine, install one that can ({INSTALL})."
                 + measured_note(measured(result))
             )
+        passes = finished_passes(result, engines, questions, greedy)
         plain = {p["batch_size"]: p for p in result["engines"]["plain"]["passes"]} if cfg.speed else {}
         main = next(p for p in result["engines"]["spec"]["passes"] if p["batch_size"] == batch)
         spec_answers = main["answers"]

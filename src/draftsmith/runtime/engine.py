@@ -154,10 +154,10 @@ class TargetEngine:
         self.rotary_types = rotary_types(model)
         self.attn_cap = getattr(tc, "attn_logit_softcapping", None)  # Gemma-2's soft-caps, on the attention scores
         self.logit_cap = getattr(tc, "final_logit_softcapping", None)  # and on the logits
-        if attention not in ("sdpa", "flex") or (attention == "flex" and self.attn_cap is not None):
-            raise ValueError(f"attention {attention!r}: sdpa, or flex for a target without attention soft-caps")
+        if attention == "flex" and self.attn_cap is not None:
+            raise ValueError("attention flex: this target soft-caps its attention scores, which only sdpa's path does")
         self._attend = (
-            {"sdpa": self._sdpa, "flex": self._flex}[attention] if self.attn_cap is None else self._capped_attention
+            self._capped_attention if self.attn_cap is not None else self._flex if attention == "flex" else self._sdpa
         )
         self._block = self._sandwich_block if is_sandwich(self.layers[0]) else self._prenorm_block
         self.window, self.sliding = sliding_layers(model)
