@@ -248,6 +248,15 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 8 prompts, 16 new tokens, batch 4")
     ap.add_argument("--out-json", type=Path, default=Path("bench_synth.json"))
     args = ap.parse_args()
+    from torch.nn.attention import SDPBackend
+
+    unknown = [v for v in args.decode_variants.split(",") if v and v not in DECODE_VARIANTS]
+    unknown += [b for b in args.sdpa_variants.split(",") if b and not hasattr(SDPBackend, b.upper())]
+    if unknown:
+        ap.error(
+            f"unknown variant(s) {', '.join(unknown)}: --decode-variants takes {', '.join(DECODE_VARIANTS)}; "
+            "--sdpa-variants takes efficient_attention, cudnn_attention, flash_attention, math"
+        )
     if args.smoke:
         args.num_prompts, args.max_new_tokens, args.batch_size, args.baseline_prompts = 8, 16, 4, 2
         args.device = args.device or "cpu"
