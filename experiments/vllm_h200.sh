@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
+# in this order: data+train, vllm_k753 (with ds_b1), synth_ab, dflash_vllm, cycle_profile, train_ab, ...
 #   synth_ab      synth at batch 1024 eager / --compile-target / eager (bench/synth_bench.py --ab-compile), eager
 #                 with SDPA's efficient and cuDNN kernels tried first; one decode batch on the eager, compiled
 #                 and compiled flex-attention engines, timed and kernel by kernel; then synth's GPU tests
@@ -72,13 +73,6 @@ stages:
   - train: {name: train_online, steps: ${STEPS:-1200}, intermediate_size: 4x, num_layers: 2, val_every: $(( ${STEPS:-1200} / 2 )), log_every: 100, save_every: $(( ${STEPS:-1200} / 2 )), compile_capture: true}
 Y
 
-# first (no drafter needed): synth compiled against eager, A-B-A in one process, and the decode step of
-# each engine kernel by kernel (the eager step: the lease of 2026-12-06 01:37, 16.1 ms a step of 1,024
-# rows, 40 % of it the attention kernel); then synth's GPU tests, the compiled engine's among them
-step synth_ab 420 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
-  --ab-compile --sdpa-variants efficient_attention,cudnn_attention --decode-variants eager,compiled,compiled_flex \
-  --profile "$R/synth_profile" --out-json "$R/synth_ab.json"
-step synth_gpu_tests 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_synth_gpu.py --run-gpu
 start=$(date +%s)
 if restore_dir recipe_drafter; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training
   :
@@ -119,6 +113,14 @@ echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
   --sweep 5:1,3:1 --out /root/runs/vllm_k753
 step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
+# after the owed vLLM figures (the lease of 2026-12-06 01:37 ran synth first, and lost vLLM's speeds to
+# the deadline): synth compiled against eager, A-B-A in one process, and the decode step of each engine
+# kernel by kernel (the eager step, that lease: 16.1 ms a step of 1,024 rows, 40 % of it the attention
+# kernel); then synth's GPU tests, the compiled engine's among them
+step synth_ab 420 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
+  --ab-compile --sdpa-variants efficient_attention,cudnn_attention --decode-variants eager,compiled,compiled_flex \
+  --profile "$R/synth_profile" --out-json "$R/synth_ab.json"
+step synth_gpu_tests 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_synth_gpu.py --run-gpu
 # DFlash in vLLM 0.26 failed to start on 2026-12-05 22:56 with its cause unlogged; eval now quotes it
 # (EAGLE-3 and P-EAGLE were served in that lease)
 random_methods_vllm dflash
