@@ -6,8 +6,10 @@ greedy answers, turn every architecture option vLLM reads on in one and off in t
 
     X  2 layers  norm_before_fc, norm_before_residual, norm_output, intermediate_size 2x the target's
     Y  1 layer   fc_norm (the other three off, the target's intermediate_size)
+    Z  1 layer   the target's whole vocabulary as its draft vocabulary (its export ships no
+                 d2t/t2d, which vLLM would refuse: LOG 2026-12-06 04:50); eagle layout only
 
-Each is exported in both layouts (`--format eagle`, `--format speculators`) and served by vLLM
+X and Y are exported in both layouts (`--format eagle`, `--format speculators`) and served by vLLM
 (its CPU build, fp32, greedy, chain of 3, all prompts in one batch) in one worker process. For
 every export: vLLM's counters (drafts, accepted tokens per position) and its per-step accepted
 counts equal `draftsmith eval`'s on the same prompts, and vLLM's speculative answers equal its
@@ -48,6 +50,7 @@ DRAFTERS = {
         "intermediate_size": "2x",
     },
     "Y": {"num_layers": 1, "fc_norm": True, "norm_before_residual": False, "norm_output": False},
+    "Z": {"num_layers": 1, "draft_vocab_size": 49152},  # the target's whole vocabulary: no d2t/t2d shipped
 }
 
 
@@ -81,7 +84,9 @@ def d2t_shifted(tensors: dict) -> None:  # every draft id maps with its neighbou
 
 
 # (name, drafter, layout, the copy's edit of config.json, of the tensors); None: the export as written
-CASES = [(f"{d}-{fmt}", d, fmt, None, None) for d in DRAFTERS for fmt in ("eagle", "speculators")]
+CASES = [(f"{d}-{fmt}", d, fmt, None, None) for d in "XY" for fmt in ("eagle", "speculators")] + [
+    ("Z-eagle", "Z", "eagle", None, None)
+]
 BROKEN = [
     ("ids-one-lower", "X", "eagle", ids_one_lower, None),
     ("no-norm-before-residual", "Y", "speculators", lambda c: c.pop("norm_before_residual"), None),

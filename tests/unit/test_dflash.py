@@ -169,6 +169,25 @@ def test_export_dflash_reloads_with_identical_logits_and_refuses_sglang(dflash_r
         assert not bad.exists()
 
 
+def test_export_of_a_full_vocab_dflash_ships_no_vocab_maps(tiny_model, tmp_path):
+    """vLLM's DFlash model has no draft_id_to_target_id when the draft vocabulary is the target's:
+    an identity d2t in the export made vLLM 0.26 refuse to start (LOG 2026-12-06 04:50)."""
+    from safetensors import safe_open
+
+    from draftsmith.draft.checkpoint import save_drafter
+
+    drafter = random_dflash(tiny_model).cpu()
+    save_drafter(drafter, tmp_path / "drafter", target={"name": "tiny", "num_layers": len(decoder_layers(tiny_model))})
+    res = CliRunner().invoke(
+        app, ["export", str(tmp_path / "drafter"), "--engine", "vllm", "--out", str(tmp_path / "x")]
+    )
+    assert res.exit_code == 0, res.output
+    with safe_open(tmp_path / "x" / "model.safetensors", "pt") as f:
+        assert not {"d2t", "t2d"} & set(f.keys())
+    again, _ = load_drafter(tmp_path / "x")
+    assert torch.equal(again.d2t, drafter.d2t) and torch.equal(again.t2d, drafter.t2d)
+
+
 def test_eval_refuses_a_tree_or_a_chain_longer_than_the_block(dflash_run, tiny_target_dir, tmp_path):
     _, _, run, _ = dflash_run
     for extra, says in ((["--mode", "tree"], "no tree"), (["--depth", "5"], "at most 3")):

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from safetensors import safe_open
 from typer.testing import CliRunner
 
 from draftsmith.cli import app
@@ -51,6 +52,49 @@ def test_round_trip_identical_logits_and_layer_ids(ckpt, tmp_path, fmt, engine, 
     assert torch.equal(draft_logits(reloaded), draft_logits(model))
     assert torch.equal(reloaded.d2t, model.d2t) and torch.equal(reloaded.t2d, model.t2d)
     assert manifest["target"]["num_layers"] == 30
+
+
+def full_vocab(model: Eagle3Drafter, d2t: torch.Tensor | None = None) -> Eagle3Drafter:
+    """`model` with the target's whole vocabulary as its draft vocabulary (a new head), mapped by
+    `d2t` offsets (default: the identity, all zeros)."""
+    cfg = model.config
+    full = Eagle3Drafter(replace(cfg, draft_vocab_size=cfg.vocab_size))
+    kept = {k: v for k, v in model.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
+    full.load_state_dict(kept, strict=False)
+    full.set_vocab(
+        torch.zeros(cfg.vocab_size, dtype=torch.long) if d2t is None else d2t,
+        torch.ones(cfg.vocab_size, dtype=torch.bool),
+    )
+    return full.eval()
+
+
+@pytest.mark.parametrize("fmt,engine", COMBOS)
+def test_a_full_draft_vocab_ships_no_vocab_maps(tmp_path, fmt, engine):
+    """vLLM has no draft_id_to_target_id to load d2t into when the draft vocabulary is the
+    target's, and refuses to start (LOG 2026-12-06 04:50): such an export ships neither map, and
+    reads back as the identity with the same logits. A smaller draft vocabulary keeps both."""
+    small = make_tiny_drafter()
+    for name, model in (("full", full_vocab(small)), ("small", small)):
+        save_drafter(model, tmp_path / name, target=TARGET)
+        out = run(ExportConfig(drafter=tmp_path / name, format=fmt, engine=engine, out=tmp_path / f"out-{name}"))
+        with safe_open(out / "model.safetensors", "pt") as f:
+            maps = {"d2t", "t2d"} & set(f.keys())
+        assert maps == (set() if name == "full" else {"d2t", "t2d"})
+        reloaded, _ = load_drafter(out)
+        reloaded.load_target_embeddings(model.embed_tokens.weight)
+        assert torch.equal(draft_logits(reloaded), draft_logits(model))
+        assert torch.equal(reloaded.d2t, model.d2t) and torch.equal(reloaded.t2d, model.t2d)
+
+
+def test_a_reordered_full_draft_vocab_is_refused(tmp_path):
+    """The whole vocabulary in another order would need d2t, which no engine loads for a full
+    draft vocabulary: refused before anything is written, saying how to rebuild it."""
+    swapped = torch.zeros(300, dtype=torch.long)
+    swapped[:2] = torch.tensor([1, -1])  # draft ids 0 and 1 are target ids 1 and 0
+    save_drafter(full_vocab(make_tiny_drafter(), swapped), tmp_path / "ckpt", target=TARGET)
+    with pytest.raises(UserError, match="reordered.*draftsmith vocab"):
+        run(ExportConfig(drafter=tmp_path / "ckpt", engine="vllm", out=tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

@@ -3,8 +3,8 @@
     config.json        Qwen3 fields, architectures ["DFlashDraftModel"], draft_vocab_size,
                        target_hidden_size, block_size, dflash_config {mask_token_id,
                        target_layer_ids (layer outputs: draftsmith's ids - 1)}, draftsmith {...}
-    model.safetensors  fc, hidden_norm, layers.{i}.*, norm, lm_head, d2t, t2d (+ embed_tokens with
-                       --include-embeddings)
+    model.safetensors  fc, hidden_norm, layers.{i}.*, norm, lm_head, d2t, t2d (these two only for a
+                       smaller draft vocab: export/run.py) (+ embed_tokens with --include-embeddings)
     README.md          the model card, with the `vllm serve` command
 
 Engines: vLLM serves this layout (`--speculative-config '{"method": "dflash", ...}'`; checked by

@@ -117,6 +117,24 @@ def eagle_files(model: Eagle3Drafter, record: dict[str, Any], cfg: ExportConfig,
     return Files(config, tensors, card, cfg.format, ids)
 
 
+def without_identity_maps(
+    tensors: dict[str, torch.Tensor], d2t: torch.Tensor, vocab_size: int, where: str
+) -> dict[str, torch.Tensor]:
+    """A drafter whose draft vocabulary is the target's whole vocabulary, in its order, ships no
+    d2t/t2d: vLLM (0.26 and 0.32 alike) then has no draft_id_to_target_id to load them into and
+    refuses to start (the lease of 2026-12-06 04:50), and every importer reads their absence as
+    the identity. d2t [draft_vocab] holds offsets, so the identity is all zeros."""
+    if d2t.numel() != vocab_size:  # a draft vocabulary smaller than the target's: the maps ship
+        return tensors
+    if d2t.any():
+        raise UserError(
+            f"{where}: its draft vocabulary is the target's whole vocabulary, reordered (d2t is not zero); the engines "
+            "map draft ids only for a smaller draft vocabulary. Rebuild the vocabulary with `draftsmith vocab`, "
+            "whose draft ids follow the target's order"
+        )
+    return {k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}
+
+
 EAGLE = Writer(eagle_files, reload_check)
 DFLASH = Writer(dflash.dflash_files, dflash.reload_check)
 # each method's writer per --format (a method's engine-layout folder under "eagle", the default)
@@ -156,6 +174,7 @@ def run(cfg: ExportConfig) -> Path:
         cfg = cfg.model_copy(update={"include_embeddings": True})
     dtype = weight_dtype(model, cfg.dtype)
     files = writer.files(model, record, cfg, dtype)
+    files.tensors = without_identity_maps(files.tensors, model.d2t, model.config.vocab_size, str(cfg.drafter))
     inputs = [cfg.drafter, cfg.eval_report]
     with atomic_output_dir(cfg.out, "export", inputs, cfg.overwrite) as tmp:  # full disk: exit 4
         save_file(files.tensors, tmp / "model.safetensors", metadata={"format": "pt"})
