@@ -57,7 +57,7 @@ import torch
 
 from draftsmith.draft.checkpoint import load_drafter, save_drafter
 from draftsmith.evaluate.config import EvalConfig
-from draftsmith.evaluate.decode import plain_generate, spec_generate
+from draftsmith.evaluate.decode import Turn, plain_generate, spec_generate
 from draftsmith.evaluate.proposer import Draft, DrafterProposer, select_nodes, top_log_probs, tree_ancestors
 from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.evaluate.run import run as evaluate
@@ -184,7 +184,7 @@ def cycle_breakdown(
 ) -> dict:
     """Per shape and drafter-step compilation: cycle, draft, verify and glue ms (see the docstring),
     the glue's parts (`glue_parts`); with `compile_target`, the target's forward compiled inside its
-    graphs (eval --compile-target); with `profile_dir`, each shape's kernels (`profile_cycles`)."""
+    graphs (eval --compile-target); with `profile_dir`, a plain turn's and each shape's kernels (`profile_turn`)."""
     dev, model = target.device, target.model
     drafter, _ = load_drafter(drafter_path, dev)
     drafter.to(dtype=target.dtype)
@@ -202,6 +202,12 @@ def cycle_breakdown(
         "target_compiled": engine.compiled,
         "plain_ms_per_token": round(1000 * sum(t.seconds for t in plain) / sum(len(t.tokens) - 1 for t in plain), 3),
     }
+    if profile_dir is not None:  # a plain token's kernels: vLLM's plain step ran 0.97 ms of them (H200, 2026-12-06)
+        out["plain_profile"] = profile_turn(
+            dev,
+            functools.partial(plain_generate, engine, prompts[0], new_tokens, set(), Sampling()),
+            profile_dir / f"plain{'_target_compiled' if compile_target else ''}",
+        )
     for name, shape in shapes.items():
         for compiled in compile_modes:
             sampling = Sampling(
@@ -240,8 +246,10 @@ def cycle_breakdown(
                 row["tree_parts"] = tree_parts(prop, reps)
             if profile_dir is not None:
                 key = f"{name}{'_compiled' if compiled else ''}{'_target_compiled' if compile_target else ''}"
-                row["profile"] = profile_cycles(
-                    engine, prop, prompts[0], min(new_tokens, 32), sampling, profile_dir / key
+                row["profile"] = profile_turn(
+                    dev,
+                    functools.partial(spec_generate, engine, prop, prompts[0], min(new_tokens, 32), set(), sampling),
+                    profile_dir / key,
                 )
             row["speedup_vs_plain"] = round(row["tau"] * out["plain_ms_per_token"] / row["cycle_ms"], 3)
             out[f"{name}{'_compiled' if compiled else ''}"] = row
@@ -344,37 +352,29 @@ def tree_parts(prop: DrafterProposer, reps: int) -> dict:
     }
 
 
-def profile_cycles(
-    engine: TargetEngine,
-    prop: DrafterProposer,
-    prompt: list[int],
-    new_tokens: int,
-    sampling: Sampling,
-    out: Path,
-) -> dict:
-    """One speculative turn under torch.profiler: `out`.txt, the table of kernels by device time,
-    and `out`.json, the trace (chrome://tracing, Perfetto). Returns the turn's cycles, device
-    kernels per cycle, kernel ms per cycle and wall ms per cycle (wall - kernels: the device
-    idle, waiting on the host)."""
+def profile_turn(dev: torch.device, generate: Callable[[], Turn], out: Path) -> dict:
+    """One turn (`generate()`, speculative or plain) under torch.profiler: `out`.txt, the table of
+    kernels by device time, and `out`.json, the trace (chrome://tracing, Perfetto). Returns the
+    turn's steps (speculative cycles, or plain tokens after the first), device kernels per step,
+    kernel ms per step and wall ms per step (wall - kernels: the device idle, waiting on the host)."""
     from torch.profiler import ProfilerActivity, profile
 
-    dev = engine.device
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     sync(dev)
     with profile(activities=activities) as prof:
-        turn = spec_generate(engine, prop, prompt, new_tokens, set(), sampling)
+        turn = generate()
         sync(dev)
-    cycles = len(turn.accepts)
+    steps = len(turn.accepts) or len(turn.tokens) - 1
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     sort = "self_device_time_total" if kernels else "self_cpu_time_total"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=60, max_name_column_width=90))
     prof.export_chrome_trace(str(out.with_suffix(".json")))
     return {
-        "cycles": cycles,
-        "kernels_per_cycle": round(len(kernels) / cycles, 1),
-        "kernel_ms_per_cycle": round(sum(e.self_device_time_total for e in kernels) / 1000 / cycles, 3),
-        "wall_ms_per_cycle": round(1000 * turn.seconds / cycles, 3),
+        "steps": steps,
+        "kernels_per_step": round(len(kernels) / steps, 1),
+        "kernel_ms_per_step": round(sum(e.self_device_time_total for e in kernels) / 1000 / steps, 3),
+        "wall_ms_per_step": round(1000 * turn.seconds / steps, 3),
         "table": str(out.with_suffix(".txt")),
     }
 
