@@ -6,8 +6,9 @@
 #                                    default's GGUF ($GGUF) as an HF folder at $HF (once)
 #   vllm_driver_start START_MIN HARD_MIN  driver_start with the carried vLLM 0.26 on PYTHONPATH
 #                                    (/root/vllm26, .carry/unpack.sh) and the GGUF it unpacked
-#   restore_dir NAME                 what a lease before packed (pack_dir, pack_answers), carried back
-#                                    as .data/NAME.tgz.part*, restored to its folder (rc 1: none carried)
+#   restore_dir NAME                 what a lease before packed (pack_dir, pack_answers), brought back
+#                                    to .data/ here and carried to $CARRIED (/root/parts) on the next
+#                                    lease, restored to its folder (rc 1: none carried)
 #   restore_answers NAME             the synth answers a lease before packed (pack_answers): restore_dir NAME_synth
 #   pack_dir NAME DIR                DIR (a trained drafter's folder, less its checkpoints and TensorBoard
 #                                    files) into $CARRY/NAME.tgz.part* (15 MB parts), once, for
@@ -69,9 +70,13 @@ vllm_driver_start() {  # vllm_driver_start START_MIN HARD_MIN: driver_start, wit
   python3 -c "import vllm; print('vllm', vllm.__version__)" >> "$R/gpu.txt" 2>&1
 }
 
-restore_dir() {  # restore_dir NAME: what a lease before packed into .data/NAME.tgz.part*, back in its folder
-  ls .data/"$1".tgz.part* > /dev/null 2>&1 || return 1
-  cat .data/"$1".tgz.part* | tar -C / -xzf - && echo "=== $1: restored from .data" >> "$R/steps.log"
+# What the carrying calls brought: outside the working tree, since each later call's copy of the tree
+# removes the ignored paths it does not carry (the leases of 2026-12-06 01:37 and 04:50 carried
+# .data/short_synth.tgz.partaa, and it was gone when the driver looked: both synthesised again)
+CARRIED=${CARRIED:-/root/parts}
+restore_dir() {  # restore_dir NAME: what a lease before packed, carried as $CARRIED/NAME.tgz.part*, back in its folder
+  ls "$CARRIED/$1".tgz.part* > /dev/null 2>&1 || return 1
+  cat "$CARRIED/$1".tgz.part* | tar -C / -xzf - && echo "=== $1: restored from $CARRIED" >> "$R/steps.log"
 }
 restore_answers() { restore_dir "$1_synth" || true; }  # restore_answers NAME: the synth answers pack_answers NAME packed
 pack_dir() {  # pack_dir NAME DIR: DIR, less checkpoints and TensorBoard files, for the next lease (once)
@@ -95,8 +100,8 @@ pack_answers() {  # pack_answers NAME DIR STAGE...: DIR's synth answers and the 
     for m in started done; do [ -f "/$dir/.pipeline/$stage.$m" ] && marks+=("$dir/.pipeline/$stage.$m"); done
   done
   [ ${#marks[@]} -gt 0 ] || return 0  # none of them ran here
-  if ls .data/"$name"_synth.tgz.part* > /dev/null 2>&1; then  # carried here: packed again only if a stage they lack is done now
-    have=$(cat .data/"$name"_synth.tgz.part* | tar -tzf -) fresh=0
+  if ls "$CARRIED/$name"_synth.tgz.part* > /dev/null 2>&1; then  # carried here: packed again only if a stage they lack is done now
+    have=$(cat "$CARRIED/$name"_synth.tgz.part* | tar -tzf -) fresh=0
     for m in "${marks[@]}"; do [[ $m == *.done ]] && ! grep -qxF "$m" <<< "$have" && fresh=1; done
     [ "$fresh" = 1 ] || return 0
   fi

@@ -5,7 +5,7 @@
 #   synth_ab      synth at batch 1024 eager / --compile-target / eager (bench/synth_bench.py --ab-compile), eager
 #                 with SDPA's efficient and cuDNN kernels tried first; one decode batch on the eager, compiled
 #                 and compiled flex-attention engines, timed and kernel by kernel; then synth's GPU tests
-#   data+train    none where .data/recipe_drafter.tgz.part* came along (restore_dir: the drafter a
+#   data+train    none where recipe_drafter.tgz.part* came along (restore_dir: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
 #                 `pipeline`, train_online with --compile-capture if CC=1), timed by stage, its answers
 #                 and drafter packed for the next lease (about 15 parts of 15 MB: fetch_results.sh
@@ -36,21 +36,21 @@
 # train_online reached step 130 after about 160 s (compilation), then ran 12-13 steps/s (about
 # 100k tok/s); the short step's limit follows STEPS.
 # SHORT=1 synthesises with the local engine (faster than vLLM's, LOG 2026-12-05 05:16) and keeps
-# its answers for the next lease (pack_answers; restored from .data/short_synth.tgz.part* when
-# carried back, so a later lease goes straight to training: the lease of 2026-12-05 22:56 brought
-# back .data/short_synth.tgz.partaa, 3.5 MB, which the last carrying call can carry beside part4).
+# its answers for the next lease (pack_answers: short_synth, one part of 3.5 MB).
 # Send the first carrying call alone and wait for its answer: calls sent beside it are refused while
 # no machine starts, at 15 device-seconds each (2026-12-05 20:05).
 # After the five carrying calls (h200_carry.sh's header), in the last one:
 #   bash /root/parts/unpack.sh /root/parts && (MAGPIE=6000 NQ=30 SHORT=1 LEASE_MIN=16 setsid bash experiments/vllm_h200.sh > /root/driver.log 2>&1 &)
-# The short run's drafter comes back packed (pack_drafter: bf16, without the target's embedding, 4
-# parts of 10.25 MiB, experiments/drafter_pack.py), and so do its answers (short_synth). The next
-# lease carries one drafter part beside each of the carrying calls 1-4 (.carry/partN is 41.9 MiB and
-# the tree 11.3: 63.4 MiB of the tool's 64 a call), e.g. carry [".carry/part1",
-# ".data/short_drafter.tgz.partaa"] with `cp .carry/part1 .data/short_drafter.tgz.part?? /root/parts/`,
-# and short_synth beside part4. The last call then runs
-# `mkdir -p .data && cp /root/parts/*.tgz.part?? .data/` before the driver, which restores the drafter
-# (restore_drafter) and skips synthesis and training: about 7 minutes of the lease.
+# The short run's drafter comes back packed too (pack_drafter: bf16, without the target's
+# embedding; on 2026-12-06 04:50, 82.3 MiB in 7 parts, six of 10.25 MiB; experiments/drafter_pack.py).
+# Keep what comes back in .data/ (git-ignored) and carry it on the next lease to /root/parts, where
+# the driver looks (steps.sh's CARRIED: not the working tree, whose next copy removes ignored paths
+# that call does not carry). A call holds 64 MiB with the tree's 11.3: .carry/partN (41.9 MiB) and
+# one 10.25 MiB part, or up to five parts alone. So: calls 0-3 each take one drafter part beside
+# .carry/partN, e.g. carry [".carry/part1", ".data/short_drafter.tgz.partab"] with
+# `cp .carry/part1 .data/short_drafter.tgz.part?? /root/parts/`; one more call takes the rest but
+# the last small one; the last call takes .carry/part4, that small part and short_synth. The driver
+# then restores the drafter (restore_drafter) and skips synthesis and training: about 6 minutes.
 # (The recipe's drafter of a SHORT=0 lease travels as recipe_drafter, packed whole by pack_dir.)
 # then poll back to back: bash experiments/fetch_results.sh 240 (a lease taken back mid-run keeps
 # only what the last poll brought: 2026-12-05 13:54 lost all of its first 540 s). To stop a step by
