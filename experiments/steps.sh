@@ -28,10 +28,12 @@
 #                                    start, rc and end in $R/steps.log; a step that ended with rc 0
 #                                    ($R/NAME.ok) is skipped on a rerun, and so is every step that
 #                                    would start after $DEADLINE (epoch seconds), if it is set;
-#                                    a step never runs past $HARD_DEADLINE (its timeout is cut)
+#                                    a step never runs past $HARD_DEADLINE (its timeout is cut); a step
+#                                    named in $SKIP (space-separated) is skipped: a lease before measured it
 step() {
   local name=$1 limit=$2; shift 2
   [ -f "$R/$name.ok" ] && { echo "=== $name skipped: done earlier" >> "$R/steps.log"; return; }
+  [[ " ${SKIP:-} " == *" $name "* ]] && { echo "=== $name skipped: in SKIP (measured by a lease before)" >> "$R/steps.log"; return; }
   local now; now=$(date +%s)
   if [ -n "${DEADLINE:-}" ] && [ "$now" -ge "$DEADLINE" ]; then
     echo "=== $name skipped: past the deadline" >> "$R/steps.log"; return 1

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-# in this order: data+train, vllm_k753 (with ds_b1), synth_ab, dflash_vllm, cycle_profile, train_ab, ...
-#   synth_ab      synth at batch 1024 eager / --compile-target / eager (bench/synth_bench.py --ab-compile), eager
-#                 with SDPA's efficient and cuDNN kernels tried first; one decode batch on the eager, compiled
-#                 and compiled flex-attention engines, timed and kernel by kernel; then synth's GPU tests
+# In this order: data+train, vllm_k753 (with ds_b1), cycle_profile, dflash_vllm, train_ab, ds_stop,
+# ds_b16, vllm_b16, capture_pair. A lease that carries the drafter of 2026-12-06 04:50 passes
+# SKIP="vllm_k753 ds_b1" (steps.sh's step): that lease measured them.
 #   data+train    none where recipe_drafter.tgz.part* came along (restore_dir: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
 #                 `pipeline`, train_online with --compile-capture if CC=1), timed by stage, its answers
@@ -19,9 +18,11 @@
 #                 the four engines ran past the step's 540 s); then ds_b1, draftsmith's engine at
 #                 batch 1, K=7, beside it
 #   dflash_vllm   a random DFlash drafter served by vLLM (steps.sh random_methods_vllm): it failed to
-#                 start on 2026-12-05 22:56, and eval's error now quotes the cause
-#   cycle_profile the chain, adaptive-chain and tree cycles of that drafter, by part and kernel by
-#                 kernel (bench/eval_bench.py --profile: a torch.profiler table and trace per shape)
+#                 start on 2026-12-05 22:56 and 2026-12-06 04:50 (the export shipped an identity d2t,
+#                 which vLLM has no place for; fixed in 060ff5a)
+#   cycle_profile a plain turn and the chain, adaptive-chain and tree cycles of that drafter, by part
+#                 and kernel by kernel (bench/eval_bench.py --profile: a torch.profiler table and trace
+#                 each): draftsmith's plain step was 2.04 ms on 2026-12-06 04:50, vLLM's 1.47
 #   train_ab      train_online's rate on the run's prepared set, the capture eager / compiled / eager
 #                 (with --compile-capture 12-13 steps/s once compiled, 2026-12-05 16:40 and 22:56;
 #                 without it no rate but whole-run averages is on record)
@@ -113,22 +114,18 @@ echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
   --sweep 5:1,3:1 --out /root/runs/vllm_k753
 step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
-# after the owed vLLM figures (the lease of 2026-12-06 01:37 ran synth first, and lost vLLM's speeds to
-# the deadline): synth compiled against eager, A-B-A in one process, and the decode step of each engine
-# kernel by kernel (the eager step, that lease: 16.1 ms a step of 1,024 rows, 40 % of it the attention
-# kernel); then synth's GPU tests, the compiled engine's among them
-step synth_ab 420 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
-  --ab-compile --sdpa-variants efficient_attention,cudnn_attention --decode-variants eager,compiled,compiled_flex \
-  --profile "$R/synth_profile" --out-json "$R/synth_ab.json"
-step synth_gpu_tests 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_synth_gpu.py --run-gpu
-# DFlash in vLLM 0.26 failed to start on 2026-12-05 22:56 with its cause unlogged; eval now quotes it
-# (EAGLE-3 and P-EAGLE were served in that lease)
-random_methods_vllm dflash
-# the tree cycle by part and kernel, which the CPU work on issue 53 waits for
+# (synth's compiled and flex engines were measured on 2026-12-06 04:50, slower than eager, and removed)
+# a plain token's kernels against vLLM's (0.97 ms of a 1.47 ms step on 2026-12-06), and the tree cycle
+# by part and kernel, which the CPU work on issue 53 waits for
 step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,chain_walk_sync,tree --profile "$R/profile" \
   --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
-# the run's whole prepared set (11,600 conversations in the short run; none where the drafter was carried)
-[ -d /root/runs/qs/prepare ] && train_ab /root/runs/qs/prepare
+# a random DFlash drafter in vLLM 0.26: its whole-vocabulary export ships no d2t since 060ff5a
+random_methods_vllm dflash
+# the run's whole prepared set (11,600 conversations; prepared here from the carried answers where the
+# drafter was carried: its prepare stage alone, about 10 s)
+[ -d "$Q/prepare" ] || [ ! -f "$Q/.pipeline/magpie.done" ] ||
+  step prepare_qs 120 python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m --only prepare
+[ -d "$Q/prepare" ] && train_ab "$Q/prepare"
 # the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
 # computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
 step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --stop-below 0.09 --batch-size 1 \
