@@ -7,21 +7,16 @@ same process. The bar (issue #3) is 20x the single-stream rate.
         --num-prompts 1000 --max-new-tokens 256 --batch-size 256 --out-json bench_synth.json
     python bench/synth_bench.py --smoke        # CPU check, a minute
 
---decode-variants eager,compiled,compiled_flex times one batch of the real decode path (synth/generate.py:
-the static-KV engine, one CUDA graph a step on GPU) for --profile-steps steps on each engine, after a
-warm-up batch that captures its graph (and compiles its forward: `compiled`, and `compiled_flex`
-with flex_attention in place of SDPA), side by side in one process: the wall ms a step. With
---profile DIR each variant's batch is also run under torch.profiler (eager alone when no variant
-is named): DIR/VARIANT/synth_decode.txt (kernels by device time) and .json (the trace), and per step
-the kernels' ms and their count (wall - kernels: the device idle, waiting on the host).
+With --profile DIR, one batch of the real decode path (synth/generate.py: the static-KV engine,
+one CUDA graph a step on GPU) is also run for --profile-steps steps, after a warm-up batch that
+captures its graph: once timed (the wall ms a step), once under torch.profiler: DIR/synth_decode.txt
+(kernels by device time) and .json (the trace), and per decode step the kernels' ms and their count
+(wall - kernels: the device idle, waiting on the host).
 
-    python bench/synth_bench.py --target ... --batch-size 1024 --decode-variants eager,compiled,compiled_flex \
-        --profile runs/synth_prof
+    python bench/synth_bench.py --target ... --batch-size 1024 --profile runs/synth_prof
 
---compile-target runs synth with the engine's forward compiled; --ab-compile runs synth eager,
-compiled and eager again in one process (`compiled_over_eager`: the compiled rate over the two eager
-ones' mean); --sdpa-variants efficient_attention,cudnn_attention adds an eager pass per SDPA backend
-that the engine's attention tries first (the eager step's attention ran cuDNN's kernel).
+--sdpa-variants efficient_attention,cudnn_attention adds a synth pass per SDPA backend that the
+engine's attention tries first (the step's attention ran cuDNN's kernel).
 
 Prints one JSON object and writes it to --out-json.
 """
@@ -87,16 +82,11 @@ def single_stream(target, questions: list[str], max_new_tokens: int) -> dict:
     }
 
 
-# decode-step variants of the local engine: (compiled forward, attention)
-DECODE_VARIANTS = {"eager": (False, "sdpa"), "compiled": (True, "sdpa"), "compiled_flex": (True, "flex")}
-
-
-def decode_batch(target, questions: list[str], steps: int, variant: str, out: Path | None = None) -> dict:
+def profile_decode(target, questions: list[str], steps: int, out: Path) -> dict:
     """One batch of `questions` (one row each) decoded for `steps` steps through synth's own
-    `generate` on an engine of `variant` (DECODE_VARIANTS), with no stop ids (every row runs every
-    step): a warm-up batch that captures the step's graph (and compiles), then one timed batch, and
-    with `out` one more under torch.profiler. Returns the wall ms a step (the prefill included, once)
-    and, profiled, the kernels' ms and count a step and where the table and trace went."""
+    `generate`, with no stop ids (every row runs every step): a warm-up batch that captures the
+    step's graph, one timed batch, and one under torch.profiler. Returns the wall ms a step (the
+    prefill included, once), the kernels' ms and count a step, and where the table and trace went."""
     from torch.profiler import ProfilerActivity, profile
 
     dev = target.device
@@ -105,11 +95,7 @@ def decode_batch(target, questions: list[str], steps: int, variant: str, out: Pa
         encode(backend.tokenizer, Request(f"p{i}", [{"role": "user", "content": q}]), False)
         for i, q in enumerate(questions)
     ]
-    width = cache_width(max(map(len, prompts)), steps)
-    compiled, attention = DECODE_VARIANTS[variant]
-    engine = TargetEngine(
-        target.model, [], width, batch=len(prompts), compile=compiled, dynamic=True, attention=attention
-    )
+    engine = TargetEngine(target.model, [], cache_width(max(map(len, prompts)), steps), batch=len(prompts))
     sampling = Sampling(max_new_tokens=steps)
 
     def decode() -> float:
@@ -121,19 +107,8 @@ def decode_batch(target, questions: list[str], steps: int, variant: str, out: Pa
             torch.cuda.synchronize(dev)
         return time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    decode()  # the warm-up: the step's CUDA graph captured, its forward compiled first where asked
-    result = {
-        "variant": variant,
-        "compiled": engine.compiled,  # false where the compile failed (the eager forward ran)
-        "rows": len(prompts),
-        "cache_slots": engine.max_len,
-        "steps": steps,
-        "warmup_s": round(time.perf_counter() - t0, 1),
-        "wall_ms_per_step": round(1000 * decode() / steps, 3),
-    }
-    if out is None:
-        return result
+    decode()  # the warm-up: the step's CUDA graph captured
+    seconds = decode()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=activities) as prof:
         decode()
@@ -145,14 +120,17 @@ def decode_batch(target, questions: list[str], steps: int, variant: str, out: Pa
     )
     prof.export_chrome_trace(str(out / "synth_decode.json"))
     return {
-        **result,
+        "rows": len(prompts),
+        "cache_slots": engine.max_len,
+        "steps": steps,
+        "wall_ms_per_step": round(1000 * seconds / steps, 3),  # the prefill included, once
         "kernel_ms_per_step": round(sum(e.self_device_time_total for e in kernels) / 1000 / steps, 3),
         "kernels_per_step": round(len(kernels) / steps, 1),
         "table": str(out / "synth_decode.txt"),
     }
 
 
-def synth_pass(args: argparse.Namespace, convs: list[dict], compile_target: bool, sdpa: str | None = None) -> dict:
+def synth_pass(args: argparse.Namespace, convs: list[dict], sdpa: str | None = None) -> dict:
     """The prompts through `draftsmith synth` (a fresh output each pass): its rate and counters.
     `sdpa`: the SDPA backend tried first wherever it can run (the engine's graphs are captured
     under it; math where it cannot, e.g. the self-check's HF forward on CPU), e.g.
@@ -182,7 +160,6 @@ def synth_pass(args: argparse.Namespace, convs: list[dict], compile_target: bool
             batch_size=args.batch_size,
             cache=args.cache,
             generator=args.generator,
-            compile_target=compile_target,
             device=args.device,
             dtype=args.dtype,
         )
@@ -192,13 +169,12 @@ def synth_pass(args: argparse.Namespace, convs: list[dict], compile_target: bool
         progress = json.loads((synth_folder(out) / "progress.json").read_text())
         kept = read_records(out)
     return {
-        "compile_target": compile_target,
         "sdpa": sdpa or "torch's choice",
         "generated_tokens": progress["tokens"],
         "seconds": progress["elapsed_s"],
         "tok_per_s": progress["tok_per_s"],
         "conversations_per_s": progress["rate"],
-        "wall_s_with_load": round(wall, 1),  # the target's load and, compiled, the compile included
+        "wall_s_with_load": round(wall, 1),
         "kept": len(kept),
         "counters": progress["counters"],
     }
@@ -222,24 +198,8 @@ def main() -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--bar", type=float, default=20.0, help="required speed-up over single-stream generate")
-    ap.add_argument(
-        "--decode-variants",
-        default="",
-        help=f"also time one batch's decode steps on these engines, comma-separated ({', '.join(DECODE_VARIANTS)})",
-    )
-    ap.add_argument(
-        "--profile",
-        type=Path,
-        default=None,
-        help="profile each variant's batch into DIR/VARIANT (eager alone by default)",
-    )
+    ap.add_argument("--profile", type=Path, default=None, help="also profile one batch's decode steps into this folder")
     ap.add_argument("--profile-steps", type=int, default=64, help="decode steps of the timed and profiled batch")
-    ap.add_argument(
-        "--compile-target", action="store_true", help="synth --compile-target (the engine's forward compiled, GPU)"
-    )
-    ap.add_argument(
-        "--ab-compile", action="store_true", help="synth eager, with --compile-target, eager again, in this process"
-    )
     ap.add_argument(
         "--sdpa-variants",
         default="",
@@ -250,11 +210,10 @@ def main() -> None:
     args = ap.parse_args()
     from torch.nn.attention import SDPBackend
 
-    unknown = [v for v in args.decode_variants.split(",") if v and v not in DECODE_VARIANTS]
-    unknown += [b for b in args.sdpa_variants.split(",") if b and not hasattr(SDPBackend, b.upper())]
+    unknown = [b for b in args.sdpa_variants.split(",") if b and not hasattr(SDPBackend, b.upper())]
     if unknown:
         ap.error(
-            f"unknown variant(s) {', '.join(unknown)}: --decode-variants takes {', '.join(DECODE_VARIANTS)}; "
+            f"unknown variant(s) {', '.join(unknown)}: "
             "--sdpa-variants takes efficient_attention, cudnn_attention, flash_attention, math"
         )
     if args.smoke:
@@ -262,19 +221,9 @@ def main() -> None:
         args.device = args.device or "cpu"
 
     convs = read_conversations(args.prompts)[: args.num_prompts]
-    if args.ab_compile:  # eager, compiled, eager again: the drift between the two eager passes bounds the noise
-        passes = {
-            name: synth_pass(args, convs, c)
-            for name, c in (("eager", False), ("compiled", True), ("eager_again", False))
-        }
-        eager = (passes["eager"]["tok_per_s"] + passes["eager_again"]["tok_per_s"]) / 2
-        passes["compiled_over_eager"] = round(passes["compiled"]["tok_per_s"] / eager, 3)
-    else:
-        passes = {"synth": synth_pass(args, convs, args.compile_target)}
-    for backend in (
-        args.sdpa_variants.split(",") if args.sdpa_variants else []
-    ):  # the same prompts, eager, one backend each
-        passes[f"sdpa_{backend}"] = synth_pass(args, convs, False, backend)
+    passes = {"synth": synth_pass(args, convs)}
+    for backend in args.sdpa_variants.split(",") if args.sdpa_variants else []:  # the same prompts, one backend each
+        passes[f"sdpa_{backend}"] = synth_pass(args, convs, backend)
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     base = single_stream(
@@ -282,14 +231,10 @@ def main() -> None:
     )
     questions = [c["messages"][0]["content"] for c in convs]
     decode = None
-    variants = [v for v in args.decode_variants.split(",") if v] or (["eager"] if args.profile else [])
-    if variants:  # one batch of --batch-size rows (the prompts repeated if fewer), each variant in turn
+    if args.profile is not None:  # one batch of --batch-size rows (the prompts repeated if fewer)
         rows = (questions * args.batch_size)[: args.batch_size]
-        decode = {
-            v: decode_batch(target, rows, args.profile_steps, v, args.profile / v if args.profile else None)
-            for v in variants
-        }
-    synth_rate = passes.get("synth", passes.get("eager"))["tok_per_s"]
+        decode = profile_decode(target, rows, args.profile_steps, args.profile)
+    synth_rate = passes["synth"]["tok_per_s"]
     result = {
         "bench": "synth",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -307,10 +252,9 @@ def main() -> None:
         "batch_size": args.batch_size,
         "cache": args.cache,
         "generator": args.generator,
-        "compile_target": args.compile_target,
         **passes,
         "single_stream_generate": base,
-        "decode": decode,
+        "decode_profile": decode,
         "speedup": round(synth_rate / base["tok_per_s"], 2),
         "bar": args.bar,
     }

@@ -1,7 +1,6 @@
 """GPU checks of synth's batched static-KV generator (run with --run-gpu on a CUDA machine): the
 CUDA-graphed batched decoding gives HF `generate`'s greedy answers on the embedded default in
-fp32 (batches of 8 and 4 + 4 dummy rows), seeded sampling repeats, and the compiled forward
-(--compile-target), with SDPA or flex_attention, answers as the eager one."""
+fp32 (batches of 8 and 4 + 4 dummy rows), and seeded sampling repeats."""
 
 from __future__ import annotations
 
@@ -11,10 +10,8 @@ import pytest
 import torch
 
 from draftsmith.assets import GSM8K_TRAIN
-from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
-from draftsmith.synth.generate import cache_width, generate
-from draftsmith.synth.local import LocalBackend, encode
+from draftsmith.synth.local import LocalBackend
 from draftsmith.synth.turns import Request
 from draftsmith.target import load_target
 from tests.helpers import SMOLLM2
@@ -60,35 +57,3 @@ def test_graphed_sampling_is_seeded(target):
     hot = Sampling(0.8, 0.95, 50, 32, 3)
     a, b = (backend.generate(_requests(8), hot) for _ in range(2))
     assert [g.text for g in a] == [g.text for g in b]
-
-
-def test_compiled_engine_answers_as_the_eager_one(target):
-    """synth --compile-target: the engine's forward compiled with dynamic shapes inside its graphs
-    answers as the eager engine (fp32, greedy), over batches of two cache widths (short and long
-    prompts) without falling back to the eager forward."""
-    requests = _requests(16)
-    requests[8:] = [  # longer prompts: a second cache width for the same compiled forward
-        Request(f"long{i}/a0", messages=[{"role": "user", "content": r.messages[0]["content"] * 4}])
-        for i, r in enumerate(requests[8:])
-    ]
-    greedy = Sampling(0.0, 1.0, 0, 48, 0)
-    eager = LocalBackend(target, batch_size=8, generator="engine").generate(requests, greedy)
-    compiled = LocalBackend(target, batch_size=8, generator="engine", compile_target=True)
-    got = compiled.generate(requests, greedy)
-    assert compiled.engine.compiled and len(compiled.engine.graphs) == 2  # both widths graphed, still compiled
-    assert [g.text for g in got] == [g.text for g in eager]
-
-
-def test_compiled_flex_engine_answers_as_the_eager_one(target):
-    """The engine with flex_attention in place of SDPA, compiled with its forward (bench/synth_bench.py
-    --decode-variants compiled_flex), decodes a batch as the eager SDPA engine does (fp32, greedy)."""
-    backend = LocalBackend(target, batch_size=8, generator="engine")
-    prompts = [encode(backend.tokenizer, r, False) for r in _requests(8)]
-    slots = cache_width(max(map(len, prompts)), 48)
-    greedy = Sampling(0.0, 1.0, 0, 48, 0)
-    answers = {}
-    for compiled, attention in ((False, "sdpa"), (True, "flex")):
-        engine = TargetEngine(target.model, [], slots, batch=8, compile=compiled, dynamic=True, attention=attention)
-        answers[attention] = generate(engine, prompts, greedy, set(backend.stop), backend.pad, seed=0)
-        assert engine.compiled == compiled  # no fallback to the eager forward
-    assert answers["flex"] == answers["sdpa"]

@@ -10,6 +10,7 @@ from draftsmith.data.dataset import load_dataset
 from draftsmith.errors import UserError
 from draftsmith.pipeline.config import PipelineConfig
 from draftsmith.pipeline.run import check_common, parse_stages, plan_stages, run, stage_changes
+from draftsmith.synth.config import SynthConfig
 
 PAIRS = [
     {"prompt": "Name a prime number.", "response": "Seven is a prime number."},
@@ -102,6 +103,17 @@ def test_the_old_layers_key_still_works_with_a_warning(tmp_path, capsys):
     marker.write_text(json.dumps({"command": "extract", "config": recorded}))
     assert stage_changes(marker, planned[0].cfg) == []
     assert stage_changes(marker, planned[0].cfg.model_copy(update={"token_budget": 7})) == ["token_budget"]
+
+
+def test_a_removed_option_off_in_the_marker_is_no_change(tmp_path):
+    """synth's --compile-target is gone: a marker written while it existed, holding it off (as
+    the lease's carried synth answers do), is not a changed stage; one holding it on is."""
+    cfg = SynthConfig(prompts=tmp_path / "p.jsonl", out=tmp_path / "synth" / "c.jsonl")
+    marker = tmp_path / "synth.done"
+    for held, changed in ((False, []), (True, ["compile_target"])):
+        recorded = {**cfg.model_dump(mode="json"), "compile_target": held}
+        marker.write_text(json.dumps({"command": "synth", "config": recorded}))
+        assert stage_changes(marker, cfg) == changed
 
 
 def test_a_stage_whose_input_was_made_again_is_rerun(tmp_path, tiny_target_dir, capsys):

@@ -71,15 +71,6 @@ def test_graph_shaped_decode_equals_hf_generate(tiny_model, refs, monkeypatch):
     assert list(engine.graphs) == [(1, 64)]
 
 
-@pytest.mark.slow
-def test_flex_attention_decodes_as_sdpa(tiny_model, refs, monkeypatch):
-    """The engine's flex attention (`attention="flex"`, compiled with the forward on a GPU) gives
-    HF's greedy answers, through a graph's shapes: every slot of the width, padding masked."""
-    engine = TargetEngine(tiny_model, [], max_len=64, batch=4, attention="flex")
-    monkeypatch.setattr(engine, "graph", lambda t, width: engine.graphs.setdefault((t, width), engine._forward))
-    assert generate(engine, _prompts(), _greedy(20), set(), pad_id=0, seed=0) == refs
-
-
 def test_engine_without_aux_layers(engine):
     ids = torch.tensor([[5, 6, 7]] * 4)
     slots = torch.arange(3)

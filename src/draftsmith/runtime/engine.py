@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import sys
 import time
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -127,14 +127,7 @@ class TargetEngine:
     name = "fast"
 
     def __init__(
-        self,
-        model: nn.Module,
-        aux_layer_ids: list[int],
-        max_len: int,
-        batch: int = 1,
-        compile: bool = False,
-        dynamic: bool = False,
-        attention: Literal["sdpa", "flex"] = "sdpa",
+        self, model: nn.Module, aux_layer_ids: list[int], max_len: int, batch: int = 1, compile: bool = False
     ) -> None:
         check_supported(model)
         tc = text_config(model.config)
@@ -154,11 +147,7 @@ class TargetEngine:
         self.rotary_types = rotary_types(model)
         self.attn_cap = getattr(tc, "attn_logit_softcapping", None)  # Gemma-2's soft-caps, on the attention scores
         self.logit_cap = getattr(tc, "final_logit_softcapping", None)  # and on the logits
-        if attention == "flex" and self.attn_cap is not None:
-            raise ValueError("attention flex: this target soft-caps its attention scores, which only sdpa's path does")
-        self._attend = (
-            self._capped_attention if self.attn_cap is not None else self._flex if attention == "flex" else self._sdpa
-        )
+        self._attend = self._sdpa if self.attn_cap is None else self._capped_attention
         self._block = self._sandwich_block if is_sandwich(self.layers[0]) else self._prenorm_block
         self.window, self.sliding = sliding_layers(model)
         if self.window is not None and self.window >= max_len:  # no two positions of this cache are a window apart
@@ -175,8 +164,6 @@ class TargetEngine:
         self.row_graphs: dict[int, Graphed] = {}  # tokens -> graph of `rows_forward`
         self.compactions: dict[int, Graphed] = {}  # rows moved -> graph of `compact`
         self.compiled = compile and self.device.type == "cuda"  # each graph's forward torch.compiled first
-        # compiled for symbolic shapes (synth: every batch's cache width), else once per graph's shape (eval)
-        self.dynamic = dynamic
         self.capture_seconds = 0.0
 
     # -- the forward -----------------------------------------------------------------------
@@ -222,22 +209,6 @@ class TargetEngine:
     ) -> torch.Tensor:
         """q [B, nkv, g*T, hd]; k, v [B, nkv, S, hd]; mask [B, 1, g*T, S] -> [B, nkv, g*T, hd]."""
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-
-    @staticmethod
-    def _flex(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None
-    ) -> torch.Tensor:
-        """`_sdpa` through flex_attention, the mask read score by score: compiled with the forward,
-        its decoding kernel for short queries (synth's steps, `bench/synth_bench.py
-        --decode-variants`); eager, an unfused reference of the same result."""
-        from torch.nn.attention.flex_attention import flex_attention
-
-        def masked(
-            score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, i: torch.Tensor, j: torch.Tensor
-        ) -> torch.Tensor:
-            return torch.where(mask[b, 0, i, j], score, -float("inf"))
-
-        return flex_attention(q, k, v, score_mod=masked, scale=scale)
 
     def _capped_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None
@@ -470,13 +441,12 @@ class TargetEngine:
         self.capture_seconds += time.perf_counter() - t0
 
     def _capture(self, fn: Any, *example: torch.Tensor) -> Graphed:
-        """`fn` in a CUDA graph, compiled first (inductor: this shape only, or every shape with
-        `dynamic`) when `compiled`; a compile that fails leaves the engine uncompiled from then
-        on, the reason on stderr."""
+        """`fn` in a CUDA graph, compiled first (inductor, this shape only) when `compiled`; a
+        compile that fails leaves the engine uncompiled from then on, the reason on stderr."""
         if self.compiled:
-            try:  # without `dynamic`, every graph's shape is its own compile of the same forward: more than dynamo's default 8
+            try:  # every graph's shape is its own compile of the same forward: more than dynamo's default 8
                 with torch._dynamo.config.patch(recompile_limit=64):
-                    return Graphed(torch.compile(fn, dynamic=self.dynamic), *example)
+                    return Graphed(torch.compile(fn, dynamic=False), *example)
             except Exception as e:
                 print(
                     f"[engine] torch.compile of the target's forward failed ({type(e).__name__}: {str(e)[:200]}); "

@@ -169,10 +169,8 @@ class LocalBackend:
         cache: str = "dynamic",
         generator: str = "auto",
         completion: bool = False,
-        compile_target: bool = False,
     ) -> None:
         self.target, self.batch_size, self.cache, self.completion = target, batch_size, cache, completion
-        self.compile_target = compile_target  # the engine's forward compiled inside its graphs (CUDA)
         self.name = target.info.name
         self.tokenizer = target.tokenizer
         self.stop = stop_token_ids(target, completion)
@@ -221,8 +219,7 @@ class LocalBackend:
         if device.type == "cuda":
             torch.cuda.set_device(device)  # CUDA graphs capture and replay on the current device
             torch.cuda.empty_cache()
-        # compiled with dynamic shapes: one compile serves every (rows, cache slots) of the run
-        self.engine = TargetEngine(self.target.model, [], slots, batch=rows, compile=self.compile_target, dynamic=True)
+        self.engine = TargetEngine(self.target.model, [], slots, batch=rows)
 
     @torch.inference_mode()
     def _hf_generate(self, prompts: list[list[int]], sampling: Sampling, stop: set[int], seed: int) -> list[list[int]]:
