@@ -170,6 +170,38 @@ def median_ms(fn, device: torch.device, reps: int) -> float:
     return round(1000 * statistics.median(times[1:]), 3)
 
 
+def fuse_ab(target, prompts: list[list[int]], new_tokens: int, profile_dir: Path | None) -> dict:
+    """Plain decoding at batch 1 on the target engine as eval runs it (graphed; compiled on a GPU),
+    its projections unfused / fused (`TargetEngine(fuse=True)`: q/k/v and gate/up as one product
+    each, as vLLM runs them) / unfused again, in one process: ms a token each, the fused engine's
+    greedy tokens against the unfused one's, and with `profile_dir` a plain turn's kernels each."""
+    dev, graphs = target.device, target.device.type == "cuda"
+    max_len = max(map(len, prompts)) + new_tokens + 80
+    out: dict = {}
+    tokens: dict[bool, list[list[int]]] = {}
+    for name, fuse in (("unfused", False), ("fused", True), ("unfused_again", False)):
+        engine = TargetEngine(target.model, [], max_len, compile=graphs, fuse=fuse)
+        if graphs:
+            engine.graph_rows(1)
+        turns = [plain_generate(engine, p, new_tokens, set(), Sampling()) for p in [prompts[0], *prompts]][1:]
+        tokens.setdefault(fuse, [t.tokens for t in turns])
+        out[name] = {
+            "ms_per_token": round(1000 * sum(t.seconds for t in turns) / sum(len(t.tokens) - 1 for t in turns), 3),
+            "compiled": engine.compiled,
+        }
+        if profile_dir is not None:
+            out[name]["profile"] = profile_turn(
+                dev,
+                functools.partial(plain_generate, engine, prompts[0], new_tokens, set(), Sampling()),
+                profile_dir / f"plain_{name}",
+            )
+        del engine
+    out["fused_over_unfused"] = round(out["unfused"]["ms_per_token"] / out["fused"]["ms_per_token"], 3)
+    out["greedy_turns_equal"] = sum(a == b for a, b in zip(tokens[True], tokens[False], strict=True))
+    out["turns"] = len(prompts)
+    return out
+
+
 def cycle_breakdown(
     target,
     drafter_path: Path,
@@ -482,6 +514,11 @@ def main() -> None:
         action="store_true",
         help="--parts cycle: also the cycle with the target's forward compiled in its graphs (eval --compile-target)",
     )
+    ap.add_argument(
+        "--fuse-ab",
+        action="store_true",
+        help="--parts cycle: also plain decoding with the target's projections unfused / fused / unfused (fuse_ab)",
+    )
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: checks that the script runs")
     args = ap.parse_args()
     if args.smoke:
@@ -585,6 +622,9 @@ def main() -> None:
                 profile_dir=args.profile,
                 on_row=lambda rows, key=key: save({key: rows}),
             )
+        if args.fuse_ab:
+            result["fuse_ab"] = fuse_ab(target, prompts, args.plain_tokens, args.profile)
+            save()
         if args.compile_target:  # side by side in the same process: the compiled drafter step only
             result["cycle_target_compiled"] = cycle_breakdown(
                 target,

@@ -22,7 +22,8 @@
 #                 which vLLM has no place for; fixed in 060ff5a)
 #   cycle_profile a plain turn and the chain, adaptive-chain and tree cycles of that drafter, by part
 #                 and kernel by kernel (bench/eval_bench.py --profile: a torch.profiler table and trace
-#                 each): draftsmith's plain step was 2.04 ms on 2026-12-06 04:50, vLLM's 1.47
+#                 each): draftsmith's plain step was 2.04 ms on 2026-12-06 04:50, vLLM's 1.47; and
+#                 plain decoding with the projections fused, A-B-A (--fuse-ab)
 #   train_ab      train_online's rate on the run's prepared set, the capture eager / compiled / eager
 #                 (with --compile-capture 12-13 steps/s once compiled, 2026-12-05 16:40 and 22:56;
 #                 without it no rate but whole-run averages is on record)
@@ -117,8 +118,10 @@ step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --b
 # (synth's compiled and flex engines were measured on 2026-12-06 04:50, slower than eager, and removed)
 # a plain token's kernels against vLLM's (0.97 ms of a 1.47 ms step on 2026-12-06), and the tree cycle
 # by part and kernel, which the CPU work on issue 53 waits for
-step cycle_profile 240 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,chain_walk_sync,tree --profile "$R/profile" \
-  --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
+# then plain decoding with the target's projections fused (q/k/v, gate/up: vLLM's 4 GEMMs a layer against
+# the engine's 7) A-B-A, as eval runs it (compiled), each plain turn profiled
+step cycle_profile 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,chain_walk_sync,tree --profile "$R/profile" \
+  --fuse-ab --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
 # a random DFlash drafter in vLLM 0.26: its whole-vocabulary export ships no d2t since 060ff5a
 random_methods_vllm dflash
 # the run's whole prepared set (11,600 conversations; prepared here from the carried answers where the

@@ -215,3 +215,22 @@ def test_a_model_that_ignores_the_tree_mask_gets_no_generic_tree(tiny_model, mon
     real = HFEngine._run
     monkeypatch.setattr(HFEngine, "_run", lambda self, ids, pos, mask=None: real(self, ids, pos))
     assert "does not honour a 4-D attention mask" in generic_tree_problem(engine)
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral"])
+def test_fused_projections_decode_as_the_model(kind):
+    """`TargetEngine(fuse=True)` (q/k/v as one product, gate/up as another: bench/eval_bench.py
+    --fuse-ab) fuses every layer, gives the unfused engine's logits to float32 rounding, and
+    decodes greedily as the model's own `generate`, plain and speculative."""
+    model = tiny(kind)
+    fused = TargetEngine(model, aux_ids(model), 128, fuse=True)
+    plain = TargetEngine(model, aux_ids(model), 128)
+    assert all(f is not None for f in fused.qkv + fused.gate_up)
+    ids = torch.tensor(PROMPTS[1])
+    got, want = fused.prefill(ids)[0], plain.prefill(ids)[0]  # logits [T, V]
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+    drafter = DrafterProposer(random_drafter(model), Sampling(), fused.max_len, mode="chain", depth=3)
+    for prompt in PROMPTS:
+        ref = hf_greedy(model, prompt, NEW)
+        assert plain_generate(fused, prompt, NEW, set(), Sampling()).tokens == ref
+        assert spec_generate(fused, drafter, prompt, NEW, set(), Sampling()).tokens == ref

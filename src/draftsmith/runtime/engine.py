@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.errors import UserError
-from draftsmith.runtime.linear import prepacked
+from draftsmith.runtime.linear import PackedLinear, prepacked
 from draftsmith.target import base_model, decoder_layers, final_norm, text_config
 
 
@@ -95,6 +95,21 @@ def sliding_layers(model: nn.Module) -> tuple[int | None, list[bool]]:
     return (int(window) if any(sliding) else None), sliding
 
 
+def fused_linear(module: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The linear layers `names` of `module` as one: (weight [sum out, in], bias or None), a copy
+    of theirs concatenated; None where one is missing or not a linear layer (an nn.Linear or
+    runtime/linear.py's PackedLinear), where biases differ in presence, or where an MLP has no
+    act_fn."""
+    parts = [getattr(module, n, None) for n in names]
+    if not all(isinstance(p, (nn.Linear, PackedLinear)) for p in parts) or len({p.bias is None for p in parts}) != 1:
+        return None
+    if "gate_proj" in names and not callable(getattr(module, "act_fn", None)):
+        return None
+    weight = torch.cat([p.weight.detach() for p in parts])
+    bias = None if parts[0].bias is None else torch.cat([p.bias.detach() for p in parts])
+    return weight, bias
+
+
 class Graphed:
     """A function of fixed-shape tensors captured in a CUDA graph. Calling it copies the
     arguments into the static input buffers and replays; the outputs are static buffers too,
@@ -127,7 +142,13 @@ class TargetEngine:
     name = "fast"
 
     def __init__(
-        self, model: nn.Module, aux_layer_ids: list[int], max_len: int, batch: int = 1, compile: bool = False
+        self,
+        model: nn.Module,
+        aux_layer_ids: list[int],
+        max_len: int,
+        batch: int = 1,
+        compile: bool = False,
+        fuse: bool = False,
     ) -> None:
         check_supported(model)
         tc = text_config(model.config)
@@ -165,6 +186,13 @@ class TargetEngine:
         self.compactions: dict[int, Graphed] = {}  # rows moved -> graph of `compact`
         self.compiled = compile and self.device.type == "cuda"  # each graph's forward torch.compiled first
         self.capture_seconds = 0.0
+        # `fuse` (bench/eval_bench.py --fuse-ab, off until measured): per layer, q/k/v as one product and
+        # gate/up as another, as vLLM runs them (4 GEMMs a layer against 7), over a concatenated copy
+        # of those weights; layers whose MLP is not gate/up/down keep theirs
+        self.qkv = (
+            [fused_linear(layer.self_attn, ("q_proj", "k_proj", "v_proj")) for layer in self.layers] if fuse else []
+        )
+        self.gate_up = [fused_linear(layer.mlp, ("gate_proj", "up_proj")) for layer in self.layers] if fuse else []
 
     # -- the forward -----------------------------------------------------------------------
     def _attention(
@@ -184,9 +212,13 @@ class TargetEngine:
         the cache, and SDPA can take its memory-efficient kernel with the mask)."""
         attn = layer.self_attn
         b, t, _ = x.shape
-        q = attn.q_proj(x).view(b, t, -1, self.hd)  # [B, T, nh, hd]
-        k = attn.k_proj(x).view(b, t, -1, self.hd)  # [B, T, nkv, hd]
-        v = attn.v_proj(x).view(b, t, -1, self.hd).transpose(1, 2)  # [B, nkv, T, hd]
+        if self.qkv and self.qkv[i] is not None:  # one product [B, T, (nh + 2 nkv) hd], split
+            q, k, v = F.linear(x, *self.qkv[i]).split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], -1)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q = q.view(b, t, -1, self.hd)  # [B, T, nh, hd]
+        k = k.view(b, t, -1, self.hd)  # [B, T, nkv, hd]
+        v = v.view(b, t, -1, self.hd).transpose(1, 2)  # [B, nkv, T, hd]
         if getattr(attn, "q_norm", None) is not None:  # Qwen3-style per-head norms
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, n, T, hd]
@@ -222,13 +254,21 @@ class TargetEngine:
     def _prenorm_block(self, i: int, layer: nn.Module, h: torch.Tensor, *attn_args: torch.Tensor) -> torch.Tensor:
         """Decoder layer i on the residual h [B, T, H] (Llama & most): norm, sublayer, add."""
         h = h + self._attention(i, layer, layer.input_layernorm(h), *attn_args)
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return h + self._mlp(i, layer, layer.post_attention_layernorm(h))
 
     def _sandwich_block(self, i: int, layer: nn.Module, h: torch.Tensor, *attn_args: torch.Tensor) -> torch.Tensor:
         """Decoder layer i on the residual h [B, T, H] (Gemma-2/3): each sublayer's output is
         normed again before it joins the residual."""
         h = h + layer.post_attention_layernorm(self._attention(i, layer, layer.input_layernorm(h), *attn_args))
-        return h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
+        return h + layer.post_feedforward_layernorm(self._mlp(i, layer, layer.pre_feedforward_layernorm(h)))
+
+    def _mlp(self, i: int, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Layer i's MLP on x [B, T, H]: the model's own, or with `fuse` its gate and up as one
+        product [B, T, 2 I], halved."""
+        if not self.gate_up or self.gate_up[i] is None:
+            return layer.mlp(x)
+        gate, up = F.linear(x, *self.gate_up[i]).chunk(2, -1)  # [B, T, I] each
+        return layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
 
     def _rotary(self, h: torch.Tensor, pos: torch.Tensor, kind: str | None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B, 1, T, hd] at positions pos [B, T], for layers of type `kind` (`rotary_types`)."""
