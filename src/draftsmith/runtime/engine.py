@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.errors import UserError
-from draftsmith.runtime.linear import PackedLinear, prepacked
+from draftsmith.runtime.linear import fused_linear, prepacked
 from draftsmith.target import base_model, decoder_layers, final_norm, text_config
 
 
@@ -93,21 +93,6 @@ def sliding_layers(model: nn.Module) -> tuple[int | None, list[bool]]:
     window, types = getattr(tc, "sliding_window", None), getattr(tc, "layer_types", None)
     sliding = [False] * n if window is None else [t == "sliding_attention" for t in types] if types else [True] * n
     return (int(window) if any(sliding) else None), sliding
-
-
-def fused_linear(module: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """The linear layers `names` of `module` as one: (weight [sum out, in], bias or None), a copy
-    of theirs concatenated; None where one is missing or not a linear layer (an nn.Linear or
-    runtime/linear.py's PackedLinear), where biases differ in presence, or where an MLP has no
-    act_fn."""
-    parts = [getattr(module, n, None) for n in names]
-    if not all(isinstance(p, (nn.Linear, PackedLinear)) for p in parts) or len({p.bias is None for p in parts}) != 1:
-        return None
-    if "gate_proj" in names and not callable(getattr(module, "act_fn", None)):
-        return None
-    weight = torch.cat([p.weight.detach() for p in parts])
-    bias = None if parts[0].bias is None else torch.cat([p.bias.detach() for p in parts])
-    return weight, bias
 
 
 class Graphed:
@@ -189,10 +174,10 @@ class TargetEngine:
         # `fuse` (bench/eval_bench.py --fuse-ab, off until measured): per layer, q/k/v as one product and
         # gate/up as another, as vLLM runs them (4 GEMMs a layer against 7), over a concatenated copy
         # of those weights; layers whose MLP is not gate/up/down keep theirs
-        self.qkv = (
-            [fused_linear(layer.self_attn, ("q_proj", "k_proj", "v_proj")) for layer in self.layers] if fuse else []
-        )
-        self.gate_up = [fused_linear(layer.mlp, ("gate_proj", "up_proj")) for layer in self.layers] if fuse else []
+        self.qkv = [
+            fused_linear(layer.self_attn, ("q_proj", "k_proj", "v_proj")) if fuse else None for layer in self.layers
+        ]
+        self.gate_up = [fused_linear(layer.mlp, ("gate_proj", "up_proj")) if fuse else None for layer in self.layers]
 
     # -- the forward -----------------------------------------------------------------------
     def _attention(
@@ -212,7 +197,7 @@ class TargetEngine:
         the cache, and SDPA can take its memory-efficient kernel with the mask)."""
         attn = layer.self_attn
         b, t, _ = x.shape
-        if self.qkv and self.qkv[i] is not None:  # one product [B, T, (nh + 2 nkv) hd], split
+        if self.qkv[i] is not None:  # one product [B, T, (nh + 2 nkv) hd], split
             q, k, v = F.linear(x, *self.qkv[i]).split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], -1)
         else:
             q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
@@ -265,7 +250,7 @@ class TargetEngine:
     def _mlp(self, i: int, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Layer i's MLP on x [B, T, H]: the model's own, or with `fuse` its gate and up as one
         product [B, T, 2 I], halved."""
-        if not self.gate_up or self.gate_up[i] is None:
+        if self.gate_up[i] is None:
             return layer.mlp(x)
         gate, up = F.linear(x, *self.gate_up[i]).chunk(2, -1)  # [B, T, I] each
         return layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)

@@ -11,6 +11,9 @@ lm_head, the drafter of eval's proposer). Only float32 on a CPU with oneDNN is p
 else (GPU, bf16) gets `module` itself. The packed weights are a second copy of the weights, for
 as long as the copy lives; they are read when the copy is made, so make it after any change to
 the weights.
+
+`fused_linear(module, names)` is several of `module`'s linear layers as one product (the target
+engine's `fuse`: q/k/v, gate/up), over a concatenated copy of their weights.
 """
 
 from __future__ import annotations
@@ -53,3 +56,17 @@ def prepacked(module: nn.Module) -> nn.Module:
     clone = copy.copy(module)  # its __dict__ copied: the parameter and buffer dicts still shared
     clone._modules = {**module._modules, **children}
     return clone
+
+
+def fused_linear(module: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The linear layers `names` of `module` as one: (weight [sum out, in], bias or None), a copy
+    of theirs concatenated; None where one is missing or not a linear layer (an nn.Linear or a
+    PackedLinear), where biases differ in presence, or where an MLP has no act_fn."""
+    parts = [getattr(module, n, None) for n in names]
+    if not all(isinstance(p, (nn.Linear, PackedLinear)) for p in parts) or len({p.bias is None for p in parts}) != 1:
+        return None
+    if "gate_proj" in names and not callable(getattr(module, "act_fn", None)):
+        return None
+    weight = torch.cat([p.weight.detach() for p in parts])
+    bias = None if parts[0].bias is None else torch.cat([p.bias.detach() for p in parts])
+    return weight, bias
