@@ -21,6 +21,10 @@
 #   random_methods_vllm [METHOD...]  random EAGLE-3, P-EAGLE and DFlash drafters (or those named) of the target, served by
 #                                    vLLM through eval --engine vllm (that they run is the check: tau ~ 1),
 #                                    each engine's step by phase (--vllm-profile: weights do not change it)
+#   larger_target                    SmolLM2-1.7B's shapes with random weights (experiments/random_target.py)
+#                                    and a random drafter of them: vLLM's plain step and K=7 / K=3 cycle at
+#                                    batch 1 and 16, and draftsmith's at batch 1 (what a larger target does
+#                                    to each engine's cost of speculating: weights do not change the times)
 #   train_ab DATASET                 train_online's rate on DATASET (prepared) with the recipe's drafter,
 #                                    the target's capture eager, compiled (--compile-capture), eager again
 #                                    (bench/train_bench.py: tok/s and where a step's time goes, A-B-A)
@@ -142,6 +146,23 @@ PY
     step "${m}_vllm" 240 python3 -m draftsmith eval --target "$HF" --engine vllm --drafter "/root/runs/$m" --depth 7 \
       --num-questions 10 --max-new-tokens 128 --vllm-profile 200 --out "/root/runs/${m}_vllm"
   done
+}
+
+larger_target() {  # larger_target: each engine's plain step and cycle on a random 1.7B-shaped target
+  local t=/root/rand1p7b d=/root/runs/eagle3_1p7b
+  E_L=(--target "$t" --drafter "$d" --depth 7 --batch-size 1 --max-new-tokens 96)
+  step larger_make 180 bash -c "python3 experiments/random_target.py $t --shape 1.7b && python3 - $t $d <<'PY'
+import sys
+from draftsmith.draft.checkpoint import save_drafter
+from draftsmith.target import load_target
+from tests.helpers import random_drafter
+t = load_target(sys.argv[1], device='cpu', dtype='bf16')
+save_drafter(random_drafter(t.model, 32000, num_layers=2), sys.argv[2], target=t.info.to_dict())
+print('random EAGLE-3 drafter of the 1.7B shape saved')
+PY" &&
+    step larger_vllm 420 python3 -m draftsmith eval "${E_L[@]}" --engine vllm --num-questions 16 --sweep 7:16,3:1,3:16 \
+      --out /root/runs/larger_vllm &&
+    step larger_ds 240 python3 -m draftsmith eval "${E_L[@]}" --num-questions 8 --out /root/runs/larger_ds
 }
 
 train_ab() {  # train_ab DATASET: the recipe's train_online with and without --compile-capture, A-B-A, one process

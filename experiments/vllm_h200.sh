@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-# In this order: data+train, vllm_k753 (with ds_b1), cycle_profile, dflash_vllm, train_ab, ds_stop,
-# ds_b16, vllm_b16, capture_pair. A lease that carries the drafter of 2026-12-06 04:50 passes
+# In this order: data+train, vllm_k753 (with ds_b1), vllm_b16 and ds_b16, cycle_profile, larger_target,
+# dflash_vllm, train_ab, ds_stop, capture_pair. A lease that carries the drafter of 2026-12-06 04:50 passes
 # SKIP="vllm_k753 ds_b1" (steps.sh's step): that lease measured them.
 #   data+train    none where recipe_drafter.tgz.part* came along (restore_dir: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
@@ -29,8 +29,11 @@
 #                 without it no rate but whole-run averages is on record)
 #   ds_stop       the adaptive chain (K=7 stopping below 0.09) over the whole run: tau, drafts a
 #                 cycle, speed-up against ds_b1's fixed K=7
-#   ds_b16, vllm_b16, *_qs600   measured on 2026-12-05 22:56 (an H100), again where time is left:
-#                 batch 16 in both engines (vLLM also with all questions at once); 600 samples
+#   vllm_b16, ds_b16  batch 16 in both engines on MT-bench's 80 questions (vLLM at K=7 and 3, and K=7
+#                 with 64 and with all 80 at once); 30 questions at K=7 on 2026-12-05 22:56 (an H100)
+#   larger_target the plain step and cycle of each engine on SmolLM2-1.7B's shapes (random weights,
+#                 steps.sh): what the 135M target's small step does to the speed-ups
+#   *_qs600       where time is left: 600 samples
 #                 captured by transformers and by vLLM's stock connector, timed and compared
 #                 (steps.sh capture_pair; experiments/compare_stores.py)
 # MAGPIE (12000), STEPS (1200) and NQ (80 questions a pass) size the run for a shorter lease. On an H200
@@ -115,13 +118,19 @@ echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
   --sweep 5:1,3:1 --out /root/runs/vllm_k753
 step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
-# (synth's compiled and flex engines were measured on 2026-12-06 04:50, slower than eager, and removed)
+# batch 16 in both engines on MT-bench's 80 questions (vLLM also at K=3, and 64 and 80 at once): the
+# owed figures of issue 52 (batch 16 was measured on 2026-12-05 22:56 on 30 questions, at K=7 alone)
+E80=(--target "$HF" --mode chain --num-questions 80 --max-new-tokens 256 --drafter "$D" --depth 7 --batch-size 16)
+step vllm_b16 300 python3 -m draftsmith eval "${E80[@]}" --engine vllm --sweep 3:16,7:64 --out /root/runs/vllm_b16
+step ds_b16 200 python3 -m draftsmith eval "${E80[@]}" --out /root/runs/ds_b16
 # a plain token's kernels against vLLM's (0.97 ms of a 1.47 ms step on 2026-12-06), and the tree cycle
-# by part and kernel, which the CPU work on issue 53 waits for
-# then plain decoding with the target's projections fused (q/k/v, gate/up: vLLM's 4 GEMMs a layer against
-# the engine's 7) A-B-A, as eval runs it (compiled), each plain turn profiled
+# by part and kernel, which the CPU work on issue 53 waits for; then plain decoding with the target's
+# projections fused (q/k/v, gate/up: vLLM's 4 GEMMs a layer against the engine's 7) A-B-A, as eval
+# runs it (compiled), each plain turn profiled
 step cycle_profile 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,chain_walk,chain_walk_sync,tree --profile "$R/profile" \
   --fuse-ab --drafter "$D" --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
+# what a larger target changes: each engine's plain step and cycle on SmolLM2-1.7B's shapes
+larger_target
 # a random DFlash drafter in vLLM 0.26: its whole-vocabulary export ships no d2t since 060ff5a
 random_methods_vllm dflash
 # the run's whole prepared set (11,600 conversations; prepared here from the carried answers where the
@@ -133,10 +142,6 @@ random_methods_vllm dflash
 # computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
 step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --stop-below 0.09 --batch-size 1 \
   --out /root/runs/ds_stop
-# measured on 2026-12-05 22:56 (an H100); again where time is left, for the spread between leases
-step ds_b16 200 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 16 --out /root/runs/ds_b16
-step vllm_b16 300 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 16 \
-  --sweep 7:64 --out /root/runs/vllm_b16
 CONV=$Q/synth/conversations.jsonl
 [ -f "$CONV" ] || CONV=src/draftsmith/assets/gsm8k_train.jsonl
 capture_pair qs "$CONV" 600

@@ -73,9 +73,10 @@ SMOLLM2_135M_SHAPES = dict(
 
 
 def smollm2_shaped(seed: int = 0, **config) -> LlamaForCausalLM:
-    """A random-weight Llama of SMOLLM2_135M_SHAPES (fp32, eval mode); `config` adds to its config."""
+    """A random-weight Llama of SMOLLM2_135M_SHAPES (fp32, eval mode); `config` adds to its config
+    or overrides it."""
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M_SHAPES, **config)).eval()
+    return LlamaForCausalLM(LlamaConfig(**{**SMOLLM2_135M_SHAPES, **config})).eval()
 
 
 WINDOW = 8  # the sliding window of tiny_causal_lm's windowed models, shorter than the tests' contexts
