@@ -220,12 +220,17 @@ def test_a_model_that_ignores_the_tree_mask_gets_no_generic_tree(tiny_model, mon
 @pytest.mark.parametrize("kind", ["llama", "mistral"])
 def test_fused_projections_decode_as_the_model(kind):
     """`TargetEngine(fuse=True)` (q/k/v as one product, gate/up as another: bench/eval_bench.py
-    --fuse-ab) fuses every layer, gives the unfused engine's logits to float32 rounding, and
-    decodes greedily as the model's own `generate`, plain and speculative."""
+    --fuse-ab) fuses every layer, holds those weights once (the model's are views of the fused
+    ones), gives the unfused engine's logits to float32 rounding, and decodes greedily as the
+    model's own `generate`, plain and speculative. On a CPU the default is unfused."""
     model = tiny(kind)
     fused = TargetEngine(model, aux_ids(model), 128, fuse=True)
     plain = TargetEngine(model, aux_ids(model), 128)
     assert all(f is not None for f in fused.qkv + fused.gate_up)
+    assert all(q is None for q in plain.qkv + plain.gate_up)
+    for layer, (qkv, _), (gate_up, _) in zip(decoder_layers(model), fused.qkv, fused.gate_up, strict=True):
+        for w, whole in ((layer.self_attn.k_proj.weight, qkv), (layer.mlp.up_proj.weight, gate_up)):
+            assert w.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
     ids = torch.tensor(PROMPTS[1])
     got, want = fused.prefill(ids)[0], plain.prefill(ids)[0]  # logits [T, V]
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)

@@ -133,7 +133,7 @@ class TargetEngine:
         max_len: int,
         batch: int = 1,
         compile: bool = False,
-        fuse: bool = False,
+        fuse: bool | None = None,
     ) -> None:
         check_supported(model)
         tc = text_config(model.config)
@@ -171,9 +171,11 @@ class TargetEngine:
         self.compactions: dict[int, Graphed] = {}  # rows moved -> graph of `compact`
         self.compiled = compile and self.device.type == "cuda"  # each graph's forward torch.compiled first
         self.capture_seconds = 0.0
-        # `fuse` (bench/eval_bench.py --fuse-ab, off until measured): per layer, q/k/v as one product and
-        # gate/up as another, as vLLM runs them (4 GEMMs a layer against 7), over a concatenated copy
-        # of those weights; layers whose MLP is not gate/up/down keep theirs
+        # `fuse`: per layer, q/k/v as one product and gate/up as another, as vLLM runs them (4 GEMMs a
+        # layer against 7; their weights held once, runtime/linear.py); layers whose MLP is not
+        # gate/up/down keep theirs. None: on a GPU, where it made a plain step 1.21x faster (H100,
+        # bench/eval_bench.py --fuse-ab, 2026-12-06); on a CPU the prepacked separate products are faster
+        fuse = self.device.type == "cuda" if fuse is None else fuse
         self.qkv = [
             fused_linear(layer.self_attn, ("q_proj", "k_proj", "v_proj")) if fuse else None for layer in self.layers
         ]

@@ -13,7 +13,8 @@ as long as the copy lives; they are read when the copy is made, so make it after
 the weights.
 
 `fused_linear(module, names)` is several of `module`'s linear layers as one product (the target
-engine's `fuse`: q/k/v, gate/up), over a concatenated copy of their weights.
+engine's `fuse`: q/k/v, gate/up): their weights concatenated, and theirs made views of that
+tensor, so the model holds them once.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def prepacked(module: nn.Module) -> nn.Module:
 
 
 def fused_linear(module: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """The linear layers `names` of `module` as one: (weight [sum out, in], bias or None), a copy
-    of theirs concatenated; None where one is missing or not a linear layer (an nn.Linear or a
+    """The linear layers `names` of `module` as one: (weight [sum out, in], bias or None), theirs
+    concatenated, each layer's own weight and bias then a view of its rows (one copy in memory;
+    the values unchanged); None where one is missing or not a linear layer (an nn.Linear or a
     PackedLinear), where biases differ in presence, or where an MLP has no act_fn."""
     parts = [getattr(module, n, None) for n in names]
     if not all(isinstance(p, (nn.Linear, PackedLinear)) for p in parts) or len({p.bias is None for p in parts}) != 1:
@@ -69,4 +71,10 @@ def fused_linear(module: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tenso
         return None
     weight = torch.cat([p.weight.detach() for p in parts])
     bias = None if parts[0].bias is None else torch.cat([p.bias.detach() for p in parts])
+    rows = [p.weight.shape[0] for p in parts]
+    for p, w in zip(parts, weight.split(rows), strict=True):
+        p.weight.data = w  # [out_p, in]: contiguous rows of the fused weight
+    if bias is not None:
+        for p, b in zip(parts, bias.split(rows), strict=True):
+            p.bias.data = b
     return weight, bias
