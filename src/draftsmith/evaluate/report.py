@@ -72,6 +72,7 @@ class ReportMeta:
     drafter_compiled: bool | None = None  # draftsmith: the drafter step ran through torch.compile
     kv_cache_len: int | None = None  # draftsmith: the engine's KV cache length
     target_compiled: bool | None = None  # draftsmith: the target's forward ran through torch.compile
+    target_fused: bool | None = None  # draftsmith: q/k/v and gate/up ran as one product each (on a GPU)
     generic_engine_reason: str | None = None  # draftsmith: why the generic HF engine ran the target
     vllm: dict[str, Any] | None = None  # vllm: its version, the folder it served, its engine args, passes
     wall_seconds: float | None = None  # the whole run, set when it ends
@@ -218,7 +219,10 @@ def markdown(r: dict[str, Any]) -> str:
         f"# draftsmith eval: {r['mode']} on {r['bench']}, engine {r.get('engine', 'draftsmith')}",
         "",
         f"- target `{r['target']}`, drafter `{r['drafter']}`, device {r['device']} ({r['dtype']}), CUDA graphs {r['cuda_graphs']}, "
-        f"target engine {r.get('target_engine', 'fast')}{' (compiled)' if r.get('target_compiled') else ''}",
+        f"target engine {r.get('target_engine', 'fast')}"
+        + "".join(
+            f" ({w})" for w, on in (("compiled", r.get("target_compiled")), ("fused", r.get("target_fused"))) if on
+        ),
         f"- {r['questions']} questions, {r['turns']} turns, {r['tokens']} tokens, temperature {r['temperature']}, "
         f"max {r['max_new_tokens']} new tokens per turn, batch size {r.get('batch_size', 1)} (each row its own question; "
         "plain decoding at the same batch size)",

@@ -492,6 +492,7 @@ def report_meta(
         kv_cache_len=d.max_len,
         target_engine=engine.name,
         target_compiled=engine.compiled,
+        target_fused=engine.fused,
         generic_engine_reason=engine.reason if isinstance(engine, HFEngine) else None,
         capture_seconds=round(engine.capture_seconds, 3),
         warmup_seconds=round(warmup_s, 3),

@@ -180,6 +180,7 @@ class TargetEngine:
             fused_linear(layer.self_attn, ("q_proj", "k_proj", "v_proj")) if fuse else None for layer in self.layers
         ]
         self.gate_up = [fused_linear(layer.mlp, ("gate_proj", "up_proj")) if fuse else None for layer in self.layers]
+        self.fused = any(f is not None for f in self.qkv + self.gate_up)
 
     # -- the forward -----------------------------------------------------------------------
     def _attention(

@@ -61,6 +61,7 @@ class HFEngine:
 
     name = "generic"
     compiled = False  # no graphs, nothing compiled (TargetEngine's flag)
+    fused = False  # the model's own projections (TargetEngine's flag)
 
     def __init__(self, model: nn.Module, aux_layer_ids: list[int], max_len: int, reason: str = "") -> None:
         self.model, self.aux_layer_ids, self.max_len, self.reason = model, list(aux_layer_ids), max_len, reason
