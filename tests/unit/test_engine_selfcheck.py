@@ -239,3 +239,20 @@ def test_fused_projections_decode_as_the_model(kind):
         ref = hf_greedy(model, prompt, NEW)
         assert plain_generate(fused, prompt, NEW, set(), Sampling()).tokens == ref
         assert spec_generate(fused, drafter, prompt, NEW, set(), Sampling()).tokens == ref
+
+
+def test_fusion_leaves_what_is_not_a_plain_linear_layer():
+    """A layer whose q_proj is a subclass of nn.Linear (a quantised layer's shape) keeps its
+    separate products, and so does one whose k_proj weight has another dtype; the MLPs fuse."""
+
+    class Quantised(torch.nn.Linear):
+        pass
+
+    model = tiny("llama").to(torch.bfloat16)  # bf16: no layer prepacked (runtime/linear.py)
+    attn0, attn1 = (layer.self_attn for layer in decoder_layers(model)[:2])
+    q = attn0.q_proj
+    attn0.q_proj = Quantised(q.in_features, q.out_features, bias=q.bias is not None, dtype=torch.bfloat16)
+    attn1.k_proj.to(torch.float32)
+    engine = TargetEngine(model, aux_ids(model), 64, fuse=True)
+    assert engine.qkv == [None, None]
+    assert all(f is not None for f in engine.gate_up)

@@ -63,9 +63,13 @@ def fused_linear(module: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tenso
     """The linear layers `names` of `module` as one: (weight [sum out, in], bias or None), theirs
     concatenated, each layer's own weight and bias then a view of its rows (one copy in memory;
     the values unchanged); None where one is missing or not a linear layer (an nn.Linear or a
-    PackedLinear), where biases differ in presence, or where an MLP has no act_fn."""
+    PackedLinear; not a subclass, such as a quantised layer, whose weight is not the product's),
+    where their weights differ in dtype or device, where biases differ in presence, or where an
+    MLP has no act_fn."""
     parts = [getattr(module, n, None) for n in names]
-    if not all(isinstance(p, (nn.Linear, PackedLinear)) for p in parts) or len({p.bias is None for p in parts}) != 1:
+    if not all(type(p) in (nn.Linear, PackedLinear) for p in parts):
+        return None
+    if len({(p.weight.dtype, p.weight.device, p.bias is None) for p in parts}) != 1:
         return None
     if "gate_proj" in names and not callable(getattr(module, "act_fn", None)):
         return None
