@@ -8,6 +8,7 @@ fails. GPU synth refuses or avoids the fast engine for the failing ones."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -256,3 +257,27 @@ def test_fusion_leaves_what_is_not_a_plain_linear_layer():
     engine = TargetEngine(model, aux_ids(model), 64, fuse=True)
     assert engine.qkv == [None, None]
     assert all(f is not None for f in engine.gate_up)
+
+
+def test_compiled_forward_writes_the_kv_cache_in_place():
+    """The target's forward compiled by inductor (eval's compiled target, here its CPU backend)
+    writes each layer's new keys and values into the cache in place: it allocates no buffer of a
+    cache layer's shape. The KV write as `scatter_` was compiled into an out-of-place scatter and a
+    copy of the whole layer's cache back, two of them a layer (11.4 ms of a 16 ms step at 1,024
+    rows on an H100)."""
+    from torch._inductor.utils import run_and_get_code
+
+    model = make_tiny_llama(V).to(torch.bfloat16)  # bf16: no prepacked layer, which inductor cannot lower
+    engine = TargetEngine(model, [], 96, batch=2)
+    ids = torch.zeros(2, 1, dtype=torch.long)
+    pos = torch.zeros(2, 1, dtype=torch.long)
+    with torch.no_grad():
+        _, code = run_and_get_code(
+            torch.compile(engine._forward, dynamic=False),
+            ids,
+            pos,
+            pos,
+            engine.causal_mask(0, 1)[None].repeat(2, 1, 1, 1),
+        )
+    layer = ", ".join(map(str, engine.k_cache[0].shape))  # B, nkv, max_len, hd
+    assert not re.search(rf"empty_strided_\w+\(\({layer}\)", "".join(code))

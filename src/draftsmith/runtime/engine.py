@@ -212,9 +212,13 @@ class TargetEngine:
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, n, T, hd]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        at = slots[:, None, :, None].expand(b, self.nkv, t, self.hd)  # [B, nkv, T, hd]: each row's own slots
-        self.k_cache[i].scatter_(2, at, k)
-        self.v_cache[i].scatter_(2, at, v)
+        # each row's tokens into its own slots, written in place: as index_put (which inductor's
+        # reinplacing keeps in place) rather than scatter, which a compiled forward turned into an
+        # out-of-place scatter and a copy of the layer's whole cache back (11.4 ms of a 16 ms
+        # synth step at 1,024 rows, H100, experiments/LOG.md 2026-12-06 04:50)
+        rows = torch.arange(b, device=x.device)[:, None].expand(b, t)  # [B, T]
+        self.k_cache[i][rows, :, slots] = k.transpose(1, 2)  # [B, T, nkv, hd] at [b, :, slots[b, j]]
+        self.v_cache[i][rows, :, slots] = v.transpose(1, 2)
         s, g = mask.shape[-1], self.nh // self.nkv
         q = q.reshape(b, self.nkv, g * t, self.hd)  # [B, nkv, g*T, hd]: head h = kv head h//g, as in GQA
         o = self._attend(
