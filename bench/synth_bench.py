@@ -15,6 +15,9 @@ captures its graph: once timed (the wall ms a step), once under torch.profiler: 
 
     python bench/synth_bench.py --target ... --batch-size 1024 --profile runs/synth_prof
 
+--decode-compiled profiles the same batch again with the step's forward compiled inside its graph
+(eval's compiled target): eager and compiled decode steps side by side.
+
 --sdpa-variants efficient_attention,cudnn_attention adds a synth pass per SDPA backend that the
 engine's attention tries first (the step's attention ran cuDNN's kernel).
 
@@ -82,11 +85,13 @@ def single_stream(target, questions: list[str], max_new_tokens: int) -> dict:
     }
 
 
-def profile_decode(target, questions: list[str], steps: int, out: Path) -> dict:
+def profile_decode(target, questions: list[str], steps: int, out: Path, compile: bool = False) -> dict:
     """One batch of `questions` (one row each) decoded for `steps` steps through synth's own
     `generate`, with no stop ids (every row runs every step): a warm-up batch that captures the
     step's graph, one timed batch, and one under torch.profiler. Returns the wall ms a step (the
-    prefill included, once), the kernels' ms and count a step, and where the table and trace went."""
+    prefill included, once), the kernels' ms and count a step, and where the table and trace went.
+    `compile`: the step's forward compiled inside its graph (`TargetEngine(compile=True)`, as eval's
+    compiled target), its files named synth_decode_compiled.*."""
     from torch.profiler import ProfilerActivity, profile
 
     dev = target.device
@@ -95,7 +100,10 @@ def profile_decode(target, questions: list[str], steps: int, out: Path) -> dict:
         encode(backend.tokenizer, Request(f"p{i}", [{"role": "user", "content": q}]), False)
         for i, q in enumerate(questions)
     ]
-    engine = TargetEngine(target.model, [], cache_width(max(map(len, prompts)), steps), batch=len(prompts))
+    engine = TargetEngine(
+        target.model, [], cache_width(max(map(len, prompts)), steps), batch=len(prompts), compile=compile
+    )
+    name = "synth_decode_compiled" if compile else "synth_decode"
     sampling = Sampling(max_new_tokens=steps)
 
     def decode() -> float:
@@ -107,7 +115,7 @@ def profile_decode(target, questions: list[str], steps: int, out: Path) -> dict:
             torch.cuda.synchronize(dev)
         return time.perf_counter() - t0
 
-    decode()  # the warm-up: the step's CUDA graph captured
+    decode()  # the warm-up: the step's CUDA graph captured (and its forward compiled)
     seconds = decode()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=activities) as prof:
@@ -115,18 +123,17 @@ def profile_decode(target, questions: list[str], steps: int, out: Path) -> dict:
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     out.mkdir(parents=True, exist_ok=True)
     sort = "self_device_time_total" if kernels else "self_cpu_time_total"
-    (out / "synth_decode.txt").write_text(
-        prof.key_averages().table(sort_by=sort, row_limit=60, max_name_column_width=90)
-    )
-    prof.export_chrome_trace(str(out / "synth_decode.json"))
+    (out / f"{name}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=60, max_name_column_width=90))
+    prof.export_chrome_trace(str(out / f"{name}.json"))
     return {
+        "compiled": engine.compiled,  # False where the compile failed (the engine's line on stderr says why)
         "rows": len(prompts),
         "cache_slots": engine.max_len,
         "steps": steps,
         "wall_ms_per_step": round(1000 * seconds / steps, 3),  # the prefill included, once
         "kernel_ms_per_step": round(sum(e.self_device_time_total for e in kernels) / 1000 / steps, 3),
         "kernels_per_step": round(len(kernels) / steps, 1),
-        "table": str(out / "synth_decode.txt"),
+        "table": str(out / f"{name}.txt"),
     }
 
 
@@ -205,6 +212,12 @@ def main() -> None:
         default="",
         help="also a pass per SDPA backend, comma-separated (efficient_attention, cudnn_attention, math)",
     )
+    ap.add_argument(
+        "--decode-compiled",
+        action="store_true",
+        help="with --profile: the same batch again with the step's forward compiled (eval's compiled target), "
+        "eager and compiled side by side",
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 8 prompts, 16 new tokens, batch 4")
     ap.add_argument("--out-json", type=Path, default=Path("bench_synth.json"))
     args = ap.parse_args()
@@ -234,6 +247,8 @@ def main() -> None:
     if args.profile is not None:  # one batch of --batch-size rows (the prompts repeated if fewer)
         rows = (questions * args.batch_size)[: args.batch_size]
         decode = profile_decode(target, rows, args.profile_steps, args.profile)
+        if args.decode_compiled:
+            decode = {"eager": decode, "compiled": profile_decode(target, rows, args.profile_steps, args.profile, True)}
     synth_rate = passes["synth"]["tok_per_s"]
     result = {
         "bench": "synth",

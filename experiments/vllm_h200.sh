@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-# In this order: data+train, vllm_k753 (with ds_b1), vllm_b16 and ds_b16, cycle_profile, larger_target,
-# dflash_vllm, train_ab, ds_stop, capture_pair. A lease that carries the drafter of 2026-12-06 04:50 passes
+# In this order: data+train, vllm_k753 (with ds_b1), vllm_b16 and ds_b16, synth_decode, cycle_profile,
+# larger_target, dflash_vllm, train_ab, ds_stop, capture_pair. A lease that carries the drafter of 2026-12-06 04:50 passes
 # SKIP="vllm_k753 ds_b1" (steps.sh's step): that lease measured them.
 #   data+train    none where recipe_drafter.tgz.part* came along (restore_dir: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
@@ -31,6 +31,8 @@
 #                 cycle, speed-up against ds_b1's fixed K=7
 #   vllm_b16, ds_b16  batch 16 in both engines on MT-bench's 80 questions (vLLM at K=7 and 3, and K=7
 #                 with 64 and with all 80 at once); 30 questions at K=7 on 2026-12-05 22:56 (an H100)
+#   synth_decode  synth's decode step at 1,024 rows, eager and with the forward compiled
+#                 (bench/synth_bench.py --decode-compiled), each profiled
 #   larger_target the plain step and cycle of each engine on SmolLM2-1.7B's shapes (random weights,
 #                 steps.sh): what the 135M target's small step does to the speed-ups
 #   *_qs600       where time is left: 600 samples
@@ -123,6 +125,10 @@ step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --b
 E80=(--target "$HF" --mode chain --num-questions 80 --max-new-tokens 256 --drafter "$D" --depth 7 --batch-size 16)
 step vllm_b16 300 python3 -m draftsmith eval "${E80[@]}" --engine vllm --sweep 3:16,7:64 --out /root/runs/vllm_b16
 step ds_b16 200 python3 -m draftsmith eval "${E80[@]}" --out /root/runs/ds_b16
+# synth's decode step of 1,024 rows eager and compiled (the KV write in place since the compiled step's
+# whole-cache copies, 11.4 ms of 24.8, on 2026-12-06 04:50): the lever for the quickstart's synthesis
+step synth_decode 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
+  --profile "$R/synth_prof" --decode-compiled --out-json "$R/synth_decode.json"
 # a plain token's kernels against vLLM's (0.97 ms of a 1.47 ms step on 2026-12-06), and the tree cycle
 # by part and kernel, which the CPU work on issue 53 waits for; then plain decoding with the target's
 # projections fused (q/k/v, gate/up: vLLM's 4 GEMMs a layer against the engine's 7) A-B-A, as eval
