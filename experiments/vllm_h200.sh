@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-# In this order: data+train, vllm_k753 (with ds_b1), vllm_b16 and ds_b16, synth_decode, cycle_profile,
+# In this order: data+train, gpu_tests, vllm_k753 (with ds_b1), vllm_b16 and ds_b16, synth_decode, cycle_profile,
 # larger_target, dflash_vllm, train_ab, ds_stop, capture_pair. A lease that carries the drafter of 2026-12-06 04:50 passes
 # SKIP="vllm_k753 ds_b1" (steps.sh's step): that lease measured them.
 #   data+train    none where recipe_drafter.tgz.part* came along (restore_dir: the drafter a
@@ -12,6 +12,8 @@
 #                 synthesis through vLLM proved too slow to leave time to train): the recipe's first
 #                 two synth sets, prepare, vocab and a train_online of STEPS steps with
 #                 --compile-capture (again without it if that fails)
+#   gpu_tests     the eval engine's GPU tests (tests/gpu/test_eval_gpu.py: graphed and compiled forwards,
+#                 graphed speculative decoding as plain) on a random target of the default's shape
 #   vllm_k753     eval --engine vllm, K=7, 5 and 3 at batch 1 (and K=7 with every question at once),
 #                 one plain pass (second: K=7's speed-up is known once two engines ran); no
 #                 --vllm-profile (each engine's profile was taken on 2026-12-06 01:37, and with it
@@ -115,6 +117,12 @@ PY
   pack_dir recipe_drafter "$D"
 fi
 echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
+# the eval engine's GPU tests first (graphed and compiled forwards as eager, graphed speculative decoding as
+# plain), on a random target of the default's shape in fp32: the KV write became an in-place index_put
+# after their last run (2026-12-06 08:31, H100: 7 passed)
+python3 experiments/random_target.py /root/rand135m >> "$R/steps.log" 2>&1
+DRAFTSMITH_TEST_TARGET=/root/rand135m step gpu_tests 300 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
+  -p no:cacheprovider -k "graphed_forward_equals_eager or graphed_spec_equals_plain or graphed_batch_equals or compiled_target"
 # the owed figures first: vLLM at batch 1 and K = 7, 5, 3 with the trained drafter, beside draftsmith's
 # batch 1 (the lease of 2026-12-05 22:56 measured batch 16 in both engines and reached neither of these)
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
