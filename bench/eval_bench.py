@@ -170,31 +170,36 @@ def median_ms(fn, device: torch.device, reps: int) -> float:
     return round(1000 * statistics.median(times[1:]), 3)
 
 
+def plain_decoding(engine: TargetEngine, prompts: list[list[int]], new_tokens: int, profile: Path | None) -> tuple:
+    """Plain decoding of `prompts` at batch 1 on `engine` (its one-token graph captured on a GPU; a
+    warm-up turn first): each turn's tokens, and {"ms_per_token"; with `profile`, "profile": one
+    more turn's kernels (`profile_turn`) into that path}."""
+    if engine.device.type == "cuda":
+        engine.graph_rows(1)
+    turns = [plain_generate(engine, p, new_tokens, set(), Sampling()) for p in [prompts[0], *prompts]][1:]
+    out: dict = {"ms_per_token": round(1000 * sum(t.seconds for t in turns) / sum(len(t.tokens) - 1 for t in turns), 3)}
+    if profile is not None:
+        out["profile"] = profile_turn(
+            engine.device, functools.partial(plain_generate, engine, prompts[0], new_tokens, set(), Sampling()), profile
+        )
+    return [t.tokens for t in turns], out
+
+
 def fuse_ab(target, prompts: list[list[int]], new_tokens: int, profile_dir: Path | None) -> dict:
     """Plain decoding at batch 1 on the target engine as eval runs it (graphed; compiled on a GPU),
     its projections unfused / fused (`TargetEngine(fuse=True)`: q/k/v and gate/up as one product
     each, as vLLM runs them) / unfused again, in one process: ms a token each, the fused engine's
     greedy tokens against the unfused one's, and with `profile_dir` a plain turn's kernels each."""
-    dev, graphs = target.device, target.device.type == "cuda"
     max_len = max(map(len, prompts)) + new_tokens + 80
     out: dict = {}
     tokens: dict[bool, list[list[int]]] = {}
     for name, fuse in (("unfused", False), ("fused", True), ("unfused_again", False)):
-        engine = TargetEngine(target.model, [], max_len, compile=graphs, fuse=fuse)
-        if graphs:
-            engine.graph_rows(1)
-        turns = [plain_generate(engine, p, new_tokens, set(), Sampling()) for p in [prompts[0], *prompts]][1:]
-        tokens.setdefault(fuse, [t.tokens for t in turns])
-        out[name] = {
-            "ms_per_token": round(1000 * sum(t.seconds for t in turns) / sum(len(t.tokens) - 1 for t in turns), 3),
-            "compiled": engine.compiled,
-        }
-        if profile_dir is not None:
-            out[name]["profile"] = profile_turn(
-                dev,
-                functools.partial(plain_generate, engine, prompts[0], new_tokens, set(), Sampling()),
-                profile_dir / f"plain_{name}",
-            )
+        engine = TargetEngine(target.model, [], max_len, compile=target.device.type == "cuda", fuse=fuse)
+        turns, out[name] = plain_decoding(
+            engine, prompts, new_tokens, profile_dir / f"plain_{name}" if profile_dir is not None else None
+        )
+        out[name]["compiled"] = engine.compiled
+        tokens.setdefault(fuse, turns)
         del engine
     out["fused_over_unfused"] = round(out["unfused"]["ms_per_token"] / out["fused"]["ms_per_token"], 3)
     out["greedy_turns_equal"] = sum(a == b for a, b in zip(tokens[True], tokens[False], strict=True))
@@ -223,23 +228,16 @@ def cycle_breakdown(
     graphs = dev.type == "cuda"
     max_len = max(map(len, prompts)) + new_tokens + 80
     engine = TargetEngine(model, drafter.config.aux_layer_ids, max_len, compile=compile_target)
-    if graphs:
-        engine.graph_rows(1)
-    plain = [plain_generate(engine, p, new_tokens, set(), Sampling()) for p in [prompts[0], *prompts]][
-        1:
-    ]  # a warm-up first
+    # a plain token's kernels with `profile_dir`: vLLM's plain step ran 0.97 ms of them (H200, 2026-12-06)
+    profile = profile_dir / f"plain{'_target_compiled' if compile_target else ''}" if profile_dir is not None else None
+    _, plain = plain_decoding(engine, prompts, new_tokens, profile)
     out: dict = {
         "prompts": len(prompts),
         "new_tokens": new_tokens,
         "target_compiled": engine.compiled,
-        "plain_ms_per_token": round(1000 * sum(t.seconds for t in plain) / sum(len(t.tokens) - 1 for t in plain), 3),
+        "plain_ms_per_token": plain["ms_per_token"],
+        **({"plain_profile": plain["profile"]} if "profile" in plain else {}),
     }
-    if profile_dir is not None:  # a plain token's kernels: vLLM's plain step ran 0.97 ms of them (H200, 2026-12-06)
-        out["plain_profile"] = profile_turn(
-            dev,
-            functools.partial(plain_generate, engine, prompts[0], new_tokens, set(), Sampling()),
-            profile_dir / f"plain{'_target_compiled' if compile_target else ''}",
-        )
     for name, shape in shapes.items():
         for compiled in compile_modes:
             sampling = Sampling(

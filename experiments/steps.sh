@@ -150,7 +150,7 @@ PY
 
 larger_target() {  # larger_target: each engine's plain step and cycle on a random 1.7B-shaped target
   local t=/root/rand1p7b d=/root/runs/eagle3_1p7b
-  E_L=(--target "$t" --drafter "$d" --depth 7 --batch-size 1 --max-new-tokens 96)
+  local E_L=(--target "$t" --drafter "$d" --depth 7 --batch-size 1 --max-new-tokens 96)
   step larger_make 180 bash -c "python3 experiments/random_target.py $t --shape 1.7b && python3 - $t $d <<'PY'
 import sys
 from draftsmith.draft.checkpoint import save_drafter

@@ -164,6 +164,7 @@ class TargetEngine:
             (2, len(self.layers), batch, self.nkv, max_len, self.hd), device=self.device, dtype=self.dtype
         )
         self.k_cache, self.v_cache = list(self.kv[0]), list(self.kv[1])  # per layer [B, nkv, max_len, hd]: views
+        self.row_ids = torch.arange(batch, device=self.device)[:, None]  # [B, 1]: each row's index into them
         # with a window: the position of the token in each cache slot, written by every forward
         self.slot_pos = torch.zeros(batch, max_len, dtype=torch.long, device=self.device) if self.window else None
         self.graphs: dict[tuple[int, int], Graphed] = {}  # (tokens, cache slots attended) -> graph
@@ -214,9 +215,9 @@ class TargetEngine:
         k = k * cos + rotate_half(k) * sin
         # each row's tokens into its own slots, written in place: as index_put (which inductor's
         # reinplacing keeps in place) rather than scatter, which a compiled forward turned into an
-        # out-of-place scatter and a copy of the layer's whole cache back (11.4 ms of a 16 ms
-        # synth step at 1,024 rows, H100, experiments/LOG.md 2026-12-06 04:50)
-        rows = torch.arange(b, device=x.device)[:, None].expand(b, t)  # [B, T]
+        # out-of-place scatter and a copy of the layer's whole cache back (11.4 ms of the compiled
+        # 24.8 ms synth step at 1,024 rows, H100, experiments/LOG.md 2026-12-06 04:50)
+        rows = self.row_ids[:b]  # [B, 1], broadcast against slots [B, T]
         self.k_cache[i][rows, :, slots] = k.transpose(1, 2)  # [B, T, nkv, hd] at [b, :, slots[b, j]]
         self.v_cache[i][rows, :, slots] = v.transpose(1, 2)
         s, g = mask.shape[-1], self.nh // self.nkv
