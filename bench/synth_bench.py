@@ -221,6 +221,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 8 prompts, 16 new tokens, batch 4")
     ap.add_argument("--out-json", type=Path, default=Path("bench_synth.json"))
     args = ap.parse_args()
+    if args.decode_compiled and args.profile is None:
+        ap.error("--decode-compiled profiles the decode batch a second time: add --profile DIR")
     from torch.nn.attention import SDPBackend
 
     unknown = [b for b in args.sdpa_variants.split(",") if b and not hasattr(SDPBackend, b.upper())]
