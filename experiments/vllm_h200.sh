@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-# In this order: data+train, gpu_tests, vllm_k753 (with ds_b1), vllm_b16 and ds_b16, synth_decode, cycle_profile,
-# larger_target, dflash_vllm, train_ab, ds_stop, capture_pair. A lease that carries the drafter of 2026-12-06 04:50 passes
+# In this order: data+train, gpu_tests, synth_decode, train_ab, vllm_k753 (with ds_b1), ds_stop, vllm_b16 and
+# ds_b16, cycle_profile, larger_target, dflash_vllm, capture_pair (synth_decode and train_ab first since
+# 2026-12-06 10:30: the quickstart's two levers, which two leases in a row did not reach).
+# A lease that carries the drafter of 2026-12-06 04:50 passes
 # SKIP="vllm_k753 ds_b1" (steps.sh's step): that lease measured them.
 #   data+train    none where recipe_drafter.tgz.part* came along (restore_dir: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
@@ -123,20 +125,29 @@ echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
 python3 experiments/random_target.py /root/rand135m >> "$R/steps.log" 2>&1
 DRAFTSMITH_TEST_TARGET=/root/rand135m step gpu_tests 300 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
   -p no:cacheprovider -k "graphed_forward_equals_eager or graphed_spec_equals_plain or graphed_batch_equals or compiled_target"
+# synth's decode step of 1,024 rows eager and compiled (the KV write in place since the compiled step's
+# whole-cache copies, 11.4 ms of 24.8, on 2026-12-06 04:50): the lever for the quickstart's synthesis
+step synth_decode 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
+  --profile "$R/synth_prof" --decode-compiled --out-json "$R/synth_decode.json"
+# the run's whole prepared set (11,600 conversations; prepared here from the carried answers where the
+# drafter was carried: its prepare stage alone, about 10 s)
+[ -d "$Q/prepare" ] || [ ! -f "$Q/.pipeline/magpie.done" ] ||
+  step prepare_qs 120 python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m --only prepare
+[ -d "$Q/prepare" ] && train_ab "$Q/prepare"
 # the owed figures first: vLLM at batch 1 and K = 7, 5, 3 with the trained drafter, beside draftsmith's
 # batch 1 (the lease of 2026-12-05 22:56 measured batch 16 in both engines and reached neither of these)
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
   --sweep 5:1,3:1 --out /root/runs/vllm_k753
 step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
+# the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
+# computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
+step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --stop-below 0.09 --batch-size 1 \
+  --out /root/runs/ds_stop
 # batch 16 in both engines on MT-bench's 80 questions (vLLM also at K=3, and 64 and 80 at once): the
 # owed figures of issue 52 (batch 16 was measured on 2026-12-05 22:56 on 30 questions, at K=7 alone)
 E80=(--target "$HF" --mode chain --num-questions 80 --max-new-tokens 256 --drafter "$D" --depth 7 --batch-size 16)
 step vllm_b16 300 python3 -m draftsmith eval "${E80[@]}" --engine vllm --sweep 3:16,7:64 --out /root/runs/vllm_b16
 step ds_b16 200 python3 -m draftsmith eval "${E80[@]}" --out /root/runs/ds_b16
-# synth's decode step of 1,024 rows eager and compiled (the KV write in place since the compiled step's
-# whole-cache copies, 11.4 ms of 24.8, on 2026-12-06 04:50): the lever for the quickstart's synthesis
-step synth_decode 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
-  --profile "$R/synth_prof" --decode-compiled --out-json "$R/synth_decode.json"
 # a plain token's kernels against vLLM's (0.97 ms of a 1.47 ms step on 2026-12-06), and the tree cycle
 # by part and kernel, which the CPU work on issue 53 waits for; then plain decoding with the target's
 # projections fused (q/k/v, gate/up: vLLM's 4 GEMMs a layer against the engine's 7) A-B-A, as eval
@@ -147,15 +158,6 @@ step cycle_profile 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes 
 larger_target
 # a random DFlash drafter in vLLM 0.26: its whole-vocabulary export ships no d2t since 060ff5a
 random_methods_vllm dflash
-# the run's whole prepared set (11,600 conversations; prepared here from the carried answers where the
-# drafter was carried: its prepare stage alone, about 10 s)
-[ -d "$Q/prepare" ] || [ ! -f "$Q/.pipeline/magpie.done" ] ||
-  step prepare_qs 120 python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m --only prepare
-[ -d "$Q/prepare" ] && train_ab "$Q/prepare"
-# the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
-# computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
-step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --stop-below 0.09 --batch-size 1 \
-  --out /root/runs/ds_stop
 CONV=$Q/synth/conversations.jsonl
 [ -f "$CONV" ] || CONV=src/draftsmith/assets/gsm8k_train.jsonl
 capture_pair qs "$CONV" 600
