@@ -1,7 +1,8 @@
 """`draftsmith eval --batch-size N`: rows that each decode their own question (multi-turn, the
 last batch filled up), greedy answers equal to plain decoding's and to batch 1's, sampling at
 temperature 1 with its own plain pass, and the batch size in the report; `--kernel-check`:
-plain decoding through the verification forward's shape, against plain decoding."""
+plain decoding through the verification forward's shape, against plain decoding; `--fuse-target`:
+the target's projections fused, the same answers in float32."""
 
 from __future__ import annotations
 
@@ -66,6 +67,20 @@ def test_batches_answer_as_batch_one(setup, mode):
         r["verify_shape_turns_matching_plain"] == r["verify_shape_turns_checked"] == 6
     )  # fp32: that shape rounds alike
     assert one["report"]["verify_shape_turns_checked"] == 0  # only with --kernel-check
+
+
+def test_fused_target_answers_as_the_unfused_one(setup):
+    """--fuse-target (the GPU default; off on a CPU) fuses the engine's q/k/v and gate/up products:
+    in float32 the same greedy answers, speculative and plain alike; the report and run.yaml say
+    which engine ran."""
+    unfused = evaluate(setup, "unfused", "--depth", "3", "--batch-size", "2")
+    fused = evaluate(setup, "fused", "--depth", "3", "--batch-size", "2", "--fuse-target")
+    assert fused["ids"] == unfused["ids"]
+    assert fused["report"]["target_fused"] is True and unfused["report"]["target_fused"] is False
+    assert fused["report"]["greedy_turns_matching_plain"] == fused["report"]["greedy_turns_checked"] == 6
+    _, _, tmp = setup
+    assert "fuse_target: true" in (tmp / "fused" / "run.yaml").read_text()
+    assert "fuse_target: false" in (tmp / "unfused" / "run.yaml").read_text()  # the CPU default, resolved
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 
 from draftsmith.errors import UserError
 from draftsmith.evaluate.questions import load_questions, turn_prompt
-from draftsmith.evaluate.report import acceptance, build_report, markdown, plot
+from draftsmith.evaluate.report import acceptance, build_report, greedy_check_note, markdown, plot
 
 
 def test_mt_bench_and_jsonl_formats(tmp_path, tokenizer):
@@ -123,3 +123,15 @@ def test_a_speed_up_above_tau_is_flagged_as_noise(tmp_path):
     noisy = summary_line({**base, "tau": 1.0, "speedup": 1.83}, tmp_path)  # the probe's busy-CPU run
     assert "noisy timing" in noisy and "cannot come from the drafter" in noisy
     assert "noisy" not in summary_line({**base, "tau": 3.4, "speedup": 2.47}, tmp_path)
+
+
+def test_the_greedy_check_says_why_turns_differ():
+    """The report's greedy-check line: nothing when every turn matches; a fault in fp32; bf16
+    rounding otherwise, naming the fused projections where the engine ran them."""
+    base = {"greedy_turns_checked": 4, "greedy_turns_matching_plain": 4, "dtype": "bfloat16", "engine": "draftsmith"}
+    assert greedy_check_note(base) == ""
+    differ = {**base, "greedy_turns_matching_plain": 1}
+    assert "fault" in greedy_check_note({**differ, "dtype": "float32"})
+    assert "rounding" in greedy_check_note(differ) and "--no-fuse-target" not in greedy_check_note(differ)
+    assert "--no-fuse-target" in greedy_check_note({**differ, "target_fused": True})
+    assert "vLLM" in greedy_check_note({**differ, "engine": "vllm", "target_fused": None})

@@ -33,6 +33,7 @@ def vllm_present(monkeypatch):
         ({"depth": "auto"}, "--depth auto"),
         ({"kernel_check": True}, "--kernel-check"),
         ({"compile_target": True}, "--compile-target"),
+        ({"fuse_target": False}, "--fuse-target"),
         ({"device": "cpu"}, "--device"),
     ],
 )

