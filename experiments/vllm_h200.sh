@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-# In this order: data+train, gpu_tests, synth_decode, train_ab, vllm_k753 (with ds_b1), ds_stop, vllm_b16 and
-# ds_b16, cycle_profile, larger_target, dflash_vllm, capture_pair (synth_decode and train_ab first since
-# 2026-12-06 10:30: the quickstart's two levers, which two leases in a row did not reach).
-# A lease that carries the drafter of 2026-12-06 04:50 passes
-# SKIP="vllm_k753 ds_b1" (steps.sh's step): that lease measured them.
+# In this order: data+train, gpu_tests, synth_decode, train_ab, vllm_k753 (with ds_b1), ds_stop,
+# vllm_b16 and ds_b16 (fused and unfused, each with --kernel-check), cycle_profile, larger_target,
+# dflash_vllm, capture_pair (synth_decode and train_ab first since 2026-12-06 10:30: the
+# quickstart's two levers, which two leases in a row did not reach).
+# A lease that carries the drafter of 2026-12-06 04:50 skips what the leases since measured:
+# SKIP="vllm_k753 vllm_b16 cycle_profile larger_make larger_vllm larger_ds gpu_tests synth_decode
+# train_ab ds_stop" (steps.sh's step names), leaving ds_b1, ds_b16 fused and unfused, dflash_vllm
+# and capture_pair. The quickstart's whole run, timed, is SHORT=0 CC=1 (about 25 minutes alone).
 #   data+train    none where recipe_drafter.tgz.part* came along (restore_dir: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
 #                 `pipeline`, train_online with --compile-capture if CC=1), timed by stage, its answers
@@ -147,7 +150,10 @@ step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 -
 # owed figures of issue 52 (batch 16 was measured on 2026-12-05 22:56 on 30 questions, at K=7 alone)
 E80=(--target "$HF" --mode chain --num-questions 80 --max-new-tokens 256 --drafter "$D" --depth 7 --batch-size 16)
 step vllm_b16 300 python3 -m draftsmith eval "${E80[@]}" --engine vllm --sweep 3:16,7:64 --out /root/runs/vllm_b16
-step ds_b16 200 python3 -m draftsmith eval "${E80[@]}" --out /root/runs/ds_b16
+step ds_b16 200 python3 -m draftsmith eval "${E80[@]}" --kernel-check --out /root/runs/ds_b16
+# the same unfused: how many greedy turns the fused products' rounding changes (40 of 160 equal to
+# plain fused, 160 unfused, on 2026-12-06 10:30 and 07:55), and each engine's rate in one lease
+step ds_b16_unfused 200 python3 -m draftsmith eval "${E80[@]}" --no-fuse-target --kernel-check --out /root/runs/ds_b16_unfused
 # a plain token's kernels against vLLM's (0.97 ms of a 1.47 ms step on 2026-12-06), and the tree cycle
 # by part and kernel, which the CPU work on issue 53 waits for; then plain decoding with the target's
 # projections fused (q/k/v, gate/up: vLLM's 4 GEMMs a layer against the engine's 7) A-B-A, as eval
