@@ -19,7 +19,8 @@ captures its graph: once timed (the wall ms a step), once under torch.profiler: 
 (eval's compiled target): eager and compiled decode steps side by side.
 
 --sdpa-variants efficient_attention,cudnn_attention adds a synth pass per SDPA backend that the
-engine's attention tries first (the step's attention ran cuDNN's kernel).
+engine's attention tries first (the step's attention ran cuDNN's kernel). --fuse-ab adds a pass
+with the target's projections unfused and one fused (synth --no-fuse-target / --fuse-target).
 
 Prints one JSON object and writes it to --out-json.
 """
@@ -137,11 +138,12 @@ def profile_decode(target, questions: list[str], steps: int, out: Path, compile:
     }
 
 
-def synth_pass(args: argparse.Namespace, convs: list[dict], sdpa: str | None = None) -> dict:
+def synth_pass(args: argparse.Namespace, convs: list[dict], sdpa: str | None = None, fuse: bool | None = None) -> dict:
     """The prompts through `draftsmith synth` (a fresh output each pass): its rate and counters.
     `sdpa`: the SDPA backend tried first wherever it can run (the engine's graphs are captured
     under it; math where it cannot, e.g. the self-check's HF forward on CPU), e.g.
-    efficient_attention; None: torch's own choice."""
+    efficient_attention; None: torch's own choice. `fuse`: synth's --fuse-target (None: its
+    default, fused on a GPU)."""
     from contextlib import nullcontext
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -169,6 +171,7 @@ def synth_pass(args: argparse.Namespace, convs: list[dict], sdpa: str | None = N
             generator=args.generator,
             device=args.device,
             dtype=args.dtype,
+            fuse_target=fuse,
         )
         t0 = time.perf_counter()
         run(cfg)
@@ -177,6 +180,7 @@ def synth_pass(args: argparse.Namespace, convs: list[dict], sdpa: str | None = N
         kept = read_records(out)
     return {
         "sdpa": sdpa or "torch's choice",
+        "fuse_target": "default" if fuse is None else fuse,
         "generated_tokens": progress["tokens"],
         "seconds": progress["elapsed_s"],
         "tok_per_s": progress["tok_per_s"],
@@ -218,6 +222,11 @@ def main() -> None:
         help="with --profile: the same batch again with the step's forward compiled (eval's compiled target), "
         "eager and compiled side by side",
     )
+    ap.add_argument(
+        "--fuse-ab",
+        action="store_true",
+        help="after the first pass (synth's default engine), the same prompts unfused, then fused, in this process",
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 8 prompts, 16 new tokens, batch 4")
     ap.add_argument("--out-json", type=Path, default=Path("bench_synth.json"))
     args = ap.parse_args()
@@ -239,6 +248,9 @@ def main() -> None:
     passes = {"synth": synth_pass(args, convs)}
     for backend in args.sdpa_variants.split(",") if args.sdpa_variants else []:  # the same prompts, one backend each
         passes[f"sdpa_{backend}"] = synth_pass(args, convs, backend)
+    if args.fuse_ab:  # --fuse-target off and on, each a whole pass (its load and graphs included)
+        passes["unfused"] = synth_pass(args, convs, fuse=False)
+        passes["fused"] = synth_pass(args, convs, fuse=True)
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     base = single_stream(

@@ -6,9 +6,10 @@
 # dflash_vllm, capture_pair (synth_decode and train_ab first since 2026-12-06 10:30: the
 # quickstart's two levers, which two leases in a row did not reach).
 # A lease that carries the drafter of 2026-12-06 04:50 skips what the leases since measured:
-# SKIP="vllm_k753 vllm_b16 cycle_profile larger_make larger_vllm larger_ds gpu_tests synth_decode
-# train_ab ds_stop" (steps.sh's step names), leaving ds_b1, ds_b16 fused and unfused, dflash_vllm
-# and capture_pair. The quickstart's whole run, timed, is SHORT=0 CC=1 (about 25 minutes alone).
+# SKIP="vllm_k753 vllm_b16 cycle_profile larger_make larger_vllm larger_ds gpu_tests train_ab
+# ds_stop" (steps.sh's step names), leaving synth_decode (with --fuse-ab: the whole synth pass fell
+# from 49.8k to 32.9k tok/s between 05:06 and 10:35 with the same decode step), ds_b1, ds_b16 fused
+# and unfused, dflash_vllm and capture_pair. The quickstart's whole run, timed, is SHORT=0 CC=1 (about 25 minutes alone).
 #   data+train    none where recipe_drafter.tgz.part* came along (restore_dir: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
 #                 `pipeline`, train_online with --compile-capture if CC=1), timed by stage, its answers
@@ -129,9 +130,10 @@ python3 experiments/random_target.py /root/rand135m >> "$R/steps.log" 2>&1
 DRAFTSMITH_TEST_TARGET=/root/rand135m step gpu_tests 300 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
   -p no:cacheprovider -k "graphed_forward_equals_eager or graphed_spec_equals_plain or graphed_batch_equals or compiled_target"
 # synth's decode step of 1,024 rows eager and compiled (the KV write in place since the compiled step's
-# whole-cache copies, 11.4 ms of 24.8, on 2026-12-06 04:50): the lever for the quickstart's synthesis
+# whole-cache copies, 11.4 ms of 24.8, on 2026-12-06 04:50): the lever for the quickstart's synthesis;
+# and whole synth passes unfused and fused (--fuse-ab)
 step synth_decode 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
-  --profile "$R/synth_prof" --decode-compiled --out-json "$R/synth_decode.json"
+  --profile "$R/synth_prof" --decode-compiled --fuse-ab --out-json "$R/synth_decode.json"
 # the run's whole prepared set (11,600 conversations; prepared here from the carried answers where the
 # drafter was carried: its prepare stage alone, about 10 s)
 [ -d "$Q/prepare" ] || [ ! -f "$Q/.pipeline/magpie.done" ] ||

@@ -100,6 +100,17 @@ def _chat(q: str) -> Request:
     return Request(f"{q}/a0", messages=[{"role": "user", "content": q}])
 
 
+def test_fused_engine_generates_as_the_unfused_one(tiny_target):
+    """synth --fuse-target (the GPU default; off on a CPU): the engine's q/k/v and gate/up as one
+    product each, the same greedy answers in float32."""
+    requests = [_chat(q) for q in ("hi", "What is two plus two?", "Tell me a story about owls.")]
+    unfused = LocalBackend(tiny_target, batch_size=3, generator="engine")
+    fused = LocalBackend(tiny_target, batch_size=3, generator="engine", fuse=True)
+    want, got = unfused.generate(requests, _greedy(8)), fused.generate(requests, _greedy(8))
+    assert fused.engine.fused and not unfused.engine.fused
+    assert [g.text for g in got] == [g.text for g in want]
+
+
 @pytest.mark.slow
 def test_backend_picks_and_reuses_the_engine(tiny_target, tokenizer, monkeypatch):
     assert LocalBackend(tiny_target).use_engine  # auto: the engine on CPU too

@@ -87,3 +87,7 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
         "dynamic",
         description="Local backend with --generator hf: KV cache; static preallocates it and pads prompts to a multiple of 64.",
     )
+    fuse_target: bool | None = Field(
+        None,
+        description="Local backend's engine: the target's q/k/v and gate/up products as one product each (as eval's --fuse-target); default on for GPU, off on CPU.",
+    )

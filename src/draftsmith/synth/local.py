@@ -169,8 +169,10 @@ class LocalBackend:
         cache: str = "dynamic",
         generator: str = "auto",
         completion: bool = False,
+        fuse: bool | None = None,
     ) -> None:
         self.target, self.batch_size, self.cache, self.completion = target, batch_size, cache, completion
+        self.fuse = fuse  # the engine's fused projections (`TargetEngine`; None: on for a GPU)
         self.name = target.info.name
         self.tokenizer = target.tokenizer
         self.stop = stop_token_ids(target, completion)
@@ -219,7 +221,7 @@ class LocalBackend:
         if device.type == "cuda":
             torch.cuda.set_device(device)  # CUDA graphs capture and replay on the current device
             torch.cuda.empty_cache()
-        self.engine = TargetEngine(self.target.model, [], slots, batch=rows)
+        self.engine = TargetEngine(self.target.model, [], slots, batch=rows, fuse=self.fuse)
 
     @torch.inference_mode()
     def _hf_generate(self, prompts: list[list[int]], sampling: Sampling, stop: set[int], seed: int) -> list[list[int]]:

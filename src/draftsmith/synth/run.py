@@ -104,7 +104,8 @@ def build_backend(cfg: SynthConfig, world: int, local_rank: int, magpie: bool = 
     if device is None and world > 1 and torch.cuda.is_available():
         device = f"cuda:{local_rank}"
     target = load_target(cfg.target, device=device, dtype=cfg.dtype, chat_template=cfg.chat_template, shard=cfg.shard)
-    return LocalBackend(target, cfg.batch_size, cfg.cache, cfg.generator, cfg.completion), target.tokenizer
+    backend = LocalBackend(target, cfg.batch_size, cfg.cache, cfg.generator, cfg.completion, cfg.fuse_target)
+    return backend, target.tokenizer
 
 
 def resume_key(work: Work, generation: dict[str, Any], model: str) -> str:
