@@ -98,7 +98,7 @@ class EvalConfig(CommandConfig, TargetOptions):
     )
     fuse_target: bool | None = Field(
         None,
-        description="Run the target's q/k/v and gate/up products as one product each, as vLLM does; default on for GPU (a plain step 1.2x faster), off on CPU. In bf16 the fused products round differently by row count, so fewer greedy turns equal plain decoding; --no-fuse-target for the closest check.",
+        description="The target's q/k/v and gate/up as one product each, as vLLM runs them; default on for GPU (docs/eval.md).",
     )
     sweep: list[str] = Field(
         [],

@@ -89,5 +89,5 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
     )
     fuse_target: bool | None = Field(
         None,
-        description="Local backend's engine: the target's q/k/v and gate/up products as one product each (as eval's --fuse-target); default on for GPU, off on CPU.",
+        description="Local engine: the target's q/k/v and gate/up as one product each (as eval's); default on for GPU.",
     )
