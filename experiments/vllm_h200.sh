@@ -9,10 +9,11 @@
 # SKIP="vllm_k753 vllm_b16 cycle_profile larger_make larger_vllm larger_ds gpu_tests train_ab
 # ds_stop" (steps.sh's step names), leaving synth_decode (with --fuse-ab: the whole synth pass fell
 # from 49.8k to 32.9k tok/s between 05:06 and 10:35 with the same decode step), ds_b1, ds_b16 fused
-# and unfused, dflash_vllm and capture_pair. The quickstart's whole run, timed, is SHORT=0 CC=1 (about 25 minutes alone).
+# and unfused, dflash_vllm and capture_pair. The quickstart's whole run, timed, is SHORT=0 (about 25
+# minutes alone; CC=0 without the recipe's --compile-capture).
 #   data+train    none where recipe_drafter.tgz.part* came along (restore_dir: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
-#                 `pipeline`, train_online with --compile-capture if CC=1), timed by stage, its answers
+#                 `pipeline`, train_online's --compile-capture as the recipe has it, off with CC=0), timed by stage, its answers
 #                 and drafter packed for the next lease (about 15 parts of 15 MB: fetch_results.sh
 #                 brings three a call); SHORT=1 (the lease of 2026-12-05 05:16, once quickstart's
 #                 synthesis through vLLM proved too slow to leave time to train): the recipe's first
@@ -104,14 +105,14 @@ elif [ "${SHORT:-1}" = 1 ]; then
   pack_drafter short_drafter "$D/drafter"  # 4 parts: the next lease carries them and skips the training
 else
   # quickstart's full budget (README command 1's stages, read from the packaged recipe as quickstart
-  # reads them), train_online's capture compiled with CC=1; its answers and drafter packed for the
+  # reads them; the recipe compiles train_online's capture, CC=0 turns that off); its answers and drafter packed for the
   # next lease, which then measures that drafter in vLLM without training (restore_dir above)
-  python3 - "${CC:-0}" > /root/full.yaml <<'PY'
+  python3 - "${CC:-1}" > /root/full.yaml <<'PY'
 import sys
 import yaml
 from draftsmith.pipeline.quickstart import budget_stages
 stages = [
-    {command: {"name": name, **options, **({"compile_capture": True} if name == "train_online" and sys.argv[1] == "1" else {})}}
+    {command: {"name": name, **options, **({"compile_capture": False} if name == "train_online" and sys.argv[1] == "0" else {})}}
     for name, command, options in budget_stages("full")
 ]
 print(yaml.safe_dump({"stages": stages}, sort_keys=False))

@@ -372,6 +372,44 @@ def test_compile_capture_is_refused_where_nothing_is_captured_packed(dataset, ti
         OnlineSource(ds, target.model, [0, 1, 2], 2048, 2048, compile=True)
 
 
+def test_a_capture_compile_that_fails_falls_back_to_the_eager_capture(dataset, tiny_target_dir, monkeypatch, capsys):
+    """--compile-capture (the recipe's): where the compile fails on its first call, the capture
+    goes on eagerly with the same states and one line saying why; a failure after the compiled
+    capture has run is raised, not hidden."""
+    from draftsmith.runtime.capture import CompiledCapture, capture
+
+    target = load_target(str(tiny_target_dir), "cpu", "fp32")
+    ds = load_dataset(dataset)
+    eager = OnlineSource(ds, target.model, [0, 1, 2], 2048, 2048)
+    want = eager.samples([0, 1, 2])
+
+    def fails(self, ids, pos):
+        raise RuntimeError("inductor: no compiler here")
+
+    monkeypatch.setattr(CompiledCapture, "__call__", fails)
+    source = OnlineSource(ds, target.model, [0, 1, 2], 2048, 2048, compile=True)
+    for _ in range(2):  # the second call goes straight to the eager capture
+        got = source.samples([0, 1, 2])
+        for g, w in zip(got, want, strict=True):  # the first row padded to the compiled width: fp32 rounding
+            assert torch.allclose(g["aux"], w["aux"], atol=1e-5) and torch.allclose(g["final"], w["final"], atol=1e-5)
+    assert source.compiled is None
+    assert capsys.readouterr().out.count("the capture's compile failed (RuntimeError: inductor: no compiler here)") == 1
+
+    calls = []
+
+    def fails_later(self, ids, pos):  # the first row compiles and runs, the next fails
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("out of memory")
+        return capture(target.model, ids, None, [0, 1, 2], pos, None)
+
+    monkeypatch.setattr(CompiledCapture, "__call__", fails_later)
+    source = OnlineSource(ds, target.model, [0, 1, 2], 2048, 2048, compile=True)
+    source.samples([0])
+    with pytest.raises(RuntimeError, match="out of memory"):
+        source.samples([1])
+
+
 def test_for_engine_sglang_trains_a_drafter_that_sglang_serves(dataset, tiny_target_dir, tmp_path):
     """The defaults (fc_norm, norm_output) are off, and export --engine sglang for an SGLang before
     0.5.12 takes the drafter that it refuses without the option."""

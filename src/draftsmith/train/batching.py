@@ -177,6 +177,7 @@ class OnlineSource:
                 "captured packed; leave --compile-capture out"
             )
         self.compiled = CompiledCapture(model, aux_layer_ids, attention) if compile else None
+        self.compiled_once = False  # the compiled capture has run: a failure after it is not the compile's
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -220,16 +221,34 @@ class OnlineSource:
             ids[r, : sum(lengths)] = torch.cat([items[i]["input_ids"][:n] for i, n in zip(g, lengths, strict=True)])
             pos[r] = packed_positions(lengths + tail)
         ids, pos = ids.to(self.device), pos.to(self.device)
-        if self.compiled is None:  # all rows in one forward: aux [G, W, n*H], final [G, W, H]
+        states = self._compiled_rows(ids, pos) if self.compiled is not None else None
+        if states is None:  # all rows in one forward: aux [G, W, n*H], final [G, W, H]
             aux, final = capture(self.model, ids, None, self.aux_layer_ids, pos, self.attention)
             states = list(zip(aux, final, strict=True))  # per row: [W, n*H], [W, H]
-        else:  # one [1, W] row at a time: the compiled forward's one shape
-            states = [tuple(x[0] for x in self.compiled(ids[r : r + 1], pos[r : r + 1])) for r in range(len(groups))]
         for (aux_r, final_r), g, lengths in zip(states, groups, sizes, strict=True):
             start = 0
             for i, n in zip(g, lengths, strict=True):
                 out[i] = self._sample(items[i], n, aux_r[start : start + n], final_r[start : start + n])
                 start += n
+
+    def _compiled_rows(self, ids: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, ...]] | None:
+        """Each [1, W] row of ids, pos [G, W] through the compiled forward (its one shape): per row
+        aux [W, n*H], final [W, H]. A compile that fails (its first call) leaves the capture eager
+        from then on, the reason on stdout, and returns None; a later failure is raised."""
+        try:
+            states = [tuple(x[0] for x in self.compiled(ids[r : r + 1], pos[r : r + 1])) for r in range(len(ids))]
+        except Exception as e:  # dynamo's and inductor's errors have no common base
+            if self.compiled_once:
+                raise
+            print(
+                f"[train] --compile-capture: the capture's compile failed ({type(e).__name__}: {str(e)[:200]}); "
+                "capturing eagerly instead (the same states, slower)",
+                flush=True,
+            )
+            self.compiled = None
+            return None
+        self.compiled_once = True
+        return states
 
     def _capture_padded(self, chosen: list[int], items: dict, out: dict) -> None:
         width = max(int(self.lengths[i]) for i in chosen)
