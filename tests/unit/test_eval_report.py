@@ -116,13 +116,17 @@ def test_report_speedup_and_categories(tmp_path):
     assert (tmp_path / "acceptance.png").stat().st_size > 0 and (tmp_path / "tau.png").stat().st_size > 0
 
 
-def test_a_speed_up_above_tau_is_flagged_as_noise(tmp_path):
+def test_a_speed_up_above_tau_is_flagged_as_noise_and_one_below_1_gets_a_hint(tmp_path):
     from draftsmith.evaluate.report import summary_line
 
     base = {"mode": "chain", "questions": 3, "tokens": 96, "spec_tok_per_s": 18.3, "plain_tok_per_s": 10.0}
     noisy = summary_line({**base, "tau": 1.0, "speedup": 1.83}, tmp_path)  # the probe's busy-CPU run
     assert "noisy timing" in noisy and "cannot come from the drafter" in noisy
     assert "noisy" not in summary_line({**base, "tau": 3.4, "speedup": 2.47}, tmp_path)
+    slower = {**base, "tau": 3.05, "speedup": 0.92, "batch_size": 16, "engine": "draftsmith", "depth_requested": 7}
+    assert "slower than plain decoding at batch 16: --depth auto" in summary_line(slower, tmp_path)
+    assert "--sweep 3:16" in summary_line({**slower, "engine": "vllm"}, tmp_path)
+    assert "slower" not in summary_line({**slower, "speedup": 1.13}, tmp_path)
 
 
 def test_the_greedy_check_says_why_turns_differ():

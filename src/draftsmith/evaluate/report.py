@@ -350,7 +350,20 @@ def summary_line(r: dict[str, Any], out: Path) -> str:
             f" [noisy timing: a speed-up above tau {r['tau']:.2f} cannot come from the drafter; "
             "rerun on an otherwise idle machine]"
         )
+    elif r["speedup"] is not None and r["speedup"] < 1:
+        speed += f" [{slower_hint(r)}]"
     return f"eval: tau {r['tau']:.2f} ({r['mode']}), {speed}, {r['questions']} questions, {r['tokens']} tokens -> {out / 'report.json'}"
+
+
+def slower_hint(r: dict[str, Any]) -> str:
+    """What to try where speculative decoding ran slower than plain decoding: a shorter draft,
+    which each engine finds its own way (a cycle's cost grows with the batch and the draft)."""
+    batch = f" at batch {r['batch_size']}" if r.get("batch_size", 1) > 1 else ""
+    if r.get("engine") == "vllm":
+        return f"slower than plain decoding{batch}: measure shorter drafts with --sweep, e.g. --sweep 3:{r.get('batch_size', 1)}"
+    if r.get("depth_requested") == "auto" or r.get("tree_requested") == "auto":
+        return f"slower than plain decoding{batch}: the calibration's prediction missed; see report.md's shape section"
+    return f"slower than plain decoding{batch}: --depth auto picks the draft from this machine's measured costs"
 
 
 def shape_label(r: dict[str, Any]) -> str:
