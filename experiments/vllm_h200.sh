@@ -132,9 +132,10 @@ DRAFTSMITH_TEST_TARGET=/root/rand135m step gpu_tests 300 python3 -m pytest tests
   -p no:cacheprovider -k "graphed_forward_equals_eager or graphed_spec_equals_plain or graphed_batch_equals or compiled_target"
 # synth's decode step of 1,024 rows eager and compiled (the KV write in place since the compiled step's
 # whole-cache copies, 11.4 ms of 24.8, on 2026-12-06 04:50): the lever for the quickstart's synthesis;
-# and whole synth passes unfused and fused (--fuse-ab)
+# and whole synth passes unfused and fused (--fuse-ab), and with SDPA's math path (two batched products:
+# cuDNN's flash kernel, 5.8 ms of a 16.3 ms step, runs 64-query tiles for the 3 queries of a KV head)
 step synth_decode 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
-  --profile "$R/synth_prof" --decode-compiled --fuse-ab --out-json "$R/synth_decode.json"
+  --profile "$R/synth_prof" --decode-compiled --fuse-ab --sdpa-variants math --out-json "$R/synth_decode.json"
 # the run's whole prepared set (11,600 conversations; prepared here from the carried answers where the
 # drafter was carried: its prepare stage alone, about 10 s)
 [ -d "$Q/prepare" ] || [ ! -f "$Q/.pipeline/magpie.done" ] ||
