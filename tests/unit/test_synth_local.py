@@ -102,3 +102,39 @@ def test_sampling_is_seeded(tiny_target, generator):
     b = backend.generate([_chat("hi"), _chat("x")], hot)
     c = backend.generate([_chat("hi"), _chat("x")], Sampling(1.0, 1.0, 0, 8, 6))
     assert [g.text for g in a] == [g.text for g in b] != [g.text for g in c]
+
+
+def test_magpie_max_tokens_caps_the_user_turns_alone(tiny_target_dir, tmp_path, monkeypatch):
+    """synth --magpie-max-tokens: a self-prompted user turn is generated under its own cap, the
+    answer under --max-new-tokens; the cap joins the generation settings (a resume under another
+    cap is other work), which stay as they were without it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from draftsmith.cli import app
+    from draftsmith.synth.turns import Generation
+
+    caps = []
+
+    def generate(self, requests, sampling):  # the caps asked for, and a plausible turn each
+        caps.append(("user" if requests[0].prefix is not None else "answer", sampling.max_new_tokens))
+        return [Generation(f"Question {r.key}?" if r.prefix is not None else "Yes.", 2, True) for r in requests]
+
+    monkeypatch.setattr(LocalBackend, "generate", generate)
+
+    def run(name: str, *cap: str) -> list[dict]:
+        caps.clear()
+        out = tmp_path / name / "conversations.jsonl"
+        args = ["synth", "--target", str(tiny_target_dir), "--magpie", "3", "--max-new-tokens", "8", "--out", str(out)]
+        res = CliRunner().invoke(app, [*args, "--batch-size", "3", *cap])
+        assert res.exit_code == 0, res.output
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    capped = run("capped", "--magpie-max-tokens", "3")
+    assert caps == [("user", 3), ("answer", 8)] and len(capped) == 3
+    uncapped = run("uncapped")
+    assert caps == [("user", 8), ("answer", 8)] and len(uncapped) == 3
+    assert (
+        capped[0]["generation"]["magpie"]["max_tokens"] == 3 and "max_tokens" not in uncapped[0]["generation"]["magpie"]
+    )

@@ -56,6 +56,9 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
     top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
     magpie_temperature: float = Field(1.0, gt=0, description="Magpie: temperature of the self-prompted user turns.")
     magpie_top_p: float = Field(1.0, gt=0, le=1, description="Magpie: nucleus sampling of the user turns.")
+    magpie_max_tokens: int | None = Field(
+        None, gt=0, description="Magpie: the most tokens of a self-prompted user turn; default --max-new-tokens."
+    )
     seed: int = Field(0, description="Random seed; part of every output id, so several seeds can share one file.")
     limit: int | None = Field(None, gt=0, description="Use at most N prompts (after de-duplication).")
     keep_thinking: bool = Field(

@@ -212,11 +212,17 @@ def write_conversations(cfg: SynthConfig) -> Path:
     for path in (kept_file, drop_file):
         output.repair_tail(path)
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
-    user_sampling = Sampling(cfg.magpie_temperature, cfg.magpie_top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
+    # a user turn's own cap: a batch decodes until its longest row stops, and a few self-prompts
+    # that never close their turn hold every row of theirs to the cap (experiments/LOG.md 2026-12-06)
+    user_max = cfg.magpie_max_tokens or cfg.max_new_tokens
+    user_sampling = Sampling(cfg.magpie_temperature, cfg.magpie_top_p, cfg.top_k, user_max, cfg.seed)
+    magpie_settings = {"temperature": user_sampling.temperature, "top_p": user_sampling.top_p}
+    if cfg.magpie_max_tokens is not None:  # only then: the keys of earlier outputs stay valid
+        magpie_settings["max_tokens"] = user_max
     generation = {
         "backend": "remote" if cfg.endpoint else "vllm" if cfg.generator == "vllm" else "local",
         **sampling.to_dict(),
-        "magpie": {"temperature": user_sampling.temperature, "top_p": user_sampling.top_p} if magpie else None,
+        "magpie": magpie_settings if magpie else None,
     }
     settings = {**generation, "keep_thinking": cfg.keep_thinking, "keep_unfinished": cfg.keep_unfinished}
     if cfg.completion or cfg.chat_template:  # only then: the keys of earlier outputs stay valid
