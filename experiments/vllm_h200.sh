@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-# In this order: data+train, gpu_tests, synth_decode, train_ab, vllm_k753 (with ds_b1), ds_stop,
-# vllm_b16 and ds_b16 (fused and unfused, each with --kernel-check), cycle_profile, larger_target,
-# dflash_vllm, capture_pair (synth_decode and train_ab first since 2026-12-06 10:30: the
-# quickstart's two levers, which two leases in a row did not reach).
+# In this order: data+train, gpu_tests, synth_decode, magpie_256 and magpie_128, train_ab,
+# vllm_k753 (with ds_b1), ds_stop, vllm_b16 and ds_b16 (fused and unfused, each with
+# --kernel-check), cycle_profile, larger_target, dflash_vllm, capture_pair (synth's and train's
+# steps first since 2026-12-06 10:30: the quickstart's levers).
 # A lease that carries the drafter of 2026-12-06 04:50 skips what the leases since measured:
 # SKIP="vllm_k753 vllm_b16 cycle_profile larger_make larger_vllm larger_ds gpu_tests train_ab
-# ds_stop" (steps.sh's step names), leaving synth_decode (with --fuse-ab: the whole synth pass fell
-# from 49.8k to 32.9k tok/s between 05:06 and 10:35 with the same decode step), ds_b1, ds_b16 fused
-# and unfused, dflash_vllm and capture_pair. The quickstart's whole run, timed, is SHORT=0 (about 25
-# minutes alone; CC=0 without the recipe's --compile-capture).
+# ds_stop" (steps.sh's step names), leaving synth_decode (with --fuse-ab and SDPA's math path: the
+# whole synth pass fell from 49.8k to 32.9k tok/s between 05:06 and 10:35 with the same decode
+# step), the Magpie cap's A-B, ds_b1, ds_b16 fused and unfused, dflash_vllm and capture_pair. The
+# quickstart's whole run, timed, is SHORT=0 (about 25 minutes alone; CC=0 without the recipe's
+# --compile-capture).
 #   data+train    none where recipe_drafter.tgz.part* came along (restore_dir: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
 #                 `pipeline`, train_online's --compile-capture as the recipe has it, off with CC=0), timed by stage, its answers
@@ -136,6 +137,12 @@ DRAFTSMITH_TEST_TARGET=/root/rand135m step gpu_tests 300 python3 -m pytest tests
 # cuDNN's flash kernel, 5.8 ms of a 16.3 ms step, runs 64-query tiles for the 3 queries of a KV head)
 step synth_decode 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
   --profile "$R/synth_prof" --decode-compiled --fuse-ab --sdpa-variants math --out-json "$R/synth_decode.json"
+# Magpie's user turns under their own cap (synth --magpie-max-tokens): 6,000 self-prompts as the recipe
+# makes them, uncapped and capped at 128, each timed by its progress.json, with its kept/dropped counts
+for cap in 256 128; do
+  step magpie_$cap 180 python3 -m draftsmith synth --target "$HF" --magpie 6000 --max-new-tokens 256 --batch-size 1024 \
+    --keep-unfinished --seed 11 --magpie-max-tokens $cap --out /root/runs/magpie_$cap/conversations.jsonl
+done
 # the run's whole prepared set (11,600 conversations; prepared here from the carried answers where the
 # drafter was carried: its prepare stage alone, about 10 s)
 [ -d "$Q/prepare" ] || [ ! -f "$Q/.pipeline/magpie.done" ] ||
