@@ -214,11 +214,12 @@ def write_conversations(cfg: SynthConfig) -> Path:
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
     # a user turn's own cap: a batch decodes until its longest row stops, and a few self-prompts
     # that never close their turn hold every row of theirs to the cap (experiments/LOG.md 2026-12-06)
-    user_max = cfg.magpie_max_tokens or cfg.max_new_tokens
-    user_sampling = Sampling(cfg.magpie_temperature, cfg.magpie_top_p, cfg.top_k, user_max, cfg.seed)
+    user_sampling = Sampling(
+        cfg.magpie_temperature, cfg.magpie_top_p, cfg.top_k, cfg.magpie_max_tokens or cfg.max_new_tokens, cfg.seed
+    )
     magpie_settings = {"temperature": user_sampling.temperature, "top_p": user_sampling.top_p}
     if cfg.magpie_max_tokens is not None:  # only then: the keys of earlier outputs stay valid
-        magpie_settings["max_tokens"] = user_max
+        magpie_settings["max_tokens"] = cfg.magpie_max_tokens
     generation = {
         "backend": "remote" if cfg.endpoint else "vllm" if cfg.generator == "vllm" else "local",
         **sampling.to_dict(),
