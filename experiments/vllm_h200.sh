@@ -12,11 +12,11 @@
 # step), the Magpie cap's A-B, ds_b1, ds_b16 fused and unfused, dflash_vllm and capture_pair. The
 # quickstart's whole run, timed, is SHORT=0 (about 25 minutes alone; CC=0 without the recipe's
 # --compile-capture).
-#   data+train    none where recipe_drafter.tgz.part* came along (restore_dir: the drafter a
+#   data+train    none where recipe_drafter.tgz.part* came along (restore_drafter: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
 #                 `pipeline`, train_online's --compile-capture as the recipe has it, off with CC=0), timed by stage, its answers
-#                 and drafter packed for the next lease (about 15 parts of 15 MB: fetch_results.sh
-#                 brings three a call); SHORT=1 (the lease of 2026-12-05 05:16, once quickstart's
+#                 and drafter packed for the next lease (pack_drafter: 7 parts of 10.25 MiB, and the
+#                 answers in 15 MB parts; fetch_results.sh brings three a call); SHORT=1 (the lease of 2026-12-05 05:16, once quickstart's
 #                 synthesis through vLLM proved too slow to leave time to train): the recipe's first
 #                 two synth sets, prepare, vocab and a train_online of STEPS steps with
 #                 --compile-capture (again without it if that fails)
@@ -68,7 +68,7 @@
 # `cp .carry/part1 .data/short_drafter.tgz.part?? /root/parts/`; one more call takes the rest but
 # the last small one; the last call takes .carry/part4, that small part and short_synth. The driver
 # then restores the drafter (restore_drafter) and skips synthesis and training: about 6 minutes.
-# (The recipe's drafter of a SHORT=0 lease travels as recipe_drafter, packed whole by pack_dir.)
+# (The recipe's drafter of a SHORT=0 lease travels the same way as recipe_drafter.)
 # then poll back to back: bash experiments/fetch_results.sh 240 (a lease taken back mid-run keeps
 # only what the last poll brought: 2026-12-05 13:54 lost all of its first 540 s). To stop a step by
 # hand, kill by pid or by a pattern anchored at the start (pkill -f "^timeout 540"): an unanchored
@@ -91,8 +91,8 @@ stages:
 Y
 
 start=$(date +%s)
-if restore_dir recipe_drafter; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training
-  :
+if restore_drafter recipe_drafter "$D/drafter"; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training
+  restore_answers full  # its conversations, for capture_pair
 elif [ "${SHORT:-1}" = 1 ] && restore_drafter short_drafter "$D/drafter"; then  # a lease before trained it: no training
   restore_answers short  # its conversations, for capture_pair
 elif [ "${SHORT:-1}" = 1 ]; then
@@ -122,7 +122,7 @@ PY
   [ -f "$Q/.pipeline/synth.done" ] || restore_answers full
   step full 1500 python3 -m draftsmith pipeline /root/full.yaml --out "$Q" --target smollm2-135m
   pack_answers full "$Q" $synths
-  pack_dir recipe_drafter "$D"
+  pack_drafter recipe_drafter "$D/drafter"  # 7 parts of 10.25 MiB, carried as short_drafter is
 fi
 echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
 # the eval engine's GPU tests first (graphed and compiled forwards as eager, graphed speculative decoding as
