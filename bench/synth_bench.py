@@ -21,6 +21,10 @@ captures its graph: once timed (the wall ms a step), once under torch.profiler: 
 --sdpa-variants efficient_attention,cudnn_attention adds a synth pass per SDPA backend that the
 engine's attention tries first (the step's attention ran cuDNN's kernel). --fuse-ab adds a pass
 with the target's projections unfused and one fused (synth --no-fuse-target / --fuse-target).
+--shrink-ab adds a pass whose batches keep every row to the end and one whose batches shrink to
+their running rows (synth/generate.py, the default). --magpie N makes each pass synthesise N
+Magpie conversations (self-prompted user turns, then answers: the recipe's bulk) instead of
+answering the prompt file.
 
 Prints one JSON object and writes it to --out-json.
 """
@@ -138,21 +142,33 @@ def profile_decode(target, questions: list[str], steps: int, out: Path, compile:
     }
 
 
-def synth_pass(args: argparse.Namespace, convs: list[dict], sdpa: str | None = None, fuse: bool | None = None) -> dict:
-    """The prompts through `draftsmith synth` (a fresh output each pass): its rate and counters.
+def synth_pass(
+    args: argparse.Namespace,
+    convs: list[dict],
+    sdpa: str | None = None,
+    fuse: bool | None = None,
+    shrink: bool = True,
+) -> dict:
+    """The prompts (or --magpie's self-prompts) through `draftsmith synth` (a fresh output each
+    pass): its rate and counters.
     `sdpa`: the SDPA backend tried first wherever it can run (the engine's graphs are captured
     under it; math where it cannot, e.g. the self-check's HF forward on CPU), e.g.
     efficient_attention; None: torch's own choice. `fuse`: synth's --fuse-target (None: its
-    default, fused on a GPU)."""
+    default, fused on a GPU). `shrink` False: every batch keeps all its rows to the end, as synth
+    did before its batches shrank to their running rows."""
     from contextlib import nullcontext
+    from unittest import mock
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import draftsmith.synth.generate as generate_module
 
     with (
         tempfile.TemporaryDirectory() as tmp,
         nullcontext()
         if sdpa is None
         else sdpa_kernel([getattr(SDPBackend, sdpa.upper()), SDPBackend.MATH], set_priority=True),
+        nullcontext() if shrink else mock.patch.object(generate_module, "MIN_ROWS", sys.maxsize),
     ):
         prompt_file = Path(tmp) / "prompts.jsonl"
         prompt_file.write_text(
@@ -160,7 +176,9 @@ def synth_pass(args: argparse.Namespace, convs: list[dict], sdpa: str | None = N
         )
         out = Path(tmp) / "synth" / "conversations.jsonl"
         cfg = SynthConfig(
-            prompts=prompt_file,
+            prompts=None if args.magpie else prompt_file,
+            magpie=args.magpie or None,
+            seed=11,  # a Magpie pass's user turns are sampled: the same seed each pass
             target=args.target,
             out=out,
             max_new_tokens=args.max_new_tokens,
@@ -181,6 +199,7 @@ def synth_pass(args: argparse.Namespace, convs: list[dict], sdpa: str | None = N
     return {
         "sdpa": sdpa or "torch's choice",
         "fuse_target": "default" if fuse is None else fuse,
+        "shrink": shrink,
         "generated_tokens": progress["tokens"],
         "seconds": progress["elapsed_s"],
         "tok_per_s": progress["tok_per_s"],
@@ -227,6 +246,14 @@ def main() -> None:
         action="store_true",
         help="after the first pass (synth's default engine), the same prompts unfused, then fused, in this process",
     )
+    ap.add_argument(
+        "--shrink-ab",
+        action="store_true",
+        help="then the same prompts with every batch's rows kept to the end, then shrinking to its running rows",
+    )
+    ap.add_argument(
+        "--magpie", type=int, default=0, help="each pass synthesises this many Magpie conversations instead"
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 8 prompts, 16 new tokens, batch 4")
     ap.add_argument("--out-json", type=Path, default=Path("bench_synth.json"))
     args = ap.parse_args()
@@ -251,6 +278,9 @@ def main() -> None:
     if args.fuse_ab:  # --fuse-target off and on, each a whole pass (its load and graphs included)
         passes["unfused"] = synth_pass(args, convs, fuse=False)
         passes["fused"] = synth_pass(args, convs, fuse=True)
+    if args.shrink_ab:  # batches that keep every row to the end, then batches that shrink (the default)
+        passes["rows_kept"] = synth_pass(args, convs, shrink=False)
+        passes["rows_shrunk"] = synth_pass(args, convs)
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     base = single_stream(
@@ -276,7 +306,8 @@ def main() -> None:
         "target": args.target,
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
-        "prompts": len(convs),
+        "prompts": args.magpie or len(convs),
+        "magpie": bool(args.magpie),
         "max_new_tokens": args.max_new_tokens,
         "batch_size": args.batch_size,
         "cache": args.cache,

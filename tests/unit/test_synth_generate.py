@@ -15,6 +15,7 @@ from draftsmith.synth.generate import CHECK_EVERY, generate
 from draftsmith.synth.local import LocalBackend, uses_engine
 from draftsmith.synth.turns import Request
 from draftsmith.target import target_from_model
+from tests.helpers import tiny_causal_lm
 
 LENGTHS = [3, 11, 1, 6]  # one batch, left-padded to 11
 
@@ -66,9 +67,66 @@ def test_graph_shaped_decode_equals_hf_generate(tiny_model, refs, monkeypatch):
     """What a CUDA graph runs on GPU: each decode step attends over every slot of the width
     bucket (no trimming to the slots in use), through the graph's calling convention."""
     engine = TargetEngine(tiny_model, [], max_len=64, batch=4)
-    monkeypatch.setattr(engine, "graph", lambda t, width: engine.graphs.setdefault((t, width), engine._forward))
+    monkeypatch.setattr(
+        engine, "graph", lambda t, width, rows: engine.graphs.setdefault((rows, t, width), engine._forward)
+    )
     assert generate(engine, _prompts(), _greedy(20), set(), pad_id=0, seed=0) == refs
-    assert list(engine.graphs) == [(1, 64)]
+    assert list(engine.graphs) == [(4, 1, 64)]  # 4 rows: fewer than MIN_ROWS, no smaller graphs
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])  # mistral: a sliding window, the slots' positions move too
+def test_kept_rows_forward_as_they_did_in_the_full_batch(arch):
+    """`keep_rows` moves rows of the cache to the front, and a forward of fewer rows reads the
+    cache's first rows: rows 2 and 0 of a batch of 4, kept, give the logits they gave in it."""
+    model = tiny_causal_lm(arch)
+    engine = TargetEngine(model, [], max_len=32, batch=4)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 300, (k,), generator=gen).tolist() for k in (12, 5, 17, 9)]
+    lengths = torch.tensor([len(p) for p in prompts])
+    ids = torch.tensor([[7]] * 4)  # [4, 1]: one more token after each prompt
+
+    _, _, _, pad = engine.prefill_rows(prompts)
+    want, _ = engine.rows_forward(ids, pad, lengths)  # [4, 1, V]
+    _, _, _, pad = engine.prefill_rows(prompts)
+    kept = torch.tensor([2, 0])
+    engine.keep_rows(kept)
+    got, _ = engine.rows_forward(ids[kept], pad[kept], lengths[kept])  # [2, 1, V]
+    torch.testing.assert_close(got, want[kept])
+    assert not torch.allclose(got[0], want[0])  # row 2's logits are its own, not row 0's
+
+
+def _cut(row: list[int], stop: set[int]) -> list[int]:
+    """A row up to and including its first stop id."""
+    end = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
+    return row[:end]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_batch_shrinks_to_its_running_rows_and_answers_as_before(tiny_model, refs, monkeypatch, graphs):
+    """Rows that stop early leave the batch: the live ones move to the front of the cache and the
+    steps go on over 2, then 1 row (MIN_ROWS 1 here). Each row's tokens up to its stop id are
+    still HF `generate`'s on that prompt alone, eagerly and through the graphs' calling convention."""
+    import draftsmith.synth.generate as gen_mod
+
+    monkeypatch.setattr(gen_mod, "MIN_ROWS", 1)
+    monkeypatch.setattr(gen_mod, "CHECK_EVERY", 2)
+    engine = TargetEngine(tiny_model, [], max_len=64, batch=4)
+    if graphs:
+        monkeypatch.setattr(
+            engine, "graph", lambda t, width, rows: engine.graphs.setdefault((rows, t, width), engine._forward)
+        )
+    moves = []
+    keep_rows = engine.keep_rows
+    monkeypatch.setattr(engine, "keep_rows", lambda rows: (moves.append(rows.tolist()), keep_rows(rows)))
+    # rows 1 and 3 stop at their third and fifth token, row 0 at its eleventh; row 2 runs to the end
+    stop = {refs[1][2], refs[3][4], refs[0][10]}
+    assert not stop & set(refs[2]), "pick other stop ids: row 2 must run to the end"
+    out = generate(engine, _prompts(), _greedy(20), stop, pad_id=0, seed=0)
+    assert [_cut(row, stop) for row in out] == [_cut(row, stop) for row in refs]
+    assert len(out[2]) == 20 and moves and [len(m) for m in moves] == sorted({len(m) for m in moves}, reverse=True)
+    if graphs:
+        assert sorted(engine.graphs) == [(1, 1, 64), (2, 1, 64), (4, 1, 64)]
 
 
 def test_engine_without_aux_layers(engine):

@@ -8,7 +8,9 @@ and tree verification, the compaction of a tree's accepted path (`compact`), the
 hidden states in the same pass (none when `aux_layer_ids` is empty), and batched rows: in
 lock-step (`forward_batch`, synth) or each at its own length (`prefill_rows`, `rows_forward`, eval).
 
-`graph(t, width)`, `graph_rows(t)` and `graph_compact(n)` capture those forwards in CUDA graphs,
+A forward of b rows uses the cache's first b rows, so that a batch whose rows finished can go on
+over fewer (`keep_rows` moves the live ones to the front: synth). `graph(t, width, rows)`,
+`graph_rows(t)` and `graph_compact(n)` capture those forwards in CUDA graphs,
 each first `torch.compile`d with `compile` (one that fails to compile is captured eagerly, with a
 line on stderr); on CPU the same code runs eagerly. `check_supported` names the architectures it
 covers; selfcheck.py holds every model against its own forward. What each family needs, and why
@@ -167,7 +169,7 @@ class TargetEngine:
         self.row_ids = torch.arange(batch, device=self.device)[:, None]  # [B, 1]: each row's index into them
         # with a window: the position of the token in each cache slot, written by every forward
         self.slot_pos = torch.zeros(batch, max_len, dtype=torch.long, device=self.device) if self.window else None
-        self.graphs: dict[tuple[int, int], Graphed] = {}  # (tokens, cache slots attended) -> graph
+        self.graphs: dict[tuple[int, int, int], Graphed] = {}  # (rows, tokens, cache slots attended) -> graph
         self.row_graphs: dict[int, Graphed] = {}  # tokens -> graph of `rows_forward`
         self.compactions: dict[int, Graphed] = {}  # rows moved -> graph of `compact`
         self.compiled = compile and self.device.type == "cuda"  # each graph's forward torch.compiled first
@@ -223,8 +225,8 @@ class TargetEngine:
         s, g = mask.shape[-1], self.nh // self.nkv
         q = q.reshape(b, self.nkv, g * t, self.hd)  # [B, nkv, g*T, hd]: head h = kv head h//g, as in GQA
         o = self._attend(
-            q, self.k_cache[i][:, :, :s], self.v_cache[i][:, :, :s], mask, getattr(attn, "scaling", None)
-        )  # [B, nkv, g*T, hd]
+            q, self.k_cache[i][:b, :, :s], self.v_cache[i][:b, :, :s], mask, getattr(attn, "scaling", None)
+        )  # [B, nkv, g*T, hd]: the first B rows of the cache
         o = o.reshape(b, self.nh, t, self.hd)  # [B, nh, T, hd]
         return attn.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # [B, T, H]
 
@@ -301,8 +303,9 @@ class TargetEngine:
         full = mask.repeat(1, 1, g, 1)
         if self.slot_pos is None:
             return {False: full, True: full}
-        self.slot_pos.scatter_(1, slots, pos)  # [B, max_len]: these tokens' positions, at their slots
-        near = self.slot_pos[:, None, None, : mask.shape[-1]] > pos[:, None, :, None] - self.window  # [B, 1, T, S]
+        slot_pos = self.slot_pos[: pos.shape[0]]  # [B, max_len]: the first B rows'
+        slot_pos.scatter_(1, slots, pos)  # these tokens' positions, at their slots
+        near = slot_pos[:, None, None, : mask.shape[-1]] > pos[:, None, :, None] - self.window  # [B, 1, T, S]
         return {False: full, True: (mask & near).repeat(1, 1, g, 1)}
 
     def _forward_eager(
@@ -317,13 +320,14 @@ class TargetEngine:
     def forward_batch(
         self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, last_only: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run `ids [B, T]` at positions `pos [B, T]`, writing their K/V at cache `slots [B, T]`
-        (or [T]: the same in every row); `mask [B, T, S]` (S <= max_len) says which of the first S cache slots
-        each token sees (its own slot included). Returns logits [B, T, V] and aux [B, T, n_aux*H].
-        Uses the CUDA graph captured for (T, S) when there is one (its outputs are overwritten
-        by its next replay); `last_only` (prompts: logits [B, 1, V]) always runs eagerly."""
+        """Run `ids [B, T]` (B <= batch: the cache's first B rows) at positions `pos [B, T]`,
+        writing their K/V at cache `slots [B, T]` (or [T]: the same in every row); `mask [B, T,
+        S]` (S <= max_len) says which of the first S cache slots each token sees (its own slot
+        included). Returns logits [B, T, V] and aux [B, T, n_aux*H]. Uses the CUDA graph captured
+        for (B, T, S) when there is one (its outputs are overwritten by its next replay);
+        `last_only` (prompts: logits [B, 1, V]) always runs eagerly."""
         slots = slots.expand(ids.shape[0], -1)  # [B, T]
-        graph = None if last_only else self.graphs.get((ids.shape[1], mask.shape[-1]))
+        graph = None if last_only else self.graphs.get((*ids.shape, mask.shape[-1]))
         if graph is not None:
             return graph(ids, pos, slots, mask[:, None])  # mask [B, 1, T, S]
         return self._forward_eager(ids, pos, slots, mask, last_only)
@@ -359,6 +363,15 @@ class TargetEngine:
         pos = torch.arange(p, device=self.device)
         logits, aux = self._forward_eager(ids[None], pos[None], pos[None], self.causal_mask(0, p)[None])
         return logits[0], aux[0]
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Move the cache rows `rows` [R] (on the device) to rows 0..R-1, in that order: what a
+        forward of R rows then reads. One layer at a time, so that the copy in flight is a layer's."""
+        r = rows.shape[0]
+        for layer in range(self.kv.shape[1]):
+            self.kv[:, layer, :r] = self.kv[:, layer, rows]  # [2, R, nkv, max_len, hd]
+        if self.slot_pos is not None:
+            self.slot_pos[:r] = self.slot_pos[rows]
 
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move each row's accepted path's K/V from slots `src` to slots `dst` (both [B, n], on
@@ -455,22 +468,23 @@ class TargetEngine:
         self.row_graphs[t] = self._capture(self._rows_graphed, *example)  # ids; base, n; block, offsets
         self.capture_seconds += time.perf_counter() - t0
 
-    def graph(self, t: int, width: int | None = None) -> None:
-        """Capture the forward of `t` tokens attending over the first `width` cache slots
-        (default all) in a CUDA graph (no-op on CPU). Warm-up writes garbage K/V at slots
-        0..t-1 of every row, so capture before a prefill, not in the middle of a generation."""
-        width = width or self.max_len
-        if self.device.type != "cuda" or (t, width) in self.graphs:
+    def graph(self, t: int, width: int | None = None, rows: int | None = None) -> None:
+        """Capture the forward of `t` tokens of the first `rows` rows (default all) attending
+        over the first `width` cache slots (default all) in a CUDA graph (no-op on CPU). Warm-up
+        writes garbage K/V at slots 0..t-1 of those rows, so capture before a prefill, not in the
+        middle of a generation."""
+        width, b = width or self.max_len, rows or self.batch
+        if self.device.type != "cuda" or (b, t, width) in self.graphs:
             return
         t0 = time.perf_counter()
-        b, arange = self.batch, torch.arange(t, device=self.device)
+        arange = torch.arange(t, device=self.device)
         example = (
             torch.zeros(b, t, dtype=torch.long, device=self.device),
             arange.repeat(b, 1),
             arange.repeat(b, 1),
             self.causal_mask(0, t)[:, :width].repeat(b, 1, 1, 1),
         )  # ids, pos, slots [B, t]; mask [B, 1, t, width]
-        self.graphs[(t, width)] = self._capture(self._forward, *example)
+        self.graphs[(b, t, width)] = self._capture(self._forward, *example)
         self.capture_seconds += time.perf_counter() - t0
 
     def _capture(self, fn: Any, *example: torch.Tensor) -> Graphed:

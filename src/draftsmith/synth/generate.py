@@ -9,7 +9,12 @@ starts at slot pad[b]; its positions are slot - pad[b] and it sees cache slots p
     -> decode one token per step: a CUDA graph of (1 token, S slots), S = W + max new tokens
        rounded up to a multiple of 64; eager on CPU, same code
     -> choose the next tokens and track finished rows (stop ids) on the device (greedy, or
-       temperature / top-k / top-p with a seeded generator); the host looks every CHECK_EVERY steps.
+       temperature / top-k / top-p with a seeded generator); the host looks every CHECK_EVERY steps
+    -> once half the running rows have finished, the batch shrinks: the live rows move to the
+       front of the cache (`TargetEngine.keep_rows`) and the steps go on over the first R rows,
+       R the fewest of B, B/2, B/4, ... (down to MIN_ROWS) that holds them, each with its own
+       graph. A batch decodes until its longest row stops, and most rows stop well before:
+       Magpie's self-prompted user turns used about a quarter of a 1,024-row batch's steps.
 
 The engine has a fixed number of rows: a smaller batch is filled with dummy rows, finished from
 the start, so that one graph per width bucket serves every batch.
@@ -23,7 +28,8 @@ from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling, exponential_race, target_probs
 
 SLOT_MULTIPLE = 64  # cache widths are rounded up to this, so that batches share graphs
-CHECK_EVERY = 16  # decode steps between host checks for "every row finished"
+CHECK_EVERY = 16  # decode steps between host checks of how many rows are still running
+MIN_ROWS = 8  # the smallest a batch shrinks to (one graph per halving and cache width)
 # The prompts are prefilled in chunks of prompt slots whose mask [B, c, S] holds at most this many
 # cells (128 MB of bools), so that a batch of long multi-turn prompts fits (experiments/LOG.md
 # 2026-11-30 16:24: the varied mix's synth out of memory).
@@ -50,6 +56,15 @@ def left_pad(
     return ids, pad
 
 
+def row_counts(rows: int) -> list[int]:
+    """The row counts a batch of `rows` decodes over as its rows finish: rows, rows/2, ... down
+    to MIN_ROWS (or rows alone when it is that small already)."""
+    counts = [rows]
+    while counts[-1] // 2 >= MIN_ROWS:
+        counts.append(counts[-1] // 2)
+    return counts
+
+
 def next_tokens(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> torch.Tensor:
     """logits [B, V] -> token ids [B], on the device without a host sync: the argmax when
     greedy, else a draw from the temperature / top-k / top-p distribution (`target_probs`)."""
@@ -63,7 +78,8 @@ def generate(
     engine: TargetEngine, prompts: list[list[int]], sampling: Sampling, stop: set[int], pad_id: int, seed: int
 ) -> list[list[int]]:
     """The new tokens of each prompt: `sampling.max_new_tokens` of them, or fewer once every
-    row has produced a stop id. Rows are not cut at their stop id here; the caller cuts."""
+    row has produced a stop id. Rows are not cut at their stop id here (the caller cuts): what
+    follows it is the row's next tokens, or `pad_id` once the batch has shrunk without it."""
     rows, dev, max_new = engine.batch, engine.device, sampling.max_new_tokens
     width = max(map(len, prompts))
     s = cache_width(width, max_new)
@@ -73,7 +89,9 @@ def generate(
         )
     ids, pad = left_pad(prompts, width, pad_id, rows)  # [B, W], [B]
     ids, pad = ids.to(dev), pad.to(dev)
-    engine.graph(1, s)  # before the prefill: capture writes junk at slot 0
+    counts = row_counts(rows)
+    for r in counts:  # before the prefill: capture writes junk at slot 0
+        engine.graph(1, s, r)
 
     slots = torch.arange(s, device=dev)
     chunk = max(1, PREFILL_CELLS // (rows * s))  # prompt slots per prefill chunk
@@ -88,17 +106,32 @@ def generate(
 
     gen = torch.Generator(dev).manual_seed(seed)
     stops = torch.tensor(sorted(stop), dtype=torch.long, device=dev)
-    out = torch.empty(rows, max_new, dtype=torch.long, device=dev)
-    done = torch.arange(rows, device=dev) >= len(prompts)  # [B]; dummy rows are done already
-    tok = next_tokens(logits[:, -1], sampling, gen)  # [B]
+    out = torch.full((rows, max_new), pad_id, dtype=torch.long, device=dev)  # [B, N]: running rows first
+    order = torch.arange(rows, device=dev)  # [B]: each row of `out` (and of the cache) is prompt order[j]'s
+    done = order >= len(prompts)  # [R]; dummy rows are done already
+    tok = next_tokens(logits[:, -1], sampling, gen)  # [R]
+    r = rows  # the running batch: the cache's first r rows
     for i in range(max_new):
-        out[:, i] = tok
-        done |= (tok[:, None] == stops).any(-1)  # [B]
-        if i + 1 == max_new or ((i + 1) % CHECK_EVERY == 0 and bool(done.all())):
+        out[:r, i] = tok
+        done |= (tok[:, None] == stops).any(-1)  # [R]
+        if i + 1 == max_new:
             break
+        if (i + 1) % CHECK_EVERY == 0:
+            live = int((~done).sum())  # the host's one look
+            if live == 0:
+                break
+            keep = min(c for c in counts if c >= live)
+            if keep < r:  # the live rows first, in their order, then the finished ones
+                perm = torch.argsort(done.int(), stable=True)  # [r]
+                out[:r], order[:r] = out[:r][perm], order[:r][perm]
+                perm = perm[:keep]
+                engine.keep_rows(perm)
+                tok, pad, seen, done, r = tok[perm], pad[perm], seen[perm], done[perm], keep
         slot = width + i
         seen[:, slot] = True
-        # ids, pos [B, 1]; slot [1]; mask [B, 1, S]
+        # ids, pos [R, 1]; slot [1]; mask [R, 1, S]
         logits, _ = engine.forward_batch(tok[:, None], (slot - pad)[:, None], slots[slot : slot + 1], seen[:, None])
         tok = next_tokens(logits[:, -1], sampling, gen)
-    return out[: len(prompts), : i + 1].tolist()
+    by_prompt = torch.empty_like(out)
+    by_prompt[order] = out  # [B, N] in the prompts' order
+    return by_prompt[: len(prompts), : i + 1].tolist()
