@@ -131,6 +131,9 @@ echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
 python3 experiments/random_target.py /root/rand135m >> "$R/steps.log" 2>&1
 DRAFTSMITH_TEST_TARGET=/root/rand135m step gpu_tests 300 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
   -p no:cacheprovider -k "graphed_forward_equals_eager or graphed_spec_equals_plain or graphed_batch_equals or compiled_target"
+# synth's graphed generator on the embedded default in fp32, its batches shrinking to their running rows
+# with graphs captured mid-generation (since 2026-12-06 13:19) and not
+step synth_gpu_tests 240 python3 -m pytest tests/gpu/test_synth_gpu.py --run-gpu -q -p no:cacheprovider
 # synth's decode step of 1,024 rows eager and compiled (the KV write in place since the compiled step's
 # whole-cache copies, 11.4 ms of 24.8, on 2026-12-06 04:50): the lever for the quickstart's synthesis;
 # and whole synth passes unfused and fused (--fuse-ab), and with SDPA's math path (two batched products:

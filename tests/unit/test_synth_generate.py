@@ -68,7 +68,7 @@ def test_graph_shaped_decode_equals_hf_generate(tiny_model, refs, monkeypatch):
     bucket (no trimming to the slots in use), through the graph's calling convention."""
     engine = TargetEngine(tiny_model, [], max_len=64, batch=4)
     monkeypatch.setattr(
-        engine, "graph", lambda t, width, rows: engine.graphs.setdefault((rows, t, width), engine._forward)
+        engine, "graph", lambda t, width, rows=None: engine.graphs.setdefault((rows or 4, t, width), engine._forward)
     )
     assert generate(engine, _prompts(), _greedy(20), set(), pad_id=0, seed=0) == refs
     assert list(engine.graphs) == [(4, 1, 64)]  # 4 rows: fewer than MIN_ROWS, no smaller graphs
@@ -103,28 +103,37 @@ def _cut(row: list[int], stop: set[int]) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("graphs", [False, True])
-def test_a_batch_shrinks_to_its_running_rows_and_answers_as_before(tiny_model, refs, monkeypatch, graphs):
+def test_a_batch_shrinks_to_its_running_rows_and_answers_as_before(monkeypatch, graphs):
     """Rows that stop early leave the batch: the live ones move to the front of the cache and the
     steps go on over 2, then 1 row (MIN_ROWS 1 here). Each row's tokens up to its stop id are
-    still HF `generate`'s on that prompt alone, eagerly and through the graphs' calling convention."""
+    still HF `generate`'s on that prompt alone, eagerly and through the graphs' calling
+    convention, whose captures mid-generation write their warm-up's K/V (`graph_example`) where
+    the next step writes. A model whose answers follow their context: rows 0, 1 and 3 stop at
+    their eleventh, third and fifth token; row 2 runs to the end."""
     import draftsmith.synth.generate as gen_mod
 
     monkeypatch.setattr(gen_mod, "MIN_ROWS", 1)
     monkeypatch.setattr(gen_mod, "CHECK_EVERY", 2)
-    engine = TargetEngine(tiny_model, [], max_len=64, batch=4)
+    model = tiny_causal_lm("llama")
+    prompts = [[p % 300 for p in prompt] for prompt in _prompts()]
+    refs = [_hf_greedy(model, p, 20) for p in prompts]
+    stop = {refs[0][10], refs[1][2], refs[3][4]}
+    assert [_cut(r, stop) for r in refs] == [refs[0][:11], refs[1][:3], refs[2], refs[3][:5]], "pick other stop ids"
+    engine = TargetEngine(model, [], max_len=64, batch=4)
     if graphs:
-        monkeypatch.setattr(
-            engine, "graph", lambda t, width, rows: engine.graphs.setdefault((rows, t, width), engine._forward)
-        )
+
+        def capture(t: int, width: int, rows: int | None = None, at: int = 0) -> None:
+            engine._forward(*engine.graph_example(t, width, rows or engine.batch, at))  # what the warm-up writes
+            engine.graphs.setdefault((rows or engine.batch, t, width), engine._forward)
+
+        monkeypatch.setattr(engine, "graph", capture)
     moves = []
     keep_rows = engine.keep_rows
     monkeypatch.setattr(engine, "keep_rows", lambda rows: (moves.append(rows.tolist()), keep_rows(rows)))
-    # rows 1 and 3 stop at their third and fifth token, row 0 at its eleventh; row 2 runs to the end
-    stop = {refs[1][2], refs[3][4], refs[0][10]}
-    assert not stop & set(refs[2]), "pick other stop ids: row 2 must run to the end"
-    out = generate(engine, _prompts(), _greedy(20), stop, pad_id=0, seed=0)
+    out = generate(engine, prompts, _greedy(20), stop, pad_id=0, seed=0)
     assert [_cut(row, stop) for row in out] == [_cut(row, stop) for row in refs]
-    assert len(out[2]) == 20 and moves and [len(m) for m in moves] == sorted({len(m) for m in moves}, reverse=True)
+    assert out[1][6:] == [0] * 14  # left at the check after step 6 (live rows 2 of 4): pad after
+    assert [len(m) for m in moves] == [2, 1]
     if graphs:
         assert sorted(engine.graphs) == [(1, 1, 64), (2, 1, 64), (4, 1, 64)]
 

@@ -468,24 +468,28 @@ class TargetEngine:
         self.row_graphs[t] = self._capture(self._rows_graphed, *example)  # ids; base, n; block, offsets
         self.capture_seconds += time.perf_counter() - t0
 
-    def graph(self, t: int, width: int | None = None, rows: int | None = None) -> None:
+    def graph(self, t: int, width: int | None = None, rows: int | None = None, at: int = 0) -> None:
         """Capture the forward of `t` tokens of the first `rows` rows (default all) attending
-        over the first `width` cache slots (default all) in a CUDA graph (no-op on CPU). Warm-up
-        writes garbage K/V at slots 0..t-1 of those rows, so capture before a prefill, not in the
-        middle of a generation."""
+        over the first `width` cache slots (default all) in a CUDA graph (no-op on CPU). Its
+        warm-up writes garbage K/V at slots at..at+t-1 of those rows: capture before a prefill,
+        or mid-generation with `at` the slot that the next forward writes anyway."""
         width, b = width or self.max_len, rows or self.batch
         if self.device.type != "cuda" or (b, t, width) in self.graphs:
             return
         t0 = time.perf_counter()
-        arange = torch.arange(t, device=self.device)
-        example = (
-            torch.zeros(b, t, dtype=torch.long, device=self.device),
-            arange.repeat(b, 1),
-            arange.repeat(b, 1),
-            self.causal_mask(0, t)[:, :width].repeat(b, 1, 1, 1),
-        )  # ids, pos, slots [B, t]; mask [B, 1, t, width]
-        self.graphs[(b, t, width)] = self._capture(self._forward, *example)
+        self.graphs[(b, t, width)] = self._capture(self._forward, *self.graph_example(t, width, b, at))
         self.capture_seconds += time.perf_counter() - t0
+
+    def graph_example(self, t: int, width: int, rows: int, at: int = 0) -> tuple[torch.Tensor, ...]:
+        """The inputs `graph` captures with (its warm-up runs them): ids, pos, slots [rows, t]
+        (slots and positions at..at+t-1) and mask [rows, 1, t, width] (causal from slot 0)."""
+        at_slots = torch.arange(at, at + t, device=self.device).repeat(rows, 1)  # [rows, t]
+        return (
+            torch.zeros(rows, t, dtype=torch.long, device=self.device),
+            at_slots,
+            at_slots,
+            self.causal_mask(0, t)[:, :width].repeat(rows, 1, 1, 1),
+        )
 
     def _capture(self, fn: Any, *example: torch.Tensor) -> Graphed:
         """`fn` in a CUDA graph, compiled first (inductor, this shape only) when `compiled`; a

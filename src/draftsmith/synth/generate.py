@@ -13,7 +13,7 @@ starts at slot pad[b]; its positions are slot - pad[b] and it sees cache slots p
     -> once half the running rows have finished, the batch shrinks: the live rows move to the
        front of the cache (`TargetEngine.keep_rows`) and the steps go on over the first R rows,
        R the fewest of B, B/2, B/4, ... (down to MIN_ROWS) that holds them, each with its own
-       graph. A batch decodes until its longest row stops, and most rows stop well before:
+       graph, captured the first time a batch of that width shrinks to R rows. A batch decodes until its longest row stops, and most rows stop well before:
        Magpie's self-prompted user turns used about a quarter of a 1,024-row batch's steps.
 
 The engine has a fixed number of rows: a smaller batch is filled with dummy rows, finished from
@@ -90,8 +90,7 @@ def generate(
     ids, pad = left_pad(prompts, width, pad_id, rows)  # [B, W], [B]
     ids, pad = ids.to(dev), pad.to(dev)
     counts = row_counts(rows)
-    for r in counts:  # before the prefill: capture writes junk at slot 0
-        engine.graph(1, s, r)
+    engine.graph(1, s)  # before the prefill: capture writes junk at slot 0
 
     slots = torch.arange(s, device=dev)
     chunk = max(1, PREFILL_CELLS // (rows * s))  # prompt slots per prefill chunk
@@ -127,6 +126,7 @@ def generate(
                 perm = perm[:keep]
                 engine.keep_rows(perm)
                 tok, pad, seen, done, r = tok[perm], pad[perm], seen[perm], done[perm], keep
+                engine.graph(1, s, r, at=width + i)  # its junk goes where this step writes
         slot = width + i
         seen[:, slot] = True
         # ids, pos [R, 1]; slot [1]; mask [R, 1, S]

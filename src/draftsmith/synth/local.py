@@ -208,6 +208,11 @@ class LocalBackend:
                 results[i] = generation(self.tokenizer, tokens, stop)
         return results  # type: ignore[return-value]
 
+    @property
+    def capture_seconds(self) -> float:
+        """Seconds spent capturing the engine's CUDA graphs so far (0 on CPU, or with HF generate)."""
+        return self.engine.capture_seconds if self.engine is not None else 0.0
+
     def _reserve(self, rows: int, slots: int) -> None:
         """Make the engine hold at least `rows` x `slots`; it is rebuilt (and its CUDA graphs
         captured again) only when it has to grow."""
