@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-# In this order: data+train, gpu_tests, synth_decode, magpie_256 and magpie_128, train_ab,
-# vllm_k753 (with ds_b1), ds_stop, vllm_b16 and ds_b16 (fused and unfused, each with
-# --kernel-check), cycle_profile, larger_target, dflash_vllm, capture_pair (synth's and train's
-# steps first since 2026-12-06 10:30: the quickstart's levers).
-# A lease that carries the drafter of 2026-12-06 04:50 skips what the leases since measured:
-# SKIP="vllm_k753 vllm_b16 cycle_profile larger_make larger_vllm larger_ds gpu_tests train_ab
-# ds_stop" (steps.sh's step names), leaving synth_decode (with --fuse-ab and SDPA's math path: the
-# whole synth pass fell from 49.8k to 32.9k tok/s between 05:06 and 10:35 with the same decode
-# step), the Magpie cap's A-B, ds_b1, ds_b16 fused and unfused, dflash_vllm and capture_pair. The
-# quickstart's whole run, timed, is SHORT=0 (about 25 minutes alone; CC=0 without the recipe's
-# --compile-capture).
+# In this order: data+train, gpu_tests, synth_gpu_tests, synth_shrink, vllm_k753 (with ds_b1), ds_stop,
+# vllm_b16 and ds_b16 (fused and unfused, each with --kernel-check), synth_decode, magpie_256 and
+# magpie_128, train_ab, cycle_profile, larger_target, dflash_vllm, capture_pair (vLLM's figures
+# first again since 2026-12-06 13:19, whose SHORT=0 lease packed the recipe's drafter).
+# The next lease carries that drafter (.data/recipe_drafter.tgz.part*, 7 parts: as short_drafter's,
+# below) and measures what issue 52 owes with it:
+# SKIP="gpu_tests ds_stop cycle_profile larger_make larger_vllm larger_ds train_ab magpie_256 magpie_128
+# dflash_vllm" NQ=80, leaving synth_gpu_tests, synth_shrink, vllm_k753, ds_b1, vllm_b16, ds_b16 fused
+# and unfused, synth_decode (with --fuse-ab and SDPA's math path: the whole synth pass fell from 49.8k
+# to 32.9k tok/s between 05:06 and 10:35 with the same decode step) and capture_pair. The
+# quickstart's whole run, timed, is SHORT=0 (about 20 minutes alone on an H100, 2026-12-06 13:19;
+# CC=0 without the recipe's --compile-capture).
 #   data+train    none where recipe_drafter.tgz.part* came along (restore_drafter: the drafter a
 #                 SHORT=0 lease trained); SHORT=0: quickstart's full budget (its stages through
 #                 `pipeline`, train_online's --compile-capture as the recipe has it, off with CC=0), timed by stage, its answers
@@ -134,6 +135,28 @@ DRAFTSMITH_TEST_TARGET=/root/rand135m step gpu_tests 300 python3 -m pytest tests
 # synth's graphed generator on the embedded default in fp32, its batches shrinking to their running rows
 # with graphs captured mid-generation (since 2026-12-06 13:19) and not
 step synth_gpu_tests 240 python3 -m pytest tests/gpu/test_synth_gpu.py --run-gpu -q -p no:cacheprovider
+# synth's batches shrinking to their running rows against keeping every row, A-B-A, now that a smaller
+# graph is captured only when a batch first shrinks to it (2026-12-06 13:42, every size captured up
+# front: GSM8K 0.90x, Magpie 1.05x; CPU 1.29x): whether shrinking stays
+step synth_shrink 150 python3 bench/synth_bench.py --target "$HF" --magpie 2048 --batch-size 1024 --shrink-ab \
+  --baseline-prompts 1 --out-json "$R/synth_shrink.json"
+# the owed figures first (with the recipe's drafter where a SHORT=0 lease packed it: NQ=80): vLLM at batch 1
+# and K = 7, 5, 3, beside draftsmith's batch 1
+step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
+  --sweep 5:1,3:1 --out /root/runs/vllm_k753
+step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
+# the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
+# computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
+step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --stop-below 0.09 --batch-size 1 \
+  --out /root/runs/ds_stop
+# batch 16 in both engines on MT-bench's 80 questions (vLLM also at K=3, and 64 and 80 at once): the
+# owed figures of issue 52 (batch 16 was measured on 2026-12-05 22:56 on 30 questions, at K=7 alone)
+E80=(--target "$HF" --mode chain --num-questions 80 --max-new-tokens 256 --drafter "$D" --depth 7 --batch-size 16)
+step vllm_b16 300 python3 -m draftsmith eval "${E80[@]}" --engine vllm --sweep 3:16,7:64 --out /root/runs/vllm_b16
+step ds_b16 200 python3 -m draftsmith eval "${E80[@]}" --kernel-check --out /root/runs/ds_b16
+# the same unfused: how many greedy turns the fused products' rounding changes (40 of 160 equal to
+# plain fused, 160 unfused, on 2026-12-06 10:30 and 07:55), and each engine's rate in one lease
+step ds_b16_unfused 200 python3 -m draftsmith eval "${E80[@]}" --no-fuse-target --kernel-check --out /root/runs/ds_b16_unfused
 # synth's decode step of 1,024 rows eager and compiled (the KV write in place since the compiled step's
 # whole-cache copies, 11.4 ms of 24.8, on 2026-12-06 04:50): the lever for the quickstart's synthesis;
 # and whole synth passes unfused and fused (--fuse-ab), and with SDPA's math path (two batched products:
@@ -151,23 +174,6 @@ done
 [ -d "$Q/prepare" ] || [ ! -f "$Q/.pipeline/magpie.done" ] ||
   step prepare_qs 120 python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m --only prepare
 [ -d "$Q/prepare" ] && train_ab "$Q/prepare"
-# the owed figures first: vLLM at batch 1 and K = 7, 5, 3 with the trained drafter, beside draftsmith's
-# batch 1 (the lease of 2026-12-05 22:56 measured batch 16 in both engines and reached neither of these)
-step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
-  --sweep 5:1,3:1 --out /root/runs/vllm_k753
-step ds_b1 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_b1
-# the adaptive chain over the whole run beside ds_b1's K=7, at about the threshold --stop-below auto
-# computed on 2026-12-05 16:40 (0.0902; that calibration chose the fixed K=4 over it)
-step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 --stop-below 0.09 --batch-size 1 \
-  --out /root/runs/ds_stop
-# batch 16 in both engines on MT-bench's 80 questions (vLLM also at K=3, and 64 and 80 at once): the
-# owed figures of issue 52 (batch 16 was measured on 2026-12-05 22:56 on 30 questions, at K=7 alone)
-E80=(--target "$HF" --mode chain --num-questions 80 --max-new-tokens 256 --drafter "$D" --depth 7 --batch-size 16)
-step vllm_b16 300 python3 -m draftsmith eval "${E80[@]}" --engine vllm --sweep 3:16,7:64 --out /root/runs/vllm_b16
-step ds_b16 200 python3 -m draftsmith eval "${E80[@]}" --kernel-check --out /root/runs/ds_b16
-# the same unfused: how many greedy turns the fused products' rounding changes (40 of 160 equal to
-# plain fused, 160 unfused, on 2026-12-06 10:30 and 07:55), and each engine's rate in one lease
-step ds_b16_unfused 200 python3 -m draftsmith eval "${E80[@]}" --no-fuse-target --kernel-check --out /root/runs/ds_b16_unfused
 # a plain token's kernels against vLLM's (0.97 ms of a 1.47 ms step on 2026-12-06), and the tree cycle
 # by part and kernel, which the CPU work on issue 53 waits for; then plain decoding with the target's
 # projections fused (q/k/v, gate/up: vLLM's 4 GEMMs a layer against the engine's 7) A-B-A, as eval
