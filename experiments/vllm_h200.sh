@@ -8,7 +8,7 @@
 # The next lease carries that drafter (.data/recipe_drafter.tgz.part*, 7 parts: as short_drafter's,
 # below) and measures what issue 52 owes with it:
 # SKIP="gpu_tests ds_stop cycle_profile larger_make larger_vllm larger_ds train_ab magpie_256 magpie_128
-# dflash_vllm" NQ=80, leaving synth_gpu_tests, synth_shrink, vllm_k753, ds_b1, vllm_b16, ds_b16 fused
+# dflash_vllm" NQ=80, leaving synth_gpu_tests, synth_shrink (Magpie and GSM8K), vllm_k753, ds_b1, vllm_b16, ds_b16 fused
 # and unfused, synth_decode (with --fuse-ab and SDPA's math path: the whole synth pass fell from 49.8k
 # to 32.9k tok/s between 05:06 and 10:35 with the same decode step) and capture_pair. The
 # quickstart's whole run, timed, is SHORT=0 (about 20 minutes alone on an H100, 2026-12-06 13:19;
@@ -138,8 +138,11 @@ step synth_gpu_tests 240 python3 -m pytest tests/gpu/test_synth_gpu.py --run-gpu
 # synth's batches shrinking to their running rows against keeping every row, A-B-A, now that a smaller
 # graph is captured only when a batch first shrinks to it (2026-12-06 13:42, every size captured up
 # front: GSM8K 0.90x, Magpie 1.05x; CPU 1.29x): whether shrinking stays
+# (each pass's graph_capture_s counter: what the captures cost)
 step synth_shrink 150 python3 bench/synth_bench.py --target "$HF" --magpie 2048 --batch-size 1024 --shrink-ab \
   --baseline-prompts 1 --out-json "$R/synth_shrink.json"
+step synth_shrink_gsm8k 120 python3 bench/synth_bench.py --target "$HF" --num-prompts 2048 --batch-size 1024 --shrink-ab \
+  --baseline-prompts 1 --out-json "$R/synth_shrink_gsm8k.json"
 # the owed figures first (with the recipe's drafter where a SHORT=0 lease packed it: NQ=80): vLLM at batch 1
 # and K = 7, 5, 3, beside draftsmith's batch 1
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
