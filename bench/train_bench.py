@@ -115,8 +115,10 @@ def bench_variant(name: str, options: dict, args: argparse.Namespace, scratch: P
             tokens += trainer.optimizer_step(group)[1]
         return tokens
 
+    t0 = time.perf_counter()
     run_steps(args.warmup)
     sync()
+    warmup_s = time.perf_counter() - t0  # the compiles happen here
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer._data_wait = 0.0
@@ -132,6 +134,7 @@ def bench_variant(name: str, options: dict, args: argparse.Namespace, scratch: P
         "tokens": tokens,
         "tok_per_s": round(tokens / wall, 1),
         "step_ms": round(wall / args.steps * 1e3, 1),
+        "warmup_s": round(warmup_s, 1),  # --warmup steps with their compiles: a compile's cost is this less their time
         "data_wait": round(trainer._data_wait / wall, 3),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
     }

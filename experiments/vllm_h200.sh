@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-# In this order: data+train, gpu_tests, synth_gpu_tests, synth_shrink, vllm_k753 (with ds_b1), ds_stop,
-# vllm_b16 and ds_b16 (fused and unfused, each with --kernel-check), synth_decode, magpie_256 and
-# magpie_128, train_ab, cycle_profile, larger_target, dflash_vllm, capture_pair (vLLM's figures
+# In this order: data+train, gpu_tests, synth_gpu_tests, synth_shrink, train_ab, vllm_k753 (with ds_b1),
+# ds_stop, vllm_b16 and ds_b16 (fused and unfused, each with --kernel-check), synth_decode, magpie_256
+# and magpie_128, cycle_profile, larger_target, dflash_vllm, capture_pair (vLLM's figures
 # first again since 2026-12-06 13:19, whose SHORT=0 lease packed the recipe's drafter).
 # The next lease carries that drafter (.data/recipe_drafter.tgz.part*, 7 parts: as short_drafter's,
 # below) and measures what issue 52 owes with it:
-# SKIP="gpu_tests ds_stop cycle_profile larger_make larger_vllm larger_ds train_ab magpie_256 magpie_128
-# dflash_vllm" NQ=80, leaving synth_gpu_tests, synth_shrink (Magpie and GSM8K), vllm_k753, ds_b1, vllm_b16, ds_b16 fused
-# and unfused, synth_decode (with --fuse-ab and SDPA's math path: the whole synth pass fell from 49.8k
+# SKIP="gpu_tests ds_stop cycle_profile larger_make larger_vllm larger_ds magpie_256 magpie_128 dflash_vllm"
+# NQ=80, with the run's answers carried too (.data/full_synth.tgz.part*, 2 parts), leaving synth_gpu_tests,
+# synth_shrink (Magpie and GSM8K), train_ab (the capture's layer-wise compile), vllm_k753, ds_b1,
+# vllm_b16, ds_b16 fused and unfused, synth_decode (with --fuse-ab and SDPA's math path: the whole synth pass fell from 49.8k
 # to 32.9k tok/s between 05:06 and 10:35 with the same decode step) and capture_pair. The
 # quickstart's whole run, timed, is SHORT=0 (about 20 minutes alone on an H100, 2026-12-06 13:19;
 # CC=0 without the recipe's --compile-capture).
@@ -143,6 +144,13 @@ step synth_shrink 150 python3 bench/synth_bench.py --target "$HF" --magpie 2048 
   --baseline-prompts 1 --out-json "$R/synth_shrink.json"
 step synth_shrink_gsm8k 120 python3 bench/synth_bench.py --target "$HF" --num-prompts 2048 --batch-size 1024 --shrink-ab \
   --baseline-prompts 1 --out-json "$R/synth_shrink_gsm8k.json"
+# train_online's rate with the capture eager / compiled / eager (A-B-A), and each variant's warm-up, where the
+# compile goes: the capture compiles one decoder layer for all since 2026-12-06 14:30 (the whole forward's
+# compile made the recipe's first 100 steps 135 s on 2026-12-06 13:19); on the run's whole prepared set,
+# prepared here from the carried answers where the drafter was carried (its prepare stage alone, about 10 s)
+[ -d "$Q/prepare" ] || [ ! -f "$Q/.pipeline/magpie.done" ] ||
+  step prepare_qs 120 python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m --only prepare
+[ -d "$Q/prepare" ] && train_ab "$Q/prepare"
 # the owed figures first (with the recipe's drafter where a SHORT=0 lease packed it: NQ=80): vLLM at batch 1
 # and K = 7, 5, 3, beside draftsmith's batch 1
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
@@ -172,11 +180,6 @@ for cap in 256 128; do
   step magpie_$cap 180 python3 -m draftsmith synth --target "$HF" --magpie 6000 --max-new-tokens 256 --batch-size 1024 \
     --keep-unfinished --seed 11 --magpie-max-tokens $cap --out /root/runs/magpie_$cap/conversations.jsonl
 done
-# the run's whole prepared set (11,600 conversations; prepared here from the carried answers where the
-# drafter was carried: its prepare stage alone, about 10 s)
-[ -d "$Q/prepare" ] || [ ! -f "$Q/.pipeline/magpie.done" ] ||
-  step prepare_qs 120 python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m --only prepare
-[ -d "$Q/prepare" ] && train_ab "$Q/prepare"
 # a plain token's kernels against vLLM's (0.97 ms of a 1.47 ms step on 2026-12-06), and the tree cycle
 # by part and kernel, which the CPU work on issue 53 waits for; then plain decoding with the target's
 # projections fused (q/k/v, gate/up: vLLM's 4 GEMMs a layer against the engine's 7) A-B-A, as eval

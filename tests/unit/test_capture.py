@@ -6,6 +6,7 @@ import torch
 
 from draftsmith.runtime.capture import CompiledCapture, capture, packed_positions
 from draftsmith.target import decoder_layers, final_norm
+from tests.helpers import make_tiny_llama
 
 
 def test_capture_equals_output_hidden_states(tiny_model):
@@ -29,25 +30,31 @@ def test_capture_equals_output_hidden_states(tiny_model):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attention", [None, "flex_attention"])
-def test_compiled_capture_equals_capture_and_compiles_once(tiny_model, attention):
+def test_compiled_capture_equals_capture_and_compiles_once(attention):
     """CompiledCapture (train --compile-capture) gives `capture`'s states for packed rows of other
-    packings than the one it was compiled on, without compiling again; after each row its hooks
-    are gone and the model has its own attention implementation back."""
-    aux_layer_ids = [0, 1, 2]
+    packings than the one it was compiled on, compiling one graph for all the layers and none
+    again; after each row its hooks are gone and the layers and the attention implementation are
+    the model's own again."""
+    tiny_model = make_tiny_llama(1000, num_layers=5)
+    aux_layer_ids = [0, 2, 5]
     own = tiny_model.config._attn_implementation
     compiled = CompiledCapture(tiny_model, aux_layer_ids, attention)
     frames = torch._dynamo.utils.counters["frames"]
     torch.manual_seed(0)
-    for j, lengths in enumerate([[10, 20, 34], [40, 24], [64]]):  # one width, three packings
+    compiles = []
+    for lengths in [[10, 20, 34], [40, 24], [64], [30, 34], [64]]:  # one width, four packings
         ids = torch.randint(3, 1000, (1, 64))
         pos = packed_positions(lengths)[None]  # [1, 64]
         before = frames["total"]
         got = compiled(ids, pos)
-        assert j == 0 or frames["total"] == before, "a new packing compiled again"
+        compiles.append(frames["total"] - before)
         want = capture(tiny_model, ids, None, aux_layer_ids, pos, attention)
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
         hooked_modules = [*decoder_layers(tiny_model), final_norm(tiny_model)]
         assert not any(m._forward_pre_hooks for m in hooked_modules)
         assert tiny_model.config._attn_implementation == own
-        assert not compiled.captured  # emptied after each row
+        assert not any("forward" in layer.__dict__ for layer in decoder_layers(tiny_model))  # their own forward
+    # one graph for the 5 layers of a packed row, one for a row of one sample (no packed mask), and no other
+    n = 1 if attention is None else 2  # flex: its own compiled frame beside the layers'
+    assert compiles == [n, 0, n, 0, 0]

@@ -13,6 +13,7 @@ model's base module returns. The LM head never runs, so no vocab-sized tensor is
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -131,37 +132,44 @@ def capture(
 
 
 class CompiledCapture:
-    """`capture` of one packed row (ids and positions [1, W], no mask) through a forward compiled
-    once per width (torch.compile, static shapes). The eager forward of a small target spends
-    most of a row issuing its kernels: on the H200, 51.9 ms of host time a flex row against 17.2
-    ms of kernels (bench/capture_bench.py). Compiled, it issues a few fused kernels a layer: 18.8
-    ms of host time for 8.4 ms of kernels, 3.02x faster; a whole training step 1.20x (H100, A-B-A:
-    the recipe turns it on; train's default stays off).
+    """`capture` of one packed row (ids and positions [1, W], no mask) with the target's decoder
+    layers compiled (torch.compile, static shapes: one width). The eager forward of a small target
+    spends most of a row issuing its kernels: on the H200, 51.9 ms of host time a flex row against
+    17.2 ms of kernels (bench/capture_bench.py). Compiled, it issues a few fused kernels a layer:
+    the whole forward compiled was 3.02x faster, a whole training step 1.20x (H100, A-B-A: the
+    recipe turns it on; train's default stays off).
 
-    The hooks fill one dict that lives as long as this object: the compiled graph writes to the
-    dict it was traced with (dynamo keeps no guard on hooks), and it is emptied after each row,
-    so every call starts from the state the graph was traced in. Returns what `capture` returns,
-    on the model's one device (a target split over GPUs is not compiled)."""
+    What is compiled is the layers' class's forward, once: every layer runs that one graph, its
+    weights the graph's inputs (regional compilation), while the embedding, the rotary and mask
+    set-up, the final norm and the hooks run eagerly around it. So the compile costs one layer's,
+    not the model's: on the 2-core CPU for the embedded default's 30 layers, 18.9 s against 56.2 s
+    for the whole forward, which on an H100 made the recipe's first 100 steps take 135 s, 127 of
+    them compiling (experiments/LOG.md 2026-12-06 13:19). Returns what `capture` returns, on the
+    model's one device (a target split over GPUs is not compiled)."""
 
     def __init__(self, model: nn.Module, aux_layer_ids: list[int], attention: str | None) -> None:
         self.model, self.aux_layer_ids, self.attention = model, aux_layer_ids, attention
-        self.captured: dict[int, torch.Tensor] = {}
-        base = base_model(model)
+        self.layers = decoder_layers(model)
+        # each layer class's forward (unbound: the layer is its first argument), compiled once for all its layers
+        self.compiled = {cls: torch.compile(cls.forward, dynamic=False) for cls in {type(x) for x in self.layers}}
 
-        def forward(ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            out = base(input_ids=ids, position_ids=pos, use_cache=False)
-            aux = stacked_aux(self.captured, aux_layer_ids, ids.device)  # [1, W, n_aux*H]
-            return aux, out.last_hidden_state  # [1, W, H]
-
-        self.forward = torch.compile(forward, dynamic=False)
+    @contextlib.contextmanager
+    def _compiled_layers(self) -> Iterator[None]:
+        """Each decoder layer forwards through its class's compiled forward while a row is captured
+        (the hooks of `capturing` still run around it), and through its own after."""
+        for layer in self.layers:
+            layer.forward = functools.partial(self.compiled[type(layer)], layer)
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                del layer.forward  # the instance attribute: the class's own forward again
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        with capturing(self.model, self.aux_layer_ids, self.attention, self.captured):
-            try:
-                return self.forward(input_ids, position_ids)
-            finally:
-                self.captured.clear()
+        with capturing(self.model, self.aux_layer_ids, self.attention) as captured, self._compiled_layers():
+            out = base_model(self.model)(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+            return stacked_aux(captured, self.aux_layer_ids, input_ids.device), out.last_hidden_state  # [1, W, ..]
 
 
 def packed_positions(lengths: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
