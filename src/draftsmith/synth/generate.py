@@ -13,8 +13,9 @@ starts at slot pad[b]; its positions are slot - pad[b] and it sees cache slots p
     -> once half the running rows have finished, the batch shrinks: the live rows move to the
        front of the cache (`TargetEngine.keep_rows`) and the steps go on over the first R rows,
        R the fewest of B, B/2, B/4, ... (down to MIN_ROWS) that holds them, each with its own
-       graph, captured the first time a batch of that width shrinks to R rows. A batch decodes until its longest row stops, and most rows stop well before:
-       Magpie's self-prompted user turns used about a quarter of a 1,024-row batch's steps.
+       graph, captured the first time a batch of that width shrinks to R rows. A batch decodes
+       until its longest row stops, and most rows stop well before: Magpie's self-prompted user
+       turns used about a quarter of a 1,024-row batch's steps.
 
 The engine has a fixed number of rows: a smaller batch is filled with dummy rows, finished from
 the start, so that one graph per width bucket serves every batch.
