@@ -21,8 +21,8 @@ captures its graph: once timed (the wall ms a step), once under torch.profiler: 
 --sdpa-variants efficient_attention,cudnn_attention adds a synth pass per SDPA backend that the
 engine's attention tries first (the step's attention ran cuDNN's kernel). --fuse-ab adds a pass
 with the target's projections unfused and one fused (synth --no-fuse-target / --fuse-target).
---shrink-ab adds a pass whose batches keep every row to the end and one whose batches shrink to
-their running rows (synth/generate.py, the default). --magpie N makes each pass synthesise N
+--shrink-ab adds a pass whose batches shrink to their running rows (synth --shrink-batches) and
+one whose batches keep every row to the end again (the default). --magpie N makes each pass synthesise N
 Magpie conversations (self-prompted user turns, then answers: the recipe's bulk) instead of
 answering the prompt file.
 
@@ -147,28 +147,23 @@ def synth_pass(
     convs: list[dict],
     sdpa: str | None = None,
     fuse: bool | None = None,
-    shrink: bool = True,
+    shrink: bool = False,
 ) -> dict:
     """The prompts (or --magpie's self-prompts) through `draftsmith synth` (a fresh output each
     pass): its rate and counters.
     `sdpa`: the SDPA backend tried first wherever it can run (the engine's graphs are captured
     under it; math where it cannot, e.g. the self-check's HF forward on CPU), e.g.
     efficient_attention; None: torch's own choice. `fuse`: synth's --fuse-target (None: its
-    default, fused on a GPU). `shrink` False: every batch keeps all its rows to the end, as synth
-    did before its batches shrank to their running rows."""
+    default, fused on a GPU). `shrink`: synth's --shrink-batches."""
     from contextlib import nullcontext
-    from unittest import mock
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    import draftsmith.synth.generate as generate_module
 
     with (
         tempfile.TemporaryDirectory() as tmp,
         nullcontext()
         if sdpa is None
         else sdpa_kernel([getattr(SDPBackend, sdpa.upper()), SDPBackend.MATH], set_priority=True),
-        nullcontext() if shrink else mock.patch.object(generate_module, "MIN_ROWS", sys.maxsize),
     ):
         prompt_file = Path(tmp) / "prompts.jsonl"
         prompt_file.write_text(
@@ -190,6 +185,7 @@ def synth_pass(
             device=args.device,
             dtype=args.dtype,
             fuse_target=fuse,
+            shrink_batches=shrink,
         )
         t0 = time.perf_counter()
         run(cfg)
@@ -249,7 +245,7 @@ def main() -> None:
     ap.add_argument(
         "--shrink-ab",
         action="store_true",
-        help="then the same prompts with every batch's rows kept to the end, then shrinking to its running rows",
+        help="then the same prompts with batches shrinking to their running rows, then keeping every row again",
     )
     ap.add_argument(
         "--magpie", type=int, default=0, help="each pass synthesises this many Magpie conversations instead"
@@ -278,9 +274,9 @@ def main() -> None:
     if args.fuse_ab:  # --fuse-target off and on, each a whole pass (its load and graphs included)
         passes["unfused"] = synth_pass(args, convs, fuse=False)
         passes["fused"] = synth_pass(args, convs, fuse=True)
-    if args.shrink_ab:  # batches that keep every row to the end, then batches that shrink (the default)
-        passes["rows_kept"] = synth_pass(args, convs, shrink=False)
-        passes["rows_shrunk"] = synth_pass(args, convs)
+    if args.shrink_ab:  # A-B-A with the first pass: batches that shrink, then keep every row again (the default)
+        passes["rows_shrunk"] = synth_pass(args, convs, shrink=True)
+        passes["rows_kept"] = synth_pass(args, convs)
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     base = single_stream(

@@ -32,15 +32,16 @@ def _requests(n: int) -> list[Request]:
 
 @pytest.mark.parametrize("shrink", [False, True])
 def test_graphed_batched_greedy_equals_generate(target, monkeypatch, shrink):
-    """shrink: the batch goes down to its running rows (MIN_ROWS 1, a look every 4 steps), each
-    smaller graph captured when first needed, in the middle of the batch's generation."""
+    """shrink (synth --shrink-batches): the batch goes down to its running rows (MIN_ROWS 1, a look
+    every 4 steps), each smaller graph captured when first needed, in the middle of the batch's
+    generation."""
     import draftsmith.synth.generate as gen_mod
 
     if shrink:
         monkeypatch.setattr(gen_mod, "MIN_ROWS", 1)
         monkeypatch.setattr(gen_mod, "CHECK_EVERY", 4)
     tok, model = target.tokenizer, target.model
-    backend = LocalBackend(target, batch_size=8)
+    backend = LocalBackend(target, batch_size=8, shrink=shrink)
     assert backend.use_engine  # auto picks the engine on CUDA
     requests = _requests(12)
     gens = backend.generate(requests, Sampling(0.0, 1.0, 0, 64, 0))

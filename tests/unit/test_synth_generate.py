@@ -11,6 +11,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from draftsmith.errors import UserError
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
+from draftsmith.synth.config import SynthConfig
 from draftsmith.synth.generate import CHECK_EVERY, generate
 from draftsmith.synth.local import LocalBackend, uses_engine
 from draftsmith.synth.turns import Request
@@ -104,8 +105,8 @@ def _cut(row: list[int], stop: set[int]) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.parametrize("graphs", [False, True])
 def test_a_batch_shrinks_to_its_running_rows_and_answers_as_before(monkeypatch, graphs):
-    """Rows that stop early leave the batch: the live ones move to the front of the cache and the
-    steps go on over 2, then 1 row (MIN_ROWS 1 here). Each row's tokens up to its stop id are
+    """With `shrink` (synth --shrink-batches), rows that stop early leave the batch: the live ones
+    move to the front of the cache and the steps go on over 2, then 1 row (MIN_ROWS 1 here). Each row's tokens up to its stop id are
     still HF `generate`'s on that prompt alone, eagerly and through the graphs' calling
     convention, whose captures mid-generation write their warm-up's K/V (`graph_example`) where
     the next step writes. A model whose answers follow their context: rows 0, 1 and 3 stop at
@@ -130,7 +131,9 @@ def test_a_batch_shrinks_to_its_running_rows_and_answers_as_before(monkeypatch, 
     moves = []
     keep_rows = engine.keep_rows
     monkeypatch.setattr(engine, "keep_rows", lambda rows: (moves.append(rows.tolist()), keep_rows(rows)))
-    out = generate(engine, prompts, _greedy(20), stop, pad_id=0, seed=0)
+    assert generate(engine, prompts, _greedy(20), stop, pad_id=0, seed=0) == refs  # by default, every row to the end
+    assert not moves
+    out = generate(engine, prompts, _greedy(20), stop, pad_id=0, seed=0, shrink=True)
     assert [_cut(row, stop) for row in out] == [_cut(row, stop) for row in refs]
     assert out[1][6:] == [0] * 14  # left at the check after step 6 (live rows 2 of 4): pad after
     assert [len(m) for m in moves] == [2, 1]
@@ -176,6 +179,19 @@ def test_fused_engine_generates_as_the_unfused_one(tiny_target):
     want, got = unfused.generate(requests, _greedy(8)), fused.generate(requests, _greedy(8))
     assert fused.engine.fused and not unfused.engine.fused
     assert [g.text for g in got] == [g.text for g in want]
+
+
+def test_shrink_batches_reaches_the_generator(tiny_target, monkeypatch):
+    """synth --shrink-batches (SynthConfig.shrink_batches, off by default) is what the local
+    backend hands the engine's generator."""
+    import draftsmith.synth.local as local_mod
+
+    calls = []
+    monkeypatch.setattr(local_mod, "engine_generate", lambda *args: calls.append(args[-1]) or [[1]] * len(args[1]))
+    for shrink in (False, True):
+        LocalBackend(tiny_target, batch_size=2, generator="engine", shrink=shrink).generate([_chat("hi")], _greedy(2))
+    assert calls == [False, True]
+    assert SynthConfig(prompts="x.jsonl", target="t", out="o.jsonl").shrink_batches is False
 
 
 @pytest.mark.slow

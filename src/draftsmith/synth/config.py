@@ -90,6 +90,10 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
         "dynamic",
         description="Local backend with --generator hf: KV cache; static preallocates it and pads prompts to a multiple of 64.",
     )
+    shrink_batches: bool = Field(
+        False,
+        description="Local engine: a batch goes on over its running rows once half have stopped; sampled draws change.",
+    )
     fuse_target: bool | None = Field(
         None,
         description="Local engine: the target's q/k/v and gate/up as one product each (as eval's); default on for GPU.",

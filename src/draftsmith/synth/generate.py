@@ -10,12 +10,14 @@ starts at slot pad[b]; its positions are slot - pad[b] and it sees cache slots p
        rounded up to a multiple of 64; eager on CPU, same code
     -> choose the next tokens and track finished rows (stop ids) on the device (greedy, or
        temperature / top-k / top-p with a seeded generator); the host looks every CHECK_EVERY steps
-    -> once half the running rows have finished, the batch shrinks: the live rows move to the
+    -> with `shrink` (synth --shrink-batches), once half the running rows have finished, the batch shrinks: the live rows move to the
        front of the cache (`TargetEngine.keep_rows`) and the steps go on over the first R rows,
        R the fewest of B, B/2, B/4, ... (down to MIN_ROWS) that holds them, each with its own
        graph, captured the first time a batch of that width shrinks to R rows. A batch decodes
        until its longest row stops, and most rows stop well before: Magpie's self-prompted user
-       turns used about a quarter of a 1,024-row batch's steps.
+       turns used about a quarter of a 1,024-row batch's steps. Greedy tokens are the same either
+       way; sampled ones are drawn from the same distribution, but a draw depends on the rows
+       beside it. Off by default: it has not yet paid where measured but on a CPU (docs/synth.md).
 
 The engine has a fixed number of rows: a smaller batch is filled with dummy rows, finished from
 the start, so that one graph per width bucket serves every batch.
@@ -76,7 +78,13 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) 
 
 @torch.no_grad()
 def generate(
-    engine: TargetEngine, prompts: list[list[int]], sampling: Sampling, stop: set[int], pad_id: int, seed: int
+    engine: TargetEngine,
+    prompts: list[list[int]],
+    sampling: Sampling,
+    stop: set[int],
+    pad_id: int,
+    seed: int,
+    shrink: bool = False,
 ) -> list[list[int]]:
     """The new tokens of each prompt: `sampling.max_new_tokens` of them, or fewer once every
     row has produced a stop id. Rows are not cut at their stop id here (the caller cuts): what
@@ -90,7 +98,7 @@ def generate(
         )
     ids, pad = left_pad(prompts, width, pad_id, rows)  # [B, W], [B]
     ids, pad = ids.to(dev), pad.to(dev)
-    counts = row_counts(rows)
+    counts = row_counts(rows) if shrink else [rows]
     engine.graph(1, s)  # before the prefill: capture writes junk at slot 0
 
     slots = torch.arange(s, device=dev)

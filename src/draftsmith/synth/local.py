@@ -170,9 +170,11 @@ class LocalBackend:
         generator: str = "auto",
         completion: bool = False,
         fuse: bool | None = None,
+        shrink: bool = False,
     ) -> None:
         self.target, self.batch_size, self.cache, self.completion = target, batch_size, cache, completion
         self.fuse = fuse  # the engine's fused projections (`TargetEngine`; None: on for a GPU)
+        self.shrink = shrink  # batches go on over their running rows (`synth/generate.py`)
         self.name = target.info.name
         self.tokenizer = target.tokenizer
         self.stop = stop_token_ids(target, completion)
@@ -201,7 +203,7 @@ class LocalBackend:
             seed = stable_seed(sampling.seed, requests[batch[0]].key)
             batch_prompts = [prompts[i] for i in batch]
             if self.engine is not None:
-                new = engine_generate(self.engine, batch_prompts, sampling, stop, self.pad, seed)
+                new = engine_generate(self.engine, batch_prompts, sampling, stop, self.pad, seed, self.shrink)
             else:
                 new = self._hf_generate(batch_prompts, sampling, stop, seed)
             for i, tokens in zip(batch, new):

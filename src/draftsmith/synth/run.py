@@ -104,7 +104,9 @@ def build_backend(cfg: SynthConfig, world: int, local_rank: int, magpie: bool = 
     if device is None and world > 1 and torch.cuda.is_available():
         device = f"cuda:{local_rank}"
     target = load_target(cfg.target, device=device, dtype=cfg.dtype, chat_template=cfg.chat_template, shard=cfg.shard)
-    backend = LocalBackend(target, cfg.batch_size, cfg.cache, cfg.generator, cfg.completion, cfg.fuse_target)
+    backend = LocalBackend(
+        target, cfg.batch_size, cfg.cache, cfg.generator, cfg.completion, cfg.fuse_target, cfg.shrink_batches
+    )
     return backend, target.tokenizer
 
 
