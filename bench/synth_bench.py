@@ -22,9 +22,9 @@ captures its graph: once timed (the wall ms a step), once under torch.profiler: 
 engine's attention tries first (the step's attention ran cuDNN's kernel). --fuse-ab adds a pass
 with the target's projections unfused and one fused (synth --no-fuse-target / --fuse-target).
 --shrink-ab adds a pass whose batches shrink to their running rows (synth --shrink-batches) and
-one whose batches keep every row to the end again (the default). --magpie N makes each pass synthesise N
-Magpie conversations (self-prompted user turns, then answers: the recipe's bulk) instead of
-answering the prompt file.
+one whose batches keep every row to the end again (the default). --magpie N makes each pass
+synthesise N Magpie conversations (self-prompted user turns, then answers: the recipe's bulk)
+instead of answering the prompt file.
 
 Prints one JSON object and writes it to --out-json.
 """

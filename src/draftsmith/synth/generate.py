@@ -10,10 +10,11 @@ starts at slot pad[b]; its positions are slot - pad[b] and it sees cache slots p
        rounded up to a multiple of 64; eager on CPU, same code
     -> choose the next tokens and track finished rows (stop ids) on the device (greedy, or
        temperature / top-k / top-p with a seeded generator); the host looks every CHECK_EVERY steps
-    -> with `shrink` (synth --shrink-batches), once half the running rows have finished, the batch shrinks: the live rows move to the
-       front of the cache (`TargetEngine.keep_rows`) and the steps go on over the first R rows,
-       R the fewest of B, B/2, B/4, ... (down to MIN_ROWS) that holds them, each with its own
-       graph, captured the first time a batch of that width shrinks to R rows. A batch decodes
+    -> with `shrink` (synth --shrink-batches), once half the running rows have finished, the
+       batch shrinks: the live rows move to the front of the cache (`TargetEngine.keep_rows`) and
+       the steps go on over the first R rows, R the fewest of B, B/2, B/4, ... (down to
+       MIN_ROWS) that holds them, each with its own graph, captured the first time a batch of
+       that width shrinks to R rows. A batch decodes
        until its longest row stops, and most rows stop well before: Magpie's self-prompted user
        turns used about a quarter of a 1,024-row batch's steps. Greedy tokens are the same either
        way; sampled ones are drawn from the same distribution, but a draw depends on the rows

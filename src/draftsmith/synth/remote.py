@@ -47,6 +47,8 @@ def normalize_endpoint(url: str) -> str:
 class RemoteBackend:
     """A client for one OpenAI-compatible server."""
 
+    capture_seconds = 0.0  # the server's own graphs are not ours to time
+
     def __init__(
         self,
         endpoint: str,

@@ -304,7 +304,7 @@ def write_conversations(cfg: SynthConfig) -> Path:
             totals.update(counts)
             if plan is not None:
                 progress.set(**plan.count_done([w.id for w in batch]))
-            if getattr(backend, "capture_seconds", 0.0):  # the local engine's CUDA graphs, in the time above
+            if backend.capture_seconds:  # the local engine's CUDA graphs, in the time above
                 progress.set(graph_capture_s=round(backend.capture_seconds, 2))
             progress.advance(len(batch), tokens=sum(w.tokens for w in batch), bytes_written=written, **counts)
 

@@ -44,6 +44,7 @@ class Generation:
 
 class Backend(Protocol):
     name: str
+    capture_seconds: float  # CUDA-graph capture so far, inside the generation time (the local engine's; else 0)
 
     def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]: ...
 
