@@ -142,8 +142,8 @@ class CompiledCapture:
     What is compiled is the layers' class's forward, once: every layer runs that one graph, its
     weights the graph's inputs (regional compilation), while the embedding, the rotary and mask
     set-up, the final norm and the hooks run eagerly around it. So the compile costs one layer's,
-    not the model's: on the 2-core CPU for the embedded default's 30 layers, 18.9 s against 56.2 s
-    for the whole forward, with which the recipe's first 100 steps took 135 s on an H100, about
+    not the model's: on the 2-core CPU for the embedded default's 30 layers, 14.1 s against 40.2 s
+    for the whole forward (bench/capture_compile_cost.py), with which the recipe's first 100 steps took 135 s on an H100, about
     127 of them compiling this and the drafter's step (experiments/LOG.md 2026-12-06 13:19).
     Returns what `capture` returns, on the model's one device (a target split over GPUs is not
     compiled)."""
