@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-# In this order: data+train, gpu_tests, synth_gpu_tests, synth_shrink, train_ab, vllm_k753 (with ds_b1),
-# ds_stop, vllm_b16 and ds_b16 (fused and unfused, each with --kernel-check), synth_decode, magpie_256
-# and magpie_128, cycle_profile, larger_target, dflash_vllm, capture_pair (vLLM's figures
-# first again since 2026-12-06 13:19, whose SHORT=0 lease packed the recipe's drafter).
+# In this order: data+train, gpu_tests, synth_gpu_tests, synth_shrink, vllm_k753 (with ds_b1), ds_stop,
+# vllm_b16 and ds_b16 (fused and unfused, each with --kernel-check), train_ab, ds_tree, synth_decode,
+# magpie_256 and magpie_128, cycle_profile, larger_target, dflash_vllm, capture_pair (vLLM's figures
+# before train_ab since 2026-12-06 16:10: the deadline cuts the last steps).
 # The next lease carries that drafter (.data/recipe_drafter.tgz.part*, 7 parts: as short_drafter's,
 # below) and measures what issue 52 owes with it:
 # SKIP="gpu_tests ds_stop cycle_profile larger_make larger_vllm larger_ds magpie_256 magpie_128 dflash_vllm"
@@ -144,13 +144,6 @@ step synth_shrink 150 python3 bench/synth_bench.py --target "$HF" --magpie 2048 
   --baseline-prompts 1 --out-json "$R/synth_shrink.json"
 step synth_shrink_gsm8k 120 python3 bench/synth_bench.py --target "$HF" --num-prompts 2048 --batch-size 1024 --shrink-ab \
   --baseline-prompts 1 --out-json "$R/synth_shrink_gsm8k.json"
-# train_online's rate with the capture eager / compiled / eager (A-B-A), and each variant's warm-up, where the
-# compile goes: the capture compiles one decoder layer for all since 2026-12-06 14:30 (the whole forward's
-# compile made the recipe's first 100 steps 135 s on 2026-12-06 13:19); on the run's whole prepared set,
-# prepared here from the carried answers where the drafter was carried (its prepare stage alone, about 10 s)
-[ -d "$Q/prepare" ] || [ ! -f "$Q/.pipeline/magpie.done" ] ||
-  step prepare_qs 120 python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m --only prepare
-[ -d "$Q/prepare" ] && train_ab "$Q/prepare"
 # the owed figures first (with the recipe's drafter where a SHORT=0 lease packed it: NQ=80): vLLM at batch 1
 # and K = 7, 5, 3, beside draftsmith's batch 1
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
@@ -168,6 +161,16 @@ step ds_b16 200 python3 -m draftsmith eval "${E80[@]}" --kernel-check --out /roo
 # the same unfused: how many greedy turns the fused products' rounding changes (40 of 160 equal to
 # plain fused, 160 unfused, on 2026-12-06 10:30 and 07:55), and each engine's rate in one lease
 step ds_b16_unfused 200 python3 -m draftsmith eval "${E80[@]}" --no-fuse-target --kernel-check --out /root/runs/ds_b16_unfused
+# train_online's rate with the capture eager / compiled / eager (A-B-A), and each variant's warm-up, where the
+# compile goes: the capture compiles one decoder layer for all since 2026-12-06 14:30 (the whole forward's
+# compile made the recipe's first 100 steps 135 s on 2026-12-06 13:19); on the run's whole prepared set,
+# prepared here from the carried answers where the drafter was carried (its prepare stage alone, about 10 s)
+[ -d "$Q/prepare" ] || [ ! -f "$Q/.pipeline/magpie.done" ] ||
+  step prepare_qs 120 python3 -m draftsmith pipeline /root/short.yaml --out "$Q" --target smollm2-135m --only prepare
+[ -d "$Q/prepare" ] && train_ab "$Q/prepare"
+# the recipe's drafter as a tree (60 tokens, 7 levels, top 10) at batch 1 beside ds_b1's chain: its tau against
+# issue 53's goal (6.1) and its cycle against the chain's (+1.22 ms on 2026-12-05 10:39)
+step ds_tree 300 python3 -m draftsmith eval "${E[@]/chain/tree}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_tree
 # synth's decode step of 1,024 rows eager and compiled (the KV write in place since the compiled step's
 # whole-cache copies, 11.4 ms of 24.8, on 2026-12-06 04:50): the lever for the quickstart's synthesis;
 # and whole synth passes unfused and fused (--fuse-ab), and with SDPA's math path (two batched products:
