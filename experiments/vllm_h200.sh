@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-# In this order: data+train, gpu_tests, synth_gpu_tests, synth_shrink, vllm_k753 (with ds_b1), ds_stop,
-# vllm_b16 and ds_b16 (fused and unfused, each with --kernel-check), train_ab, ds_tree, synth_decode,
+# In this order: data+train, gpu_tests, synth_gpu_tests, synth_shrink, vllm_k753 (with ds_b1), ds_stop, ds_b16
+# (fused, with --kernel-check), vllm_b16, ds_b16_unfused, train_ab, ds_tree, synth_decode,
 # magpie_256 and magpie_128, cycle_profile, larger_target, dflash_vllm, capture_pair (vLLM's figures
 # before train_ab since 2026-12-06 16:10: the deadline cuts the last steps).
 # The next lease carries that drafter (.data/recipe_drafter.tgz.part*, 7 parts: as short_drafter's,
@@ -156,8 +156,8 @@ step ds_stop 330 python3 -m draftsmith eval "${E[@]}" --drafter "$D" --depth 7 -
 # batch 16 in both engines on MT-bench's 80 questions (vLLM also at K=3, and 64 and 80 at once): the
 # owed figures of issue 52 (batch 16 was measured on 2026-12-05 22:56 on 30 questions, at K=7 alone)
 E80=(--target "$HF" --mode chain --num-questions 80 --max-new-tokens 256 --drafter "$D" --depth 7 --batch-size 16)
-step vllm_b16 300 python3 -m draftsmith eval "${E80[@]}" --engine vllm --sweep 3:16,7:64 --out /root/runs/vllm_b16
 step ds_b16 200 python3 -m draftsmith eval "${E80[@]}" --kernel-check --out /root/runs/ds_b16
+step vllm_b16 300 python3 -m draftsmith eval "${E80[@]}" --engine vllm --sweep 3:16,7:64 --out /root/runs/vllm_b16
 # the same unfused: how many greedy turns the fused products' rounding changes (40 of 160 equal to
 # plain fused, 160 unfused, on 2026-12-06 10:30 and 07:55), and each engine's rate in one lease
 step ds_b16_unfused 200 python3 -m draftsmith eval "${E80[@]}" --no-fuse-target --kernel-check --out /root/runs/ds_b16_unfused
