@@ -6,11 +6,12 @@
 # magpie_256 and magpie_128, cycle_profile, larger_target, dflash_vllm, capture_pair (vLLM's figures
 # before train_ab since 2026-12-06 16:10: the deadline cuts the last steps).
 # The next lease carries that drafter (.data/recipe_drafter.tgz.part*, 7 parts: as short_drafter's,
-# below) and measures what issue 52 owes with it:
-# SKIP="gpu_tests ds_stop cycle_profile larger_make larger_vllm larger_ds magpie_256 magpie_128 dflash_vllm"
-# NQ=80, with the run's answers carried too (.data/full_synth.tgz.part*, 2 parts), leaving synth_gpu_tests,
-# synth_shrink (Magpie and GSM8K), train_ab (the capture's layer-wise compile), vllm_k753, ds_b1,
-# vllm_b16, ds_b16 fused and unfused, synth_decode (with --fuse-ab and SDPA's math path: the whole synth pass fell from 49.8k
+# below) and measures what issue 52 still owes with it (vllm_k753 and ds_b1 ran on 2026-12-06 17:02):
+# SKIP="gpu_tests ds_stop cycle_profile larger_make larger_vllm larger_ds magpie_256 magpie_128 dflash_vllm
+# vllm_k753 ds_b1 synth_gpu_tests synth_shrink synth_shrink_gsm8k" NQ=80, with the run's answers carried too
+# (.data/full_synth.tgz.part*, 2 parts, for train_ab's prepared set), leaving ds_b16 fused, vllm_b16,
+# ds_b16 unfused, train_ab (the capture's layer-wise compile), ds_tree, synth_decode (with --fuse-ab and
+# SDPA's math path: the whole synth pass fell from 49.8k
 # to 32.9k tok/s between 05:06 and 10:35 with the same decode step) and capture_pair. The
 # quickstart's whole run, timed, is SHORT=0 (about 20 minutes alone on an H100, 2026-12-06 13:19;
 # CC=0 without the recipe's --compile-capture).
