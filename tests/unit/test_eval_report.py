@@ -52,44 +52,48 @@ def test_acceptance_numbers():
     assert a["tau_distribution"] == {"1": 1, "2": 1, "3": 1, "4": 1}
 
 
+# two turns of a 2-deep chain and the run's settings: the report built from them
+TURNS = [
+    {
+        "category": "a",
+        "turn": 1,
+        "accepts": [1, 1],
+        "spec_tokens": 4,
+        "spec_seconds": 1.0,
+        "plain_tokens": 4,
+        "plain_seconds": 2.0,
+        "matches_plain": True,
+    },
+    {
+        "category": "b",
+        "turn": 2,
+        "accepts": [0],
+        "spec_tokens": 1,
+        "spec_seconds": 1.0,
+        "plain_tokens": 1,
+        "plain_seconds": 0.5,
+        "matches_plain": False,
+    },
+]
+META = {
+    "mode": "chain",
+    "bench": "x",
+    "target": "t",
+    "drafter": "d",
+    "device": "cpu",
+    "dtype": "float32",
+    "cuda_graphs": False,
+    "questions": 2,
+    "temperature": 0.0,
+    "max_new_tokens": 4,
+    "capture_seconds": 0.0,
+    "warmup_seconds": 0.0,
+    "wall_seconds": 1.0,
+}
+
+
 def test_report_speedup_and_categories(tmp_path):
-    turns = [
-        {
-            "category": "a",
-            "turn": 1,
-            "accepts": [1, 1],
-            "spec_tokens": 4,
-            "spec_seconds": 1.0,
-            "plain_tokens": 4,
-            "plain_seconds": 2.0,
-            "matches_plain": True,
-        },
-        {
-            "category": "b",
-            "turn": 2,
-            "accepts": [0],
-            "spec_tokens": 1,
-            "spec_seconds": 1.0,
-            "plain_tokens": 1,
-            "plain_seconds": 0.5,
-            "matches_plain": False,
-        },
-    ]
-    meta = {
-        "mode": "chain",
-        "bench": "x",
-        "target": "t",
-        "drafter": "d",
-        "device": "cpu",
-        "dtype": "float32",
-        "cuda_graphs": False,
-        "questions": 2,
-        "temperature": 0.0,
-        "max_new_tokens": 4,
-        "capture_seconds": 0.0,
-        "warmup_seconds": 0.0,
-        "wall_seconds": 1.0,
-    }
+    turns, meta = TURNS, META
     r = build_report(turns, depth=2, meta=meta)
     assert r["tau"] == pytest.approx(5 / 3, abs=1e-4) and r["tokens"] == 5
     assert (
@@ -127,6 +131,41 @@ def test_a_speed_up_above_tau_is_flagged_as_noise_and_one_below_1_gets_a_hint(tm
     assert "slower than plain decoding at batch 16: --depth auto" in summary_line(slower, tmp_path)
     assert "--sweep 3:16" in summary_line({**slower, "engine": "vllm"}, tmp_path)
     assert "slower" not in summary_line({**slower, "speedup": 1.13}, tmp_path)
+
+
+def test_a_vllm_sweep_names_its_fastest_depth_per_batch_size(tmp_path):
+    """`--engine vllm --sweep`: the depth to serve with at each batch size timed at several
+    depths (the recipe's drafter on an H100: K=5 beat K=7 and K=3 at batch 1), in report.md and
+    the summary line; none where a batch size ran one depth."""
+    from draftsmith.evaluate.report import fastest_depths, summary_line
+
+    def one(depth, batch, speedup):
+        counters = {"accepted": 1, "drafts": 1, "accepted_per_pos": [1]}
+        rates = {"spec_tok_per_s": speedup, "plain_tok_per_s": 1.0, "counters_tau": 3.0}
+        return {
+            "depth": depth,
+            "batch_size": batch,
+            "speedup": speedup,
+            "tau": 3.0,
+            "steps": 1,
+            "counters": counters,
+            **rates,
+        }
+
+    passes = [one(7, 1, 1.59), one(7, 80, 0.58), one(5, 1, 1.83), one(3, 1, 1.62)]
+    r = {"vllm": {"version": "0.26.0", "passes": passes, "start_seconds": {"spec": 1.0}}}
+    assert {b: p["depth"] for b, p in fastest_depths(r).items()} == {1: 5}  # batch 80 ran K=7 alone
+    base = {"mode": "chain", "questions": 3, "tokens": 96, "tau": 3.98, "speedup": 1.59}
+    line = summary_line({**base, **r, "spec_tok_per_s": 675.0, "plain_tok_per_s": 425.8}, tmp_path)
+    assert "[vLLM's fastest at batch 1: K=5, 1.83x (num_speculative_tokens 5)]" in line
+    assert "fastest" not in summary_line(
+        {**base, "vllm": {"passes": passes[:2]}, "spec_tok_per_s": 1.0, "plain_tok_per_s": 1.0}, tmp_path
+    )
+    assert fastest_depths({}) == {}
+    md = markdown({**build_report(TURNS, depth=2, meta=META), **r})
+    assert [ln for ln in md.splitlines() if "fastest" in ln] == [
+        "- **vLLM's fastest at batch 1: K=5, 1.83x (num_speculative_tokens 5)**"
+    ]
 
 
 def test_the_greedy_check_says_why_turns_differ():

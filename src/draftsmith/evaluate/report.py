@@ -216,6 +216,20 @@ def vllm_pass_line(version: str, p: dict[str, Any]) -> str:
     )
 
 
+def fastest_depths(r: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """`eval --engine vllm --sweep`: per batch size timed at more than one depth, its fastest pass
+    (the depth to serve with there), keyed by batch size in the passes' order."""
+    by_batch: dict[int, list[dict[str, Any]]] = {}
+    for p in (r.get("vllm") or {}).get("passes", []):
+        if p.get("speedup") is not None:
+            by_batch.setdefault(p["batch_size"], []).append(p)
+    return {b: max(ps, key=lambda p: p["speedup"]) for b, ps in by_batch.items() if len({p["depth"] for p in ps}) > 1}
+
+
+def fastest_line(batch: int, p: dict[str, Any]) -> str:
+    return f"vLLM's fastest at batch {batch}: K={p['depth']}, {p['speedup']:.2f}x (num_speculative_tokens {p['depth']})"
+
+
 def markdown(r: dict[str, Any]) -> str:
     lines = [
         f"# draftsmith eval: {r['mode']} on {r['bench']}, engine {r.get('engine', 'draftsmith')}",
@@ -245,6 +259,7 @@ def markdown(r: dict[str, Any]) -> str:
         )
     for p in (r.get("vllm") or {}).get("passes", []):  # --engine vllm: each batch size, and vLLM's own counters
         lines.append(vllm_pass_line(r["vllm"]["version"], p))
+    lines += [f"- **{fastest_line(b, p)}**" for b, p in fastest_depths(r).items()]
     for name, prof in ((r.get("vllm") or {}).get("profile") or {}).items():
         lines.append(vllm_profile_line(name, prof) if prof else f"- vLLM profile, {name}: no trace was written")
     if r.get("shape"):
@@ -352,6 +367,7 @@ def summary_line(r: dict[str, Any], out: Path) -> str:
         )
     elif r["speedup"] is not None and r["speedup"] < 1:
         speed += f" [{slower_hint(r)}]"
+    speed += "".join(f" [{fastest_line(b, p)}]" for b, p in fastest_depths(r).items())
     return f"eval: tau {r['tau']:.2f} ({r['mode']}), {speed}, {r['questions']} questions, {r['tokens']} tokens -> {out / 'report.json'}"
 
 
