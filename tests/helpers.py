@@ -175,6 +175,24 @@ def tiny_causal_lm(arch: str, vocab_size: int = 300, seed: int = 0, **overrides)
     return exact_attention(transformers.AutoModelForCausalLM.from_config(cfg).eval())
 
 
+# an eval report's run settings (`build_report`'s meta) for report tests: a 2-question CPU run
+REPORT_META = {
+    "mode": "chain",
+    "bench": "x",
+    "target": "t",
+    "drafter": "d",
+    "device": "cpu",
+    "dtype": "float32",
+    "cuda_graphs": False,
+    "questions": 2,
+    "temperature": 0.0,
+    "max_new_tokens": 4,
+    "capture_seconds": 0.0,
+    "warmup_seconds": 0.0,
+    "wall_seconds": 1.0,
+}
+
+
 def write_tokenized_dataset(path: Path, samples: list[list[int]], sample_ids: list[int] | None = None) -> Path:
     """A prepared-dataset folder (data.parquet + dataset.json) from token id lists, as `prepare`
     writes it; the loss mask marks the second half of each sample as assistant tokens."""

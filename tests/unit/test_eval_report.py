@@ -9,6 +9,7 @@ import pytest
 from draftsmith.errors import UserError
 from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.evaluate.report import acceptance, build_report, greedy_check_note, markdown, plot
+from tests.helpers import REPORT_META
 
 
 def test_mt_bench_and_jsonl_formats(tmp_path, tokenizer):
@@ -52,7 +53,7 @@ def test_acceptance_numbers():
     assert a["tau_distribution"] == {"1": 1, "2": 1, "3": 1, "4": 1}
 
 
-# two turns of a 2-deep chain and the run's settings: the report built from them
+# two turns of a 2-deep chain, and the run's settings: the report built from them
 TURNS = [
     {
         "category": "a",
@@ -75,25 +76,10 @@ TURNS = [
         "matches_plain": False,
     },
 ]
-META = {
-    "mode": "chain",
-    "bench": "x",
-    "target": "t",
-    "drafter": "d",
-    "device": "cpu",
-    "dtype": "float32",
-    "cuda_graphs": False,
-    "questions": 2,
-    "temperature": 0.0,
-    "max_new_tokens": 4,
-    "capture_seconds": 0.0,
-    "warmup_seconds": 0.0,
-    "wall_seconds": 1.0,
-}
 
 
 def test_report_speedup_and_categories(tmp_path):
-    turns, meta = TURNS, META
+    turns, meta = TURNS, REPORT_META
     r = build_report(turns, depth=2, meta=meta)
     assert r["tau"] == pytest.approx(5 / 3, abs=1e-4) and r["tokens"] == 5
     assert (
@@ -162,7 +148,7 @@ def test_a_vllm_sweep_names_its_fastest_depth_per_batch_size(tmp_path):
         {**base, "vllm": {"passes": passes[:2]}, "spec_tok_per_s": 1.0, "plain_tok_per_s": 1.0}, tmp_path
     )
     assert fastest_depths({}) == {}
-    md = markdown({**build_report(TURNS, depth=2, meta=META), **r})
+    md = markdown({**build_report(TURNS, depth=2, meta=REPORT_META), **r})
     assert [ln for ln in md.splitlines() if "fastest" in ln] == [
         "- **vLLM's fastest at batch 1: K=5, 1.83x (num_speculative_tokens 5)**"
     ]

@@ -17,6 +17,7 @@ from draftsmith.evaluate import vllm_eval
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.run import run as evaluate
 from draftsmith.evaluate.vllm_worker import accepts_from_counters
+from tests.helpers import REPORT_META
 
 
 @pytest.fixture
@@ -102,20 +103,9 @@ def test_a_pass_of_the_worker_makes_the_report_rows_and_counters():
     assert summary["speedup"] == 2.0 and summary["greedy_turns_matching_plain"] == 1  # the second answer differs
     rows = vllm_eval.turn_rows(questions, spec["answers"], plain["answers"], greedy=True)
     meta = {
+        **REPORT_META,
         "engine": "vllm",
-        "mode": "chain",
         "bench": "b",
-        "target": "t",
-        "drafter": "d",
-        "device": "cpu",
-        "dtype": "float32",
-        "cuda_graphs": False,
-        "questions": 2,
-        "temperature": 0.0,
-        "max_new_tokens": 4,
-        "capture_seconds": 0.0,
-        "warmup_seconds": 0.0,
-        "wall_seconds": 1.0,
         "shape": None,
         "vllm": {"version": "0", "start_seconds": {"spec": 1.0, "plain": 1.0}, "passes": [summary]},
     }
