@@ -66,6 +66,9 @@ driver_start() {
   export HARD_DEADLINE=${HARD_DEADLINE:-$(( DEADLINE + $2 * 60 ))}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.txt"
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' >> "$R/gpu.txt"
+  # the host CPU too: vLLM's step on a small target is host time, and it differed 1.6x between two H100 hosts
+  # (2026-12-06 04:50 and 17:02)
+  lscpu | grep -E "^(Model name|CPU\(s\)):" >> "$R/gpu.txt"
   [ -f "$HF/config.json" ] || step convert 300 python3 bench/gguf_to_hf.py "$GGUF" "$HF"
 }
 
