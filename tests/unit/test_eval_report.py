@@ -79,8 +79,7 @@ TURNS = [
 
 
 def test_report_speedup_and_categories(tmp_path):
-    turns, meta = TURNS, REPORT_META
-    r = build_report(turns, depth=2, meta=meta)
+    r = build_report(TURNS, depth=2, meta=REPORT_META)
     assert r["tau"] == pytest.approx(5 / 3, abs=1e-4) and r["tokens"] == 5
     assert (
         r["spec_tok_per_s"] == 2.5
@@ -99,7 +98,7 @@ def test_report_speedup_and_categories(tmp_path):
     assert "(bfloat16 rounding: a verification forward" in bf16 and "`--kernel-check`" in bf16
     assert "(rounding: vLLM verifies" in markdown({**r, "dtype": "bfloat16", "engine": "vllm"})
     assert "2/2 turns identical to plain decoding\n" in markdown({**r, "greedy_turns_matching_plain": 2})
-    no_speed = build_report([{**turns[0], "plain_seconds": None}], depth=2, meta=meta)
+    no_speed = build_report([{**TURNS[0], "plain_seconds": None}], depth=2, meta=REPORT_META)
     assert no_speed["speedup"] is None
     assert "speed-up 1.25x" in markdown(r)
     plot(r, tmp_path)

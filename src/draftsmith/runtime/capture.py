@@ -29,13 +29,11 @@ VARIABLE_SHAPE_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTIO
 
 
 @contextlib.contextmanager
-def hooked(
-    model: nn.Module, aux_layer_ids: list[int], captured: dict[int, torch.Tensor] | None = None
-) -> Iterator[dict[int, torch.Tensor]]:
+def hooked(model: nn.Module, aux_layer_ids: list[int]) -> Iterator[dict[int, torch.Tensor]]:
     """Register pre-hooks that store the hidden state entering each layer in `aux_layer_ids`.
-    Yields the dict they fill (`{k: [B, T, H]}`: `captured`, or a new one); hooks are removed on exit."""
+    Yields the dict they fill (`{k: [B, T, H]}`); hooks are removed on exit."""
     layers = decoder_layers(model)
-    captured = {} if captured is None else captured
+    captured: dict[int, torch.Tensor] = {}
     handles = []
 
     def make_hook(k: int):
@@ -76,16 +74,11 @@ def attention_implementation(model: nn.Module, name: str | None) -> Iterator[Non
 
 
 @contextlib.contextmanager
-def capturing(
-    model: nn.Module,
-    aux_layer_ids: list[int],
-    attention: str | None,
-    captured: dict[int, torch.Tensor] | None = None,
-) -> Iterator[dict[int, torch.Tensor]]:
+def capturing(model: nn.Module, aux_layer_ids: list[int], attention: str | None) -> Iterator[dict[int, torch.Tensor]]:
     """What a capture forward runs under: the hooks (`hooked`, yielding the dict they fill), the
     attention implementation (`attention_implementation`) and sdpa's variable-shape backends."""
     with (
-        hooked(model, aux_layer_ids, captured) as filled,
+        hooked(model, aux_layer_ids) as filled,
         sdpa_kernel(VARIABLE_SHAPE_SDPA),
         attention_implementation(model, attention),
     ):
