@@ -155,11 +155,12 @@ def test_a_vllm_sweep_names_its_fastest_depth_per_batch_size(tmp_path):
 
 def test_the_greedy_check_says_why_turns_differ():
     """The report's greedy-check line: nothing when every turn matches; a fault in fp32; bf16
-    rounding otherwise, naming the fused projections where the engine ran them."""
+    rounding otherwise, pointing to --kernel-check, or to its count where it ran."""
     base = {"greedy_turns_checked": 4, "greedy_turns_matching_plain": 4, "dtype": "bfloat16", "engine": "draftsmith"}
     assert greedy_check_note(base) == ""
     differ = {**base, "greedy_turns_matching_plain": 1}
     assert "fault" in greedy_check_note({**differ, "dtype": "float32"})
-    assert "rounding" in greedy_check_note(differ) and "--no-fuse-target" not in greedy_check_note(differ)
-    assert "--no-fuse-target" in greedy_check_note({**differ, "target_fused": True})
+    assert "rounding" in greedy_check_note(differ) and "--kernel-check" in greedy_check_note(differ)
+    checked = {**differ, "verify_shape_turns_checked": 4, "verify_shape_turns_matching_plain": 1}
+    assert "kernel-shape check below" in greedy_check_note(checked)
     assert "vLLM" in greedy_check_note({**differ, "engine": "vllm", "target_fused": None})

@@ -183,8 +183,8 @@ def build_report(turns: list[dict[str, Any]], depth: int, meta: ReportMeta | dic
 def greedy_check_note(r: dict[str, Any]) -> str:
     """Why greedy turns may differ from plain decoding, for the report's greedy-check line: in
     fp32, draftsmith's engine matches every turn, so a differing one is a fault; in bf16 or fp16 a
-    verification forward of several tokens rounds unlike one-token decoding (more often with the
-    target's projections fused), near-ties flip."""
+    verification forward of several tokens rounds unlike one-token decoding, near-ties flip
+    (`--kernel-check` counts the turns that the verification's shape alone changes)."""
     if r["greedy_turns_matching_plain"] == r["greedy_turns_checked"]:
         return ""
     if r.get("engine") == "vllm":
@@ -193,9 +193,8 @@ def greedy_check_note(r: dict[str, Any]) -> str:
         return " (in fp32 every turn should match: a differing one is a fault, please report it with this report)"
     if r.get("verify_shape_turns_checked"):
         return " (rounding: compare the kernel-shape check below)"
-    fused = " (more often with the target's projections fused: `--no-fuse-target`)" if r.get("target_fused") else ""
     return (
-        f" ({r['dtype']} rounding: a verification forward of several tokens rounds unlike one-token decoding{fused}, "
+        f" ({r['dtype']} rounding: a verification forward of several tokens rounds unlike one-token decoding, "
         "and near-ties flip; `--kernel-check` measures how many turns that alone changes)"
     )
 
