@@ -23,7 +23,10 @@
           compiled inside its CUDA graphs (plain decoding and verification alike); with
           --drafter-widths, once per random drafter of each MLP width (WIDTH, or WIDTH:LAYERS for a
           drafter of that many decoder layers), all in one process (the drafting cost of a wider
-          or deeper drafter: weights do not change it)
+          or deeper drafter: weights do not change it); with --fuse-ab, plain decoding with the
+          target's projections unfused / fused / unfused, and with --compile-scope-ab, compiled
+          whole / layer by layer (one decoder layer's step compiled for all) / whole: ms a
+          token, the graphs' capture seconds (compiles included), greedy turns equal
   chain   `draftsmith eval` on MT-bench, chain K=7: tau, acceptance per position, speed-up
   tree    `draftsmith eval` on MT-bench, EAGLE-2 tree (60 tokens, depth 7, top-k 10): the same
   batch   (not in the default parts) `draftsmith eval` at each of --batch-sizes (default 1,4,16)
@@ -185,25 +188,47 @@ def plain_decoding(engine: TargetEngine, prompts: list[list[int]], new_tokens: i
     return [t.tokens for t in turns], out
 
 
-def fuse_ab(target, prompts: list[list[int]], new_tokens: int, profile_dir: Path | None) -> dict:
+def engine_ab(
+    target, prompts: list[list[int]], new_tokens: int, profile_dir: Path | None, variants: dict[str, dict]
+) -> dict:
     """Plain decoding at batch 1 on the target engine as eval runs it (graphed; compiled on a GPU),
-    its projections unfused / fused (`TargetEngine(fuse=True)`: q/k/v and gate/up as one product
-    each, as vLLM runs them) / unfused again, in one process: ms a token each, the fused engine's
-    greedy tokens against the unfused one's, and with `profile_dir` a plain turn's kernels each."""
+    once per variant of `variants` (name -> `TargetEngine` options), in one process: ms a token
+    each, the seconds its graphs took to capture (the compiles inside them included), how many of
+    its greedy turns equal the first variant's, and with `profile_dir` a plain turn's kernels each."""
     max_len = max(map(len, prompts)) + new_tokens + 80
-    out: dict = {}
-    tokens: dict[bool, list[list[int]]] = {}
-    for name, fuse in (("unfused", False), ("fused", True), ("unfused_again", False)):
-        engine = TargetEngine(target.model, [], max_len, compile=target.device.type == "cuda", fuse=fuse)
+    out: dict = {"turns": len(prompts)}
+    first: list[list[int]] | None = None
+    for name, options in variants.items():
+        engine = TargetEngine(target.model, [], max_len, compile=target.device.type == "cuda", **options)
         turns, out[name] = plain_decoding(
             engine, prompts, new_tokens, profile_dir / f"plain_{name}" if profile_dir is not None else None
         )
-        out[name]["compiled"] = engine.compiled
-        tokens.setdefault(fuse, turns)
+        first = first or turns
+        out[name] |= {
+            "compiled": engine.compiled,
+            "capture_seconds": round(engine.capture_seconds, 2),
+            "greedy_turns_equal_first": sum(a == b for a, b in zip(turns, first, strict=True)),
+        }
         del engine
+    return out
+
+
+def fuse_ab(target, prompts: list[list[int]], new_tokens: int, profile_dir: Path | None) -> dict:
+    """`engine_ab` of the projections unfused / fused (`TargetEngine(fuse=True)`: q/k/v and gate/up
+    as one product each, as vLLM runs them) / unfused again."""
+    variants = {"unfused": {"fuse": False}, "fused": {"fuse": True}, "unfused_again": {"fuse": False}}
+    out = engine_ab(target, prompts, new_tokens, profile_dir, variants)
     out["fused_over_unfused"] = round(out["unfused"]["ms_per_token"] / out["fused"]["ms_per_token"], 3)
-    out["greedy_turns_equal"] = sum(a == b for a, b in zip(tokens[True], tokens[False], strict=True))
-    out["turns"] = len(prompts)
+    return out
+
+
+def compile_scope_ab(target, prompts: list[list[int]], new_tokens: int, profile_dir: Path | None) -> dict:
+    """`engine_ab` of the target compiled whole (each graph's forward: eval's compiled target) /
+    layer by layer (`compile_scope="layers"`: one decoder layer's step compiled for all of them) /
+    whole again: what regional compilation saves in capture time, and what it costs a token."""
+    scopes = {"forward": "forward", "layers": "layers", "forward_again": "forward"}
+    out = engine_ab(target, prompts, new_tokens, profile_dir, {k: {"compile_scope": v} for k, v in scopes.items()})
+    out["layers_over_forward"] = round(out["forward"]["ms_per_token"] / out["layers"]["ms_per_token"], 3)
     return out
 
 
@@ -517,6 +542,11 @@ def main() -> None:
         action="store_true",
         help="--parts cycle: also plain decoding with the target's projections unfused / fused / unfused (fuse_ab)",
     )
+    ap.add_argument(
+        "--compile-scope-ab",
+        action="store_true",
+        help="--parts cycle: also plain decoding with the target compiled whole / layer by layer / whole (compile_scope_ab)",
+    )
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: checks that the script runs")
     args = ap.parse_args()
     if args.smoke:
@@ -622,6 +652,9 @@ def main() -> None:
             )
         if args.fuse_ab:
             result["fuse_ab"] = fuse_ab(target, prompts, args.plain_tokens, args.profile)
+            save()
+        if args.compile_scope_ab:
+            result["compile_scope_ab"] = compile_scope_ab(target, prompts, args.plain_tokens, args.profile)
             save()
         if args.compile_target:  # side by side in the same process: the compiled drafter step only
             result["cycle_target_compiled"] = cycle_breakdown(

@@ -15,8 +15,9 @@ captures its graph: once timed (the wall ms a step), once under torch.profiler: 
 
     python bench/synth_bench.py --target ... --batch-size 1024 --profile runs/synth_prof
 
---decode-compiled profiles the same batch again with the step's forward compiled inside its graph
-(eval's compiled target): eager and compiled decode steps side by side.
+--decode-compiled profiles the same batch again with the step's forward compiled inside its graph,
+whole (eval's compiled target) and layer by layer (one decoder layer's step compiled for all):
+eager and compiled decode steps side by side, with each graph's capture (compile) seconds.
 
 --sdpa-variants efficient_attention,cudnn_attention adds a synth pass per SDPA backend that the
 engine's attention tries first (the step's attention ran cuDNN's kernel). --fuse-ab adds a pass
@@ -90,13 +91,15 @@ def single_stream(target, questions: list[str], max_new_tokens: int) -> dict:
     }
 
 
-def profile_decode(target, questions: list[str], steps: int, out: Path, compile: bool = False) -> dict:
+def profile_decode(target, questions: list[str], steps: int, out: Path, compile: str | None = None) -> dict:
     """One batch of `questions` (one row each) decoded for `steps` steps through synth's own
     `generate`, with no stop ids (every row runs every step): a warm-up batch that captures the
     step's graph, one timed batch, and one under torch.profiler. Returns the wall ms a step (the
     prefill included, once), the kernels' ms and count a step, and where the table and trace went.
-    `compile`: the step's forward compiled inside its graph (`TargetEngine(compile=True)`, as eval's
-    compiled target), its files named synth_decode_compiled.*."""
+    `compile`: the step's forward compiled inside its graph, whole ("forward": eval's compiled
+    target) or layer by layer ("layers": one decoder layer's step compiled for all), its files
+    named synth_decode_compiled.* or synth_decode_compiled_layers.*; `capture_seconds`: the
+    graph's capture, its compile included."""
     from torch.profiler import ProfilerActivity, profile
 
     dev = target.device
@@ -106,9 +109,14 @@ def profile_decode(target, questions: list[str], steps: int, out: Path, compile:
         for i, q in enumerate(questions)
     ]
     engine = TargetEngine(
-        target.model, [], cache_width(max(map(len, prompts)), steps), batch=len(prompts), compile=compile
+        target.model,
+        [],
+        cache_width(max(map(len, prompts)), steps),
+        batch=len(prompts),
+        compile=compile is not None,
+        compile_scope=compile or "forward",
     )
-    name = "synth_decode_compiled" if compile else "synth_decode"
+    name = {None: "synth_decode", "forward": "synth_decode_compiled", "layers": "synth_decode_compiled_layers"}[compile]
     sampling = Sampling(max_new_tokens=steps)
 
     def decode() -> float:
@@ -134,6 +142,7 @@ def profile_decode(target, questions: list[str], steps: int, out: Path, compile:
         "compiled": engine.compiled,  # False where the compile failed (the engine's line on stderr says why)
         "rows": len(prompts),
         "cache_slots": engine.max_len,
+        "capture_seconds": round(engine.capture_seconds, 2),
         "steps": steps,
         "wall_ms_per_step": round(1000 * seconds / steps, 3),  # the prefill included, once
         "kernel_ms_per_step": round(sum(e.self_device_time_total for e in kernels) / 1000 / steps, 3),
@@ -234,8 +243,8 @@ def main() -> None:
     ap.add_argument(
         "--decode-compiled",
         action="store_true",
-        help="with --profile: the same batch again with the step's forward compiled (eval's compiled target), "
-        "eager and compiled side by side",
+        help="with --profile: the same batch again with the step's forward compiled whole (eval's compiled target) "
+        "and layer by layer, eager and both compiled side by side",
     )
     ap.add_argument(
         "--fuse-ab",
@@ -288,7 +297,13 @@ def main() -> None:
         rows = (questions * args.batch_size)[: args.batch_size]
         decode = profile_decode(target, rows, args.profile_steps, args.profile)
         if args.decode_compiled:
-            decode = {"eager": decode, "compiled": profile_decode(target, rows, args.profile_steps, args.profile, True)}
+            decode = {
+                "eager": decode,
+                **{
+                    f"compiled_{scope}": profile_decode(target, rows, args.profile_steps, args.profile, scope)
+                    for scope in ("forward", "layers")
+                },
+            }
     synth_rate = passes["synth"]["tok_per_s"]
     result = {
         "bench": "synth",

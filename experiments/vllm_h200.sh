@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-# In this order: data+train, gpu_tests, synth_gpu_tests, synth_shrink, vllm_k753 (with ds_b1), ds_stop, ds_b16
-# (fused, with --kernel-check), vllm_b16, ds_b16_unfused, train_ab, ds_tree, synth_decode,
-# magpie_256 and magpie_128, cycle_profile, larger_target, dflash_vllm, capture_pair (vLLM's figures
+# In this order: data+train, gpu_tests, synth_gpu_tests, synth_shrink, compile_scope, vllm_k753 (with ds_b1),
+# ds_stop, ds_b16 (fused, with --kernel-check), vllm_b16, ds_b16_unfused, train_ab, ds_tree, synth_decode,
+# data2x_synth, magpie_256 and magpie_128, cycle_profile, larger_target, dflash_vllm, capture_pair (vLLM's figures
 # before train_ab since 2026-12-06 16:10: the deadline cuts the last steps).
 # The next lease carries that drafter (.data/recipe_drafter.tgz.part*, 7 parts: as short_drafter's,
-# below) and measures what issue 52 still owes with it (vllm_k753 and ds_b1 ran on 2026-12-06 17:02):
-# SKIP="gpu_tests ds_stop cycle_profile larger_make larger_vllm larger_ds magpie_256 magpie_128 dflash_vllm
-# vllm_k753 ds_b1 synth_gpu_tests synth_shrink synth_shrink_gsm8k" NQ=80, with the run's answers carried too
-# (.data/full_synth.tgz.part*, 2 parts, for train_ab's prepared set), leaving ds_b16 fused, vllm_b16,
-# ds_b16 unfused, train_ab (the capture's layer-wise compile), ds_tree, synth_decode (with --fuse-ab and
-# SDPA's math path: the whole synth pass fell from 49.8k
-# to 32.9k tok/s between 05:06 and 10:35 with the same decode step) and capture_pair. The
+# below) and the run's answers (.data/full_synth.tgz.part*, 2 parts); everything of issue 52 with that
+# drafter ran on 2026-12-06 17:02 and 18:59, so it measures the layer-wise compile of the target and
+# synth's steps never run on a GPU, then synthesises the data curve's 2x point for the lease after:
+# SKIP="ds_stop vllm_k753 ds_b1 ds_b16 vllm_b16 ds_b16_unfused train_ab ds_tree magpie_256 magpie_128
+# cycle_profile larger_make larger_vllm larger_ds dflash_vllm ds_qs600 extract_hf_qs600 extract_vllm_qs600
+# extract_compare_qs600" NQ=80 (the last four: capture_pair, which repeated to the digit), leaving gpu_tests (with the
+# layer-compiled target), synth_gpu_tests, synth_shrink (the captures on demand), compile_scope (A-B-A:
+# capture seconds and ms a token), synth_decode (its step compiled whole and layer by layer),
+# and data2x_synth (8 sets, about 8 minutes; its answers come back in 4 parts of 15 MB). The lease after carries data2x_synth's answers and runs
+# `draftsmith pipeline experiments/recipes/data2x_h200.yaml --out /root/runs/qs --target smollm2-135m
+# --only prepare,vocab,train_online,eval_chain,eval_tree` (7,800 steps: about 11 minutes, then 5 of eval). The
 # quickstart's whole run, timed, is SHORT=0 (about 20 minutes alone on an H100, 2026-12-06 13:19;
 # CC=0 without the recipe's --compile-capture).
 #   data+train    none where recipe_drafter.tgz.part* came along (restore_drafter: the drafter a
@@ -145,6 +149,12 @@ step synth_shrink 150 python3 bench/synth_bench.py --target "$HF" --magpie 2048 
   --baseline-prompts 1 --out-json "$R/synth_shrink.json"
 step synth_shrink_gsm8k 120 python3 bench/synth_bench.py --target "$HF" --num-prompts 2048 --batch-size 1024 --shrink-ab \
   --baseline-prompts 1 --out-json "$R/synth_shrink_gsm8k.json"
+# the target compiled whole against layer by layer (TargetEngine compile_scope "layers", since 2026-12-06
+# 19:50: one decoder layer's step compiled for all 30), A-B-A: each engine's capture seconds (its compile
+# inside) and ms a token, plain decoding at batch 1 as eval runs it; eval's capture took 48-106 s with
+# the whole forward compiled (2026-12-06 18:59)
+step compile_scope 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain --compile-scope-ab --drafter "$D" \
+  --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/compile_scope.json"
 # the owed figures first (with the recipe's drafter where a SHORT=0 lease packed it: NQ=80): vLLM at batch 1
 # and K = 7, 5, 3, beside draftsmith's batch 1
 step vllm_k753 540 python3 -m draftsmith eval "${E[@]}" --engine vllm --drafter "$D" --depth 7 --batch-size 1 \
@@ -178,6 +188,16 @@ step ds_tree 300 python3 -m draftsmith eval "${E[@]/chain/tree}" --drafter "$D" 
 # cuDNN's flash kernel, 5.8 ms of a 16.3 ms step, runs 64-query tiles for the 3 queries of a KV head)
 step synth_decode 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
   --profile "$R/synth_prof" --decode-compiled --fuse-ab --sdpa-variants math --out-json "$R/synth_decode.json"
+# issue 53's data curve, point 2x (experiments/recipes/data2x_h200.yaml): the 8 synth sets it adds to the
+# recipe's 9 (carried: full_synth), synthesised into the same folder (the 9 are done there), their answers
+# packed with the 9 for the lease that trains on all 17 (about 8 minutes on an H100 by the recipe's set times)
+D2X=experiments/recipes/data2x_h200.yaml
+read -ra D2X_SYNTH <<< "$(python3 -c "import sys, yaml
+names = [v.get('name', k) for s in yaml.safe_load(open(sys.argv[1]))['stages'] for k, v in s.items() if k == 'synth']
+print(' '.join(names))" "$D2X")"
+step data2x_synth 600 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
+  --only "$(IFS=,; echo "${D2X_SYNTH[*]:9}")" &&
+  pack_answers data2x "$Q" "${D2X_SYNTH[@]}"
 # Magpie's user turns under their own cap (synth --magpie-max-tokens): 6,000 self-prompts as the recipe
 # makes them, uncapped and capped at 128, each timed by its progress.json, with its kept/dropped counts
 for cap in 256 128; do

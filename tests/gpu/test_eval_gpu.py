@@ -70,12 +70,13 @@ def test_graphed_spec_equals_plain(target, mode, num_layers):
         )
 
 
-def test_compiled_target_forward_equals_eager(target):
-    """eval --compile-target: the target's forward compiled (inductor) inside its CUDA graph
-    gives the eager logits and aux states, and speculative decoding on it equals plain decoding
-    on it."""
+@pytest.mark.parametrize("scope", ["forward", "layers"])
+def test_compiled_target_forward_equals_eager(target, scope):
+    """eval --compile-target: the target's forward compiled (inductor) inside its CUDA graph,
+    whole or one decoder layer's step for all (compile_scope), gives the eager logits and aux
+    states, and speculative decoding on it equals plain decoding on it."""
     drafter = random_drafter(target.model, 32000)
-    eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512, compile=True)
+    eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512, compile=True, compile_scope=scope)
     eng.graph_rows(1)
     eng.graph_rows(8)
     assert eng.compiled  # no fallback to the eager forward

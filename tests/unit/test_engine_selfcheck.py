@@ -281,3 +281,36 @@ def test_compiled_forward_writes_the_kv_cache_in_place():
         )
     layer = ", ".join(map(str, engine.k_cache[0].shape))  # B, nkv, max_len, hd
     assert not re.search(rf"empty_strided_\w+\(\({layer}\)", "".join(code))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="inductor's CPU backend needs a C++ compiler")
+def test_layer_compiled_forward_equals_eager_compiles_once_and_writes_the_cache_in_place():
+    """compile_scope="layers" (`layers_compiled`): every layer runs one compiled step, so a
+    shape compiles one frame for all the layers (a second call of that shape compiles none); the
+    logits, aux states and the keys and values written equal the eager forward's; and the step
+    writes the layer's cache in place (no buffer of a cache layer's shape: the whole-cache copy
+    that a compiled `scatter_` made)."""
+    from torch._inductor.utils import run_and_get_code
+
+    model = make_tiny_llama(V, num_layers=4).to(torch.bfloat16)  # bf16: no prepacked layer, which inductor cannot lower
+    engines = [TargetEngine(model, [0, 2, 4], 96, batch=2, compile_scope="layers") for _ in range(2)]
+    ids = torch.tensor([[5], [7]])
+    pos = torch.tensor([[3], [4]])
+    mask = engines[0].causal_mask(0, 1)[None].repeat(2, 1, 1, 1)  # [2, 1, 1, 96]
+    frames = torch._dynamo.utils.counters["frames"]
+    with torch.no_grad():
+        want = engines[0]._forward(ids, pos, pos, mask)
+        with engines[1].layers_compiled():
+            before = frames["total"]
+            got, code = run_and_get_code(engines[1]._forward, ids, pos, pos, mask)
+            assert frames["total"] - before == 1  # one frame: the step every layer runs
+            before = frames["total"]
+            engines[1]._forward(ids, pos, pos, mask)
+            assert frames["total"] == before
+    assert engines[1].layer_step == engines[1]._block  # eager again outside
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(engines[1].kv, engines[0].kv, atol=2e-2, rtol=2e-2)
+    layer = ", ".join(map(str, engines[1].k_cache[0].shape))  # B, nkv, max_len, hd
+    assert not re.search(rf"empty_strided_\w+\(\({layer}\)", "".join(code))

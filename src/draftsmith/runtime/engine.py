@@ -12,17 +12,21 @@ A forward of b rows uses the cache's first b rows, so that a batch whose rows fi
 over fewer (`keep_rows` moves the live ones to the front: synth). `graph(t, width, rows)`,
 `graph_rows(t)` and `graph_compact(n)` capture those forwards in CUDA graphs,
 each first `torch.compile`d with `compile` (one that fails to compile is captured eagerly, with a
-line on stderr); on CPU the same code runs eagerly. `check_supported` names the architectures it
+line on stderr): the whole forward (`compile_scope="forward"`), or one decoder layer's step, compiled
+once per shape and run by every layer (`"layers"`: regional compilation, about one layer's compile
+instead of all of them); on CPU the same code runs eagerly. `check_supported` names the architectures it
 covers; selfcheck.py holds every model against its own forward. What each family needs, and why
 the target is compiled: docs/eval.md, "How it works".
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -122,6 +126,19 @@ class Graphed:
         return self.outputs
 
 
+class LayerRefs(NamedTuple):
+    """What one decoder layer's step reads and writes, passed to it as arguments (not looked up by
+    the layer's index), so that a compiled step serves every layer: the model's layer, its fused
+    q/k/v and gate/up products (weight, bias; None: the model's own), its keys and values in the
+    cache [B, nkv, max_len, hd] (views of the engine's one KV tensor)."""
+
+    layer: nn.Module
+    qkv: tuple[torch.Tensor, torch.Tensor | None] | None
+    gate_up: tuple[torch.Tensor, torch.Tensor | None] | None
+    k: torch.Tensor
+    v: torch.Tensor
+
+
 class TargetEngine:
     """The target with a static KV cache of `max_len` slots for `batch` rows. The unbatched
     methods (`forward`, `chain`, `prefill`, `causal_mask`) need batch 1."""
@@ -136,6 +153,7 @@ class TargetEngine:
         batch: int = 1,
         compile: bool = False,
         fuse: bool | None = None,
+        compile_scope: Literal["forward", "layers"] = "forward",
     ) -> None:
         check_supported(model)
         tc = text_config(model.config)
@@ -184,12 +202,22 @@ class TargetEngine:
         ]
         self.gate_up = [fused_linear(layer.mlp, ("gate_proj", "up_proj")) if fuse else None for layer in self.layers]
         self.fused = any(f is not None for f in self.qkv + self.gate_up)
+        self.refs = [
+            LayerRefs(layer, qkv, gate_up, k, v)
+            for layer, qkv, gate_up, k, v in zip(
+                self.layers, self.qkv, self.gate_up, self.k_cache, self.v_cache, strict=True
+            )
+        ]
+        # what `_forward` runs for each layer: `_block`, or inside a capture with compile_scope "layers"
+        # its compiled form (`_layers_compiled`)
+        self.compile_scope = compile_scope
+        self.layer_step = self._block
+        self.compiled_step: Any = None
 
     # -- the forward -----------------------------------------------------------------------
     def _attention(
         self,
-        i: int,
-        layer: nn.Module,
+        refs: LayerRefs,
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
@@ -201,10 +229,10 @@ class TargetEngine:
         CPU decoding cheap). The g = nh/nkv query heads that share a KV head are stacked as g*T
         queries of that head, so attention reads each cached KV head once (no GQA expansion of
         the cache, and SDPA can take its memory-efficient kernel with the mask)."""
-        attn = layer.self_attn
+        attn = refs.layer.self_attn
         b, t, _ = x.shape
-        if self.qkv[i] is not None:  # one product [B, T, (nh + 2 nkv) hd], split
-            q, k, v = F.linear(x, *self.qkv[i]).split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], -1)
+        if refs.qkv is not None:  # one product [B, T, (nh + 2 nkv) hd], split
+            q, k, v = F.linear(x, *refs.qkv).split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], -1)
         else:
             q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         q = q.view(b, t, -1, self.hd)  # [B, T, nh, hd]
@@ -220,12 +248,12 @@ class TargetEngine:
         # out-of-place scatter and a copy of the layer's whole cache back (11.4 ms of the compiled
         # 24.8 ms synth step at 1,024 rows, H100, experiments/LOG.md 2026-12-06 04:50)
         rows = self.row_ids[:b]  # [B, 1], broadcast against slots [B, T]
-        self.k_cache[i][rows, :, slots] = k.transpose(1, 2)  # [B, T, nkv, hd] at [b, :, slots[b, j]]
-        self.v_cache[i][rows, :, slots] = v.transpose(1, 2)
+        refs.k[rows, :, slots] = k.transpose(1, 2)  # [B, T, nkv, hd] at [b, :, slots[b, j]]
+        refs.v[rows, :, slots] = v.transpose(1, 2)
         s, g = mask.shape[-1], self.nh // self.nkv
         q = q.reshape(b, self.nkv, g * t, self.hd)  # [B, nkv, g*T, hd]: head h = kv head h//g, as in GQA
         o = self._attend(
-            q, self.k_cache[i][:b, :, :s], self.v_cache[i][:b, :, :s], mask, getattr(attn, "scaling", None)
+            q, refs.k[:b, :, :s], refs.v[:b, :, :s], mask, getattr(attn, "scaling", None)
         )  # [B, nkv, g*T, hd]: the first B rows of the cache
         o = o.reshape(b, self.nh, t, self.hd)  # [B, nh, T, hd]
         return attn.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # [B, T, H]
@@ -246,24 +274,27 @@ class TargetEngine:
         probs = scores.masked_fill(~mask, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
         return probs @ v  # [B, nkv, g*T, hd]
 
-    def _prenorm_block(self, i: int, layer: nn.Module, h: torch.Tensor, *attn_args: torch.Tensor) -> torch.Tensor:
-        """Decoder layer i on the residual h [B, T, H] (Llama & most): norm, sublayer, add."""
-        h = h + self._attention(i, layer, layer.input_layernorm(h), *attn_args)
-        return h + self._mlp(i, layer, layer.post_attention_layernorm(h))
+    def _prenorm_block(self, refs: LayerRefs, h: torch.Tensor, *attn_args: torch.Tensor) -> torch.Tensor:
+        """One decoder layer on the residual h [B, T, H] (Llama & most): norm, sublayer, add."""
+        layer = refs.layer
+        h = h + self._attention(refs, layer.input_layernorm(h), *attn_args)
+        return h + self._mlp(refs, layer.post_attention_layernorm(h))
 
-    def _sandwich_block(self, i: int, layer: nn.Module, h: torch.Tensor, *attn_args: torch.Tensor) -> torch.Tensor:
-        """Decoder layer i on the residual h [B, T, H] (Gemma-2/3): each sublayer's output is
+    def _sandwich_block(self, refs: LayerRefs, h: torch.Tensor, *attn_args: torch.Tensor) -> torch.Tensor:
+        """One decoder layer on the residual h [B, T, H] (Gemma-2/3): each sublayer's output is
         normed again before it joins the residual."""
-        h = h + layer.post_attention_layernorm(self._attention(i, layer, layer.input_layernorm(h), *attn_args))
-        return h + layer.post_feedforward_layernorm(self._mlp(i, layer, layer.pre_feedforward_layernorm(h)))
+        layer = refs.layer
+        h = h + layer.post_attention_layernorm(self._attention(refs, layer.input_layernorm(h), *attn_args))
+        return h + layer.post_feedforward_layernorm(self._mlp(refs, layer.pre_feedforward_layernorm(h)))
 
-    def _mlp(self, i: int, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """Layer i's MLP on x [B, T, H]: the model's own, or with `fuse` its gate and up as one
+    def _mlp(self, refs: LayerRefs, x: torch.Tensor) -> torch.Tensor:
+        """The layer's MLP on x [B, T, H]: the model's own, or with `fuse` its gate and up as one
         product [B, T, 2 I], halved."""
-        if self.gate_up[i] is None:
-            return layer.mlp(x)
-        gate, up = F.linear(x, *self.gate_up[i]).chunk(2, -1)  # [B, T, I] each
-        return layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+        mlp = refs.layer.mlp
+        if refs.gate_up is None:
+            return mlp(x)
+        gate, up = F.linear(x, *refs.gate_up).chunk(2, -1)  # [B, T, I] each
+        return mlp.down_proj(mlp.act_fn(gate) * up)
 
     def _rotary(self, h: torch.Tensor, pos: torch.Tensor, kind: str | None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B, 1, T, hd] at positions pos [B, T], for layers of type `kind` (`rotary_types`)."""
@@ -279,10 +310,10 @@ class TargetEngine:
         rope = {kind: self._rotary(h, pos, kind) for kind in dict.fromkeys(self.rotary_types)}  # each type once
         masks = self._masks(pos, slots, mask)  # sliding or not -> [B, 1, g*T, S]
         aux: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
+        for i, refs in enumerate(self.refs):
             if i in self.aux_layer_ids:
                 aux[i] = h
-            h = self._block(i, layer, h, *rope[self.rotary_types[i]], slots, masks[self.sliding[i]])
+            h = self.layer_step(refs, h, *rope[self.rotary_types[i]], slots, masks[self.sliding[i]])
         aux[len(self.layers)] = h
         captured = (
             torch.cat([aux[k] for k in self.aux_layer_ids], dim=-1) if self.aux_layer_ids else h[..., :0]
@@ -492,11 +523,15 @@ class TargetEngine:
         )
 
     def _capture(self, fn: Any, *example: torch.Tensor) -> Graphed:
-        """`fn` in a CUDA graph, compiled first (inductor, this shape only) when `compiled`; a
-        compile that fails leaves the engine uncompiled from then on, the reason on stderr."""
+        """`fn` in a CUDA graph, compiled first (inductor, this shape only) when `compiled`: the
+        whole of it, or with compile_scope "layers" each layer's step; a compile that fails
+        leaves the engine uncompiled from then on, the reason on stderr."""
         if self.compiled:
             try:  # every graph's shape is its own compile of the same forward: more than dynamo's default 8
                 with torch._dynamo.config.patch(recompile_limit=64):
+                    if self.compile_scope == "layers":
+                        with self.layers_compiled():
+                            return Graphed(fn, *example)
                     return Graphed(torch.compile(fn, dynamic=False), *example)
             except Exception as e:
                 print(
@@ -507,6 +542,19 @@ class TargetEngine:
                 )
                 self.compiled = False
         return Graphed(fn, *example)
+
+    @contextlib.contextmanager
+    def layers_compiled(self) -> Iterator[None]:
+        """Within: every layer runs one compiled step (`_block` under torch.compile, static shapes,
+        created once): the layers share its graph, their weights and cache views its arguments,
+        so a shape compiles one layer's code, not the whole forward's."""
+        if self.compiled_step is None:
+            self.compiled_step = torch.compile(self._block, dynamic=False)
+        self.layer_step = self.compiled_step
+        try:
+            yield
+        finally:
+            self.layer_step = self._block
 
     def graph_compact(self, n: int) -> None:
         """Capture `compact` of n rows (a tree's accepted path, padded) in a CUDA graph (no-op on
