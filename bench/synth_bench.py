@@ -23,7 +23,9 @@ eager and compiled decode steps side by side, with each graph's capture (compile
 engine's attention tries first (the step's attention ran cuDNN's kernel). --fuse-ab adds a pass
 with the target's projections unfused and one fused (synth --no-fuse-target / --fuse-target).
 --shrink-ab adds a pass whose batches shrink to their running rows (synth --shrink-batches) and
-one whose batches keep every row to the end again (the default). --magpie N makes each pass
+one whose batches keep every row to the end again (the default). --compile-ab adds a pass with
+each decode graph compiled layer by layer (synth --compile-target; the compiles in its time) and
+one eager again. --magpie N makes each pass
 synthesise N Magpie conversations (self-prompted user turns, then answers: the recipe's bulk)
 instead of answering the prompt file.
 
@@ -157,13 +159,15 @@ def synth_pass(
     sdpa: str | None = None,
     fuse: bool | None = None,
     shrink: bool = False,
+    compile: bool = False,
 ) -> dict:
     """The prompts (or --magpie's self-prompts) through `draftsmith synth` (a fresh output each
     pass): its rate and counters.
     `sdpa`: the SDPA backend tried first wherever it can run (the engine's graphs are captured
     under it; math where it cannot, e.g. the self-check's HF forward on CPU), e.g.
     efficient_attention; None: torch's own choice. `fuse`: synth's --fuse-target (None: its
-    default, fused on a GPU). `shrink`: synth's --shrink-batches."""
+    default, fused on a GPU). `shrink`: synth's --shrink-batches. `compile`: synth's
+    --compile-target (each decode graph compiled layer by layer; its compiles in the pass's time)."""
     from contextlib import nullcontext
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -195,6 +199,7 @@ def synth_pass(
             dtype=args.dtype,
             fuse_target=fuse,
             shrink_batches=shrink,
+            compile_target=compile,
         )
         t0 = time.perf_counter()
         run(cfg)
@@ -205,6 +210,7 @@ def synth_pass(
         "sdpa": sdpa or "torch's choice",
         "fuse_target": "default" if fuse is None else fuse,
         "shrink": shrink,
+        "compile_target": compile,
         "generated_tokens": progress["tokens"],
         "seconds": progress["elapsed_s"],
         "tok_per_s": progress["tok_per_s"],
@@ -257,6 +263,11 @@ def main() -> None:
         help="then the same prompts with batches shrinking to their running rows, then keeping every row again",
     )
     ap.add_argument(
+        "--compile-ab",
+        action="store_true",
+        help="then the same prompts with each decode graph compiled layer by layer (synth --compile-target), then eager again",
+    )
+    ap.add_argument(
         "--magpie", type=int, default=0, help="each pass synthesises this many Magpie conversations instead"
     )
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 8 prompts, 16 new tokens, batch 4")
@@ -286,6 +297,9 @@ def main() -> None:
     if args.shrink_ab:  # A-B-A with the first pass: batches that shrink, then keep every row again (the default)
         passes["rows_shrunk"] = synth_pass(args, convs, shrink=True)
         passes["rows_kept"] = synth_pass(args, convs)
+    if args.compile_ab:  # A-B-A with the first pass: compiled layer by layer, then eager again (the default)
+        passes["compiled"] = synth_pass(args, convs, compile=True)
+        passes["eager_again"] = synth_pass(args, convs)
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     base = single_stream(

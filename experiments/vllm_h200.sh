@@ -182,12 +182,13 @@ step ds_b16_unfused 200 python3 -m draftsmith eval "${E80[@]}" --no-fuse-target 
 # the recipe's drafter as a tree (60 tokens, 7 levels, top 10) at batch 1 beside ds_b1's chain: its tau against
 # issue 53's goal (6.1) and its cycle against the chain's (+1.22 ms on 2026-12-05 10:39)
 step ds_tree 300 python3 -m draftsmith eval "${E[@]/chain/tree}" --drafter "$D" --depth 7 --batch-size 1 --out /root/runs/ds_tree
-# synth's decode step of 1,024 rows eager and compiled (the KV write in place since the compiled step's
-# whole-cache copies, 11.4 ms of 24.8, on 2026-12-06 04:50): the lever for the quickstart's synthesis;
-# and whole synth passes unfused and fused (--fuse-ab), and with SDPA's math path (two batched products:
-# cuDNN's flash kernel, 5.8 ms of a 16.3 ms step, runs 64-query tiles for the 3 queries of a KV head)
-step synth_decode 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
-  --profile "$R/synth_prof" --decode-compiled --fuse-ab --sdpa-variants math --out-json "$R/synth_decode.json"
+# synth's decode step of 1,024 rows eager, compiled whole and compiled layer by layer (each graph's capture
+# seconds with its compile), then whole synth passes of 4,096 GSM8K prompts (4 batches, each its own cache
+# width) eager / --compile-target (layer by layer, its compiles in the pass's time) / eager: whether synth
+# compiles by default (its step 13.4 ms compiled whole against 16.3 eager on 2026-12-06 18:59; SDPA's math
+# path 0.30x and the fused projections 1.00x of a whole pass were measured then)
+step synth_decode 420 python3 bench/synth_bench.py --target "$HF" --num-prompts 4096 --batch-size 1024 --baseline-prompts 1 \
+  --profile "$R/synth_prof" --decode-compiled --compile-ab --out-json "$R/synth_decode.json"
 # issue 53's data curve, point 2x (experiments/recipes/data2x_h200.yaml): the 8 synth sets it adds to the
 # recipe's 9 (carried: full_synth), synthesised into the same folder (the 9 are done there), their answers
 # packed with the 9 for the lease that trains on all 17 (about 8 minutes on an H100 by the recipe's set times)

@@ -1,7 +1,8 @@
 """GPU checks of synth's batched static-KV generator (run with --run-gpu on a CUDA machine): the
 CUDA-graphed batched decoding gives HF `generate`'s greedy answers on the embedded default in
 fp32 (batches of 8 and 4 + 4 dummy rows), also where the batch shrinks to its running rows with
-graphs captured mid-generation, and seeded sampling repeats."""
+graphs captured mid-generation and with each graph compiled layer by layer, and seeded sampling
+repeats."""
 
 from __future__ import annotations
 
@@ -30,23 +31,24 @@ def _requests(n: int) -> list[Request]:
     return [Request(f"q{i}/a0", messages=[{"role": "user", "content": q}]) for i, q in enumerate(questions)]
 
 
-@pytest.mark.parametrize("shrink", [False, True])
-def test_graphed_batched_greedy_equals_generate(target, monkeypatch, shrink):
+@pytest.mark.parametrize(("shrink", "compile"), [(False, False), (True, False), (False, True)])
+def test_graphed_batched_greedy_equals_generate(target, monkeypatch, shrink, compile):
     """shrink (synth --shrink-batches): the batch goes down to its running rows (MIN_ROWS 1, a look
     every 4 steps), each smaller graph captured when first needed, in the middle of the batch's
-    generation."""
+    generation. compile (synth --compile-target): each graph's forward compiled layer by layer."""
     import draftsmith.synth.generate as gen_mod
 
     if shrink:
         monkeypatch.setattr(gen_mod, "MIN_ROWS", 1)
         monkeypatch.setattr(gen_mod, "CHECK_EVERY", 4)
     tok, model = target.tokenizer, target.model
-    backend = LocalBackend(target, batch_size=8, shrink=shrink)
+    backend = LocalBackend(target, batch_size=8, shrink=shrink, compile=compile)
     assert backend.use_engine  # auto picks the engine on CUDA
     requests = _requests(12)
     gens = backend.generate(requests, Sampling(0.0, 1.0, 0, 64, 0))
     assert backend.engine is not None and backend.engine.graphs  # decoded in CUDA graphs
     assert shrink == any(rows < 8 for rows, _, _ in backend.engine.graphs)
+    assert backend.engine.compiled == compile  # no fallback to the eager forward
     stop = sorted(backend.stop)
     for req, gen in zip(requests, gens):
         text = tok.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)

@@ -194,6 +194,28 @@ def test_shrink_batches_reaches_the_generator(tiny_target, monkeypatch):
     assert SynthConfig(prompts="x.jsonl", target="t", out="o.jsonl").shrink_batches is False
 
 
+def test_compile_target_reaches_the_engine(tiny_target, monkeypatch):
+    """synth --compile-target (SynthConfig.compile_target, off by default) builds the local
+    engine with its decode graphs compiled layer by layer; on a CPU nothing is compiled, and the
+    answers are the eager ones."""
+    import draftsmith.synth.local as local_mod
+
+    assert SynthConfig(prompts="x.jsonl", target="t", out="o.jsonl").compile_target is False
+    asked = []
+    monkeypatch.setattr(
+        local_mod,
+        "TargetEngine",
+        lambda *a, **kw: asked.append((kw["compile"], kw["compile_scope"])) or TargetEngine(*a, **kw),
+    )
+    answers = {}
+    for compile in (False, True):
+        backend = LocalBackend(tiny_target, batch_size=2, generator="engine", compile=compile)
+        answers[compile] = [g.text for g in backend.generate([_chat("hi"), _chat("What is two plus two?")], _greedy(6))]
+        assert not backend.engine.compiled  # a CPU compiles nothing
+    assert asked == [(False, "layers"), (True, "layers")]
+    assert answers[True] == answers[False]
+
+
 @pytest.mark.slow
 def test_backend_picks_and_reuses_the_engine(tiny_target, tokenizer, monkeypatch):
     assert LocalBackend(tiny_target).use_engine  # auto: the engine on CPU too

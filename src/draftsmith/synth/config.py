@@ -17,9 +17,6 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
         *("prompts", "mix", "target", "out", "format", "magpie", "turns", "system", "max_new_tokens", "temperature"),
         *("seed", "limit", "endpoint", "model", "concurrency", "batch_size", "device", "dtype", "shard"),
     )
-    # --compile-target (the engine's decode forward compiled) lost to the eager engine on an H100
-    # (2026-12-06): the pipeline markers and run.yaml files written while it existed hold it off
-    removed = {"compile_target": False}
     prompts: Path | None = Field(
         None,
         description="Prompts or conversations (user turns kept), or a named source (docs/synth.md); omit with --magpie or --mix.",
@@ -97,4 +94,8 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
     fuse_target: bool | None = Field(
         None,
         description="Local engine: the target's q/k/v and gate/up as one product each (as eval's); default on for GPU.",
+    )
+    compile_target: bool = Field(
+        False,
+        description="Local engine on a GPU: each decode graph compiled, one decoder layer's step for all layers; off until measured.",
     )

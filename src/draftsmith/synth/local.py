@@ -171,10 +171,12 @@ class LocalBackend:
         completion: bool = False,
         fuse: bool | None = None,
         shrink: bool = False,
+        compile: bool = False,
     ) -> None:
         self.target, self.batch_size, self.cache, self.completion = target, batch_size, cache, completion
         self.fuse = fuse  # the engine's fused projections (`TargetEngine`; None: on for a GPU)
         self.shrink = shrink  # batches go on over their running rows (`synth/generate.py`)
+        self.compile = compile  # each decode graph compiled, one layer's step for all (GPU; `TargetEngine`)
         self.name = target.info.name
         self.tokenizer = target.tokenizer
         self.stop = stop_token_ids(target, completion)
@@ -228,7 +230,9 @@ class LocalBackend:
         if device.type == "cuda":
             torch.cuda.set_device(device)  # CUDA graphs capture and replay on the current device
             torch.cuda.empty_cache()
-        self.engine = TargetEngine(self.target.model, [], slots, batch=rows, fuse=self.fuse)
+        self.engine = TargetEngine(
+            self.target.model, [], slots, batch=rows, fuse=self.fuse, compile=self.compile, compile_scope="layers"
+        )
 
     @torch.inference_mode()
     def _hf_generate(self, prompts: list[list[int]], sampling: Sampling, stop: set[int], seed: int) -> list[list[int]]:

@@ -105,7 +105,14 @@ def build_backend(cfg: SynthConfig, world: int, local_rank: int, magpie: bool = 
         device = f"cuda:{local_rank}"
     target = load_target(cfg.target, device=device, dtype=cfg.dtype, chat_template=cfg.chat_template, shard=cfg.shard)
     backend = LocalBackend(
-        target, cfg.batch_size, cfg.cache, cfg.generator, cfg.completion, cfg.fuse_target, cfg.shrink_batches
+        target,
+        cfg.batch_size,
+        cfg.cache,
+        cfg.generator,
+        cfg.completion,
+        cfg.fuse_target,
+        cfg.shrink_batches,
+        cfg.compile_target,
     )
     return backend, target.tokenizer
 
