@@ -60,14 +60,14 @@ import torch
 
 from draftsmith.draft.checkpoint import load_drafter, save_drafter
 from draftsmith.evaluate.config import EvalConfig
-from draftsmith.evaluate.decode import Turn, plain_generate, spec_generate
+from draftsmith.evaluate.decode import Turn, plain_generate, spec_generate, tree_acceptance
 from draftsmith.evaluate.proposer import Draft, DrafterProposer, select_nodes, top_log_probs, tree_ancestors
 from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.evaluate.run import run as evaluate
 from draftsmith.layers import default_aux_layers
 from draftsmith.runtime.engine import Graphed, TargetEngine
 from draftsmith.runtime.generic import HFEngine
-from draftsmith.runtime.sampling import Sampling, verify_chain_greedy, verify_chain_sampled, verify_tree
+from draftsmith.runtime.sampling import Sampling, read_verified, verify_chain_greedy, verify_chain_sampled
 from draftsmith.target import load_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the tests' untrained drafter
@@ -326,9 +326,11 @@ def glue_parts(
     reps: int,
 ) -> dict:
     """The glue of one cycle by part, each timed alone (median ms): `accept_ms` the acceptance rule
-    on the verification's logits with its one host read, `compact_ms` the KV compaction of a
-    tree's accepted path (a graph replay; 0 for a chain), `observe_ms` staging the accepted rows
-    for the drafter. rows [1, N+1]: a root and the draft, verified at slot `at` [1]."""
+    on the verification's logits with its one host read (a tree's as eval runs it,
+    `tree_acceptance`: with its compaction and the path's aux states, one graph when greedy on a
+    GPU), `compact_ms` the KV compaction of a tree's accepted path alone (a graph replay; 0 for a
+    chain), `observe_ms` staging the accepted rows for the drafter. rows [1, N+1]: a root and the
+    draft, verified at slot `at` [1] (past every turn: the compactions there touch no turn's cache)."""
     dev = engine.device
     logits, aux = engine.rows_forward(rows, at * 0, at, block, offsets)  # [1, N+1, V], [1, N+1, n_aux*H]
     logits, aux = logits.clone(), aux.clone()  # the graph's outputs are overwritten by its next replay
@@ -340,9 +342,9 @@ def glue_parts(
         )
         out: dict = {"compact_ms": 0.0}
     else:
-        accept = functools.partial(
-            verify_tree, draft.tokens, draft.parents, draft.depths, draft.anc, logits, sampling, prop.path_len
-        )
+        tree = tree_acceptance(engine, prop.size, prop.path_len, sampling)
+        inputs = (draft.tokens, draft.parents, draft.depths, draft.anc, logits, aux, at * 0, at)
+        accept = lambda: read_verified(*tree(*inputs)[:2])  # noqa: E731
         path = at[:, None] + torch.arange(prop.path_len, device=dev)  # [1, path_len]: slots past every turn
         out = {"compact_ms": median_ms(lambda: engine.compact(path, path), dev, reps)}
     out["accept_ms"] = median_ms(accept, dev, reps)

@@ -15,14 +15,14 @@ from draftsmith.draft.model import DrafterConfig, Eagle3Drafter
 from draftsmith.evaluate.decode import plain_generate, spec_generate
 from draftsmith.evaluate.proposer import Draft, DrafterProposer, chain_as_tree
 from draftsmith.runtime.engine import TargetEngine
-from draftsmith.runtime.sampling import Sampling, verify_chain_greedy, verify_tree
+from draftsmith.runtime.sampling import Sampling, read_verified, tree_accept, verify_chain_greedy
 from tests.helpers import V, tiny_vocab_drafter, tiny_vocab_llama
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # on CUDA: the CUDA graphs of `draftsmith eval`
 
 
 class AsTree:
-    """A proposer's chain drafts, verified as trees (tree mask, `verify_tree`, KV compaction)."""
+    """A proposer's chain drafts, verified as trees (tree mask, `tree_accept`, KV compaction)."""
 
     mode = "tree"
 
@@ -105,7 +105,7 @@ def test_cycle_never_reads_the_host():
         prop.k_cache[:, torch.arange(1)] = 0
 
 
-def test_verify_chain_greedy_equals_verify_tree():
+def test_verify_chain_greedy_equals_tree_accept():
     """A batch of chains, the first j drafts of row j right: both verifications agree."""
     k = 4
     logits = torch.randn(k + 1, k + 1, V, generator=torch.Generator().manual_seed(0))  # [B = K+1, K+1, V]
@@ -115,7 +115,8 @@ def test_verify_chain_greedy_equals_verify_tree():
         tokens[j, j] = (tokens[j, j] + 1) % V
     a, top_d, new = verify_chain_greedy(tokens, logits)
     tree = chain_as_tree(Draft(tokens, torch.arange(1, k + 1).expand(k + 1, k)))
-    a_t, path, new_t, host = verify_tree(tree.tokens, tree.parents, tree.depths, tree.anc, logits, Sampling(), k + 1)
+    a_t, path, new_t = tree_accept(tree.tokens, tree.parents, tree.depths, tree.anc, logits, Sampling(), k + 1)
+    a_t, new_t, host = read_verified(a_t, new_t)
     assert a.tolist() == a_t.tolist() == list(range(k + 1)) and path.tolist() == [list(range(k + 1))] * (k + 1)
     for j in range(k + 1):
         assert (
@@ -234,9 +235,9 @@ def graphless(eng: TargetEngine) -> TargetEngine:
 )
 def test_tree_cycle_reads_the_host_once(sampling):
     """A tree cycle of two rows: the draft (top-k, selection, parent rows, ancestor mask) reads
-    nothing on the host; the cycle (draft, tree-mask forward, `verify_tree`, compaction, staged
+    nothing on the host; the cycle (draft, tree-mask forward, `tree_accept`, compaction, staged
     observe) reads once."""
-    from draftsmith.evaluate.decode import _verify
+    from draftsmith.evaluate.decode import _verify, tree_acceptance
 
     model = tiny_vocab_llama()
     with torch.no_grad():
@@ -252,9 +253,10 @@ def test_tree_cycle_reads_the_host_once(sampling):
             draft = prop.propose()
         assert draft.tokens.shape == (2, 5) and draft.anc.shape == (2, 6, 6)
         n = torch.tensor([7, 2])
+        accept = tree_acceptance(eng, prop.size, prop.path_len, sampling)
         for _ in range(4):
             with HostReads() as reads:
-                accepted, new, _, acc_aux = _verify(eng, prop, prop.propose(), root, pad, n, [], sampling)
+                accepted, new, _, acc_aux = _verify(eng, prop, prop.propose(), root, pad, n, [], sampling, accept)
                 prop.observe(acc_aux, new, accepted + 1)
             assert reads.reads == ["tolist"]
             root, n = new.gather(1, accepted[:, None]), n + accepted + 1

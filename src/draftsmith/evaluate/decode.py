@@ -7,7 +7,9 @@ own: row b has its own length, accepts its own count, and finishes on its own (a
 is parked at position 0 and computes nothing anyone reads until the batch is done).
 Verification, chain or tree, greedy or sampled, stays on the device with fixed shapes and one
 host read per cycle (a chain: causal mask, no compaction, the accepted path is a prefix; a
-tree: the draft's tree mask and a fixed-shape KV compaction).
+tree: the draft's tree mask and a fixed-shape KV compaction). A greedy tree's acceptance,
+compaction and accepted aux rows are one CUDA graph on the fast engine (`tree_acceptance`), captured
+before the clock starts.
 
 Both time decoding only: the clock starts after the prompts' prefill and stops after the last
 row's last token, with the device synchronised; each row is charged an equal share of its
@@ -17,6 +19,7 @@ batch's time (batch 1: its own time). Rows stop at a stop token (kept) or after
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +30,7 @@ import torch
 from draftsmith.evaluate.proposer import Draft
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.engine_choice import Engine
-from draftsmith.runtime.sampling import Sampling, verify_chain_greedy, verify_chain_sampled, verify_tree
+from draftsmith.runtime.sampling import Sampling, read_verified, tree_accept, verify_chain_greedy, verify_chain_sampled
 
 
 class Proposer(Protocol):
@@ -105,11 +108,13 @@ def _verify(
     n: torch.Tensor,
     n_host: list[int],
     sampling: Sampling,
+    accept: Callable | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], torch.Tensor]:
     """One verification of every row's draft after its n tokens (root [B, 1]: the last token,
     not yet in the target's cache). Returns the accepted counts [B], the new tokens [B, L] (the
     accepted drafts, then the bonus or corrected token), each row's new tokens on the host, and
-    the aux states of the accepted rows [B, L, n_aux*H] (the first a+1 of each row are valid)."""
+    the aux states of the accepted rows [B, L, n_aux*H] (the first a+1 of each row are valid).
+    `accept`: a tree's `tree_acceptance`."""
     tokens = draft.tokens.to(engine.device)  # [B, N]
     ids = torch.cat([root, tokens], dim=1)  # [B, N+1]: root + draft
     if proposer.mode == "chain":  # the accepted path is a prefix: its KV is in place already
@@ -122,12 +127,68 @@ def _verify(
     parents, depths, anc = (x.to(engine.device) for x in (draft.parents, draft.depths, draft.anc))
     offsets = torch.cat([depths[:, :1] * 0, depths], dim=1)  # [B, N+1]: positions after n (the root at n)
     logits, aux = _forward(engine, ids, pad, n, n_host, anc, offsets)
-    accepted, path, new, host = verify_tree(tokens, parents, depths, anc, logits, sampling, proposer.path_len)
-    slots = (pad + n)[:, None] + torch.arange(ids.shape[1], device=engine.device)  # [B, N+1]
-    engine.compact(
-        slots.gather(1, path), slots[:, : path.shape[1]]
-    )  # fixed shape: padding rows land where the next forward writes
-    return accepted, new, host, aux.gather(1, path[..., None].expand(-1, -1, aux.shape[-1]))
+    accepted, new, acc_aux = accept(tokens, parents, depths, anc, logits, aux, pad, n)
+    accepted, new, host = read_verified(accepted, new)
+    return accepted, new, host, acc_aux
+
+
+def _accept_tree(
+    compact: Callable,
+    sampling: Sampling,
+    path_len: int,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depths: torch.Tensor,
+    anc: torch.Tensor,
+    logits: torch.Tensor,
+    aux: torch.Tensor,
+    pad: torch.Tensor,
+    n: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A verified tree's acceptance (`tree_accept`), its accepted path's K/V moved into place by
+    `compact` (a fixed shape: padding rows land where the next forward writes) and the path's aux
+    states: tokens, parents, depths [B, N]; anc [B, N+1, N+1]; logits [B, N+1, V], aux [B, N+1, A]
+    of the verification; pad, n [B]. Returns the accepted counts [B], the new tokens [B, path_len]
+    and the path's aux states [B, path_len, A], all on the device."""
+    accepted, path, new = tree_accept(tokens, parents, depths, anc, logits, sampling, path_len)
+    slots = (pad + n)[:, None] + torch.arange(tokens.shape[1] + 1, device=tokens.device)  # [B, N+1]
+    compact(slots.gather(1, path), slots[:, :path_len])
+    return accepted, new, aux.gather(1, path[..., None].expand(-1, -1, aux.shape[-1]))
+
+
+def tree_acceptance(engine: Engine, size: int, path_len: int, sampling: Sampling) -> Callable:
+    """`_accept_tree` for drafts of `size` nodes. Where the verification of size+1 tokens is a CUDA
+    graph of the fast engine and decoding is greedy: one more graph (about 25 small kernels that
+    ran eagerly, 0.63 ms of an H100's 3.97 ms tree cycle, experiments/LOG.md 2026-12-06), captured
+    once per engine and shape, which reads the verification graph's logits and aux states where
+    that graph leaves them (no copy); else eager. Its warm-up accepts no draft (zeroed logits: no node is its
+    parent's argmax), so its compaction moves slots onto themselves and the cache is unchanged."""
+    eager = functools.partial(_accept_tree, engine.compact, sampling, path_len)
+    verify = engine.row_graphs.get(size + 1) if isinstance(engine, TargetEngine) else None
+    if verify is None or not sampling.greedy:
+        return eager
+    b, dev, long = engine.batch, engine.device, torch.long
+    v_logits, v_aux = verify.outputs  # [B, N+1, V], [B, N+1, A]: rewritten by each verification
+
+    def accept(*draft_and_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        tokens, parents, depths, anc, pad, n = draft_and_rows
+        return _accept_tree(
+            engine.compact_eager, sampling, path_len, tokens, parents, depths, anc, v_logits, v_aux, pad, n
+        )
+
+    v_logits.zero_()
+    example = (
+        torch.ones(b, size, dtype=long, device=dev),  # tokens: none is its parent's argmax (0)
+        torch.zeros(b, size, dtype=long, device=dev),
+        torch.ones(b, size, dtype=long, device=dev),
+        torch.eye(size + 1, dtype=torch.bool, device=dev).expand(b, -1, -1),
+        torch.zeros(b, dtype=long, device=dev),
+        torch.zeros(b, dtype=long, device=dev),
+    )
+    graph = engine.graphed(("tree_accept", b, size, path_len), accept, *example)
+    return lambda tokens, parents, depths, anc, _logits, _aux, pad, n: graph(
+        tokens, parents, depths, anc, pad, n
+    )  # the logits and aux states are the verification graph's outputs, read in place
 
 
 def decode(
@@ -165,6 +226,11 @@ def decode(
     alive = [running(i) for i in range(rows)]
     live = torch.tensor(alive, device=dev)  # [B]
     root = first[:, None]  # [B, 1]
+    accept = (
+        tree_acceptance(engine, size, proposer.path_len, sampling)
+        if proposer is not None and proposer.mode == "tree"
+        else None
+    )
     _sync(dev)
     t0 = time.perf_counter()
     while any(alive):
@@ -174,7 +240,7 @@ def decode(
         else:
             draft = proposer.propose()
             size_now = draft.tokens.shape[1]
-            accepted, new, new_host, acc_aux = _verify(engine, proposer, draft, root, pad, n, n_host, sampling)
+            accepted, new, new_host, acc_aux = _verify(engine, proposer, draft, root, pad, n, n_host, sampling, accept)
         for i in range(rows):
             if alive[i]:
                 out[i] += new_host[i]

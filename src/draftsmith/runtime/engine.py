@@ -190,6 +190,7 @@ class TargetEngine:
         self.graphs: dict[tuple[int, int, int], Graphed] = {}  # (rows, tokens, cache slots attended) -> graph
         self.row_graphs: dict[int, Graphed] = {}  # tokens -> graph of `rows_forward`
         self.compactions: dict[int, Graphed] = {}  # rows moved -> graph of `compact`
+        self.functions: dict[tuple, Graphed] = {}  # key -> graph of a function of the cache (`graphed`)
         self.compiled = compile and self.device.type == "cuda"  # each graph's forward torch.compiled first
         self.capture_seconds = 0.0
         # `fuse`: per layer, q/k/v as one product and gate/up as another, as vLLM runs them (4 GEMMs a
@@ -407,10 +408,12 @@ class TargetEngine:
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move each row's accepted path's K/V from slots `src` to slots `dst` (both [B, n], on
         the device: no host sync), by the CUDA graph captured for n rows when there is one."""
-        self.compactions.get(src.shape[1], self._compact)(src, dst)
+        self.compactions.get(src.shape[1], self.compact_eager)(src, dst)
 
-    def _compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Every layer's keys and values at once: one gather, one scatter (two kernels, not four a layer)."""
+    def compact_eager(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """`compact` without its graph (for a function captured whole, such as eval's tree
+        acceptance): every layer's keys and values at once, one gather, one scatter (two kernels,
+        not four a layer)."""
         b, n = src.shape
         if self.slot_pos is not None:  # the moved tokens keep their positions
             self.slot_pos.scatter_(1, dst, self.slot_pos.gather(1, src))
@@ -556,6 +559,18 @@ class TargetEngine:
         finally:
             self.layer_step = self._block
 
+    def graphed(self, key: tuple, fn: Any, *example: torch.Tensor) -> Any:
+        """`fn`, a function of fixed-shape tensors that may move this engine's cache (eval's tree
+        acceptance and compaction), in a CUDA graph captured once per `key` (its warm-up runs
+        `example`, which must leave the cache as it was); off a GPU, `fn` itself."""
+        if self.device.type != "cuda":
+            return fn
+        if key not in self.functions:
+            t0 = time.perf_counter()
+            self.functions[key] = Graphed(fn, *example)
+            self.capture_seconds += time.perf_counter() - t0
+        return self.functions[key]
+
     def graph_compact(self, n: int) -> None:
         """Capture `compact` of n rows (a tree's accepted path, padded) in a CUDA graph (no-op on
         CPU). Its warm-up copies slots 0..n-1 onto themselves."""
@@ -563,5 +578,5 @@ class TargetEngine:
             return
         t0 = time.perf_counter()
         rows = torch.arange(n, device=self.device).repeat(self.batch, 1)  # [B, n]
-        self.compactions[n] = Graphed(self._compact, rows, rows)
+        self.compactions[n] = Graphed(self.compact_eager, rows, rows)
         self.capture_seconds += time.perf_counter() - t0

@@ -3,7 +3,8 @@
 Greedy (temperature 0): walk down the draft from the root, following the child whose token is
 the target's argmax; the target's argmax at the last accepted node is the bonus token, so the
 output is the target's own greedy output. Chains and trees are verified on the device with fixed
-shapes and one host transfer (`verify_chain_greedy`, `verify_chain_sampled`, `verify_tree`).
+shapes and one host transfer (`verify_chain_greedy`, `verify_chain_sampled`, `verify_tree`: a
+tree's `tree_accept`, then `read_verified`).
 
 Sampling (temperature, top-p): recursive rejection sampling with the target's distribution `p`
 at each accepted node. A child drawn from a known draft distribution `q` (chain mode) is
@@ -107,7 +108,7 @@ Verified = tuple[
 ]  # accepted [B], new tokens [B, L], each row's new tokens on the host
 
 
-def _read(accepted: torch.Tensor, new: torch.Tensor) -> Verified:
+def read_verified(accepted: torch.Tensor, new: torch.Tensor) -> Verified:
     """The one host transfer of a verification: accepted [B] and new [B, L] (row b: its a
     accepted drafts, then the next token at index a, then padding). Returns both and each row's
     a+1 new tokens as host lists."""
@@ -121,7 +122,7 @@ def verify_chain_greedy(tokens: torch.Tensor, logits: torch.Tensor) -> Verified:
     matching prefix; the new tokens are the target's argmax at the root and each draft [B, K+1]."""
     top = logits.argmax(-1)  # [B, K+1]
     accepted = (tokens == top[:, :-1]).long().cumprod(1).sum(1)  # [B]: the matching prefix
-    return _read(accepted, top)
+    return read_verified(accepted, top)
 
 
 def verify_chain_sampled(
@@ -148,7 +149,7 @@ def verify_chain_sampled(
         p_a = torch.where(total > 0, res / total.clamp(min=torch.finfo(res.dtype).tiny), p_a)
     nxt = sampling.draws(p_a)  # [B]
     step = torch.arange(k + 1, device=p.device)  # [K+1]
-    return _read(
+    return read_verified(
         accepted, torch.where(step == accepted[:, None], nxt[:, None], torch.cat([tokens, nxt[:, None]], dim=1))
     )
 
@@ -162,8 +163,24 @@ def verify_tree(
     sampling: Sampling,
     path_len: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
-    """Lossless verification of tree drafts on the device, with fixed shapes and one host
-    transfer. tokens, parents (rows: node i is row i+1, row 0 the root), depths [B, N], with
+    """`tree_accept` and its one host transfer: the accepted counts [B], the path rows [B,
+    path_len], the new tokens [B, path_len] and each row's a+1 new tokens on the host."""
+    accepted, path, new = tree_accept(tokens, parents, depths, anc, logits, sampling, path_len)
+    accepted, new, host = read_verified(accepted, new)
+    return accepted, path, new, host
+
+
+def tree_accept(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depths: torch.Tensor,
+    anc: torch.Tensor,
+    logits: torch.Tensor,
+    sampling: Sampling,
+    path_len: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lossless verification of tree drafts on the device, with fixed shapes and no host
+    transfer (greedy: a CUDA graph can hold it). tokens, parents (rows: node i is row i+1, row 0 the root), depths [B, N], with
     siblings carrying distinct tokens (top-k children); anc [B, N+1, N+1]: row r sees row c iff
     c is r or an ancestor of r; logits [B, N+1, V] of the target at every row; path_len: a bound
     on the accepted rows (the draft's depth + 1, at most N+1).
@@ -178,8 +195,8 @@ def verify_tree(
     drawn afresh from the whole p.
 
     Returns the accepted counts [B], the path rows root first [B, path_len] (rows after a are
-    padding: a fixed shape for the KV compaction), the new tokens [B, path_len] (a accepted
-    drafts, then the next token) and each row's a+1 new tokens on the host."""
+    padding: a fixed shape for the KV compaction) and the new tokens [B, path_len] (a accepted
+    drafts, then the next token)."""
     b, n = tokens.shape
     rows = torch.arange(n + 1, device=tokens.device)  # [N+1]
     probs = None if sampling.greedy else sampling.probs(logits)  # [B, N+1, V]
@@ -204,5 +221,4 @@ def verify_tree(
         1, path[:, 1:]
     )  # [B, path_len-1]: the path's tokens after the root
     new = torch.where(rows[:path_len] == accepted[:, None], nxt, torch.cat([drafted, nxt], dim=1))  # [B, path_len]
-    accepted, new, host = _read(accepted, new)
-    return accepted, path, new, host
+    return accepted, path, new
