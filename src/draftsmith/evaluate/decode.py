@@ -159,7 +159,8 @@ def _accept_tree(
 def tree_acceptance(engine: Engine, size: int, path_len: int, sampling: Sampling) -> Callable:
     """`_accept_tree` for drafts of `size` nodes. Where the verification of size+1 tokens is a CUDA
     graph of the fast engine and decoding is greedy: one more graph (about 25 small kernels that
-    ran eagerly, 0.63 ms of an H100's 3.97 ms tree cycle, experiments/LOG.md 2026-12-06), captured
+    ran eagerly in 0.63 ms a cycle on an H100, against 0.22 for a chain's acceptance;
+    experiments/LOG.md 2026-12-06 07:55), captured
     once per engine and shape, which reads the verification graph's logits and aux states where
     that graph leaves them (no copy); else eager. Its warm-up accepts no draft (zeroed logits: no node is its
     parent's argmax), so its compaction moves slots onto themselves and the cache is unchanged."""
