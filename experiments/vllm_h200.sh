@@ -7,14 +7,19 @@
 # before train_ab since 2026-12-06 16:10: the deadline cuts the last steps).
 # The next lease carries that drafter (.data/recipe_drafter.tgz.part*, 7 parts: as short_drafter's,
 # below) and the run's answers (.data/full_synth.tgz.part*, 2 parts); everything of issue 52 with that
-# drafter ran on 2026-12-06 17:02 and 18:59, so it measures the layer-wise compile of the target and
-# synth's steps never run on a GPU, then synthesises the data curve's 2x point for the lease after:
-# SKIP="ds_stop vllm_k753 ds_b1 ds_b16 vllm_b16 ds_b16_unfused train_ab ds_tree magpie_256 magpie_128
-# cycle_profile larger_make larger_vllm larger_ds dflash_vllm ds_qs600 extract_hf_qs600 extract_vllm_qs600
-# extract_compare_qs600" NQ=80 (the last four: capture_pair, which repeated to the digit), leaving gpu_tests (with the
-# layer-compiled target), synth_gpu_tests, synth_shrink (the captures on demand), compile_scope (A-B-A:
-# capture seconds and ms a token), synth_decode (its step compiled whole and layer by layer),
-# and data2x_synth (8 sets, about 8 minutes; its answers come back in 4 parts of 15 MB). The lease after carries data2x_synth's answers and runs
+# drafter ran on 2026-12-06 17:02 and 18:59. It checks and times what changed on CPU since (the greedy
+# tree's acceptance as one graph, the target compiled layer by layer, synth's --compile-target), then
+# synthesises the data curve's 2x point for the lease after:
+# SKIP="synth_gpu_tests synth_shrink synth_shrink_gsm8k vllm_k753 ds_stop ds_b16 vllm_b16 ds_b16_unfused
+# train_ab magpie_256 magpie_128 cycle_profile larger_make larger_vllm larger_ds dflash_vllm ds_qs600
+# extract_hf_qs600 extract_vllm_qs600 extract_compare_qs600" NQ=80 (the last four: capture_pair, which
+# repeated to the digit), leaving gpu_tests (the graphed tree equal to plain decoding, the
+# layer-compiled target equal to eager), compile_scope (A-B-A: capture seconds and ms a token), ds_b1
+# and ds_tree (the tree's cycle against the chain's on one host: +1.13 ms at 18:59, goal +0.5),
+# synth_decode (its step compiled whole and layer by layer, whole passes with --compile-target) and
+# data2x_synth (8 sets, about 8 minutes; its answers come back in 4 parts of 15 MB), about 26 minutes;
+# synth's GPU tests and shrink A-B after them when a lease has room. The lease after carries
+# data2x_synth's answers and runs
 # `draftsmith pipeline experiments/recipes/data2x_h200.yaml --out /root/runs/qs --target smollm2-135m
 # --only prepare,vocab,train_online,eval_chain,eval_tree` (7,800 steps: about 11 minutes, then 5 of eval). The
 # quickstart's whole run, timed, is SHORT=0 (about 20 minutes alone on an H100, 2026-12-06 13:19;
