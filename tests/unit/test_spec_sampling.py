@@ -1,7 +1,7 @@
 """Speculative sampling is lossless: on a tiny Llama with a 12-token vocab, the tokens emitted
 by one verification step (chain and tree, random drafter) follow the target's own sampling
 distribution; without the rejection-sampling correction they do not. Both are the on-device
-verifications that `eval` runs: `verify_chain_sampled` and `verify_tree` (with the fused tree
+verifications that `eval` runs: `verify_chain_sampled` and `tree_accept` (with the fused tree
 draft: top-k, selection and ancestor mask on the device)."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import torch
 
 from draftsmith.evaluate.proposer import DrafterProposer, tree_ancestors
 from draftsmith.runtime.engine import TargetEngine
-from draftsmith.runtime.sampling import Sampling, target_probs, verify_chain_sampled, verify_tree
+from draftsmith.runtime.sampling import Sampling, read_verified, target_probs, tree_accept, verify_chain_sampled
 from tests.helpers import V, tiny_vocab_drafter, tiny_vocab_llama
 
 
 def verify_as(
     mode: str, tokens: list[int], parents: list[int], logits: torch.Tensor, sampling: Sampling, q: torch.Tensor | None
 ) -> tuple[list[int], int]:
-    """`verify_chain_sampled` or `verify_tree` on one row, as (accepted rows, next token)."""
+    """`verify_chain_sampled` or `tree_accept` on one row, as (accepted rows, next token)."""
     if mode == "chain":
         accepted, _, new = verify_chain_sampled(
             torch.tensor([tokens]), None if q is None else q[None], logits[None], sampling
@@ -29,10 +29,11 @@ def verify_as(
         depths[i + 1] = depths[p] + 1
     depth = int(depths.max())
     anc = tree_ancestors(torch.tensor([parents]), depth)
-    accepted, path, _, new = verify_tree(
+    accepted, path, new = tree_accept(
         torch.tensor([tokens]), torch.tensor([parents]), depths[None, 1:], anc, logits[None], sampling, depth + 1
     )
-    return path[0, : int(accepted[0]) + 1].tolist(), new[0][-1]
+    a = int(accepted[0])
+    return path[0, : a + 1].tolist(), int(new[0, a])
 
 
 CHI2_CRIT_DF11 = 31.26  # p = 0.001
@@ -75,9 +76,10 @@ def first_emitted(
         else:
             offsets = torch.cat([torch.zeros(ROWS, 1, dtype=torch.long), draft.depths], dim=1)
             logits, _ = eng.rows_forward(rows, pad, at, draft.anc, offsets)
-            a, _, new, host = verify_tree(
+            a, _, new = tree_accept(
                 draft.tokens, draft.parents, draft.depths, draft.anc, logits, sampling, prop.path_len
             )
+            a, new, host = read_verified(a, new)
         for h in host:
             counts[h[0]] += 1  # the first accepted draft, or the correction
         accepted += int(a.sum())

@@ -3,8 +3,8 @@
 Greedy (temperature 0): walk down the draft from the root, following the child whose token is
 the target's argmax; the target's argmax at the last accepted node is the bonus token, so the
 output is the target's own greedy output. Chains and trees are verified on the device with fixed
-shapes and one host transfer (`verify_chain_greedy`, `verify_chain_sampled`, `verify_tree`: a
-tree's `tree_accept`, then `read_verified`).
+shapes and one host transfer (`verify_chain_greedy`, `verify_chain_sampled`; a tree's `tree_accept`,
+then `read_verified`).
 
 Sampling (temperature, top-p): recursive rejection sampling with the target's distribution `p`
 at each accepted node. A child drawn from a known draft distribution `q` (chain mode) is
@@ -152,22 +152,6 @@ def verify_chain_sampled(
     return read_verified(
         accepted, torch.where(step == accepted[:, None], nxt[:, None], torch.cat([tokens, nxt[:, None]], dim=1))
     )
-
-
-def verify_tree(
-    tokens: torch.Tensor,
-    parents: torch.Tensor,
-    depths: torch.Tensor,
-    anc: torch.Tensor,
-    logits: torch.Tensor,
-    sampling: Sampling,
-    path_len: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
-    """`tree_accept` and its one host transfer: the accepted counts [B], the path rows [B,
-    path_len], the new tokens [B, path_len] and each row's a+1 new tokens on the host."""
-    accepted, path, new = tree_accept(tokens, parents, depths, anc, logits, sampling, path_len)
-    accepted, new, host = read_verified(accepted, new)
-    return accepted, path, new, host
 
 
 def tree_accept(
