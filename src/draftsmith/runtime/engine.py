@@ -210,7 +210,7 @@ class TargetEngine:
             )
         ]
         # what `_forward` runs for each layer: `_block`, or inside a capture with compile_scope "layers"
-        # its compiled form (`_layers_compiled`)
+        # its compiled form (`layers_compiled`)
         self.compile_scope = compile_scope
         self.layer_step = self._block
         self.compiled_step: Any = None
