@@ -19,9 +19,10 @@
 # synth_decode (its step compiled whole and layer by layer, whole passes with --compile-target) and
 # data2x_synth (8 sets, about 8 minutes; its answers come back in 4 parts of 15 MB), about 26 minutes;
 # synth's GPU tests and shrink A-B after them when a lease has room. The lease after carries
-# data2x_synth's answers and runs
-# `draftsmith pipeline experiments/recipes/data2x_h200.yaml --out /root/runs/qs --target smollm2-135m
-# --only prepare,vocab,train_online,eval_chain,eval_tree` (7,800 steps: about 11 minutes, then 5 of eval). The
+# data2x_synth's answers (.data/data2x_synth.tgz.part*: 15 MB parts, three a call beside the tree) and
+# runs with DATA2X=1: data2x_train (`pipeline experiments/recipes/data2x_h200.yaml --only
+# prepare,vocab,train_online,eval_chain,eval_tree`, 7,800 steps: about 11 minutes, then 5 of eval), whose
+# drafter the steps after it measure and pack_drafter packs (data2x_drafter). The
 # quickstart's whole run, timed, is SHORT=0 (about 20 minutes alone on an H100, 2026-12-06 13:19;
 # CC=0 without the recipe's --compile-capture).
 #   data+train    none where recipe_drafter.tgz.part* came along (restore_drafter: the drafter a
@@ -103,7 +104,15 @@ stages:
 Y
 
 start=$(date +%s)
-if restore_drafter recipe_drafter "$D/drafter"; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training
+D2X=experiments/recipes/data2x_h200.yaml
+if [ "${DATA2X:-0}" = 1 ]; then
+  # the data curve's 2x point (issue 53), a lease after data2x_synth (below) packed its answers: the recipe's
+  # stages on all 17 sets (7,800 steps), the drafter packed for later leases; the steps after measure it
+  restore_answers data2x
+  step data2x_train 1500 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
+    --only prepare,vocab,train_online,eval_chain,eval_tree
+  pack_drafter data2x_drafter "$D/drafter"
+elif restore_drafter recipe_drafter "$D/drafter"; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training
   restore_answers full  # its conversations, for capture_pair
 elif [ "${SHORT:-1}" = 1 ] && restore_drafter short_drafter "$D/drafter"; then  # a lease before trained it: no training
   restore_answers short  # its conversations, for capture_pair
@@ -197,7 +206,6 @@ step synth_decode 420 python3 bench/synth_bench.py --target "$HF" --num-prompts 
 # issue 53's data curve, point 2x (experiments/recipes/data2x_h200.yaml): the 8 synth sets it adds to the
 # recipe's 9 (carried: full_synth), synthesised into the same folder (the 9 are done there), their answers
 # packed with the 9 for the lease that trains on all 17 (about 8 minutes on an H100 by the recipe's set times)
-D2X=experiments/recipes/data2x_h200.yaml
 read -ra D2X_SYNTH <<< "$(python3 -c "import sys, yaml
 names = [v.get('name', k) for s in yaml.safe_load(open(sys.argv[1]))['stages'] for k, v in s.items() if k == 'synth']
 print(' '.join(names))" "$D2X")"
