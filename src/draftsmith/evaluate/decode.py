@@ -114,7 +114,7 @@ def _verify(
     not yet in the target's cache). Returns the accepted counts [B], the new tokens [B, L] (the
     accepted drafts, then the bonus or corrected token), each row's new tokens on the host, and
     the aux states of the accepted rows [B, L, n_aux*H] (the first a+1 of each row are valid).
-    `accept`: a tree's `tree_acceptance`."""
+    `accept`: a tree's `tree_acceptance` (a chain needs none)."""
     tokens = draft.tokens.to(engine.device)  # [B, N]
     ids = torch.cat([root, tokens], dim=1)  # [B, N+1]: root + draft
     if proposer.mode == "chain":  # the accepted path is a prefix: its KV is in place already
@@ -158,12 +158,12 @@ def _accept_tree(
 
 def tree_acceptance(engine: Engine, size: int, path_len: int, sampling: Sampling) -> Callable:
     """`_accept_tree` for drafts of `size` nodes. Where the verification of size+1 tokens is a CUDA
-    graph of the fast engine and decoding is greedy: one more graph (about 25 small kernels that
-    ran eagerly in 0.63 ms a cycle on an H100, against 0.22 for a chain's acceptance;
-    experiments/LOG.md 2026-12-06 07:55), captured
-    once per engine and shape, which reads the verification graph's logits and aux states where
-    that graph leaves them (no copy); else eager. Its warm-up accepts no draft (zeroed logits: no node is its
-    parent's argmax), so its compaction moves slots onto themselves and the cache is unchanged."""
+    graph of the fast engine and decoding is greedy: one more graph, captured once per engine and
+    shape, which reads the verification graph's logits and aux states where that graph leaves
+    them (no copy); eagerly its ~25 small kernels took 0.63 ms a cycle on an H100, against 0.22
+    for a chain's acceptance (experiments/LOG.md 2026-12-06 07:55). Else eager. Its warm-up
+    accepts no draft (zeroed logits: no node is its parent's argmax), so its compaction moves
+    slots onto themselves and the cache is unchanged."""
     eager = functools.partial(_accept_tree, engine.compact, sampling, path_len)
     verify = engine.row_graphs.get(size + 1) if isinstance(engine, TargetEngine) else None
     if verify is None or not sampling.greedy:
