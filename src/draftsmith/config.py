@@ -42,9 +42,6 @@ class CommandConfig(BaseModel):
     # old option name -> its name now: still taken (flag, --config YAML, pipeline stage) for one
     # release, with a warning on stderr
     renamed: ClassVar[dict[str, str]] = {}
-    # option since removed -> the value at which it changed nothing: a record (pipeline marker,
-    # run.yaml) that holds it at that value is read as one without it (`changed_options`)
-    removed: ClassVar[dict[str, Any]] = {}
 
     @classmethod
     def current_names(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -165,11 +162,9 @@ def resolve_config(cls: type[CommandConfig], yaml_path: Path | None, flags: dict
 def changed_options(cfg: CommandConfig, recorded: dict[str, Any], ignore: set[str]) -> dict[str, tuple[Any, Any]]:
     """The options of `cfg` whose values differ from a config recorded earlier (a pipeline
     marker's or a run.yaml's `config`), but those in `ignore`: {name: (recorded, now)}. A
-    recorded name since renamed is read as its new one, and one since removed is left out where it
-    held the value at which it changed nothing; an option the record predates counts only when it
-    is not at its default."""
-    removed = type(cfg).removed
-    recorded = {type(cfg).renamed.get(k, k): v for k, v in recorded.items() if k not in removed or v != removed[k]}
+    recorded name since renamed is read as its new one; an option the record predates counts only
+    when it is not at its default."""
+    recorded = {type(cfg).renamed.get(k, k): v for k, v in recorded.items()}
     now, fields = cfg.model_dump(mode="json"), type(cfg).model_fields
     return {
         k: (recorded.get(k), now.get(k))

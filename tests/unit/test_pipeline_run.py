@@ -105,9 +105,10 @@ def test_the_old_layers_key_still_works_with_a_warning(tmp_path, capsys):
     assert stage_changes(marker, planned[0].cfg.model_copy(update={"token_budget": 7})) == ["token_budget"]
 
 
-def test_a_removed_option_off_in_the_marker_is_no_change(tmp_path):
-    """synth's --compile-target is gone: a marker written while it existed, holding it off (as
-    the lease's carried synth answers do), is not a changed stage; one holding it on is."""
+def test_an_option_off_in_the_marker_is_no_change(tmp_path):
+    """synth's --compile-target (removed on 2026-12-06, back since, off by default): a marker
+    written while it first existed, holding it off (as carried synth answers do), is not a
+    changed stage; one holding it on is."""
     cfg = SynthConfig(prompts=tmp_path / "p.jsonl", out=tmp_path / "synth" / "c.jsonl")
     marker = tmp_path / "synth.done"
     for held, changed in ((False, []), (True, ["compile_target"])):

@@ -341,3 +341,24 @@ def test_compiled_draft_of_a_deeper_drafter_drafts_the_same():
         and compiled.draft_region is not None
         and len({tuple(t.flatten().tolist()) for t in drafts}) > 1
     )
+
+
+def test_the_acceptance_graphs_warm_up_leaves_the_cache_as_it_was():
+    """`no_draft`, the tree acceptance graph's warm-up input (its logits are whatever the last
+    verification left): whatever the logits, nothing is accepted and the compaction moves every
+    slot onto itself, so the keys and values in the cache are unchanged."""
+    from draftsmith.evaluate.decode import _accept_tree, no_draft
+
+    eng = TargetEngine(tiny_vocab_llama(), [0, 1, 2], max_len=64, batch=2)
+    torch.manual_seed(0)
+    eng.kv.copy_(torch.randn_like(eng.kv))
+    before = eng.kv.clone()
+    tokens, parents, depths, anc, pad, n = no_draft(2, 5, eng.kv.device)
+    for logits in (torch.zeros(2, 6, V), torch.randn(2, 6, V), -torch.randn(2, 6, V)):
+        aux = torch.randn(2, 6, 3)
+        accepted, new, path_aux = _accept_tree(
+            eng.compact_eager, Sampling(), 4, tokens, parents, depths, anc, logits, aux, pad, n
+        )
+        assert accepted.tolist() == [0, 0] and new[:, 0].tolist() == logits[:, 0].argmax(-1).tolist()
+        torch.testing.assert_close(path_aux, aux[:, :4])  # the root, then rows 1.. in order
+    assert torch.equal(eng.kv, before)

@@ -156,19 +156,34 @@ def _accept_tree(
     return accepted, new, aux.gather(1, path[..., None].expand(-1, -1, aux.shape[-1]))
 
 
+def no_draft(rows: int, size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A tree of `size` nodes that no verification accepts (every token -1, which no argmax is),
+    at slot 0 of `rows` rows: tokens, parents, depths [rows, size], ancestors [rows, N+1, N+1]
+    (each row itself), pad and n [rows]. Its accepted path is the root then rows 1.. in order, so
+    the compaction moves slots onto themselves: a graph's warm-up input that leaves the cache as
+    it was."""
+    long = torch.long
+    return (
+        torch.full((rows, size), -1, dtype=long, device=device),
+        torch.zeros(rows, size, dtype=long, device=device),
+        torch.ones(rows, size, dtype=long, device=device),
+        torch.eye(size + 1, dtype=torch.bool, device=device).expand(rows, -1, -1),
+        torch.zeros(rows, dtype=long, device=device),
+        torch.zeros(rows, dtype=long, device=device),
+    )
+
+
 def tree_acceptance(engine: Engine, size: int, path_len: int, sampling: Sampling) -> Callable:
     """`_accept_tree` for drafts of `size` nodes. Where the verification of size+1 tokens is a CUDA
     graph of the fast engine and decoding is greedy: one more graph, captured once per engine and
     shape, which reads the verification graph's logits and aux states where that graph leaves
     them (no copy); eagerly its ~25 small kernels took 0.63 ms a cycle on an H100, against 0.22
     for a chain's acceptance (experiments/LOG.md 2026-12-06 07:55). Else eager. Its warm-up
-    accepts no draft (zeroed logits: no node is its parent's argmax), so its compaction moves
-    slots onto themselves and the cache is unchanged."""
+    runs `no_draft`, so the cache is unchanged."""
     eager = functools.partial(_accept_tree, engine.compact, sampling, path_len)
     verify = engine.row_graphs.get(size + 1) if isinstance(engine, TargetEngine) else None
     if verify is None or not sampling.greedy:
         return eager
-    b, dev, long = engine.batch, engine.device, torch.long
     v_logits, v_aux = verify.outputs  # [B, N+1, V], [B, N+1, A]: rewritten by each verification
 
     def accept(*draft_and_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -177,16 +192,9 @@ def tree_acceptance(engine: Engine, size: int, path_len: int, sampling: Sampling
             engine.compact_eager, sampling, path_len, tokens, parents, depths, anc, v_logits, v_aux, pad, n
         )
 
-    v_logits.zero_()
-    example = (
-        torch.ones(b, size, dtype=long, device=dev),  # tokens: none is its parent's argmax (0)
-        torch.zeros(b, size, dtype=long, device=dev),
-        torch.ones(b, size, dtype=long, device=dev),
-        torch.eye(size + 1, dtype=torch.bool, device=dev).expand(b, -1, -1),
-        torch.zeros(b, dtype=long, device=dev),
-        torch.zeros(b, dtype=long, device=dev),
+    graph = engine.graphed(
+        ("tree_accept", engine.batch, size, path_len), accept, *no_draft(engine.batch, size, engine.device)
     )
-    graph = engine.graphed(("tree_accept", b, size, path_len), accept, *example)
     return lambda tokens, parents, depths, anc, _logits, _aux, pad, n: graph(
         tokens, parents, depths, anc, pad, n
     )  # the logits and aux states are the verification graph's outputs, read in place

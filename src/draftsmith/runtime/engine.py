@@ -189,7 +189,6 @@ class TargetEngine:
         self.slot_pos = torch.zeros(batch, max_len, dtype=torch.long, device=self.device) if self.window else None
         self.graphs: dict[tuple[int, int, int], Graphed] = {}  # (rows, tokens, cache slots attended) -> graph
         self.row_graphs: dict[int, Graphed] = {}  # tokens -> graph of `rows_forward`
-        self.compactions: dict[int, Graphed] = {}  # rows moved -> graph of `compact`
         self.functions: dict[tuple, Graphed] = {}  # key -> graph of a function of the cache (`graphed`)
         self.compiled = compile and self.device.type == "cuda"  # each graph's forward torch.compiled first
         self.capture_seconds = 0.0
@@ -408,7 +407,7 @@ class TargetEngine:
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move each row's accepted path's K/V from slots `src` to slots `dst` (both [B, n], on
         the device: no host sync), by the CUDA graph captured for n rows when there is one."""
-        self.compactions.get(src.shape[1], self.compact_eager)(src, dst)
+        self.functions.get(("compact", src.shape[1]), self.compact_eager)(src, dst)
 
     def compact_eager(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """`compact` without its graph (for a function captured whole, such as eval's tree
@@ -560,9 +559,9 @@ class TargetEngine:
             self.layer_step = self._block
 
     def graphed(self, key: tuple, fn: Any, *example: torch.Tensor) -> Any:
-        """`fn`, a function of fixed-shape tensors that may move this engine's cache (eval's tree
-        acceptance and compaction), in a CUDA graph captured once per `key` (its warm-up runs
-        `example`, which must leave the cache as it was); off a GPU, `fn` itself."""
+        """`fn`, a function of fixed-shape tensors that may move this engine's cache (a tree's
+        compaction, eval's tree acceptance), in a CUDA graph captured once per `key` (its warm-up
+        runs `example`, which must leave the cache as it was); off a GPU, `fn` itself."""
         if self.device.type != "cuda":
             return fn
         if key not in self.functions:
@@ -574,9 +573,5 @@ class TargetEngine:
     def graph_compact(self, n: int) -> None:
         """Capture `compact` of n rows (a tree's accepted path, padded) in a CUDA graph (no-op on
         CPU). Its warm-up copies slots 0..n-1 onto themselves."""
-        if self.device.type != "cuda" or n in self.compactions:
-            return
-        t0 = time.perf_counter()
         rows = torch.arange(n, device=self.device).repeat(self.batch, 1)  # [B, n]
-        self.compactions[n] = Graphed(self.compact_eager, rows, rows)
-        self.capture_seconds += time.perf_counter() - t0
+        self.graphed(("compact", n), self.compact_eager, rows, rows)
