@@ -105,13 +105,27 @@ Y
 
 start=$(date +%s)
 D2X=experiments/recipes/data2x_h200.yaml
-if [ "${DATA2X:-0}" = 1 ]; then
-  # the data curve's 2x point (issue 53), a lease after data2x_synth (below) packed its answers: the recipe's
-  # stages on all 17 sets (7,800 steps), the drafter packed for later leases; the steps after measure it
-  restore_answers data2x
-  step data2x_train 1500 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
-    --only prepare,vocab,train_online,eval_chain,eval_tree
+read -ra D2X_SYNTH <<< "$(python3 -c "import sys, yaml
+names = [v.get('name', k) for s in yaml.safe_load(open(sys.argv[1]))['stages'] for k, v in s.items() if k == 'synth']
+print(' '.join(names))" "$D2X")"
+if [ "${DATA2X:-0}" = 1 ] || [ "${DATA2X:-0}" = all ]; then
+  # the data curve's 2x point (issue 53): the recipe's stages on all 17 sets (7,800 steps). DATA2X=1: a lease
+  # after data2x_synth (below) packed the answers. DATA2X=all: one lease, the recipe's 9 sets carried
+  # (full_synth) and the 8 more synthesised here (about 8 + 12 + 5 minutes on an H100). The answers are
+  # packed after synthesis and the drafter after training, before eval, so that a lease cut short keeps them
+  if [ "$DATA2X" = all ]; then
+    restore_answers full
+    step data2x_synth 600 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
+      --only "$(IFS=,; echo "${D2X_SYNTH[*]:9}")" &&
+      pack_answers data2x "$Q" "${D2X_SYNTH[@]}"
+  else
+    restore_answers data2x
+  fi
+  step data2x_train 1200 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
+    --only prepare,vocab,train_online
   pack_drafter data2x_drafter "$D/drafter"
+  step data2x_eval 420 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
+    --only eval_chain,eval_tree
 elif restore_drafter recipe_drafter "$D/drafter"; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training
   restore_answers full  # its conversations, for capture_pair
 elif [ "${SHORT:-1}" = 1 ] && restore_drafter short_drafter "$D/drafter"; then  # a lease before trained it: no training
@@ -206,9 +220,6 @@ step synth_decode 420 python3 bench/synth_bench.py --target "$HF" --num-prompts 
 # issue 53's data curve, point 2x (experiments/recipes/data2x_h200.yaml): the 8 synth sets it adds to the
 # recipe's 9 (carried: full_synth), synthesised into the same folder (the 9 are done there), their answers
 # packed with the 9 for the lease that trains on all 17 (about 8 minutes on an H100 by the recipe's set times)
-read -ra D2X_SYNTH <<< "$(python3 -c "import sys, yaml
-names = [v.get('name', k) for s in yaml.safe_load(open(sys.argv[1]))['stages'] for k, v in s.items() if k == 'synth']
-print(' '.join(names))" "$D2X")"
 step data2x_synth 600 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
   --only "$(IFS=,; echo "${D2X_SYNTH[*]:9}")" &&
   pack_answers data2x "$Q" "${D2X_SYNTH[@]}"
