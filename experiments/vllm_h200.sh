@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-# In this order: data+train, gpu_tests, synth_gpu_tests, synth_shrink, compile_scope, vllm_k753 (with ds_b1),
+# In this order: data+train (and data2x_synth where the recipe's drafter came along), gpu_tests, synth_gpu_tests, synth_shrink, compile_scope, vllm_k753 (with ds_b1),
 # ds_stop, ds_b16 (fused, with --kernel-check), vllm_b16, ds_b16_unfused, train_ab, ds_tree, synth_decode,
-# data2x_synth, magpie_256 and magpie_128, cycle_profile, larger_target, dflash_vllm, capture_pair (vLLM's figures
+# magpie_256 and magpie_128, cycle_profile, larger_target, dflash_vllm, capture_pair (vLLM's figures
 # before train_ab since 2026-12-06 16:10: the deadline cuts the last steps).
 # The next lease carries that drafter (.data/recipe_drafter.tgz.part*, 7 parts: as short_drafter's,
 # below) and the run's answers (.data/full_synth.tgz.part*, 2 parts); everything of issue 52 with that
@@ -108,16 +108,20 @@ D2X=experiments/recipes/data2x_h200.yaml
 read -ra D2X_SYNTH <<< "$(python3 -c "import sys, yaml
 names = [v.get('name', k) for s in yaml.safe_load(open(sys.argv[1]))['stages'] for k, v in s.items() if k == 'synth']
 print(' '.join(names))" "$D2X")"
+data2x_synth() {  # issue 53's data curve, point 2x: the 8 synth sets it adds to the recipe's 9 (full_synth, restored
+  # into $Q, where they count as done), their answers packed with the 9 for the lease that trains on all 17
+  # (about 8 minutes on an H100 by the recipe's set times)
+  step data2x_synth 600 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
+    --only "$(IFS=,; echo "${D2X_SYNTH[*]:9}")" && pack_answers data2x "$Q" "${D2X_SYNTH[@]}"
+}
 if [ "${DATA2X:-0}" = 1 ] || [ "${DATA2X:-0}" = all ]; then
   # the data curve's 2x point (issue 53): the recipe's stages on all 17 sets (7,800 steps). DATA2X=1: a lease
-  # after data2x_synth (below) packed the answers. DATA2X=all: one lease, the recipe's 9 sets carried
+  # after data2x_synth (after a carried recipe drafter's restore) packed the answers. DATA2X=all: one lease, the recipe's 9 sets carried
   # (full_synth) and the 8 more synthesised here (about 8 + 12 + 5 minutes on an H100). The answers are
   # packed after synthesis and the drafter after training, before eval, so that a lease cut short keeps them
   if [ "$DATA2X" = all ]; then
     restore_answers full
-    step data2x_synth 600 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
-      --only "$(IFS=,; echo "${D2X_SYNTH[*]:9}")" &&
-      pack_answers data2x "$Q" "${D2X_SYNTH[@]}"
+    data2x_synth
   else
     restore_answers data2x
   fi
@@ -128,6 +132,7 @@ if [ "${DATA2X:-0}" = 1 ] || [ "${DATA2X:-0}" = all ]; then
     --only eval_chain,eval_tree
 elif restore_drafter recipe_drafter "$D/drafter"; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training
   restore_answers full  # its conversations, for capture_pair
+  data2x_synth  # first: the next lease trains on them (it was last, and cut first, until 2026-12-06 22:40)
 elif [ "${SHORT:-1}" = 1 ] && restore_drafter short_drafter "$D/drafter"; then  # a lease before trained it: no training
   restore_answers short  # its conversations, for capture_pair
 elif [ "${SHORT:-1}" = 1 ]; then
@@ -217,12 +222,6 @@ step ds_tree 300 python3 -m draftsmith eval "${E[@]/chain/tree}" --drafter "$D" 
 # path 0.30x and the fused projections 1.00x of a whole pass were measured then)
 step synth_decode 420 python3 bench/synth_bench.py --target "$HF" --num-prompts 4096 --batch-size 1024 --baseline-prompts 1 \
   --profile "$R/synth_prof" --decode-compiled --compile-ab --out-json "$R/synth_decode.json"
-# issue 53's data curve, point 2x (experiments/recipes/data2x_h200.yaml): the 8 synth sets it adds to the
-# recipe's 9 (carried: full_synth), synthesised into the same folder (the 9 are done there), their answers
-# packed with the 9 for the lease that trains on all 17 (about 8 minutes on an H100 by the recipe's set times)
-step data2x_synth 600 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
-  --only "$(IFS=,; echo "${D2X_SYNTH[*]:9}")" &&
-  pack_answers data2x "$Q" "${D2X_SYNTH[@]}"
 # Magpie's user turns under their own cap (synth --magpie-max-tokens): 6,000 self-prompts as the recipe
 # makes them, uncapped and capped at 128, each timed by its progress.json, with its kept/dropped counts
 for cap in 256 128; do
