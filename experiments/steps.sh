@@ -114,10 +114,13 @@ pack_answers() {  # pack_answers NAME DIR STAGE...: DIR's synth answers and the 
     for m in "${marks[@]}"; do [[ $m == *.done ]] && ! grep -qxF "$m" <<< "$have" && fresh=1; done
     [ "$fresh" = 1 ] || return 0
   fi
-  local files=("$dir/synth/conversations.jsonl" "$dir/synth/conversations.run.yaml")
+  local files=("$dir/synth/conversations.jsonl")
   # the dropped ones too: without them a resume tries those prompts again, and keeps some (a
   # smaller batch, other bf16 sums): the lease of 2026-12-04 12:16 got 5,227 conversations more
   [ -f "/$dir/synth/conversations.dropped.jsonl" ] && files+=("$dir/synth/conversations.dropped.jsonl")
+  # and the runs' own folder (run.yaml, progress.json), where synth keeps them since issue 55 (the old
+  # conversations.run.yaml beside the answers made tar exit 2 on 2026-12-06 23:26, its archive whole)
+  [ -d "/$dir/synth/conversations.synth" ] && files+=("$dir/synth/conversations.synth")
   mkdir -p "$CARRY" && tar -C / -czf - "${files[@]}" "${marks[@]}" | split -b 15m - "$CARRY/${name}_synth.tgz.part"
 }
 

@@ -5,24 +5,25 @@
 # ds_stop, ds_b16 (fused, with --kernel-check), vllm_b16, ds_b16_unfused, train_ab, ds_tree, synth_decode,
 # magpie_256 and magpie_128, cycle_profile, larger_target, dflash_vllm, capture_pair (vLLM's figures
 # before train_ab since 2026-12-06 16:10: the deadline cuts the last steps).
-# The next lease carries that drafter (.data/recipe_drafter.tgz.part*, 7 parts: as short_drafter's,
-# below) and the run's answers (.data/full_synth.tgz.part*, 2 parts); everything of issue 52 with that
-# drafter ran on 2026-12-06 17:02 and 18:59. It checks and times what changed on CPU since (the greedy
-# tree's acceptance as one graph, the target compiled layer by layer, synth's --compile-target), then
-# synthesises the data curve's 2x point for the lease after:
-# SKIP="synth_gpu_tests synth_shrink synth_shrink_gsm8k vllm_k753 ds_stop ds_b16 vllm_b16 ds_b16_unfused
-# train_ab magpie_256 magpie_128 cycle_profile larger_make larger_vllm larger_ds dflash_vllm ds_qs600
-# extract_hf_qs600 extract_vllm_qs600 extract_compare_qs600" NQ=80 (the last four: capture_pair, which
-# repeated to the digit), leaving gpu_tests (the graphed tree equal to plain decoding, the
-# layer-compiled target equal to eager), compile_scope (A-B-A: capture seconds and ms a token), ds_b1
-# and ds_tree (the tree's cycle against the chain's on one host: +1.13 ms at 18:59, goal +0.5),
-# synth_decode (its step compiled whole and layer by layer, whole passes with --compile-target) and
-# data2x_synth (8 sets, about 8 minutes; its answers come back in 4 parts of 15 MB), about 26 minutes;
-# synth's GPU tests and shrink A-B after them when a lease has room. The lease after carries
-# data2x_synth's answers (.data/data2x_synth.tgz.part*: 15 MB parts, three a call beside the tree) and
-# runs with DATA2X=1: data2x_train (`pipeline experiments/recipes/data2x_h200.yaml --only
-# prepare,vocab,train_online,eval_chain,eval_tree`, 7,800 steps: about 11 minutes, then 5 of eval), whose
-# drafter the steps after it measure and pack_drafter packs (data2x_drafter). The
+# The lease of 2026-12-06 23:26 (an H200, 856 device-seconds left after seven refused starts) synthesised
+# 16 of the data curve's 2x point's 17 sets (data2x_synth; the step's limit cut magpie2_x13) and nothing
+# else. The next lease carries those answers (.data/data2x_synth.tgz.part*: 3 parts, 15 + 15 + 9 MB; the
+# 9 MB part beside .carry/part0, the two others in a call of their own) and runs with DATA2X=1
+# (SKIP as below, without data2x_synth): data2x_synth resumes the last set (about 75 s), data2x_train
+# (`pipeline experiments/recipes/data2x_h200.yaml --only prepare,vocab,train_online`, 7,800 steps: 11-15
+# minutes by the host), pack_drafter (data2x_drafter), then data2x_eval (eval_chain and eval_tree, about 5
+# minutes). The lease after it carries the recipe's drafter (.data/recipe_drafter.tgz.part*, 7 parts:
+# as short_drafter's, below) and its answers (.data/full_synth.tgz.part*, 2 parts) to check and time
+# what changed on CPU since 2026-12-06 18:59 (the greedy tree's acceptance as one graph, the target
+# compiled layer by layer, synth's --compile-target), with
+# SKIP="data2x_synth synth_gpu_tests synth_shrink synth_shrink_gsm8k vllm_k753 ds_stop ds_b16 vllm_b16
+# ds_b16_unfused train_ab magpie_256 magpie_128 cycle_profile larger_make larger_vllm larger_ds dflash_vllm
+# ds_qs600 extract_hf_qs600 extract_vllm_qs600 extract_compare_qs600" NQ=80 (the last four: capture_pair,
+# which repeated to the digit), leaving gpu_tests (the graphed tree equal to plain decoding, the
+# layer-compiled target equal to eager; 3.5 minutes, GPU_TESTS_K="tree" for the tree's alone),
+# compile_scope (A-B-A: capture seconds and ms a token), ds_b1 and ds_tree (the tree's cycle against the
+# chain's on one host: +1.13 ms at 18:59, goal +0.5) and synth_decode (its step compiled whole and layer by
+# layer, whole passes with --compile-target), about 17 minutes. The
 # quickstart's whole run, timed, is SHORT=0 (about 20 minutes alone on an H100, 2026-12-06 13:19;
 # CC=0 without the recipe's --compile-capture).
 #   data+train    none where recipe_drafter.tgz.part* came along (restore_drafter: the drafter a
@@ -109,23 +110,25 @@ read -ra D2X_SYNTH <<< "$(python3 -c "import sys, yaml
 names = [v.get('name', k) for s in yaml.safe_load(open(sys.argv[1]))['stages'] for k, v in s.items() if k == 'synth']
 print(' '.join(names))" "$D2X")"
 data2x_synth() {  # issue 53's data curve, point 2x: the 8 synth sets it adds to the recipe's 9 (full_synth, restored
-  # into $Q, where they count as done), their answers packed with the 9 for the lease that trains on all 17
-  # (about 8 minutes on an H100 by the recipe's set times)
-  step data2x_synth 600 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
+  # into $Q, where they count as done), their answers packed with the 9 for the lease that trains on all 17.
+  # About 8 minutes on an H100 by the recipe's set times; on the H200 of 2026-12-06 23:26 its sets took 62-104 s
+  # each, and the 600 s limit then cut the last (magpie2_x13), which a later call resumes
+  step data2x_synth 900 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
     --only "$(IFS=,; echo "${D2X_SYNTH[*]:9}")" && pack_answers data2x "$Q" "${D2X_SYNTH[@]}"
 }
 if [ "${DATA2X:-0}" = 1 ] || [ "${DATA2X:-0}" = all ]; then
   # the data curve's 2x point (issue 53): the recipe's stages on all 17 sets (7,800 steps). DATA2X=1: a lease
-  # after data2x_synth (after a carried recipe drafter's restore) packed the answers. DATA2X=all: one lease, the recipe's 9 sets carried
-  # (full_synth) and the 8 more synthesised here (about 8 + 12 + 5 minutes on an H100). The answers are
+  # after data2x_synth (after a carried recipe drafter's restore) packed the answers. DATA2X=all: one lease, the
+  # recipe's 9 sets carried (full_synth) and the 8 more synthesised here (about 8 + 12 + 5 minutes on an H100). The answers are
   # packed after synthesis and the drafter after training, before eval, so that a lease cut short keeps them
   if [ "$DATA2X" = all ]; then
     restore_answers full
     data2x_synth
-  else
+  else  # the answers of 2026-12-06 23:26: 16 of the 17 sets, the last resumed here (about 75 s)
     restore_answers data2x
+    data2x_synth
   fi
-  step data2x_train 1200 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
+  step data2x_train 1500 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
     --only prepare,vocab,train_online
   pack_drafter data2x_drafter "$D/drafter"
   step data2x_eval 420 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
