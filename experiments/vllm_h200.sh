@@ -11,8 +11,10 @@
 # 9 MB part beside .carry/part0, the two others in a call of their own) and runs with DATA2X=1
 # (SKIP as below, without data2x_synth): data2x_synth resumes the last set (about 75 s), data2x_train
 # (`pipeline experiments/recipes/data2x_h200.yaml --only prepare,vocab,train_online`, 7,800 steps: 11-15
-# minutes by the host), pack_drafter (data2x_drafter), then data2x_eval (eval_chain and eval_tree, about 5
-# minutes). The lease after it carries the recipe's drafter (.data/recipe_drafter.tgz.part*, 7 parts:
+# minutes by the host), pack_drafter (data2x_drafter), then data2x_chain and data2x_tree (MT-bench, K=7 and
+# 60x7x10, each beside the recipe's drafter when its 7 parts came along too: 7 carrying calls in all, about
+# 7 minutes). Val tau comes from train_online's metrics; the held-out split and HumanEval are measured on
+# CPU for both drafters (fp32; the run's run.yaml comes back in res.tgz). The lease after it carries the recipe's drafter (.data/recipe_drafter.tgz.part*, 7 parts:
 # as short_drafter's, below) and its answers (.data/full_synth.tgz.part*, 2 parts) to check and time
 # what changed on CPU since 2026-12-06 18:59 (the greedy tree's acceptance as one graph, the target
 # compiled layer by layer, synth's --compile-target), with
@@ -131,8 +133,13 @@ if [ "${DATA2X:-0}" = 1 ] || [ "${DATA2X:-0}" = all ]; then
   step data2x_train 1500 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
     --only prepare,vocab,train_online
   pack_drafter data2x_drafter "$D/drafter"
-  step data2x_eval 420 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
-    --only eval_chain,eval_tree
+  # MT-bench's chain (K=7) and tree (60x7x10) beside the recipe's drafter where it came along
+  # (recipe_drafter's parts): both drafters against one plain pass each, in one process on one host
+  CMP=()
+  restore_drafter recipe_drafter /root/runs/recipe/drafter && CMP=(--compare /root/runs/recipe/drafter)
+  step data2x_chain 420 python3 -m draftsmith eval "${E[@]}" --drafter "$D" "${CMP[@]}" --depth 7 --out /root/runs/data2x_chain
+  step data2x_tree 420 python3 -m draftsmith eval "${E[@]/chain/tree}" --drafter "$D" "${CMP[@]}" --depth 7 \
+    --out /root/runs/data2x_tree
 elif restore_drafter recipe_drafter "$D/drafter"; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training
   restore_answers full  # its conversations, for capture_pair
   data2x_synth  # first: the next lease trains on them (it was last, and cut first, until 2026-12-06 22:40)
