@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 52's lease on one H200: the recipe's drafter made, then measured inside vLLM (0.26.0,
 # carried: experiments/h200_carry.sh). Each a step of experiments/steps.sh:
-# In this order: data+train (and data2x_synth where the recipe's drafter came along), gpu_tests, synth_gpu_tests, synth_shrink, compile_scope, vllm_k753 (with ds_b1),
-# ds_stop, ds_b16 (fused, with --kernel-check), vllm_b16, ds_b16_unfused, train_ab, ds_tree, synth_decode,
+# In this order: data+train (and data2x_synth where the recipe's drafter came along), gpu_tests,
+# synth_gpu_tests, synth_shrink, compile_scope, vllm_k753 (with ds_b1), ds_stop, ds_b16 (fused, with --kernel-check), vllm_b16, ds_b16_unfused, train_ab, ds_tree, synth_decode,
 # magpie_256 and magpie_128, cycle_profile, larger_target, dflash_vllm, capture_pair (vLLM's figures
 # before train_ab since 2026-12-06 16:10: the deadline cuts the last steps).
 # The lease of 2026-12-06 23:26 (an H200, 856 device-seconds left after seven refused starts) synthesised
@@ -14,8 +14,9 @@
 # minutes by the host), pack_drafter (data2x_drafter), then data2x_chain and data2x_tree (MT-bench, K=7 and
 # 60x7x10, each beside the recipe's drafter when its 7 parts came along too: 7 carrying calls in all, about
 # 7 minutes). Val tau comes from train_online's metrics; the held-out split and HumanEval are measured on
-# CPU for both drafters (fp32; the run's run.yaml comes back in res.tgz). The lease after it carries the recipe's drafter (.data/recipe_drafter.tgz.part*, 7 parts:
-# as short_drafter's, below) and its answers (.data/full_synth.tgz.part*, 2 parts) to check and time
+# CPU for both drafters (fp32; the run's run.yaml comes back in res.tgz: experiments/cpu_quality.sh). The
+# lease after it carries the recipe's drafter (.data/recipe_drafter.tgz.part*, 7 parts: as short_drafter's,
+# below) and its answers (.data/full_synth.tgz.part*, 2 parts) to check and time
 # what changed on CPU since 2026-12-06 18:59 (the greedy tree's acceptance as one graph, the target
 # compiled layer by layer, synth's --compile-target), with
 # SKIP="data2x_synth synth_gpu_tests synth_shrink synth_shrink_gsm8k vllm_k753 ds_stop ds_b16 vllm_b16
