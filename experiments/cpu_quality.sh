@@ -13,6 +13,7 @@
 # smoke run of the same steps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+[ $# -ge 5 ] || { echo "usage: $0 NAME PACKED RUN_YAML OUT ANSWERS.tgz.part..." >&2; exit 2; }
 name=$1 packed=$2 run_yaml=$3 out=$4
 shift 4
 W=$(mktemp -d)

@@ -120,17 +120,13 @@ data2x_synth() {  # issue 53's data curve, point 2x: the 8 synth sets it adds to
     --only "$(IFS=,; echo "${D2X_SYNTH[*]:9}")" && pack_answers data2x "$Q" "${D2X_SYNTH[@]}"
 }
 if [ "${DATA2X:-0}" = 1 ] || [ "${DATA2X:-0}" = all ]; then
-  # the data curve's 2x point (issue 53): the recipe's stages on all 17 sets (7,800 steps). DATA2X=1: a lease
-  # after data2x_synth (after a carried recipe drafter's restore) packed the answers. DATA2X=all: one lease, the
-  # recipe's 9 sets carried (full_synth) and the 8 more synthesised here (about 8 + 12 + 5 minutes on an H100). The answers are
-  # packed after synthesis and the drafter after training, before eval, so that a lease cut short keeps them
-  if [ "$DATA2X" = all ]; then
-    restore_answers full
-    data2x_synth
-  else  # the answers of 2026-12-06 23:26: 16 of the 17 sets, the last resumed here (about 75 s)
-    restore_answers data2x
-    data2x_synth
-  fi
+  # the data curve's 2x point (issue 53): the recipe's stages on all 17 sets (7,800 steps). DATA2X=1: the
+  # answers a lease's data2x_synth packed (2026-12-06 23:26: 16 of the 17 sets; the last resumed here, about
+  # 75 s). DATA2X=all: one lease, the recipe's 9 sets carried (full_synth) and the 8 more synthesised here
+  # (about 8 + 12 + 5 minutes on an H100). The answers are packed after synthesis and the drafter after
+  # training, before eval, so that a lease cut short keeps them
+  if [ "$DATA2X" = all ]; then restore_answers full; else restore_answers data2x; fi
+  data2x_synth
   step data2x_train 1500 python3 -m draftsmith pipeline "$D2X" --out "$Q" --target smollm2-135m \
     --only prepare,vocab,train_online
   pack_drafter data2x_drafter "$D/drafter"
@@ -138,8 +134,8 @@ if [ "${DATA2X:-0}" = 1 ] || [ "${DATA2X:-0}" = all ]; then
   # (recipe_drafter's parts): both drafters against one plain pass each, in one process on one host
   CMP=()
   restore_drafter recipe_drafter /root/runs/recipe/drafter && CMP=(--compare /root/runs/recipe/drafter)
-  step data2x_chain 420 python3 -m draftsmith eval "${E[@]}" --drafter "$D" "${CMP[@]}" --depth 7 --out /root/runs/data2x_chain
-  step data2x_tree 420 python3 -m draftsmith eval "${E[@]/chain/tree}" --drafter "$D" "${CMP[@]}" --depth 7 \
+  step data2x_chain 420 python3 -m draftsmith eval "${E[@]}" --drafter "$D" ${CMP[@]+"${CMP[@]}"} --depth 7 --out /root/runs/data2x_chain
+  step data2x_tree 420 python3 -m draftsmith eval "${E[@]/chain/tree}" --drafter "$D" ${CMP[@]+"${CMP[@]}"} --depth 7 \
     --out /root/runs/data2x_tree
 elif restore_drafter recipe_drafter "$D/drafter"; then  # the recipe's drafter a lease before trained (SHORT=0) and packed: no training
   restore_answers full  # its conversations, for capture_pair
