@@ -25,7 +25,9 @@ with the target's projections unfused and one fused (synth --no-fuse-target / --
 --shrink-ab adds a pass whose batches shrink to their running rows (synth --shrink-batches) and
 one whose batches keep every row to the end again (the default). --compile-ab adds a pass with
 each decode graph compiled layer by layer (synth --compile-target; the compiles in its time) and
-one eager again. --magpie N makes each pass
+one eager again. --flash-ab adds a pass whose decode steps read the cache through FlashAttention's
+variable-length kernel (synth --flash-decode; bf16/fp16 on a GPU) and one through masked SDPA again
+(the default); with --profile, the decode batch is profiled with it too. --magpie N makes each pass
 synthesise N Magpie conversations (self-prompted user turns, then answers: the recipe's bulk)
 instead of answering the prompt file.
 
@@ -93,7 +95,9 @@ def single_stream(target, questions: list[str], max_new_tokens: int) -> dict:
     }
 
 
-def profile_decode(target, questions: list[str], steps: int, out: Path, compile: str | None = None) -> dict:
+def profile_decode(
+    target, questions: list[str], steps: int, out: Path, compile: str | None = None, flash: bool = False
+) -> dict:
     """One batch of `questions` (one row each) decoded for `steps` steps through synth's own
     `generate`, with no stop ids (every row runs every step): a warm-up batch that captures the
     step's graph, one timed batch, and one under torch.profiler. Returns the wall ms a step (the
@@ -101,7 +105,8 @@ def profile_decode(target, questions: list[str], steps: int, out: Path, compile:
     `compile`: the step's forward compiled inside its graph, whole ("forward": eval's compiled
     target) or layer by layer ("layers": one decoder layer's step compiled for all), its files
     named synth_decode_compiled.* or synth_decode_compiled_layers.*; `capture_seconds`: the
-    graph's capture, its compile included."""
+    graph's capture, its compile included. `flash`: the steps through FlashAttention's
+    variable-length kernel (synth --flash-decode), its files named synth_decode_flash.*."""
     from torch.profiler import ProfilerActivity, profile
 
     dev = target.device
@@ -117,8 +122,10 @@ def profile_decode(target, questions: list[str], steps: int, out: Path, compile:
         batch=len(prompts),
         compile=compile is not None,
         compile_scope=compile or "forward",
+        flash_decode=flash,
     )
     name = {None: "synth_decode", "forward": "synth_decode_compiled", "layers": "synth_decode_compiled_layers"}[compile]
+    name += "_flash" if flash else ""
     sampling = Sampling(max_new_tokens=steps)
 
     def decode() -> float:
@@ -141,6 +148,7 @@ def profile_decode(target, questions: list[str], steps: int, out: Path, compile:
     (out / f"{name}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=60, max_name_column_width=90))
     prof.export_chrome_trace(str(out / f"{name}.json"))
     return {
+        "flash_decode": flash,
         "compiled": engine.compiled,  # False where the compile failed (the engine's line on stderr says why)
         "rows": len(prompts),
         "cache_slots": engine.max_len,
@@ -160,6 +168,7 @@ def synth_pass(
     fuse: bool | None = None,
     shrink: bool = False,
     compile: bool = False,
+    flash: bool = False,
 ) -> dict:
     """The prompts (or --magpie's self-prompts) through `draftsmith synth` (a fresh output each
     pass): its rate and counters.
@@ -167,7 +176,8 @@ def synth_pass(
     under it; math where it cannot, e.g. the self-check's HF forward on CPU), e.g.
     efficient_attention; None: torch's own choice. `fuse`: synth's --fuse-target (None: its
     default, fused on a GPU). `shrink`: synth's --shrink-batches. `compile`: synth's
-    --compile-target (each decode graph compiled layer by layer; its compiles in the pass's time)."""
+    --compile-target (each decode graph compiled layer by layer; its compiles in the pass's time).
+    `flash`: synth's --flash-decode."""
     from contextlib import nullcontext
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -200,6 +210,7 @@ def synth_pass(
             fuse_target=fuse,
             shrink_batches=shrink,
             compile_target=compile,
+            flash_decode=flash,
         )
         t0 = time.perf_counter()
         run(cfg)
@@ -211,6 +222,7 @@ def synth_pass(
         "fuse_target": "default" if fuse is None else fuse,
         "shrink": shrink,
         "compile_target": compile,
+        "flash_decode": flash,
         "generated_tokens": progress["tokens"],
         "seconds": progress["elapsed_s"],
         "tok_per_s": progress["tok_per_s"],
@@ -268,6 +280,12 @@ def main() -> None:
         help="then the same prompts with each decode graph compiled layer by layer (synth --compile-target), then eager again",
     )
     ap.add_argument(
+        "--flash-ab",
+        action="store_true",
+        help="then the same prompts with decode steps through FlashAttention's variable-length kernel "
+        "(synth --flash-decode), then masked SDPA again; with --profile the decode batch with it too",
+    )
+    ap.add_argument(
         "--magpie", type=int, default=0, help="each pass synthesises this many Magpie conversations instead"
     )
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 8 prompts, 16 new tokens, batch 4")
@@ -300,6 +318,9 @@ def main() -> None:
     if args.compile_ab:  # A-B-A with the first pass: compiled layer by layer, then eager again (the default)
         passes["compiled"] = synth_pass(args, convs, compile=True)
         passes["eager_again"] = synth_pass(args, convs)
+    if args.flash_ab:  # A-B-A with the first pass: FlashAttention's decode steps, then masked SDPA again (the default)
+        passes["flash"] = synth_pass(args, convs, flash=True)
+        passes["masked_again"] = synth_pass(args, convs)
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     base = single_stream(
@@ -310,14 +331,16 @@ def main() -> None:
     if args.profile is not None:  # one batch of --batch-size rows (the prompts repeated if fewer)
         rows = (questions * args.batch_size)[: args.batch_size]
         decode = profile_decode(target, rows, args.profile_steps, args.profile)
-        if args.decode_compiled:
-            decode = {
-                "eager": decode,
-                **{
-                    f"compiled_{scope}": profile_decode(target, rows, args.profile_steps, args.profile, scope)
-                    for scope in ("forward", "layers")
-                },
-            }
+        if args.decode_compiled or args.flash_ab:  # each variant's step beside the eager masked one
+            variants = {"eager": decode}
+            for scope in ("forward", "layers") if args.decode_compiled else ():
+                variants[f"compiled_{scope}"] = profile_decode(target, rows, args.profile_steps, args.profile, scope)
+            if args.flash_ab:
+                variants["flash"] = profile_decode(target, rows, args.profile_steps, args.profile, flash=True)
+                variants["flash_compiled_layers"] = profile_decode(
+                    target, rows, args.profile_steps, args.profile, "layers", flash=True
+                )
+            decode = variants
     synth_rate = passes["synth"]["tok_per_s"]
     result = {
         "bench": "synth",

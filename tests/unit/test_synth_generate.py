@@ -252,3 +252,67 @@ def test_chunked_prefill_equals_one_prefill(engine, refs, monkeypatch):
     for cells in (engine.batch * 64, 3 * engine.batch * 64):  # rows x chunk x S, S = 64 here
         monkeypatch.setattr(gen_mod, "PREFILL_CELLS", cells)
         assert generate(engine, _prompts(), _greedy(20), set(), pad_id=0, seed=0) == refs
+
+
+def _varlen_reference(q, k, v, meta, scale):
+    """What FlashAttention's variable-length forward computes (`engine.flash_varlen`), in plain
+    torch: sequence i's one token (q[i], g heads) attends over keys cum_k[i] .. cum_k[i] + used[i] - 1
+    of k, v [M, 1, hd]; returns [N, g, hd]."""
+    j = torch.arange(meta.width)  # [W]
+    idx = (meta.cum_k[:-1, None].long() + j).clamp(max=k.shape[0] - 1)  # [N, W]
+    keys, values = k[idx, 0], v[idx, 0]  # [N, W, hd]
+    scores = torch.einsum("ngd,nwd->ngw", q, keys) * (scale or q.shape[-1] ** -0.5)
+    scores = scores.masked_fill(j >= meta.used[:, None, None], float("-inf"))
+    return torch.einsum("ngw,nwd->ngd", scores.softmax(-1), values)
+
+
+@pytest.mark.slow
+def test_flash_decode_generates_as_the_masked_attention(tiny_model, refs, monkeypatch):
+    """`flash_decode` (synth --flash-decode): every one-token step reads its rows' slots as
+    variable-length sequences, one per (row, KV head), with no mask. Its index arithmetic, run
+    through a plain-torch stand-in for the kernel (which needs a GPU: tests/gpu), gives HF
+    `generate`'s tokens: through the graphs' calling convention (every slot of the width), with
+    dummy rows, with prompts prefilled one slot at a time (padding slots that see only
+    themselves), and with the batch shrinking to its running rows."""
+    import draftsmith.runtime.engine as engine_mod
+    import draftsmith.synth.generate as gen_mod
+
+    calls = []
+    monkeypatch.setattr(engine_mod, "flash_varlen", lambda *a: calls.append(a[3].width) or _varlen_reference(*a))
+    engine = TargetEngine(tiny_model, [], max_len=64, batch=4, flash_decode=True)
+    monkeypatch.setattr(
+        engine,
+        "graph",
+        lambda t, width, rows=None, at=0: engine.graphs.setdefault((rows or 4, t, width), engine._forward),
+    )
+    prompts = _prompts()
+    assert generate(engine, prompts, _greedy(20), set(), pad_id=0, seed=0) == refs
+    assert calls and set(calls) == {64}  # every decode step, each layer, over the graph's 64 slots
+    assert generate(engine, prompts[:3], _greedy(20), set(), pad_id=0, seed=0) == refs[:3]  # a dummy row
+    monkeypatch.setattr(gen_mod, "PREFILL_CELLS", engine.batch * 64)  # prefill chunks of one slot: steps of one token
+    calls.clear()
+    assert generate(engine, prompts, _greedy(20), set(), pad_id=0, seed=0) == refs
+    assert len(calls) == 2 * (max(LENGTHS) + 19)  # 2 layers x (11 prompt slots + 19 decode steps)
+    monkeypatch.setattr(gen_mod, "MIN_ROWS", 1)
+    monkeypatch.setattr(gen_mod, "CHECK_EVERY", 2)
+    stop = {refs[1][2]}
+    out = generate(engine, prompts, _greedy(20), stop, pad_id=0, seed=0, shrink=True)
+    assert [_cut(row, stop) for row in out] == [_cut(row, stop) for row in refs]
+
+
+def test_flash_decode_refuses_what_it_cannot_attend():
+    """No sliding window (Mistral) or soft-capped scores (Gemma-2) through the mask-free kernel;
+    `flash_decode_problem` names where the kernel itself cannot run."""
+    from draftsmith.runtime.engine import flash_decode_problem
+
+    with pytest.raises(UserError, match="sliding-window or soft-capped"):
+        TargetEngine(tiny_causal_lm("mistral", sliding_window=4), [], max_len=64, flash_decode=True)
+    assert "CUDA" in flash_decode_problem(torch.device("cpu"), torch.bfloat16, 64)
+
+
+def test_flash_decode_off_a_gpu_says_what_to_do(tiny_target):
+    """synth --flash-decode (SynthConfig.flash_decode, off by default) where its kernel cannot run
+    (a CPU, float32) is refused before any generation, with the reason and the way out."""
+    assert SynthConfig(prompts="x.jsonl", target="t", out="o.jsonl").flash_decode is False
+    with pytest.raises(UserError, match="--flash-decode: it runs on CUDA GPUs only; drop the option"):
+        LocalBackend(tiny_target, batch_size=2, generator="engine", flash=True)

@@ -126,6 +126,44 @@ class Graphed:
         return self.outputs
 
 
+class FlashDecode(NamedTuple):
+    """Where a one-token step's queries read the cache under `flash_decode`, as FlashAttention's
+    variable-length sequences: one per (row, KV head), its g query heads as the heads of one query
+    token. cum_k [B*nkv + 1] (int32): each sequence's first key in the cache flattened to [B*nkv*max_len,
+    1, hd]; used [B*nkv] (int32): its keys; width: the slots attended (the graph's S)."""
+
+    cum_q: torch.Tensor
+    cum_k: torch.Tensor
+    used: torch.Tensor
+    width: int
+
+
+def flash_varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: FlashDecode, scale: float | None
+) -> torch.Tensor:
+    """FlashAttention-2's variable-length forward (torch's own build; CUDA, bf16/fp16): q [N, g, hd]
+    (one token of each of N sequences), k, v [M, 1, hd]; sequence i reads keys
+    cum_k[i] .. cum_k[i] + used[i] - 1. Returns [N, g, hd]. A module-level function so that the CPU
+    tests can put a reference in its place."""
+    return torch.ops.aten._flash_attention_forward(
+        q, k, v, meta.cum_q, meta.cum_k, 1, meta.width, 0.0, False, False, scale=scale, seqused_k=meta.used
+    )[0]
+
+
+def flash_decode_problem(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why `flash_varlen` cannot run here (None: it can): torch's FlashAttention-2 build takes
+    CUDA tensors of 16-bit floats, head dims up to 256 in multiples of 8, and Ampere or newer."""
+    if device.type != "cuda":
+        return "it runs on CUDA GPUs only"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"it takes bf16 or fp16, not {str(dtype).removeprefix('torch.')}"
+    if head_dim > 256 or head_dim % 8:
+        return f"head dim {head_dim} is not a multiple of 8 up to 256"
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return "it needs an Ampere or newer GPU"
+    return None
+
+
 class LayerRefs(NamedTuple):
     """What one decoder layer's step reads and writes, passed to it as arguments (not looked up by
     the layer's index), so that a compiled step serves every layer: the model's layer, its fused
@@ -154,6 +192,7 @@ class TargetEngine:
         compile: bool = False,
         fuse: bool | None = None,
         compile_scope: Literal["forward", "layers"] = "forward",
+        flash_decode: bool = False,
     ) -> None:
         check_supported(model)
         tc = text_config(model.config)
@@ -178,6 +217,12 @@ class TargetEngine:
         self.window, self.sliding = sliding_layers(model)
         if self.window is not None and self.window >= max_len:  # no two positions of this cache are a window apart
             self.window = None
+        # one-token steps through FlashAttention's variable-length kernel, reading no mask: for
+        # families whose attention is plain softmax over every slot a token sees (no sliding window,
+        # no soft-capping); `flash_decode_problem` says where the kernel runs
+        if flash_decode and (self.window is not None or self.attn_cap is not None):
+            raise UserError("the engine's flash decoding covers no sliding-window or soft-capped attention")
+        self.flash_decode = flash_decode
         # keys and values of every layer in one tensor [2, L, B, nkv, max_len, hd], so that a tree's
         # compaction moves all of them in one gather and one scatter; each layer attends over its views
         self.kv = torch.zeros(
@@ -222,9 +267,9 @@ class TargetEngine:
         cos: torch.Tensor,
         sin: torch.Tensor,
         slots: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | FlashDecode,
     ) -> torch.Tensor:
-        """mask [B, 1, g*T, S] (grouped, see `_forward`): attends over the first S cache slots
+        """mask [B, 1, g*T, S] (grouped, see `_forward`), or a one-token step's `FlashDecode`: attends over the first S cache slots
         (S = the graph's width when graphed; eager calls pass only the slots in use, which keeps
         CPU decoding cheap). The g = nh/nkv query heads that share a KV head are stacked as g*T
         queries of that head, so attention reads each cached KV head once (no GQA expansion of
@@ -250,11 +295,21 @@ class TargetEngine:
         rows = self.row_ids[:b]  # [B, 1], broadcast against slots [B, T]
         refs.k[rows, :, slots] = k.transpose(1, 2)  # [B, T, nkv, hd] at [b, :, slots[b, j]]
         refs.v[rows, :, slots] = v.transpose(1, 2)
-        s, g = mask.shape[-1], self.nh // self.nkv
+        g = self.nh // self.nkv
         q = q.reshape(b, self.nkv, g * t, self.hd)  # [B, nkv, g*T, hd]: head h = kv head h//g, as in GQA
-        o = self._attend(
-            q, refs.k[:b, :, :s], refs.v[:b, :, :s], mask, getattr(attn, "scaling", None)
-        )  # [B, nkv, g*T, hd]: the first B rows of the cache
+        if isinstance(mask, FlashDecode):  # each (row, KV head) a sequence of its own, the cache rows flattened
+            o = flash_varlen(
+                q.reshape(b * self.nkv, g, self.hd),  # [B*nkv, g, hd]
+                refs.k[:b].reshape(-1, 1, self.hd),  # [B*nkv*max_len, 1, hd]: views, the first B rows being contiguous
+                refs.v[:b].reshape(-1, 1, self.hd),
+                mask,
+                getattr(attn, "scaling", None),
+            ).reshape(b, self.nkv, g, self.hd)
+        else:
+            s = mask.shape[-1]
+            o = self._attend(
+                q, refs.k[:b, :, :s], refs.v[:b, :, :s], mask, getattr(attn, "scaling", None)
+            )  # [B, nkv, g*T, hd]: the first B rows of the cache
         o = o.reshape(b, self.nh, t, self.hd)  # [B, nh, T, hd]
         return attn.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # [B, T, H]
 
@@ -308,7 +363,11 @@ class TargetEngine:
         and aux [B, T, n_aux*H] (n_aux = 0 without aux layers)."""
         h = self.embed(ids)  # [B, T, H] (Gemma's embedding scales by sqrt(H) itself)
         rope = {kind: self._rotary(h, pos, kind) for kind in dict.fromkeys(self.rotary_types)}  # each type once
-        masks = self._masks(pos, slots, mask)  # sliding or not -> [B, 1, g*T, S]
+        if self.flash_decode and ids.shape[1] == 1:  # the step reads its rows' slots, no mask
+            meta = self._flash_meta(mask[:, 0, 0])
+            masks: dict[bool, Any] = {False: meta, True: meta}
+        else:
+            masks = self._masks(pos, slots, mask)  # sliding or not -> [B, 1, g*T, S]
         aux: dict[int, torch.Tensor] = {}
         for i, refs in enumerate(self.refs):
             if i in self.aux_layer_ids:
@@ -324,6 +383,21 @@ class TargetEngine:
         if self.logit_cap is not None:  # in the model's dtype, as its forward caps
             logits = softcap(logits, self.logit_cap)
         return logits.float(), captured
+
+    def _flash_meta(self, seen: torch.Tensor) -> FlashDecode:
+        """seen [B, S] bool: the slots each row's one token sees, a contiguous run first..last
+        (a one-token step always sees that: its row's tokens, itself last; a padding slot of a
+        prompt only itself) -> `FlashDecode` over the first B rows of the cache."""
+        b, s = seen.shape
+        first = seen.int().argmax(-1)  # [B]
+        last = s - 1 - seen.flip(-1).int().argmax(-1)  # [B]
+        seq = torch.arange(
+            b * self.nkv + 1, device=seen.device, dtype=torch.int32
+        )  # sequences (row, KV head), and one past
+        start = seq * self.max_len  # [B*nkv + 1]: where each sequence's cache rows begin
+        start[:-1] += first.repeat_interleave(self.nkv).to(torch.int32)
+        used = (last - first + 1).repeat_interleave(self.nkv).to(torch.int32)  # [B*nkv]
+        return FlashDecode(seq, start, used, s)
 
     def _masks(self, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> dict[bool, torch.Tensor]:
         """{False: the full layers' mask, True: the sliding layers'}, each [B, 1, g*T, S], one row

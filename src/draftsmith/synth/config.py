@@ -99,3 +99,8 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
         False,
         description="Local engine on a GPU: each decode graph compiled, one decoder layer's step for all layers; off until measured.",
     )
+    flash_decode: bool = Field(
+        False,
+        description="Local engine on a GPU (bf16/fp16): decode steps read each row's cache through FlashAttention's "
+        "variable-length kernel instead of masked SDPA; off until measured.",
+    )

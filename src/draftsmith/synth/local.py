@@ -27,7 +27,7 @@ import torch
 from draftsmith.data.chat import chat_template
 from draftsmith.data.completion import completion_ids
 from draftsmith.errors import UserError
-from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.engine import TargetEngine, flash_decode_problem
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import fast_engine_problem
 from draftsmith.synth.generate import cache_width, left_pad
@@ -86,6 +86,11 @@ def generation(tok: Any, tokens: list[int], stop: set[int]) -> Generation:
     body = tokens if cut is None else tokens[:cut]
     text = tok.decode(body, skip_special_tokens=True)
     return Generation(text, len(body) + (cut is not None), finished=cut is not None)
+
+
+def text_head_dim(target: Target) -> int:
+    tc = text_config(target.model.config)
+    return int(getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads)
 
 
 def context_length(target: Target) -> int:
@@ -172,17 +177,24 @@ class LocalBackend:
         fuse: bool | None = None,
         shrink: bool = False,
         compile: bool = False,
+        flash: bool = False,
     ) -> None:
         self.target, self.batch_size, self.cache, self.completion = target, batch_size, cache, completion
         self.fuse = fuse  # the engine's fused projections (`TargetEngine`; None: on for a GPU)
         self.shrink = shrink  # batches go on over their running rows (`synth/generate.py`)
         self.compile = compile  # each decode graph compiled, one layer's step for all (GPU; `TargetEngine`)
+        self.flash = flash  # decode steps through FlashAttention's variable-length kernel (`TargetEngine`)
         self.name = target.info.name
         self.tokenizer = target.tokenizer
         self.stop = stop_token_ids(target, completion)
         self.context = context_length(target)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.stop)
         self.use_engine = uses_engine(target, generator)
+        if flash:
+            problem = "it needs the local engine (--generator engine or auto)" if not self.use_engine else None
+            problem = problem or flash_decode_problem(target.device, target.dtype, text_head_dim(target))
+            if problem is not None:
+                raise UserError(f"synth --flash-decode: {problem}; drop the option")
         self.engine: TargetEngine | None = None
 
     def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
@@ -231,7 +243,14 @@ class LocalBackend:
             torch.cuda.set_device(device)  # CUDA graphs capture and replay on the current device
             torch.cuda.empty_cache()
         self.engine = TargetEngine(
-            self.target.model, [], slots, batch=rows, fuse=self.fuse, compile=self.compile, compile_scope="layers"
+            self.target.model,
+            [],
+            slots,
+            batch=rows,
+            fuse=self.fuse,
+            compile=self.compile,
+            compile_scope="layers",
+            flash_decode=self.flash,
         )
 
     @torch.inference_mode()

@@ -113,6 +113,7 @@ def build_backend(cfg: SynthConfig, world: int, local_rank: int, magpie: bool = 
         cfg.fuse_target,
         cfg.shrink_batches,
         cfg.compile_target,
+        cfg.flash_decode,
     )
     return backend, target.tokenizer
 

