@@ -7,9 +7,9 @@
 #   flash_tests  synth --flash-decode's GPU test (bf16: each graphed decode step against masked SDPA
 #                over the same cache); FLASH=1 where it passes; flash_compiled_tests the same with each
 #                graph compiled layer by layer, COMPILE=0 where it fails
-#   synth_ab     bench/synth_bench.py on 1,024 GSM8K prompts (one batch of 1,024): masked eager /
-#                --compile-target / eager / --flash-decode / masked again, whole passes, and the decode
-#                step profiled eager, with flash, and with flash compiled layer by layer
+#   synth_ab     bench/synth_bench.py on 1,024 GSM8K prompts (one batch of 1,024): masked / --flash-decode
+#                / masked again, whole passes, and the decode step profiled eager, with flash, and with
+#                flash compiled layer by layer (--compile-ab's two passes more fit a longer lease)
 #   full         quickstart's full budget (`pipeline` of budget_stages("full"), as quickstart runs it)
 #                with every synth stage's flash_decode (FLASH=1) and compile_target (COMPILE=1, the
 #                default) on; timed by stage; its drafter packed (pack_drafter) for CPU measurements
@@ -42,7 +42,7 @@ step flash_tests 240 python3 -m pytest "$T[False]" --run-gpu -q -p no:cacheprovi
 # the kernel inside the layer-compiled step: where it fails, the full run's synth stays eager
 [ "$FLASH" = 1 ] && [ "$COMPILE" = 1 ] && { step flash_compiled_tests 240 python3 -m pytest "$T[True]" --run-gpu -q -p no:cacheprovider || COMPILE=0; }
 step synth_ab 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
-  --compile-ab $([ "$FLASH" = 1 ] && echo --flash-ab) --profile "$R/synth_prof" --out-json "$R/synth_ab.json"
+  $([ "$FLASH" = 1 ] && echo --flash-ab) --profile "$R/synth_prof" --out-json "$R/synth_ab.json"
 python3 - "$FLASH" "$COMPILE" > /root/full.yaml <<'PY'
 import sys
 import yaml
