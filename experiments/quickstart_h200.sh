@@ -20,7 +20,8 @@
 #     split -n 2 -d -a 1 - .carry/gguf.xz.part
 # SHORT=1 (a lease of about 12 minutes): no full run; synth_ab with --compile-ab too, then the chain's and
 # the tree's cycle with a random drafter (bench/eval_bench.py --parts cycle), the graphed tree's GPU test and
-# Magpie's A-B-A.
+# Magpie's A-B-A. SHORT=2 (what about 6 minutes of a lease fit): the flash test, then synth_ab's A-B-A alone
+# on one batch of 1,024 prompts, no profile (then the cycles, where time is left).
 # The lease: two calls within 30 s of each other (each 57-60 MB with the 12 MB tree): call 0 alone,
 # carry [".whl", ".carry/gguf.xz.part0"], `mkdir -p /root/parts && cp .whl/* .carry/gguf.xz.part? /root/parts/`;
 # call 1, carry [".carry/gguf.xz.part1"], the same cp, then
@@ -56,10 +57,11 @@ PY
   echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
   pack_drafter recipe_drafter "$Q/train_online/drafter"
 fi
-AB=$([ "$FLASH" = 1 ] && echo --flash-ab)
-[ "${SHORT:-0}" = 0 ] || AB="$AB --compile-ab"
-step synth_ab 300 python3 bench/synth_bench.py --target "$HF" --num-prompts 2048 --batch-size 1024 --baseline-prompts 1 \
-  $AB --profile "$R/synth_prof" --out-json "$R/synth_ab.json"
+AB="$([ "$FLASH" = 1 ] && echo --flash-ab) --num-prompts 2048 --profile $R/synth_prof"
+[ "${SHORT:-0}" = 1 ] && AB="$AB --compile-ab"
+[ "${SHORT:-0}" = 2 ] && AB="$([ "$FLASH" = 1 ] && echo --flash-ab) --num-prompts 1024"  # the A-B-A alone, one batch a pass
+step synth_ab 300 python3 bench/synth_bench.py --target "$HF" --batch-size 1024 --baseline-prompts 1 $AB \
+  --out-json "$R/synth_ab.json"
 if [ "${SHORT:-0}" = 0 ]; then
   step ds_tree 300 python3 -m draftsmith eval --target "$HF" --mode tree --num-questions 80 --max-new-tokens 256 \
     --drafter "$Q/train_online" --depth 7 --batch-size 1 --out /root/runs/ds_tree
