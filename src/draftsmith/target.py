@@ -205,6 +205,11 @@ def text_config(config: Any) -> Any:
     return getattr(config, "text_config", None) or config
 
 
+def head_dim(tc: Any) -> int:
+    """A text config's attention head size: its `head_dim`, else hidden size / heads."""
+    return int(getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads)
+
+
 def fingerprint(folder: Path, gguf_file: str | None) -> str:
     """A target's identity, as stores and checkpoints record it, cheap for a large one:
     `SHAPE.SAMPLED.TENSORS`. SHAPE hashes config.json and the weight files' names and sizes (all

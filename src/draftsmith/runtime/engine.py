@@ -34,7 +34,7 @@ from torch import nn
 
 from draftsmith.errors import UserError
 from draftsmith.runtime.linear import fused_linear, prepacked
-from draftsmith.target import base_model, decoder_layers, final_norm, text_config
+from draftsmith.target import base_model, decoder_layers, final_norm, head_dim, text_config
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -206,7 +206,7 @@ class TargetEngine:
         self.device, self.dtype = p.device, p.dtype
         self.nh = int(tc.num_attention_heads)
         self.nkv = int(getattr(tc, "num_key_value_heads", None) or self.nh)
-        self.hd = int(getattr(tc, "head_dim", None) or tc.hidden_size // self.nh)
+        self.hd = head_dim(tc)
         self.vocab_size = int(tc.vocab_size)
         # the family's variations, decided once here (a CUDA graph captures whichever path they pick)
         self.rotary_types = rotary_types(model)
@@ -391,9 +391,8 @@ class TargetEngine:
         b, s = seen.shape
         first = seen.int().argmax(-1)  # [B]
         last = s - 1 - seen.flip(-1).int().argmax(-1)  # [B]
-        seq = torch.arange(
-            b * self.nkv + 1, device=seen.device, dtype=torch.int32
-        )  # sequences (row, KV head), and one past
+        # the sequences, one per (row, KV head), and one past the last
+        seq = torch.arange(b * self.nkv + 1, device=seen.device, dtype=torch.int32)
         start = seq * self.max_len  # [B*nkv + 1]: where each sequence's cache rows begin
         start[:-1] += first.repeat_interleave(self.nkv).to(torch.int32)
         used = (last - first + 1).repeat_interleave(self.nkv).to(torch.int32)  # [B*nkv]

@@ -34,7 +34,7 @@ from draftsmith.synth.generate import cache_width, left_pad
 from draftsmith.synth.generate import generate as engine_generate
 from draftsmith.synth.magpie import end_of_turn
 from draftsmith.synth.turns import Generation, Request, stable_seed
-from draftsmith.target import Target, text_config
+from draftsmith.target import Target, head_dim, text_config
 
 STATIC_MULTIPLE = 64
 
@@ -86,11 +86,6 @@ def generation(tok: Any, tokens: list[int], stop: set[int]) -> Generation:
     body = tokens if cut is None else tokens[:cut]
     text = tok.decode(body, skip_special_tokens=True)
     return Generation(text, len(body) + (cut is not None), finished=cut is not None)
-
-
-def text_head_dim(target: Target) -> int:
-    tc = text_config(target.model.config)
-    return int(getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads)
 
 
 def context_length(target: Target) -> int:
@@ -192,7 +187,9 @@ class LocalBackend:
         self.use_engine = uses_engine(target, generator)
         if flash:
             problem = "it needs the local engine (--generator engine or auto)" if not self.use_engine else None
-            problem = problem or flash_decode_problem(target.device, target.dtype, text_head_dim(target))
+            problem = problem or flash_decode_problem(
+                target.device, target.dtype, head_dim(text_config(target.model.config))
+            )
             if problem is not None:
                 raise UserError(f"synth --flash-decode: {problem}; drop the option")
         self.engine: TargetEngine | None = None
