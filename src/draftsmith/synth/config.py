@@ -101,6 +101,5 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
     )
     flash_decode: bool = Field(
         False,
-        description="Local engine on a GPU (bf16/fp16): decode steps read each row's cache through FlashAttention's "
-        "variable-length kernel instead of masked SDPA; off until measured.",
+        description="Local engine on a GPU (bf16/fp16): decode attention by FlashAttention's varlen kernel, no mask; off until measured.",
     )
