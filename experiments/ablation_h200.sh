@@ -33,7 +33,7 @@ driver_start 21 4
   cp /root/batch/*.png "$R/" 2>/dev/null ) & A=$!
 ( export CUDA_VISIBLE_DEVICES=1
   step bench_plain 300 python3 bench/eval_bench.py --parts plain --target $HF --out-json "$R/bench_plain.json"
-  DRAFTSMITH_TEST_SMOLLM2=$HF step gpu_tests 300 python3 -m pytest -q --run-gpu \
+  DRAFTSMITH_TEST_TARGET=$HF step gpu_tests 300 python3 -m pytest -q --run-gpu \
     tests/gpu/test_train_gpu.py::test_compiled_static_step_8k_memory_and_no_recompile \
     "tests/unit/test_spec_fused.py::test_compiled_drafter_step_drafts_the_same"
   while [ ! -f $RUN/.pipeline/vocab.done ] && [ "$(date +%s)" -lt "$DEADLINE" ]; do sleep 5; done

