@@ -78,6 +78,14 @@ def target_bf16():
     return load_target(SMOLLM2, device="cuda", dtype="bf16")
 
 
+def test_flash_decode_is_on_by_default_where_it_runs(target, target_bf16):
+    """synth's flash decoding by default (SynthConfig.flash_decode None): on for the bf16 target on
+    a GPU; off for the fp32 one (the kernel takes 16-bit floats) and under HF generate."""
+    assert LocalBackend(target_bf16, batch_size=8).flash is True
+    assert LocalBackend(target, batch_size=8).flash is False
+    assert LocalBackend(target_bf16, batch_size=8, generator="hf").flash is False
+
+
 @pytest.mark.parametrize("compile", [False, True])
 def test_flash_decode_steps_match_the_masked_attention(target_bf16, monkeypatch, compile):
     """synth --flash-decode on the embedded default in bf16 (the kernel takes no fp32): every

@@ -300,19 +300,28 @@ def test_flash_decode_generates_as_the_masked_attention(tiny_model, refs, monkey
     assert [_cut(row, stop) for row in out] == [_cut(row, stop) for row in refs]
 
 
-def test_flash_decode_refuses_what_it_cannot_attend():
+def test_flash_decode_refuses_what_it_cannot_attend(tiny_model):
     """No sliding window (Mistral) or soft-capped scores (Gemma-2) through the mask-free kernel;
-    `flash_decode_problem` names where the kernel itself cannot run."""
+    `flash_decode_problem` names that first, then where the kernel itself cannot run."""
     from draftsmith.runtime.engine import flash_decode_problem
 
-    with pytest.raises(UserError, match="sliding-window or soft-capped"):
-        TargetEngine(tiny_causal_lm("mistral", sliding_window=4), [], max_len=64, flash_decode=True)
-    assert "CUDA" in flash_decode_problem(torch.device("cpu"), torch.bfloat16, 64)
+    mistral = tiny_causal_lm("mistral", sliding_window=4)
+    with pytest.raises(UserError, match="flash decoding: it covers no sliding-window attention"):
+        TargetEngine(mistral, [], max_len=64, flash_decode=True)
+    assert "sliding-window" in flash_decode_problem(mistral)
+    gemma2_global = tiny_causal_lm("gemma2", layer_types=["full_attention"] * 2)  # soft-capped, no window
+    assert flash_decode_problem(gemma2_global) == "it covers no soft-capped attention scores"
+    assert flash_decode_problem(tiny_model) == "it runs on CUDA GPUs only"
 
 
-def test_flash_decode_off_a_gpu_says_what_to_do(tiny_target):
-    """synth --flash-decode (SynthConfig.flash_decode, off by default) where its kernel cannot run
-    (a CPU, float32) is refused before any generation, with the reason and the way out."""
-    assert SynthConfig(prompts="x.jsonl", target="t", out="o.jsonl").flash_decode is False
+def test_flash_decode_is_auto_and_off_a_gpu_says_what_to_do(tiny_target):
+    """synth's flash decoding (SynthConfig.flash_decode) is None by default: on wherever its kernel
+    runs, so off on a CPU (and under HF generate); asked for there (--flash-decode), it is refused
+    before any generation, with the reason and the way out."""
+    assert SynthConfig(prompts="x.jsonl", target="t", out="o.jsonl").flash_decode is None
+    assert LocalBackend(tiny_target, batch_size=2, generator="engine").flash is False
+    assert LocalBackend(tiny_target, batch_size=2, generator="engine", flash=False).flash is False
+    with pytest.raises(UserError, match="--flash-decode: it needs the local engine; drop the option"):
+        LocalBackend(tiny_target, batch_size=2, generator="hf", flash=True)
     with pytest.raises(UserError, match="--flash-decode: it runs on CUDA GPUs only; drop the option"):
         LocalBackend(tiny_target, batch_size=2, generator="engine", flash=True)

@@ -150,16 +150,30 @@ def flash_varlen(
     )[0]
 
 
-def flash_decode_problem(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
-    """Why `flash_varlen` cannot run here (None: it can): torch's FlashAttention-2 build takes
-    CUDA tensors of 16-bit floats, head dims up to 256 in multiples of 8, and Ampere or newer."""
-    if device.type != "cuda":
+def flash_attention_problem(model: nn.Module) -> str | None:
+    """Why the engine's flash decoding cannot attend as `model` does (None: it can): the kernel
+    reads every slot a token sees under plain softmax, so no sliding window and no soft-capped scores."""
+    if sliding_layers(model)[0] is not None:
+        return "it covers no sliding-window attention"
+    if getattr(text_config(model.config), "attn_logit_softcapping", None) is not None:
+        return "it covers no soft-capped attention scores"
+    return None
+
+
+def flash_decode_problem(model: nn.Module) -> str | None:
+    """Why `flash_varlen` cannot serve `model`'s decode steps where it is (None: it can): its attention
+    (`flash_attention_problem`), then torch's FlashAttention-2 build, which takes CUDA tensors of
+    16-bit floats, head dims up to 256 in multiples of 8, and Ampere or newer."""
+    p, hd = next(model.parameters()), head_dim(text_config(model.config))
+    if problem := flash_attention_problem(model):
+        return problem
+    if p.device.type != "cuda":
         return "it runs on CUDA GPUs only"
-    if dtype not in (torch.bfloat16, torch.float16):
-        return f"it takes bf16 or fp16, not {str(dtype).removeprefix('torch.')}"
-    if head_dim > 256 or head_dim % 8:
-        return f"head dim {head_dim} is not a multiple of 8 up to 256"
-    if torch.cuda.get_device_capability(device) < (8, 0):
+    if p.dtype not in (torch.bfloat16, torch.float16):
+        return f"it takes bf16 or fp16, not {str(p.dtype).removeprefix('torch.')}"
+    if hd > 256 or hd % 8:
+        return f"head dim {hd} is not a multiple of 8 up to 256"
+    if torch.cuda.get_device_capability(p.device) < (8, 0):
         return "it needs an Ampere or newer GPU"
     return None
 
@@ -218,10 +232,10 @@ class TargetEngine:
         if self.window is not None and self.window >= max_len:  # no two positions of this cache are a window apart
             self.window = None
         # one-token steps through FlashAttention's variable-length kernel, reading no mask: for
-        # families whose attention is plain softmax over every slot a token sees (no sliding window,
-        # no soft-capping); `flash_decode_problem` says where the kernel runs
-        if flash_decode and (self.window is not None or self.attn_cap is not None):
-            raise UserError("the engine's flash decoding covers no sliding-window or soft-capped attention")
+        # families whose attention is plain softmax over every slot a token sees; `flash_decode_problem`
+        # also says where the kernel runs
+        if flash_decode and (problem := flash_attention_problem(model)):
+            raise UserError(f"the engine's flash decoding: {problem}")
         self.flash_decode = flash_decode
         # keys and values of every layer in one tensor [2, L, B, nkv, max_len, hd], so that a tree's
         # compaction moves all of them in one gather and one scatter; each layer attends over its views

@@ -99,7 +99,7 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
         False,
         description="Local engine on a GPU: each decode graph compiled, one decoder layer's step for all layers; off until measured.",
     )
-    flash_decode: bool = Field(
-        False,
-        description="Local engine on a GPU (bf16/fp16): decode attention by FlashAttention's varlen kernel, no mask; off until measured.",
+    flash_decode: bool | None = Field(
+        None,
+        description="Local engine: decode attention by FlashAttention's varlen kernel, no mask; default on where it runs (GPU, bf16/fp16).",
     )

@@ -34,7 +34,7 @@ from draftsmith.synth.generate import cache_width, left_pad
 from draftsmith.synth.generate import generate as engine_generate
 from draftsmith.synth.magpie import end_of_turn
 from draftsmith.synth.turns import Generation, Request, stable_seed
-from draftsmith.target import Target, head_dim, text_config
+from draftsmith.target import Target, text_config
 
 STATIC_MULTIPLE = 64
 
@@ -172,26 +172,23 @@ class LocalBackend:
         fuse: bool | None = None,
         shrink: bool = False,
         compile: bool = False,
-        flash: bool = False,
+        flash: bool | None = None,
     ) -> None:
         self.target, self.batch_size, self.cache, self.completion = target, batch_size, cache, completion
         self.fuse = fuse  # the engine's fused projections (`TargetEngine`; None: on for a GPU)
         self.shrink = shrink  # batches go on over their running rows (`synth/generate.py`)
         self.compile = compile  # each decode graph compiled, one layer's step for all (GPU; `TargetEngine`)
-        self.flash = flash  # decode steps through FlashAttention's variable-length kernel (`TargetEngine`)
         self.name = target.info.name
         self.tokenizer = target.tokenizer
         self.stop = stop_token_ids(target, completion)
         self.context = context_length(target)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.stop)
         self.use_engine = uses_engine(target, generator)
-        if flash:
-            problem = "it needs the local engine (--generator engine or auto)" if not self.use_engine else None
-            problem = problem or flash_decode_problem(
-                target.device, target.dtype, head_dim(text_config(target.model.config))
-            )
-            if problem is not None:
-                raise UserError(f"synth --flash-decode: {problem}; drop the option")
+        # decode steps through FlashAttention's variable-length kernel (`TargetEngine`); None: wherever it runs
+        problem = flash_decode_problem(target.model) if self.use_engine else "it needs the local engine"
+        if flash and problem is not None:
+            raise UserError(f"synth --flash-decode: {problem}; drop the option")
+        self.flash = problem is None if flash is None else flash
         self.engine: TargetEngine | None = None
 
     def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
