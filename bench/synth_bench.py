@@ -25,9 +25,10 @@ with the target's projections unfused and one fused (synth --no-fuse-target / --
 --shrink-ab adds a pass whose batches shrink to their running rows (synth --shrink-batches) and
 one whose batches keep every row to the end again (the default). --compile-ab adds a pass with
 each decode graph compiled layer by layer (synth --compile-target; the compiles in its time) and
-one eager again. --flash-ab adds a pass whose decode steps read the cache through FlashAttention's
-variable-length kernel (synth --flash-decode; bf16/fp16 on a GPU) and one through masked SDPA again
-(the default); with --profile, the decode batch is profiled with it too. --magpie N makes each pass
+one eager again. --flash-ab adds a pass whose decode steps read the cache through masked SDPA
+(synth --no-flash-decode) and one through FlashAttention's variable-length kernel again (synth's
+default where it runs: bf16/fp16 on a GPU); with --profile, the decode batch is profiled with
+flash decoding too. Every other pass is synth's default, flash decoding included. --magpie N makes each pass
 synthesise N Magpie conversations (self-prompted user turns, then answers: the recipe's bulk)
 instead of answering the prompt file.
 
@@ -168,7 +169,7 @@ def synth_pass(
     fuse: bool | None = None,
     shrink: bool = False,
     compile: bool = False,
-    flash: bool = False,
+    flash: bool | None = None,
 ) -> dict:
     """The prompts (or --magpie's self-prompts) through `draftsmith synth` (a fresh output each
     pass): its rate and counters.
@@ -177,7 +178,7 @@ def synth_pass(
     efficient_attention; None: torch's own choice. `fuse`: synth's --fuse-target (None: its
     default, fused on a GPU). `shrink`: synth's --shrink-batches. `compile`: synth's
     --compile-target (each decode graph compiled layer by layer; its compiles in the pass's time).
-    `flash`: synth's --flash-decode."""
+    `flash`: synth's --flash-decode (None: its default, on where the kernel runs)."""
     from contextlib import nullcontext
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -222,7 +223,7 @@ def synth_pass(
         "fuse_target": "default" if fuse is None else fuse,
         "shrink": shrink,
         "compile_target": compile,
-        "flash_decode": flash,
+        "flash_decode": "default" if flash is None else flash,
         "generated_tokens": progress["tokens"],
         "seconds": progress["elapsed_s"],
         "tok_per_s": progress["tok_per_s"],
@@ -282,8 +283,8 @@ def main() -> None:
     ap.add_argument(
         "--flash-ab",
         action="store_true",
-        help="then the same prompts with decode steps through FlashAttention's variable-length kernel "
-        "(synth --flash-decode), then masked SDPA again; with --profile the decode batch with it too",
+        help="then the same prompts with decode steps through masked SDPA (synth --no-flash-decode), then "
+        "FlashAttention's kernel again (the default); with --profile the decode batch with it too",
     )
     ap.add_argument(
         "--magpie", type=int, default=0, help="each pass synthesises this many Magpie conversations instead"
@@ -318,9 +319,9 @@ def main() -> None:
     if args.compile_ab:  # A-B-A with the first pass: compiled layer by layer, then eager again (the default)
         passes["compiled"] = synth_pass(args, convs, compile=True)
         passes["eager_again"] = synth_pass(args, convs)
-    if args.flash_ab:  # A-B-A with the first pass: FlashAttention's decode steps, then masked SDPA again (the default)
-        passes["flash"] = synth_pass(args, convs, flash=True)
-        passes["masked_again"] = synth_pass(args, convs)
+    if args.flash_ab:  # A-B-A with the first pass (flash decoding where it runs): masked SDPA, then the default again
+        passes["masked"] = synth_pass(args, convs, flash=False)
+        passes["default_again"] = synth_pass(args, convs)
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     base = single_stream(

