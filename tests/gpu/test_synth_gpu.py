@@ -86,6 +86,25 @@ def test_flash_decode_is_on_by_default_where_it_runs(target, target_bf16):
     assert LocalBackend(target_bf16, batch_size=8, generator="hf").flash is False
 
 
+def test_a_failing_flash_kernel_synthesises_as_the_masked_path(target_bf16, monkeypatch, capsys):
+    """The default's way out on a real CUDA graph: where the kernel raises in the warm-up (as its
+    own checks do on a GPU they refuse), the engine captures the masked step instead and the
+    answers are the masked backend's."""
+    import draftsmith.runtime.engine as engine_mod
+
+    greedy = Sampling(0.0, 1.0, 0, 32, 0)
+    masked = [g.text for g in LocalBackend(target_bf16, batch_size=8, flash=False).generate(_requests(8), greedy)]
+
+    def unsupported(*_args):
+        raise RuntimeError("FlashAttention only supports Ampere GPUs or newer.")
+
+    monkeypatch.setattr(engine_mod, "flash_varlen", unsupported)
+    backend = LocalBackend(target_bf16, batch_size=8)
+    assert [g.text for g in backend.generate(_requests(8), greedy)] == masked
+    assert backend.engine is not None and not backend.engine.flash_decode
+    assert "flash decoding failed" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("compile", [False, True])
 def test_flash_decode_steps_match_the_masked_attention(target_bf16, monkeypatch, compile):
     """synth --flash-decode on the embedded default in bf16 (the kernel takes no fp32): every

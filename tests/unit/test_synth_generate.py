@@ -300,6 +300,32 @@ def test_flash_decode_generates_as_the_masked_attention(tiny_model, refs, monkey
     assert [_cut(row, stop) for row in out] == [_cut(row, stop) for row in refs]
 
 
+def test_a_flash_step_that_fails_decodes_through_the_mask(tiny_model, refs, monkeypatch, capsys):
+    """Flash decoding is a default: where its kernel fails on a GPU that `flash_decode_problem` let
+    through, the engine says so on stderr and captures the masked step from then on, so the default
+    never ends a synth that the masked path runs. Emulated on CPU: the kernel raises, and a
+    stand-in for `Graphed` runs its warm-up and returns the function."""
+    import draftsmith.runtime.engine as engine_mod
+
+    def unsupported(*_args):
+        raise RuntimeError("FlashAttention only supports Ampere GPUs or newer.")
+
+    def warm_up_only(fn, *example):
+        with torch.no_grad():
+            fn(*example)
+        return fn
+
+    monkeypatch.setattr(engine_mod, "flash_varlen", unsupported)
+    monkeypatch.setattr(engine_mod, "Graphed", warm_up_only)
+    engine = TargetEngine(tiny_model, [], max_len=64, batch=4, flash_decode=True)
+    captured = engine._capture(engine._forward, *engine.graph_example(1, 64, 4))
+    assert not engine.flash_decode and "flash decoding failed (RuntimeError: FlashAttention" in capsys.readouterr().err
+    monkeypatch.setattr(
+        engine, "graph", lambda t, width, rows=None, at=0: engine.graphs.setdefault((4, t, width), captured)
+    )
+    assert generate(engine, _prompts(), _greedy(20), set(), pad_id=0, seed=0) == refs
+
+
 def test_flash_decode_refuses_what_it_cannot_attend(tiny_model):
     """No sliding window (Mistral) or soft-capped scores (Gemma-2) through the mask-free kernel;
     `flash_decode_problem` names that first, then where the kernel itself cannot run."""

@@ -614,7 +614,8 @@ class TargetEngine:
     def _capture(self, fn: Any, *example: torch.Tensor) -> Graphed:
         """`fn` in a CUDA graph, compiled first (inductor, this shape only) when `compiled`: the
         whole of it, or with compile_scope "layers" each layer's step; a compile that fails
-        leaves the engine uncompiled from then on, the reason on stderr."""
+        leaves the engine uncompiled from then on, and a flash decoding step that fails (a GPU
+        that `flash_decode_problem` let through) leaves it masked from then on, the reason on stderr."""
         if self.compiled:
             try:  # every graph's shape is its own compile of the same forward: more than dynamo's default 8
                 with torch._dynamo.config.patch(recompile_limit=64):
@@ -630,7 +631,19 @@ class TargetEngine:
                     flush=True,
                 )
                 self.compiled = False
-        return Graphed(fn, *example)
+        try:
+            return Graphed(fn, *example)
+        except RuntimeError as e:  # raised by the kernel's own checks in the warm-up, before any capture
+            if not self.flash_decode:
+                raise
+            print(
+                f"[engine] flash decoding failed ({type(e).__name__}: {str(e)[:200]}); decoding through masked "
+                "SDPA (pass --no-flash-decode to skip the attempt)",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.flash_decode = False
+            return Graphed(fn, *example)
 
     @contextlib.contextmanager
     def layers_compiled(self) -> Iterator[None]:
