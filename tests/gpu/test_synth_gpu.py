@@ -82,6 +82,9 @@ def test_flash_decode_is_on_by_default_where_it_runs(target, target_bf16):
     """synth's flash decoding by default (SynthConfig.flash_decode None): on for the bf16 target on
     a GPU; off for the fp32 one (the kernel takes 16-bit floats) and under HF generate."""
     assert LocalBackend(target_bf16, batch_size=8).flash is True
+    assert LocalBackend(target_bf16, batch_size=8).decoding.startswith(
+        "draftsmith's engine in CUDA graphs, flash decoding"
+    )
     assert LocalBackend(target, batch_size=8).flash is False
     assert LocalBackend(target_bf16, batch_size=8, generator="hf").flash is False
 
@@ -101,7 +104,7 @@ def test_a_failing_flash_kernel_synthesises_as_the_masked_path(target_bf16, monk
     monkeypatch.setattr(engine_mod, "flash_varlen", unsupported)
     backend = LocalBackend(target_bf16, batch_size=8)
     assert [g.text for g in backend.generate(_requests(8), greedy)] == masked
-    assert backend.engine is not None and not backend.engine.flash_decode
+    assert backend.engine is not None and not backend.engine.flash_decode and "masked attention" in backend.decoding
     assert "flash decoding failed" in capsys.readouterr().err
 
 

@@ -138,3 +138,29 @@ def test_magpie_max_tokens_caps_the_user_turns_alone(tiny_target_dir, tmp_path, 
     assert (
         capped[0]["generation"]["magpie"]["max_tokens"] == 3 and "max_tokens" not in uncapped[0]["generation"]["magpie"]
     )
+
+
+def test_synth_says_how_it_decodes(tiny_target, tiny_target_dir, tmp_path):
+    """What the defaults picked, in synth's log and progress.json: the engine and its levers on CPU
+    (no graphs, no flash decoding, batches kept whole), or HF generate and its cache."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from draftsmith.cli import app
+
+    assert LocalBackend(tiny_target, generator="engine").decoding == (
+        "draftsmith's engine, masked attention, batches kept whole"
+    )
+    assert LocalBackend(tiny_target, generator="engine", shrink=True).decoding.endswith("batches shrinking")
+    assert LocalBackend(tiny_target, generator="hf", cache="static").decoding == "HF generate (static cache)"
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in ("yes", "no")))
+    out = tmp_path / "synth" / "conversations.jsonl"
+    args = ["synth", str(prompts), "--target", str(tiny_target_dir), "--out", str(out)]
+    options = ["--max-new-tokens", "4", "--keep-unfinished", "--temperature", "1", "--generator", "engine"]
+    res = CliRunner().invoke(app, [*args, *options])  # sampled: the tiny model answers nothing at greedy
+    assert res.exit_code == 0, res.output
+    assert "draftsmith's engine, masked attention, batches kept whole" in res.stderr
+    progress = json.loads((out.parent / "conversations.synth" / "progress.json").read_text())
+    assert progress["counters"]["decoding"] == "draftsmith's engine, masked attention, batches kept whole"

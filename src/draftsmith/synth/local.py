@@ -219,6 +219,24 @@ class LocalBackend:
         return results  # type: ignore[return-value]
 
     @property
+    def decoding(self) -> str:
+        """How this backend generates: HF `generate`, or the engine with its levers as they stand
+        (a compile or a flash kernel that failed on the GPU has turned its lever off)."""
+        if not self.use_engine:
+            return f"HF generate ({self.cache} cache)"
+        engine, on_gpu = self.engine, self.target.device.type == "cuda"
+        flash = engine.flash_decode if engine is not None else self.flash
+        compiled = engine.compiled if engine is not None else self.compile and on_gpu
+        return ", ".join(
+            [
+                "draftsmith's engine" + (" in CUDA graphs" if on_gpu else ""),
+                "flash decoding" if flash else "masked attention",
+                *(["compiled layer by layer"] if compiled else []),
+                "batches shrinking" if self.shrink else "batches kept whole",
+            ]
+        )
+
+    @property
     def capture_seconds(self) -> float:
         """Seconds spent capturing the engine's CUDA graphs so far (0 on CPU, or with HF generate)."""
         return self.engine.capture_seconds if self.engine is not None else 0.0

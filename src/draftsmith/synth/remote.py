@@ -48,6 +48,7 @@ class RemoteBackend:
     """A client for one OpenAI-compatible server."""
 
     capture_seconds = 0.0  # the server's own graphs are not ours to time
+    decoding = "an OpenAI-compatible server"
 
     def __init__(
         self,

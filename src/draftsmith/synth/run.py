@@ -268,6 +268,8 @@ def write_conversations(cfg: SynthConfig) -> Path:
     with Progress("synth", side if rank == 0 else None, total=len(mine), unit="conversations") as progress:
         progress.skip(len(mine) - len(pending))
         progress.set(duplicate_prompts=n_dup)
+        if backend is not None and rank == 0:
+            print(f"[synth] {backend.name}: {backend.decoding}", file=sys.stderr, flush=True)
         if plan is not None:
             plan.track(mine)
             progress.set(**plan.count_done([w.id for w in mine if w.id in done]))
@@ -314,6 +316,7 @@ def write_conversations(cfg: SynthConfig) -> Path:
                 progress.set(**plan.count_done([w.id for w in batch]))
             if backend.capture_seconds:  # the local engine's CUDA graphs, in the time above
                 progress.set(graph_capture_s=round(backend.capture_seconds, 2))
+            progress.set(decoding=backend.decoding)  # as it stands after the batch (a lever may have failed)
             progress.advance(len(batch), tokens=sum(w.tokens for w in batch), bytes_written=written, **counts)
 
     if world > 1:

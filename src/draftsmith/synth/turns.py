@@ -45,6 +45,7 @@ class Generation:
 class Backend(Protocol):
     name: str
     capture_seconds: float  # CUDA-graph capture so far, inside the generation time (the local engine's; else 0)
+    decoding: str  # how it generates, for synth's log and progress.json (the local engine's levers as they stand)
 
     def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]: ...
 

@@ -56,6 +56,7 @@ class VllmBackend:
     """Generation with the target served by vLLM's offline engine."""
 
     capture_seconds = 0.0  # vLLM captures its graphs when its engine starts, before any generation
+    decoding = "vLLM's offline engine"
 
     def __init__(self, spec: str, chat_template: Any, batch_size: int, dtype: str | None, completion: bool) -> None:
         require("synth --generator vllm", "--generator auto (draftsmith's own engine)")
