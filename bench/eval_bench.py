@@ -364,10 +364,10 @@ def part_ms(fn, *args: torch.Tensor, reps: int) -> float:
 
 
 def slice_max_topk(x: torch.Tensor, k: int, width: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top k of x [..., V] (V a multiple of `width`, at least k slices) from the k `width`-wide slices with the
-    largest maxima, which hold all of them (a slice holding one of the k best has a maximum at
-    least that large): a max reduction over V and two small top-k's (over V/width slice maxima,
-    then k*width values) instead of one top-k over V."""
+    """The top k of x [..., V] (V a multiple of `width`, k slices or more) from the k `width`-wide
+    slices with the largest maxima, which hold all of them (a slice holding one of the k best has
+    a maximum at least that large): a max reduction over V and two small top-k's (over V/width
+    slice maxima, then k*width values) instead of one top-k over V."""
     *lead, v = x.shape
     slices = x.view(*lead, v // width, width)  # [..., V/w, w]
     best_slices = slices.amax(-1).topk(k, dim=-1).indices  # [..., k]

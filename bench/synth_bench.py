@@ -28,9 +28,9 @@ each decode graph compiled layer by layer (synth --compile-target; the compiles 
 one eager again. --flash-ab adds a pass whose decode steps read the cache through masked SDPA
 (synth --no-flash-decode) and one through FlashAttention's variable-length kernel again (synth's
 default where it runs: bf16/fp16 on a GPU); with --profile, the decode batch is profiled with
-flash decoding too. Every other pass is synth's default, flash decoding included. --magpie N makes each pass
-synthesise N Magpie conversations (self-prompted user turns, then answers: the recipe's bulk)
-instead of answering the prompt file.
+flash decoding too. Every other pass is synth's default, flash decoding included. --magpie N
+makes each pass synthesise N Magpie conversations (self-prompted user turns, then answers: the
+recipe's bulk) instead of answering the prompt file.
 
 Prints one JSON object and writes it to --out-json.
 """

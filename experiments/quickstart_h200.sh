@@ -13,7 +13,7 @@
 #                graph compiled layer by layer (--compile-ab) / the default again, whole passes; with a
 #                profile, the decode step profiled eager, with flash, and with flash compiled layer by layer
 #                (SHORT=0 and 1: masked / default again too, by --flash-ab, measured 2026-12-07 07:51;
-#                SHORT=0: no --compile-ab, the full run has timed it)
+#                SHORT=0: no --compile-ab, the full run decodes compiled)
 #   ds_tree      the drafter as a tree (60 tokens, 7 levels, top 10) at batch 1 on MT-bench's 80
 #                questions; the full run's eval_chain is its chain on the same host
 # Here first (a checkout without them): bash experiments/h200_wheels.sh (.whl, 2.9 MB), and the GGUF cut
@@ -74,7 +74,7 @@ PY
 fi
 AB=$([ "$FLASH" = 1 ] && echo --flash-ab)
 case "${SHORT:-0}" in
-  0) AB="$AB --num-prompts 2048 --profile $R/synth_prof" ;;  # the full run has timed the compile
+  0) AB="$AB --num-prompts 2048 --profile $R/synth_prof" ;;  # the full run decodes compiled (COMPILE=1)
   1) AB="$AB --num-prompts 2048 --profile $R/synth_prof --compile-ab" ;;
   2) AB="--compile-ab --num-prompts 1024" ;;  # the compile's A-B-A alone, one batch a pass
 esac
