@@ -23,7 +23,9 @@ eager and compiled decode steps side by side, with each graph's capture (compile
 engine's attention tries first (the step's attention ran cuDNN's kernel). --fuse-ab adds a pass
 with the target's projections unfused and one fused (synth --no-fuse-target / --fuse-target).
 --shrink-ab adds a pass whose batches shrink to their running rows (synth --shrink-batches) and
-one whose batches keep every row to the end again (the default). --compile-ab adds a pass with
+one whose batches keep every row to the end again (the default). --refill-ab adds a pass whose
+rows take the next prompts as their answers end (synth --refill-batches) and one of the default
+again. --compile-ab adds a pass with
 each decode graph compiled layer by layer (synth --compile-target; the compiles in its time) and
 one eager again. --flash-ab adds a pass whose decode steps read the cache through masked SDPA
 (synth --no-flash-decode) and one through FlashAttention's variable-length kernel again (synth's
@@ -170,6 +172,7 @@ def synth_pass(
     shrink: bool = False,
     compile: bool = False,
     flash: bool | None = None,
+    refill: bool = False,
 ) -> dict:
     """The prompts (or --magpie's self-prompts) through `draftsmith synth` (a fresh output each
     pass): its rate and counters.
@@ -178,7 +181,8 @@ def synth_pass(
     efficient_attention; None: torch's own choice. `fuse`: synth's --fuse-target (None: its
     default, fused on a GPU). `shrink`: synth's --shrink-batches. `compile`: synth's
     --compile-target (each decode graph compiled layer by layer; its compiles in the pass's time).
-    `flash`: synth's --flash-decode (None: its default, on where the kernel runs)."""
+    `flash`: synth's --flash-decode (None: its default, on where the kernel runs). `refill`:
+    synth's --refill-batches."""
     from contextlib import nullcontext
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -210,6 +214,7 @@ def synth_pass(
             dtype=args.dtype,
             fuse_target=fuse,
             shrink_batches=shrink,
+            refill_batches=refill,
             compile_target=compile,
             flash_decode=flash,
         )
@@ -222,6 +227,7 @@ def synth_pass(
         "sdpa": sdpa or "torch's choice",
         "fuse_target": "default" if fuse is None else fuse,
         "shrink": shrink,
+        "refill": refill,
         "compile_target": compile,
         "flash_decode": "default" if flash is None else flash,
         "generated_tokens": progress["tokens"],
@@ -271,6 +277,11 @@ def main() -> None:
         help="after the first pass (synth's default engine), the same prompts unfused, then fused, in this process",
     )
     ap.add_argument(
+        "--refill-ab",
+        action="store_true",
+        help="then the same prompts with rows refilled as their answers end (synth --refill-batches), then the default again",
+    )
+    ap.add_argument(
         "--shrink-ab",
         action="store_true",
         help="then the same prompts with batches shrinking to their running rows, then keeping every row again",
@@ -313,6 +324,9 @@ def main() -> None:
     if args.fuse_ab:  # --fuse-target off and on, each a whole pass (its load and graphs included)
         passes["unfused"] = synth_pass(args, convs, fuse=False)
         passes["fused"] = synth_pass(args, convs, fuse=True)
+    if args.refill_ab:  # A-B-A with the first pass: rows refilled as their answers end, then the default again
+        passes["rows_refilled"] = synth_pass(args, convs, refill=True)
+        passes["default_after_refill"] = synth_pass(args, convs)
     if args.shrink_ab:  # A-B-A with the first pass: batches that shrink, then keep every row again (the default)
         passes["rows_shrunk"] = synth_pass(args, convs, shrink=True)
         passes["rows_kept"] = synth_pass(args, convs)

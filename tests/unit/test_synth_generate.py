@@ -12,7 +12,7 @@ from draftsmith.errors import UserError
 from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.synth.config import SynthConfig
-from draftsmith.synth.generate import CHECK_EVERY, generate
+from draftsmith.synth.generate import CHECK_EVERY, generate, generate_refilling, refill_width
 from draftsmith.synth.local import LocalBackend, uses_engine
 from draftsmith.synth.turns import Request
 from draftsmith.target import target_from_model
@@ -324,6 +324,43 @@ def test_a_flash_step_that_fails_decodes_through_the_mask(tiny_model, refs, monk
         engine, "graph", lambda t, width, rows=None, at=0: engine.graphs.setdefault((4, t, width), captured)
     )
     assert generate(engine, _prompts(), _greedy(20), set(), pad_id=0, seed=0) == refs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["eager", "graphs", "flash", "window"])
+def test_refilled_rows_answer_as_each_prompt_alone(monkeypatch, path):
+    """`generate_refilling` (synth --refill-batches): 10 prompts through 4 rows, each row taking the
+    next prompt once its answer has ended (a look every 2 steps), prefilled in a scratch cache
+    and placed to end at the slot before the step's. Every answer up to its stop id is HF
+    `generate`'s on that prompt alone: eagerly, through the graphs' calling convention, and
+    through flash decoding's sequences (the kernel's plain-torch stand-in), which need each row's
+    slots to stay one contiguous run, and under a sliding window (Mistral: the placed tokens keep
+    their positions). All in one pass from slot 0, with refills placed."""
+    import draftsmith.runtime.engine as engine_mod
+    import draftsmith.synth.generate as gen_mod
+
+    monkeypatch.setattr(gen_mod, "CHECK_EVERY", 2)
+    model = tiny_causal_lm("mistral" if path == "window" else "llama")
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 300, (k,), generator=gen).tolist() for k in (1, 3, 6, 11, 2, 9, 4, 7, 5, 8)]
+    refs = [_hf_greedy(model, p, 20) for p in prompts]
+    stop = {refs[1][2], refs[4][6]}
+    assert sum(len(_cut(r, stop)) < 20 for r in refs) >= 3, "pick other stop ids"
+    if path == "flash":
+        monkeypatch.setattr(engine_mod, "flash_varlen", _varlen_reference)
+    engine = TargetEngine(model, [], max_len=refill_width(11, 20), batch=4, flash_decode=path == "flash")
+    if path != "eager":  # a graph is the forward over the whole width
+        monkeypatch.setattr(
+            engine, "graph", lambda t, width, rows=None, at=0: engine.graphs.setdefault((4, t, width), engine._forward)
+        )
+    placed, passes = [], []
+    place, prefill = engine.place, gen_mod.prefill
+    monkeypatch.setattr(engine, "place", lambda scratch, rows, at: (placed.append(at), place(scratch, rows, at)))
+    monkeypatch.setattr(gen_mod, "prefill", lambda e, ids, pad, s: (passes.append(s), prefill(e, ids, pad, s))[1])
+    out = generate_refilling(engine, prompts, _greedy(20), stop, pad_id=0, seed=0)
+    assert [_cut(row, stop) for row in out] == [_cut(row, stop) for row in refs]
+    assert all(len(row) == 20 or stop & set(row) for row in out)  # the caller cuts at the stop id
+    assert passes.count(engine.max_len) == 1 and len(placed) >= 3
 
 
 def test_flash_decode_refuses_what_it_cannot_attend(tiny_model):

@@ -65,6 +65,25 @@ def test_batched_greedy_equals_single_generate(tiny_target, generator):
 
 
 @pytest.mark.slow
+def test_refilled_rows_answer_as_single_generate(tiny_target):
+    """synth --refill-batches: the four questions through two rows, a row taking the next question
+    once its answer ends; each answer is `generate`'s on its question alone. Refused with the HF
+    generator and beside --shrink-batches."""
+    from draftsmith.errors import UserError
+
+    backend = LocalBackend(tiny_target, batch_size=2, generator="engine", refill=True)
+    requests = [_chat(q) for q in QUESTIONS]
+    for req, gen in zip(requests, backend.generate(requests, GREEDY)):
+        ref = _reference(tiny_target, req, 8)
+        assert gen.text == tiny_target.tokenizer.decode(ref, skip_special_tokens=True) and gen.tokens == len(ref)
+    assert backend.engine.batch == 2 and backend.decoding.endswith("rows refilled")
+    with pytest.raises(UserError, match="--refill-batches: it needs the local engine"):
+        LocalBackend(tiny_target, generator="hf", refill=True)
+    with pytest.raises(UserError, match="drop --shrink-batches"):
+        LocalBackend(tiny_target, generator="engine", refill=True, shrink=True)
+
+
+@pytest.mark.slow
 def test_static_cache_matches_dynamic(tiny_target):
     requests = [_chat(q) for q in QUESTIONS[:2]]
     dynamic = LocalBackend(tiny_target, batch_size=2, generator="hf").generate(requests, GREEDY)

@@ -178,6 +178,14 @@ def flash_decode_problem(model: nn.Module) -> str | None:
     return None
 
 
+class Scratch(NamedTuple):
+    """A cache of its own (`TargetEngine.scratch_cache`): kv [2, L, n, nkv, w, hd], and the tokens'
+    positions by slot [n, w] under a sliding window (else None)."""
+
+    kv: torch.Tensor
+    slot_pos: torch.Tensor | None
+
+
 class LayerRefs(NamedTuple):
     """What one decoder layer's step reads and writes, passed to it as arguments (not looked up by
     the layer's index), so that a compiled step serves every layer: the model's layer, its fused
@@ -481,6 +489,29 @@ class TargetEngine:
         pos = torch.arange(p, device=self.device)
         logits, aux = self._forward_eager(ids[None], pos[None], pos[None], self.causal_mask(0, p)[None])
         return logits[0], aux[0]
+
+    @contextlib.contextmanager
+    def scratch_cache(self, rows: int, width: int) -> Iterator[Scratch]:
+        """Within: eager forwards read and write a cache of their own, `rows` x `width` slots (prompts
+        prefilled beside a running batch, whose cache stays as it is), yielded for `place`."""
+        saved = self.kv, self.refs, self.max_len, self.slot_pos
+        kv = torch.zeros((2, len(self.layers), rows, self.nkv, width, self.hd), device=self.device, dtype=self.dtype)
+        slot_pos = None if self.slot_pos is None else torch.zeros(rows, width, dtype=torch.long, device=self.device)
+        self.kv, self.max_len, self.slot_pos = kv, width, slot_pos
+        self.refs = [refs._replace(k=kv[0, i], v=kv[1, i]) for i, refs in enumerate(self.refs)]
+        try:
+            yield Scratch(kv, slot_pos)
+        finally:
+            self.kv, self.refs, self.max_len, self.slot_pos = saved
+
+    def place(self, scratch: Scratch, rows: torch.Tensor, at: int) -> None:
+        """A scratch cache's rows into cache rows `rows` [n] (on the device), its slots 0..w-1 at
+        slots at..at+w-1: every layer's keys and values, and under a sliding window the tokens'
+        positions."""
+        w = scratch.kv.shape[4]
+        self.kv[:, :, rows, :, at : at + w] = scratch.kv
+        if self.slot_pos is not None:
+            self.slot_pos[rows, at : at + w] = scratch.slot_pos
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Move the cache rows `rows` [R] (on the device) to rows 0..R-1, in that order: what a

@@ -91,6 +91,10 @@ class SynthConfig(CommandConfig, TargetOptions, ShardOption):
         False,
         description="Local engine: a batch goes on over its running rows once half have stopped; sampled draws change.",
     )
+    refill_batches: bool = Field(
+        False,
+        description="Local engine: rows whose answers end take the next prompts mid-batch (4 answers' slots a row); off until measured.",
+    )
     fuse_target: bool | None = Field(
         None,
         description="Local engine: the target's q/k/v and gate/up as one product each (as eval's); default on for GPU.",

@@ -32,6 +32,7 @@ from draftsmith.runtime.engine import TargetEngine
 from draftsmith.runtime.sampling import Sampling, exponential_race, target_probs
 
 SLOT_MULTIPLE = 64  # cache widths are rounded up to this, so that batches share graphs
+REFILL_SPAN = 4  # a refilling batch's cache: its prompts and this many answers' worth of slots
 CHECK_EVERY = 16  # decode steps between host checks of how many rows are still running
 MIN_ROWS = 8  # the smallest a batch shrinks to (one graph per halving and cache width)
 # The prompts are prefilled in chunks of prompt slots whose mask [B, c, S] holds at most this many
@@ -77,6 +78,23 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) 
     return exponential_race(target_probs(logits, sampling.temperature, sampling.top_p, sampling.top_k), gen)
 
 
+def prefill(engine: TargetEngine, ids: torch.Tensor, pad: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts ids [B, W] (pad [B] leading pads each) into the cache's first B rows at
+    slots 0..W-1, eagerly, in chunks of prompt slots (each attending over what the earlier ones
+    wrote). Returns the last position's logits [B, 1, V] and the slots the next token sees [B, S]."""
+    rows, width = ids.shape
+    slots = torch.arange(s, device=ids.device)
+    chunk = max(1, PREFILL_CELLS // (rows * s))  # prompt slots per prefill chunk
+    for a in range(0, width, chunk):
+        prompt_slots = slots[a : min(a + chunk, width)]  # [c]
+        lo = torch.minimum(pad[:, None], prompt_slots)  # [B, c]: first slot each prompt slot sees
+        mask = (slots >= lo[..., None]) & (slots <= prompt_slots[:, None])  # [B, c, S]
+        logits, _ = engine.forward_batch(
+            ids[:, a : a + chunk], prompt_slots - pad[:, None], prompt_slots, mask, last_only=True
+        )  # [B, 1, V]
+    return logits, mask[:, -1].clone()
+
+
 @torch.no_grad()
 def generate(
     engine: TargetEngine,
@@ -101,17 +119,8 @@ def generate(
     ids, pad = ids.to(dev), pad.to(dev)
     counts = row_counts(rows) if shrink else [rows]
     engine.graph(1, s)  # before the prefill: capture writes junk at slot 0
-
     slots = torch.arange(s, device=dev)
-    chunk = max(1, PREFILL_CELLS // (rows * s))  # prompt slots per prefill chunk
-    for a in range(0, width, chunk):  # chunked prefill: each chunk attends over the cache the earlier ones wrote
-        prompt_slots = slots[a : min(a + chunk, width)]  # [c]
-        lo = torch.minimum(pad[:, None], prompt_slots)  # [B, c]: first slot each prompt slot sees
-        mask = (slots >= lo[..., None]) & (slots <= prompt_slots[:, None])  # [B, c, S]
-        logits, _ = engine.forward_batch(
-            ids[:, a : a + chunk], prompt_slots - pad[:, None], prompt_slots, mask, last_only=True
-        )  # [B, 1, V]
-    seen = mask[:, -1].clone()  # [B, S]: the slots the next token sees, one more each step
+    logits, seen = prefill(engine, ids, pad, s)  # [B, 1, V], [B, S]
 
     gen = torch.Generator(dev).manual_seed(seed)
     stops = torch.tensor(sorted(stop), dtype=torch.long, device=dev)
@@ -145,3 +154,82 @@ def generate(
     by_prompt = torch.empty_like(out)
     by_prompt[order] = out  # [B, N] in the prompts' order
     return by_prompt[: len(prompts), : i + 1].tolist()
+
+
+def refill_width(prompt_len: int, max_new_tokens: int) -> int:
+    """Cache slots a refilling batch (`generate_refilling`) attends over: its longest prompt and
+    REFILL_SPAN answers' worth of slots."""
+    return cache_width(prompt_len, REFILL_SPAN * max_new_tokens)
+
+
+@torch.no_grad()
+def generate_refilling(
+    engine: TargetEngine,
+    prompts: list[list[int]],
+    sampling: Sampling,
+    stop: set[int],
+    pad_id: int,
+    seed: int,
+) -> list[list[int]]:
+    """The new tokens of every prompt, in their order (any number of prompts, ideally sorted by
+    length; each at most `sampling.max_new_tokens` and not cut at its stop id), with the engine's
+    rows kept at work: at every host look (CHECK_EVERY steps) the rows whose answers have ended
+    take the next prompts, prefilled in a scratch cache (`TargetEngine.scratch_cache`) and placed
+    so that each ends at the slot before the step's. A row's slots stay one contiguous run (what
+    flash decoding reads). Once no whole answer fits after the step's slot, the rows run out and
+    the next prompts start a new pass at slot 0. Every prompt and its answer must fit the engine's
+    max_len; a prompt waits while it is longer than the slots before the step's."""
+    rows, dev, max_new, s = engine.batch, engine.device, sampling.max_new_tokens, engine.max_len
+    results: list[list[int]] = [[] for _ in prompts]
+    queue = list(range(len(prompts)))[::-1]  # the next prompt last
+    gen = torch.Generator(dev).manual_seed(seed)
+    stops = torch.tensor(sorted(stop), dtype=torch.long, device=dev)
+    slots = torch.arange(s, device=dev)
+    while queue:  # one pass from slot 0
+        first = [queue.pop() for _ in range(min(rows, len(queue)))]
+        width = max(len(prompts[p]) for p in first)
+        ids, pad = left_pad([prompts[p] for p in first], width, pad_id, rows)  # [B, W], [B]
+        ids, pad = ids.to(dev), pad.to(dev)
+        engine.graph(1, s)  # before the prefill: capture writes junk at slot 0
+        logits, seen = prefill(engine, ids, pad, s)  # [B, 1, V], [B, S]
+        owner = first + [-1] * (rows - len(first))  # the prompt each row answers (-1: none)
+        end = torch.full((rows,), width, device=dev)  # [B]: the slot of each row's first new token
+        out = torch.full((rows, s), pad_id, dtype=torch.long, device=dev)  # [B, S]: the token fed at each slot
+        done = torch.arange(rows, device=dev) >= len(first)  # [B]; dummy rows are done already
+        tok = next_tokens(logits[:, -1], sampling, gen)  # [B]
+        for slot in range(width, s):
+            out[:, slot] = tok
+            done |= (tok[:, None] == stops).any(-1) | (slot - end + 1 >= max_new)  # [B]
+            if (slot + 1 - width) % CHECK_EVERY == 0 or slot + 1 == s:  # the host's look
+                ended = [r for r in done.nonzero()[:, 0].tolist() if owner[r] >= 0]
+                if ended:
+                    got = out[ended, : slot + 1].tolist()
+                    for r, row in zip(ended, got, strict=True):
+                        start = int(end[r])
+                        results[owner[r]], owner[r] = row[start : start + max_new], -1
+                free = [r for r in range(rows) if owner[r] < 0]
+                take = []  # the next prompts, while a whole answer fits and each fits before the slot
+                while queue and len(take) < len(free) and slot + max_new <= s and len(prompts[queue[-1]]) <= slot:
+                    take.append(queue.pop())
+                if take:  # each ends at slot - 1; its first new token is fed at the slot
+                    new = torch.tensor(free[: len(take)], device=dev)  # [n] rows
+                    w = max(len(prompts[p]) for p in take)
+                    new_ids, new_pad = left_pad([prompts[p] for p in take], w, pad_id)  # [n, w], [n]
+                    new_ids, new_pad = new_ids.to(dev), new_pad.to(dev)
+                    with engine.scratch_cache(len(take), w) as scratch:
+                        new_logits, _ = prefill(engine, new_ids, new_pad, w)  # [n, 1, V]
+                    engine.place(scratch, new, slot - w)
+                    t = next_tokens(new_logits[:, -1], sampling, gen)  # [n]
+                    start = slot - w + new_pad  # [n]: each prompt's first slot
+                    tok[new], out[new, slot], pad[new], end[new] = t, t, start, slot
+                    seen[new] = (slots >= start[:, None]) & (slots < slot)
+                    done[new] = (t[:, None] == stops).any(-1) | (max_new <= 1)
+                    for r, p in zip(free, take):  # (zip: the first len(take) free rows)
+                        owner[r] = p
+                if all(o < 0 for o in owner):
+                    break
+            seen[:, slot] = True
+            # ids, pos [B, 1]; slot [1]; mask [B, 1, S]
+            logits, _ = engine.forward_batch(tok[:, None], (slot - pad)[:, None], slots[slot : slot + 1], seen[:, None])
+            tok = next_tokens(logits[:, -1], sampling, gen)
+    return results

@@ -30,7 +30,7 @@ from draftsmith.errors import UserError
 from draftsmith.runtime.engine import TargetEngine, flash_decode_problem
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import fast_engine_problem
-from draftsmith.synth.generate import cache_width, left_pad
+from draftsmith.synth.generate import cache_width, generate_refilling, left_pad, refill_width
 from draftsmith.synth.generate import generate as engine_generate
 from draftsmith.synth.magpie import end_of_turn
 from draftsmith.synth.turns import Generation, Request, stable_seed
@@ -173,6 +173,7 @@ class LocalBackend:
         shrink: bool = False,
         compile: bool = False,
         flash: bool | None = None,
+        refill: bool = False,
     ) -> None:
         self.target, self.batch_size, self.cache, self.completion = target, batch_size, cache, completion
         self.fuse = fuse  # the engine's fused projections (`TargetEngine`; None: on for a GPU)
@@ -189,6 +190,14 @@ class LocalBackend:
         if flash and problem is not None:
             raise UserError(f"synth --flash-decode: {problem}; drop the option")
         self.flash = problem is None if flash is None else flash
+        if refill and (not self.use_engine or shrink):
+            why = (
+                "it needs the local engine"
+                if not self.use_engine
+                else "it keeps every row at work: drop --shrink-batches"
+            )
+            raise UserError(f"synth --refill-batches: {why}")
+        self.refill = refill  # rows that finish take the next prompts (`generate_refilling`)
         self.engine: TargetEngine | None = None
 
     def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
@@ -202,15 +211,19 @@ class LocalBackend:
                 fits.append(i)
         fits.sort(key=lambda i: len(prompts[i]))
         if self.use_engine and fits:
-            self._reserve(min(len(fits), self.batch_size), cache_width(len(prompts[fits[-1]]), sampling.max_new_tokens))
-        for start in range(0, len(fits), self.batch_size):
-            batch = fits[start : start + self.batch_size]
+            width = refill_width if self.refill else cache_width
+            self._reserve(min(len(fits), self.batch_size), width(len(prompts[fits[-1]]), sampling.max_new_tokens))
+        size = len(fits) if self.refill else self.batch_size  # refilling: every prompt through the engine's rows
+        for start in range(0, len(fits), max(size, 1)):
+            batch = fits[start : start + size]
             stop = set(self.stop)
             for i in batch:
                 stop = request_stops(self.tokenizer, requests[i], stop)
             seed = stable_seed(sampling.seed, requests[batch[0]].key)
             batch_prompts = [prompts[i] for i in batch]
-            if self.engine is not None:
+            if self.refill:
+                new = generate_refilling(self.engine, batch_prompts, sampling, stop, self.pad, seed)
+            elif self.engine is not None:
                 new = engine_generate(self.engine, batch_prompts, sampling, stop, self.pad, seed, self.shrink)
             else:
                 new = self._hf_generate(batch_prompts, sampling, stop, seed)
@@ -232,7 +245,7 @@ class LocalBackend:
                 "draftsmith's engine" + (" in CUDA graphs" if on_gpu else ""),
                 "flash decoding" if flash else "masked attention",
                 *(["compiled layer by layer"] if compiled else []),
-                "batches shrinking" if self.shrink else "batches kept whole",
+                "rows refilled" if self.refill else "batches shrinking" if self.shrink else "batches kept whole",
             ]
         )
 

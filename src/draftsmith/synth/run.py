@@ -114,6 +114,7 @@ def build_backend(cfg: SynthConfig, world: int, local_rank: int, magpie: bool = 
         cfg.shrink_batches,
         cfg.compile_target,
         cfg.flash_decode,
+        cfg.refill_batches,
     )
     return backend, target.tokenizer
 
