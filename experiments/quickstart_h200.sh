@@ -13,7 +13,8 @@
 #                graph compiled layer by layer (--compile-ab) / the default again, whole passes; with a
 #                profile, the decode step profiled eager, with flash, and with flash compiled layer by layer
 #                (SHORT=0 and 1: masked / default again too, by --flash-ab, measured 2026-12-07 07:51;
-#                SHORT=0: no --compile-ab, the full run decodes compiled)
+#                SHORT=0: no --compile-ab, the full run decodes compiled); on the real target also
+#                the default / rows refilled as answers end (--refill-ab) / the default again
 #   ds_tree      the drafter as a tree (60 tokens, 7 levels, top 10) at batch 1 on MT-bench's 80
 #                questions; the full run's eval_chain is its chain on the same host
 # Here first (a checkout without them): bash experiments/h200_wheels.sh (.whl, 2.9 MB), and the GGUF cut
@@ -78,6 +79,9 @@ case "${SHORT:-0}" in
   1) AB="$AB --num-prompts 2048 --profile $R/synth_prof --compile-ab" ;;
   2) AB="--compile-ab --num-prompts 1024" ;;  # the compile's A-B-A alone, one batch a pass
 esac
+# rows refilled as answers end (synth --refill-batches): the real target's answers end at their own
+# lengths; a random target's all run to the limit together, so nothing to refill
+[ "${RANDOM_TARGET:-0}" = 1 ] || AB="$AB --refill-ab"
 step synth_ab 300 python3 bench/synth_bench.py --target "$HF" --batch-size 1024 --baseline-prompts 1 $AB \
   --out-json "$R/synth_ab.json"
 if [ "${SHORT:-0}" = 0 ]; then

@@ -22,6 +22,11 @@ starts at slot pad[b]; its positions are slot - pad[b] and it sees cache slots p
 
 The engine has a fixed number of rows: a smaller batch is filled with dummy rows, finished from
 the start, so that one graph per width bucket serves every batch.
+
+`generate_refilling` (synth --refill-batches) keeps the rows at work instead of shrinking them:
+rows whose answers have ended take the next prompts, prefilled beside the running rows in a
+scratch cache and placed to end at the slot before the step's, over a cache of REFILL_SPAN
+answers' worth of slots.
 """
 
 from __future__ import annotations
