@@ -81,7 +81,8 @@ case "${SHORT:-0}" in
 esac
 # rows refilled as answers end (synth --refill-batches): the real target's answers end at their own
 # lengths; a random target's all run to the limit together, so nothing to refill
-[ "${RANDOM_TARGET:-0}" = 1 ] || AB="$AB --refill-ab"
+REFILL=$([ "${RANDOM_TARGET:-0}" = 1 ] || echo --refill-ab)
+AB="$AB $REFILL"
 step synth_ab 300 python3 bench/synth_bench.py --target "$HF" --batch-size 1024 --baseline-prompts 1 $AB \
   --out-json "$R/synth_ab.json"
 if [ "${SHORT:-0}" = 0 ]; then
@@ -96,6 +97,6 @@ else
   DRAFTSMITH_TEST_TARGET=$RAND step tree_tests 240 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
     -p no:cacheprovider -k "graphed_spec_equals_plain and tree"
   step synth_ab_magpie 240 python3 bench/synth_bench.py --target "$HF" --magpie 2048 --batch-size 1024 \
-    --baseline-prompts 1 --compile-ab --out-json "$R/synth_ab_magpie.json"
+    --baseline-prompts 1 --compile-ab $REFILL --out-json "$R/synth_ab_magpie.json"
 fi
 touch "$R/ALL_DONE"
