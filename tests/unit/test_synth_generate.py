@@ -300,6 +300,27 @@ def test_flash_decode_generates_as_the_masked_attention(tiny_model, refs, monkey
     assert [_cut(row, stop) for row in out] == [_cut(row, stop) for row in refs]
 
 
+def test_refilled_rows_sample_seeded_and_cut_by_top_k(tiny_model, monkeypatch):
+    """Sampled answers of refilled rows repeat under the same seed and differ under another; top-k 1
+    gives the greedy answers (9 prompts through 4 rows, answers of 12 tokens: 5 prompts placed in
+    rows freed in the pass)."""
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 1000, (k,), generator=gen).tolist() for k in (2, 5, 3, 8, 1, 6, 4, 7, 9)]
+    engine = TargetEngine(tiny_model, [], max_len=refill_width(9, 12), batch=4)
+    placed, place = [], engine.place
+    monkeypatch.setattr(
+        engine, "place", lambda scratch, rows, at: (placed.extend(rows.tolist()), place(scratch, rows, at))
+    )
+    hot = Sampling(1.0, 1.0, 0, 12, 0)
+    first = generate_refilling(engine, prompts, hot, set(), 0, seed=1)
+    assert len(placed) == 5
+    assert generate_refilling(engine, prompts, hot, set(), 0, seed=1) == first
+    assert generate_refilling(engine, prompts, hot, set(), 0, seed=2) != first
+    greedy = generate_refilling(engine, prompts, _greedy(12), set(), 0, seed=1)
+    assert generate_refilling(engine, prompts, Sampling(1.0, 1.0, 1, 12, 0), set(), 0, seed=3) == greedy
+    assert all(len(row) == 12 for row in first + greedy)
+
+
 def test_a_flash_step_that_fails_decodes_through_the_mask(tiny_model, refs, monkeypatch, capsys):
     """Flash decoding is a default: where its kernel fails on a GPU that `flash_decode_problem` let
     through, the engine says so on stderr and captures the masked step from then on, so the default
