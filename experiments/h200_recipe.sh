@@ -21,7 +21,7 @@
 # ablations' plans up to 2026-12-03 are in this file's history (`git log --follow -p experiments/h200_recipe.sh`).
 # The recipe's synth answers (~10 of its ~11 data minutes) travel between leases: the driver packs
 # them into /root/carry/h200_synth.tgz.part* (15 MB parts), fetch_results.sh brings those back;
-# keep them in .data/ (git-ignored: .git/info/exclude; a new session's checkout lacks it) and carry
+# keep them in .data/ (in .gitignore; a new session's checkout lacks it) and carry
 # .data next time, copied into the driver's folder, and the data step restores them instead of
 # synthesising again. Carry fits 64 MiB per call, so the lease takes three calls within 30 s of
 # each other: (1) .whl and the GGUF's part00, installing the wheels and copying part00 to

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python packages that draftsmith needs and the H200 image lacks, as wheels for its Python
-# 3.12, into .whl (run here, where pip reaches PyPI; keep .whl out of git: .git/info/exclude).
+# 3.12, into .whl (run here, where pip reaches PyPI; .whl is in .gitignore).
 # On the device:  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
 #                   --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:src:.
 # (2026-12-01: synth failed there without httpx2 and tenacity; the image has torch, transformers,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # vLLM's CUDA build for the H200 (torch 2.11.0+cu130, Python 3.12, no network), packed to carry.
-# Run here, where pip reaches PyPI; writes .vllm/ (git-ignored: .git/info/exclude):
+# Run here, where pip reaches PyPI; writes .vllm/ (in .gitignore):
 #   .vllm/vllm26.tar.xz.part00..02   the installed lean tree, xz, parts of <= 50 MiB
 #   .vllm/vllm26.sha256              their checksums
 #   .vllm/install.sh                 on the device: join, check, unpack into $1 (default /root/vllm26)
