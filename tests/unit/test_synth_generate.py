@@ -377,7 +377,9 @@ def test_refilled_rows_answer_as_each_prompt_alone(monkeypatch, path):
     placed, passes = [], []
     place, prefill = engine.place, gen_mod.prefill
     monkeypatch.setattr(engine, "place", lambda scratch, rows, at: (placed.append(at), place(scratch, rows, at)))
-    monkeypatch.setattr(gen_mod, "prefill", lambda e, ids, pad, s: (passes.append(s), prefill(e, ids, pad, s))[1])
+    monkeypatch.setattr(
+        gen_mod, "prefill", lambda e, p, pad_id, s, rows=None: passes.append(s) or prefill(e, p, pad_id, s, rows)
+    )
     out = generate_refilling(engine, prompts, _greedy(20), stop, pad_id=0, seed=0)
     assert [_cut(row, stop) for row in out] == [_cut(row, stop) for row in refs]
     assert all(len(row) == 20 or stop & set(row) for row in out)  # the caller cuts at the stop id

@@ -83,12 +83,18 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) 
     return exponential_race(target_probs(logits, sampling.temperature, sampling.top_p, sampling.top_k), gen)
 
 
-def prefill(engine: TargetEngine, ids: torch.Tensor, pad: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompts ids [B, W] (pad [B] leading pads each) into the cache's first B rows at
-    slots 0..W-1, eagerly, in chunks of prompt slots (each attending over what the earlier ones
-    wrote). Returns the last position's logits [B, 1, V] and the slots the next token sees [B, S]."""
-    rows, width = ids.shape
-    slots = torch.arange(s, device=ids.device)
+def prefill(
+    engine: TargetEngine, prompts: list[list[int]], pad_id: int, s: int, rows: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The prompts, left-padded to the longest (W), into the cache's first `rows` rows (default one
+    per prompt; beyond them dummy rows) at slots 0..W-1, eagerly, in chunks of prompt slots (each
+    attending over what the earlier ones wrote). Returns the last position's logits [B, 1, V], the
+    slots the next token sees [B, S] and each row's leading pads [B] (its first slot)."""
+    width = max(map(len, prompts))
+    ids, pad = left_pad(prompts, width, pad_id, rows)  # [B, W], [B]
+    ids, pad = ids.to(engine.device), pad.to(engine.device)
+    rows = ids.shape[0]
+    slots = torch.arange(s, device=engine.device)
     chunk = max(1, PREFILL_CELLS // (rows * s))  # prompt slots per prefill chunk
     for a in range(0, width, chunk):
         prompt_slots = slots[a : min(a + chunk, width)]  # [c]
@@ -97,7 +103,7 @@ def prefill(engine: TargetEngine, ids: torch.Tensor, pad: torch.Tensor, s: int) 
         logits, _ = engine.forward_batch(
             ids[:, a : a + chunk], prompt_slots - pad[:, None], prompt_slots, mask, last_only=True
         )  # [B, 1, V]
-    return logits, mask[:, -1].clone()
+    return logits, mask[:, -1].clone(), pad
 
 
 @torch.no_grad()
@@ -120,12 +126,10 @@ def generate(
         raise ValueError(
             f"a batch of {len(prompts)} prompts x {s} slots does not fit an engine of {rows} x {engine.max_len}"
         )
-    ids, pad = left_pad(prompts, width, pad_id, rows)  # [B, W], [B]
-    ids, pad = ids.to(dev), pad.to(dev)
     counts = row_counts(rows) if shrink else [rows]
     engine.graph(1, s)  # before the prefill: capture writes junk at slot 0
     slots = torch.arange(s, device=dev)
-    logits, seen = prefill(engine, ids, pad, s)  # [B, 1, V], [B, S]
+    logits, seen, pad = prefill(engine, prompts, pad_id, s, rows)  # [B, 1, V], [B, S], [B]
 
     gen = torch.Generator(dev).manual_seed(seed)
     stops = torch.tensor(sorted(stop), dtype=torch.long, device=dev)
@@ -190,13 +194,11 @@ def generate_refilling(
     gen = torch.Generator(dev).manual_seed(seed)
     stops = torch.tensor(sorted(stop), dtype=torch.long, device=dev)
     slots = torch.arange(s, device=dev)
+    engine.graph(1, s)  # before any prefill: capture writes junk at slot 0
     while queue:  # one pass from slot 0
         first = [queue.pop() for _ in range(min(rows, len(queue)))]
         width = max(len(prompts[p]) for p in first)
-        ids, pad = left_pad([prompts[p] for p in first], width, pad_id, rows)  # [B, W], [B]
-        ids, pad = ids.to(dev), pad.to(dev)
-        engine.graph(1, s)  # before the prefill: capture writes junk at slot 0
-        logits, seen = prefill(engine, ids, pad, s)  # [B, 1, V], [B, S]
+        logits, seen, pad = prefill(engine, [prompts[p] for p in first], pad_id, s, rows)  # [B, 1, V], [B, S], [B]
         owner = first + [-1] * (rows - len(first))  # the prompt each row answers (-1: none)
         end = torch.full((rows,), width, device=dev)  # [B]: the slot of each row's first new token
         out = torch.full((rows, s), pad_id, dtype=torch.long, device=dev)  # [B, S]: the token fed at each slot
@@ -207,10 +209,8 @@ def generate_refilling(
             done |= (tok[:, None] == stops).any(-1) | (slot - end + 1 >= max_new)  # [B]
             if (slot + 1 - width) % CHECK_EVERY == 0 or slot + 1 == s:  # the host's look
                 ended = [r for r in done.nonzero()[:, 0].tolist() if owner[r] >= 0]
-                if ended:
-                    got = out[ended, : slot + 1].tolist()
-                    for r, row in zip(ended, got, strict=True):
-                        start = int(end[r])
+                if ended:  # one copy to the host for all of them
+                    for r, row, start in zip(ended, out[ended, : slot + 1].tolist(), end[ended].tolist(), strict=True):
                         results[owner[r]], owner[r] = row[start : start + max_new], -1
                 free = [r for r in range(rows) if owner[r] < 0]
                 take = []  # the next prompts, while a whole answer fits and each fits before the slot
@@ -219,10 +219,10 @@ def generate_refilling(
                 if take:  # each ends at slot - 1; its first new token is fed at the slot
                     new = torch.tensor(free[: len(take)], device=dev)  # [n] rows
                     w = max(len(prompts[p]) for p in take)
-                    new_ids, new_pad = left_pad([prompts[p] for p in take], w, pad_id)  # [n, w], [n]
-                    new_ids, new_pad = new_ids.to(dev), new_pad.to(dev)
                     with engine.scratch_cache(len(take), w) as scratch:
-                        new_logits, _ = prefill(engine, new_ids, new_pad, w)  # [n, 1, V]
+                        new_logits, _, new_pad = prefill(
+                            engine, [prompts[p] for p in take], pad_id, w
+                        )  # [n, 1, V], [n]
                     engine.place(scratch, new, slot - w)
                     t = next_tokens(new_logits[:, -1], sampling, gen)  # [n]
                     start = slot - w + new_pad  # [n]: each prompt's first slot
