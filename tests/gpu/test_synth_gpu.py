@@ -1,8 +1,9 @@
 """GPU checks of synth's batched static-KV generator (run with --run-gpu on a CUDA machine): the
 CUDA-graphed batched decoding gives HF `generate`'s greedy answers on the embedded default in
 fp32 (batches of 8 and 4 + 4 dummy rows), also where the batch shrinks to its running rows with
-graphs captured mid-generation and with each graph compiled layer by layer, and seeded sampling
-repeats."""
+graphs captured mid-generation, where ended rows are refilled with the next prompts, and with each
+graph compiled layer by layer, and seeded sampling repeats; flash decoding's default, its way out
+and its steps against masked attention in bf16."""
 
 from __future__ import annotations
 
@@ -32,23 +33,28 @@ def _requests(n: int) -> list[Request]:
     return [Request(f"q{i}/a0", messages=[{"role": "user", "content": q}]) for i, q in enumerate(questions)]
 
 
-@pytest.mark.parametrize(("shrink", "compile"), [(False, False), (True, False), (False, True)])
-def test_graphed_batched_greedy_equals_generate(target, monkeypatch, shrink, compile):
+@pytest.mark.parametrize(
+    ("shrink", "compile", "refill"),
+    [(False, False, False), (True, False, False), (False, True, False), (False, False, True)],
+)
+def test_graphed_batched_greedy_equals_generate(target, monkeypatch, shrink, compile, refill):
     """shrink (synth --shrink-batches): the batch goes down to its running rows (MIN_ROWS 1, a look
     every 4 steps), each smaller graph captured when first needed, in the middle of the batch's
-    generation. compile (synth --compile-target): each graph's forward compiled layer by layer."""
+    generation. compile (synth --compile-target): each graph's forward compiled layer by layer.
+    refill (synth --refill-batches): 4 rows for 12 prompts, a look every 4 steps, ended rows taking
+    the next prompts placed mid-cache by the graphed step's calling convention."""
     import draftsmith.synth.generate as gen_mod
 
-    if shrink:
+    if shrink or refill:
         monkeypatch.setattr(gen_mod, "MIN_ROWS", 1)
         monkeypatch.setattr(gen_mod, "CHECK_EVERY", 4)
     tok, model = target.tokenizer, target.model
-    backend = LocalBackend(target, batch_size=8, shrink=shrink, compile=compile)
+    backend = LocalBackend(target, batch_size=4 if refill else 8, shrink=shrink, compile=compile, refill=refill)
     assert backend.use_engine  # auto picks the engine on CUDA
     requests = _requests(12)
     gens = backend.generate(requests, Sampling(0.0, 1.0, 0, 64, 0))
     assert backend.engine is not None and backend.engine.graphs  # decoded in CUDA graphs
-    assert shrink == any(rows < 8 for rows, _, _ in backend.engine.graphs)
+    assert shrink == any(rows < backend.batch_size for rows, _, _ in backend.engine.graphs)
     assert backend.engine.compiled == compile  # no fallback to the eager forward
     stop = sorted(backend.stop)
     for req, gen in zip(requests, gens):
@@ -151,3 +157,22 @@ def test_flash_decode_steps_match_the_masked_attention(target_bf16, monkeypatch,
     assert len(seen) >= 40
     worst, agree = max(e for e, _ in seen), sum(a for _, a in seen) / len(seen)
     assert worst < 0.1 and agree > 0.95, (worst, agree)
+
+
+def test_refilled_rows_with_flash_decoding_answer_as_kept_batches(target_bf16, monkeypatch):
+    """synth --refill-batches with flash decoding (the default's kernel) on a real CUDA graph: each
+    refilled row's slots stay one contiguous run, as the kernel reads them, so its greedy answers
+    are those of batches kept whole; bf16 rounding may move a late token, so at least 7 of 8
+    answers agree whole and every one agrees on its first 16 tokens."""
+    import draftsmith.synth.generate as gen_mod
+
+    monkeypatch.setattr(gen_mod, "CHECK_EVERY", 4)
+    greedy = Sampling(0.0, 1.0, 0, 48, 0)
+    kept = LocalBackend(target_bf16, batch_size=8).generate(_requests(8), greedy)
+    backend = LocalBackend(target_bf16, batch_size=4, refill=True)
+    assert backend.flash
+    refilled = backend.generate(_requests(8), greedy)
+    assert sum(a.text == b.text for a, b in zip(kept, refilled)) >= 7
+    tok = target_bf16.tokenizer
+    for a, b in zip(kept, refilled):
+        assert tok(a.text)["input_ids"][:16] == tok(b.text)["input_ids"][:16]
