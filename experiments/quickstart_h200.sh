@@ -11,8 +11,9 @@
 #                conversations: default / rows refilled as answers end / default; REFILL=1 where refilling
 #                beat the default's mean by more than 3 %
 #   full         quickstart's full budget (`pipeline` of budget_stages("full"), as quickstart runs it)
-#                with every synth stage's flash_decode (FLASH), compile_target (COMPILE=1, the driver's
-#                default) and refill_batches (REFILL); timed by stage; its drafter packed (pack_drafter) for CPU measurements
+#                with every synth stage's flash_decode (FLASH), compile_target (COMPILE=1; off by default: it
+#                lost A-B-A on an H100, 0.75x GSM8K and 0.93x Magpie, 2026-12-07 10:53) and refill_batches
+#                (REFILL); timed by stage; its drafter packed (pack_drafter) for CPU measurements
 #   synth_ab     bench/synth_bench.py on GSM8K prompts (batches of 1,024): synth's default / each decode
 #                graph compiled layer by layer (--compile-ab) / the default again, whole passes; with a
 #                profile, the decode step profiled eager, with flash, and with flash compiled layer by layer
@@ -81,7 +82,7 @@ if [ "${RANDOM_TARGET:-0}" != 1 ] && passed "test_refilled_rows_with_flash_decod
 fi
 if [ "${SHORT:-0}" = 0 ]; then
   # (a compile that fails inside the full run leaves that engine eager, with a line on stderr: TargetEngine._capture)
-  python3 - "$FLASH" "${COMPILE:-1}" "$REFILL" > /root/full.yaml <<'PY'
+  python3 - "$FLASH" "${COMPILE:-0}" "$REFILL" > /root/full.yaml <<'PY'
 import sys
 import yaml
 from draftsmith.pipeline.quickstart import budget_stages
@@ -90,7 +91,7 @@ levers = {"flash_decode": on[0], "compile_target": on[1], "refill_batches": on[2
 stages = [{command: {"name": name, **options, **(levers if command == "synth" else {})}} for name, command, options in budget_stages("full")]
 print(yaml.safe_dump({"stages": stages}, sort_keys=False))
 PY
-  echo "=== full: synth with flash_decode $FLASH, compile_target ${COMPILE:-1}, refill_batches $REFILL" >> "$R/steps.log"
+  echo "=== full: synth with flash_decode $FLASH, compile_target ${COMPILE:-0}, refill_batches $REFILL" >> "$R/steps.log"
   step full 1500 python3 -m draftsmith pipeline /root/full.yaml --out "$Q" --target smollm2-135m
   echo "data and training: $(( $(date +%s) - start )) s" >> "$R/steps.log"
   pack_drafter recipe_drafter "$Q/train_online/drafter"

@@ -183,3 +183,25 @@ def test_synth_says_how_it_decodes(tiny_target, tiny_target_dir, tmp_path):
     assert "draftsmith's engine, masked attention, batches kept whole" in res.stderr
     progress = json.loads((out.parent / "conversations.synth" / "progress.json").read_text())
     assert progress["counters"]["decoding"] == "draftsmith's engine, masked attention, batches kept whole"
+
+
+def test_a_grown_engine_lets_the_old_one_go(tiny_target):
+    """A batch that needs more cache slots rebuilds the engine; the old one (its cache, and on a GPU
+    its graphs' memory pools) is freed before the new one is allocated, though an engine refers to
+    itself (its graphs hold its bound methods): on an H100 the pipeline's two-turn Magpie set ran out
+    of memory with every earlier engine of the stage still held."""
+    import gc
+    import weakref
+
+    backend = LocalBackend(tiny_target, batch_size=2, generator="engine")
+    backend._reserve(2, 64)
+    engine = backend.engine
+    engine.graphs[(2, 1, 64)] = engine._forward  # what a captured graph holds (CUDA only)
+    old, engine = weakref.ref(engine), None
+    gc.disable()  # no collection but the one the rebuild makes
+    try:
+        backend._reserve(2, 128)
+        assert old() is None
+    finally:
+        gc.enable()
+    assert backend.engine is not None and backend.engine.max_len >= 128

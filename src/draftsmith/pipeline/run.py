@@ -18,12 +18,15 @@ why: docs/pipeline.md.
 from __future__ import annotations
 
 import difflib
+import gc
 import json
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from draftsmith.assets import GSM8K_TRAIN
 from draftsmith.commands import COMMANDS, STAGES
@@ -358,6 +361,10 @@ def run_stages(
             )
             t0 = time.time()
             COMMANDS[stage.command].run(cfg)
+            # what the stage held (an engine's CUDA graphs refer to it: a cycle) goes before the next allocates
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             atomic_write_json(
                 done,
                 {
