@@ -28,7 +28,7 @@ import torch
 from draftsmith.data.chat import chat_template
 from draftsmith.data.completion import completion_ids
 from draftsmith.errors import UserError
-from draftsmith.runtime.engine import TargetEngine, flash_decode_problem
+from draftsmith.runtime.engine import TargetEngine, cache_bytes, flash_decode_problem, free_memory
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import fast_engine_problem
 from draftsmith.synth.generate import cache_width, generate_refilling, left_pad, refill_width
@@ -38,6 +38,10 @@ from draftsmith.synth.turns import Generation, Request, stable_seed
 from draftsmith.target import Target, text_config
 
 STATIC_MULTIPLE = 64
+# the engine's K/V cache takes at most this share of its device's free memory: the rest is for the
+# prefill's chunks, the step's logits and the graphs' pools (on an H100 a 1,024-row cache of 19.1 GiB
+# peaked at 27.9 GiB, experiments/LOG.md 2026-12-07 10:32)
+CACHE_SHARE = 0.5
 
 
 def _ids(value: Any) -> set[int]:
@@ -200,6 +204,7 @@ class LocalBackend:
             raise UserError(f"synth --refill-batches: {why}")
         self.refill = refill  # rows that finish take the next prompts (`generate_refilling`)
         self.engine: TargetEngine | None = None
+        self.rows_fitted = False  # the engine holds fewer rows than asked for: what the memory fits
 
     def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
         prompts = [encode(self.tokenizer, r, self.completion) for r in requests]
@@ -215,6 +220,8 @@ class LocalBackend:
             width = refill_width if self.refill else cache_width
             self._reserve(min(len(fits), self.batch_size), width(len(prompts[fits[-1]]), sampling.max_new_tokens))
         size = len(fits) if self.refill else self.batch_size  # refilling: every prompt through the engine's rows
+        if self.engine is not None and not self.refill:
+            size = min(size, self.engine.batch)  # the rows the memory fits (`_fit`)
         for start in range(0, len(fits), max(size, 1)):
             batch = fits[start : start + size]
             stop = set(self.stop)
@@ -256,10 +263,11 @@ class LocalBackend:
         return self.engine.capture_seconds if self.engine is not None else 0.0
 
     def _reserve(self, rows: int, slots: int) -> None:
-        """Make the engine hold at least `rows` x `slots`; it is rebuilt (and its CUDA graphs
-        captured again) only when it has to grow."""
+        """Make the engine hold at least `rows` x `slots`, or as many rows of `slots` as fit in
+        CACHE_SHARE of the device's free memory (a batch then decodes that many at a time); it is
+        rebuilt (and its CUDA graphs captured again) only when it has to grow."""
         old = self.engine
-        if old is not None and old.batch >= rows and old.max_len >= slots:
+        if old is not None and old.max_len >= slots and (old.batch >= rows or self.rows_fitted):
             return
         if old is not None:
             rows, slots = max(rows, old.batch), max(slots, old.max_len)
@@ -269,6 +277,7 @@ class LocalBackend:
         if device.type == "cuda":
             torch.cuda.set_device(device)  # CUDA graphs capture and replay on the current device
             torch.cuda.empty_cache()
+        rows = self._fit(rows, slots)
         self.engine = TargetEngine(
             self.target.model,
             [],
@@ -279,6 +288,28 @@ class LocalBackend:
             compile_scope="layers",
             flash_decode=self.flash,
         )
+
+    def _fit(self, rows: int, slots: int) -> int:
+        """`rows`, or fewer where their cache of `slots` would take more than CACHE_SHARE of the
+        device's free memory (said once on stderr); refused where not even one row fits."""
+        model, device = self.target.model, self.target.device
+        free, row = free_memory(device), cache_bytes(model, 1, slots)
+        fit = min(rows, int(CACHE_SHARE * free // row))
+        self.rows_fitted = fit < rows
+        gib = 2**30
+        if fit < 1:
+            raise UserError(
+                f"synth: one row of {slots} cache slots takes {row / gib:.2f} GiB and {free / gib:.1f} GiB is free "
+                f"on {device}; lower --max-new-tokens, or free the device's memory"
+            )
+        if self.rows_fitted:
+            print(
+                f"[synth] {rows} rows of {slots} cache slots would take {rows * row / gib:.1f} GiB, more than "
+                f"{CACHE_SHARE:.0%} of the {free / gib:.1f} GiB free on {device}: decoding {fit} rows at a time",
+                file=sys.stderr,
+                flush=True,
+            )
+        return fit
 
     @torch.inference_mode()
     def _hf_generate(self, prompts: list[list[int]], sampling: Sampling, stop: set[int], seed: int) -> list[list[int]]:
