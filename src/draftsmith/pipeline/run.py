@@ -361,7 +361,7 @@ def run_stages(
             )
             t0 = time.time()
             COMMANDS[stage.command].run(cfg)
-            # what the stage held (an engine's CUDA graphs refer to it: a cycle) goes before the next allocates
+            # what the stage held (an engine refers to itself: a cycle) goes before the next stage allocates
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

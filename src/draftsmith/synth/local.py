@@ -272,7 +272,7 @@ class LocalBackend:
         if old is not None:
             rows, slots = max(rows, old.batch), max(slots, old.max_len)
         self.engine = old = None  # free the old cache and graphs before allocating the new ones
-        gc.collect()  # an engine's graphs hold its bound methods: a cycle, kept until collected
+        gc.collect()  # an engine holds its own bound methods (its layer step): a cycle, kept until collected
         device = self.target.device
         if device.type == "cuda":
             torch.cuda.set_device(device)  # CUDA graphs capture and replay on the current device
