@@ -205,11 +205,15 @@ def test_a_grown_engine_lets_the_old_one_go(tiny_target):
     assert backend.engine is not None and backend.engine.max_len >= 128
 
 
-def test_the_engine_cache_takes_what_cache_bytes_says(tiny_target):
-    from draftsmith.runtime.engine import TargetEngine, cache_bytes
+def test_the_engine_cache_takes_what_kv_bytes_per_token_says(tiny_target):
+    """synth fits its rows by kv_bytes_per_token (as eval checks its memory): the engine's cache."""
+    from draftsmith.runtime.engine import TargetEngine
+    from draftsmith.target import text_config
+    from draftsmith.vllm_support import kv_bytes_per_token
 
     engine = TargetEngine(tiny_target.model, [], 48, batch=3)
-    assert engine.kv.numel() * engine.kv.element_size() == cache_bytes(tiny_target.model, 3, 48)
+    per_token = kv_bytes_per_token(text_config(tiny_target.model.config), tiny_target.dtype.itemsize)
+    assert engine.kv.numel() * engine.kv.element_size() == per_token * 3 * 48
 
 
 @pytest.mark.slow
@@ -219,15 +223,17 @@ def test_rows_fit_the_free_memory(tiny_target, monkeypatch, capsys):
     that fits no more rows keeps the engine. Where not one row fits, synth says what to do."""
     import draftsmith.synth.local as local_mod
     from draftsmith.errors import UserError
-    from draftsmith.runtime.engine import cache_bytes
+    from draftsmith.target import text_config
+    from draftsmith.vllm_support import kv_bytes_per_token
 
     requests = [_chat(q) for q in QUESTIONS]
     unfitted = LocalBackend(tiny_target, batch_size=4, generator="engine")
     whole = unfitted.generate(requests, GREEDY)
     assert unfitted.engine.batch == 4 and not unfitted.rows_fitted
     slots = unfitted.engine.max_len  # the slots this batch needs
-    room = cache_bytes(tiny_target.model, 1, slots) * 2.5 / local_mod.CACHE_SHARE  # 2 rows and a half
-    monkeypatch.setattr(local_mod, "free_memory", lambda device: int(room))
+    row = kv_bytes_per_token(text_config(tiny_target.model.config), tiny_target.dtype.itemsize) * slots
+    room = row * 2.5 / local_mod.CACHE_SHARE  # 2 rows and a half
+    monkeypatch.setattr(local_mod, "available_memory", lambda device: int(room))
     backend = LocalBackend(tiny_target, batch_size=4, generator="engine")
     fitted = backend.generate(requests, GREEDY)
     assert backend.engine.batch == 2 and backend.rows_fitted
@@ -238,6 +244,6 @@ def test_rows_fit_the_free_memory(tiny_target, monkeypatch, capsys):
     backend.generate(requests[:1], GREEDY)
     assert backend.engine is engine  # no rebuild for a batch the fitted engine already serves
 
-    monkeypatch.setattr(local_mod, "free_memory", lambda device: 1000)
+    monkeypatch.setattr(local_mod, "available_memory", lambda device: 1000)
     with pytest.raises(UserError, match="lower --max-new-tokens, or free the device's memory"):
         LocalBackend(tiny_target, batch_size=4, generator="engine").generate(requests, GREEDY)

@@ -138,29 +138,6 @@ class FlashDecode(NamedTuple):
     width: int
 
 
-def cache_bytes(model: nn.Module, rows: int, slots: int) -> int:
-    """The bytes of `TargetEngine(model, ..., slots, batch=rows)`'s K/V cache: keys and values of
-    every decoder layer, [2, L, rows, nkv, slots, hd] in the model's dtype."""
-    tc = text_config(model.config)
-    nkv = int(getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads)
-    itemsize = next(model.parameters()).element_size()
-    return 2 * len(decoder_layers(model)) * rows * nkv * slots * head_dim(tc) * itemsize
-
-
-def free_memory(device: torch.device) -> int:
-    """Bytes free on `device` now: the CUDA driver's count (what torch's caching allocator holds
-    unused is not in it: empty its cache first), or on the CPU the host's available memory (Linux's
-    MemAvailable: free memory and what the page cache gives back); unknown elsewhere (no limit)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return sys.maxsize
-
-
 def flash_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: FlashDecode, scale: float | None
 ) -> torch.Tensor:

@@ -28,7 +28,9 @@ import torch
 from draftsmith.data.chat import chat_template
 from draftsmith.data.completion import completion_ids
 from draftsmith.errors import UserError
-from draftsmith.runtime.engine import TargetEngine, cache_bytes, flash_decode_problem, free_memory
+from draftsmith.fsutil import human_bytes
+from draftsmith.memory import available_memory, describe_free
+from draftsmith.runtime.engine import TargetEngine, flash_decode_problem
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import fast_engine_problem
 from draftsmith.synth.generate import cache_width, generate_refilling, left_pad, refill_width
@@ -36,6 +38,7 @@ from draftsmith.synth.generate import generate as engine_generate
 from draftsmith.synth.magpie import end_of_turn
 from draftsmith.synth.turns import Generation, Request, stable_seed
 from draftsmith.target import Target, text_config
+from draftsmith.vllm_support import kv_bytes_per_token
 
 STATIC_MULTIPLE = 64
 # the engine's K/V cache takes at most this share of its device's free memory: the rest is for the
@@ -292,20 +295,23 @@ class LocalBackend:
     def _fit(self, rows: int, slots: int) -> int:
         """`rows`, or fewer where their cache of `slots` would take more than CACHE_SHARE of the
         device's free memory (said once on stderr); refused where not even one row fits."""
-        model, device = self.target.model, self.target.device
-        free, row = free_memory(device), cache_bytes(model, 1, slots)
+        target, device = self.target, self.target.device
+        free = available_memory(device)
+        self.rows_fitted = False
+        if free is None:  # not known here: as asked
+            return rows
+        row = kv_bytes_per_token(text_config(target.model.config), target.dtype.itemsize) * slots
         fit = min(rows, int(CACHE_SHARE * free // row))
         self.rows_fitted = fit < rows
-        gib = 2**30
         if fit < 1:
             raise UserError(
-                f"synth: one row of {slots} cache slots takes {row / gib:.2f} GiB and {free / gib:.1f} GiB is free "
-                f"on {device}; lower --max-new-tokens, or free the device's memory"
+                f"synth: one row of {slots} cache slots takes {human_bytes(row)} and {describe_free(device, free)}; "
+                "lower --max-new-tokens, or free the device's memory"
             )
         if self.rows_fitted:
             print(
-                f"[synth] {rows} rows of {slots} cache slots would take {rows * row / gib:.1f} GiB, more than "
-                f"{CACHE_SHARE:.0%} of the {free / gib:.1f} GiB free on {device}: decoding {fit} rows at a time",
+                f"[synth] {rows} rows of {slots} cache slots would take {human_bytes(rows * row)}, more than "
+                f"{CACHE_SHARE:.0%} of what is free ({describe_free(device, free)}): decoding {fit} rows at a time",
                 file=sys.stderr,
                 flush=True,
             )
