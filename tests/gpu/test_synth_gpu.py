@@ -178,3 +178,23 @@ def test_refilled_rows_with_flash_decoding_answer_as_kept_batches(target_bf16, m
     print("kept / refilled:", *[(a.text[:80], b.text[:80]) for a, b in zip(kept, refilled)], sep="\n")
     assert all(a == b for a, b in firsts)
     assert sum(a.text == b.text for a, b in zip(kept, refilled)) >= 4
+
+
+def test_rows_fitted_to_the_free_memory_answer_as_the_whole_batch(target, monkeypatch, capsys):
+    """On a card with less free memory than a batch's cache needs (here: as if 2.5 rows' worth were
+    CACHE_SHARE of it), synth decodes as many rows as fit at a time through CUDA graphs of that many
+    rows, and the greedy answers are the whole batch's."""
+    import draftsmith.synth.local as local_mod
+    from draftsmith.target import text_config
+    from draftsmith.vllm_support import kv_bytes_per_token
+
+    greedy = Sampling(0.0, 1.0, 0, 32, 0)
+    whole = LocalBackend(target, batch_size=8)
+    answers = [g.text for g in whole.generate(_requests(8), greedy)]
+    per_token = kv_bytes_per_token(text_config(target.model.config), target.dtype.itemsize)
+    room = per_token * whole.engine.max_len * 2.5 / local_mod.CACHE_SHARE
+    monkeypatch.setattr(local_mod, "available_memory", lambda device: int(room))
+    fitted = LocalBackend(target, batch_size=8)
+    assert [g.text for g in fitted.generate(_requests(8), greedy)] == answers
+    assert fitted.engine.batch == 2 and all(rows == 2 for rows, _, _ in fitted.engine.graphs)
+    assert "decoding 2 rows at a time" in capsys.readouterr().err
