@@ -8,8 +8,8 @@
 #                where it runs; its refilled rows and layer-wise compile lost on an H100, 2026-12-07 10:53, and
 #                stay off); its stage times into steps.log; its drafter packed (pack_drafter) for CPU measurements
 #   synth_tests  tests/gpu/test_synth_gpu.py (graphed greedy answers equal HF generate's, kept, shrunk,
-#                compiled, refilled and fitted to the free memory; flash decoding's default, its way out and its steps against masked
-#                SDPA; 10 passed on 2026-12-07 11:07)
+#                compiled, refilled and fitted to the free memory; flash decoding's default, its way out and
+#                its steps against masked SDPA; 10 of them passed on 2026-12-07 11:07, the fitted one is new)
 #   ds_tree      the drafter as a tree (60 tokens, 7 levels, top 10) at batch 1 on MT-bench's 80
 #                questions; the quickstart's eval_chain is its chain on the same host
 # Here first (a checkout without them): bash experiments/h200_wheels.sh (.whl, 2.9 MB), and the GGUF cut
