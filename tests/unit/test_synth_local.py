@@ -219,7 +219,7 @@ def test_the_engine_cache_takes_what_kv_bytes_per_token_says(tiny_target):
 @pytest.mark.slow
 def test_rows_fit_the_free_memory(tiny_target, monkeypatch, capsys):
     """A batch whose cache would take more than CACHE_SHARE of the device's free memory decodes as
-    many rows as fit at a time, says so once, and answers as the whole batch would; a later call
+    many rows as fit at a time, says so, and answers as the whole batch would; a later call
     that fits no more rows keeps the engine. Where not one row fits, synth says what to do."""
     import draftsmith.synth.local as local_mod
     from draftsmith.errors import UserError

@@ -294,7 +294,7 @@ class LocalBackend:
 
     def _fit(self, rows: int, slots: int) -> int:
         """`rows`, or fewer where their cache of `slots` would take more than CACHE_SHARE of the
-        device's free memory (said once on stderr); refused where not even one row fits."""
+        device's free memory (said on stderr); refused where not even one row fits."""
         target, device = self.target, self.target.device
         free = available_memory(device)
         self.rows_fitted = False
