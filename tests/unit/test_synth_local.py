@@ -237,6 +237,7 @@ def test_rows_fit_the_free_memory(tiny_target, monkeypatch, capsys):
     backend = LocalBackend(tiny_target, batch_size=4, generator="engine")
     fitted = backend.generate(requests, GREEDY)
     assert backend.engine.batch == 2 and backend.rows_fitted
+    assert backend.decoding.endswith("2 of 4 rows at a time (what the memory fits)")  # progress.json's `decoding`
     assert [g.text for g in fitted] == [g.text for g in whole]
     err = capsys.readouterr().err
     assert f"4 rows of {slots} cache slots" in err and "decoding 2 rows at a time" in err

@@ -257,6 +257,11 @@ class LocalBackend:
                 "flash decoding" if flash else "masked attention",
                 *(["compiled layer by layer"] if compiled else []),
                 "rows refilled" if self.refill else "batches shrinking" if self.shrink else "batches kept whole",
+                *(
+                    [f"{engine.batch} of {self.batch_size} rows at a time (what the memory fits)"]
+                    if self.rows_fitted and engine is not None
+                    else []
+                ),
             ]
         )
 
