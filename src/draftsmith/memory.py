@@ -1,5 +1,5 @@
-"""Memory free for new allocations, the one check of an estimate against it, and the one error for
-running out anyway (issue 55).
+"""Memory free for new allocations, the one check of an estimate against it, the one release of what
+dropped objects still hold, and the one error for running out anyway (issue 55).
 
 Free memory is the GPU's on CUDA; on the host it is MemAvailable and, under an address-space limit
 (`ulimit -v`, RLIMIT_AS), what the limit leaves beyond ADDRESS_SPACE_BASE, the address space that
@@ -8,12 +8,13 @@ now says little: allocators reserve what the limit allows.) Loading a target nee
 plus RUNTIME_RESERVE, a tokenizer TOKENIZER_RESERVE: a failed mapping in either can abort the
 process outright, with no Python error, so `target.load_target` and `target.load_tokenizer` check
 first. What runs out later (a batch too large) is `out_of_memory`, which the CLI turns into a
-clean error naming the limit and what to lower. No torch import here: the CLI's `--help` loads none.
+clean error naming the limit and what to lower. No torch import at the top: the CLI's `--help` loads none.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import resource
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,20 @@ def available_memory(device: Any) -> int | None:
     if limit is not None:
         free = max(limit - ADDRESS_SPACE_BASE, 0) if free is None else min(free, max(limit - ADDRESS_SPACE_BASE, 0))
     return free
+
+
+def release_memory(device: Any = None) -> None:
+    """Free what dropped objects still hold before something large is allocated: a collection
+    (a target engine refers to itself through its bound methods, a cycle that reference counts
+    never free), then, on a GPU, the caching allocator's unused blocks (of `device`, a CUDA
+    torch.device, made current; default: whichever is)."""
+    gc.collect()
+    import torch
+
+    if device is not None and device.type == "cuda":
+        torch.cuda.set_device(device)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def describe_free(device: Any, free: int) -> str:

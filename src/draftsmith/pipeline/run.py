@@ -18,7 +18,6 @@ why: docs/pipeline.md.
 from __future__ import annotations
 
 import difflib
-import gc
 import json
 import time
 import uuid
@@ -26,13 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from draftsmith.assets import GSM8K_TRAIN
 from draftsmith.commands import COMMANDS, STAGES
 from draftsmith.config import CommandConfig, changed_options, load_yaml_mapping, resolve_config
 from draftsmith.errors import UserError
 from draftsmith.fsutil import CONTENT_ID, atomic_write_json, check_output, content_id, made_by, mark_output
+from draftsmith.memory import release_memory
 from draftsmith.pipeline.config import PipelineConfig
 from draftsmith.progress import fmt_duration
 from draftsmith.target import shared_targets
@@ -361,10 +359,7 @@ def run_stages(
             )
             t0 = time.time()
             COMMANDS[stage.command].run(cfg)
-            # what the stage held (an engine refers to itself: a cycle) goes before the next stage allocates
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            release_memory()  # what the stage held goes before the next stage allocates
             atomic_write_json(
                 done,
                 {

@@ -19,7 +19,6 @@ cause (docs/synth.md).
 from __future__ import annotations
 
 import copy
-import gc
 import sys
 from typing import Any
 
@@ -29,7 +28,7 @@ from draftsmith.data.chat import chat_template
 from draftsmith.data.completion import completion_ids
 from draftsmith.errors import UserError
 from draftsmith.fsutil import human_bytes
-from draftsmith.memory import available_memory, describe_free
+from draftsmith.memory import available_memory, describe_free, release_memory
 from draftsmith.runtime.engine import TargetEngine, flash_decode_problem
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.runtime.selfcheck import fast_engine_problem
@@ -279,12 +278,10 @@ class LocalBackend:
             return
         if old is not None:
             rows, slots = max(rows, old.batch), max(slots, old.max_len)
-        self.engine = old = None  # free the old cache and graphs before allocating the new ones
-        gc.collect()  # an engine holds its own bound methods (its layer step): a cycle, kept until collected
-        device = self.target.device
-        if device.type == "cuda":
-            torch.cuda.set_device(device)  # CUDA graphs capture and replay on the current device
-            torch.cuda.empty_cache()
+        self.engine = old = None
+        release_memory(
+            self.target.device
+        )  # the old cache and graphs go first; CUDA graphs replay on the current device
         rows = self._fit(rows, slots)
         self.engine = TargetEngine(
             self.target.model,
