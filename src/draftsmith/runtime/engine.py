@@ -12,9 +12,10 @@ A forward of b rows uses the cache's first b rows, so that a batch whose rows fi
 over fewer (`keep_rows` moves the live ones to the front: synth). `graph(t, width, rows)`,
 `graph_rows(t)` and `graph_compact(n)` capture those forwards in CUDA graphs,
 each first `torch.compile`d with `compile` (one that fails to compile is captured eagerly, with a
-line on stderr): the whole forward (`compile_scope="forward"`), or one decoder layer's step, compiled
-once per shape and run by every layer (`"layers"`: regional compilation, about one layer's compile
-instead of all of them); on CPU the same code runs eagerly. `check_supported` names the architectures it
+line on stderr): one decoder layer's step, compiled once per shape and run by every layer
+(`compile_scope="layers"`, the default: regional compilation, about one layer's compile instead of
+all of them, at the whole forward's speed), or the whole forward (`"forward"`); on CPU the same code
+runs eagerly. `check_supported` names the architectures it
 covers; selfcheck.py holds every model against its own forward. What each family needs, and why
 the target is compiled: docs/eval.md, "How it works".
 """
@@ -213,7 +214,7 @@ class TargetEngine:
         batch: int = 1,
         compile: bool = False,
         fuse: bool | None = None,
-        compile_scope: Literal["forward", "layers"] = "forward",
+        compile_scope: Literal["forward", "layers"] = "layers",
         flash_decode: bool = False,
     ) -> None:
         check_supported(model)

@@ -290,7 +290,6 @@ class LocalBackend:
             batch=rows,
             fuse=self.fuse,
             compile=self.compile,
-            compile_scope="layers",
             flash_decode=self.flash,
         )
 
