@@ -9,7 +9,8 @@
 #                stay off); its stage times into steps.log; its drafter packed (pack_drafter) for CPU measurements
 #   synth_tests  tests/gpu/test_synth_gpu.py (graphed greedy answers equal HF generate's, kept, shrunk,
 #                compiled, refilled and fitted to the free memory; flash decoding's default, its way out and
-#                its steps against masked SDPA; 10 of them passed on 2026-12-07 11:07, the fitted one is new)
+#                its steps against masked SDPA; 10 passed on the real weights 2026-12-07 11:07, all 11 on a random
+#                target at 14:10)
 #   ds_tree      the drafter as a tree (60 tokens, 7 levels, top 10) at batch 1 on MT-bench's 80
 #                questions; the quickstart's eval_chain is its chain on the same host
 # Here first (a checkout without them): bash experiments/h200_wheels.sh (.whl, 2.9 MB), and the GGUF cut
@@ -69,8 +70,8 @@ else
     --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
   DRAFTSMITH_TEST_TARGET=$RAND step tree_tests 240 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
     -p no:cacheprovider -k "graphed_spec_equals_plain and tree"
-  # eval's target compiled whole (its default) against layer by layer: compile seconds and ms a token, A-B-A
-  # (the quickstart's eval compiles the whole forward for each shape: about a minute of its 2 min 25 s?)
+  # eval's target compiled whole against layer by layer (its default since 2026-12-07 14:13: the same ms a
+  # token, 1.8 s of compilation against 40.2 s): compile seconds and ms a token, A-B-A
   step compile_scope 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain --compile-scope-ab \
     --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/compile_scope.json"
   [ "${SHORT:-1}" = 1 ] && step synth_prof 300 python3 bench/synth_bench.py --target "$HF" --magpie 2048 \
