@@ -77,6 +77,9 @@ else
   # decoding, and (SHORT=1) synth's decode step profiled with flash decoding
   step cycle 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree --target "$HF" \
     --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
+  # the tree draft's top-k as log-probs in one Triton kernel (evaluate/fused_topk.py): equal to torch's
+  # eagerly, graphed and compiled; the cycle's tree_parts time it (topk_fused_ms against topk_ms)
+  step topk_tests 180 python3 -m pytest tests/gpu/test_fused_topk_gpu.py --run-gpu -q -p no:cacheprovider -rA
   DRAFTSMITH_TEST_TARGET=$RAND step tree_tests 240 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
     -p no:cacheprovider -k "graphed_spec_equals_plain and tree"
   # eval's target compiled whole against layer by layer (its default since 2026-12-07 14:13: the same ms a
