@@ -75,11 +75,12 @@ else
   # no trained drafter: the chain's and the tree's cycle by part with a random one (weights do not change the
   # times; +1.02 ms on 2026-12-07 11:00, goal +0.5), then the graphed tree's greedy output against plain
   # decoding, and (SHORT=1) synth's decode step profiled with flash decoding
-  step cycle 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree --target "$HF" \
+  step cycle 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree,tree_fused --target "$HF" \
     --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
   # the tree draft's top-k as log-probs in one Triton kernel (evaluate/fused_topk.py): equal to torch's
-  # eagerly, graphed and compiled; the cycle's tree_parts time it (topk_fused_ms against topk_ms)
-  step topk_tests 180 python3 -m pytest tests/gpu/test_fused_topk_gpu.py --run-gpu -q -p no:cacheprovider -rA
+  # eagerly, graphed and compiled; the cycle times it alone (tree_parts' topk_fused_ms against topk_ms) and
+  # in the tree's whole cycle (tree_fused against tree: the goal is the chain's cycle + 0.5 ms)
+  DRAFTSMITH_TEST_TARGET=$HF step topk_tests 240 python3 -m pytest tests/gpu/test_fused_topk_gpu.py --run-gpu -q -p no:cacheprovider -rA
   DRAFTSMITH_TEST_TARGET=$RAND step tree_tests 240 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
     -p no:cacheprovider -k "graphed_spec_equals_plain and tree"
   # eval's target compiled whole against layer by layer (its default since 2026-12-07 14:13: the same ms a

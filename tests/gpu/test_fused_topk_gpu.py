@@ -1,13 +1,18 @@
 """The tree draft's top-k as log-probs in one Triton kernel on CUDA: torch's top-k indices and
-log-probs, in fp32 and bf16, eagerly, in a CUDA graph and inside a compiled function (how the
-graphed, compiled tree draft would run it)."""
+log-probs, in fp32 and bf16, eagerly, in a CUDA graph and inside a compiled function; and a
+graphed, compiled tree draft with it (`DrafterProposer(fused_topk=True)`), as with torch's top-k."""
 
 import pytest
 import torch
 
+from draftsmith.evaluate.decode import plain_generate, spec_generate
 from draftsmith.evaluate.fused_topk import fused_top_log_probs
-from draftsmith.evaluate.proposer import top_log_probs
-from draftsmith.runtime.engine import Graphed
+from draftsmith.evaluate.proposer import DrafterProposer, top_log_probs
+from draftsmith.evaluate.questions import load_questions, turn_prompt
+from draftsmith.runtime.engine import Graphed, TargetEngine
+from draftsmith.runtime.sampling import Sampling
+from draftsmith.target import load_target
+from tests.helpers import SMOLLM2, random_drafter
 
 
 @pytest.mark.gpu
@@ -23,3 +28,30 @@ def test_fused_top_log_probs_equals_torch_on_cuda(dtype):
         # bf16 logits tie more often: the chosen logits equal, the log-probs within bf16 rounding
         assert torch.equal(x.gather(-1, ids), x.gather(-1, want_ids))
         assert torch.allclose(vals.float(), want_vals, atol=1e-5 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.gpu
+def test_tree_with_the_fused_top_k_drafts_as_torch_top_k():
+    """A graphed, compiled tree draft (60 tokens, depth 7, top 10) with the fused top-k
+    (`DrafterProposer(fused_topk=True)`): greedy output equal to plain decoding, and the same
+    accepted drafts at every cycle as the tree with torch's top-k (fp32: no near-ties)."""
+    target = load_target(SMOLLM2, device="cuda", dtype="fp32")
+    drafter = random_drafter(target.model, 32000)
+    eng = TargetEngine(target.model, drafter.config.aux_layer_ids, 512)
+    props = {
+        fused: DrafterProposer(
+            drafter, Sampling(), 512, mode="tree", depth=7, top_k=10, total_tokens=60, compile=True, fused_topk=fused
+        )
+        for fused in (False, True)
+    }
+    eng.graph_rows(1)
+    eng.graph_rows(props[True].size + 1)
+    eng.graph_compact(props[True].path_len)
+    for prop in props.values():
+        prop.graph()
+    for q in load_questions("mt_bench", 3):
+        p = turn_prompt(target.tokenizer, q.turns[:1], [])
+        plain = plain_generate(eng, p, 64, set(), Sampling()).tokens
+        turns = {fused: spec_generate(eng, prop, p, 64, set(), Sampling()) for fused, prop in props.items()}
+        assert turns[True].tokens == plain == turns[False].tokens
+        assert turns[True].accepts == turns[False].accepts

@@ -1,6 +1,7 @@
 """The tree draft's top-k as log-probs in one Triton kernel (evaluate/fused_topk.py), run by
 Triton's interpreter on CPU where Triton is installed (vLLM's CPU build brings it; skipped
-without; the GPU tier runs the compiled kernel): the indices of torch's top-k and its log-probs."""
+without; the GPU tier runs the compiled kernel): the indices of torch's top-k and its log-probs, and a
+tree draft with it drafting as with torch's top-k."""
 
 import os
 import subprocess
@@ -31,6 +32,30 @@ except ValueError as e:
     assert "k=9 of 8 logits" in str(e)
 else:
     raise AssertionError("k > V accepted")
+
+# a tree draft with it (DrafterProposer(fused_topk=True)) drafts as with torch's top-k
+from draftsmith.evaluate.decode import plain_generate, spec_generate
+from draftsmith.evaluate.proposer import DrafterProposer
+from draftsmith.layers import default_aux_layers
+from draftsmith.runtime.engine import TargetEngine
+from draftsmith.runtime.sampling import Sampling
+from tests.helpers import make_tiny_llama, random_drafter
+
+model = make_tiny_llama(1000)
+eng = TargetEngine(model, default_aux_layers(2), 128)
+drafter = random_drafter(model, draft_vocab_size=500, stride=2)
+props = {
+    fused: DrafterProposer(
+        drafter, Sampling(), eng.max_len, mode="tree", depth=3, top_k=3, total_tokens=8, fused_topk=fused
+    )
+    for fused in (False, True)
+}
+for seed in range(2):
+    prompt = torch.randint(0, 1000, (8,), generator=torch.Generator().manual_seed(seed)).tolist()
+    plain = plain_generate(eng, prompt, 12, set(), Sampling()).tokens
+    turns = {fused: spec_generate(eng, prop, prompt, 12, set(), Sampling()) for fused, prop in props.items()}
+    assert turns[True].tokens == plain == turns[False].tokens
+    assert turns[True].accepts == turns[False].accepts
 print("ok")
 """
 
@@ -38,6 +63,6 @@ print("ok")
 def test_fused_top_log_probs_equals_torch_topk_in_the_interpreter():
     pytest.importorskip("triton", reason="Triton is not installed (torch's CPU build has none)")
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root / "src")}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"}
     out = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

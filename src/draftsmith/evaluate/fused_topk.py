@@ -5,8 +5,8 @@ reductions, each masking out the one it found. torch's `topk` plus `logsumexp` (
 is 3-4 kernels per level that read the row several times (0.084 ms for 10 rows of 32,000 on an
 H100, 2026-12-07 14:10), seven times a tree cycle.
 
-Not yet the draft's path: `bench/eval_bench.py`'s tree parts time it beside `top_log_probs`
-(`topk_fused_ms`), and the tree's draft takes it where it is measured to pay. Ties between equal
+`DrafterProposer(fused_topk=True)` drafts trees with it; `eval` does not yet: the cycle bench
+times it first, alone (`topk_fused_ms` beside `topk_ms`) and in a whole tree cycle (`tree_fused`). Ties between equal
 logits go to the lowest index (torch's `topk` leaves their order unspecified). Triton is torch's
 own GPU compiler; where it is not installed (a CPU build) `fused_top_log_probs` is None."""
 

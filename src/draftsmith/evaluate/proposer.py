@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from draftsmith.draft.methods import method_of
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.draft.peagle import placeholder_inputs
+from draftsmith.evaluate.fused_topk import fused_top_log_probs
 from draftsmith.runtime.engine import Graphed
 from draftsmith.runtime.linear import prepacked
 from draftsmith.runtime.sampling import Sampling, race
@@ -235,6 +236,7 @@ class DrafterProposer(StagedCycle):
         batch: int = 1,
         stop_below: float | None = None,
         lookahead: bool | None = None,
+        fused_topk: bool = False,
     ) -> None:
         cfg = drafter.config
         # eager on CPU: its linear layers over prepacked weights (runtime/linear.py); inductor lowers nn.Linear itself
@@ -243,6 +245,9 @@ class DrafterProposer(StagedCycle):
         self.mode, self.depth, self.top_k, self.total_tokens = mode, depth, top_k, total_tokens
         assert stop_below is None or (mode == "chain" and 0 < stop_below < 1), (mode, stop_below)
         self.stop_below = stop_below
+        # a tree's top-k as log-probs in one Triton kernel (fused_topk.py; timed by the cycle bench, not yet eval's)
+        assert not fused_topk or (mode == "tree" and fused_top_log_probs is not None), "fused top-k: trees, Triton"
+        self.top_log_probs = fused_top_log_probs if fused_topk else top_log_probs
         p = next(drafter.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.draft_slots = depth if mode == "chain" else (depth - 1) * top_k
@@ -592,7 +597,7 @@ class DrafterProposer(StagedCycle):
         step = step or self._step
         width, dev, b = self.top_k, self.device, logits.shape[0]
         arange = torch.arange(width, device=dev)  # [k]
-        scores, d_ids = top_log_probs(logits, width)  # [B, k]
+        scores, d_ids = self.top_log_probs(logits, width)  # [B, k]
         pool_scores, pool_tokens = [scores], [self.vocab_map[d_ids]]  # [B, k] each
         pool_parents = [torch.full((b, width), -1, device=dev)]
         frontier, f_tokens = arange.expand(b, width), pool_tokens[0]  # pool indices, target ids [B, k]
@@ -613,7 +618,7 @@ class DrafterProposer(StagedCycle):
             logits, out = step(
                 f_hidden, f_tokens, pos, (self.max_len + own).expand(b, width), mask
             )  # [B, k, Vd], [B, k, H]
-            s, t = top_log_probs(logits, width)  # [B, k, k]
+            s, t = self.top_log_probs(logits, width)  # [B, k, k]
             cand = (scores[..., None] + s).flatten(1)  # [B, k*k] cumulative log-probs
             pool_scores.append(cand)
             pool_tokens.append(self.vocab_map[t.flatten(1)])
