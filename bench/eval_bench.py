@@ -12,7 +12,7 @@
           an adaptive one that never stops (eval --stop-below: a graph and a host read per
           step, each step queued before the last one's read, as on GPU by default; as
           `chain_walk_sync`, without that look-ahead), and as `tree_fused` the tree with its
-          top-k as log-probs in one Triton kernel (CUDA), drafter step eager and compiled:
+          top-k as log-probs in two small Triton kernels (CUDA), drafter step eager and compiled:
           cycle ms (decode time over cycles, greedy, MT-bench first turns), draft ms (the drafter's side alone: one `propose`, a graph replay on GPU),
           verify ms (the target's forward of the draft alone), glue ms = cycle - draft - verify
           (acceptance, KV compaction, staging the accepted rows, the host read, Python) and its
@@ -384,8 +384,9 @@ def tree_parts(prop: DrafterProposer, reps: int) -> dict:
     over the k frontier nodes (`step_ms`, done depth-1 times a cycle), the top-k of its logits as
     log-probs (`topk_ms`, per depth; and its parts: the top-k alone, the logsumexp alone, and the
     top-k from the slices with the largest maxima, checked against the top-k first, where the draft
-    vocabulary is k or more slices of 128; and on CUDA the same in one Triton kernel, checked too), the selection of the kept nodes from the pool
-    (`select_ms`, once) and their ancestor mask (`ancestors_ms`, once)."""
+    vocabulary is k or more slices of 128; and on CUDA the same in two small Triton kernels, checked
+    too), the selection of the kept nodes from the pool (`select_ms`, once) and their ancestor mask
+    (`ancestors_ms`, once)."""
     b, k, dev = prop.batch, prop.top_k, prop.device
     cfg = prop.drafter.config
     s = prop.cols.shape[0]
@@ -404,7 +405,7 @@ def tree_parts(prop: DrafterProposer, reps: int) -> dict:
     if sliced:  # the same k best as one top-k over the vocabulary (random logits: no ties)
         assert torch.equal(slice_max_topk(logits, k)[1], logits.topk(k).indices), "slice_max_topk is not the top-k"
     fused = fused_top_log_probs is not None and dev.type == "cuda"
-    if fused:  # the same k best and log-probs in one Triton kernel
+    if fused:  # the same k best and log-probs in two small Triton kernels
         got, want = fused_top_log_probs(logits, k), top_log_probs(logits, k)
         assert torch.equal(got[1], want[1]) and torch.allclose(got[0], want[0], atol=1e-4), "fused top-k differs"
     return {
@@ -416,7 +417,7 @@ def tree_parts(prop: DrafterProposer, reps: int) -> dict:
         "topk_only_ms": part_ms(lambda x: x.topk(k), logits, reps=reps),
         "logsumexp_ms": part_ms(lambda x: x.logsumexp(-1), logits, reps=reps),
         "topk_slice_max_ms": part_ms(lambda x: slice_max_topk(x, k), logits, reps=reps) if sliced else None,
-        # the top-k as log-probs in one Triton kernel (evaluate/fused_topk.py), where Triton runs
+        # the top-k as log-probs in two small Triton kernels (evaluate/fused_topk.py), where Triton runs
         "topk_fused_ms": part_ms(lambda x: fused_top_log_probs(x, k), logits, reps=reps) if fused else None,
         "select_ms": part_ms(
             lambda *x: select_nodes(*x, prop.pool_depths, prop.size), scores, tokens, parents, reps=reps
@@ -637,7 +638,7 @@ def main() -> None:
             "chain_t1": {**shapes["chain"], "temperature": 1.0},
             "chain_walk": walk,
             "chain_walk_sync": {**walk, "lookahead": False},  # each step launched after the last one's read
-            # the tree with its top-k as log-probs in one Triton kernel (evaluate/fused_topk.py; CUDA)
+            # the tree with its top-k as log-probs in two small Triton kernels (evaluate/fused_topk.py; CUDA)
             "tree_fused": {**shapes["tree"], "fused_topk": True},
         }
         names = args.cycle_shapes.split(",")

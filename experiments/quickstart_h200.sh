@@ -77,7 +77,7 @@ else
   # decoding, and (SHORT=1) synth's decode step profiled with flash decoding
   step cycle 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree,tree_fused --target "$HF" \
     --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
-  # the tree draft's top-k as log-probs in one Triton kernel (evaluate/fused_topk.py): equal to torch's
+  # the tree draft's top-k as log-probs in two small Triton kernels (evaluate/fused_topk.py): equal to torch's
   # eagerly, graphed and compiled; the cycle times it alone (tree_parts' topk_fused_ms against topk_ms) and
   # in the tree's whole cycle (tree_fused against tree: the goal is the chain's cycle + 0.5 ms)
   DRAFTSMITH_TEST_TARGET=$HF step topk_tests 240 python3 -m pytest tests/gpu/test_fused_topk_gpu.py --run-gpu -q -p no:cacheprovider -rA

@@ -1,4 +1,4 @@
-"""The tree draft's top-k as log-probs in one Triton kernel on CUDA: torch's top-k indices and
+"""The tree draft's top-k as log-probs in two small Triton kernels on CUDA: torch's top-k indices and
 log-probs, in fp32 and bf16, eagerly, in a CUDA graph and inside a compiled function; and a
 graphed, compiled tree draft with it (`DrafterProposer(fused_topk=True)`), as with torch's top-k."""
 

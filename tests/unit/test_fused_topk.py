@@ -1,4 +1,4 @@
-"""The tree draft's top-k as log-probs in one Triton kernel (evaluate/fused_topk.py), run by
+"""The tree draft's top-k as log-probs in two small Triton kernels (evaluate/fused_topk.py), run by
 Triton's interpreter on CPU where Triton is installed (vLLM's CPU build brings it; skipped
 without; the GPU tier runs the compiled kernel): the indices of torch's top-k and its log-probs, and a
 tree draft with it drafting as with torch's top-k."""
@@ -32,6 +32,9 @@ except ValueError as e:
     assert "k=9 of 8 logits" in str(e)
 else:
     raise AssertionError("k > V accepted")
+x = torch.zeros(1, 9000)  # three chunks of the first kernel, ties across them
+x[0, 8000] = x[0, 10] = x[0, 4100] = 1.0
+assert fused_top_log_probs(x, 4)[1].tolist() == [[10, 4100, 8000, 0]]
 
 # a tree draft with it (DrafterProposer(fused_topk=True)) drafts as with torch's top-k
 from draftsmith.evaluate.decode import plain_generate, spec_generate

@@ -1,14 +1,16 @@
-"""The tree draft's top-k as log-probs in one Triton kernel: per row of logits [R, V], the k best
-as log-probs (each less the row's logsumexp) and their indices, with one program per row holding
-the whole row in registers: a max and a sum-exp reduction for the logsumexp, then k max-with-index
-reductions, each masking out the one it found. torch's `topk` plus `logsumexp` (`top_log_probs`)
-is 3-4 kernels per level that read the row several times (0.084 ms for 10 rows of 32,000 on an
-H100, 2026-12-07 14:10), seven times a tree cycle.
+"""The tree draft's top-k as log-probs in two small Triton kernels: per row of logits [R, V], the
+k best as log-probs (each less the row's logsumexp) and their indices. Each row is cut into
+chunks of CHUNK logits, one program each (R x V/CHUNK programs, a chunk held in registers): the
+chunk's max, its sum of exp(x - max), and its k best by k max-with-index reductions, each masking
+out the one it found. One program per row then merges the chunks' k best and their logsumexp
+parts. torch's `topk` plus `logsumexp` (`top_log_probs`) is 3-4 kernels per level that read the
+row several times (0.084 ms for 10 rows of 32,000 on an H100, 2026-12-07 14:10), seven times a
+tree cycle.
 
 `DrafterProposer(fused_topk=True)` drafts trees with it; `eval` does not yet: the cycle bench
-times it first, alone (`topk_fused_ms` beside `topk_ms`) and in a whole tree cycle (`tree_fused`). Ties between equal
-logits go to the lowest index (torch's `topk` leaves their order unspecified). Triton is torch's
-own GPU compiler; where it is not installed (a CPU build) `fused_top_log_probs` is None."""
+times it first, alone (`topk_fused_ms` beside `topk_ms`) and in a whole tree cycle (`tree_fused`).
+Ties between equal logits go to the lowest index (torch's `topk` leaves their order unspecified).
+Triton is torch's own GPU compiler; where it is not installed `fused_top_log_probs` is None."""
 
 from __future__ import annotations
 
@@ -20,44 +22,66 @@ try:
 except ImportError:  # a CPU build of torch comes without Triton
     triton = None
 
-MAX_VOCAB = 1 << 17  # a row held in one program's registers: 131,072 logits at most
+CHUNK = 4096  # logits a program of the first kernel holds: 32 registers a thread at 4 warps
 
 
 if triton is not None:
 
     @triton.jit
-    def _top_log_probs_kernel(x_ptr, val_ptr, idx_ptr, v, stride, K: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        offs = tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + row * stride + offs, mask=offs < v, other=float("-inf")).to(tl.float32)  # [BLOCK]
+    def _chunk_top_kernel(x_ptr, top_ptr, at_ptr, part_ptr, v, stride, K: tl.constexpr, CHUNK: tl.constexpr):
+        row, chunk = tl.program_id(0), tl.program_id(1)
+        chunks = tl.num_programs(1)
+        offs = chunk * CHUNK + tl.arange(0, CHUNK)
+        x = tl.load(x_ptr + row * stride + offs, mask=offs < v, other=float("-inf")).to(tl.float32)  # [CHUNK]
         m = tl.max(x, 0)
-        lse = m + tl.log(tl.sum(tl.exp(x - m), 0))
-        for i in tl.static_range(K):
+        tl.store(part_ptr + (row * chunks + chunk) * 2, m)
+        tl.store(part_ptr + (row * chunks + chunk) * 2 + 1, tl.sum(tl.exp(x - m), 0))
+        out = (row * chunks + chunk) * K
+        for i in tl.static_range(K):  # the chunk's k best, best first; ties: the lowest index first
             best, at = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
-            tl.store(val_ptr + row * K + i, best - lse)
-            tl.store(idx_ptr + row * K + i, at.to(tl.int64))
-            x = tl.where(offs == at, float("-inf"), x)
+            tl.store(top_ptr + out + i, best)
+            tl.store(at_ptr + out + i, chunk * CHUNK + at)
+            x = tl.where(tl.arange(0, CHUNK) == at, float("-inf"), x)
 
-    def _launch(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        v = x.shape[-1]
-        rows = x.reshape(-1, v)  # [R, V]
-        if rows.stride(-1) != 1:
-            rows = rows.contiguous()
-        vals = torch.empty(rows.shape[0], k, device=x.device, dtype=torch.float32)  # [R, k]
-        ids = torch.empty(rows.shape[0], k, device=x.device, dtype=torch.long)  # [R, k]
-        block = triton.next_power_of_2(v)
-        _top_log_probs_kernel[(rows.shape[0],)](
-            rows, vals, ids, v, rows.stride(0), K=k, BLOCK=block, num_warps=16 if block >= 16384 else 8
-        )
-        return vals.view(*x.shape[:-1], k).to(x.dtype), ids.view(*x.shape[:-1], k)
+    @triton.jit
+    def _merge_kernel(top_ptr, at_ptr, part_ptr, val_ptr, idx_ptr, chunks, K: tl.constexpr, CAND: tl.constexpr):
+        row = tl.program_id(0)
+        c = tl.arange(0, CAND)  # the row's chunks' k best, in chunk then rank order: ties resolve to the lowest index
+        live = c < chunks * K
+        x = tl.load(top_ptr + row * chunks * K + c, mask=live, other=float("-inf"))  # [CAND]
+        at = tl.load(at_ptr + row * chunks * K + c, mask=live, other=0)  # [CAND]
+        ch = tl.arange(0, CAND)  # one lane per chunk for the logsumexp
+        ms = tl.load(part_ptr + (row * chunks + ch) * 2, mask=ch < chunks, other=float("-inf"))
+        ss = tl.load(part_ptr + (row * chunks + ch) * 2 + 1, mask=ch < chunks, other=0.0)
+        m = tl.max(ms, 0)
+        lse = m + tl.log(tl.sum(ss * tl.exp(ms - m), 0))
+        for i in tl.static_range(K):
+            best, pos = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
+            tl.store(val_ptr + row * K + i, best - lse)
+            tl.store(idx_ptr + row * K + i, tl.sum(tl.where(c == pos, at, 0), 0).to(tl.int64))
+            x = tl.where(c == pos, float("-inf"), x)
 
     def fused_top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The k best of logits [..., V] as log-probs (in the logits' dtype, computed in fp32) and
-        their indices, each [..., k], best first: `top_log_probs`'s result in one kernel launch.
-        For CUDA tensors (or any, under TRITON_INTERPRET=1) of at most MAX_VOCAB logits a row."""
-        if not 0 < k <= logits.shape[-1] <= MAX_VOCAB:
-            raise ValueError(f"k={k} of {logits.shape[-1]} logits: 0 < k <= V <= {MAX_VOCAB}")
-        return _launch(logits, k)
+        their indices, each [..., k], best first: `top_log_probs`'s result in two kernel launches.
+        For CUDA tensors (or any, under TRITON_INTERPRET=1), 0 < k <= min(V, CHUNK)."""
+        v = logits.shape[-1]
+        if not 0 < k <= min(v, CHUNK):
+            raise ValueError(f"k={k} of {v} logits: 0 < k <= min(V, {CHUNK})")
+        rows = logits.reshape(-1, v)  # [R, V]
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        r, chunks = rows.shape[0], triton.cdiv(v, CHUNK)
+        dev = logits.device
+        top = torch.empty(r, chunks, k, device=dev, dtype=torch.float32)  # [R, C, k]: each chunk's k best
+        at = torch.empty(r, chunks, k, device=dev, dtype=torch.int32)  # [R, C, k]: their indices in the row
+        part = torch.empty(r, chunks, 2, device=dev, dtype=torch.float32)  # [R, C, 2]: max, sum of exp(x - max)
+        _chunk_top_kernel[(r, chunks)](rows, top, at, part, v, rows.stride(0), K=k, CHUNK=CHUNK, num_warps=4)
+        vals = torch.empty(r, k, device=dev, dtype=torch.float32)  # [R, k]
+        ids = torch.empty(r, k, device=dev, dtype=torch.long)  # [R, k]
+        cand = triton.next_power_of_2(max(chunks * k, chunks))
+        _merge_kernel[(r,)](top, at, part, vals, ids, chunks, K=k, CAND=cand, num_warps=1 if cand <= 128 else 4)
+        return vals.view(*logits.shape[:-1], k).to(logits.dtype), ids.view(*logits.shape[:-1], k)
 
 else:
     fused_top_log_probs = None

@@ -245,7 +245,7 @@ class DrafterProposer(StagedCycle):
         self.mode, self.depth, self.top_k, self.total_tokens = mode, depth, top_k, total_tokens
         assert stop_below is None or (mode == "chain" and 0 < stop_below < 1), (mode, stop_below)
         self.stop_below = stop_below
-        # a tree's top-k as log-probs in one Triton kernel (fused_topk.py; timed by the cycle bench, not yet eval's)
+        # a tree's top-k as log-probs in two small Triton kernels (fused_topk.py): the cycle bench's, not yet eval's
         assert not fused_topk or (mode == "tree" and fused_top_log_probs is not None), "fused top-k: trees, Triton"
         self.top_log_probs = fused_top_log_probs if fused_topk else top_log_probs
         p = next(drafter.parameters())
