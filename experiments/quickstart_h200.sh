@@ -22,7 +22,8 @@
 # SHORT=1 (a lease of about 10 minutes): no quickstart; synth's tests, the chain's and the tree's cycle with
 # a random drafter (bench/eval_bench.py --parts cycle), the graphed tree's GPU test, eval's target compiled
 # whole against layer by layer (--compile-scope-ab), and Magpie's synth decode step profiled (--flash-ab --profile). SHORT=2: the same without the profile. SKIP names the steps
-# a lease before measured.
+# a lease before measured: the short lease of 2026-12-07 14:07 ran synth_tests, compile_scope and synth_prof
+# (SKIP="synth_tests compile_scope synth_prof" leaves cycle with tree_fused, topk_tests, tree_tests, synth_batch).
 # The lease: two calls within 30 s of each other (each 57-60 MB with the 12 MB tree): call 0 alone,
 # carry [".whl", ".carry/gguf.xz.part0"], `mkdir -p /root/parts && cp .whl/* .carry/gguf.xz.part? /root/parts/`;
 # call 1, carry [".carry/gguf.xz.part1"], the same cp, then
