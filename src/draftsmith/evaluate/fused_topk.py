@@ -31,7 +31,8 @@ if triton is not None:
     def _chunk_top_kernel(x_ptr, top_ptr, at_ptr, part_ptr, v, stride, K: tl.constexpr, CHUNK: tl.constexpr):
         row, chunk = tl.program_id(0), tl.program_id(1)
         chunks = tl.num_programs(1)
-        offs = chunk * CHUNK + tl.arange(0, CHUNK)
+        lane = tl.arange(0, CHUNK)
+        offs = chunk * CHUNK + lane
         x = tl.load(x_ptr + row * stride + offs, mask=offs < v, other=float("-inf")).to(tl.float32)  # [CHUNK]
         m = tl.max(x, 0)
         tl.store(part_ptr + (row * chunks + chunk) * 2, m)
@@ -41,18 +42,19 @@ if triton is not None:
             best, at = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
             tl.store(top_ptr + out + i, best)
             tl.store(at_ptr + out + i, chunk * CHUNK + at)
-            x = tl.where(tl.arange(0, CHUNK) == at, float("-inf"), x)
+            x = tl.where(lane == at, float("-inf"), x)
 
     @triton.jit
     def _merge_kernel(top_ptr, at_ptr, part_ptr, val_ptr, idx_ptr, chunks, K: tl.constexpr, CAND: tl.constexpr):
         row = tl.program_id(0)
-        c = tl.arange(0, CAND)  # the row's chunks' k best, in chunk then rank order: ties resolve to the lowest index
+        # lane c: the row's candidate c (its chunks' k best, in chunk then rank order, so that ties resolve
+        # to the lowest index) and, for the logsumexp, chunk c's max and sum of exp
+        c = tl.arange(0, CAND)
         live = c < chunks * K
         x = tl.load(top_ptr + row * chunks * K + c, mask=live, other=float("-inf"))  # [CAND]
         at = tl.load(at_ptr + row * chunks * K + c, mask=live, other=0)  # [CAND]
-        ch = tl.arange(0, CAND)  # one lane per chunk for the logsumexp
-        ms = tl.load(part_ptr + (row * chunks + ch) * 2, mask=ch < chunks, other=float("-inf"))
-        ss = tl.load(part_ptr + (row * chunks + ch) * 2 + 1, mask=ch < chunks, other=0.0)
+        ms = tl.load(part_ptr + (row * chunks + c) * 2, mask=c < chunks, other=float("-inf"))
+        ss = tl.load(part_ptr + (row * chunks + c) * 2 + 1, mask=c < chunks, other=0.0)
         m = tl.max(ms, 0)
         lse = m + tl.log(tl.sum(ss * tl.exp(ms - m), 0))
         for i in tl.static_range(K):

@@ -53,7 +53,6 @@ import torch.nn.functional as F
 from draftsmith.draft.methods import method_of
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.draft.peagle import placeholder_inputs
-from draftsmith.evaluate.fused_topk import fused_top_log_probs
 from draftsmith.runtime.engine import Graphed
 from draftsmith.runtime.linear import prepacked
 from draftsmith.runtime.sampling import Sampling, race
@@ -245,9 +244,12 @@ class DrafterProposer(StagedCycle):
         self.mode, self.depth, self.top_k, self.total_tokens = mode, depth, top_k, total_tokens
         assert stop_below is None or (mode == "chain" and 0 < stop_below < 1), (mode, stop_below)
         self.stop_below = stop_below
-        # a tree's top-k as log-probs in two small Triton kernels (fused_topk.py): the cycle bench's, not yet eval's
-        assert not fused_topk or (mode == "tree" and fused_top_log_probs is not None), "fused top-k: trees, Triton"
-        self.top_log_probs = fused_top_log_probs if fused_topk else top_log_probs
+        self.top_log_probs = top_log_probs
+        if fused_topk:  # a tree's top-k as log-probs in two Triton kernels: the cycle bench's, not yet eval's
+            from draftsmith.evaluate.fused_topk import fused_top_log_probs  # Triton's import only where asked for
+
+            assert mode == "tree" and fused_top_log_probs is not None, "fused top-k: trees, where Triton is installed"
+            self.top_log_probs = fused_top_log_probs
         p = next(drafter.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.draft_slots = depth if mode == "chain" else (depth - 1) * top_k

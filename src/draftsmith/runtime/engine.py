@@ -15,9 +15,9 @@ each first `torch.compile`d with `compile` (one that fails to compile is capture
 line on stderr): one decoder layer's step, compiled once per shape and run by every layer
 (`compile_scope="layers"`, the default: regional compilation, about one layer's compile instead of
 all of them, at the whole forward's speed), or the whole forward (`"forward"`); on CPU the same code
-runs eagerly. `check_supported` names the architectures it
-covers; selfcheck.py holds every model against its own forward. What each family needs, and why
-the target is compiled: docs/eval.md, "How it works".
+runs eagerly. `check_supported` names the architectures it covers; selfcheck.py holds every model
+against its own forward. What each family needs, and why the target is compiled: docs/eval.md,
+"How it works".
 """
 
 from __future__ import annotations

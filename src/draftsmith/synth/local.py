@@ -279,9 +279,8 @@ class LocalBackend:
         if old is not None:
             rows, slots = max(rows, old.batch), max(slots, old.max_len)
         self.engine = old = None
-        release_memory(
-            self.target.device
-        )  # the old cache and graphs go first; CUDA graphs replay on the current device
+        # the old cache and graphs go first; CUDA graphs replay on the current device
+        release_memory(self.target.device)
         rows = self._fit(rows, slots)
         self.engine = TargetEngine(
             self.target.model,
