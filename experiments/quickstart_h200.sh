@@ -23,7 +23,8 @@
 # a random drafter (bench/eval_bench.py --parts cycle), the graphed tree's GPU test, eval's target compiled
 # whole against layer by layer (--compile-scope-ab), and Magpie's synth decode step profiled (--flash-ab --profile). SHORT=2: the same without the profile. SKIP names the steps
 # a lease before measured: the short lease of 2026-12-07 14:07 ran synth_tests, compile_scope and synth_prof
-# (SKIP="synth_tests compile_scope synth_prof" leaves cycle with tree_fused, topk_tests, tree_tests, synth_batch).
+# (SKIP="synth_tests compile_scope synth_prof" leaves cycle with tree_fused, topk_tests, tree_tests, synth_batch,
+# gpu_rest: the train and extract GPU tests).
 # The lease: two calls within 30 s of each other (each 57-60 MB with the 12 MB tree): call 0 alone,
 # carry [".whl", ".carry/gguf.xz.part0"], `mkdir -p /root/parts && cp .whl/* .carry/gguf.xz.part? /root/parts/`;
 # call 1, carry [".carry/gguf.xz.part1"], the same cp, then
@@ -89,6 +90,9 @@ else
   step compile_scope 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain --compile-scope-ab \
     --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/compile_scope.json"
   synth_batch
+  # the GPU tests the 2026-12-07 14:07 lease's timeout cut (train) or failed on a fixture since fixed (extract)
+  DRAFTSMITH_TEST_TARGET=$HF step gpu_rest 300 python3 -m pytest tests/gpu/test_train_gpu.py \
+    tests/gpu/test_extract_gpu.py --run-gpu -q -p no:cacheprovider -rA
   [ "${SHORT:-1}" = 1 ] && step synth_prof 300 python3 bench/synth_bench.py --target "$HF" --magpie 2048 \
     --batch-size 1024 --baseline-prompts 1 --flash-ab --profile "$R/synth_prof" --out-json "$R/synth_prof.json"
 fi
