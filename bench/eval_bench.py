@@ -11,8 +11,8 @@
           tree (60 tokens, depth 7, top-k 10) and, as `chain_walk`, the K=7 chain drafted as
           an adaptive one that never stops (eval --stop-below: a graph and a host read per
           step, each step queued before the last one's read, as on GPU by default; as
-          `chain_walk_sync`, without that look-ahead), and as `tree_fused` the tree with its
-          top-k as log-probs in two small Triton kernels (CUDA), drafter step eager and compiled:
+          `chain_walk_sync`, without that look-ahead), and as `tree_torch_topk` the tree with
+          torch's top-k (`tree`'s is two small Triton kernels on CUDA), drafter step eager and compiled:
           cycle ms (decode time over cycles, greedy, MT-bench first turns), draft ms (the drafter's side alone: one `propose`, a graph replay on GPU),
           verify ms (the target's forward of the draft alone), glue ms = cycle - draft - verify
           (acceptance, KV compaction, staging the accepted rows, the host read, Python) and its
@@ -638,8 +638,8 @@ def main() -> None:
             "chain_t1": {**shapes["chain"], "temperature": 1.0},
             "chain_walk": walk,
             "chain_walk_sync": {**walk, "lookahead": False},  # each step launched after the last one's read
-            # the tree with its top-k as log-probs in two small Triton kernels (evaluate/fused_topk.py; CUDA)
-            "tree_fused": {**shapes["tree"], "fused_topk": True},
+            # the tree with torch's top-k (tree's, on CUDA: two small Triton kernels, evaluate/fused_topk.py)
+            "tree_torch_topk": {**shapes["tree"], "fused_topk": False},
         }
         names = args.cycle_shapes.split(",")
         if not set(names) <= known.keys():

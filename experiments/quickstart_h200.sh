@@ -23,7 +23,7 @@
 # a random drafter (bench/eval_bench.py --parts cycle), the graphed tree's GPU test, eval's target compiled
 # whole against layer by layer (--compile-scope-ab), and Magpie's synth decode step profiled (--flash-ab --profile). SHORT=2: the same without the profile. SKIP names the steps
 # a lease before measured: the short lease of 2026-12-07 14:07 ran synth_tests, compile_scope and synth_prof
-# (SKIP="synth_tests compile_scope synth_prof" leaves cycle with tree_fused, topk_tests, tree_tests, synth_batch,
+# (SKIP="synth_tests compile_scope synth_prof" leaves cycle with tree_torch_topk, topk_tests, tree_tests, synth_batch,
 # gpu_rest: the train and extract GPU tests).
 # The lease: two calls within 30 s of each other (each 57-60 MB with the 12 MB tree): call 0 alone,
 # carry [".whl", ".carry/gguf.xz.part0"], `mkdir -p /root/parts && cp .whl/* .carry/gguf.xz.part? /root/parts/`;
@@ -77,11 +77,11 @@ else
   # no trained drafter: the chain's and the tree's cycle by part with a random one (weights do not change the
   # times; +1.02 ms on 2026-12-07 11:00, goal +0.5), then the graphed tree's greedy output against plain
   # decoding, and (SHORT=1) synth's decode step profiled with flash decoding
-  step cycle 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree,tree_fused --target "$HF" \
+  step cycle 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree,tree_torch_topk --target "$HF" \
     --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
-  # the tree draft's top-k as log-probs in two small Triton kernels (evaluate/fused_topk.py): equal to torch's
-  # eagerly, graphed and compiled; the cycle times it alone (tree_parts' topk_fused_ms against topk_ms) and
-  # in the tree's whole cycle (tree_fused against tree: the goal is the chain's cycle + 0.5 ms)
+  # the tree draft's top-k as log-probs in two small Triton kernels (evaluate/fused_topk.py, eval's on CUDA since
+  # 2026-12-07 17:00): equal to torch's eagerly, graphed and compiled; the cycle times it alone (tree_parts'
+  # topk_fused_ms against topk_ms) and in the tree's whole cycle (tree against tree_torch_topk; goal: chain + 0.5 ms)
   DRAFTSMITH_TEST_TARGET=$HF step topk_tests 240 python3 -m pytest tests/gpu/test_fused_topk_gpu.py --run-gpu -q -p no:cacheprovider -rA
   DRAFTSMITH_TEST_TARGET=$RAND step tree_tests 240 python3 -m pytest tests/gpu/test_eval_gpu.py --run-gpu -q \
     -p no:cacheprovider -k "graphed_spec_equals_plain and tree"

@@ -235,7 +235,7 @@ class DrafterProposer(StagedCycle):
         batch: int = 1,
         stop_below: float | None = None,
         lookahead: bool | None = None,
-        fused_topk: bool = False,
+        fused_topk: bool | None = None,
     ) -> None:
         cfg = drafter.config
         # eager on CPU: its linear layers over prepacked weights (runtime/linear.py); inductor lowers nn.Linear itself
@@ -244,14 +244,18 @@ class DrafterProposer(StagedCycle):
         self.mode, self.depth, self.top_k, self.total_tokens = mode, depth, top_k, total_tokens
         assert stop_below is None or (mode == "chain" and 0 < stop_below < 1), (mode, stop_below)
         self.stop_below = stop_below
-        self.top_log_probs = top_log_probs
-        if fused_topk:  # a tree's top-k as log-probs in two Triton kernels: the cycle bench's, not yet eval's
-            from draftsmith.evaluate.fused_topk import fused_top_log_probs  # Triton's import only where asked for
-
-            assert mode == "tree" and fused_top_log_probs is not None, "fused top-k: trees, where Triton is installed"
-            self.top_log_probs = fused_top_log_probs
         p = next(drafter.parameters())
         self.device, self.dtype = p.device, p.dtype
+        # a tree's top-k as log-probs: two Triton kernels (fused_topk.py) on CUDA (None) or where asked for (True,
+        # e.g. Triton's interpreter on CPU), once checked there; torch's elsewhere, or where they fail
+        self.top_log_probs = top_log_probs
+        assert not fused_topk or mode == "tree", "fused top-k: a tree's draft"
+        if mode == "tree" and (fused_topk or (fused_topk is None and self.device.type == "cuda")):
+            from draftsmith.evaluate.fused_topk import checked_on  # Triton's import (150-260 ms) only here
+
+            fused = checked_on(self.device, top_k, cfg.draft_vocab_size)
+            assert fused is not None or not fused_topk, "fused_topk=True: the fused top-k does not run here"
+            self.top_log_probs = fused or top_log_probs
         self.draft_slots = depth if mode == "chain" else (depth - 1) * top_k
         # a tree's candidate pool, in depth order: k nodes at depth 1, then k*k at each deeper level
         self.pool_depths = (
