@@ -233,6 +233,7 @@ def test_cli_tree_auto_reports_its_choice(tiny_model, tiny_target_dir, tmp_path)
         shape["chosen_shape"][k] for k in ("total_tokens", "depth", "top_k")
     )
     assert report["greedy_turns_matching_plain"] == report["turns"]
+    assert report["tree_topk"] == "torch"  # the fused Triton kernels: CUDA's
     assert "`--tree auto` chose" in (tmp_path / "eval" / "report.md").read_text()
     bad = CliRunner().invoke(
         app,

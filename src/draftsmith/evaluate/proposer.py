@@ -256,6 +256,7 @@ class DrafterProposer(StagedCycle):
             fused = checked_on(self.device, top_k, cfg.draft_vocab_size)
             assert fused is not None or not fused_topk, "fused_topk=True: the fused top-k does not run here"
             self.top_log_probs = fused or top_log_probs
+        self.fused_topk = self.top_log_probs is not top_log_probs  # report.json's tree_topk
         self.draft_slots = depth if mode == "chain" else (depth - 1) * top_k
         # a tree's candidate pool, in depth order: k nodes at depth 1, then k*k at each deeper level
         self.pool_depths = (

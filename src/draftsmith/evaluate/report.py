@@ -70,6 +70,7 @@ class ReportMeta:
     side_by_side_with: list[str] = field(default_factory=list)  # --compare: the other drafters of the run
     drafter_graphed: bool | None = None  # draftsmith: the drafter's cycle ran in a CUDA graph
     drafter_compiled: bool | None = None  # draftsmith: the drafter step ran through torch.compile
+    tree_topk: str | None = None  # draftsmith, trees: "fused" (two Triton kernels, fused_topk.py) or "torch"
     kv_cache_len: int | None = None  # draftsmith: the engine's KV cache length
     target_compiled: bool | None = None  # draftsmith: the target's forward ran through torch.compile
     target_fused: bool | None = None  # draftsmith: q/k/v and gate/up ran as one product each (on a GPU)

@@ -491,6 +491,7 @@ def report_meta(
         cuda_graphs=bool(cfg.compile),
         drafter_graphed=bool(cfg.compile) and proposer.graphed,
         drafter_compiled=proposer.compiled,
+        tree_topk=("fused" if proposer.fused_topk else "torch") if tree else None,
         kv_cache_len=d.max_len,
         target_engine=engine.name,
         target_compiled=engine.compiled,
