@@ -82,6 +82,7 @@ for seed in range(2):
     assert turns[True].tokens == plain == turns[False].tokens
     assert turns[True].accepts == turns[False].accepts
 assert props[True].top_log_probs is fused_top_log_probs and props[False].top_log_probs is top_log_probs
+assert props[True].fused_topk and not props[False].fused_topk
 print("ok")
 """
 
@@ -108,4 +109,4 @@ def test_a_tree_on_cpu_drafts_with_torch_top_k_by_default():
     drafter = random_drafter(make_tiny_llama(1000), draft_vocab_size=500, stride=2)
     for mode in ("tree", "chain"):
         prop = DrafterProposer(drafter, Sampling(), 64, mode=mode, depth=3, top_k=3, total_tokens=8)
-        assert prop.top_log_probs is top_log_probs
+        assert prop.top_log_probs is top_log_probs and not prop.fused_topk

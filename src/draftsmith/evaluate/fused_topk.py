@@ -21,6 +21,8 @@ from collections.abc import Callable
 
 import torch
 
+from draftsmith.evaluate.proposer import top_log_probs
+
 try:
     import triton
     import triton.language as tl
@@ -101,8 +103,6 @@ def checked_on(device: torch.device, k: int, vocab: int) -> TopLogProbs | None:
     """`fused_top_log_probs` where it runs on `device` for k of `vocab` logits and gives torch's
     top k on two rows of random fp32 logits (the indices equal, the log-probs within 1e-5);
     None where it does not, with one stderr line that says why."""
-    from draftsmith.evaluate.proposer import top_log_probs
-
     why = "Triton is not installed"
     if fused_top_log_probs is not None:
         x = torch.randn(2, vocab, device=device, generator=torch.Generator(device).manual_seed(0))  # [2, V]: no ties
