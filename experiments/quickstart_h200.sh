@@ -24,7 +24,10 @@
 # whole against layer by layer (--compile-scope-ab), and Magpie's synth decode step profiled (--flash-ab --profile). SHORT=2: the same without the profile. SKIP names the steps
 # a lease before measured: the short lease of 2026-12-07 14:07 ran synth_tests, compile_scope and synth_prof
 # (SKIP="synth_tests compile_scope synth_prof" leaves cycle with tree_torch_topk, topk_tests, tree_tests, synth_batch,
-# gpu_rest: the train and extract GPU tests).
+# gpu_rest: the train and extract GPU tests); the short lease of 2026-12-07 16:58 ran all of those (gpu_rest cut at
+# the 8k compiled-step test). What is owed needs the real weights: the next lease, the two-call one below with
+# SKIP=synth_tests (10 passed on them at 11:07): the quickstart timed whole, the tree with the fused top-k
+# (ds_tree, eval's default since 17:20) and synth's batch sizes on real answers (synth_batch).
 # The lease: two calls within 30 s of each other (each 57-60 MB with the 12 MB tree): call 0 alone,
 # carry [".whl", ".carry/gguf.xz.part0"], `mkdir -p /root/parts && cp .whl/* .carry/gguf.xz.part? /root/parts/`;
 # call 1, carry [".carry/gguf.xz.part1"], the same cp, then
