@@ -62,7 +62,7 @@ import torch
 from draftsmith.draft.checkpoint import load_drafter, save_drafter
 from draftsmith.evaluate.config import EvalConfig
 from draftsmith.evaluate.decode import Turn, plain_generate, spec_generate, tree_acceptance
-from draftsmith.evaluate.fused_topk import fused_top_log_probs
+from draftsmith.evaluate.fused_topk import checked_on
 from draftsmith.evaluate.proposer import Draft, DrafterProposer, select_nodes, top_log_probs, tree_ancestors
 from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.evaluate.run import run as evaluate
@@ -384,9 +384,9 @@ def tree_parts(prop: DrafterProposer, reps: int) -> dict:
     over the k frontier nodes (`step_ms`, done depth-1 times a cycle), the top-k of its logits as
     log-probs (`topk_ms`, per depth; and its parts: the top-k alone, the logsumexp alone, and the
     top-k from the slices with the largest maxima, checked against the top-k first, where the draft
-    vocabulary is k or more slices of 128; and on CUDA the same in two small Triton kernels, checked
-    too), the selection of the kept nodes from the pool (`select_ms`, once) and their ancestor mask
-    (`ancestors_ms`, once)."""
+    vocabulary is k or more slices of 128; and on CUDA the same in two small Triton kernels where
+    `checked_on` finds they give torch's), the selection of the kept nodes from the pool
+    (`select_ms`, once) and their ancestor mask (`ancestors_ms`, once)."""
     b, k, dev = prop.batch, prop.top_k, prop.device
     cfg = prop.drafter.config
     s = prop.cols.shape[0]
@@ -404,10 +404,8 @@ def tree_parts(prop: DrafterProposer, reps: int) -> dict:
     sliced = cfg.draft_vocab_size % 128 == 0 and cfg.draft_vocab_size // 128 >= k
     if sliced:  # the same k best as one top-k over the vocabulary (random logits: no ties)
         assert torch.equal(slice_max_topk(logits, k)[1], logits.topk(k).indices), "slice_max_topk is not the top-k"
-    fused = fused_top_log_probs is not None and dev.type == "cuda"
-    if fused:  # the same k best and log-probs in two small Triton kernels
-        got, want = fused_top_log_probs(logits, k), top_log_probs(logits, k)
-        assert torch.equal(got[1], want[1]) and torch.allclose(got[0], want[0], atol=1e-4), "fused top-k differs"
+    # the same k best and log-probs in two small Triton kernels, where they give torch's (eval's own check)
+    fused = checked_on(dev, k, cfg.draft_vocab_size) if dev.type == "cuda" else None
     return {
         "step_ms": part_ms(prop._step, hidden, ids, pos, slots, mask, reps=reps),
         "topk_ms": part_ms(lambda x: top_log_probs(x, k), logits, reps=reps),
@@ -418,7 +416,7 @@ def tree_parts(prop: DrafterProposer, reps: int) -> dict:
         "logsumexp_ms": part_ms(lambda x: x.logsumexp(-1), logits, reps=reps),
         "topk_slice_max_ms": part_ms(lambda x: slice_max_topk(x, k), logits, reps=reps) if sliced else None,
         # the top-k as log-probs in two small Triton kernels (evaluate/fused_topk.py), where Triton runs
-        "topk_fused_ms": part_ms(lambda x: fused_top_log_probs(x, k), logits, reps=reps) if fused else None,
+        "topk_fused_ms": part_ms(lambda x: fused(x, k), logits, reps=reps) if fused else None,
         "select_ms": part_ms(
             lambda *x: select_nodes(*x, prop.pool_depths, prop.size), scores, tokens, parents, reps=reps
         ),
