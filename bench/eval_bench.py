@@ -405,7 +405,7 @@ def tree_parts(prop: DrafterProposer, reps: int) -> dict:
     if sliced:  # the same k best as one top-k over the vocabulary (random logits: no ties)
         assert torch.equal(slice_max_topk(logits, k)[1], logits.topk(k).indices), "slice_max_topk is not the top-k"
     # the same k best and log-probs in two small Triton kernels, where they give torch's (eval's own check)
-    fused = checked_on(dev, k, cfg.draft_vocab_size) if dev.type == "cuda" else None
+    fused = checked_on(dev, k, cfg.draft_vocab_size, top_log_probs) if dev.type == "cuda" else None
     return {
         "step_ms": part_ms(prop._step, hidden, ids, pos, slots, mask, reps=reps),
         "topk_ms": part_ms(lambda x: top_log_probs(x, k), logits, reps=reps),

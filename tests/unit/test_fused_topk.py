@@ -40,8 +40,8 @@ assert fused_top_log_probs(x, 4)[1].tolist() == [[10, 4100, 8000, 0]]
 # checked_on: the kernels where they give torch's top k, else None (with a line on stderr)
 import draftsmith.evaluate.fused_topk as fused_topk
 
-assert fused_topk.checked_on(torch.device("cpu"), 10, 32000) is fused_top_log_probs
-assert fused_topk.checked_on(torch.device("cpu"), 5000, 32000) is None  # k > CHUNK: ValueError
+assert fused_topk.checked_on(torch.device("cpu"), 10, 32000, top_log_probs) is fused_top_log_probs
+assert fused_topk.checked_on(torch.device("cpu"), 5000, 32000, top_log_probs) is None  # k > CHUNK: ValueError
 
 
 def broken(x, k):
@@ -55,7 +55,7 @@ def wrong(x, k):
 
 for fake in (broken, wrong):
     fused_topk.fused_top_log_probs = fake
-    assert fused_topk.checked_on(torch.device("cpu"), 10, 32000) is None
+    assert fused_topk.checked_on(torch.device("cpu"), 10, 32000, top_log_probs) is None
 fused_topk.fused_top_log_probs = fused_top_log_probs
 
 # a tree draft with it (DrafterProposer(fused_topk=True)) drafts as with torch's top-k

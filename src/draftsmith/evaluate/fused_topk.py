@@ -21,8 +21,6 @@ from collections.abc import Callable
 
 import torch
 
-from draftsmith.evaluate.proposer import top_log_probs
-
 try:
     import triton
     import triton.language as tl
@@ -99,15 +97,16 @@ else:
 TopLogProbs = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
-def checked_on(device: torch.device, k: int, vocab: int) -> TopLogProbs | None:
-    """`fused_top_log_probs` where it runs on `device` for k of `vocab` logits and gives torch's
-    top k on two rows of random fp32 logits (the indices equal, the log-probs within 1e-5);
-    None where it does not, with one stderr line that says why."""
+def checked_on(device: torch.device, k: int, vocab: int, reference: TopLogProbs) -> TopLogProbs | None:
+    """`fused_top_log_probs` where it runs on `device` for k of `vocab` logits and gives what
+    `reference` (torch's `top_log_probs`, proposer.py: passed in, so that this module imports
+    nothing of the proposer that imports it) gives on two rows of random fp32 logits (the indices
+    equal, the log-probs within 1e-5); None where it does not, with one stderr line that says why."""
     why = "Triton is not installed"
     if fused_top_log_probs is not None:
         x = torch.randn(2, vocab, device=device, generator=torch.Generator(device).manual_seed(0))  # [2, V]: no ties
         try:
-            (vals, ids), (want_vals, want_ids) = fused_top_log_probs(x, k), top_log_probs(x, k)
+            (vals, ids), (want_vals, want_ids) = fused_top_log_probs(x, k), reference(x, k)
         except Exception as e:  # a kernel that fails to build or launch here: torch's top-k drafts instead
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         else:

@@ -253,7 +253,7 @@ class DrafterProposer(StagedCycle):
         if mode == "tree" and (fused_topk or (fused_topk is None and self.device.type == "cuda")):
             from draftsmith.evaluate.fused_topk import checked_on  # Triton's import (150-260 ms) only here
 
-            fused = checked_on(self.device, top_k, cfg.draft_vocab_size)
+            fused = checked_on(self.device, top_k, cfg.draft_vocab_size, top_log_probs)
             assert fused is not None or not fused_topk, "fused_topk=True: the fused top-k does not run here"
             self.top_log_probs = fused or top_log_probs
         self.fused_topk = self.top_log_probs is not top_log_probs  # report.json's tree_topk
