@@ -39,6 +39,7 @@
     python bench/eval_bench.py --parts batch --target ... --drafter DRAFTER --out-dir runs/batch --num-questions 80
     python bench/eval_bench.py --parts cycle --cycle-shapes chain --drafter-widths 1536,6144,6144:2 --target ...   # the cycle per MLP width and layer count
     python bench/eval_bench.py --parts cycle --profile runs/profile --target ...   # and each shape's kernels, one turn under torch.profiler
+    python bench/eval_bench.py --parts cycle --cycle-shapes chain,tree --cycle-rounds 4 --target ...   # A-B-A-B: the gap and its noise
     python bench/eval_bench.py --smoke --parts cycle,chain,tree,batch   # CPU, small sizes, random drafter: checks the script works
 
 Without --drafter a random drafter is used (tau ~ 1: a speed-up floor, not a drafter's worth).
@@ -245,10 +246,14 @@ def cycle_breakdown(
     compile_target: bool = False,
     profile_dir: Path | None = None,
     on_row: Callable[[dict], None] | None = None,
+    rounds: int = 1,
 ) -> dict:
     """Per shape and drafter-step compilation: cycle, draft, verify and glue ms (see the docstring),
     the glue's parts (`glue_parts`); with `compile_target`, the target's forward compiled inside its
-    graphs (eval --compile-target); with `profile_dir`, a plain turn's and each shape's kernels (`profile_turn`)."""
+    graphs (eval --compile-target); with `profile_dir`, a plain turn's and each shape's kernels (`profile_turn`).
+    With `rounds` > 1 the shapes are timed that many times in turn (A-B-A-B: one shape's drift is the
+    other's too), the first round in full, each round's cycle, draft, verify and glue ms in
+    `out["rounds"][key]` (lists), and their medians and spreads (max - min) in `out["rounds_median"]`."""
     dev, model = target.device, target.model
     drafter, _ = load_drafter(drafter_path, dev)
     drafter.to(dtype=target.dtype)
@@ -265,55 +270,70 @@ def cycle_breakdown(
         "plain_ms_per_token": plain["ms_per_token"],
         **({"plain_profile": plain["profile"]} if "profile" in plain else {}),
     }
-    for name, shape in shapes.items():
-        for compiled in compile_modes:
-            sampling = Sampling(
-                temperature=shape.get("temperature", 0.0), seed=0
-            )  # the proposer's and the verification's
-            prop = DrafterProposer(
-                drafter, sampling, max_len, compile=compiled, **{k: v for k, v in shape.items() if k != "temperature"}
-            )
-            if graphs:
-                engine.graph_rows(prop.size + 1)
-                if prop.mode == "tree":
-                    engine.graph_compact(prop.path_len)
-                prop.graph()
-            turns = [spec_generate(engine, prop, p, new_tokens, set(), sampling) for p in [prompts[0], *prompts]][1:]
-            cycles = sum(len(t.accepts) for t in turns)
-            row = {
-                "drafter_compiled": prop.compiled,
-                "tau": round(sum(a + 1 for t in turns for a in t.accepts) / cycles, 3),
-                "cycle_ms": round(1000 * sum(t.seconds for t in turns) / cycles, 3),
-            }
-            draft = prop.propose()  # the state the last turn left: one more cycle's inputs
-            row["draft_ms"] = median_ms(prop.propose, dev, reps)
-            at = torch.tensor(
-                [len(prompts[-1]) + new_tokens], device=dev
-            )  # past the last turn: slots nothing reads any more
-            rows = torch.cat([draft.tokens[:, :1], draft.tokens], dim=1)  # [1, N+1]: a root and the draft
-            block, offsets = (
-                (None, None)
-                if prop.mode == "chain"
-                else (draft.anc, torch.cat([torch.zeros_like(draft.depths[:, :1]), draft.depths], dim=1))
-            )
-            row["verify_ms"] = median_ms(lambda: engine.rows_forward(rows, at * 0, at, block, offsets), dev, reps)
-            row["glue_ms"] = round(row["cycle_ms"] - row["draft_ms"] - row["verify_ms"], 3)
+    for r, name, compiled in ((r, n, c) for r in range(rounds) for n in shapes for c in compile_modes):
+        shape, key = shapes[name], f"{name}{'_compiled' if compiled else ''}"
+        sampling = Sampling(temperature=shape.get("temperature", 0.0), seed=0)  # the proposer's and the verification's
+        prop = DrafterProposer(
+            drafter, sampling, max_len, compile=compiled, **{k: v for k, v in shape.items() if k != "temperature"}
+        )
+        if graphs:
+            engine.graph_rows(prop.size + 1)
+            if prop.mode == "tree":
+                engine.graph_compact(prop.path_len)
+            prop.graph()
+        turns = [spec_generate(engine, prop, p, new_tokens, set(), sampling) for p in [prompts[0], *prompts]][1:]
+        cycles = sum(len(t.accepts) for t in turns)
+        row = {
+            "drafter_compiled": prop.compiled,
+            "tau": round(sum(a + 1 for t in turns for a in t.accepts) / cycles, 3),
+            "cycle_ms": round(1000 * sum(t.seconds for t in turns) / cycles, 3),
+        }
+        draft = prop.propose()  # the state the last turn left: one more cycle's inputs
+        row["draft_ms"] = median_ms(prop.propose, dev, reps)
+        at = torch.tensor(
+            [len(prompts[-1]) + new_tokens], device=dev
+        )  # past the last turn: slots nothing reads any more
+        rows = torch.cat([draft.tokens[:, :1], draft.tokens], dim=1)  # [1, N+1]: a root and the draft
+        block, offsets = (
+            (None, None)
+            if prop.mode == "chain"
+            else (draft.anc, torch.cat([torch.zeros_like(draft.depths[:, :1]), draft.depths], dim=1))
+        )
+        row["verify_ms"] = median_ms(lambda: engine.rows_forward(rows, at * 0, at, block, offsets), dev, reps)
+        row["glue_ms"] = round(row["cycle_ms"] - row["draft_ms"] - row["verify_ms"], 3)
+        if rounds > 1:
+            for part in ("cycle_ms", "draft_ms", "verify_ms", "glue_ms"):
+                out.setdefault("rounds", {}).setdefault(key, {}).setdefault(part, []).append(row[part])
+        if r == 0:  # the first round in full: the glue's and the tree's parts, the profile
             row.update(glue_parts(engine, prop, draft, rows, at, block, offsets, sampling, reps))
             if prop.mode == "tree":
                 row["tree_parts"] = tree_parts(prop, reps)
             if profile_dir is not None:
-                key = f"{name}{'_compiled' if compiled else ''}{'_target_compiled' if compile_target else ''}"
                 row["profile"] = profile_turn(
                     dev,
                     functools.partial(spec_generate, engine, prop, prompts[0], min(new_tokens, 32), set(), sampling),
-                    profile_dir / key,
+                    profile_dir / f"{key}{'_target_compiled' if compile_target else ''}",
                 )
             row["speedup_vs_plain"] = round(row["tau"] * out["plain_ms_per_token"] / row["cycle_ms"], 3)
-            out[f"{name}{'_compiled' if compiled else ''}"] = row
-            if on_row is not None:  # what is measured so far, kept should the run be cut short
-                on_row(out)
-            del prop
+            out[key] = row
+        if rounds > 1:
+            out["rounds_median"] = {k: {p: spread(v) for p, v in parts.items()} for k, parts in out["rounds"].items()}
+            # each shape's cycle less the chain's of the same round and compilation (issue 53's tree goal: +0.5 ms)
+            out["rounds_minus_chain"] = {
+                k: spread([a - b for a, b in zip(parts["cycle_ms"], chain["cycle_ms"], strict=False)])
+                for k, parts in out["rounds"].items()
+                if (chain := out["rounds"].get("chain_compiled" if k.endswith("_compiled") else "chain"))
+                and parts is not chain
+            }
+        if on_row is not None:  # what is measured so far, kept should the run be cut short
+            on_row(out)
+        del prop
     return out
+
+
+def spread(values: list[float]) -> dict:
+    """The median of values and their spread (max - min), in ms."""
+    return {"median": round(statistics.median(values), 3), "spread": round(max(values) - min(values), 3)}
 
 
 def glue_parts(
@@ -543,6 +563,13 @@ def main() -> None:
         default=None,
         help="--parts cycle: also profile one turn per shape (torch.profiler), a kernel table and a trace per shape in this folder",
     )
+    ap.add_argument(
+        "--cycle-rounds",
+        type=int,
+        default=1,
+        help="--parts cycle: time the shapes this many times in turn (A-B-A-B), each round's ms and their "
+        "medians and spreads in the result's rounds and rounds_median",
+    )
     ap.add_argument("--batch-sizes", default="1,4,16", help="--parts batch: the batch sizes")
     ap.add_argument(
         "--batch-modes", default="chain,tree,chain_t1", help="--parts batch: chain, tree, chain_t1 (temperature 1)"
@@ -668,6 +695,7 @@ def main() -> None:
                 reps,
                 profile_dir=args.profile,
                 on_row=lambda rows, key=key: save({key: rows}),
+                rounds=args.cycle_rounds,
             )
         if args.fuse_ab:
             result["fuse_ab"] = fuse_ab(target, prompts, args.plain_tokens, args.profile)

