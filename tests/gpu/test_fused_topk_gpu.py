@@ -8,9 +8,7 @@ import json
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from draftsmith.cli import app
 from draftsmith.draft.checkpoint import save_drafter
 from draftsmith.evaluate.decode import plain_generate, spec_generate
 from draftsmith.evaluate.fused_topk import fused_top_log_probs
@@ -19,7 +17,7 @@ from draftsmith.evaluate.questions import load_questions, turn_prompt
 from draftsmith.runtime.engine import Graphed, TargetEngine
 from draftsmith.runtime.sampling import Sampling
 from draftsmith.target import load_target
-from tests.helpers import SMOLLM2, random_drafter
+from tests.helpers import SMOLLM2, cli_ok, random_drafter, write_jsonl
 
 
 @pytest.mark.gpu
@@ -67,34 +65,10 @@ def test_tree_with_the_fused_top_k_drafts_as_torch_top_k():
 @pytest.mark.gpu
 def test_eval_tree_on_cuda_takes_the_fused_top_k_by_default(tiny_model, tiny_target_dir, tmp_path):
     drafter = save_drafter(random_drafter(tiny_model, draft_vocab_size=300), tmp_path / "drafter")
-    (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["What is 2+2?", "And 3+3?"]}) + "\n")
-    res = CliRunner().invoke(
-        app,
-        [
-            "eval",
-            "--target",
-            str(tiny_target_dir),
-            "--drafter",
-            str(drafter),
-            "--bench",
-            str(tmp_path / "q.jsonl"),
-            "--mode",
-            "tree",
-            "--depth",
-            "4",
-            "--top-k",
-            "4",
-            "--total-tokens",
-            "12",
-            "--max-new-tokens",
-            "24",
-            "--device",
-            "cuda",
-            "--out",
-            str(tmp_path / "eval"),
-        ],
-    )
-    assert res.exit_code == 0, res.output
+    bench = write_jsonl(tmp_path / "q.jsonl", [{"turns": ["What is 2+2?", "And 3+3?"]}])
+    tree = ("--mode", "tree", "--depth", 4, "--top-k", 4, "--total-tokens", 12)
+    cli_ok("eval", "--target", tiny_target_dir, "--drafter", drafter, "--bench", bench, *tree, "--max-new-tokens", 24,
+           "--device", "cuda", "--out", tmp_path / "eval")  # fmt: skip
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert report["tree_topk"] == "fused" and report["cuda_graphs"] and report["drafter_graphed"]
     assert report["greedy_turns_matching_plain"] == report["turns"] == 2
