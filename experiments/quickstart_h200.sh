@@ -33,6 +33,9 @@
 # call 1, carry [".carry/gguf.xz.part1"], the same cp, then
 #   (LEASE_MIN=24 setsid bash experiments/quickstart_h200.sh > /root/driver.log 2>&1 &)
 # then poll back to back: bash experiments/fetch_results.sh 280 (res.tgz, and the drafter's parts three a call).
+# Where a lease before packed the quickstart's synth answers (qs_synth.tgz.part*, brought back into .data/ and
+# copied into .carry/), a call between those two carries them: carry those parts, the same cp; the driver
+# restores them and the quickstart resumes after synth (about 11 of its 20 minutes left to run).
 # RANDOM_TARGET=1 (one call: the lease of 2026-12-07 04:56 was taken back between its two carrying
 # calls): no GGUF, a target of the default's shapes with random weights (experiments/random_target.py),
 # so times only (every row runs to its token limit; nothing about acceptance), SHORT=1 unless set. Carry
@@ -63,8 +66,16 @@ synth_batch() {
 
 if [ "${SHORT:-0}" = 0 ]; then
   # README command 1's job as a user runs it (its pip install aside: the wheels are carried); a compile or a
-  # flash kernel that fails inside it leaves that engine eager or masked, with a line on stderr
-  step quickstart 1500 python3 -m draftsmith quickstart --out "$Q"
+  # flash kernel that fails inside it leaves that engine eager or masked, with a line on stderr. A lease too short
+  # for the whole job (about 20 minutes, with a start that counts about 9 more: three sessions in a row) packs
+  # its synth answers when the deadline cuts it (pack_answers: parts of 15 MB that fetch_results.sh brings back
+  # three a poll, kept in .data/); the next lease carries them as a third call (.carry/qs_synth.tgz.part*) and
+  # the quickstart resumes after them: its "stage times" line then gives the stages of both leases, those of
+  # the first marked "(earlier)", and their total
+  synths=$(python3 -c "from draftsmith.pipeline.quickstart import budget_stages as b
+print(' '.join(s[0] for s in b('full') if s[1] == 'synth'))")
+  [ -f "$Q/.pipeline/synth.done" ] || restore_answers qs
+  step quickstart 1500 python3 -m draftsmith quickstart --out "$Q" || pack_answers qs "$Q" $synths
   echo "quickstart: $(( $(date +%s) - start )) s" >> "$R/steps.log"
   grep -h "stage times" "$R/quickstart.log" >> "$R/steps.log"
   pack_drafter recipe_drafter "$Q/train_online/drafter"
