@@ -224,7 +224,11 @@ def summary(cal: Calibration) -> str:
             f"tokens here, so it pays from tau {break_even:.2f} on, and this drafter's expected tau is {best.expected_tokens:.2f})"
         )
     )
-    accept = f"; acceptance per position {' '.join(f'{a:.2f}' for a in cal.accept_cond)}" if cal.accept_cond else ""
+    accept = (
+        f"; acceptance per position, given the one before {' '.join(f'{a:.2f}' for a in cal.accept_cond)}"
+        if cal.accept_cond
+        else ""
+    )
     return (
         f"eval: {flag} auto chose {best.shape.label}, predicted speed-up {cal.predicted_speedup(best):.2f}x{verdict}"
         f"{accept}; {table}"

@@ -106,7 +106,8 @@ def summarize(report_dir: Path, drafter: Path) -> None:
     rows = {
         "validation tau": validation(drafter),
         "acceptance length tau": f"{report['tau']:.2f} tokens per target call",
-        "accept per position": " ".join(f"{a:.2f}" for a in report.get("accept_per_position", [])),
+        # P(position j accepted) over all cycles; eval's --depth auto line gives it given position j-1
+        "accepted per position": " ".join(f"{a:.2f}" for a in report.get("accept_per_position", [])) + " of the cycles",
         "speed-up vs plain decoding": f"{speedup:.2f}x" if speedup else "not measured",
         "break-even tau on this machine": break_even(report.get("shape")),
         "report": str(report_dir / "report.md"),
