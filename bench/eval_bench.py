@@ -253,7 +253,8 @@ def cycle_breakdown(
     graphs (eval --compile-target); with `profile_dir`, a plain turn's and each shape's kernels (`profile_turn`).
     With `rounds` > 1 the shapes are timed that many times in turn (A-B-A-B: one shape's drift is the
     other's too), the first round in full, each round's cycle, draft, verify and glue ms in
-    `out["rounds"][key]` (lists), and their medians and spreads (max - min) in `out["rounds_median"]`."""
+    `out["rounds"][key]` (lists), their medians and spreads (max - min) in `out["rounds_median"]`, and
+    each shape's cycle less the chain's of the same round and compilation in `out["rounds_minus_chain"]`."""
     dev, model = target.device, target.model
     drafter, _ = load_drafter(drafter_path, dev)
     drafter.to(dtype=target.dtype)
