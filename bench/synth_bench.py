@@ -322,6 +322,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 8 prompts, 16 new tokens, batch 4")
     ap.add_argument("--out-json", type=Path, default=Path("bench_synth.json"))
     args = ap.parse_args()
+    if args.magpie_cap_ab < 0:
+        ap.error(f"--magpie-cap-ab {args.magpie_cap_ab}: give a cap of 1 or more tokens (0: no such pass)")
     if args.magpie_cap_ab and not args.magpie:
         ap.error("--magpie-cap-ab caps self-prompted user turns: add --magpie N")
     if args.decode_compiled and args.profile is None:

@@ -106,8 +106,7 @@ def summarize(report_dir: Path, drafter: Path) -> None:
     rows = {
         "validation tau": validation(drafter),
         "acceptance length tau": f"{report['tau']:.2f} tokens per target call",
-        # P(position j accepted) over all cycles; eval's --depth auto line gives it given position j-1
-        "accepted per position": " ".join(f"{a:.2f}" for a in report.get("accept_per_position", [])) + " of the cycles",
+        "accepted per position": accepted_per_position(report.get("accept_per_position")),
         "speed-up vs plain decoding": f"{speedup:.2f}x" if speedup else "not measured",
         "break-even tau on this machine": break_even(report.get("shape")),
         "report": str(report_dir / "report.md"),
@@ -116,6 +115,12 @@ def summarize(report_dir: Path, drafter: Path) -> None:
     for k, v in rows.items():
         table.add_row(k, v)
     Console().print(table)
+
+
+def accepted_per_position(shares: list[float] | None) -> str:
+    """P(draft position j accepted) over all cycles, j = 1.. (eval's --depth auto line gives it given
+    position j-1 accepted)."""
+    return " ".join(f"{a:.2f}" for a in shares) + " of the cycles" if shares else "not measured"
 
 
 def validation(drafter: Path) -> str:
