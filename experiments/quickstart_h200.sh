@@ -12,7 +12,7 @@
 #                its steps against masked SDPA; 10 passed on the real weights 2026-12-07 11:07, all 11 on a random
 #                target at 14:10)
 #   ds_tree      the drafter as a tree (60 tokens, 7 levels, top 10) at batch 1 on MT-bench's 80
-#                questions; the quickstart's eval_chain is its chain on the same host
+#                questions, with --kernel-check; the quickstart's eval_chain is its chain on the same host
 #   synth_batch  synth's levers A-B-A on 4,096 Magpie conversations, in both modes: on real answers batches
 #                that shrink, user turns capped at 128 tokens and 2,048 rows (--shrink-ab --magpie-cap-ab 128
 #                --batch-ab 2048); on a random target batch sizes only (--batch-ab 2048,4096)
@@ -91,8 +91,10 @@ fi
 DRAFTSMITH_TEST_TARGET=$HF step synth_tests 360 python3 -m pytest tests/gpu/test_synth_gpu.py --run-gpu -q \
   -p no:cacheprovider -rA
 if [ "${SHORT:-0}" = 0 ]; then
-  step ds_tree 300 python3 -m draftsmith eval --target "$HF" --mode tree --num-questions 80 --max-new-tokens 256 \
-    --drafter "$Q/train_online" --depth 7 --batch-size 1 --out /root/runs/ds_tree
+  # --kernel-check: plain decoding through the 60-token verification's shape too, which tells its bf16 rounding
+  # from the drafter (2026-12-07 22:53: 12 of 80 greedy turns equal to plain on the GPU, 10 of 10 in fp32 on CPU)
+  step ds_tree 360 python3 -m draftsmith eval --target "$HF" --mode tree --num-questions 80 --max-new-tokens 256 \
+    --drafter "$Q/train_online" --depth 7 --batch-size 1 --kernel-check --out /root/runs/ds_tree
   synth_batch
 else
   # no trained drafter: the chain's and the tree's cycle by part with a random one (weights do not change the
