@@ -334,9 +334,19 @@ def load_tokenizer(spec: str, chat_template: str | Path | None = None) -> Any:
         tok.template_source = f"--chat-template {p}" if p.exists() else "the --chat-template given"  # for its errors
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    if getattr(tok, "clean_up_tokenization_spaces", False) and _bpe(tok):
+        # transformers 5 skips this clean-up for BPE tokenizers (it strips legitimate spaces before
+        # punctuation), with a warning of corrupted output in every process that decodes: off, the same text
+        tok.clean_up_tokenization_spaces = False
     if shared is not None:
         shared[key] = tok
     return tok
+
+
+def _bpe(tok: Any) -> bool:
+    """Whether `tok` is a fast tokenizer whose model is BPE (a slow one has no backend)."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    return backend is not None and type(backend.model).__name__ == "BPE"
 
 
 # While `shared_targets()` is active (the `pipeline` and `quickstart` commands, tests), load_target

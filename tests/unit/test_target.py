@@ -1,6 +1,8 @@
 """Target loading: local folders, GGUF, the alias, nested text configs, clear errors."""
 
 import importlib.util
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -24,6 +26,22 @@ def test_local_hf_folder(tmp_path, tokenizer):
     t16 = load_target(str(tmp_path / "m"), device="cpu", dtype="bf16")
     assert t16.dtype == torch.bfloat16
     assert t.info.fingerprint == t16.info.fingerprint
+
+
+def test_a_bpe_tokenizers_clean_up_flag_is_turned_off_without_a_warning(tmp_path, tiny_target_dir, tokenizer):
+    """A BPE tokenizer saved with clean_up_tokenization_spaces=True (as transformers 5.17 writes the
+    embedded default's): transformers skips that clean-up for BPE and warns of corrupted output in every
+    process that decodes; load_tokenizer turns it off, and the decoded text is the same."""
+    from draftsmith.target import load_tokenizer
+
+    shutil.copytree(tiny_target_dir, tmp_path / "t")
+    config = tmp_path / "t" / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "clean_up_tokenization_spaces": True}))
+    ids = tokenizer("Hello , world ! It's 3 . 5")["input_ids"]
+    tok = load_tokenizer(str(tmp_path / "t"))
+    assert tok.clean_up_tokenization_spaces is False
+    # the flag, not the warning, is checked: transformers warns once per process, so an earlier test may have
+    assert tok.decode(ids) == tokenizer.decode(ids, clean_up_tokenization_spaces=False) == "Hello , world ! It's 3 . 5"
 
 
 def test_nested_text_config_resolves_language_model(tmp_path, tokenizer):
