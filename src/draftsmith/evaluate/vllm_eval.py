@@ -66,7 +66,7 @@ VLLM_METHOD = {"eagle3": "eagle3", "peagle": "eagle3", "dflash": "dflash"}
 
 # options of eval's own engine that vLLM has no counterpart for: flag -> why it is refused
 REFUSED = {
-    "mode": "vLLM's EAGLE-3 drafts chains here (its token trees need its GPU tree-attention backend); drop --mode tree",
+    "mode": "vLLM 0.26 to 0.32 draft EAGLE-3 as chains only (no token trees in these releases); drop --mode tree",
     "tree": "--tree auto calibrates trees on draftsmith's engine; drop it",
     "kernel_check": "--kernel-check checks draftsmith's verification kernel; drop it",
     "compile": "vLLM captures its own graphs; drop --compile",
