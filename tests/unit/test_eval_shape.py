@@ -73,6 +73,9 @@ def test_tree_shapes_parse_and_compare():
     for bad in ("60x7", "60,7,10", "0x7x10"):
         with pytest.raises(UserError, match="tree shape"):
             Shape.parse_tree(bad)
+    with pytest.raises(UserError, match="drafts 14 nodes to choose from, fewer than 15"):
+        Shape.parse_tree("15x4x2")  # 2 at the first level, then 2 x 2 at each of the other 3
+    assert Shape.parse_tree("14x4x2") == Shape(4, 2, 14)
     small, big = Candidate(Shape(4, 2, 8), 2.0, 1.0), Candidate(Shape(7, 10, 60), 3.0, 1.6)
     cal = Calibration("tree", [small, big], plain_seconds=0.8, tokens=50)
     assert cal.best() is small and cal.predicted_speedup(big) == pytest.approx(
@@ -264,3 +267,18 @@ def test_the_line_a_gpu_run_prints_as_each_shape_s_graphs_are_ready():
     assert graphs_line(Shape(7, stop_below=0.09), 2.0, 0, False) == (
         "eval: K=7 stop<0.09: graphs ready in 2.0 s (the drafter's eager side)"
     )
+
+
+def test_a_tree_larger_than_its_depth_and_top_k_can_draft_is_refused(tmp_path):
+    """--total-tokens given beyond the nodes a tree drafts is refused with the most it can take; the default
+    (60) on a small tree is cut to the tree's nodes, as the report's total_tokens shows."""
+    from pydantic import ValidationError
+
+    from draftsmith.evaluate.config import EvalConfig, tree_pool
+
+    base = {"drafter": tmp_path / "d", "out": tmp_path / "o", "mode": "tree"}
+    assert tree_pool(7, 10) == 610 and tree_pool(1, 10) == 10
+    with pytest.raises(ValidationError, match="--total-tokens 611: a tree 7 deep with --top-k 10 drafts 610 nodes"):
+        EvalConfig(**base, depth=7, top_k=10, total_tokens=611)
+    assert EvalConfig(**base, depth=7, top_k=10, total_tokens=610).total_tokens == 610
+    assert EvalConfig(**base, depth=1, top_k=10).total_tokens == 60  # the default: cut to 10 by the proposer

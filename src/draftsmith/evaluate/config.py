@@ -10,6 +10,12 @@ from pydantic import Field, field_validator, model_validator
 from draftsmith.config import CommandConfig, TargetOptions
 
 
+def tree_pool(depth: int, top_k: int) -> int:
+    """The draft nodes an EAGLE-2 tree `depth` levels deep with `top_k` chooses its --total-tokens from:
+    top_k at the first level, then top_k children of each of the top_k frontier nodes at every further one."""
+    return top_k + (depth - 1) * top_k * top_k
+
+
 class EvalConfig(CommandConfig, TargetOptions):
     common = (
         *("engine", "target", "drafter", "compare", "out", "bench", "mode", "depth", "tree", "top_k", "total_tokens"),
@@ -189,6 +195,23 @@ class EvalConfig(CommandConfig, TargetOptions):
                 raise ValueError("--tree auto chooses the depth too; drop --depth auto")
         elif self.depth == "auto" and self.mode == "tree":
             raise ValueError("--depth auto chooses a chain length; for a tree shape use --tree auto")
+        return self
+
+    @model_validator(mode="after")
+    def _tree_size(self) -> EvalConfig:
+        """An explicit --total-tokens larger than the tree can draft is refused (the default's 60 is cut to it)."""
+        if (
+            self.drafting == "tree"
+            and self.tree is None
+            and self.depth != "auto"
+            and "total_tokens" in self.model_fields_set
+        ):
+            pool = tree_pool(self.depth, self.top_k)
+            if self.total_tokens > pool:
+                raise ValueError(
+                    f"--total-tokens {self.total_tokens}: a tree {self.depth} deep with --top-k {self.top_k} drafts "
+                    f"{pool} nodes to choose from; give --total-tokens {pool} or less, or a larger --depth or --top-k"
+                )
         return self
 
     @model_validator(mode="after")

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from draftsmith.draft.methods import method_of
 from draftsmith.draft.model import Eagle3Drafter
 from draftsmith.draft.peagle import placeholder_inputs
+from draftsmith.evaluate.config import tree_pool
 from draftsmith.runtime.engine import Graphed
 from draftsmith.runtime.linear import prepacked
 from draftsmith.runtime.sampling import Sampling, race
@@ -367,8 +368,7 @@ class DrafterProposer(StagedCycle):
         """Draft nodes per proposal (fixed, so that verification has one shape)."""
         if self.mode == "chain":
             return self.depth
-        pool = self.top_k + (self.depth - 1) * self.top_k * self.top_k
-        return min(self.total_tokens, pool)
+        return min(self.total_tokens, tree_pool(self.depth, self.top_k))
 
     @property
     def path_len(self) -> int:
