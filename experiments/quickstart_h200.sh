@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # An H200 lease without vLLM: README command 1's job (`draftsmith quickstart`, budget full on a GPU) timed whole
-# (issue 52's goal: <= 15 minutes to val tau >= 4.8 and MT-bench chain tau >= 3.9; 19.9 minutes on an H100,
-# 2026-12-06 13:19, synthesis 9.2 of them; on 2026-12-07 10:52 its pipeline ran out of memory on an H100,
-# fixed in 21ac3a7), then synth's GPU tests and the run's drafter as a tree beside its chain on the same host
+# (issue 52's goal: <= 15 minutes to val tau >= 4.8 and MT-bench chain tau >= 3.9; 22.5 minutes on an H100 on
+# 2026-12-07 22:29, synthesis 9.7 and training 10.2 of them, 19.9 on another H100 host on 2026-12-06 13:19), then synth's GPU tests and the run's drafter as a tree beside its chain on the same host
 # (issue 53's tree cycle). Each a step of experiments/steps.sh, in this order:
 #   quickstart   `python3 -m draftsmith quickstart --out /root/runs/qs`: synth's defaults (flash decoding
 #                where it runs; its refilled rows and layer-wise compile lost on an H100, 2026-12-07 10:53, and
@@ -36,7 +35,7 @@
 # then poll back to back: bash experiments/fetch_results.sh 280 (res.tgz, and the drafter's parts three a call).
 # Where a lease before packed the quickstart's synth answers (qs_synth.tgz.part*, brought back into .data/ and
 # copied into .carry/), a call between those two carries them: carry those parts, the same cp; the driver
-# restores them and the quickstart resumes after synth (about 11 of its 20 minutes left to run).
+# restores them and the quickstart resumes after synth (about 13 of its 22.5 minutes left to run).
 # RANDOM_TARGET=1 (one call: the lease of 2026-12-07 04:56 was taken back between its two carrying
 # calls): no GGUF, a target of the default's shapes with random weights (experiments/random_target.py),
 # so times only (every row runs to its token limit; nothing about acceptance), SHORT=1 unless set. Carry
@@ -74,7 +73,7 @@ synth_batch() {
 if [ "${SHORT:-0}" = 0 ]; then
   # README command 1's job as a user runs it (its pip install aside: the wheels are carried); a compile or a
   # flash kernel that fails inside it leaves that engine eager or masked, with a line on stderr. A lease too short
-  # for the whole job (about 20 minutes, with a start that counts about 9 more: three sessions in a row) packs
+  # for the whole job (20-22.5 minutes, with a start that counts 1.5 to 9 more: three sessions in a row) packs
   # its synth answers when the deadline cuts it (pack_answers: parts of 15 MB that fetch_results.sh brings back
   # three a poll, kept in .data/); the next lease carries them as a third call (.carry/qs_synth.tgz.part*) and
   # the quickstart resumes after them: its "stage times" line then gives the stages of both leases, those of
