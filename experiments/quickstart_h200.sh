@@ -26,7 +26,9 @@
 # decode step profiled (--flash-ab --profile). SHORT=2: the same without the profile. SKIP names the steps a lease
 # before measured: synth_tests, compile_scope and synth_prof (2026-12-07 14:07), tree_tests and synth_batch on a
 # random target (16:58). A short lease with the real weights (the two calls below, SHORT=1
-# SKIP="synth_tests compile_scope synth_prof tree_tests") also gives synth_batch on real answers. The long lease
+# SKIP="synth_tests compile_scope synth_prof tree_tests") also gives synth_batch on real answers, and with the drafter
+# of 2026-12-07 22:29 carried (.carry/recipe_drafter.tgz.partaa-ad in a call of its own, ae-ag in another, each
+# `cp .carry/recipe_drafter.tgz.part?? /root/parts/`, before the call that starts the driver) ds_tree. The long lease
 # (the two calls, SKIP=synth_tests) owes the quickstart timed whole and the tree with the fused top-k (ds_tree).
 # The lease: two calls within 30 s of each other (each 57-60 MB with the 12 MB tree): call 0 alone,
 # carry [".whl", ".carry/gguf.xz.part0"], `mkdir -p /root/parts && cp .whl/* .carry/gguf.xz.part? /root/parts/`;
@@ -70,6 +72,14 @@ synth_batch() {
     --baseline-prompts 1 --out-json "$R/synth_batch.json"
 }
 
+# the recipe's drafter as a tree (60 tokens, 7 levels, top 10) on all 80 questions at batch 1. --kernel-check: plain
+# decoding through the 60-token verification's shape too, which tells its bf16 rounding from the drafter (2026-12-07
+# 22:53: 12 of 80 greedy turns equal to plain on the GPU, on 40 questions; 10 of 10 in fp32 on CPU)
+ds_tree() {
+  step ds_tree 360 python3 -m draftsmith eval --target "$HF" --mode tree --num-questions 80 --max-new-tokens 256 \
+    --drafter "$Q/train_online" --depth 7 --batch-size 1 --kernel-check --out /root/runs/ds_tree
+}
+
 if [ "${SHORT:-0}" = 0 ]; then
   # README command 1's job as a user runs it (its pip install aside: the wheels are carried); a compile or a
   # flash kernel that fails inside it leaves that engine eager or masked, with a line on stderr. A lease too short
@@ -90,10 +100,7 @@ fi
 DRAFTSMITH_TEST_TARGET=$HF step synth_tests 360 python3 -m pytest tests/gpu/test_synth_gpu.py --run-gpu -q \
   -p no:cacheprovider -rA
 if [ "${SHORT:-0}" = 0 ]; then
-  # --kernel-check: plain decoding through the 60-token verification's shape too, which tells its bf16 rounding
-  # from the drafter (2026-12-07 22:53: 12 of 80 greedy turns equal to plain on the GPU, 10 of 10 in fp32 on CPU)
-  step ds_tree 360 python3 -m draftsmith eval --target "$HF" --mode tree --num-questions 80 --max-new-tokens 256 \
-    --drafter "$Q/train_online" --depth 7 --batch-size 1 --kernel-check --out /root/runs/ds_tree
+  ds_tree
   synth_batch
 else
   # no trained drafter: the chain's and the tree's cycle by part with a random one (weights do not change the
@@ -114,6 +121,9 @@ else
   step compile_scope 300 python3 bench/eval_bench.py --parts cycle --cycle-shapes chain --compile-scope-ab \
     --target "$HF" --plain-prompts 3 --plain-tokens 128 --out-json "$R/compile_scope.json"
   synth_batch
+  # the quickstart's drafter of a lease before, where its parts were carried (recipe_drafter.tgz.part*, in two calls
+  # of their own): the tree beside that lease's chain
+  if [ "${RANDOM_TARGET:-0}" != 1 ] && restore_drafter recipe_drafter "$Q/train_online/drafter"; then ds_tree; fi
   # the GPU test the 2026-12-07 16:58 lease's 300 s cut (the 8k compiled step; the other train and extract tests passed)
   DRAFTSMITH_TEST_TARGET=$HF step gpu_rest 300 python3 -m pytest tests/gpu/test_train_gpu.py -k 8k --run-gpu -q \
     -p no:cacheprovider -rA --durations=5
