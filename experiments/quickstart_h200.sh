@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # An H200 lease without vLLM: README command 1's job (`draftsmith quickstart`, budget full on a GPU) timed whole
 # (issue 52's goal: <= 15 minutes to val tau >= 4.8 and MT-bench chain tau >= 3.9; 22.5 minutes on an H100 on
-# 2026-12-07 22:29, synthesis 9.7 and training 10.2 of them, 19.9 on another H100 host on 2026-12-06 13:19), then synth's GPU tests and the run's drafter as a tree beside its chain on the same host
+# 2026-12-07 22:29, synthesis 9.7 and training 10.2 of them, 19.9 on another H100 host on 2026-12-06 13:19),
+# then synth's GPU tests and the run's drafter as a tree beside its chain on the same host
 # (issue 53's tree cycle). Each a step of experiments/steps.sh, in this order:
 #   quickstart   `python3 -m draftsmith quickstart --out /root/runs/qs`: synth's defaults (flash decoding
 #                where it runs; its refilled rows and layer-wise compile lost on an H100, 2026-12-07 10:53, and

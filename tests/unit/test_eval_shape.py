@@ -278,7 +278,10 @@ def test_a_tree_larger_than_its_depth_and_top_k_can_draft_is_refused(tmp_path):
 
     base = {"drafter": tmp_path / "d", "out": tmp_path / "o", "mode": "tree"}
     assert tree_pool(7, 10) == 610 and tree_pool(1, 10) == 10
-    with pytest.raises(ValidationError, match="--total-tokens 611: a tree 7 deep with --top-k 10 drafts 610 nodes"):
+    with pytest.raises(
+        ValidationError,
+        match="--total-tokens 611: a tree 7 deep with top-k 10 drafts 610 nodes to choose from, fewer than 611; give --total-tokens 610",
+    ):
         EvalConfig(**base, depth=7, top_k=10, total_tokens=611)
     assert EvalConfig(**base, depth=7, top_k=10, total_tokens=610).total_tokens == 610
     assert EvalConfig(**base, depth=1, top_k=10).total_tokens == 60  # the default: cut to 10 by the proposer

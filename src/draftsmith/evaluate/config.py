@@ -16,6 +16,15 @@ def tree_pool(depth: int, top_k: int) -> int:
     return top_k + (depth - 1) * top_k * top_k
 
 
+def oversized_tree(total: int, depth: int, top_k: int) -> str | None:
+    """Why a tree of `total` draft tokens, `depth` deep with `top_k`, cannot be drafted (None: it can):
+    the one check of --total-tokens and of each --tree-shapes entry."""
+    pool = tree_pool(depth, top_k)
+    if total <= pool:
+        return None
+    return f"a tree {depth} deep with top-k {top_k} drafts {pool} nodes to choose from, fewer than {total}"
+
+
 class EvalConfig(CommandConfig, TargetOptions):
     common = (
         *("engine", "target", "drafter", "compare", "out", "bench", "mode", "depth", "tree", "top_k", "total_tokens"),
@@ -206,11 +215,11 @@ class EvalConfig(CommandConfig, TargetOptions):
             and self.depth != "auto"
             and "total_tokens" in self.model_fields_set
         ):
-            pool = tree_pool(self.depth, self.top_k)
-            if self.total_tokens > pool:
+            why = oversized_tree(self.total_tokens, self.depth, self.top_k)
+            if why is not None:
                 raise ValueError(
-                    f"--total-tokens {self.total_tokens}: a tree {self.depth} deep with --top-k {self.top_k} drafts "
-                    f"{pool} nodes to choose from; give --total-tokens {pool} or less, or a larger --depth or --top-k"
+                    f"--total-tokens {self.total_tokens}: {why}; give --total-tokens "
+                    f"{tree_pool(self.depth, self.top_k)} or less, or a larger --depth or --top-k"
                 )
         return self
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from draftsmith.errors import UserError
-from draftsmith.evaluate.config import tree_pool
+from draftsmith.evaluate.config import oversized_tree
 from draftsmith.evaluate.decode import Proposer, Turn, decode_all
 from draftsmith.runtime.engine_choice import Engine
 from draftsmith.runtime.sampling import Sampling
@@ -58,11 +58,8 @@ class Shape:
             raise UserError(f"tree shape {text!r}: expected TOTALxDEPTHxTOPK, e.g. 60x7x10") from None
         if min(total, depth, top_k) < 1:
             raise UserError(f"tree shape {text!r}: every number must be >= 1")
-        if total > tree_pool(depth, top_k):
-            raise UserError(
-                f"tree shape {text!r}: a tree {depth} deep with top-k {top_k} drafts {tree_pool(depth, top_k)} nodes "
-                f"to choose from, fewer than {total}"
-            )
+        if (why := oversized_tree(total, depth, top_k)) is not None:
+            raise UserError(f"tree shape {text!r}: {why}")
         return cls(depth, top_k, total)
 
 
